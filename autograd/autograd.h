@@ -1,0 +1,79 @@
+// The autograd engine: a dynamic tape (define-by-run). Each differentiable op that sees an
+// input requiring grad attaches a Node to its output: the node keeps only what its backward
+// needs (saved tensors are detached, so no cycles) and an edge per input. backward() walks
+// the graph in topological order (iteratively: deep graphs must not blow the stack), sums
+// gradients per node, accumulates into leaves' .grad, and frees each node's saved state
+// unless retain_graph is set.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace linea {
+
+namespace detail {
+
+struct Node;
+
+// Where an input's gradient goes: an interior node, a leaf's accumulator, or nowhere.
+struct Edge {
+  std::shared_ptr<Node> node;
+  std::shared_ptr<AutogradMeta> leaf;
+  bool active() const { return node || leaf; }
+};
+
+// One gradient per input, in input order; undefined = zero / not needed.
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+struct Node {
+  const char* name = "";
+  std::vector<Edge> next;            // one per input
+  std::vector<Shape> input_shapes;   // checked against the returned gradients
+  BackwardFn backward;               // empty once released
+  Shape out_shape;
+};
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;                       // leaves only
+  std::shared_ptr<Node> grad_fn;     // interior tensors only
+};
+
+}  // namespace detail
+
+// Grad mode: when off, ops record nothing. Thread-local.
+struct GradMode {
+  static bool is_enabled();
+  static void set_enabled(bool on);
+};
+
+// Disables recording for its scope (inference, optimizer steps, backward itself).
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(GradMode::is_enabled()) { GradMode::set_enabled(false); }
+  ~NoGradGuard() { GradMode::set_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// ---- for op authors -------------------------------------------------------------------------
+// True when grad mode is on and some input requires grad: only then build a node.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+
+// Makes `out` (a fresh result, not an input's handle) the output of a node named `name`
+// with the given inputs and backward. Returns out.
+Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, detail::BackwardFn backward);
+
+// Computes gradients of `outputs` (weighted by `grad_outputs`) into the .grad of leaves.
+void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs,
+                  bool retain_graph);
+
+}  // namespace linea

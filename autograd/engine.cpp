@@ -1,0 +1,277 @@
+// The backward engine and the autograd-facing methods of Tensor.
+#include <unordered_map>
+
+#include "autograd/autograd.h"
+#include "core/ops.h"
+
+namespace linea {
+
+// ---- grad mode -------------------------------------------------------------------------------
+namespace {
+thread_local bool g_grad_enabled = true;
+}
+bool GradMode::is_enabled() { return g_grad_enabled; }
+void GradMode::set_enabled(bool on) { g_grad_enabled = on; }
+
+namespace detail {
+// Releasing the last tensor of a 10,000-op chain would destroy nodes recursively, one stack
+// frame per node. Instead, a node's destructor hands its inputs' nodes to a thread-local list
+// that the outermost destructor drains iteratively.
+struct NodeTeardown {
+  static void release(std::vector<Edge>& next) {
+    thread_local std::vector<std::shared_ptr<Node>> pending;
+    thread_local bool draining = false;
+    for (Edge& e : next)
+      if (e.node && e.node.use_count() == 1) pending.push_back(std::move(e.node));
+    if (draining) return;
+    draining = true;
+    while (!pending.empty()) {
+      std::shared_ptr<Node> n = std::move(pending.back());
+      pending.pop_back();
+      n.reset();  // may push more onto `pending`
+    }
+    draining = false;
+  }
+};
+}  // namespace detail
+
+namespace {
+struct NodeDeleter {
+  void operator()(detail::Node* n) const {
+    detail::NodeTeardown::release(n->next);
+    delete n;
+  }
+};
+
+detail::AutogradMeta& meta_of(const Tensor& t) {
+  auto& m = t.impl().autograd;
+  if (!m) m = std::make_shared<detail::AutogradMeta>();
+  return *m;
+}
+}  // namespace
+
+// ---- Tensor's autograd methods ----------------------------------------------------------------
+bool Tensor::requires_grad() const {
+  const auto& m = impl().autograd;
+  return m && (m->requires_grad || m->grad_fn);
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  auto& m = impl().autograd;
+  if (m && m->grad_fn) {
+    LINEA_CHECK(on, "requires_grad_: cannot turn off requires_grad on a non-leaf tensor (output of ",
+                m->grad_fn->name, "); use detach()");
+    return *this;
+  }
+  LINEA_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating tensors can require grad, got ",
+              dtype_name(dtype()), " (shape ", shape_str(shape()), ")");
+  meta_of(*this).requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  const auto& m = impl().autograd;
+  return m ? m->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  if (g.defined())
+    LINEA_CHECK(g.shape() == shape() && g.dtype() == dtype() && g.device() == device(), "set_grad: gradient (shape ",
+                shape_str(g.shape()), ", ", dtype_name(g.dtype()), ") does not match the tensor (shape ",
+                shape_str(shape()), ", ", dtype_name(dtype()), ")");
+  meta_of(*this).grad = g;
+}
+
+void Tensor::zero_grad() {
+  if (impl().autograd) impl().autograd->grad = Tensor();
+}
+
+bool Tensor::is_leaf() const {
+  const auto& m = impl().autograd;
+  return !m || !m->grad_fn;
+}
+
+std::string Tensor::grad_fn_name() const {
+  const auto& m = impl().autograd;
+  return m && m->grad_fn ? m->grad_fn->name : "";
+}
+
+Tensor Tensor::detach() const {
+  auto d = std::make_shared<TensorImpl>();
+  const TensorImpl& s = impl();
+  d->storage = s.storage;
+  d->shape = s.shape;
+  d->strides = s.strides;
+  d->offset = s.offset;
+  d->dtype = s.dtype;
+  return Tensor(std::move(d));
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  Tensor g = gradient;
+  if (!g.defined()) {
+    LINEA_CHECK(numel() == 1, "backward: an implicit gradient needs a one-element output, got shape ",
+                shape_str(shape()), "; pass a gradient of that shape");
+    g = ones(shape(), options());
+  }
+  run_backward({*this}, {g}, retain_graph);
+}
+
+// ---- recording -------------------------------------------------------------------------------
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, detail::BackwardFn backward) {
+  // An op may hand back one of its inputs' storage (contiguous() of a contiguous tensor):
+  // give the output its own handle so the input's graph state is untouched.
+  for (const Tensor& in : inputs)
+    if (in.defined() && in.same(out)) out = out.detach();
+  std::shared_ptr<detail::Node> node(new detail::Node, NodeDeleter{});
+  node->name = name;
+  node->backward = std::move(backward);
+  node->out_shape = out.shape();
+  node->next.reserve(inputs.size());
+  node->input_shapes.reserve(inputs.size());
+  for (const Tensor& in : inputs) {
+    detail::Edge e;
+    if (in.defined() && in.requires_grad()) {
+      auto& m = in.impl().autograd;
+      if (m->grad_fn) e.node = m->grad_fn;
+      else e.leaf = m;
+    }
+    node->next.push_back(std::move(e));
+    node->input_shapes.push_back(in.defined() ? in.shape() : Shape{});
+  }
+  auto& m = meta_of(out);
+  m.grad_fn = std::move(node);
+  return out;
+}
+
+// ---- backward --------------------------------------------------------------------------------
+namespace {
+void accumulate_leaf(detail::AutogradMeta& leaf, const Tensor& g) {
+  if (!leaf.grad.defined()) {
+    // Own the gradient: it may be a broadcast view, or shared with another input's gradient,
+    // and users (clipping, optimizers) write into .grad in place.
+    leaf.grad = raw::clone(g);
+    return;
+  }
+  leaf.grad = raw::binary(BinaryOp::Add, leaf.grad, g);
+}
+}  // namespace
+
+void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+  LINEA_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(), " outputs but ",
+              grad_outputs.size(), " gradients");
+  NoGradGuard no_grad;
+  using NodePtr = detail::Node*;
+  std::unordered_map<NodePtr, Tensor> pending;
+  std::unordered_map<NodePtr, int> deps;
+  std::vector<std::shared_ptr<detail::Node>> roots;
+
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& y = outputs[i];
+    const Tensor& g = grad_outputs[i];
+    LINEA_CHECK(y.requires_grad(), "backward: the tensor (shape ", shape_str(y.shape()),
+                ") does not require grad and has no grad_fn");
+    LINEA_CHECK(g.defined() && g.shape() == y.shape() && g.dtype() == y.dtype() && g.device() == y.device(),
+                "backward: gradient (shape ", g.defined() ? shape_str(g.shape()) : "undefined", ") does not match the output (shape ",
+                shape_str(y.shape()), ", ", dtype_name(y.dtype()), ")");
+    auto& m = *y.impl().autograd;
+    if (!m.grad_fn) {  // backward on a leaf: its gradient is the given one
+      accumulate_leaf(m, g);
+      continue;
+    }
+    NodePtr n = m.grad_fn.get();
+    auto it = pending.find(n);
+    if (it == pending.end()) {
+      pending[n] = g;
+      roots.push_back(m.grad_fn);
+    } else {
+      it->second = raw::binary(BinaryOp::Add, it->second, g);
+    }
+  }
+
+  // Count, for every node reachable from the roots, how many graph edges point at it
+  // (iterative DFS: no recursion on deep graphs).
+  std::vector<NodePtr> stack;
+  for (auto& r : roots) {
+    if (deps.emplace(r.get(), 0).second) stack.push_back(r.get());
+  }
+  while (!stack.empty()) {
+    NodePtr n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->next) {
+      if (!e.node) continue;
+      auto [it, inserted] = deps.emplace(e.node.get(), 0);
+      it->second++;
+      if (inserted) stack.push_back(e.node.get());
+    }
+  }
+
+  // Kahn's algorithm: a node runs once all its consumers have delivered their gradients.
+  std::vector<NodePtr> ready;
+  for (auto& r : roots)
+    if (deps[r.get()] == 0) ready.push_back(r.get());
+  while (!ready.empty()) {
+    NodePtr n = ready.back();
+    ready.pop_back();
+    Tensor g = std::move(pending[n]);
+    pending.erase(n);
+    LINEA_CHECK(n->backward != nullptr, "backward: trying to backward through the graph a second time (at ",
+                n->name, "); its saved tensors were freed. Pass retain_graph = true to the first backward");
+    std::vector<Tensor> grads = n->backward(g);
+    if (!retain_graph) n->backward = nullptr;  // frees the saved tensors
+    LINEA_CHECK(grads.size() == n->next.size(), "backward: ", n->name, " returned ", grads.size(),
+                " gradients for ", n->next.size(), " inputs");
+    for (size_t i = 0; i < grads.size(); ++i) {
+      detail::Edge& e = n->next[i];
+      const Tensor& gi = grads[i];
+      if (e.node) {
+        // A consumer that yields no gradient still counts as delivered.
+        if (gi.defined()) {
+          LINEA_CHECK(gi.shape() == n->input_shapes[i], "backward: ", n->name, " produced a gradient of shape ",
+                      shape_str(gi.shape()), " for input ", i, " of shape ", shape_str(n->input_shapes[i]));
+          auto it = pending.find(e.node.get());
+          if (it == pending.end() || !it->second.defined()) pending[e.node.get()] = gi;
+          else it->second = raw::binary(BinaryOp::Add, it->second, gi);
+        }
+        if (--deps[e.node.get()] == 0) {
+          if (pending[e.node.get()].defined()) ready.push_back(e.node.get());
+          else {
+            // No gradient reached this node: propagate "nothing" by running nothing, but its
+            // inputs' counters must still drop. Walk it with an undefined gradient.
+            std::vector<NodePtr> quiet{e.node.get()};
+            while (!quiet.empty()) {
+              NodePtr q = quiet.back();
+              quiet.pop_back();
+              pending.erase(q);
+              for (auto& qe : q->next)
+                if (qe.node && --deps[qe.node.get()] == 0) {
+                  if (pending.count(qe.node.get()) && pending[qe.node.get()].defined()) ready.push_back(qe.node.get());
+                  else quiet.push_back(qe.node.get());
+                }
+            }
+          }
+        }
+      } else if (e.leaf && gi.defined()) {
+        LINEA_CHECK(gi.shape() == n->input_shapes[i], "backward: ", n->name, " produced a gradient of shape ",
+                    shape_str(gi.shape()), " for input ", i, " of shape ", shape_str(n->input_shapes[i]));
+        accumulate_leaf(*e.leaf, gi);
+      }
+    }
+  }
+}
+
+}  // namespace linea

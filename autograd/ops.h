@@ -1,0 +1,154 @@
+// The differentiable op set: every function here records a backward when an input requires
+// grad (integer outputs such as argmax and comparisons excepted). Forward and backward of each
+// op sit side by side in autograd/*.cpp; autograd/README.md lists every derivative rule.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "core/ops.h"
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace linea {
+
+// ---- views and copies -------------------------------------------------------------------
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor view(const Tensor& x, const Shape& shape);
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor select(const Tensor& x, int64_t dim, int64_t index);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor contiguous(const Tensor& x);
+Tensor clone(const Tensor& x);
+Tensor to(const Tensor& x, Device device);
+Tensor to(const Tensor& x, DType dtype);
+
+// ---- elementwise unary --------------------------------------------------------------------
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+// approximate = false: x * Phi(x) (erf form); true: the tanh approximation.
+Tensor gelu(const Tensor& x, bool approximate = false);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor square(const Tensor& x);
+Tensor clamp(const Tensor& x, double lo, double hi);  // use +-INFINITY for one-sided
+Tensor sign(const Tensor& x);                           // not differentiable (zero gradient)
+
+// ---- elementwise binary (NumPy broadcasting; dtypes and devices must match) ---------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);  // ties: gradient split evenly
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor sub(const Tensor& a, double s);
+Tensor sub(double s, const Tensor& a);
+Tensor mul(const Tensor& a, double s);
+Tensor div(const Tensor& a, double s);
+Tensor div(double s, const Tensor& a);
+// Comparisons give Bool masks (no gradient).
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double s);
+Tensor ne(const Tensor& a, double s);
+Tensor lt(const Tensor& a, double s);
+Tensor le(const Tensor& a, double s);
+Tensor gt(const Tensor& a, double s);
+Tensor ge(const Tensor& a, double s);
+// cond (Bool) ? a : b, all three broadcast together.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// x with `value` where mask (Bool, broadcast to x) is true.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(double s, const Tensor& a);
+Tensor operator-(const Tensor& a);
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+
+// ---- reductions (dims empty = all) ----------------------------------------------------------
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Maximum/minimum values over dims (torch.amax); the gradient is split evenly among ties.
+Tensor max(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor min(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // Int64, no gradient
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+// Variance with Bessel's correction by default (correction = 1), as torch.var.
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+// Sums a broadcast gradient back to `shape` (differentiable; its backward is expand).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// ---- linear algebra -----------------------------------------------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b);  // torch.matmul semantics
+Tensor bmm(const Tensor& a, const Tensor& b);     // [B, M, K] @ [B, K, N]
+
+// ---- neural-net ops (fused forward and backward kernels) -----------------------------------
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Normalizes over the trailing dims named by normalized_shape; weight/bias may be undefined.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+enum class Reduction { None, Mean, Sum };
+// logits [N, C] (or [C]), target Int64 [N]: mean over non-ignored rows by default.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     double label_smoothing = 0.0, Reduction reduction = Reduction::Mean);
+// Inverted dropout: zeroes with probability p and scales the rest by 1/(1-p); identity when !training.
+Tensor dropout(const Tensor& x, double p, bool training);
+
+// ---- indexing and joining -----------------------------------------------------------------
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// weight [V, D], index Int64 of any shape -> [index.shape..., D]
+Tensor embedding(const Tensor& weight, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);
+Tensor cumsum(const Tensor& x, int64_t dim);
+
+// ---- FFT ----------------------------------------------------------------------------------
+// Real FFT of length n along dim (zero-padded or truncated to n). Complex results carry a
+// trailing dim of size 2 (re, im): x [..., L, ...] -> [..., n/2+1, ..., 2].
+Tensor rfft(const Tensor& x, int64_t n, int64_t dim = -1);
+// Inverse of rfft: spec [..., n/2+1, ..., 2] -> real [..., n, ...]; dim counts the dims of
+// spec without its trailing (re, im) dim. Scaled by 1/n, so irfft(rfft(x, n), n) == x.
+Tensor irfft(const Tensor& spec, int64_t n, int64_t dim = -1);
+
+}  // namespace linea

@@ -1,0 +1,160 @@
+// CPU elementwise kernels: fill, copy (with dtype conversion), arange, unary ops and their
+// derivatives, binary ops, where. The math here is the reference the CUDA kernels reproduce.
+#include <cmath>
+
+#include "core/cpu/strided.h"
+#include "core/kernels.h"
+#include "core/unary_math.h"
+
+namespace linea::cpu {
+
+using detail::for_each_row;
+
+void fill(const Tensor& out, double value) {
+  dispatch_all(out.dtype(), "fill", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    scalar_t v = static_cast<scalar_t>(value);
+    scalar_t* p = static_cast<scalar_t*>(out.data_ptr());
+    for_each_row<1>(out.shape(), {&out.strides()}, [&](const std::array<int64_t, 1>& o, int64_t n,
+                                                       const std::array<int64_t, 1>& s) {
+      scalar_t* q = p + o[0];
+      if (s[0] == 1) {
+        for (int64_t i = 0; i < n; ++i) q[i] = v;
+      } else {
+        for (int64_t i = 0; i < n; ++i) q[i * s[0]] = v;
+      }
+    });
+  });
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  dispatch_all(dst.dtype(), "copy", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    using dst_t = scalar_t;
+    dst_t* pd = static_cast<dst_t*>(dst.data_ptr());
+    dispatch_all(src.dtype(), "copy", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+      const scalar_t* ps = static_cast<const scalar_t*>(src.data_ptr());
+      for_each_row<2>(dst.shape(), {&dst.strides(), &src.strides()},
+                      [&](const std::array<int64_t, 2>& o, int64_t n, const std::array<int64_t, 2>& s) {
+                        dst_t* d = pd + o[0];
+                        const scalar_t* q = ps + o[1];
+                        if (s[0] == 1 && s[1] == 1) {
+                          for (int64_t i = 0; i < n; ++i) d[i] = static_cast<dst_t>(q[i]);
+                        } else {
+                          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = static_cast<dst_t>(q[i * s[1]]);
+                        }
+                      });
+    });
+  });
+}
+
+void arange(const Tensor& out, double start, double step) {
+  dispatch_numeric(out.dtype(), "arange", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    scalar_t* p = static_cast<scalar_t*>(out.data_ptr());
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(start + static_cast<double>(i) * step);
+  });
+}
+
+void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b) {
+  dispatch_numeric(x.dtype(), "unary", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    const scalar_t* px = static_cast<const scalar_t*>(x.data_ptr());
+    scalar_t* po = static_cast<scalar_t*>(out.data_ptr());
+    const scalar_t A = static_cast<scalar_t>(a), B = static_cast<scalar_t>(b);
+    linea::detail::with_unary_op(op, [&](auto f) {
+      for_each_row<2>(out.shape(), {&out.strides(), &x.strides()},
+                      [&](const std::array<int64_t, 2>& o, int64_t n, const std::array<int64_t, 2>& s) {
+                        scalar_t* d = po + o[0];
+                        const scalar_t* q = px + o[1];
+                        if (s[0] == 1 && s[1] == 1) {
+                          for (int64_t i = 0; i < n; ++i) d[i] = f.forward(q[i], A, B);
+                        } else {
+                          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = f.forward(q[i * s[1]], A, B);
+                        }
+                      });
+    });
+  });
+}
+
+void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, const Tensor& dx, double a,
+                    double b) {
+  dispatch_float(x.dtype(), "unary_backward", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    const scalar_t* pg = static_cast<const scalar_t*>(grad.data_ptr());
+    const scalar_t* px = static_cast<const scalar_t*>(x.data_ptr());
+    const scalar_t* py = static_cast<const scalar_t*>(y.data_ptr());
+    scalar_t* pd = static_cast<scalar_t*>(dx.data_ptr());
+    const scalar_t A = static_cast<scalar_t>(a), B = static_cast<scalar_t>(b);
+    const int64_t n = dx.numel();
+    linea::detail::with_unary_op(op, [&](auto f) {
+#pragma omp parallel for schedule(static) if (n >= detail::kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) pd[i] = f.backward(pg[i], px[i], py[i], A, B);
+    });
+  });
+}
+
+namespace {
+template <typename T, typename Out, typename F>
+void binary_loop(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  const T* pa = static_cast<const T*>(a.data_ptr());
+  const T* pb = static_cast<const T*>(b.data_ptr());
+  Out* po = static_cast<Out*>(out.data_ptr());
+  for_each_row<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+                  [&](const std::array<int64_t, 3>& o, int64_t n, const std::array<int64_t, 3>& s) {
+                    Out* d = po + o[0];
+                    const T* x = pa + o[1];
+                    const T* y = pb + o[2];
+                    if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+                      for (int64_t i = 0; i < n; ++i) d[i] = f(x[i], y[i]);
+                    } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
+                      const T yv = y[0];
+                      for (int64_t i = 0; i < n; ++i) d[i] = f(x[i], yv);
+                    } else {
+                      for (int64_t i = 0; i < n; ++i) d[i * s[0]] = f(x[i * s[1]], y[i * s[2]]);
+                    }
+                  });
+}
+}  // namespace
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  dispatch_all(a.dtype(), "binary", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    using T = scalar_t;
+    switch (op) {
+      case BinaryOp::Add: return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x + y); });
+      case BinaryOp::Sub: return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x - y); });
+      case BinaryOp::Mul: return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x * y); });
+      case BinaryOp::Div: return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x / y); });
+      case BinaryOp::Maximum:
+        return binary_loop<T, T>(a, b, out, [](T x, T y) { return (x != x || x > y) ? x : y; });
+      case BinaryOp::Minimum:
+        return binary_loop<T, T>(a, b, out, [](T x, T y) { return (x != x || x < y) ? x : y; });
+      case BinaryOp::Eq: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x == y); });
+      case BinaryOp::Ne: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x != y); });
+      case BinaryOp::Lt: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x < y); });
+      case BinaryOp::Le: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x <= y); });
+      case BinaryOp::Gt: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x > y); });
+      case BinaryOp::Ge: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x >= y); });
+    }
+  });
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  dispatch_all(a.dtype(), "where", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    const uint8_t* pc = static_cast<const uint8_t*>(cond.data_ptr());
+    const scalar_t* pa = static_cast<const scalar_t*>(a.data_ptr());
+    const scalar_t* pb = static_cast<const scalar_t*>(b.data_ptr());
+    scalar_t* po = static_cast<scalar_t*>(out.data_ptr());
+    for_each_row<4>(out.shape(), {&out.strides(), &cond.strides(), &a.strides(), &b.strides()},
+                    [&](const std::array<int64_t, 4>& o, int64_t n, const std::array<int64_t, 4>& s) {
+                      for (int64_t i = 0; i < n; ++i)
+                        po[o[0] + i * s[0]] = pc[o[1] + i * s[1]] ? pa[o[2] + i * s[2]] : pb[o[3] + i * s[3]];
+                    });
+  });
+}
+
+}  // namespace linea::cpu

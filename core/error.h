@@ -1,0 +1,41 @@
+// linea::Error and the checking macros used for every user-facing argument check.
+// Not for internal invariants of a kernel (those are bugs, not user errors).
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace linea {
+
+// The one exception type Linea throws for bad input: shape/dtype/device mismatches,
+// bad files, bad flags. The message names the op and the values at fault.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+namespace detail {
+inline void concat_into(std::ostringstream&) {}
+template <typename T, typename... Rest>
+void concat_into(std::ostringstream& os, const T& v, const Rest&... rest) {
+  os << v;
+  concat_into(os, rest...);
+}
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  concat_into(os, args...);
+  return os.str();
+}
+}  // namespace detail
+
+}  // namespace linea
+
+// LINEA_CHECK(cond, "op: ", "message parts", ...) throws linea::Error built from the parts.
+#define LINEA_CHECK(cond, ...)                                      \
+  do {                                                              \
+    if (!(cond)) throw ::linea::Error(::linea::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+#define LINEA_FAIL(...) throw ::linea::Error(::linea::detail::concat(__VA_ARGS__))

@@ -1,0 +1,104 @@
+// linea::raw — tensor operations without autograd: argument checks (throwing linea::Error
+// with the op's name, shapes and dtypes), output allocation, and dispatch to the CPU or
+// CUDA kernels of core/kernels.h. The differentiable API in autograd/ops.h is built on these.
+// View ops here only compute geometry and share storage.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "core/kernels.h"
+#include "core/tensor.h"
+
+namespace linea::raw {
+
+// ---- views (share storage) -------------------------------------------------------------
+Tensor view(const Tensor& x, const Shape& shape);     // throws if strides don't allow it
+Tensor reshape(const Tensor& x, const Shape& shape);  // view when possible, else a copy
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor expand(const Tensor& x, const Shape& shape);  // broadcast to shape (stride 0)
+// Resolves one -1 entry in a requested shape for a tensor of numel elements.
+Shape infer_shape(const Shape& requested, int64_t numel, const char* op);
+
+// ---- copies and conversion ---------------------------------------------------------------
+Tensor contiguous(const Tensor& x);  // returns x itself when already contiguous
+Tensor clone(const Tensor& x);       // always a fresh contiguous copy
+Tensor to_device(const Tensor& x, Device d);
+Tensor to_dtype(const Tensor& x, DType t);
+void copy_(const Tensor& dst, const Tensor& src);  // src broadcast to dst; any devices
+void fill_(const Tensor& dst, double value);        // dst any layout
+void arange_(const Tensor& out, double start, double step);
+
+// ---- elementwise -----------------------------------------------------------------------
+Tensor unary(UnaryOp op, const Tensor& x, double a = 0.0, double b = 0.0);
+Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, double a = 0.0,
+                      double b = 0.0);
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+// out = a op b written into `out` (in place, e.g. grad accumulation); b broadcast to out.
+void binary_(BinaryOp op, const Tensor& out, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+// ---- reductions ------------------------------------------------------------------------
+// dims empty = all dims. Duplicate or out-of-range dims throw.
+Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
+Tensor arg_reduce(bool is_max, const Tensor& x, int64_t dim, bool keepdim);
+// Sums a broadcast gradient back to `shape` (the inverse of expand). Returns g when equal.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+// Normalized dims list (wrapped, sorted, unique-checked). Empty input means all dims.
+std::vector<int64_t> reduction_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
+
+// ---- linear algebra ----------------------------------------------------------------------
+// torch.matmul semantics: 1-D operands are promoted and the added dim removed; batch dims broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- fused nn kernels ------------------------------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim, bool log);
+Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
+// Normalizes over the last `normalized_ndim` dims. Returns {out, mean, rstd}.
+std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& w, const Tensor& b,
+                               double eps);
+// Returns {dx, dw, db} (dw/db undefined when w/b are).
+std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim,
+                                        const Tensor& w, const Tensor& b, const Tensor& mean,
+                                        const Tensor& rstd);
+// logits [N, C], target Int64 [N] -> {loss per row [N], lse [N]}.
+std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                       double smoothing);
+Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target,
+                                   const Tensor& lse, int64_t ignore_index, double smoothing);
+
+// ---- indexing and joining ----------------------------------------------------------------
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// zeros(shape of x with dim of size `size`) with src added at index; the backward of index_select.
+Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);
+
+// ---- FFT (real) along dim ------------------------------------------------------------------
+// rfft: x real [..., L at dim, ...] -> [..., n/2+1 at dim, ..., 2] (last dim = re, im); the input is
+// zero-padded or truncated to n. irfft: inverse, spectrum [..., n/2+1 at dim, ..., 2] -> real, length n.
+Tensor rfft(const Tensor& x, int64_t n, int64_t dim);
+Tensor irfft(const Tensor& spec, int64_t n, int64_t dim);
+
+// ---- random (device's default generator) -------------------------------------------------
+Tensor uniform(const Shape& shape, double lo, double hi, TensorOptions opts = {});
+Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts = {});
+Tensor bernoulli(const Shape& shape, double p, TensorOptions opts = {});  // 0/1 in opts.dtype
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device = kCPU);  // Int64
+Tensor randperm(int64_t n, Device device = kCPU);                                     // Int64
+
+// ---- checks shared by ops --------------------------------------------------------------
+void check_same_device(const char* op, const Tensor& a, const Tensor& b);
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
+void check_defined(const char* op, const Tensor& a, const char* name);
+
+}  // namespace linea::raw

@@ -1,0 +1,39 @@
+// Randomness: one seedable generator per device. Both are counter-based (Philox4x32-10:
+// our own implementation on the CPU, cuRAND's on CUDA), so a generator's whole state is
+// {seed, offset} and checkpoints can store and restore it exactly.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace linea {
+
+// Seeds the default generator of every device (CPU, and CUDA when available).
+void manual_seed(uint64_t seed);
+// {seed, offset} of a device's default generator, and its restore.
+std::vector<uint64_t> get_rng_state(Device device = kCPU);
+void set_rng_state(const std::vector<uint64_t>& state, Device device = kCPU);
+
+// Random tensors (no graph).
+Tensor rand(const Shape& shape, TensorOptions opts = {});   // U[0, 1)
+Tensor randn(const Shape& shape, TensorOptions opts = {});  // N(0, 1)
+Tensor uniform(const Shape& shape, double lo, double hi, TensorOptions opts = {});
+Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts = {});
+Tensor bernoulli(const Shape& shape, double p, TensorOptions opts = {});  // 1 with probability p, else 0
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device = kCPU);
+Tensor randperm(int64_t n, Device device = kCPU);
+
+namespace detail {
+// The CPU generator. Philox4x32-10: each 128-bit counter value gives four 32-bit words.
+struct Philox {
+  uint64_t seed = 0;
+  uint64_t offset = 0;  // counter values consumed so far
+  // Four random words for counter value `ctr` under `seed` (pure function).
+  static void block(uint64_t seed, uint64_t ctr, uint32_t out[4]);
+};
+Philox& cpu_generator();
+}  // namespace detail
+
+}  // namespace linea

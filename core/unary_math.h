@@ -1,0 +1,152 @@
+// The math of every UnaryOp: forward f(x) and backward g * f'(x), one functor per op,
+// usable from host and device code (the CPU kernels are the reference; the CUDA kernels
+// include this same file, so both compute the same formulas).
+// with_unary_op(op, body) calls body with the functor of op (a runtime-to-compile-time switch).
+#pragma once
+
+#include <cmath>
+
+#include "core/kernels.h"
+
+#if defined(__CUDACC__)
+#define LINEA_HD __host__ __device__ __forceinline__
+#else
+#define LINEA_HD inline
+#endif
+
+namespace linea::detail {
+
+namespace um {
+template <typename T> LINEA_HD T sigmoid(T x) {
+  // Stable on both tails.
+  if (x >= T(0)) { T z = std::exp(-x); return T(1) / (T(1) + z); }
+  T z = std::exp(x);
+  return z / (T(1) + z);
+}
+constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2/pi)
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;   // 1/sqrt(2 pi)
+constexpr double kGeluC = 0.044715;
+}  // namespace um
+
+// Each functor: forward(x, a, b), backward(g, x, y, a, b) with y = forward(x).
+struct NegOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return -x; }
+  template <typename T> LINEA_HD T backward(T g, T, T, T, T) const { return -g; }
+};
+struct ExpOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return std::exp(x); }
+  template <typename T> LINEA_HD T backward(T g, T, T y, T, T) const { return g * y; }
+};
+struct LogOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return std::log(x); }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const { return g / x; }
+};
+struct SqrtOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return std::sqrt(x); }
+  template <typename T> LINEA_HD T backward(T g, T, T y, T, T) const { return g * T(0.5) / y; }
+};
+struct RsqrtOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return T(1) / std::sqrt(x); }
+  template <typename T> LINEA_HD T backward(T g, T, T y, T, T) const { return g * T(-0.5) * y * y * y; }
+};
+struct AbsOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return x < T(0) ? -x : x; }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const {
+    return x > T(0) ? g : (x < T(0) ? -g : T(0));
+  }
+};
+struct TanhOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return std::tanh(x); }
+  template <typename T> LINEA_HD T backward(T g, T, T y, T, T) const { return g * (T(1) - y * y); }
+};
+struct SigmoidOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return um::sigmoid(x); }
+  template <typename T> LINEA_HD T backward(T g, T, T y, T, T) const { return g * y * (T(1) - y); }
+};
+struct ReluOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return x > T(0) ? x : T(0); }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const { return x > T(0) ? g : T(0); }
+};
+struct GeluTanhOp {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  template <typename T> LINEA_HD T forward(T x, T, T) const {
+    T u = T(um::kSqrt2OverPi) * (x + T(um::kGeluC) * x * x * x);
+    return T(0.5) * x * (T(1) + std::tanh(u));
+  }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const {
+    T u = T(um::kSqrt2OverPi) * (x + T(um::kGeluC) * x * x * x);
+    T t = std::tanh(u);
+    T du = T(um::kSqrt2OverPi) * (T(1) + T(3 * um::kGeluC) * x * x);
+    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+  }
+};
+struct GeluErfOp {  // x Phi(x)
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return T(0.5) * x * (T(1) + std::erf(x * T(um::kInvSqrt2))); }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const {
+    T cdf = T(0.5) * (T(1) + std::erf(x * T(um::kInvSqrt2)));
+    T pdf = T(um::kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+    return g * (cdf + x * pdf);
+  }
+};
+struct SinOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return std::sin(x); }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const { return g * std::cos(x); }
+};
+struct CosOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return std::cos(x); }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const { return -g * std::sin(x); }
+};
+struct PowOp {  // x^a
+  template <typename T> LINEA_HD T forward(T x, T a, T) const { return std::pow(x, a); }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T a, T) const {
+    return a == T(0) ? T(0) : g * a * std::pow(x, a - T(1));
+  }
+};
+struct ClampOp {  // min(max(x, lo), hi); gradient passes where lo <= x <= hi
+  template <typename T> LINEA_HD T forward(T x, T lo, T hi) const { return x < lo ? lo : (x > hi ? hi : x); }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T lo, T hi) const { return (x >= lo && x <= hi) ? g : T(0); }
+};
+struct AddScalarOp {
+  template <typename T> LINEA_HD T forward(T x, T a, T) const { return x + a; }
+  template <typename T> LINEA_HD T backward(T g, T, T, T, T) const { return g; }
+};
+struct MulScalarOp {
+  template <typename T> LINEA_HD T forward(T x, T a, T) const { return x * a; }
+  template <typename T> LINEA_HD T backward(T g, T, T, T a, T) const { return g * a; }
+};
+struct SignOp {
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return T((x > T(0)) - (x < T(0))); }
+  template <typename T> LINEA_HD T backward(T, T, T, T, T) const { return T(0); }
+};
+
+template <typename Body>
+inline void with_unary_op(UnaryOp op, Body&& body) {
+  switch (op) {
+    case UnaryOp::Neg: return body(NegOp{});
+    case UnaryOp::Exp: return body(ExpOp{});
+    case UnaryOp::Log: return body(LogOp{});
+    case UnaryOp::Sqrt: return body(SqrtOp{});
+    case UnaryOp::Rsqrt: return body(RsqrtOp{});
+    case UnaryOp::Abs: return body(AbsOp{});
+    case UnaryOp::Tanh: return body(TanhOp{});
+    case UnaryOp::Sigmoid: return body(SigmoidOp{});
+    case UnaryOp::Relu: return body(ReluOp{});
+    case UnaryOp::GeluTanh: return body(GeluTanhOp{});
+    case UnaryOp::GeluErf: return body(GeluErfOp{});
+    case UnaryOp::Sin: return body(SinOp{});
+    case UnaryOp::Cos: return body(CosOp{});
+    case UnaryOp::Pow: return body(PowOp{});
+    case UnaryOp::Clamp: return body(ClampOp{});
+    case UnaryOp::AddScalar: return body(AddScalarOp{});
+    case UnaryOp::MulScalar: return body(MulScalarOp{});
+    case UnaryOp::Sign: return body(SignOp{});
+  }
+}
+
+// Ops defined on Int64 too; the others need a floating dtype.
+inline bool unary_supports_integers(UnaryOp op) {
+  return op == UnaryOp::Neg || op == UnaryOp::Abs || op == UnaryOp::Clamp || op == UnaryOp::AddScalar ||
+         op == UnaryOp::MulScalar || op == UnaryOp::Sign;
+}
+
+}  // namespace linea::detail

@@ -1,0 +1,8 @@
+// Umbrella header: tensors, the differentiable op set, randomness, gradcheck.
+#pragma once
+
+#include "autograd/autograd.h"
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "core/random.h"
+#include "core/tensor.h"

@@ -1,0 +1,135 @@
+// Autograd semantics: accumulation, reuse, retain_graph, zero_grad, NoGradGuard, detach,
+// deep graphs, error cases.
+#include "test_util.h"
+
+using namespace linea;
+using namespace linea::test;
+
+TEST(Autograd, TensorUsedTwiceAccumulates) {
+  Tensor x = tensor<double>({1.0, 2.0, 3.0}, {3});
+  x.requires_grad_();
+  Tensor y = sum(x * x + x);  // dy/dx = 2x + 1
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3.0, 5.0, 7.0}));
+}
+
+TEST(Autograd, GradAccumulatesAcrossBackwardsUntilZeroGrad) {
+  Tensor x = tensor<double>({1.0, -2.0}, {2});
+  x.requires_grad_();
+  sum(mul(x, 3.0)).backward();
+  sum(mul(x, 3.0)).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{6.0, 6.0}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+  sum(mul(x, 2.0)).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2.0, 2.0}));
+}
+
+TEST(Autograd, BackwardTwiceNeedsRetainGraph) {
+  Tensor x = tensor<double>({0.5, 1.5}, {2});
+  x.requires_grad_();
+  Tensor y = sum(exp(x));
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();  // allowed: the first kept the graph
+  auto g = x.grad().to_vector<double>();
+  EXPECT_NEAR(g[0], 2 * std::exp(0.5), 1e-12);
+  EXPECT_NEAR(g[1], 2 * std::exp(1.5), 1e-12);
+  EXPECT_LINEA_ERROR(y.backward(), "second time");
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  Tensor x = ones({2}, f64());
+  x.requires_grad_();
+  {
+    NoGradGuard g;
+    Tensor y = x * 2.0;
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_TRUE(y.is_leaf());
+  }
+  Tensor z = x * 2.0;
+  EXPECT_TRUE(z.requires_grad());
+  EXPECT_EQ(z.grad_fn_name(), "mul");
+  EXPECT_TRUE(GradMode::is_enabled());
+}
+
+TEST(Autograd, DetachStopsGradient) {
+  Tensor x = tensor<double>({2.0}, {1});
+  x.requires_grad_();
+  Tensor y = x * x.detach();  // d/dx = x (the detached factor is a constant)
+  EXPECT_FALSE(x.detach().requires_grad());
+  sum(y).backward();
+  EXPECT_DOUBLE_EQ(x.grad().item(), 2.0);
+}
+
+TEST(Autograd, DeepChainNoStackOverflow) {
+  Tensor x = scalar_tensor(0.0, f64());
+  x.requires_grad_();
+  Tensor y = x;
+  for (int i = 0; i < 10000; ++i) y = add(y, 1e-4) * 1.0;  // 20,000 nodes
+  y.backward();
+  EXPECT_DOUBLE_EQ(x.grad().item(), 1.0);
+  EXPECT_NEAR(y.item(), 1.0, 1e-9);
+  y = Tensor();  // destroying the graph must not recurse either
+}
+
+TEST(Autograd, GraphFreedAfterBackward) {
+  // The saved tensors of a node are released by backward (without retain_graph).
+  Tensor x = randn({1000}, f64());
+  x.requires_grad_();
+  Tensor big = exp(x);
+  std::weak_ptr<Storage> saved = big.impl().storage;  // exp saves its output
+  Tensor y = sum(big);
+  big = Tensor();
+  EXPECT_FALSE(saved.expired());  // still held by the graph
+  y.backward();
+  EXPECT_TRUE(saved.expired());
+}
+
+TEST(Autograd, NonScalarBackwardNeedsGradient) {
+  Tensor x = ones({3}, f64());
+  x.requires_grad_();
+  Tensor y = x * 2.0;
+  EXPECT_LINEA_ERROR(y.backward(), "implicit gradient");
+  y.backward(tensor<double>({1.0, 0.0, -1.0}, {3}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2.0, 0.0, -2.0}));
+}
+
+TEST(Autograd, BackwardOnTensorWithoutGradFails) {
+  Tensor x = ones({1}, f64());
+  EXPECT_LINEA_ERROR(x.backward(), "does not require grad");
+}
+
+TEST(Autograd, IntegerTensorsCannotRequireGrad) {
+  Tensor i = arange(4.0, TensorOptions(DType::Int64));
+  EXPECT_LINEA_ERROR(i.requires_grad_(), "floating");
+}
+
+TEST(Autograd, BroadcastGradientReducedToInputShape) {
+  Tensor a = ones({2, 3}, f64());
+  Tensor b = ones({3}, f64());
+  a.requires_grad_();
+  b.requires_grad_();
+  sum(a * b).backward();
+  EXPECT_EQ(b.grad().shape(), (Shape{3}));
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{2.0, 2.0, 2.0}));
+}
+
+TEST(Autograd, ViewGradientFlowsToBase) {
+  Tensor base = zeros({3, 4}, f64());
+  base.requires_grad_();
+  Tensor v = base.transpose(0, 1).narrow(0, 1, 2);  // [2, 3]
+  sum(v * 3.0).backward();
+  auto g = base.grad().to_vector<double>();
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(g[r * 4 + c], (c == 1 || c == 2) ? 3.0 : 0.0);
+}
+
+TEST(Autograd, LeafGradIsOwnedNotAliased) {
+  // add's backward hands the same gradient to both inputs; writing into one .grad must not change the other.
+  Tensor a = ones({2}, f64()), b = ones({2}, f64());
+  a.requires_grad_();
+  b.requires_grad_();
+  sum(a + b).backward();
+  a.grad().fill_(7.0);
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{1.0, 1.0}));
+}

@@ -1,0 +1,193 @@
+// Tensor data model: creation, views and strides, copies and dtype conversion, elementwise
+// and reduction values against direct computation, printing, random generators, bad input.
+#include <cmath>
+
+#include "test_util.h"
+
+using namespace linea;
+using namespace linea::test;
+
+TEST(Tensor, CreationAndItem) {
+  EXPECT_EQ(zeros({2, 3}).shape(), (Shape{2, 3}));
+  EXPECT_EQ(zeros({2, 3}).dtype(), DType::Float32);
+  EXPECT_EQ(ones({4}, f64()).to_vector<double>(), std::vector<double>(4, 1.0));
+  EXPECT_DOUBLE_EQ(full({}, 2.5).item(), 2.5);
+  EXPECT_EQ(arange(0, 5, 2, TensorOptions(DType::Int64)).to_vector<int64_t>(), (std::vector<int64_t>{0, 2, 4}));
+  EXPECT_EQ(arange(3.0).to_vector<float>(), (std::vector<float>{0, 1, 2}));
+  Tensor t = tensor<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_EQ(t.numel(), 6);
+  EXPECT_EQ(t.strides(), (Strides{3, 1}));
+  EXPECT_LINEA_ERROR(t.item(), "one element");
+  EXPECT_LINEA_ERROR(tensor<float>({1, 2, 3}, {2, 2}), "do not fill");
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = arange(24.0, f64()).reshape({2, 3, 4});
+  Tensor p = t.permute({2, 0, 1});
+  EXPECT_EQ(p.shape(), (Shape{4, 2, 3}));
+  EXPECT_FALSE(p.is_contiguous());
+  EXPECT_EQ(p.impl().storage, t.impl().storage);
+  Tensor n = t.narrow(2, 1, 2);
+  EXPECT_EQ(n.to_vector<double>()[0], 1.0);
+  Tensor s = t.slice(2, 0, 4, 3);  // columns 0, 3
+  EXPECT_EQ(s.to_vector<double>(), (std::vector<double>{0, 3, 4, 7, 8, 11, 12, 15, 16, 19, 20, 23}));
+  Tensor e = arange(3.0).reshape({3, 1}).expand({3, 2});
+  EXPECT_EQ(e.strides()[1], 0);
+  EXPECT_EQ(e.to_vector<float>(), (std::vector<float>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(t.unsqueeze(0).shape(), (Shape{1, 2, 3, 4}));
+  EXPECT_EQ(t.unsqueeze(-1).shape(), (Shape{2, 3, 4, 1}));
+  EXPECT_EQ(t.select(1, -1).to_vector<double>(), (std::vector<double>{8, 9, 10, 11, 20, 21, 22, 23}));
+  // view on a transposed tensor that keeps contiguity chunks works; one that breaks them fails.
+  Tensor tt = t.transpose(0, 1);  // [3, 2, 4]
+  EXPECT_EQ(tt.view({3, 2, 2, 2}).shape(), (Shape{3, 2, 2, 2}));
+  EXPECT_LINEA_ERROR(tt.view({6, 4}), "view");
+  EXPECT_EQ(tt.reshape({6, 4}).to_vector<double>()[4], 12.0);
+}
+
+TEST(Tensor, ContiguousCopyAndConversion) {
+  Tensor t = arange(6.0, f64()).reshape({2, 3}).t();
+  Tensor c = t.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_EQ(c.to_vector<double>(), (std::vector<double>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(t.to(DType::Int64).dtype(), DType::Int64);
+  EXPECT_EQ(tensor<double>({1.7, -2.2}, {2}).to(DType::Int64).to_vector<int64_t>(), (std::vector<int64_t>{1, -2}));
+  Tensor dst = zeros({2, 3}, f64());
+  dst.copy_(arange(3.0));  // broadcast + dtype conversion
+  EXPECT_EQ(dst.to_vector<double>(), (std::vector<double>{0, 1, 2, 0, 1, 2}));
+}
+
+TEST(Tensor, UnaryValues) {
+  std::vector<double> xs = {-2.0, -0.5, 0.25, 1.5};
+  Tensor x = from_vector<double>(xs, {4});
+  auto check = [&](const Tensor& y, const std::function<double(double)>& f) {
+    auto v = y.to_vector<double>();
+    for (size_t i = 0; i < xs.size(); ++i) EXPECT_NEAR(v[i], f(xs[i]), 1e-12) << "at " << xs[i];
+  };
+  check(exp(x), [](double a) { return std::exp(a); });
+  check(abs(x), [](double a) { return std::fabs(a); });
+  check(tanh(x), [](double a) { return std::tanh(a); });
+  check(sigmoid(x), [](double a) { return 1 / (1 + std::exp(-a)); });
+  check(relu(x), [](double a) { return a > 0 ? a : 0; });
+  check(gelu(x), [](double a) { return 0.5 * a * (1 + std::erf(a / std::sqrt(2.0))); });
+  check(gelu(x, true), [](double a) {
+    return 0.5 * a * (1 + std::tanh(std::sqrt(2 / M_PI) * (a + 0.044715 * a * a * a)));
+  });
+  check(sin(x), [](double a) { return std::sin(a); });
+  check(cos(x), [](double a) { return std::cos(a); });
+  check(clamp(x, -1.0, 1.0), [](double a) { return std::min(1.0, std::max(-1.0, a)); });
+  check(pow(abs(x), 1.5), [](double a) { return std::pow(std::fabs(a), 1.5); });
+  check(rsqrt(abs(x)), [](double a) { return 1 / std::sqrt(std::fabs(a)); });
+  check(sign(x), [](double a) { return (a > 0) - (a < 0); });
+  // Sigmoid is stable on both tails.
+  auto s = sigmoid(tensor<float>({-1000.f, 1000.f}, {2})).to_vector<float>();
+  EXPECT_EQ(s[0], 0.0f);
+  EXPECT_EQ(s[1], 1.0f);
+}
+
+TEST(Tensor, BinaryBroadcastValues) {
+  Tensor a = arange(6.0, f64()).reshape({2, 3});
+  Tensor b = tensor<double>({10, 20, 30}, {3});
+  EXPECT_EQ((a + b).to_vector<double>(), (std::vector<double>{10, 21, 32, 13, 24, 35}));
+  EXPECT_EQ((a * b.reshape({3, 1}).narrow(0, 0, 2).reshape({2, 1})).to_vector<double>(),
+            (std::vector<double>{0, 10, 20, 60, 80, 100}));
+  EXPECT_EQ(maximum(a, full({}, 2.0, f64())).to_vector<double>(), (std::vector<double>{2, 2, 2, 3, 4, 5}));
+  Tensor m = gt(a, 2.5);
+  EXPECT_EQ(m.dtype(), DType::Bool);
+  EXPECT_EQ(m.to_vector<int>(), (std::vector<int>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(where(m, a, neg(a)).to_vector<double>(), (std::vector<double>{0, -1, -2, 3, 4, 5}));
+  EXPECT_EQ(masked_fill(a, lt(b, 25.0), -1.0).to_vector<double>(), (std::vector<double>{-1, -1, 2, -1, -1, 5}));
+  Tensor big = randn({300, 257}, f64());  // above the parallel threshold, odd row length
+  Tensor col = randn({300, 1}, f64());
+  auto r = (big - col).to_vector<double>();
+  auto vb = big.to_vector<double>(), vc = col.to_vector<double>();
+  for (int i = 0; i < 300; i += 37)
+    for (int j = 0; j < 257; j += 31) EXPECT_EQ(r[i * 257 + j], vb[i * 257 + j] - vc[i]);
+}
+
+TEST(Tensor, ReductionValues) {
+  Tensor x = arange(24.0, f64()).reshape({2, 3, 4});
+  EXPECT_DOUBLE_EQ(sum(x).item(), 276.0);
+  EXPECT_EQ(sum(x, {1}).to_vector<double>(), (std::vector<double>{12, 15, 18, 21, 48, 51, 54, 57}));
+  EXPECT_EQ(sum(x, {0, 2}).to_vector<double>(), (std::vector<double>{60, 92, 124}));
+  EXPECT_EQ(sum(x, {0, 2}, true).shape(), (Shape{1, 3, 1}));
+  EXPECT_EQ(max(x, {-1}).to_vector<double>(), (std::vector<double>{3, 7, 11, 15, 19, 23}));
+  EXPECT_EQ(min(x.transpose(0, 2), {2}).to_vector<double>(), (std::vector<double>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+  EXPECT_EQ(argmax(neg(x), 1).to_vector<int64_t>(), std::vector<int64_t>(8, 0));
+  EXPECT_EQ(argmax(tensor<float>({1, 5, 5, 2}, {4}), 0).item<int64_t>(), 1);  // first on ties
+  EXPECT_NEAR(mean(x).item(), 11.5, 1e-12);
+  EXPECT_NEAR(var(x).item(), 50.0, 1e-12);  // var of 0..23 with Bessel: 24*25/12 = 50
+  EXPECT_NEAR(logsumexp(tensor<double>({1000, 1000}, {2}), {0}).item(), 1000 + std::log(2.0), 1e-9);
+  EXPECT_EQ(logsumexp(full({3}, -INFINITY, f64()), {0}).item(), -INFINITY);
+  EXPECT_EQ(sum(gt(x, 10.0)).item<int64_t>(), 13);  // bool sums count
+  EXPECT_EQ(sum(zeros({0, 3}), {0}).to_vector<float>(), std::vector<float>(3, 0.0f));
+}
+
+TEST(Tensor, Printing) {
+  Tensor t = tensor<float>({1.5f, -2.f, 3.f, 4.f}, {2, 2});
+  std::string s = t.str();
+  EXPECT_NE(s.find("1.5000"), std::string::npos) << s;
+  EXPECT_NE(s.find("shape=[2, 2]"), std::string::npos) << s;
+  EXPECT_NE(s.find("float32"), std::string::npos) << s;
+  std::string big = zeros({100}).str();
+  EXPECT_NE(big.find("..."), std::string::npos);
+}
+
+TEST(Random, SeedReproducesAndStateRestores) {
+  manual_seed(42);
+  auto a = randn({1000}).to_vector<float>();
+  auto state = get_rng_state();
+  auto b = rand({7}, f64()).to_vector<double>();
+  manual_seed(42);
+  EXPECT_EQ(randn({1000}).to_vector<float>(), a);
+  set_rng_state(state);
+  EXPECT_EQ(rand({7}, f64()).to_vector<double>(), b);
+  EXPECT_NE(randn({1000}).to_vector<float>(), a);  // the generator advanced
+}
+
+TEST(Random, Distributions) {
+  manual_seed(7);
+  const int n = 200000;
+  Tensor z = randn({n}, f64());
+  EXPECT_NEAR(mean(z).item(), 0.0, 0.01);
+  EXPECT_NEAR(var(z).item(), 1.0, 0.02);
+  Tensor u = uniform({n}, -2.0, 3.0, f64());
+  EXPECT_NEAR(mean(u).item(), 0.5, 0.02);
+  EXPECT_GE(min(u).item(), -2.0);
+  EXPECT_LT(max(u).item(), 3.0);
+  Tensor bern = bernoulli({n}, 0.3, f64());
+  EXPECT_NEAR(mean(bern).item(), 0.3, 0.01);
+  Tensor ri = randint(-3, 4, {n});
+  EXPECT_EQ(min(ri).item<int64_t>(), -3);
+  EXPECT_EQ(max(ri).item<int64_t>(), 3);
+  auto p = randperm(50).to_vector<int64_t>();
+  std::vector<int64_t> sorted = p;
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(sorted[i], i);
+  EXPECT_NE(p, sorted);
+}
+
+TEST(Errors, MismatchesNameOpAndShapes) {
+  Tensor a = zeros({2, 3}), b = zeros({4, 3}), d = zeros({2, 3}, f64());
+  EXPECT_LINEA_ERROR(add(a, b), "add: shapes [2, 3] and [4, 3] cannot be broadcast");
+  EXPECT_LINEA_ERROR(mul(a, d), "mul: dtype mismatch: float32 (shape [2, 3]) vs float64");
+  EXPECT_LINEA_ERROR(sum(a, {2}), "sum: dim 2 out of range");
+  EXPECT_LINEA_ERROR(a.reshape({5, -1}), "reshape: shape [5, -1] is invalid for a tensor of 6 elements");
+  EXPECT_LINEA_ERROR(a.permute({0, 0}), "permute");
+  EXPECT_LINEA_ERROR(a.narrow(1, 2, 2), "narrow: range [2, 4) out of bounds");
+  EXPECT_LINEA_ERROR(a.expand({3, 3}), "expand: cannot expand shape [2, 3] to [3, 3]");
+  EXPECT_LINEA_ERROR(where(a, a, a), "where: condition must be bool");
+  EXPECT_LINEA_ERROR(exp(arange(3.0, TensorOptions(DType::Int64))), "exp: expected a floating dtype");
+  EXPECT_LINEA_ERROR(Device("gpu"), "cannot parse 'gpu'");
+  EXPECT_LINEA_ERROR(Tensor().shape(), "undefined tensor");
+}
+
+TEST(Errors, DeviceMismatchAndMissingCuda) {
+  if (cuda_available()) {
+    Tensor a = zeros({2}), b = zeros({2}, Device("cuda"));
+    EXPECT_LINEA_ERROR(add(a, b), "same device");
+  } else {
+    // No GPU (or no CUDA backend): creating a CUDA tensor is a clear error, not a crash.
+    EXPECT_THROW(zeros({2}, Device("cuda")), linea::Error);
+    EXPECT_THROW(zeros({2}).to(Device("cuda")), linea::Error);
+  }
+}
