@@ -75,7 +75,7 @@ Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, con
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-// zeros(shape of x with dim of size `size`) with src added at index; the backward of index_select.
+// base + src added at index along dim (base not modified); the backward of index_select.
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);

@@ -1,0 +1,204 @@
+// CPU kernels for indexing and prefix sums: index_select, index_add, gather, scatter_add,
+// cumsum (namespace linea::cpu, contracts in core/kernels.h). All tensors are contiguous and
+// index values were range-checked by the raw op layer. Not the argument checking (core/ops_index.cpp)
+// and not the FFTs (core/cpu/fft.cpp).
+//
+// Parallelism: work is split over independent (outer, inner-block) tasks. The accumulating
+// kernels (index_add, scatter_add) give each task a disjoint set of output positions and walk
+// the indexed dim in order inside the task, so they are race-free and their summation order
+// (hence the result) does not depend on the number of threads.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/cpu/strided.h"
+#include "core/kernels.h"
+
+namespace linea::cpu {
+
+namespace {
+
+using detail::kParallelGrain;
+
+// Inner dims are processed in blocks of this many elements per task.
+constexpr int64_t kInnerBlock = 512;
+
+// Accumulator type of the prefix sum: float sums run in double.
+template <typename T> struct AccOf { using type = T; };
+template <> struct AccOf<float> { using type = double; };
+
+// Dims of `idx_shape` split around `dim`: O = prod before, n = size at dim, I = prod after.
+struct Split3 {
+  int64_t O, n, I;
+};
+Split3 split3(const Shape& s, int64_t dim) {
+  Split3 r{1, s[static_cast<size_t>(dim)], 1};
+  for (int64_t d = 0; d < dim; ++d) r.O *= s[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(dim) + 1; d < s.size(); ++d) r.I *= s[d];
+  return r;
+}
+
+// Offset in a contiguous tensor of shape `xs` (strides `xstr`) of the coordinates obtained by
+// decomposing `lin` over idx_shape[lo:hi] (row-major).
+int64_t offset_of(int64_t lin, const Shape& idx_shape, const Strides& xstr, int64_t lo, int64_t hi) {
+  int64_t off = 0;
+  for (int64_t d = hi - 1; d >= lo; --d) {
+    const int64_t sz = idx_shape[static_cast<size_t>(d)];
+    off += (lin % sz) * xstr[static_cast<size_t>(d)];
+    lin /= sz;
+  }
+  return off;
+}
+
+// For i in [0, I): offset in x (strides xstr) of the index-shaped coordinates after dim.
+std::vector<int64_t> inner_offsets(const Shape& idx_shape, const Strides& xstr, int64_t dim, int64_t I) {
+  std::vector<int64_t> off(static_cast<size_t>(I));
+  const int64_t nd = static_cast<int64_t>(idx_shape.size());
+  for (int64_t i = 0; i < I; ++i) off[static_cast<size_t>(i)] = offset_of(i, idx_shape, xstr, dim + 1, nd);
+  return off;
+}
+
+
+template <typename T>
+void index_select_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,
+                       int64_t inner) {
+  const T* xp = static_cast<const T*>(x.data_ptr());
+  T* op = static_cast<T*>(out.data_ptr());
+  const int64_t* ip = index.data<int64_t>();
+  const int64_t n = index.numel();
+  const int64_t rows = outer * n;
+#pragma omp parallel for schedule(static) if (rows * inner >= kParallelGrain && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t o = r / n, j = r % n;
+    const T* src = xp + (o * size + ip[j]) * inner;
+    std::copy(src, src + inner, op + r * inner);
+  }
+}
+
+template <typename T>
+void index_add_impl(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,
+                    int64_t inner) {
+  T* op = static_cast<T*>(out.data_ptr());
+  const T* sp = static_cast<const T*>(src.data_ptr());
+  const int64_t* ip = index.data<int64_t>();
+  const int64_t n = index.numel();
+  const int64_t blocks = (inner + kInnerBlock - 1) / kInnerBlock;
+  const int64_t tasks = outer * blocks;
+  // Task (o, block) owns out[o, :, block]: disjoint across tasks; j runs in order inside.
+#pragma omp parallel for schedule(static) if (outer * n * inner >= kParallelGrain && tasks > 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t o = t / blocks, b = t % blocks;
+    const int64_t lo = b * kInnerBlock, hi = std::min(inner, lo + kInnerBlock);
+    for (int64_t j = 0; j < n; ++j) {
+      T* dst = op + (o * size + ip[j]) * inner;
+      const T* s = sp + (o * n + j) * inner;
+      for (int64_t i = lo; i < hi; ++i) dst[i] += s[i];
+    }
+  }
+}
+
+template <typename T>
+void gather_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim) {
+  const T* xp = static_cast<const T*>(x.data_ptr());
+  T* op = static_cast<T*>(out.data_ptr());
+  const int64_t* ip = index.data<int64_t>();
+  const Shape& is = index.shape();
+  const Strides& xstr = x.strides();
+  const Split3 s = split3(is, dim);
+  const int64_t xs_dim = xstr[static_cast<size_t>(dim)];
+  const std::vector<int64_t> ioff = inner_offsets(is, xstr, dim, s.I);
+  const int64_t rows = s.O * s.n;
+  // Row (o, j) of the index covers I contiguous elements of index/out.
+#pragma omp parallel for schedule(static) if (rows * s.I >= kParallelGrain && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t o = r / s.n;
+    const int64_t base = offset_of(o, is, xstr, 0, dim);
+    const int64_t* irow = ip + r * s.I;
+    T* orow = op + r * s.I;
+    for (int64_t i = 0; i < s.I; ++i) orow[i] = xp[base + irow[i] * xs_dim + ioff[static_cast<size_t>(i)]];
+  }
+}
+
+template <typename T>
+void scatter_add_impl(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
+  T* op = static_cast<T*>(out.data_ptr());
+  const T* sp = static_cast<const T*>(src.data_ptr());
+  const int64_t* ip = index.data<int64_t>();
+  const Shape& is = index.shape();
+  const Strides& ostr = out.strides();
+  const Split3 s = split3(is, dim);
+  const int64_t os_dim = ostr[static_cast<size_t>(dim)];
+  const std::vector<int64_t> ioff = inner_offsets(is, ostr, dim, s.I);
+  const int64_t blocks = (s.I + kInnerBlock - 1) / kInnerBlock;
+  const int64_t tasks = s.O * blocks;
+  // Positions with different (o, i) never collide (they differ off dim), so task (o, block)
+  // owns its targets; j runs in order inside a task.
+#pragma omp parallel for schedule(static) if (s.O * s.n * s.I >= kParallelGrain && tasks > 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t o = t / blocks, b = t % blocks;
+    const int64_t lo = b * kInnerBlock, hi = std::min(s.I, lo + kInnerBlock);
+    const int64_t base = offset_of(o, is, ostr, 0, dim);
+    for (int64_t j = 0; j < s.n; ++j) {
+      const int64_t row = (o * s.n + j) * s.I;
+      for (int64_t i = lo; i < hi; ++i)
+        op[base + ip[row + i] * os_dim + ioff[static_cast<size_t>(i)]] += sp[row + i];
+    }
+  }
+}
+
+template <typename T>
+void cumsum_impl(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool reverse) {
+  using acc_t = typename AccOf<T>::type;
+  const T* xp = static_cast<const T*>(x.data_ptr());
+  T* op = static_cast<T*>(out.data_ptr());
+  const int64_t blocks = (inner + kInnerBlock - 1) / kInnerBlock;
+  const int64_t tasks = outer * blocks;
+#pragma omp parallel for schedule(static) if (outer * r * inner >= kParallelGrain && tasks > 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t o = t / blocks, b = t % blocks;
+    const int64_t lo = b * kInnerBlock, hi = std::min(inner, lo + kInnerBlock);
+    acc_t acc[kInnerBlock];
+    std::fill(acc, acc + (hi - lo), acc_t(0));
+    for (int64_t k = 0; k < r; ++k) {
+      const int64_t kk = reverse ? r - 1 - k : k;
+      const int64_t row = (o * r + kk) * inner;
+      for (int64_t i = lo; i < hi; ++i) {
+        acc[i - lo] += static_cast<acc_t>(xp[row + i]);
+        op[row + i] = static_cast<T>(acc[i - lo]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// out [outer, n, inner] = x [outer, size, inner] at index [n]
+void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,
+                  int64_t inner) {
+  LINEA_DISPATCH_ALL(x.dtype(), "index_select",
+                     [&] { index_select_impl<scalar_t>(x, index, out, outer, size, inner); });
+}
+
+// out [outer, size, inner] += src [outer, n, inner] at index [n]
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,
+               int64_t inner) {
+  LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add",
+                         [&] { index_add_impl<scalar_t>(out, index, src, outer, size, inner); });
+}
+
+// out (index's shape) = x at index along dim
+void gather(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim) {
+  LINEA_DISPATCH_ALL(x.dtype(), "gather", [&] { gather_impl<scalar_t>(x, index, out, dim); });
+}
+
+// out along dim at index += src (index and src have the same shape)
+void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
+  LINEA_DISPATCH_NUMERIC(out.dtype(), "scatter_add", [&] { scatter_add_impl<scalar_t>(out, index, src, dim); });
+}
+
+// inclusive prefix sum over r of x [outer, r, inner]; reverse sums from the end
+void cumsum(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool reverse) {
+  LINEA_DISPATCH_NUMERIC(x.dtype(), "cumsum", [&] { cumsum_impl<scalar_t>(x, out, outer, r, inner, reverse); });
+}
+
+}  // namespace linea::cpu

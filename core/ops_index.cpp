@@ -1,0 +1,304 @@
+// linea::raw indexing, joining, prefix-sum and real-FFT ops: index_select, index_add, gather,
+// scatter_add, cat, stack, cumsum, rfft, irfft. Each checks its arguments (dtypes, devices,
+// ranks, shapes and, on the CPU, every index value) before any compute, allocates the output
+// and dispatches to the kernels of core/kernels.h. No autograd here (see autograd/index_ops.cpp).
+//
+// Conventions chosen here (PyTorch-like unless stated):
+//  - index tensors are Int64; negative index values are out of range (no wrap-around);
+//  - index_select takes a 0-d or 1-d index; gather/scatter_add take an index with x's ndim and
+//    index.size(d) <= x.size(d) for d != dim; scatter_add's src must have index's shape;
+//  - index_add / scatter_add return a fresh tensor (base + scattered src); base is not modified;
+//  - rfft/irfft results are contiguous; the complex dim is a trailing (re, im) dim of size 2.
+#include <algorithm>
+#include <sstream>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace linea::raw {
+
+namespace {
+
+void check_index_dtype(const char* op, const Tensor& index) {
+  LINEA_CHECK(index.dtype() == DType::Int64, op, ": index must have dtype int64, got ", dtype_name(index.dtype()),
+              " (index shape ", shape_str(index.shape()), ")");
+}
+
+// On the CPU, every value of `index` (contiguous) must lie in [0, size).
+void check_index_values(const char* op, const Tensor& index, int64_t dim, int64_t size) {
+  if (!index.is_cpu()) return;  // device kernels do their own bounds handling
+  const int64_t* p = index.data<int64_t>();
+  const int64_t n = index.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    LINEA_CHECK(p[i] >= 0 && p[i] < size, op, ": index ", p[i], " is out of range for dim ", dim, " of size ",
+                size);
+  }
+}
+
+// Shape s with entry d replaced by v.
+Shape with_dim(Shape s, int64_t d, int64_t v) {
+  s[static_cast<size_t>(d)] = v;
+  return s;
+}
+
+int64_t prod(const Shape& s, int64_t lo, int64_t hi) {
+  int64_t p = 1;
+  for (int64_t d = lo; d < hi; ++d) p *= s[static_cast<size_t>(d)];
+  return p;
+}
+
+// x zero-padded or truncated to `len` along dim (a view when truncating or unchanged).
+Tensor resize_dim(const Tensor& x, int64_t dim, int64_t len) {
+  const int64_t cur = x.size(dim);
+  if (len == cur) return x;
+  if (len < cur) return narrow(x, dim, 0, len);
+  Tensor out = zeros(with_dim(x.shape(), dim, len), x.options());
+  if (cur > 0) copy_(narrow(out, dim, 0, cur), x);
+  return out;
+}
+
+// Permutation moving dim `from` to position `to` (others keep their order), and its inverse.
+std::vector<int64_t> move_dim_perm(int64_t ndim, int64_t from, int64_t to) {
+  std::vector<int64_t> rest;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (d != from) rest.push_back(d);
+  rest.insert(rest.begin() + to, from);
+  return rest;
+}
+std::vector<int64_t> inverse_perm(const std::vector<int64_t>& p) {
+  std::vector<int64_t> inv(p.size());
+  for (size_t i = 0; i < p.size(); ++i) inv[static_cast<size_t>(p[i])] = static_cast<int64_t>(i);
+  return inv;
+}
+
+// gather/scatter_add: index has x's ndim and fits inside x except along dim.
+void check_gather_index(const char* op, const Tensor& x, int64_t dim, const Tensor& index) {
+  LINEA_CHECK(index.dim() == x.dim(), op, ": index must have the same number of dims as the input; got index ",
+              shape_str(index.shape()), " and input ", shape_str(x.shape()));
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (d == dim) continue;
+    LINEA_CHECK(index.size(d) <= x.size(d), op, ": index ", shape_str(index.shape()), " is larger than input ",
+                shape_str(x.shape()), " at dim ", d, " (only dim ", dim, " may differ)");
+  }
+}
+
+}  // namespace
+
+// ---- index_select / index_add --------------------------------------------------------------
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  const char* op = "index_select";
+  check_defined(op, x, "x");
+  check_defined(op, index, "index");
+  check_same_device(op, x, index);
+  check_index_dtype(op, index);
+  LINEA_CHECK(x.dim() >= 1, op, ": input must have at least 1 dim, got ", shape_str(x.shape()));
+  LINEA_CHECK(index.dim() <= 1, op, ": index must be 0-d or 1-d, got ", shape_str(index.shape()));
+  dim = wrap_dim(dim, x.dim(), op);
+  Tensor idx = contiguous(index);
+  check_index_values(op, idx, dim, x.size(dim));
+  const int64_t n = idx.numel();
+  Tensor out = empty(with_dim(x.shape(), dim, n), x.options());
+  if (out.numel() == 0) return out;
+  Tensor xc = contiguous(x);
+  LINEA_BACKEND(x.device(), index_select, xc, idx, out, prod(x.shape(), 0, dim), x.size(dim),
+                prod(x.shape(), dim + 1, x.dim()));
+  return out;
+}
+
+Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "index_add";
+  check_defined(op, base, "base");
+  check_defined(op, index, "index");
+  check_defined(op, src, "src");
+  check_same_device(op, base, index);
+  check_same_device(op, base, src);
+  check_same_dtype(op, base, src);
+  check_index_dtype(op, index);
+  LINEA_CHECK(base.dim() >= 1, op, ": base must have at least 1 dim, got ", shape_str(base.shape()));
+  LINEA_CHECK(index.dim() <= 1, op, ": index must be 0-d or 1-d, got ", shape_str(index.shape()));
+  dim = wrap_dim(dim, base.dim(), op);
+  LINEA_CHECK(src.shape() == with_dim(base.shape(), dim, index.numel()), op, ": src ", shape_str(src.shape()),
+              " must equal base ", shape_str(base.shape()), " with dim ", dim, " of size ", index.numel(),
+              " (the index length)");
+  Tensor idx = contiguous(index);
+  check_index_values(op, idx, dim, base.size(dim));
+  Tensor out = clone(base);
+  if (src.numel() == 0) return out;
+  Tensor sc = contiguous(src);
+  LINEA_BACKEND(base.device(), index_add, out, idx, sc, prod(base.shape(), 0, dim), base.size(dim),
+                prod(base.shape(), dim + 1, base.dim()));
+  return out;
+}
+
+// ---- gather / scatter_add ------------------------------------------------------------------
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  const char* op = "gather";
+  check_defined(op, x, "x");
+  check_defined(op, index, "index");
+  check_same_device(op, x, index);
+  check_index_dtype(op, index);
+  LINEA_CHECK(x.dim() >= 1, op, ": input must have at least 1 dim, got ", shape_str(x.shape()));
+  dim = wrap_dim(dim, x.dim(), op);
+  check_gather_index(op, x, dim, index);
+  Tensor idx = contiguous(index);
+  check_index_values(op, idx, dim, x.size(dim));
+  Tensor out = empty(index.shape(), x.options());
+  if (out.numel() == 0) return out;
+  Tensor xc = contiguous(x);
+  LINEA_BACKEND(x.device(), gather, xc, idx, out, dim);
+  return out;
+}
+
+Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "scatter_add";
+  check_defined(op, base, "base");
+  check_defined(op, index, "index");
+  check_defined(op, src, "src");
+  check_same_device(op, base, index);
+  check_same_device(op, base, src);
+  check_same_dtype(op, base, src);
+  check_index_dtype(op, index);
+  LINEA_CHECK(base.dim() >= 1, op, ": base must have at least 1 dim, got ", shape_str(base.shape()));
+  dim = wrap_dim(dim, base.dim(), op);
+  check_gather_index(op, base, dim, index);
+  LINEA_CHECK(src.shape() == index.shape(), op, ": src ", shape_str(src.shape()), " must have the index's shape ",
+              shape_str(index.shape()));
+  Tensor idx = contiguous(index);
+  check_index_values(op, idx, dim, base.size(dim));
+  Tensor out = clone(base);
+  if (src.numel() == 0) return out;
+  Tensor sc = contiguous(src);
+  LINEA_BACKEND(base.device(), scatter_add, out, idx, sc, dim);
+  return out;
+}
+
+// ---- cat / stack ---------------------------------------------------------------------------
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  const char* op = "cat";
+  LINEA_CHECK(!xs.empty(), op, ": expected a non-empty list of tensors");
+  for (size_t i = 0; i < xs.size(); ++i) check_defined(op, xs[i], "input");
+  const Tensor& first = xs[0];
+  LINEA_CHECK(first.dim() >= 1, op, ": zero-dim tensors cannot be concatenated (input 0 has shape ",
+              shape_str(first.shape()), ")");
+  dim = wrap_dim(dim, first.dim(), op);
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    check_same_device(op, first, x);
+    check_same_dtype(op, first, x);
+    bool ok = x.dim() == first.dim();
+    for (int64_t d = 0; ok && d < x.dim(); ++d)
+      if (d != dim && x.size(d) != first.size(d)) ok = false;
+    if (!ok) {
+      std::ostringstream shapes;
+      for (size_t j = 0; j < xs.size(); ++j) shapes << (j ? ", " : "") << shape_str(xs[j].shape());
+      LINEA_FAIL(op, ": shapes must match except in dim ", dim, "; input ", i, " has shape ", shape_str(x.shape()),
+                 " vs input 0 ", shape_str(first.shape()), " (all shapes: ", shapes.str(), ")");
+    }
+    total += x.size(dim);
+  }
+  Tensor out = empty(with_dim(first.shape(), dim, total), first.options());
+  int64_t off = 0;
+  for (const Tensor& x : xs) {
+    const int64_t len = x.size(dim);
+    if (len > 0 && x.numel() > 0) copy_(narrow(out, dim, off, len), x);
+    off += len;
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim) {
+  const char* op = "stack";
+  LINEA_CHECK(!xs.empty(), op, ": expected a non-empty list of tensors");
+  for (size_t i = 0; i < xs.size(); ++i) check_defined(op, xs[i], "input");
+  for (size_t i = 1; i < xs.size(); ++i) {
+    if (xs[i].shape() != xs[0].shape()) {
+      std::ostringstream shapes;
+      for (size_t j = 0; j < xs.size(); ++j) shapes << (j ? ", " : "") << shape_str(xs[j].shape());
+      LINEA_FAIL(op, ": all inputs must have the same shape; input ", i, " has shape ", shape_str(xs[i].shape()),
+                 " vs input 0 ", shape_str(xs[0].shape()), " (all shapes: ", shapes.str(), ")");
+    }
+  }
+  dim = wrap_dim(dim, xs[0].dim() + 1, op);
+  std::vector<Tensor> us;
+  us.reserve(xs.size());
+  for (const Tensor& x : xs) us.push_back(unsqueeze(x, dim));
+  return cat(us, dim);
+}
+
+// ---- cumsum --------------------------------------------------------------------------------
+
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
+  const char* op = "cumsum";
+  check_defined(op, x, "x");
+  LINEA_CHECK(x.dtype() != DType::Bool, op, ": expected a numeric dtype, got ", dtype_name(x.dtype()));
+  if (x.dim() == 0) {
+    wrap_dim(dim, 1, op);
+    return clone(x);
+  }
+  dim = wrap_dim(dim, x.dim(), op);
+  Tensor out = empty(x.shape(), x.options());
+  if (out.numel() == 0) return out;
+  Tensor xc = contiguous(x);
+  LINEA_BACKEND(x.device(), cumsum, xc, out, prod(x.shape(), 0, dim), x.size(dim),
+                prod(x.shape(), dim + 1, x.dim()), reverse);
+  return out;
+}
+
+// ---- rfft / irfft --------------------------------------------------------------------------
+
+Tensor rfft(const Tensor& x, int64_t n, int64_t dim) {
+  const char* op = "rfft";
+  check_defined(op, x, "x");
+  LINEA_CHECK(is_floating(x.dtype()), op, ": expected a floating input, got ", dtype_name(x.dtype()));
+  LINEA_CHECK(x.dim() >= 1, op, ": input must have at least 1 dim, got ", shape_str(x.shape()));
+  LINEA_CHECK(n >= 1, op, ": transform length n must be >= 1, got ", n);
+  dim = wrap_dim(dim, x.dim(), op);
+  const int64_t nd = x.dim();
+  const int64_t F = n / 2 + 1;
+  // [others..., L] -> zero-padded / truncated [others..., n] -> [batch, n]
+  std::vector<int64_t> perm = move_dim_perm(nd, dim, nd - 1);
+  Tensor xm = resize_dim(permute(x, perm), nd - 1, n);
+  xm = contiguous(xm);
+  const int64_t batch = xm.numel() / n;
+  Shape moved_out = xm.shape();
+  moved_out.back() = F;
+  moved_out.push_back(2);  // [others..., F, 2]
+  Tensor out = empty(moved_out, x.options());
+  if (batch > 0) LINEA_BACKEND(x.device(), rfft, xm, out, batch, n);
+  // back to [..., F at dim, ..., 2]
+  std::vector<int64_t> back = inverse_perm(perm);
+  back.push_back(nd);
+  return contiguous(permute(out, back));
+}
+
+Tensor irfft(const Tensor& spec, int64_t n, int64_t dim) {
+  const char* op = "irfft";
+  check_defined(op, spec, "spec");
+  LINEA_CHECK(is_floating(spec.dtype()), op, ": expected a floating spectrum, got ", dtype_name(spec.dtype()));
+  LINEA_CHECK(spec.dim() >= 2 && spec.size(-1) == 2, op,
+              ": spectrum must have a trailing (re, im) dim of size 2, got shape ", shape_str(spec.shape()));
+  LINEA_CHECK(n >= 1, op, ": output length n must be >= 1, got ", n);
+  const int64_t nd = spec.dim() - 1;  // dims without the trailing 2
+  dim = wrap_dim(dim, nd, op);
+  const int64_t F = n / 2 + 1;
+  LINEA_CHECK(spec.size(dim) == F, op, ": spectrum ", shape_str(spec.shape()), " has ", spec.size(dim),
+              " entries at dim ", dim, " but a length-", n, " output needs n/2+1 = ", F);
+  // [..., F at dim, ..., 2] -> [others..., F, 2] -> [batch, F, 2]
+  std::vector<int64_t> perm = move_dim_perm(nd, dim, nd - 1);
+  perm.push_back(nd);
+  Tensor sm = contiguous(permute(spec, perm));
+  const int64_t batch = sm.numel() / (2 * F);
+  Shape moved_out(sm.shape().begin(), sm.shape().end() - 1);
+  moved_out.back() = n;  // [others..., n]
+  Tensor out = empty(moved_out, spec.options());
+  if (batch > 0) LINEA_BACKEND(spec.device(), irfft, sm, out, batch, n);
+  std::vector<int64_t> back = inverse_perm(move_dim_perm(nd, dim, nd - 1));
+  return contiguous(permute(out, back));
+}
+
+}  // namespace linea::raw

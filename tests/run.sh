@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The test command. On a fresh Debian machine it installs the packages the build needs,
+# configures and builds Linea (Release; the CUDA backend too whenever nvcc is found), runs
+# every test with ctest, then builds the suites again under AddressSanitizer +
+# UndefinedBehaviorSanitizer (CPU only) and runs them once more. Exits non-zero on any failure.
+#
+#   tests/run.sh                   everything
+#   LINEA_SKIP_SANITIZERS=1 tests/run.sh   skip the sanitizer pass
+#   LINEA_BUILD_DIR=dir            where the main build goes (default build/release)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+JOBS=$(nproc)
+PACKAGES=(cmake ninja-build g++ pkg-config libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev)
+
+# ---- packages -------------------------------------------------------------------------------
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+# ---- main build and tests -----------------------------------------------------------------------
+BUILD=${LINEA_BUILD_DIR:-build/release}
+echo "== configure ($BUILD)"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
+echo "== build"
+cmake --build "$BUILD" -j"$JOBS"
+echo "== test"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$JOBS}
+ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure --timeout 900
+
+# ---- sanitizers (CPU only) ---------------------------------------------------------------------
+if [ "${LINEA_SKIP_SANITIZERS:-0}" != 1 ]; then
+  SAN=build/asan
+  echo "== configure ($SAN: ASan + UBSan, CPU only)"
+  cmake -S . -B "$SAN" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLINEA_CUDA=OFF -DLINEA_SANITIZE=ON \
+    -DLINEA_BUILD_APPS=OFF
+  cmake --build "$SAN" -j"$JOBS"
+  echo "== test under sanitizers"
+  # Leak checking needs ptrace, which some containers forbid; addresses and UB are checked regardless.
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1} \
+  UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+    ctest --test-dir "$SAN" -j"$JOBS" --output-on-failure --timeout 1800
+fi
+echo "== all tests passed"
