@@ -1,0 +1,182 @@
+// Differentiable matmul/bmm and neural-net ops (softmax, log_softmax, layer_norm,
+// cross_entropy, dropout): forward through linea::raw, backward written beside it.
+// Derivative rules (g = gradient of the output):
+//   matmul   C = A @ B        dA = sum_to(g @ B^T), dB = sum_to(A^T @ g)   (transposed views, no copies)
+//   softmax  y = softmax(x)   dx = y * (g - sum(g * y))
+//   log_softmax               dx = g - exp(y) * sum(g)
+//   layer_norm                dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w;
+//                             dw = sum_rows g * xhat, db = sum_rows g
+//   cross_entropy (per row)   dx = (softmax(x) - (1 - s) onehot(t) - s / C) * g_row, 0 for ignored rows
+//   dropout  y = x * m        dx = g * m, m = bernoulli(1 - p) / (1 - p)
+// Not here: kernels (core/cpu/, cuda/) and the raw argument checks they share (core/ops_nn.cpp).
+#include <cstdint>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/ops.h"
+
+namespace linea {
+
+// ---- matmul -----------------------------------------------------------------------------------
+// a [..., M, K] or [K], b [..., K, N] or [K] -> [batch..., M, N] minus promoted dims
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = raw::matmul(a, b);
+  if (!needs_grad({&a, &b})) return out;
+  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  return attach(out, "matmul", {a, b},
+                [ad = a.detach(), bd = b.detach(), need_a, need_b](const Tensor& g) -> std::vector<Tensor> {
+                  // Promoted views: a2 [.., M, K], b2 [.., K, N], g2 [batch.., M, N].
+                  const Tensor a2 = ad.dim() == 1 ? raw::unsqueeze(ad, 0) : ad;
+                  const Tensor b2 = bd.dim() == 1 ? raw::unsqueeze(bd, 1) : bd;
+                  Tensor g2 = g;
+                  if (ad.dim() == 1 && bd.dim() == 1)
+                    g2 = raw::reshape(g, {1, 1});
+                  else if (ad.dim() == 1)
+                    g2 = raw::unsqueeze(g, -2);
+                  else if (bd.dim() == 1)
+                    g2 = raw::unsqueeze(g, -1);
+                  const int64_t K = a2.size(-1), N = b2.size(-1);
+                  Tensor da, db;
+                  if (need_a) {
+                    // dA2 [batch.., M, K] = g2 [batch.., M, N] @ b2^T [.., N, K]
+                    da = raw::sum_to(raw::matmul(g2, raw::transpose(b2, -1, -2)), a2.shape());
+                    if (ad.dim() == 1) da = raw::reshape(da, ad.shape());
+                  }
+                  if (need_b) {
+                    if (b2.dim() == 2 && a2.dim() > 2 && K > 0) {
+                      // b shared by the batch: one GEMM over the folded batch instead of a batch of
+                      // products and a reduction. dB [K, N] = a_flat^T [K, BM] @ g_flat [BM, N]
+                      const int64_t BM = a2.numel() / K;
+                      const Tensor af = raw::reshape(a2, {BM, K});
+                      const Tensor gf = raw::reshape(g2, {BM, N});
+                      db = raw::matmul(raw::transpose(af, 0, 1), gf);
+                    } else {
+                      // dB2 [batch.., K, N] = a2^T [.., K, M] @ g2 [batch.., M, N]
+                      db = raw::sum_to(raw::matmul(raw::transpose(a2, -1, -2), g2), b2.shape());
+                    }
+                    if (bd.dim() == 1) db = raw::reshape(db, bd.shape());
+                  }
+                  return {da, db};
+                });
+}
+
+// a [B, M, K] @ b [B, K, N] -> [B, M, N]
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  raw::check_defined("bmm", a, "a");
+  raw::check_defined("bmm", b, "b");
+  LINEA_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors [B, M, K] and [B, K, N], got ",
+              shape_str(a.shape()), " and ", shape_str(b.shape()));
+  LINEA_CHECK(a.size(0) == b.size(0), "bmm: batch sizes differ (", shape_str(a.shape()), " and ",
+              shape_str(b.shape()), ")");
+  LINEA_CHECK(a.size(2) == b.size(1), "bmm: shapes cannot be multiplied (", shape_str(a.shape()), " and ",
+              shape_str(b.shape()), ")");
+  return matmul(a, b);
+}
+
+// ---- softmax ------------------------------------------------------------------------------------
+namespace {
+Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
+  Tensor y = raw::softmax(x, dim, log);
+  if (!needs_grad({&x})) return y;
+  return attach(y, log ? "log_softmax" : "softmax", {x},
+                [yd = y.detach(), dim, log](const Tensor& g) -> std::vector<Tensor> {
+                  // g, yd, dx [x's shape]
+                  return {raw::softmax_backward(g, yd, dim, log)};
+                });
+}
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
+
+// ---- layer norm ---------------------------------------------------------------------------------
+// x [..., *normalized_shape]; weight, bias [*normalized_shape] or undefined
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  raw::check_defined("layer_norm", x, "x");
+  const int64_t nd = static_cast<int64_t>(normalized_shape.size());
+  LINEA_CHECK(nd >= 1 && nd <= x.dim() && Shape(x.shape().end() - nd, x.shape().end()) == normalized_shape,
+              "layer_norm: normalized_shape ", shape_str(normalized_shape),
+              " does not match the trailing dims of the input ", shape_str(x.shape()));
+  std::vector<Tensor> r = raw::layer_norm(x, nd, weight, bias, eps);  // {out, mean [rows], rstd [rows]}
+  std::vector<Tensor> inputs{x};
+  if (weight.defined()) inputs.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  if (!needs_grad(inputs)) return r[0];
+  const Tensor wd = weight.defined() ? weight.detach() : Tensor();
+  const Tensor bd = bias.defined() ? bias.detach() : Tensor();
+  return attach(r[0], "layer_norm", inputs,
+                [xd = x.detach(), wd, bd, mean = r[1], rstd = r[2], nd](const Tensor& g) -> std::vector<Tensor> {
+                  // g, dx [..., *norm]; dw, db [*norm]
+                  std::vector<Tensor> d = raw::layer_norm_backward(g, xd, nd, wd, bd, mean, rstd);
+                  std::vector<Tensor> grads{d[0]};
+                  if (wd.defined()) grads.push_back(d[1]);
+                  if (bd.defined()) grads.push_back(d[2]);
+                  return grads;
+                });
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------------
+// logits [N, C] with target Int64 [N], or logits [C] with a 0-d target
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     Reduction reduction) {
+  raw::check_defined("cross_entropy", logits, "logits");
+  raw::check_defined("cross_entropy", target, "target");
+  const bool single = logits.dim() == 1;
+  Tensor l2 = logits, t2 = target;  // [N, C], [N]
+  if (single) {
+    LINEA_CHECK(target.dim() == 0, "cross_entropy: logits ", shape_str(logits.shape()),
+                " need a 0-d target, got target ", shape_str(target.shape()));
+    l2 = unsqueeze(logits, 0);  // differentiable: the gradient flows back to the [C] logits
+    t2 = raw::reshape(target, {1});
+  } else {
+    LINEA_CHECK(logits.dim() == 2, "cross_entropy: expected logits [N, C] or [C], got ", shape_str(logits.shape()));
+  }
+  std::vector<Tensor> rows = raw::cross_entropy_rows(l2, t2, ignore_index, label_smoothing);  // {loss, lse} [N]
+  Tensor loss = rows[0];
+  if (needs_grad({&l2})) {
+    loss = attach(loss, "cross_entropy", {l2},
+                  [ld = l2.detach(), td = t2.detach(), lse = rows[1], ignore_index,
+                   label_smoothing](const Tensor& g) -> std::vector<Tensor> {
+                    // g [N] -> dlogits [N, C]
+                    return {raw::cross_entropy_rows_backward(g, ld, td, lse, ignore_index, label_smoothing)};
+                  });
+  }
+  switch (reduction) {
+    case Reduction::None:
+      return single ? reshape(loss, {}) : loss;
+    case Reduction::Sum:
+      return sum(loss);
+    case Reduction::Mean: {
+      // Divide by the number of non-ignored rows, computed on the device (no host sync);
+      // max(count, 1) makes an all-ignored batch give 0 rather than NaN.
+      const TensorOptions opts(l2.dtype(), l2.device());
+      const Tensor ii = full({}, static_cast<double>(ignore_index), TensorOptions(DType::Int64, t2.device()));
+      Tensor count = raw::to_dtype(raw::binary(BinaryOp::Ne, t2, ii), l2.dtype());
+      count = raw::reduce(ReduceOp::Sum, count, {}, false);
+      count = raw::binary(BinaryOp::Maximum, count, full({}, 1.0, opts));
+      return div(sum(loss), count);
+    }
+  }
+  LINEA_FAIL("cross_entropy: unknown reduction");
+}
+
+// ---- dropout ------------------------------------------------------------------------------------
+Tensor dropout(const Tensor& x, double p, bool training) {
+  raw::check_defined("dropout", x, "x");
+  LINEA_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p must be in [0, 1], got ", p);
+  if (!training || p == 0.0) return x;
+  LINEA_CHECK(is_floating(x.dtype()), "dropout: expected a float32 or float64 input, got ", x.dtype());
+  // mask [x's shape]: 0 with probability p, else 1 / (1 - p)
+  const Tensor mask = p == 1.0 ? zeros(x.shape(), x.options())
+                               : raw::unary(UnaryOp::MulScalar, raw::bernoulli(x.shape(), 1.0 - p, x.options()),
+                                            1.0 / (1.0 - p));
+  Tensor out = raw::binary(BinaryOp::Mul, x, mask);
+  if (!needs_grad({&x})) return out;
+  return attach(out, "dropout", {x}, [mask](const Tensor& g) -> std::vector<Tensor> {
+    // g, dx [x's shape]
+    return {raw::binary(BinaryOp::Mul, g, mask)};
+  });
+}
+
+}  // namespace linea

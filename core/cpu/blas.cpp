@@ -1,0 +1,111 @@
+// CPU matmul kernel (linea::cpu::matmul) on OpenBLAS: one cblas_sgemm / cblas_dgemm per
+// matrix of the batch, operands read in place. A column-major operand (a transposed view)
+// is passed as CblasTrans with its leading dimension, never copied; broadcast batch dims
+// (stride 0) simply repeat an offset. When the right operand is shared by the whole batch
+// and the left one is a row-major stack of matrices, the batch is folded into M and done as
+// one GEMM.
+// Not here: argument checks, 1-D promotion, broadcasting and copies of unsupported layouts
+// (raw::matmul in core/ops_nn.cpp does those), and any autograd.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/kernels.h"
+
+namespace linea::cpu {
+
+namespace {
+
+// How one matrix operand is laid out for BLAS (row-major calling convention).
+struct MatLayout {
+  bool trans = false;  // stored column-major: pass CblasTrans
+  int64_t ld = 1;      // leading dimension (elements)
+};
+
+// Size-1 dims may carry any stride; only the strides of dims longer than 1 matter.
+MatLayout layout_of(const Tensor& t) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const int64_t sr = t.stride(-2), sc = t.stride(-1);
+  if ((cols <= 1 || sc == 1) && (rows <= 1 || sr >= cols))
+    return {false, std::max<int64_t>({rows <= 1 ? cols : sr, cols, 1})};
+  if ((rows <= 1 || sr == 1) && (cols <= 1 || sc >= rows))
+    return {true, std::max<int64_t>({cols <= 1 ? rows : sc, rows, 1})};
+  LINEA_FAIL("matmul: operand of shape ", shape_str(t.shape()), " with strides ", shape_str(t.strides()),
+             " is neither row- nor column-major (raw::matmul should have made it contiguous)");
+}
+
+inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float* a, int lda,
+                 const float* b, int ldb, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+}
+inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const double* a, int lda,
+                 const double* b, int ldb, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+}
+
+// Element offsets of each batch matrix of t (batch dims = all but the last two), in the
+// row-major order of the batch index.
+std::vector<int64_t> batch_offsets(const Tensor& t, int64_t batch) {
+  const int64_t nb = t.dim() - 2;
+  std::vector<int64_t> offs(static_cast<size_t>(batch));
+  std::vector<int64_t> idx(static_cast<size_t>(std::max<int64_t>(nb, 0)), 0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    offs[i] = off;
+    for (int64_t d = nb - 1; d >= 0; --d) {  // odometer increment
+      off += t.stride(d);
+      if (++idx[d] < t.size(d)) break;
+      off -= t.stride(d) * t.size(d);
+      idx[d] = 0;
+    }
+  }
+  return offs;
+}
+
+// The batch loop is sequential on purpose: OpenBLAS threads each GEMM itself, and calling
+// the pthread build of OpenBLAS from an OpenMP-parallel loop measured ~10x slower on batches
+// of small GEMMs (bench_matmul, attention shapes) than this plain loop.
+
+// One GEMM per batch entry (or one for the folded batch). a, b, c point at element 0.
+template <typename T>
+void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, int64_t M, int64_t N, int64_t K,
+                  int64_t batch, const std::vector<int64_t>& offa, const std::vector<int64_t>& offb) {
+  const CBLAS_TRANSPOSE ta = la.trans ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = lb.trans ? CblasTrans : CblasNoTrans;
+  // Fold the batch into M when b is the same matrix for every batch entry and a's matrices
+  // are consecutive row blocks with a common leading dimension (e.g. [B, L, D] @ [D, E]).
+  bool fold = batch > 1 && !la.trans;
+  for (int64_t i = 0; fold && i < batch; ++i) fold = offb[i] == offb[0] && offa[i] == offa[0] + i * M * la.ld;
+  if (fold) {
+    gemm(ta, tb, static_cast<int>(batch * M), static_cast<int>(N), static_cast<int>(K), pa + offa[0],
+         static_cast<int>(la.ld), pb + offb[0], static_cast<int>(lb.ld), pc, static_cast<int>(N));
+    return;
+  }
+  for (int64_t i = 0; i < batch; ++i) {
+    gemm(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), pa + offa[i],
+         static_cast<int>(la.ld), pb + offb[i], static_cast<int>(lb.ld), pc + i * M * N, static_cast<int>(N));
+  }
+}
+
+}  // namespace
+
+// a [batch..., M, K] @ b [batch..., K, N] -> out [batch..., M, N] (contiguous).
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
+  if (out.numel() == 0) return;
+  if (K == 0) {
+    fill(out, 0.0);
+    return;
+  }
+  const int64_t batch = out.numel() / (M * N);
+  const MatLayout la = layout_of(a), lb = layout_of(b);
+  const std::vector<int64_t> offa = batch_offsets(a, batch), offb = batch_offsets(b, batch);
+  LINEA_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
+    batched_gemm<scalar_t>(a.data<scalar_t>(), b.data<scalar_t>(), out.data<scalar_t>(), la, lb, M, N, K, batch,
+                           offa, offb);
+  });
+}
+
+}  // namespace linea::cpu

@@ -1,0 +1,362 @@
+// CPU kernels of the fused neural-net ops: softmax / log_softmax, layer_norm and per-row
+// cross-entropy, forward and backward (namespace linea::cpu, API in core/kernels.h).
+// Each works on contiguous tensors, one pass (or two) over a row, parallel over rows with
+// OpenMP above a work threshold, and is numerically stable (the row max is subtracted
+// before exp).
+// Not here: argument checks, reshaping to [outer, r, inner] / [rows, cols], and allocation
+// (raw ops in core/ops_nn.cpp), nor any autograd.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/kernels.h"
+
+namespace linea::cpu {
+
+namespace {
+
+// Elements of work below which a kernel runs on one thread.
+constexpr int64_t kParallelWork = 32768;
+// Width of the block of the inner dim handled at once when the reduced dim is strided.
+constexpr int64_t kInnerBlock = 256;
+
+template <typename T>
+inline T neg_inf() {
+  return -std::numeric_limits<T>::infinity();
+}
+
+// ---- softmax over a contiguous row of length r ---------------------------------------------
+template <typename T>
+void softmax_row(const T* x, T* y, int64_t r, bool log) {
+  T m = neg_inf<T>();
+#pragma omp simd reduction(max : m)
+  for (int64_t k = 0; k < r; ++k) m = x[k] > m ? x[k] : m;
+  if (m == neg_inf<T>()) m = T(0);  // all -inf: keep exp(x - m) = 0 rather than NaN from inf - inf
+  T s = 0;
+  // exp into y first (a plain loop of libm calls), then a vectorized sum: faster than one
+  // fused loop, whose serial dependency on the running sum stalls on each call's latency.
+  for (int64_t k = 0; k < r; ++k) y[k] = std::exp(x[k] - m);
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < r; ++k) s += y[k];
+  if (log) {
+    const T shift = m + std::log(s);
+    for (int64_t k = 0; k < r; ++k) y[k] = x[k] - shift;
+  } else {
+    const T inv = T(1) / s;
+    for (int64_t k = 0; k < r; ++k) y[k] *= inv;
+  }
+}
+
+// Softmax over r for a block of `w` consecutive inner positions: x, y point at [0, j0] of
+// one outer slice [r, inner].
+template <typename T>
+void softmax_block(const T* x, T* y, int64_t r, int64_t inner, int64_t w, bool log) {
+  T m[kInnerBlock], s[kInnerBlock];
+  for (int64_t j = 0; j < w; ++j) {
+    m[j] = neg_inf<T>();
+    s[j] = 0;
+  }
+  for (int64_t k = 0; k < r; ++k)
+    for (int64_t j = 0; j < w; ++j) m[j] = std::max(m[j], x[k * inner + j]);
+  for (int64_t j = 0; j < w; ++j)
+    if (m[j] == neg_inf<T>()) m[j] = T(0);
+  if (log) {
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < w; ++j) s[j] += std::exp(x[k * inner + j] - m[j]);
+    for (int64_t j = 0; j < w; ++j) m[j] += std::log(s[j]);
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < w; ++j) y[k * inner + j] = x[k * inner + j] - m[j];
+  } else {
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < w; ++j) {
+        const T e = std::exp(x[k * inner + j] - m[j]);
+        y[k * inner + j] = e;
+        s[j] += e;
+      }
+    for (int64_t j = 0; j < w; ++j) s[j] = T(1) / s[j];
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < w; ++j) y[k * inner + j] *= s[j];
+  }
+}
+
+// softmax:     dx = y * (g - sum_r(g * y))
+// log_softmax: dx = g - exp(y) * sum_r(g)
+template <typename T>
+void softmax_backward_row(const T* g, const T* y, T* dx, int64_t r, bool log) {
+  T s = 0;
+  if (log) {
+#pragma omp simd reduction(+ : s)
+    for (int64_t k = 0; k < r; ++k) s += g[k];
+    for (int64_t k = 0; k < r; ++k) dx[k] = g[k] - std::exp(y[k]) * s;
+  } else {
+#pragma omp simd reduction(+ : s)
+    for (int64_t k = 0; k < r; ++k) s += g[k] * y[k];
+    for (int64_t k = 0; k < r; ++k) dx[k] = y[k] * (g[k] - s);
+  }
+}
+
+template <typename T>
+void softmax_backward_block(const T* g, const T* y, T* dx, int64_t r, int64_t inner, int64_t w, bool log) {
+  T s[kInnerBlock];
+  for (int64_t j = 0; j < w; ++j) s[j] = 0;
+  if (log) {
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < w; ++j) s[j] += g[k * inner + j];
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < w; ++j) dx[k * inner + j] = g[k * inner + j] - std::exp(y[k * inner + j]) * s[j];
+  } else {
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < w; ++j) s[j] += g[k * inner + j] * y[k * inner + j];
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < w; ++j) dx[k * inner + j] = y[k * inner + j] * (g[k * inner + j] - s[j]);
+  }
+}
+
+template <typename T>
+void softmax_impl(const T* px, T* py, int64_t outer, int64_t r, int64_t inner, bool log) {
+  const bool par = outer * r * inner > kParallelWork;
+  if (inner == 1) {
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t o = 0; o < outer; ++o) softmax_row(px + o * r, py + o * r, r, log);
+    return;
+  }
+  const int64_t nblk = (inner + kInnerBlock - 1) / kInnerBlock;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t t = 0; t < outer * nblk; ++t) {
+    const int64_t o = t / nblk, j0 = (t % nblk) * kInnerBlock;
+    const int64_t base = o * r * inner + j0;
+    softmax_block(px + base, py + base, r, inner, std::min(kInnerBlock, inner - j0), log);
+  }
+}
+
+template <typename T>
+void softmax_backward_impl(const T* pg, const T* py, T* pd, int64_t outer, int64_t r, int64_t inner, bool log) {
+  const bool par = outer * r * inner > kParallelWork;
+  if (inner == 1) {
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t o = 0; o < outer; ++o) softmax_backward_row(pg + o * r, py + o * r, pd + o * r, r, log);
+    return;
+  }
+  const int64_t nblk = (inner + kInnerBlock - 1) / kInnerBlock;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t t = 0; t < outer * nblk; ++t) {
+    const int64_t o = t / nblk, j0 = (t % nblk) * kInnerBlock;
+    const int64_t base = o * r * inner + j0;
+    softmax_backward_block(pg + base, py + base, pd + base, r, inner, std::min(kInnerBlock, inner - j0), log);
+  }
+}
+
+// x, y [rows, cols]; w, b [cols] or null; mean, rstd [rows]
+template <typename T>
+void layer_norm_impl(const T* px, const T* pw, const T* pb, T eps, T* py, T* pm, T* pr, int64_t rows,
+                     int64_t cols) {
+  const bool par = rows * cols > kParallelWork;
+  const T inv_cols = T(1) / static_cast<T>(cols);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* xr = px + i * cols;
+    T* yr = py + i * cols;
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < cols; ++c) s += xr[c];
+    const T mu = s * inv_cols;
+    T v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int64_t c = 0; c < cols; ++c) {
+      const T d = xr[c] - mu;
+      v += d * d;
+    }
+    const T rs = T(1) / std::sqrt(v * inv_cols + eps);
+    pm[i] = mu;
+    pr[i] = rs;
+    if (pw && pb) {
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * pw[c] + pb[c];
+    } else if (pw) {
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * pw[c];
+    } else if (pb) {
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs + pb[c];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs;
+    }
+  }
+}
+
+// With xhat = (x - mean) * rstd and gw = grad * w:
+//   dx = rstd * (gw - mean_c(gw) - xhat * mean_c(gw * xhat)),  dw = sum_rows grad * xhat,  db = sum_rows grad.
+// dw, db may be null. Per-thread partial sums of dw/db ([nthreads, cols], double) are reduced at the end.
+template <typename T>
+void layer_norm_backward_impl(const T* pg, const T* px, const T* pw, const T* pm, const T* pr, T* pd, T* pdw,
+                              T* pdb, int64_t rows, int64_t cols) {
+  const bool par = rows * cols > kParallelWork;
+  const int nthreads = par ? omp_get_max_threads() : 1;
+  const T inv_cols = T(1) / static_cast<T>(cols);
+  std::vector<double> part_w(pdw ? static_cast<size_t>(nthreads * cols) : 0, 0.0);
+  std::vector<double> part_b(pdb ? static_cast<size_t>(nthreads * cols) : 0, 0.0);
+#pragma omp parallel num_threads(nthreads) if (par)
+  {
+    double* tw = pdw ? part_w.data() + omp_get_thread_num() * cols : nullptr;
+    double* tb = pdb ? part_b.data() + omp_get_thread_num() * cols : nullptr;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* gr = pg + i * cols;
+      const T* xr = px + i * cols;
+      T* dr = pd + i * cols;
+      const T mu = pm[i], rs = pr[i];
+      T sum_gw = 0, sum_gwx = 0;
+#pragma omp simd reduction(+ : sum_gw, sum_gwx)
+      for (int64_t c = 0; c < cols; ++c) {
+        const T gw = pw ? gr[c] * pw[c] : gr[c];
+        sum_gw += gw;
+        sum_gwx += gw * (xr[c] - mu) * rs;
+      }
+      const T a = sum_gw * inv_cols, q = sum_gwx * inv_cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        const T gw = pw ? gr[c] * pw[c] : gr[c];
+        dr[c] = rs * (gw - a - (xr[c] - mu) * rs * q);
+      }
+      if (tw)
+        for (int64_t c = 0; c < cols; ++c) tw[c] += static_cast<double>(gr[c] * (xr[c] - mu) * rs);
+      if (tb)
+        for (int64_t c = 0; c < cols; ++c) tb[c] += static_cast<double>(gr[c]);
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    double sw = 0, sb = 0;
+    for (int t = 0; t < nthreads; ++t) {
+      if (pdw) sw += part_w[t * cols + c];
+      if (pdb) sb += part_b[t * cols + c];
+    }
+    if (pdw) pdw[c] = static_cast<T>(sw);
+    if (pdb) pdb[c] = static_cast<T>(sb);
+  }
+}
+
+// logits [N, C], target [N], loss and lse [N]:
+//   loss_i = lse_i - (1 - s) * x[i, t_i] - s / C * sum_c x[i, c]   (0 where t_i == ignore_index)
+template <typename T>
+void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, int64_t N, int64_t C, int64_t ignore_index,
+                        T s) {
+  const bool par = N * C > kParallelWork;
+  const T s_over_c = s / static_cast<T>(C);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* xr = px + i * C;
+    T m = neg_inf<T>();
+#pragma omp simd reduction(max : m)
+    for (int64_t c = 0; c < C; ++c) m = xr[c] > m ? xr[c] : m;
+    if (m == neg_inf<T>()) m = T(0);
+    // exp in chunks through a stack buffer, then vectorized sums (as in softmax_row).
+    T se = 0, sx = 0;
+    T buf[kInnerBlock];
+    for (int64_t c0 = 0; c0 < C; c0 += kInnerBlock) {
+      const int64_t n = std::min(kInnerBlock, C - c0);
+      for (int64_t j = 0; j < n; ++j) buf[j] = std::exp(xr[c0 + j] - m);
+#pragma omp simd reduction(+ : se, sx)
+      for (int64_t j = 0; j < n; ++j) {
+        se += buf[j];
+        sx += xr[c0 + j];
+      }
+    }
+    const T l = m + std::log(se);
+    pe[i] = l;
+    const int64_t t = pt[i];
+    pl[i] = t == ignore_index ? T(0) : l - (T(1) - s) * xr[t] - (s != 0 ? s_over_c * sx : T(0));
+  }
+}
+
+//   dlogits[i, c] = (exp(x[i, c] - lse_i) - (1 - s) * [c == t_i] - s / C) * grad_i   (0 for ignored rows)
+template <typename T>
+void cross_entropy_backward_impl(const T* pg, const T* px, const int64_t* pt, const T* pe, T* pd, int64_t N,
+                                 int64_t C, int64_t ignore_index, T s) {
+  const bool par = N * C > kParallelWork;
+  const T s_over_c = s / static_cast<T>(C);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* xr = px + i * C;
+    T* dr = pd + i * C;
+    const int64_t t = pt[i];
+    if (t == ignore_index) {
+      for (int64_t c = 0; c < C; ++c) dr[c] = 0;
+      continue;
+    }
+    const T g = pg[i], l = pe[i];
+    for (int64_t c = 0; c < C; ++c) dr[c] = (std::exp(xr[c] - l) - s_over_c) * g;
+    dr[t] -= (T(1) - s) * g;
+  }
+}
+
+}  // namespace
+
+// ---- entry points (core/kernels.h) -----------------------------------------------------------
+
+// x, out [outer, r, inner]
+void softmax(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool log) {
+  if (outer * r * inner == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "softmax", [&] {
+    softmax_impl<scalar_t>(x.data<scalar_t>(), out.data<scalar_t>(), outer, r, inner, log);
+  });
+}
+
+// grad, y, dx [outer, r, inner]; y is the forward output (log-probabilities when log)
+void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t r,
+                      int64_t inner, bool log) {
+  if (outer * r * inner == 0) return;
+  LINEA_DISPATCH_FLOAT(y.dtype(), "softmax_backward", [&] {
+    softmax_backward_impl<scalar_t>(grad.data<scalar_t>(), y.data<scalar_t>(), dx.data<scalar_t>(), outer, r,
+                                    inner, log);
+  });
+}
+
+// x, out [rows, cols]; w, b [cols] or undefined; mean, rstd [rows]
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
+                const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
+    layer_norm_impl<scalar_t>(x.data<scalar_t>(), w.defined() ? w.data<scalar_t>() : nullptr,
+                              b.defined() ? b.data<scalar_t>() : nullptr, static_cast<scalar_t>(eps),
+                              out.data<scalar_t>(), mean.data<scalar_t>(), rstd.data<scalar_t>(), rows, cols);
+  });
+}
+
+// grad, x, dx [rows, cols]; w [cols] or undefined; mean, rstd [rows]; dw, db [cols] or undefined
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,
+                         int64_t cols) {
+  if (cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
+    layer_norm_backward_impl<scalar_t>(grad.data<scalar_t>(), x.data<scalar_t>(),
+                                       w.defined() ? w.data<scalar_t>() : nullptr, mean.data<scalar_t>(),
+                                       rstd.data<scalar_t>(), dx.data<scalar_t>(),
+                                       dw.defined() ? dw.data<scalar_t>() : nullptr,
+                                       db.defined() ? db.data<scalar_t>() : nullptr, rows, cols);
+  });
+}
+
+// logits [N, C], target Int64 [N] (values checked by the caller), loss and lse [N]
+void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
+                   const Tensor& loss, const Tensor& lse) {
+  const int64_t N = logits.size(0), C = logits.size(1);
+  if (N == 0 || C == 0) return;
+  LINEA_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
+    cross_entropy_impl<scalar_t>(logits.data<scalar_t>(), target.data<int64_t>(), loss.data<scalar_t>(),
+                                 lse.data<scalar_t>(), N, C, ignore_index, static_cast<scalar_t>(smoothing));
+  });
+}
+
+// grad [N], logits and dlogits [N, C], target Int64 [N], lse [N]
+void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                            int64_t ignore_index, double smoothing, const Tensor& dlogits) {
+  const int64_t N = logits.size(0), C = logits.size(1);
+  if (N == 0 || C == 0) return;
+  LINEA_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&] {
+    cross_entropy_backward_impl<scalar_t>(grad.data<scalar_t>(), logits.data<scalar_t>(), target.data<int64_t>(),
+                                          lse.data<scalar_t>(), dlogits.data<scalar_t>(), N, C, ignore_index,
+                                          static_cast<scalar_t>(smoothing));
+  });
+}
+
+}  // namespace linea::cpu

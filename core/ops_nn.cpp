@@ -1,0 +1,273 @@
+// linea::raw matmul and the fused nn ops (softmax, layer_norm, per-row cross-entropy):
+// argument checks that name the op and the offending shapes/dtypes/values, output
+// allocation, the [outer, r, inner] / [rows, cols] views the kernels work on, and dispatch
+// to the CPU or CUDA kernels (core/kernels.h).
+// Not here: the kernels themselves (core/cpu/blas.cpp, core/cpu/nn.cpp, cuda/) and autograd
+// (autograd/nn_ops.cpp).
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace linea::raw {
+
+namespace {
+
+void check_floating(const char* op, const Tensor& t, const char* name) {
+  LINEA_CHECK(is_floating(t.dtype()), op, ": expected ", name, " to be float32 or float64, got ", t.dtype(),
+              " (shape ", shape_str(t.shape()), ")");
+}
+
+int64_t prod(const Shape& s, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= s[i];
+  return p;
+}
+
+// The matrix part (last two dims) of t as a view BLAS can read in place: row-major
+// (stride(-1) == 1, stride(-2) >= cols) or column-major (stride(-2) == 1, stride(-1) >= rows),
+// with the strides of size-1 dims made canonical so that kernels may read the leading
+// dimension straight from the strides. Anything else (e.g. a strided slice) is copied.
+Tensor blas_operand(const Tensor& t) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const int64_t sr = t.stride(-2), sc = t.stride(-1);
+  Strides st = t.strides();
+  if ((cols <= 1 || sc == 1) && (rows <= 1 || sr >= cols)) {
+    st[st.size() - 1] = 1;
+    st[st.size() - 2] = rows <= 1 ? std::max<int64_t>(cols, 1) : sr;
+  } else if ((rows <= 1 || sr == 1) && (cols <= 1 || sc >= rows)) {
+    st[st.size() - 2] = 1;
+    st[st.size() - 1] = cols <= 1 ? std::max<int64_t>(rows, 1) : sc;
+  } else {
+    return contiguous(t);
+  }
+  if (st == t.strides()) return t;
+  return as_strided(t, t.shape(), st, t.offset());
+}
+
+}  // namespace
+
+// ---- matmul ---------------------------------------------------------------------------------
+// a [..., M, K] (or [K]) @ b [..., K, N] (or [K]) -> [broadcast(...), M, N], 1-D dims removed.
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_defined("matmul", a, "a");
+  check_defined("matmul", b, "b");
+  LINEA_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dimension, got ",
+              shape_str(a.shape()), " and ", shape_str(b.shape()));
+  check_same_device("matmul", a, b);
+  check_same_dtype("matmul", a, b);
+  check_floating("matmul", a, "a");
+  const int64_t K = a.size(-1);
+  const int64_t Kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  LINEA_CHECK(K == Kb, "matmul: shapes cannot be multiplied (", shape_str(a.shape()), " and ", shape_str(b.shape()),
+              ")");
+
+  // 1-D promotion: [K] -> [1, K] on the left, [K] -> [K, 1] on the right.
+  Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a;  // [..., M, K]
+  Tensor b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;  // [..., K, N]
+  const int64_t M = a2.size(-2), N = b2.size(-1);
+  LINEA_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, "matmul: matrix dims above 2^31 are not supported (",
+              shape_str(a.shape()), " and ", shape_str(b.shape()), ")");
+
+  const Shape ba(a2.shape().begin(), a2.shape().end() - 2), bb(b2.shape().begin(), b2.shape().end() - 2);
+  const Shape batch = broadcast_shapes(ba, bb, "matmul");
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  Tensor out = empty(out_shape, TensorOptions(a.dtype(), a.device()));
+
+  if (out.numel() > 0 && K == 0) {
+    LINEA_BACKEND(out.device(), fill, out, 0.0);  // an empty sum
+  } else if (out.numel() > 0) {
+    // Layout first (a copy, if one is needed, is made before broadcasting), then expand.
+    a2 = blas_operand(a2);
+    b2 = blas_operand(b2);
+    Shape sa = batch, sb = batch;
+    sa.insert(sa.end(), {M, K});
+    sb.insert(sb.end(), {K, N});
+    if (a2.shape() != sa) a2 = expand(a2, sa);
+    if (b2.shape() != sb) b2 = expand(b2, sb);
+    LINEA_BACKEND(out.device(), matmul, a2, b2, out);
+  }
+
+  // Drop the promoted dims.
+  if (a.dim() == 1 && b.dim() == 1) return view(out, {});
+  if (a.dim() == 1) return squeeze(out, -2);
+  if (b.dim() == 1) return squeeze(out, -1);
+  return out;
+}
+
+// ---- softmax --------------------------------------------------------------------------------
+namespace {
+struct Dims3 {
+  int64_t outer, r, inner;
+};
+Dims3 split_at(const Shape& s, int64_t dim) {
+  if (s.empty()) return {1, 1, 1};  // a 0-d tensor is one row of length 1
+  const size_t d = static_cast<size_t>(dim);
+  return {prod(s, 0, d), s[d], prod(s, d + 1, s.size())};
+}
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  check_defined(op, x, "x");
+  check_floating(op, x, "x");
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), op);
+  const Dims3 v = split_at(x.shape(), d);
+  Tensor xc = contiguous(x);
+  Tensor out = empty(x.shape(), TensorOptions(x.dtype(), x.device()));
+  if (out.numel() > 0) LINEA_BACKEND(x.device(), softmax, xc, out, v.outer, v.r, v.inner, log);
+  return out;
+}
+
+// grad, y [x's shape] -> dx; y is the forward output.
+Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  check_defined(op, grad, "grad");
+  check_defined(op, y, "y");
+  check_same_device(op, grad, y);
+  check_same_dtype(op, grad, y);
+  check_floating(op, y, "y");
+  LINEA_CHECK(grad.shape() == y.shape(), op, ": grad ", shape_str(grad.shape()), " and output ",
+              shape_str(y.shape()), " differ in shape");
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(y.dim(), 1), op);
+  const Dims3 v = split_at(y.shape(), d);
+  Tensor gc = contiguous(grad), yc = contiguous(y);
+  Tensor dx = empty(y.shape(), TensorOptions(y.dtype(), y.device()));
+  if (dx.numel() > 0) LINEA_BACKEND(y.device(), softmax_backward, gc, yc, dx, v.outer, v.r, v.inner, log);
+  return dx;
+}
+
+// ---- layer norm -----------------------------------------------------------------------------
+namespace {
+// Checks x and the optional affine params; returns {rows, cols}.
+std::pair<int64_t, int64_t> layer_norm_dims(const char* op, const Tensor& x, int64_t normalized_ndim,
+                                            const Tensor& w, const Tensor& b) {
+  check_defined(op, x, "x");
+  check_floating(op, x, "x");
+  LINEA_CHECK(normalized_ndim >= 1 && normalized_ndim <= x.dim(), op, ": cannot normalize over the last ",
+              normalized_ndim, " dims of a tensor of shape ", shape_str(x.shape()));
+  const size_t start = static_cast<size_t>(x.dim() - normalized_ndim);
+  const Shape norm_shape(x.shape().begin() + start, x.shape().end());
+  for (const Tensor* p : {&w, &b}) {
+    if (!p->defined()) continue;
+    const char* name = p == &w ? "weight" : "bias";
+    check_same_device(op, x, *p);
+    check_same_dtype(op, x, *p);
+    LINEA_CHECK(p->shape() == norm_shape, op, ": ", name, " has shape ", shape_str(p->shape()),
+                " but the normalized shape is ", shape_str(norm_shape), " (input ", shape_str(x.shape()), ")");
+  }
+  const int64_t cols = shape_numel(norm_shape);
+  return {cols == 0 ? 0 : x.numel() / cols, cols};
+}
+}  // namespace
+
+// x [..., *norm] -> {out [x's shape], mean [rows], rstd [rows]}
+std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& w, const Tensor& b,
+                               double eps) {
+  const auto [rows, cols] = layer_norm_dims("layer_norm", x, normalized_ndim, w, b);
+  LINEA_CHECK(eps >= 0, "layer_norm: eps must be >= 0, got ", eps);
+  const TensorOptions opts(x.dtype(), x.device());
+  Tensor out = empty(x.shape(), opts);
+  Tensor mean = empty({rows}, opts), rstd = empty({rows}, opts);
+  if (rows > 0 && cols > 0) {
+    Tensor xc = contiguous(x);
+    Tensor wc = w.defined() ? contiguous(w) : Tensor(), bc = b.defined() ? contiguous(b) : Tensor();
+    LINEA_BACKEND(x.device(), layer_norm, xc, wc, bc, eps, out, mean, rstd, rows, cols);
+  }
+  return {out, mean, rstd};
+}
+
+// grad, x [..., *norm]; w, b [*norm] or undefined; mean, rstd [rows] -> {dx, dw, db}
+std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim,
+                                        const Tensor& w, const Tensor& b, const Tensor& mean,
+                                        const Tensor& rstd) {
+  const auto [rows, cols] = layer_norm_dims("layer_norm_backward", x, normalized_ndim, w, b);
+  check_defined("layer_norm_backward", grad, "grad");
+  check_same_device("layer_norm_backward", grad, x);
+  check_same_dtype("layer_norm_backward", grad, x);
+  LINEA_CHECK(grad.shape() == x.shape(), "layer_norm_backward: grad ", shape_str(grad.shape()), " and input ",
+              shape_str(x.shape()), " differ in shape");
+  LINEA_CHECK(mean.numel() == rows && rstd.numel() == rows, "layer_norm_backward: mean/rstd ",
+              shape_str(mean.shape()), "/", shape_str(rstd.shape()), " do not have ", rows, " rows");
+  const TensorOptions opts(x.dtype(), x.device());
+  Tensor dx = empty(x.shape(), opts);
+  Tensor dw = w.defined() ? empty(w.shape(), opts) : Tensor();
+  Tensor db = b.defined() ? empty(b.shape(), opts) : Tensor();
+  if (rows == 0 || cols == 0) {
+    if (dx.numel() > 0) dx.zero_();
+    if (dw.defined()) dw.zero_();
+    if (db.defined()) db.zero_();
+    return {dx, dw, db};
+  }
+  Tensor gc = contiguous(grad), xc = contiguous(x);
+  Tensor wc = w.defined() ? contiguous(w) : Tensor();
+  Tensor mc = contiguous(mean), rc = contiguous(rstd);
+  LINEA_BACKEND(x.device(), layer_norm_backward, gc, xc, wc, mc, rc, dx, dw, db, rows, cols);
+  return {dx, dw, db};
+}
+
+// ---- cross-entropy --------------------------------------------------------------------------
+namespace {
+void check_cross_entropy_args(const char* op, const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                              double smoothing) {
+  check_defined(op, logits, "logits");
+  check_defined(op, target, "target");
+  check_floating(op, logits, "logits");
+  LINEA_CHECK(logits.dim() == 2, op, ": expected logits [N, C], got ", shape_str(logits.shape()));
+  LINEA_CHECK(target.dtype() == DType::Int64, op, ": expected target of dtype int64, got ", target.dtype(),
+              " (shape ", shape_str(target.shape()), ")");
+  LINEA_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), op, ": target ", shape_str(target.shape()),
+              " does not match logits ", shape_str(logits.shape()), " (expected [", logits.size(0), "])");
+  check_same_device(op, logits, target);
+  LINEA_CHECK(smoothing >= 0.0 && smoothing <= 1.0, op, ": label smoothing must be in [0, 1], got ", smoothing);
+  if (target.is_cpu()) {  // on CUDA this would need a host sync; the kernel skips bad rows there
+    const Tensor tc = contiguous(target);
+    const int64_t* pt = tc.data<int64_t>();
+    const int64_t C = logits.size(1);
+    for (int64_t i = 0; i < tc.numel(); ++i)
+      LINEA_CHECK(pt[i] == ignore_index || (pt[i] >= 0 && pt[i] < C), op, ": target value ", pt[i], " at index ",
+                  i, " is out of range for ", C, " classes (ignore_index ", ignore_index, ")");
+  }
+}
+}  // namespace
+
+// logits [N, C], target Int64 [N] -> {loss [N], lse [N]}
+std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                       double smoothing) {
+  check_cross_entropy_args("cross_entropy", logits, target, ignore_index, smoothing);
+  const int64_t N = logits.size(0);
+  const TensorOptions opts(logits.dtype(), logits.device());
+  Tensor loss = empty({N}, opts), lse = empty({N}, opts);
+  if (N > 0) {
+    LINEA_CHECK(logits.size(1) > 0, "cross_entropy: logits ", shape_str(logits.shape()), " have no classes");
+    Tensor lc = contiguous(logits), tc = contiguous(target);
+    LINEA_BACKEND(logits.device(), cross_entropy, lc, tc, ignore_index, smoothing, loss, lse);
+  }
+  return {loss, lse};
+}
+
+// grad [N], logits [N, C], target [N], lse [N] -> dlogits [N, C]
+Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target,
+                                   const Tensor& lse, int64_t ignore_index, double smoothing) {
+  check_cross_entropy_args("cross_entropy_backward", logits, target, ignore_index, smoothing);
+  check_defined("cross_entropy_backward", grad, "grad");
+  check_same_device("cross_entropy_backward", grad, logits);
+  check_same_dtype("cross_entropy_backward", grad, logits);
+  check_same_dtype("cross_entropy_backward", lse, logits);
+  const int64_t N = logits.size(0);
+  LINEA_CHECK(grad.shape() == Shape{N} && lse.shape() == Shape{N}, "cross_entropy_backward: grad ",
+              shape_str(grad.shape()), " and lse ", shape_str(lse.shape()), " must be [", N, "]");
+  Tensor dlogits = empty(logits.shape(), TensorOptions(logits.dtype(), logits.device()));
+  if (dlogits.numel() > 0) {
+    Tensor gc = contiguous(grad), lc = contiguous(logits), tc = contiguous(target), ec = contiguous(lse);
+    LINEA_BACKEND(logits.device(), cross_entropy_backward, gc, lc, tc, ec, ignore_index, smoothing, dlogits);
+  }
+  return dlogits;
+}
+
+}  // namespace linea::raw

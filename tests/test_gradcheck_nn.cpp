@@ -1,0 +1,163 @@
+// Gradient checks (float64, central differences vs backward) of matmul/bmm and the fused nn
+// ops: softmax, log_softmax, layer_norm, cross_entropy, dropout. Every op family is also
+// checked on a non-contiguous input (a transposed or strided view).
+// Not here: forward values and bad-input errors (tests/test_nn_ops.cpp).
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace linea {
+namespace {
+
+using test::f64;
+using test::randn64;
+using test::randn64_transposed;
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// A [rows, cols] float64 leaf viewed with a column step of 2: neither row- nor column-major.
+Tensor randn64_strided(int64_t rows, int64_t cols) {
+  Tensor base = randn({rows, 2 * cols}, f64());
+  base.requires_grad_(true);
+  return base.slice(1, 0, 2 * cols, 2);
+}
+
+const Fn kMatmul = [](const std::vector<Tensor>& x) { return matmul(x[0], x[1]); };
+
+TEST(GradCheck, Matmul) {
+  manual_seed(1);
+  EXPECT_GRADCHECK(kMatmul, {randn64({3, 4}), randn64({4, 5})});
+  EXPECT_GRADCHECK(kMatmul, {randn64({2, 3, 4}), randn64({2, 4, 5})});
+  // 1-D promotion on either side and on both (a dot product).
+  EXPECT_GRADCHECK(kMatmul, {randn64({4}), randn64({4, 5})});
+  EXPECT_GRADCHECK(kMatmul, {randn64({3, 4}), randn64({4})});
+  EXPECT_GRADCHECK(kMatmul, {randn64({4}), randn64({4})});
+  // Only one operand requires grad.
+  Tensor b = randn({4, 2}, f64());
+  EXPECT_GRADCHECK(kMatmul, {randn64({3, 4}), b});
+  // Non-contiguous: a strided slice (copied by matmul) times a transposed view.
+  EXPECT_GRADCHECK(kMatmul, {randn64_strided(3, 4), randn64_transposed({4, 5})});
+}
+
+TEST(GradCheck, MatmulBroadcast) {
+  manual_seed(2);
+  // Batch dims broadcast both ways: [2, 1, 3, 4] @ [3, 4, 2] -> [2, 3, 3, 2].
+  EXPECT_GRADCHECK(kMatmul, {randn64({2, 1, 3, 4}), randn64({3, 4, 2})});
+  // A shared right operand (the folded-batch backward): [2, 3, 4] @ [4, 5].
+  EXPECT_GRADCHECK(kMatmul, {randn64({2, 3, 4}), randn64({4, 5})});
+  // A shared left operand: [3, 4] @ [2, 4, 5].
+  EXPECT_GRADCHECK(kMatmul, {randn64({3, 4}), randn64({2, 4, 5})});
+  // 1-D operands against a batch.
+  EXPECT_GRADCHECK(kMatmul, {randn64({4}), randn64({2, 4, 5})});
+  EXPECT_GRADCHECK(kMatmul, {randn64({2, 3, 4}), randn64({4})});
+  // Broadcast with a transposed (column-major) shared operand.
+  EXPECT_GRADCHECK(kMatmul, {randn64({2, 3, 4}), randn64_transposed({4, 5})});
+}
+
+TEST(GradCheck, MatmulTransposedInput) {
+  manual_seed(3);
+  EXPECT_GRADCHECK(kMatmul, {randn64_transposed({3, 4}), randn64({4, 5})});
+  EXPECT_GRADCHECK(kMatmul, {randn64_transposed({3, 4}), randn64_transposed({4, 5})});
+  EXPECT_GRADCHECK(kMatmul, {randn64_transposed({2, 3, 4}), randn64_transposed({2, 4, 5})});
+  // A permuted batch: [3, 2, 4] viewed as [2, 3, 4] (batch stride smaller than the row stride).
+  Tensor base = randn({3, 2, 4}, f64());
+  base.requires_grad_(true);
+  EXPECT_GRADCHECK(kMatmul, {base.permute({1, 0, 2}), randn64({4, 5})});
+}
+
+TEST(GradCheck, Bmm) {
+  manual_seed(4);
+  const Fn f = [](const std::vector<Tensor>& x) { return bmm(x[0], x[1]); };
+  EXPECT_GRADCHECK(f, {randn64({2, 3, 4}), randn64({2, 4, 5})});
+  EXPECT_GRADCHECK(f, {randn64({2, 3, 4}), randn64_transposed({2, 4, 5})});
+}
+
+TEST(GradCheck, Softmax) {
+  manual_seed(5);
+  for (int64_t dim : {-1, 0}) {
+    const Fn f = [dim](const std::vector<Tensor>& x) { return softmax(x[0], dim); };
+    EXPECT_GRADCHECK(f, {randn64({3, 5})});
+    EXPECT_GRADCHECK(f, {randn64_transposed({4, 3})});
+  }
+  // Over a middle dim (inner > 1).
+  const Fn mid = [](const std::vector<Tensor>& x) { return softmax(x[0], 1); };
+  EXPECT_GRADCHECK(mid, {randn64({2, 3, 4})});
+  EXPECT_GRADCHECK(mid, {randn64_transposed({2, 4, 3})});
+}
+
+TEST(GradCheck, LogSoftmax) {
+  manual_seed(6);
+  const Fn last = [](const std::vector<Tensor>& x) { return log_softmax(x[0], -1); };
+  EXPECT_GRADCHECK(last, {randn64({3, 5})});
+  EXPECT_GRADCHECK(last, {randn64_transposed({4, 3})});
+  const Fn mid = [](const std::vector<Tensor>& x) { return log_softmax(x[0], 1); };
+  EXPECT_GRADCHECK(mid, {randn64({2, 3, 4})});
+  EXPECT_GRADCHECK(mid, {randn64_transposed({2, 3, 4})});
+  const Fn first = [](const std::vector<Tensor>& x) { return log_softmax(x[0], 0); };
+  EXPECT_GRADCHECK(first, {randn64({4, 3})});
+}
+
+TEST(GradCheck, LayerNorm) {
+  manual_seed(7);
+  const Fn affine = [](const std::vector<Tensor>& x) { return layer_norm(x[0], {6}, x[1], x[2]); };
+  EXPECT_GRADCHECK(affine, {randn64({4, 6}), randn64({6}), randn64({6})});
+  EXPECT_GRADCHECK(affine, {randn64_transposed({4, 6}), randn64({6}), randn64({6})});
+  // Two normalized dims.
+  const Fn two = [](const std::vector<Tensor>& x) { return layer_norm(x[0], {3, 4}, x[1], x[2], 1e-3); };
+  EXPECT_GRADCHECK(two, {randn64({2, 3, 4}), randn64({3, 4}), randn64({3, 4})});
+  // Weight only.
+  const Fn w_only = [](const std::vector<Tensor>& x) { return layer_norm(x[0], {5}, x[1]); };
+  EXPECT_GRADCHECK(w_only, {randn64({3, 5}), randn64({5})});
+  // Bias only, and no affine parameters at all (more in LayerNormNoAffine).
+  const Fn b_only = [](const std::vector<Tensor>& x) { return layer_norm(x[0], {5}, Tensor(), x[1]); };
+  EXPECT_GRADCHECK(b_only, {randn64({3, 5}), randn64({5})});
+  const Fn none = [](const std::vector<Tensor>& x) { return layer_norm(x[0], {5}); };
+  EXPECT_GRADCHECK(none, {randn64_transposed({3, 5})});
+}
+
+TEST(GradCheck, LayerNormNoAffine) {
+  manual_seed(8);
+  const Fn f = [](const std::vector<Tensor>& x) { return layer_norm(x[0], {5}); };
+  EXPECT_GRADCHECK(f, {randn64({4, 5})});
+  EXPECT_GRADCHECK(f, {randn64_transposed({2, 4, 5})});
+}
+
+TEST(GradCheck, CrossEntropy) {
+  manual_seed(9);
+  const Tensor target = tensor<int64_t>({2, -100, 0, 3, 1}, {5});
+  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    for (double s : {0.0, 0.1}) {
+      const Fn f = [&target, red, s](const std::vector<Tensor>& x) {
+        return cross_entropy(x[0], target, -100, s, red);
+      };
+      EXPECT_GRADCHECK(f, {randn64({5, 4})});
+      EXPECT_GRADCHECK(f, {randn64_transposed({5, 4})});
+    }
+  }
+  // A custom ignore_index that is also a valid class id.
+  const Tensor t_custom = tensor<int64_t>({2, 1, 0, 3, 0}, {5});
+  const Fn custom = [&t_custom](const std::vector<Tensor>& x) { return cross_entropy(x[0], t_custom, 0, 0.2); };
+  EXPECT_GRADCHECK(custom, {randn64({5, 4})});
+  // A single sample: logits [C] with a 0-d target.
+  const Tensor t0 = full({}, 2.0, TensorOptions(DType::Int64));
+  const Fn single = [&t0](const std::vector<Tensor>& x) { return cross_entropy(x[0], t0, -100, 0.1); };
+  EXPECT_GRADCHECK(single, {randn64({4})});
+}
+
+TEST(GradCheck, Dropout) {
+  // Re-seeding inside f freezes the mask across the evaluations of the check.
+  for (double p : {0.3, 0.7}) {
+    const Fn f = [p](const std::vector<Tensor>& x) {
+      manual_seed(1234);
+      return dropout(x[0], p, true);
+    };
+    manual_seed(10);
+    EXPECT_GRADCHECK(f, {randn64({4, 5})});
+    EXPECT_GRADCHECK(f, {randn64_transposed({4, 5})});
+  }
+  const Fn eval = [](const std::vector<Tensor>& x) { return mul(dropout(x[0], 0.5, false), 2.0); };
+  EXPECT_GRADCHECK(eval, {randn64({3, 2})});
+}
+
+}  // namespace
+}  // namespace linea

@@ -1,0 +1,435 @@
+// Forward values of matmul/bmm, softmax, log_softmax, layer_norm, cross_entropy and dropout
+// against naive loops, the no-copy handling of transposed operands, and the errors bad
+// inputs raise. Sizes above the kernels' OpenMP threshold are included so that the
+// parallel paths are exercised too.
+// Not here: gradients (tests/test_gradcheck_nn.cpp).
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "core/allocator.h"
+#include "tests/test_util.h"
+
+namespace linea {
+namespace {
+
+using test::all_close;
+using test::f64;
+
+// Row-major [M, K] @ [K, N].
+std::vector<double> naive_mm(const std::vector<double>& a, const std::vector<double>& b, int64_t M, int64_t K,
+                             int64_t N) {
+  std::vector<double> c(static_cast<size_t>(M * N), 0.0);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += a[i * K + k] * b[k * N + j];
+      c[i * N + j] = s;
+    }
+  return c;
+}
+
+Tensor vec_tensor(const std::vector<double>& v, const Shape& s) { return from_vector<double>(v, s); }
+
+// ---- matmul ----------------------------------------------------------------------------------
+
+TEST(Matmul, OddSizesMatchNaive) {
+  manual_seed(11);
+  for (auto [M, K, N] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 5, 3}, {13, 1, 9}, {2, 17, 1}, {33, 65, 31}}) {
+    Tensor a = randn({M, K}, f64()), b = randn({K, N}, f64());
+    Tensor ref = vec_tensor(naive_mm(a.to_vector<double>(), b.to_vector<double>(), M, K, N), {M, N});
+    EXPECT_TRUE(all_close(matmul(a, b), ref, 1e-12, 1e-12)) << M << "x" << K << "x" << N;
+    // float32 through sgemm.
+    EXPECT_TRUE(all_close(matmul(a.to(DType::Float32), b.to(DType::Float32)), ref, 1e-4, 1e-4));
+  }
+}
+
+TEST(Matmul, OneDimensional) {
+  manual_seed(12);
+  Tensor v = randn({5}, f64()), w = randn({5}, f64()), m = randn({5, 3}, f64()), n = randn({7, 5}, f64());
+  const auto vv = v.to_vector<double>(), wv = w.to_vector<double>();
+  double dot = 0;
+  for (int i = 0; i < 5; ++i) dot += vv[i] * wv[i];
+  Tensor d = matmul(v, w);
+  EXPECT_EQ(d.dim(), 0);
+  EXPECT_NEAR(d.item(), dot, 1e-12);
+
+  Tensor vm = matmul(v, m);  // [3]
+  EXPECT_EQ(vm.shape(), (Shape{3}));
+  EXPECT_TRUE(all_close(vm, vec_tensor(naive_mm(vv, m.to_vector<double>(), 1, 5, 3), {3}), 1e-12, 1e-12));
+
+  Tensor nv = matmul(n, v);  // [7]
+  EXPECT_EQ(nv.shape(), (Shape{7}));
+  EXPECT_TRUE(all_close(nv, vec_tensor(naive_mm(n.to_vector<double>(), vv, 7, 5, 1), {7}), 1e-12, 1e-12));
+
+  // 1-D against a batch: [5] @ [2, 5, 3] -> [2, 3].
+  Tensor bm = randn({2, 5, 3}, f64());
+  Tensor r = matmul(v, bm);
+  ASSERT_EQ(r.shape(), (Shape{2, 3}));
+  for (int64_t i = 0; i < 2; ++i)
+    EXPECT_TRUE(all_close(r.select(0, i), matmul(v, bm.select(0, i)), 1e-12, 1e-12));
+}
+
+TEST(Matmul, BroadcastBatch) {
+  manual_seed(13);
+  // [2, 1, 3, 5] @ [4, 5, 2] -> [2, 4, 3, 2]
+  Tensor a = randn({2, 1, 3, 5}, f64()), b = randn({4, 5, 2}, f64());
+  Tensor c = matmul(a, b);
+  ASSERT_EQ(c.shape(), (Shape{2, 4, 3, 2}));
+  const auto av = a.to_vector<double>(), bv = b.to_vector<double>(), cv = c.to_vector<double>();
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 4; ++j) {
+      std::vector<double> ai(av.begin() + i * 15, av.begin() + (i + 1) * 15);
+      std::vector<double> bj(bv.begin() + j * 10, bv.begin() + (j + 1) * 10);
+      const auto ref = naive_mm(ai, bj, 3, 5, 2);
+      for (int64_t e = 0; e < 6; ++e) EXPECT_NEAR(cv[(i * 4 + j) * 6 + e], ref[e], 1e-12);
+    }
+  // A shared right operand (one folded GEMM) and a shared left operand.
+  Tensor x = randn({3, 4, 5}, f64()), w = randn({5, 6}, f64());
+  Tensor xw = matmul(x, w);
+  ASSERT_EQ(xw.shape(), (Shape{3, 4, 6}));
+  Tensor lhs = randn({4, 5}, f64()), rhs = randn({3, 5, 6}, f64());
+  Tensor lx = matmul(lhs, rhs);
+  ASSERT_EQ(lx.shape(), (Shape{3, 4, 6}));
+  // An expanded (stride-0 batch) right operand.
+  Tensor ex = matmul(x, w.unsqueeze(0).expand({3, 5, 6}));
+  for (int64_t i = 0; i < 3; ++i) {
+    const auto xi = x.select(0, i).to_vector<double>();
+    const Tensor ref = vec_tensor(naive_mm(xi, w.to_vector<double>(), 4, 5, 6), {4, 6});
+    EXPECT_TRUE(all_close(xw.select(0, i), ref, 1e-12, 1e-12));
+    EXPECT_TRUE(all_close(ex.select(0, i), ref, 1e-12, 1e-12));
+    EXPECT_TRUE(all_close(
+        lx.select(0, i),
+        vec_tensor(naive_mm(lhs.to_vector<double>(), rhs.select(0, i).to_vector<double>(), 4, 5, 6), {4, 6}),
+        1e-12, 1e-12));
+  }
+  // Many small matrices (the OpenMP batch path), float32.
+  Tensor p = randn({64, 5, 7}), q = randn({64, 7, 3});
+  Tensor pq = matmul(p, q);
+  for (int64_t i : {0, 31, 63})
+    EXPECT_TRUE(all_close(pq.select(0, i),
+                          vec_tensor(naive_mm(p.select(0, i).to_vector<double>(), q.select(0, i).to_vector<double>(),
+                                              5, 7, 3),
+                                     {5, 3}),
+                          1e-4, 1e-4));
+}
+
+TEST(Matmul, TransposedAndStridedOperands) {
+  manual_seed(14);
+  Tensor at = randn({6, 4}, f64()), bt = randn({5, 6}, f64());
+  Tensor a = at.t(), b = bt.t();  // [4, 6] and [6, 5], column-major views
+  ASSERT_FALSE(a.is_contiguous());
+  Tensor ref = matmul(a.contiguous(), b.contiguous());
+  EXPECT_TRUE(all_close(matmul(a, b), ref, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(matmul(a, b.contiguous()), ref, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(matmul(a.contiguous(), b), ref, 1e-12, 1e-12));
+  // Row-major with padding (a narrow of the columns): lda > cols, read in place.
+  Tensor wide = randn({4, 9}, f64());
+  Tensor narrowed = wide.narrow(1, 2, 6);
+  EXPECT_TRUE(all_close(matmul(narrowed, b), matmul(narrowed.contiguous(), b), 1e-12, 1e-12));
+  // Column step 2: neither layout, copied first.
+  Tensor strided = wide.slice(1, 0, 9, 2).narrow(1, 0, 4);  // [4, 4], strides (9, 2)
+  Tensor sq = randn({4, 3}, f64());
+  EXPECT_TRUE(all_close(matmul(strided, sq), matmul(strided.contiguous(), sq), 1e-12, 1e-12));
+  // Batched transposed views, and a permuted batch.
+  Tensor x = randn({3, 6, 4}, f64()).transpose(1, 2);  // [3, 4, 6]
+  Tensor y = randn({3, 5, 6}, f64()).transpose(1, 2);  // [3, 6, 5]
+  EXPECT_TRUE(all_close(bmm(x, y), bmm(x.contiguous(), y.contiguous()), 1e-12, 1e-12));
+  Tensor z = randn({4, 3, 6}, f64()).permute({1, 0, 2});  // [3, 4, 6]
+  EXPECT_TRUE(all_close(matmul(z, y), matmul(z.contiguous(), y.contiguous()), 1e-12, 1e-12));
+}
+
+TEST(Matmul, TransposedViewsAreNotCopied) {
+  // Counting CPU allocations: transposed (column-major) operands and a padded row-major one
+  // cost only the output; a column-strided operand costs one copy more.
+  manual_seed(21);
+  NoGradGuard no_grad;
+  Tensor at = randn({48, 32}), bt = randn({40, 48}), wide = randn({32, 60});
+  Tensor a = at.t(), b = bt.t(), padded = wide.narrow(1, 0, 48), strided = wide.slice(1, 0, 60, 2).narrow(1, 0, 20);
+  auto allocs = [] { return cpu_allocator().stats().num_allocs; };
+  size_t n0 = allocs();
+  Tensor c = matmul(a, b);
+  EXPECT_EQ(allocs() - n0, 1u);
+  n0 = allocs();
+  c = matmul(padded, b);
+  EXPECT_EQ(allocs() - n0, 1u);
+  Tensor col_major = randn({8, 20}).t();
+  n0 = allocs();
+  c = matmul(strided, col_major);
+  EXPECT_EQ(allocs() - n0, 2u);  // the copy of `strided`, the output
+  // Batched transposed views with a broadcast batch dim.
+  Tensor x = randn({3, 6, 4}).transpose(1, 2), y = randn({5, 6}).t();
+  n0 = allocs();
+  c = matmul(x, y);
+  EXPECT_EQ(allocs() - n0, 1u);
+}
+
+TEST(Matmul, EmptyDims) {
+  Tensor c = matmul(randn({3, 0}, f64()), randn({0, 4}, f64()));
+  ASSERT_EQ(c.shape(), (Shape{3, 4}));
+  for (double v : c.to_vector<double>()) EXPECT_EQ(v, 0.0);
+  EXPECT_EQ(matmul(randn({0, 3}), randn({3, 4})).shape(), (Shape{0, 4}));
+  EXPECT_EQ(matmul(randn({0, 2, 3}), randn({3, 4})).shape(), (Shape{0, 2, 4}));
+}
+
+TEST(Matmul, BadInputs) {
+  EXPECT_LINEA_ERROR(matmul(randn({2, 3}), randn({4, 5})), "matmul: shapes cannot be multiplied ([2, 3] and [4, 5])");
+  EXPECT_LINEA_ERROR(matmul(randn({3}), randn({4})), "matmul: shapes cannot be multiplied ([3] and [4])");
+  EXPECT_LINEA_ERROR(matmul(randn({2, 2, 3}), randn({3, 3, 4})), "matmul");  // batch 2 vs 3
+  EXPECT_LINEA_ERROR(matmul(randn({2, 3}), randn({3, 4}, f64())), "matmul");
+  EXPECT_LINEA_ERROR(matmul(randn({2, 3}), randn({3, 4}, f64())), "float64");
+  EXPECT_LINEA_ERROR(matmul(zeros({2, 3}, TensorOptions(DType::Int64)), zeros({3, 4}, TensorOptions(DType::Int64))),
+                     "int64");
+  EXPECT_LINEA_ERROR(matmul(scalar_tensor(1.0), randn({3})), "matmul");
+  EXPECT_LINEA_ERROR(bmm(randn({2, 3}), randn({3, 4})), "bmm");
+  EXPECT_LINEA_ERROR(bmm(randn({2, 2, 3}), randn({3, 3, 4})), "bmm: batch sizes differ");
+  EXPECT_LINEA_ERROR(bmm(randn({2, 2, 3}), randn({2, 4, 4})), "bmm: shapes cannot be multiplied");
+}
+
+// ---- softmax ---------------------------------------------------------------------------------
+
+// Softmax over dim 1 of x [outer, r, inner], naively.
+std::vector<double> naive_softmax(const std::vector<double>& x, int64_t outer, int64_t r, int64_t inner, bool log) {
+  std::vector<double> y(x.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < inner; ++j) {
+      double m = -INFINITY, s = 0;
+      for (int64_t k = 0; k < r; ++k) m = std::max(m, x[(o * r + k) * inner + j]);
+      for (int64_t k = 0; k < r; ++k) s += std::exp(x[(o * r + k) * inner + j] - m);
+      for (int64_t k = 0; k < r; ++k) {
+        const double v = x[(o * r + k) * inner + j] - m;
+        y[(o * r + k) * inner + j] = log ? v - std::log(s) : std::exp(v) / s;
+      }
+    }
+  return y;
+}
+
+TEST(Softmax, MatchesNaiveAndRowsSumToOne) {
+  manual_seed(15);
+  // {shape, dim, outer, r, inner}; the large ones take the parallel paths.
+  struct Case {
+    Shape shape;
+    int64_t dim, outer, r, inner;
+  };
+  for (const Case& c : {Case{{4, 7}, -1, 4, 7, 1}, Case{{3, 5, 6}, 1, 3, 5, 6}, Case{{5, 4}, 0, 1, 5, 4},
+                        Case{{300, 200}, 1, 300, 200, 1}, Case{{6, 40, 300}, 1, 6, 40, 300}}) {
+    Tensor x = mul(randn(c.shape, f64()), 3.0);
+    const auto xv = x.to_vector<double>();
+    for (bool log : {false, true}) {
+      Tensor y = log ? log_softmax(x, c.dim) : softmax(x, c.dim);
+      EXPECT_TRUE(all_close(y, vec_tensor(naive_softmax(xv, c.outer, c.r, c.inner, log), c.shape), 1e-12, 1e-10))
+          << shape_str(c.shape) << " dim " << c.dim << " log " << log;
+    }
+    Tensor sums = sum(softmax(x, c.dim), {c.dim});
+    EXPECT_TRUE(all_close(sums, ones(sums.shape(), f64()), 1e-12, 0));
+    // float32 kernel, on a transposed view.
+    Tensor xt = x.to(DType::Float32).transpose(0, -1).contiguous().transpose(0, -1);
+    EXPECT_TRUE(all_close(softmax(xt, c.dim), vec_tensor(naive_softmax(xv, c.outer, c.r, c.inner, false), c.shape),
+                          1e-6, 1e-4));
+  }
+}
+
+TEST(Softmax, LargeLogitsAreStable) {
+  Tensor x = tensor<float>({1000.f, 1001.f, 999.f, -1000.f, -1001.f, -999.f}, {2, 3});
+  const auto y = softmax(x, -1).to_vector<double>();
+  const auto ly = log_softmax(x, -1).to_vector<double>();
+  const double e = std::exp(1.0), z = 1 + e + 1 / e;
+  const std::vector<double> ref = {1 / z, e / z, 1 / (e * z), 1 / z, 1 / (e * z), e / z};
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(std::isfinite(y[i]) && std::isfinite(ly[i]));
+    EXPECT_NEAR(y[i], ref[i], 1e-6);
+    EXPECT_NEAR(ly[i], std::log(ref[i]), 2e-4);  // float32 spacing near 1000 is 6e-5
+  }
+  EXPECT_LINEA_ERROR(softmax(randn({2, 3}), 2), "softmax");
+  EXPECT_LINEA_ERROR(log_softmax(zeros({2, 3}, TensorOptions(DType::Int64)), 1), "log_softmax");
+}
+
+// ---- layer norm --------------------------------------------------------------------------------
+
+TEST(LayerNorm, NormalizesRowsAndMatchesNaive) {
+  manual_seed(16);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{5, 8}, {700, 96}}) {
+    Tensor x = add(mul(randn({rows, cols}, f64()), 4.0), 3.0);
+    Tensor y = layer_norm(x, {cols}, Tensor(), Tensor(), 0.0);
+    EXPECT_TRUE(all_close(mean(y, {1}), zeros({rows}, f64()), 1e-12, 0));
+    EXPECT_TRUE(all_close(mean(mul(y, y), {1}), ones({rows}, f64()), 1e-10, 0));
+
+    Tensor w = randn({cols}, f64()), b = randn({cols}, f64());
+    const double eps = 1e-5;
+    Tensor ya = layer_norm(x, {cols}, w, b, eps);
+    const auto xv = x.to_vector<double>(), wv = w.to_vector<double>(), bv = b.to_vector<double>();
+    std::vector<double> ref(xv.size());
+    for (int64_t i = 0; i < rows; ++i) {
+      double mu = 0, var = 0;
+      for (int64_t c = 0; c < cols; ++c) mu += xv[i * cols + c] / cols;
+      for (int64_t c = 0; c < cols; ++c) var += (xv[i * cols + c] - mu) * (xv[i * cols + c] - mu) / cols;
+      for (int64_t c = 0; c < cols; ++c)
+        ref[i * cols + c] = (xv[i * cols + c] - mu) / std::sqrt(var + eps) * wv[c] + bv[c];
+    }
+    EXPECT_TRUE(all_close(ya, vec_tensor(ref, {rows, cols}), 1e-10, 1e-10));
+    // float32 on a transposed view.
+    Tensor x32 = x.to(DType::Float32).t().contiguous().t();
+    EXPECT_TRUE(all_close(layer_norm(x32, {cols}, w.to(DType::Float32), b.to(DType::Float32), eps),
+                          vec_tensor(ref, {rows, cols}), 1e-4, 1e-4));
+  }
+  // Several normalized dims equal one flattened dim.
+  Tensor x = randn({2, 3, 4}, f64());
+  EXPECT_TRUE(all_close(layer_norm(x, {3, 4}).reshape({2, 12}), layer_norm(x.reshape({2, 12}), {12}), 1e-12, 0));
+}
+
+TEST(LayerNorm, BackwardParamGradsOnLargeInput) {
+  // dw = sum_rows g * xhat and db = sum_rows g, with rows above the parallel threshold.
+  manual_seed(17);
+  const int64_t rows = 600, cols = 80;
+  Tensor x = randn({rows, cols}, f64());
+  Tensor w = ones({cols}, f64()), b = zeros({cols}, f64());
+  w.requires_grad_(true);
+  b.requires_grad_(true);
+  Tensor g = randn({rows, cols}, f64());
+  Tensor y = layer_norm(x, {cols}, w, b, 1e-5);
+  y.backward(g);
+  Tensor xhat = layer_norm(x, {cols}, Tensor(), Tensor(), 1e-5);
+  EXPECT_TRUE(all_close(w.grad(), sum(mul(g, xhat), {0}), 1e-9, 1e-9));
+  EXPECT_TRUE(all_close(b.grad(), sum(g, {0}), 1e-9, 1e-9));
+}
+
+TEST(LayerNorm, BadInputs) {
+  EXPECT_LINEA_ERROR(layer_norm(randn({2, 3}), {4}), "layer_norm");
+  EXPECT_LINEA_ERROR(layer_norm(randn({2, 3}), {2, 3, 1}), "layer_norm");
+  EXPECT_LINEA_ERROR(layer_norm(randn({2, 3}), {3}, randn({4})), "layer_norm: weight has shape [4]");
+  EXPECT_LINEA_ERROR(layer_norm(randn({2, 3}), {3}, Tensor(), randn({2})), "layer_norm: bias");
+  EXPECT_LINEA_ERROR(layer_norm(randn({2, 3}), {3}, randn({3}, f64())), "layer_norm");
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------
+
+// Per-row loss: lse - (1 - s) x[t] - s / C sum_c x[c]; 0 for ignored rows.
+std::vector<double> naive_ce_rows(const std::vector<double>& x, const std::vector<int64_t>& t, int64_t C,
+                                  int64_t ignore, double s) {
+  std::vector<double> out(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == ignore) {
+      out[i] = 0;
+      continue;
+    }
+    double m = -INFINITY, se = 0;
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, x[i * C + c]);
+    for (int64_t c = 0; c < C; ++c) se += std::exp(x[i * C + c] - m);
+    const double lse = m + std::log(se);
+    // smoothed target distribution q = (1 - s) onehot + s / C: loss = -sum_c q_c log p_c
+    double l = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double q = (c == t[i] ? 1 - s : 0) + s / C;
+      l -= q * (x[i * C + c] - lse);
+    }
+    out[i] = l;
+  }
+  return out;
+}
+
+TEST(CrossEntropy, MatchesNaiveFormula) {
+  manual_seed(18);
+  const int64_t N = 6, C = 5;
+  Tensor x = mul(randn({N, C}, f64()), 2.0);
+  const std::vector<int64_t> tv = {0, 4, 2, 2, 1, 3};
+  Tensor t = from_vector<int64_t>(tv, {N});
+  for (double s : {0.0, 0.1, 1.0}) {
+    const auto ref = naive_ce_rows(x.to_vector<double>(), tv, C, -100, s);
+    EXPECT_TRUE(all_close(cross_entropy(x, t, -100, s, Reduction::None), vec_tensor(ref, {N}), 1e-12, 1e-12));
+    double total = 0;
+    for (double v : ref) total += v;
+    EXPECT_NEAR(cross_entropy(x, t, -100, s, Reduction::Sum).item(), total, 1e-12);
+    EXPECT_NEAR(cross_entropy(x, t, -100, s).item(), total / N, 1e-12);
+    // float32 on a transposed view.
+    Tensor x32 = x.to(DType::Float32).t().contiguous().t();
+    EXPECT_NEAR(cross_entropy(x32, t, -100, s).item(), total / N, 1e-5);
+  }
+  // Without smoothing, loss = -log_softmax(x)[t].
+  const auto ls = log_softmax(x, 1).to_vector<double>();
+  const auto rows = cross_entropy(x, t, -100, 0.0, Reduction::None).to_vector<double>();
+  for (int64_t i = 0; i < N; ++i) EXPECT_NEAR(rows[i], -ls[i * C + tv[i]], 1e-12);
+  // A single sample: logits [C], 0-d target.
+  Tensor l1 = cross_entropy(x.select(0, 1), full({}, 4.0, TensorOptions(DType::Int64)));
+  EXPECT_EQ(l1.dim(), 0);
+  EXPECT_NEAR(l1.item(), rows[1], 1e-12);
+  // Large, parallel path.
+  Tensor big = mul(randn({500, 100}), 5.0);
+  Tensor bt = randint(0, 100, {500});
+  const auto bref = naive_ce_rows(big.to_vector<double>(), bt.to_vector<int64_t>(), 100, -100, 0.05);
+  EXPECT_TRUE(all_close(cross_entropy(big, bt, -100, 0.05, Reduction::None), vec_tensor(bref, {500}), 1e-4, 1e-5));
+}
+
+TEST(CrossEntropy, IgnoreIndex) {
+  manual_seed(19);
+  const int64_t C = 4;
+  Tensor x = randn({5, C}, f64());
+  x.requires_grad_(true);
+  const std::vector<int64_t> tv = {1, -100, 3, -100, 0};
+  Tensor t = from_vector<int64_t>(tv, {5});
+  const auto ref = naive_ce_rows(x.detach().to_vector<double>(), tv, C, -100, 0.1);
+  Tensor rows = cross_entropy(x, t, -100, 0.1, Reduction::None);
+  EXPECT_EQ(rows.to_vector<double>()[1], 0.0);
+  EXPECT_EQ(rows.to_vector<double>()[3], 0.0);
+  // The mean is over the 3 non-ignored rows.
+  Tensor loss = cross_entropy(x, t, -100, 0.1);
+  EXPECT_NEAR(loss.item(), (ref[0] + ref[2] + ref[4]) / 3, 1e-12);
+  loss.backward();
+  const auto g = x.grad().to_vector<double>();
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(g[1 * C + c], 0.0);
+    EXPECT_EQ(g[3 * C + c], 0.0);
+  }
+  double row0 = 0;
+  for (int64_t c = 0; c < C; ++c) row0 += std::fabs(g[c]);
+  EXPECT_GT(row0, 0.0);
+  // All rows ignored: loss 0 (not NaN), gradient 0.
+  Tensor all_ignored = full({5}, -1.0, TensorOptions(DType::Int64));
+  EXPECT_EQ(cross_entropy(x, all_ignored, -1).item(), 0.0);
+}
+
+TEST(CrossEntropy, BadTargets) {
+  Tensor x = randn({3, 4});
+  EXPECT_LINEA_ERROR(cross_entropy(x, tensor<int64_t>({0, 4, 1}, {3})), "cross_entropy: target value 4");
+  EXPECT_LINEA_ERROR(cross_entropy(x, tensor<int64_t>({0, -3, 1}, {3})), "target value -3");
+  EXPECT_LINEA_ERROR(cross_entropy(x, tensor<int64_t>({0, 1}, {2})), "cross_entropy: target [2]");
+  EXPECT_LINEA_ERROR(cross_entropy(x, zeros({3}, f64())), "int64");
+  EXPECT_LINEA_ERROR(cross_entropy(x, zeros({3, 1}, TensorOptions(DType::Int64))), "cross_entropy");
+  EXPECT_LINEA_ERROR(cross_entropy(randn({2, 3, 4}), zeros({2}, TensorOptions(DType::Int64))), "cross_entropy");
+  EXPECT_LINEA_ERROR(cross_entropy(x, tensor<int64_t>({0, 1, 2}, {3}), -100, 1.5), "label smoothing");
+  EXPECT_LINEA_ERROR(cross_entropy(randn({4}), tensor<int64_t>({1}, {1})), "0-d target");
+}
+
+// ---- dropout -----------------------------------------------------------------------------------
+
+TEST(Dropout, KeepRateAndScaling) {
+  manual_seed(20);
+  const int64_t n = 200000;
+  Tensor x = add(rand({n}, f64()), 1.0);  // in [1, 2): never 0
+  for (double p : {0.1, 0.5, 0.8}) {
+    Tensor y = dropout(x, p, true);
+    const auto xv = x.to_vector<double>(), yv = y.to_vector<double>();
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (yv[i] != 0.0) {
+        ++kept;
+        ASSERT_NEAR(yv[i], xv[i] / (1 - p), 1e-12);
+      }
+    }
+    const double rate = static_cast<double>(kept) / n;
+    EXPECT_NEAR(rate, 1 - p, 5 * std::sqrt(p * (1 - p) / n)) << "p " << p;
+  }
+  // Evaluation mode and p == 0 are the identity; p == 1 gives zeros.
+  EXPECT_TRUE(all_close(dropout(x, 0.5, false), x, 0, 0));
+  EXPECT_TRUE(all_close(dropout(x, 0.0, true), x, 0, 0));
+  EXPECT_TRUE(all_close(dropout(x, 1.0, true), zeros({n}, f64()), 0, 0));
+  // The same seed gives the same mask.
+  manual_seed(5);
+  Tensor a = dropout(x, 0.3, true);
+  manual_seed(5);
+  EXPECT_TRUE(all_close(dropout(x, 0.3, true), a, 0, 0));
+  EXPECT_LINEA_ERROR(dropout(x, 1.5, true), "dropout");
+  EXPECT_LINEA_ERROR(dropout(x, -0.1, true), "dropout: probability p must be in [0, 1], got -0.1");
+}
+
+}  // namespace
+}  // namespace linea
