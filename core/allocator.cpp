@@ -33,8 +33,12 @@ void* CachingAllocator::allocate(size_t nbytes) {
     free_.erase(it);
     stats_.cached_bytes -= size;
   } else {
-    ptr = raw_alloc_(size);
-    if (!ptr) {  // out of memory: give the cache back and try once more
+    try {
+      ptr = raw_alloc_(size);
+    } catch (const Error&) {
+      ptr = nullptr;
+    }
+    if (!ptr) {  // out of memory: give the cache back and try once more (this one may throw)
       for (auto& kv : free_) raw_free_(kv.second);
       free_.clear();
       stats_.cached_bytes = 0;

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "core/kernels.h"
 
@@ -141,6 +143,17 @@ inline void with_unary_op(UnaryOp op, Body&& body) {
     case UnaryOp::MulScalar: return body(MulScalarOp{});
     case UnaryOp::Sign: return body(SignOp{});
   }
+}
+
+// A double op parameter as T; for integer T saturated to T's range (a one-sided clamp passes
+// +-inf, and casting inf to an integer is undefined).
+template <typename T>
+LINEA_HD T scalar_param(double v) {
+  if constexpr (std::is_integral_v<T>) {
+    if (!(v < 9.2233720368547748e18)) return T(INT64_MAX);
+    if (!(v > -9.2233720368547748e18)) return T(INT64_MIN);
+  }
+  return static_cast<T>(v);
 }
 
 // Ops defined on Int64 too; the others need a floating dtype.

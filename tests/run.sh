@@ -44,8 +44,8 @@ if [ "${LINEA_SKIP_SANITIZERS:-0}" != 1 ]; then
     -DLINEA_BUILD_APPS=OFF
   cmake --build "$SAN" -j"$JOBS"
   echo "== test under sanitizers"
-  # Leak checking needs ptrace, which some containers forbid; addresses and UB are checked regardless.
-  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1} \
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
+  LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
     ctest --test-dir "$SAN" -j"$JOBS" --output-on-failure --timeout 1800
 fi

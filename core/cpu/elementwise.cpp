@@ -35,14 +35,19 @@ void copy(const Tensor& dst, const Tensor& src) {
     dispatch_all(src.dtype(), "copy", [&](auto tag_) {
     using scalar_t = decltype(tag_);
       const scalar_t* ps = static_cast<const scalar_t*>(src.data_ptr());
+      // Conversion to bool is x != 0 (as PyTorch, and as the CUDA kernel).
+      auto conv = [](scalar_t v) {
+        if constexpr (std::is_same_v<dst_t, uint8_t>) return static_cast<dst_t>(v != scalar_t(0));
+        else return static_cast<dst_t>(v);
+      };
       for_each_row<2>(dst.shape(), {&dst.strides(), &src.strides()},
                       [&](const std::array<int64_t, 2>& o, int64_t n, const std::array<int64_t, 2>& s) {
                         dst_t* d = pd + o[0];
                         const scalar_t* q = ps + o[1];
                         if (s[0] == 1 && s[1] == 1) {
-                          for (int64_t i = 0; i < n; ++i) d[i] = static_cast<dst_t>(q[i]);
+                          for (int64_t i = 0; i < n; ++i) d[i] = conv(q[i]);
                         } else {
-                          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = static_cast<dst_t>(q[i * s[1]]);
+                          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = conv(q[i * s[1]]);
                         }
                       });
     });
@@ -63,7 +68,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b) {
     using scalar_t = decltype(tag_);
     const scalar_t* px = static_cast<const scalar_t*>(x.data_ptr());
     scalar_t* po = static_cast<scalar_t*>(out.data_ptr());
-    const scalar_t A = static_cast<scalar_t>(a), B = static_cast<scalar_t>(b);
+    const scalar_t A = linea::detail::scalar_param<scalar_t>(a), B = linea::detail::scalar_param<scalar_t>(b);
     linea::detail::with_unary_op(op, [&](auto f) {
       for_each_row<2>(out.shape(), {&out.strides(), &x.strides()},
                       [&](const std::array<int64_t, 2>& o, int64_t n, const std::array<int64_t, 2>& s) {

@@ -12,6 +12,14 @@ namespace linea::cpu {
 namespace {
 constexpr int64_t kInnerBlock = 256;
 
+// Identities of max/min: -inf/+inf for floats (so an all -inf row reduces to -inf).
+template <typename T> T detail_lowest() {
+  return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+}
+template <typename T> T detail_highest() {
+  return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
+}
+
 // Generic driver: for each (o, block of inner), fold rows j = 0..r-1 with `step(acc[], row ptr, len)`.
 template <typename T, typename Acc, typename Init, typename Step, typename Finish>
 void reduce_driver(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, Init init, Step step, Finish finish) {
@@ -59,11 +67,11 @@ void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int6
         break;
       }
       case ReduceOp::Max:
-        reduce_driver<T, T>(px, po, outer, r, inner, [] { return std::numeric_limits<T>::lowest(); },
+        reduce_driver<T, T>(px, po, outer, r, inner, [] { return detail_lowest<T>(); },
                             [](T a, T v) { return (v != v || v > a) ? v : a; }, none);
         break;
       case ReduceOp::Min:
-        reduce_driver<T, T>(px, po, outer, r, inner, [] { return std::numeric_limits<T>::max(); },
+        reduce_driver<T, T>(px, po, outer, r, inner, [] { return detail_highest<T>(); },
                             [](T a, T v) { return (v != v || v < a) ? v : a; }, none);
         break;
       case ReduceOp::LogSumExp: {

@@ -1,0 +1,251 @@
+// Helpers shared by the kernels in cuda/*.cu: launch geometry, typed device pointers, the
+// strided offset calculator used by every "any layout" kernel, and the column-reduction skeleton.
+// Not a kernel file: the kernels sit beside their launchers in elementwise.cu, reduce.cu, ...
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "cuda/check.h"
+#include "cuda/context.h"
+
+namespace linea::cuda::detail {
+
+constexpr int kBlockSize = 256;
+// Grid-stride loops cover what does not fit in this many blocks.
+constexpr int64_t kMaxBlocks = 1 << 16;
+// Most dims a strided operand may have after merging contiguous dims.
+constexpr int kMaxDims = 10;
+
+inline unsigned grid_for(int64_t n, int block = kBlockSize) {
+  return static_cast<unsigned>(std::min<int64_t>((n + block - 1) / block, kMaxBlocks));
+}
+
+// Device pointer to the first element of t as T (the caller dispatched on t's dtype;
+// Bool is stored as uint8_t).
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+template <typename T>
+const T* cptr(const Tensor& t) {
+  return static_cast<const T*>(t.data_ptr());
+}
+
+// Smallest power of two >= n, clamped to [lo, hi].
+inline int pow2_clamp(int64_t n, int lo, int hi) {
+  int p = lo;
+  while (p < hi && p < n) p *= 2;
+  return p;
+}
+
+// ---- strided offsets ----------------------------------------------------------------------------
+// Maps a linear index over `sizes` (row-major) to element offsets into N operands.
+template <int N>
+struct OffsetCalc {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[N][kMaxDims] = {};
+
+  __device__ __forceinline__ void get(int64_t linear, int64_t (&off)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+#pragma unroll
+    for (int d = kMaxDims - 1; d >= 0; --d) {
+      if (d < ndim) {
+        int64_t c = linear % sizes[d];
+        linear /= sizes[d];
+#pragma unroll
+        for (int k = 0; k < N; ++k) off[k] += c * strides[k][d];
+      }
+    }
+  }
+};
+
+// Builds the calculator for iterating over `shape` with each operand's strides: drops size-1
+// dims and merges neighbours that are contiguous with each other in every operand.
+// `contiguous` is set when the result is one dim with stride 1 everywhere (the fast path).
+template <int N>
+OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Strides*, N>& strides, const char* op,
+                               bool* contiguous) {
+  std::vector<int64_t> sz;
+  std::vector<std::array<int64_t, N>> st;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    std::array<int64_t, N> s{};
+    for (int k = 0; k < N; ++k) s[k] = (*strides[k])[d];
+    if (!sz.empty()) {
+      bool mergeable = true;
+      for (int k = 0; k < N; ++k) mergeable = mergeable && st.back()[k] == s[k] * shape[d];
+      if (mergeable) {
+        sz.back() *= shape[d];
+        st.back() = s;
+        continue;
+      }
+    }
+    sz.push_back(shape[d]);
+    st.push_back(s);
+  }
+  if (sz.empty()) {
+    sz.push_back(1);
+    st.push_back({});
+    for (int k = 0; k < N; ++k) st.back()[k] = 1;
+  }
+  LINEA_CHECK(static_cast<int>(sz.size()) <= kMaxDims, op, ": the CUDA backend handles at most ", kMaxDims,
+              " non-mergeable dims per strided operand, got shape ", shape_str(shape), " (make it contiguous first)");
+  OffsetCalc<N> oc;
+  oc.ndim = static_cast<int>(sz.size());
+  bool contig = oc.ndim == 1;
+  for (int d = 0; d < oc.ndim; ++d) {
+    oc.sizes[d] = sz[d];
+    for (int k = 0; k < N; ++k) {
+      oc.strides[k][d] = st[d][k];
+      contig = contig && st[d][k] == 1;
+    }
+  }
+  *contiguous = contig;
+  return oc;
+}
+
+// ---- elementwise launch over N strided operands ---------------------------------------------------
+// F is a functor with  __device__ void operator()(const int64_t (&off)[N]) const  that reads and
+// writes its operands at the given element offsets.
+template <int N, typename F>
+__global__ void strided_kernel(int64_t n, OffsetCalc<N> oc, F f) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t off[N];
+    oc.get(i, off);
+    f(off);
+  }
+}
+
+template <int N, typename F>
+__global__ void contiguous_kernel(int64_t n, F f) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t off[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = i;
+    f(off);
+  }
+}
+
+template <int N, typename F>
+void launch_elementwise(const char* op, const Shape& shape, const std::array<const Strides*, N>& strides,
+                        const F& f) {
+  const int64_t n = shape_numel(shape);
+  if (n == 0) return;
+  bool contig = false;
+  OffsetCalc<N> oc = make_offset_calc<N>(shape, strides, op, &contig);
+  if (contig) {
+    contiguous_kernel<N, F><<<grid_for(n), kBlockSize, 0, stream()>>>(n, f);
+  } else {
+    strided_kernel<N, F><<<grid_for(n), kBlockSize, 0, stream()>>>(n, oc, f);
+  }
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+
+// ---- reductions ------------------------------------------------------------------------------------
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {  // NaN propagates
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+};
+struct MinOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
+};
+
+// ---- column reductions over [outer, r, inner] ----------------------------------------------------
+// A "column" is one (o, i) position, c = o * inner + i, whose r elements sit at
+// base + j * inner (base = o * r * inner + i). A block of kBlockSize threads is (bx, by):
+// threadIdx.x picks consecutive columns (coalesced when inner > 1, several short rows per
+// block when inner == 1), threadIdx.y splits r. by is a power of two.
+inline dim3 column_block(int64_t r, int64_t inner) {
+  const int bx_pref = pow2_clamp(inner, 1, 32);
+  const int by = pow2_clamp(r, 1, kBlockSize / bx_pref);
+  return dim3(kBlockSize / by, by);
+}
+inline unsigned column_grid(int64_t columns, dim3 block) {
+  return static_cast<unsigned>(std::min<int64_t>((columns + block.x - 1) / block.x, kMaxBlocks));
+}
+
+struct Column {
+  bool active;   // this thread's column exists
+  int64_t c;     // column index o * inner + i
+  int64_t base;  // element offset of (o, 0, i)
+};
+// Column of this thread in column-block cb.
+__device__ __forceinline__ Column column_at(int64_t cb, int64_t columns, int64_t r, int64_t inner) {
+  Column col;
+  col.c = cb * blockDim.x + threadIdx.x;
+  col.active = col.c < columns;
+  const int64_t o = col.c / inner, i = col.c % inner;
+  col.base = o * r * inner + i;
+  return col;
+}
+
+// Reduces v over threadIdx.y (per threadIdx.x) through shared memory `sh` (blockDim.x *
+// blockDim.y values); every thread of the column gets the result. All threads of the block
+// must call it (it has barriers).
+template <typename A, typename Op>
+__device__ A tree_reduce_y(A v, Op op, A* sh) {
+  const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x;
+  sh[ty * bx + tx] = v;
+  __syncthreads();
+  for (int s = blockDim.y / 2; s > 0; s /= 2) {
+    if (ty < s) sh[ty * bx + tx] = op(sh[ty * bx + tx], sh[(ty + s) * bx + tx]);
+    __syncthreads();
+  }
+  A result = sh[tx];
+  __syncthreads();
+  return result;
+}
+
+// Accumulator of sums: double for floating types (as the CPU kernels), int64 for int64.
+template <typename T> struct AccOf { using type = double; };
+template <> struct AccOf<int64_t> { using type = int64_t; };
+
+// Dynamic shared memory of a kernel that uses it as an array of T (declared as raw bytes,
+// so templates on different T can share one extern declaration).
+template <typename T>
+__device__ __forceinline__ T* shared_mem() {
+  extern __shared__ __align__(16) unsigned char linea_smem_[];
+  return reinterpret_cast<T*>(linea_smem_);
+}
+
+// Files a report of a bad value (see DeviceErrorReport in cuda/context.h). Racy on purpose:
+// when several threads report, one of their values is kept.
+__device__ __forceinline__ void report_device_error(DeviceErrorReport* rep, DeviceErrorCode code, int64_t value,
+                                                    int64_t bound) {
+  volatile DeviceErrorReport* r = rep;
+  if (r->code != 0) return;
+  r->value = value;
+  r->bound = bound;
+  __threadfence_system();
+  r->code = static_cast<int>(code);
+}
+
+// Device math that picks the float or double overload explicitly.
+__device__ __forceinline__ float d_exp(float x) { return expf(x); }
+__device__ __forceinline__ double d_exp(double x) { return exp(x); }
+__device__ __forceinline__ float d_log(float x) { return logf(x); }
+__device__ __forceinline__ double d_log(double x) { return log(x); }
+
+template <typename T>
+__device__ __forceinline__ T neg_inf() {
+  return -static_cast<T>(INFINITY);
+}
+
+}  // namespace linea::cuda::detail

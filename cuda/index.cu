@@ -1,0 +1,234 @@
+// CUDA kernels for indexing and prefix sums: index_select, index_add, gather, scatter_add,
+// cumsum (namespace linea::cuda, contracts in core/kernels.h; CPU reference core/cpu/index.cpp).
+// All tensors are contiguous.
+//
+// Index values are not checked on the host for CUDA tensors (that would need a host sync):
+// a kernel that meets an index outside [0, size) reads 0 (or skips the addition) and files a
+// report that the host turns into linea::Error at the next synchronization (see
+// DeviceErrorReport in cuda/context.h).
+// index_add and scatter_add accumulate with atomicAdd: with repeated indices the order of
+// the additions, hence the float rounding of the result, may differ from run to run (and
+// from the CPU, which adds in index order). Integer results are exact.
+// Kernels that only move data (index_select, gather) are instantiated per element size.
+// Not here: argument checks, dim handling, allocation (core/ops_index.cpp).
+#include "core/kernels.h"
+#include "cuda/common.cuh"
+
+namespace linea::cuda {
+
+using namespace linea::cuda::detail;
+
+namespace {
+
+__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(int64_t* p, int64_t v) {
+  // Two's complement: adding the unsigned image is the signed addition.
+  atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+}
+
+// out [outer, n, inner] = x [outer, size, inner] at index [n]
+template <typename E>
+__global__ void index_select_kernel(const E* x, const int64_t* index, E* out, int64_t outer, int64_t size,
+                                    int64_t n, int64_t inner, DeviceErrorReport* rep) {
+  const int64_t total = outer * n * inner;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e % inner, j = (e / inner) % n, o = e / (inner * n);
+    const int64_t idx = index[j];
+    if (idx < 0 || idx >= size) {
+      report_device_error(rep, DeviceErrorCode::IndexSelect, idx, size);
+      out[e] = E(0);
+      continue;
+    }
+    out[e] = x[(o * size + idx) * inner + i];
+  }
+}
+
+// out [outer, size, inner] += src [outer, n, inner] at index [n]
+template <typename T>
+__global__ void index_add_kernel(T* out, const int64_t* index, const T* src, int64_t outer, int64_t size, int64_t n,
+                                 int64_t inner, DeviceErrorReport* rep) {
+  const int64_t total = outer * n * inner;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e % inner, j = (e / inner) % n, o = e / (inner * n);
+    const int64_t idx = index[j];
+    if (idx < 0 || idx >= size) {
+      report_device_error(rep, DeviceErrorCode::IndexAdd, idx, size);
+      continue;
+    }
+    atomic_add(out + (o * size + idx) * inner + i, src[e]);
+  }
+}
+
+// out (index's shape I) = x at index along dim. oc maps a position of I to x's offset with
+// dim's coordinate left out; xs_dim is x's stride along dim, size its length.
+template <typename E>
+__global__ void gather_kernel(const E* x, const int64_t* index, E* out, int64_t total, OffsetCalc<1> oc,
+                              int64_t xs_dim, int64_t size, DeviceErrorReport* rep) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t idx = index[e];
+    if (idx < 0 || idx >= size) {
+      report_device_error(rep, DeviceErrorCode::Gather, idx, size);
+      out[e] = E(0);
+      continue;
+    }
+    int64_t off[1];
+    oc.get(e, off);
+    out[e] = x[off[0] + idx * xs_dim];
+  }
+}
+
+// out along dim at index += src (index, src of shape I); oc as in gather, for out.
+template <typename T>
+__global__ void scatter_add_kernel(T* out, const int64_t* index, const T* src, int64_t total, OffsetCalc<1> oc,
+                                   int64_t os_dim, int64_t size, DeviceErrorReport* rep) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t idx = index[e];
+    if (idx < 0 || idx >= size) {
+      report_device_error(rep, DeviceErrorCode::ScatterAdd, idx, size);
+      continue;
+    }
+    int64_t off[1];
+    oc.get(e, off);
+    atomic_add(out + off[0] + idx * os_dim, src[e]);
+  }
+}
+
+// Inclusive prefix sum over r for each column (o, i) of [outer, r, inner], one thread per
+// column walking r in order (reverse: from the end), accumulating in AccOf<T> as the CPU.
+template <typename T>
+__global__ void cumsum_kernel(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, bool reverse) {
+  using A = typename AccOf<T>::type;
+  const int64_t columns = outer * inner;
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < columns;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = c / inner, i = c % inner;
+    const int64_t base = o * r * inner + i;
+    A acc = 0;
+    for (int64_t k = 0; k < r; ++k) {
+      const int64_t kk = reverse ? r - 1 - k : k;
+      acc += static_cast<A>(x[base + kk * inner]);
+      out[base + kk * inner] = static_cast<T>(acc);
+    }
+  }
+}
+
+// The calculator of gather/scatter_add: positions of `index_shape` (row-major) to offsets in a
+// contiguous tensor with strides `strides`, dim's coordinate contributing 0.
+OffsetCalc<1> dim_skipping_calc(const Shape& index_shape, const Strides& strides, int64_t dim, const char* op) {
+  Strides s = strides;
+  s[static_cast<size_t>(dim)] = 0;
+  bool contiguous = false;
+  return make_offset_calc<1>(index_shape, {&s}, op, &contiguous);
+}
+
+void check_index_tensor(const char* op, const Tensor& index) {
+  LINEA_CHECK(index.dtype() == DType::Int64 && index.is_contiguous(), op,
+              ": expected a contiguous int64 index, got ", dtype_name(index.dtype()), " ",
+              shape_str(index.shape()));
+}
+
+}  // namespace
+
+// out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n])
+void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,
+                  int64_t inner) {
+  check_index_tensor("index_select", index);
+  const int64_t n = index.numel();
+  LINEA_CHECK(x.numel() == outer * size * inner && out.numel() == outer * n * inner, "index_select: x ",
+              shape_str(x.shape()), ", out ", shape_str(out.shape()), " do not match [", outer, ", ", size, "/", n,
+              ", ", inner, "]");
+  const int64_t total = out.numel();
+  if (total == 0) return;
+  auto run = [&](auto bits) {
+    using E = decltype(bits);
+    index_select_kernel<E><<<grid_for(total), kBlockSize, 0, stream()>>>(
+        cptr<E>(x), cptr<int64_t>(index), ptr<E>(out), outer, size, n, inner, device_error_report());
+    LINEA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (x.element_size()) {
+    case 1: return run(uint8_t());
+    case 4: return run(uint32_t());
+    case 8: return run(uint64_t());
+    default: LINEA_FAIL("index_select: unsupported element size ", x.element_size());
+  }
+}
+
+// out [outer, size, inner] += src [outer, n, inner] at index (Int64 [n])
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,
+               int64_t inner) {
+  check_index_tensor("index_add", index);
+  const int64_t n = index.numel();
+  LINEA_CHECK(out.numel() == outer * size * inner && src.numel() == outer * n * inner, "index_add: out ",
+              shape_str(out.shape()), ", src ", shape_str(src.shape()), " do not match [", outer, ", ", size, "/", n,
+              ", ", inner, "]");
+  const int64_t total = src.numel();
+  if (total == 0) return;
+  LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add", [&] {
+    index_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
+        ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), outer, size, n, inner,
+        device_error_report());
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// out = x gathered along dim at index; index Int64 with x's ndim, out index's shape
+void gather(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim) {
+  check_index_tensor("gather", index);
+  LINEA_CHECK(index.dim() == x.dim() && dim >= 0 && dim < x.dim() && out.shape() == index.shape(), "gather: x ",
+              shape_str(x.shape()), ", index ", shape_str(index.shape()), ", out ", shape_str(out.shape()),
+              ", dim ", dim);
+  const int64_t total = index.numel();
+  if (total == 0) return;
+  const OffsetCalc<1> oc = dim_skipping_calc(index.shape(), x.strides(), dim, "gather");
+  const int64_t xs_dim = x.stride(dim), size = x.size(dim);
+  auto run = [&](auto bits) {
+    using E = decltype(bits);
+    gather_kernel<E><<<grid_for(total), kBlockSize, 0, stream()>>>(cptr<E>(x), cptr<int64_t>(index), ptr<E>(out),
+                                                                    total, oc, xs_dim, size, device_error_report());
+    LINEA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (x.element_size()) {
+    case 1: return run(uint8_t());
+    case 4: return run(uint32_t());
+    case 8: return run(uint64_t());
+    default: LINEA_FAIL("gather: unsupported element size ", x.element_size());
+  }
+}
+
+// out (accumulated into) along dim at index += src; index and src have the same shape
+void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
+  check_index_tensor("scatter_add", index);
+  LINEA_CHECK(index.dim() == out.dim() && dim >= 0 && dim < out.dim() && src.shape() == index.shape(),
+              "scatter_add: out ", shape_str(out.shape()), ", index ", shape_str(index.shape()), ", src ",
+              shape_str(src.shape()), ", dim ", dim);
+  const int64_t total = index.numel();
+  if (total == 0) return;
+  const OffsetCalc<1> oc = dim_skipping_calc(index.shape(), out.strides(), dim, "scatter_add");
+  const int64_t os_dim = out.stride(dim), size = out.size(dim);
+  LINEA_DISPATCH_NUMERIC(out.dtype(), "scatter_add", [&] {
+    scatter_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
+        ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), total, oc, os_dim, size,
+        device_error_report());
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// inclusive prefix sum over r of x [outer, r, inner]; reverse sums from the end
+void cumsum(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool reverse) {
+  LINEA_CHECK(x.numel() == outer * r * inner && out.numel() == x.numel(), "cumsum: x ", shape_str(x.shape()),
+              " does not match [", outer, ", ", r, ", ", inner, "]");
+  const int64_t columns = outer * inner;
+  if (columns == 0 || r == 0) return;
+  LINEA_DISPATCH_NUMERIC(x.dtype(), "cumsum", [&] {
+    cumsum_kernel<scalar_t><<<grid_for(columns), kBlockSize, 0, stream()>>>(cptr<scalar_t>(x), ptr<scalar_t>(out),
+                                                                            outer, r, inner, reverse);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace linea::cuda

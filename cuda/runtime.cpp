@@ -1,0 +1,346 @@
+// The CUDA runtime side of Linea: device probing, device memory (raw cudaMalloc/cudaFree
+// behind the caching allocator), host<->device copies, the one stream, the cuBLAS handle,
+// the cuRAND generator's {seed, offset} state, and the error reporting behind cuda/check.h.
+// Everything is created on first use: nothing CUDA-related runs at static-initialization
+// time, and probing a machine with no driver returns 0 devices instead of failing.
+// Not the kernels (cuda/*.cu); not the allocator's bookkeeping (core/allocator.cpp).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/cuda_interface.h"
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/context.h"
+
+namespace linea::cuda {
+
+// ---- errors ---------------------------------------------------------------------------------
+namespace detail {
+
+namespace {
+
+const char* cufft_status_name(cufftResult st) {
+  switch (st) {
+    case CUFFT_SUCCESS: return "CUFFT_SUCCESS";
+    case CUFFT_INVALID_PLAN: return "CUFFT_INVALID_PLAN";
+    case CUFFT_ALLOC_FAILED: return "CUFFT_ALLOC_FAILED (out of device memory)";
+    case CUFFT_INVALID_TYPE: return "CUFFT_INVALID_TYPE";
+    case CUFFT_INVALID_VALUE: return "CUFFT_INVALID_VALUE";
+    case CUFFT_INTERNAL_ERROR: return "CUFFT_INTERNAL_ERROR";
+    case CUFFT_EXEC_FAILED: return "CUFFT_EXEC_FAILED";
+    case CUFFT_SETUP_FAILED: return "CUFFT_SETUP_FAILED";
+    case CUFFT_INVALID_SIZE: return "CUFFT_INVALID_SIZE";
+    case CUFFT_UNALIGNED_DATA: return "CUFFT_UNALIGNED_DATA";
+    case CUFFT_INVALID_DEVICE: return "CUFFT_INVALID_DEVICE";
+    case CUFFT_NO_WORKSPACE: return "CUFFT_NO_WORKSPACE";
+    case CUFFT_NOT_IMPLEMENTED: return "CUFFT_NOT_IMPLEMENTED";
+    case CUFFT_NOT_SUPPORTED: return "CUFFT_NOT_SUPPORTED";
+    default: return "unknown cuFFT status";
+  }
+}
+
+const char* curand_status_name(curandStatus_t st) {
+  switch (st) {
+    case CURAND_STATUS_SUCCESS: return "CURAND_STATUS_SUCCESS";
+    case CURAND_STATUS_VERSION_MISMATCH: return "CURAND_STATUS_VERSION_MISMATCH";
+    case CURAND_STATUS_NOT_INITIALIZED: return "CURAND_STATUS_NOT_INITIALIZED";
+    case CURAND_STATUS_ALLOCATION_FAILED: return "CURAND_STATUS_ALLOCATION_FAILED";
+    case CURAND_STATUS_TYPE_ERROR: return "CURAND_STATUS_TYPE_ERROR";
+    case CURAND_STATUS_OUT_OF_RANGE: return "CURAND_STATUS_OUT_OF_RANGE";
+    case CURAND_STATUS_LENGTH_NOT_MULTIPLE: return "CURAND_STATUS_LENGTH_NOT_MULTIPLE";
+    case CURAND_STATUS_DOUBLE_PRECISION_REQUIRED: return "CURAND_STATUS_DOUBLE_PRECISION_REQUIRED";
+    case CURAND_STATUS_LAUNCH_FAILURE: return "CURAND_STATUS_LAUNCH_FAILURE";
+    case CURAND_STATUS_PREEXISTING_FAILURE: return "CURAND_STATUS_PREEXISTING_FAILURE";
+    case CURAND_STATUS_INITIALIZATION_FAILED: return "CURAND_STATUS_INITIALIZATION_FAILED";
+    case CURAND_STATUS_ARCH_MISMATCH: return "CURAND_STATUS_ARCH_MISMATCH";
+    case CURAND_STATUS_INTERNAL_ERROR: return "CURAND_STATUS_INTERNAL_ERROR";
+    default: return "unknown cuRAND status";
+  }
+}
+
+}  // namespace
+
+void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  // Clears the error for non-sticky failures so the next call does not see it again.
+  (void)cudaGetLastError();
+  throw Error(linea::detail::concat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+                                    ") in ", expr, " at ", file, ":", line));
+}
+
+void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
+  throw Error(linea::detail::concat("cuBLAS error ", cublasGetStatusName(st), " (", cublasGetStatusString(st),
+                                    ") in ", expr, " at ", file, ":", line));
+}
+
+void throw_cufft_error(cufftResult st, const char* expr, const char* file, int line) {
+  throw Error(linea::detail::concat("cuFFT error ", cufft_status_name(st), " (code ", static_cast<int>(st),
+                                    ") in ", expr, " at ", file, ":", line));
+}
+
+void throw_curand_error(curandStatus_t st, const char* expr, const char* file, int line) {
+  throw Error(linea::detail::concat("cuRAND error ", curand_status_name(st), " (code ", static_cast<int>(st),
+                                    ") in ", expr, " at ", file, ":", line));
+}
+
+bool sync_debug() {
+  static const bool on = [] {
+    const char* s = std::getenv("LINEA_CUDA_SYNC");
+    return s != nullptr && std::strcmp(s, "1") == 0;
+  }();
+  return on;
+}
+
+void check_launch(const char* file, int line) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw_cuda_error(err, "kernel launch", file, line);
+  if (sync_debug()) {
+    err = cudaStreamSynchronize(stream());
+    if (err != cudaSuccess) throw_cuda_error(err, "kernel execution (LINEA_CUDA_SYNC=1)", file, line);
+    check_device_errors();
+  }
+}
+
+}  // namespace detail
+
+// ---- device probing ---------------------------------------------------------------------------
+namespace {
+
+struct Probe {
+  int count = 0;
+  std::string reason;  // why no device is usable, when count == 0
+};
+
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+      r.reason = linea::detail::concat(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+      (void)cudaGetLastError();  // clear it, so later calls do not report it again
+      n = 0;
+    } else if (n == 0) {
+      r.reason = "no CUDA device found";
+    }
+    r.count = n;
+    return r;
+  }();
+  return p;
+}
+
+void require_device(const char* what) {
+  const Probe& p = probe();
+  LINEA_CHECK(p.count > 0, what, ": no usable CUDA device (", p.reason,
+              "); this build of Linea has the CUDA backend, but this machine has no GPU or driver. "
+              "Use Device(\"cpu\"), or check cuda_available() first");
+}
+
+}  // namespace
+
+bool is_available() { return device_count() > 0; }
+
+int device_count() {
+  try {
+    return probe().count;
+  } catch (...) {
+    return 0;
+  }
+}
+
+// ---- context: stream, cuBLAS, scratch buffers ----------------------------------------------------
+namespace detail {
+
+cudaStream_t stream() {
+  // Created once, never destroyed: the driver reclaims it at exit, after which destroying it
+  // from a static destructor could fail.
+  static cudaStream_t s = [] {
+    require_device("CUDA");
+    LINEA_CUDA_CHECK(cudaSetDevice(0));
+    cudaStream_t created = nullptr;
+    LINEA_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamDefault));
+    return created;
+  }();
+  return s;
+}
+
+cublasHandle_t cublas() {
+  static cublasHandle_t h = [] {
+    cudaStream_t s = stream();
+    cublasHandle_t created = nullptr;
+    LINEA_CUBLAS_CHECK(cublasCreate(&created));
+    LINEA_CUBLAS_CHECK(cublasSetStream(created, s));
+    // Default math mode: full-precision float32 (no TF32), so results match the CPU path.
+    LINEA_CUBLAS_CHECK(cublasSetMathMode(created, CUBLAS_DEFAULT_MATH));
+    return created;
+  }();
+  return h;
+}
+
+DeviceBuffer::DeviceBuffer(size_t nbytes) {
+  if (nbytes > 0) ptr_ = allocator().allocate(nbytes);
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) allocator().deallocate(ptr_);
+}
+
+// ---- device error reports -----------------------------------------------------------------------
+namespace {
+DeviceErrorReport* host_error_report = nullptr;  // the same memory, host side
+
+const char* device_error_op(int code) {
+  switch (static_cast<DeviceErrorCode>(code)) {
+    case DeviceErrorCode::IndexSelect: return "index_select";
+    case DeviceErrorCode::IndexAdd: return "index_add";
+    case DeviceErrorCode::Gather: return "gather";
+    case DeviceErrorCode::ScatterAdd: return "scatter_add";
+    case DeviceErrorCode::CrossEntropyTarget: return "cross_entropy";
+    default: return "CUDA kernel";
+  }
+}
+}  // namespace
+
+DeviceErrorReport* device_error_report() {
+  static DeviceErrorReport* dev = [] {
+    stream();  // selects the device
+    void* host = nullptr;
+    LINEA_CUDA_CHECK(cudaHostAlloc(&host, sizeof(DeviceErrorReport), cudaHostAllocMapped));
+    std::memset(host, 0, sizeof(DeviceErrorReport));
+    void* d = nullptr;
+    LINEA_CUDA_CHECK(cudaHostGetDevicePointer(&d, host, 0));
+    host_error_report = static_cast<DeviceErrorReport*>(host);
+    return static_cast<DeviceErrorReport*>(d);
+  }();
+  return dev;
+}
+
+void check_device_errors() {
+  if (host_error_report == nullptr) return;  // no kernel could have reported
+  volatile DeviceErrorReport* r = host_error_report;
+  const int code = r->code;
+  if (code == 0) return;
+  const int64_t value = r->value, bound = r->bound;
+  r->code = 0;
+  if (static_cast<DeviceErrorCode>(code) == DeviceErrorCode::CrossEntropyTarget)
+    LINEA_FAIL("cross_entropy: target value ", value, " is out of range for ", bound,
+               " classes (found on the GPU; that row's loss and gradient were set to 0)");
+  LINEA_FAIL(device_error_op(code), ": index ", value, " is out of range for a dim of size ", bound,
+             " (found on the GPU: the elements it selected were set to 0, or its additions skipped)");
+}
+
+// ---- random ---------------------------------------------------------------------------------
+RngState& rng() {
+  static RngState* state = new RngState();  // leaked: generators outlive static destructors
+  return *state;
+}
+
+curandGenerator_t generator_for_draw(uint64_t words) {
+  RngState& r = rng();
+  if (r.gen == nullptr) {
+    cudaStream_t s = stream();
+    curandGenerator_t g = nullptr;
+    LINEA_CURAND_CHECK(curandCreateGenerator(&g, CURAND_RNG_PSEUDO_PHILOX4_32_10));
+    LINEA_CURAND_CHECK(curandSetStream(g, s));
+    r.gen = g;
+    r.gen_seeded = false;
+  }
+  if (!r.gen_seeded || r.gen_seed != r.seed) {
+    LINEA_CURAND_CHECK(curandSetPseudoRandomGeneratorSeed(r.gen, r.seed));
+    r.gen_seed = r.seed;
+    r.gen_seeded = true;
+  }
+  LINEA_CURAND_CHECK(curandSetGeneratorOffset(r.gen, r.offset));
+  r.offset += (words + 3) / 4 * 4;
+  return r.gen;
+}
+
+}  // namespace detail
+
+// ---- memory ----------------------------------------------------------------------------------
+void* raw_alloc(size_t nbytes) {
+  require_device("CUDA allocation");
+  detail::stream();  // selects the device
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, nbytes);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    (void)cudaGetLastError();
+    LINEA_FAIL("CUDA out of memory: tried to allocate ", nbytes, " bytes (", nbytes >> 20, " MiB); the device has ",
+               free_b >> 20, " MiB free of ", total_b >> 20, " MiB");
+  }
+  LINEA_CUDA_CHECK(err);
+  return p;
+}
+
+void raw_free(void* ptr) {
+  if (ptr == nullptr) return;
+  // Never throws: called from destructors. At process exit the runtime may already be gone.
+  cudaError_t err = cudaFree(ptr);
+  if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "linea: warning: cudaFree failed: %s (%s)\n", cudaGetErrorName(err),
+                 cudaGetErrorString(err));
+  }
+}
+
+CachingAllocator& allocator() {
+  // Deliberately leaked: tensors held in static objects may be released after static
+  // destructors have run; the driver reclaims device memory at exit.
+  static CachingAllocator* a = new CachingAllocator(raw_alloc, raw_free);
+  return *a;
+}
+
+void memcpy_h2d(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return;
+  // From pageable host memory the call returns once `src` has been staged, so the caller may
+  // free or reuse it at once; the transfer itself stays ordered on the stream.
+  LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, detail::stream()));
+}
+
+void memcpy_d2h(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return;
+  cudaStream_t s = detail::stream();
+  LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
+  LINEA_CUDA_CHECK(cudaStreamSynchronize(s));  // the host reads dst next
+  detail::check_device_errors();
+}
+
+void memcpy_d2d(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return;
+  LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, detail::stream()));
+}
+
+void synchronize() {
+  if (!is_available()) return;  // no device: nothing can be pending
+  LINEA_CUDA_CHECK(cudaStreamSynchronize(detail::stream()));
+  detail::check_device_errors();
+}
+
+// ---- generator state (no CUDA call: works, and is harmless, without a device) -------------------
+void manual_seed(uint64_t seed) {
+  detail::RngState& r = detail::rng();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.seed = seed;
+  r.offset = 0;
+}
+
+std::vector<uint64_t> rng_state() {
+  detail::RngState& r = detail::rng();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return {r.seed, r.offset};
+}
+
+void set_rng_state(const std::vector<uint64_t>& state) {
+  LINEA_CHECK(state.size() == 2, "set_rng_state(cuda): expected {seed, offset} (2 values), got ", state.size(),
+              " values");
+  detail::RngState& r = detail::rng();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.seed = state[0];
+  r.offset = state[1];
+}
+
+}  // namespace linea::cuda

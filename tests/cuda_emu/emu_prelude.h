@@ -1,0 +1,48 @@
+// Force-included into cuda/*.cu compiled as C++ by g++ (tests/cuda_emu/run.sh): CUDA built-ins on the
+// host. Blocks run one after another; the threads of a block are fibers switched at __syncthreads.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <tuple>
+#include <utility>
+
+extern uint3 threadIdx;
+extern uint3 blockIdx;
+extern dim3 blockDim;
+extern dim3 gridDim;
+
+void __syncthreads();
+inline void __threadfence_system() {}
+inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
+inline double atomicAdd(double* p, double v) { double o = *p; *p = o + v; return o; }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  unsigned long long o = *p; *p = o + v; return o;
+}
+template <typename T> inline T min(T a, T b) { return b < a ? b : a; }
+template <typename T> inline T max(T a, T b) { return a < b ? b : a; }
+using std::isinf;
+
+namespace emu {
+void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
+
+template <typename... KArgs>
+struct Launch {
+  void (*k)(KArgs...);
+  dim3 grid, block;
+  size_t smem;
+  template <typename... A>
+  void operator()(A&&... a) const {
+    std::tuple<KArgs...> args(std::forward<A>(a)...);  // by value, as a kernel launch copies its arguments
+    run_grid(grid, block, smem, [&] { std::apply(k, args); });
+  }
+};
+template <typename... KArgs>
+Launch<KArgs...> launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) {
+  return Launch<KArgs...>{k, grid, block, smem};
+}
+}  // namespace emu

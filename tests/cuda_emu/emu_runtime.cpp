@@ -1,0 +1,409 @@
+// Fake CUDA platform for tests/cuda_emu/run.sh: cudart (malloc-backed), cuBLAS (naive strided-batched
+// GEMM with cuBLAS's argument checks), cuFFT (naive DFT that scribbles over its input), cuRAND
+// (hash-based counter generator), and the fiber scheduler behind kernel launches. Test tooling only.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cufft.h>
+#include <curand.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <complex>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+uint3 threadIdx;
+uint3 blockIdx;
+dim3 blockDim;
+dim3 gridDim;
+
+namespace linea::cuda::detail {
+alignas(16) unsigned char linea_smem_[48 * 1024];
+}
+
+static cudaError_t g_last_error = cudaSuccess;
+static long g_launches = 0;
+
+// ---- fibers -------------------------------------------------------------------------------------
+namespace {
+struct Fiber {
+  ucontext_t ctx;
+  bool done = false;
+  bool at_barrier = false;
+  uint3 tid;
+};
+ucontext_t g_sched;
+Fiber* g_cur = nullptr;
+const std::function<void()>* g_body = nullptr;
+std::vector<Fiber> g_fibers;
+std::vector<char> g_stacks;
+constexpr size_t kStack = 64 * 1024;
+
+void fiber_entry() {
+  (*g_body)();
+  g_cur->done = true;
+}
+}  // namespace
+
+void __syncthreads() {
+  g_cur->at_barrier = true;
+  swapcontext(&g_cur->ctx, &g_sched);
+}
+
+namespace emu {
+void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+  ++g_launches;
+  const unsigned nthreads = block.x * block.y * block.z;
+  if (nthreads == 0 || nthreads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
+      grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+    std::fprintf(stderr, "emu: invalid launch configuration grid (%u,%u,%u) block (%u,%u,%u)\n", grid.x, grid.y,
+                 grid.z, block.x, block.y, block.z);
+    g_last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (smem > sizeof(linea::cuda::detail::linea_smem_)) {
+    std::fprintf(stderr, "emu: too much dynamic shared memory %zu\n", smem);
+    g_last_error = cudaErrorInvalidValue;
+    return;
+  }
+  gridDim = grid;
+  blockDim = block;
+  g_body = &body;
+  g_fibers.assign(nthreads, Fiber());
+  if (g_stacks.size() < nthreads * kStack) g_stacks.resize(nthreads * kStack);
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = make_uint3(bx, by, bz);
+        std::memset(linea::cuda::detail::linea_smem_, 0xCD, sizeof(linea::cuda::detail::linea_smem_));
+        unsigned t = 0;
+        for (unsigned z = 0; z < block.z; ++z)
+          for (unsigned y = 0; y < block.y; ++y)
+            for (unsigned x = 0; x < block.x; ++x, ++t) {
+              Fiber& f = g_fibers[t];
+              f.done = false;
+              f.at_barrier = false;
+              f.tid = make_uint3(x, y, z);
+              getcontext(&f.ctx);
+              f.ctx.uc_stack.ss_sp = g_stacks.data() + t * kStack;
+              f.ctx.uc_stack.ss_size = kStack;
+              f.ctx.uc_link = &g_sched;
+              makecontext(&f.ctx, fiber_entry, 0);
+            }
+        for (;;) {
+          for (unsigned i = 0; i < nthreads; ++i) {
+            Fiber& f = g_fibers[i];
+            if (f.done || f.at_barrier) continue;
+            g_cur = &f;
+            threadIdx = f.tid;
+            swapcontext(&g_sched, &f.ctx);
+          }
+          unsigned done = 0, waiting = 0;
+          for (auto& f : g_fibers) {
+            done += f.done;
+            waiting += f.at_barrier;
+          }
+          if (waiting == 0) break;
+          if (done > 0) {
+            std::fprintf(stderr, "emu: barrier divergence: %u threads exited, %u wait at __syncthreads\n", done,
+                         waiting);
+            std::abort();
+          }
+          for (auto& f : g_fibers) f.at_barrier = false;
+        }
+      }
+}
+}  // namespace emu
+
+long emu_launch_count() { return g_launches; }
+
+// ---- cudart -----------------------------------------------------------------------------------------
+namespace {
+std::map<void*, size_t> g_allocs;
+bool g_device_present = true;
+}
+void emu_set_device_present(bool on) { g_device_present = on; }
+
+extern "C" {
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = g_device_present ? 1 : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+  cudaError_t e = g_last_error;
+  g_last_error = cudaSuccess;
+  return e;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    default: return "cudaError(other)";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  static int dummy;
+  *s = reinterpret_cast<cudaStream_t>(&dummy);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaMalloc(void** p, size_t n) {
+  *p = std::aligned_alloc(256, std::max<size_t>(256, (n + 255) / 256 * 256));
+  std::memset(*p, 0xAB, std::max<size_t>(n, 1));  // garbage, as fresh device memory
+  g_allocs[*p] = n;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  if (!g_allocs.erase(p)) {
+    std::fprintf(stderr, "emu: cudaFree of unknown pointer\n");
+    std::abort();
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* f, size_t* t) {
+  *f = 1 << 30;
+  *t = 1 << 30;
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, enum cudaMemcpyKind, cudaStream_t) {
+  std::memmove(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
+  std::memset(d, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
+  *p = std::calloc(1, n);
+  return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned int) {
+  *d = h;
+  return cudaSuccess;
+}
+}  // extern "C"
+
+// ---- cuBLAS -------------------------------------------------------------------------------------------
+extern "C" {
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
+  static int dummy;
+  *h = reinterpret_cast<cublasHandle_t>(&dummy);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+const char* cublasGetStatusName(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_INVALID_VALUE"; }
+const char* cublasGetStatusString(cublasStatus_t s) { return cublasGetStatusName(s); }
+}
+
+template <typename T>
+static cublasStatus_t gemm_sb(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const T* alpha,
+                              const T* A, int lda, long long sA, const T* B, int ldb, long long sB, const T* beta, T* C,
+                              int ldc, long long sC, int count) {
+  const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
+  if (m < 0 || n < 0 || k < 0 || count < 0 || lda < std::max(1, na ? m : k) || ldb < std::max(1, nb ? k : n) ||
+      ldc < std::max(1, m)) {
+    std::fprintf(stderr, "emu cublas: invalid gemm m=%d n=%d k=%d lda=%d ldb=%d ldc=%d ta=%d tb=%d\n", m, n, k, lda,
+                 ldb, ldc, int(ta), int(tb));
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  for (int b = 0; b < count; ++b) {
+    const T* a = A + b * sA;
+    const T* bb = B + b * sB;
+    T* c = C + b * sC;
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        double s = 0;
+        for (int l = 0; l < k; ++l) {
+          const double av = na ? a[i + (long long)l * lda] : a[l + (long long)i * lda];
+          const double bv = nb ? bb[l + (long long)j * ldb] : bb[j + (long long)l * ldb];
+          s += av * bv;
+        }
+        T& out = c[i + (long long)j * ldc];
+        out = static_cast<T>(*alpha * s + (*beta == T(0) ? 0.0 : *beta * out));
+      }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" {
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                         int k, const float* alpha, const float* A, int lda, long long int sA,
+                                         const float* B, int ldb, long long int sB, const float* beta, float* C,
+                                         int ldc, long long int sC, int count) {
+  return gemm_sb(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, count);
+}
+cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                         int k, const double* alpha, const double* A, int lda, long long int sA,
+                                         const double* B, int ldb, long long int sB, const double* beta, double* C,
+                                         int ldc, long long int sC, int count) {
+  return gemm_sb(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, count);
+}
+}
+
+// ---- cuFFT --------------------------------------------------------------------------------------------
+namespace {
+struct FftPlan {
+  int n, batch, idist, odist;
+  cufftType type;
+};
+std::map<int, FftPlan> g_plans;
+int g_next_plan = 1;
+
+template <typename T>
+void dft_r2c(const FftPlan& p, T* in, T* out) {
+  const int nf = p.n / 2 + 1;
+  for (int b = 0; b < p.batch; ++b) {
+    const T* x = in + (long long)b * p.idist;
+    T* y = out + 2LL * b * p.odist;
+    for (int k = 0; k < nf; ++k) {
+      long double re = 0, im = 0;
+      for (int t = 0; t < p.n; ++t) {
+        const long double th = -2.0L * M_PIl * (long double)((long long)k * t % p.n) / p.n;
+        re += x[t] * std::cos(th);
+        im += x[t] * std::sin(th);
+      }
+      y[2 * k] = static_cast<T>(re);
+      y[2 * k + 1] = static_cast<T>(im);
+    }
+  }
+  // an out-of-place transform may scribble on its input: make sure nobody relies on it
+  for (long long i = 0; i < (long long)p.batch * p.idist; ++i) in[i] = T(12345);
+}
+
+template <typename T>
+void dft_c2r(const FftPlan& p, T* in, T* out) {
+  const int nf = p.n / 2 + 1;
+  for (int b = 0; b < p.batch; ++b) {
+    const T* X = in + 2LL * b * p.idist;
+    T* x = out + (long long)b * p.odist;
+    for (int t = 0; t < p.n; ++t) {
+      long double s = X[0];  // Re(X0); imaginary parts of DC / Nyquist are ignored
+      for (int k = 1; k < nf; ++k) {
+        const long double th = 2.0L * M_PIl * (long double)((long long)k * t % p.n) / p.n;
+        const long double term = X[2 * k] * std::cos(th) - X[2 * k + 1] * std::sin(th);
+        s += (p.n % 2 == 0 && k == p.n / 2) ? term : 2 * term;
+      }
+      x[t] = static_cast<T>(s);
+    }
+  }
+  for (long long i = 0; i < 2LL * p.batch * p.idist; ++i) in[i] = T(-777);
+}
+}  // namespace
+
+extern "C" {
+cufftResult cufftPlanMany(cufftHandle* plan, int rank, int* n, int* inembed, int istride, int idist, int* onembed,
+                          int ostride, int odist, cufftType type, int batch) {
+  if (rank != 1 || n[0] < 1 || batch < 1 || istride != 1 || ostride != 1 || !inembed || !onembed)
+    return CUFFT_INVALID_VALUE;
+  const int nf = n[0] / 2 + 1;
+  const bool r2c = type == CUFFT_R2C || type == CUFFT_D2Z;
+  if (r2c ? (idist < n[0] || odist < nf) : (idist < nf || odist < n[0])) return CUFFT_INVALID_VALUE;
+  *plan = g_next_plan++;
+  g_plans[*plan] = FftPlan{n[0], batch, idist, odist, type};
+  return CUFFT_SUCCESS;
+}
+cufftResult cufftSetStream(cufftHandle p, cudaStream_t) { return g_plans.count(p) ? CUFFT_SUCCESS : CUFFT_INVALID_PLAN; }
+cufftResult cufftDestroy(cufftHandle p) { return g_plans.erase(p) ? CUFFT_SUCCESS : CUFFT_INVALID_PLAN; }
+cufftResult cufftExecR2C(cufftHandle p, cufftReal* in, cufftComplex* out) {
+  auto it = g_plans.find(p);
+  if (it == g_plans.end() || it->second.type != CUFFT_R2C) return CUFFT_INVALID_PLAN;
+  dft_r2c(it->second, in, reinterpret_cast<float*>(out));
+  return CUFFT_SUCCESS;
+}
+cufftResult cufftExecD2Z(cufftHandle p, cufftDoubleReal* in, cufftDoubleComplex* out) {
+  auto it = g_plans.find(p);
+  if (it == g_plans.end() || it->second.type != CUFFT_D2Z) return CUFFT_INVALID_PLAN;
+  dft_r2c(it->second, in, reinterpret_cast<double*>(out));
+  return CUFFT_SUCCESS;
+}
+cufftResult cufftExecC2R(cufftHandle p, cufftComplex* in, cufftReal* out) {
+  auto it = g_plans.find(p);
+  if (it == g_plans.end() || it->second.type != CUFFT_C2R) return CUFFT_INVALID_PLAN;
+  dft_c2r(it->second, reinterpret_cast<float*>(in), out);
+  return CUFFT_SUCCESS;
+}
+cufftResult cufftExecZ2D(cufftHandle p, cufftDoubleComplex* in, cufftDoubleReal* out) {
+  auto it = g_plans.find(p);
+  if (it == g_plans.end() || it->second.type != CUFFT_Z2D) return CUFFT_INVALID_PLAN;
+  dft_c2r(it->second, reinterpret_cast<double*>(in), out);
+  return CUFFT_SUCCESS;
+}
+}
+
+// ---- cuRAND ---------------------------------------------------------------------------------------------
+namespace {
+struct Gen {
+  unsigned long long seed = 0, offset = 0;
+};
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double u01(const Gen* g, uint64_t i) {  // (0, 1]
+  return (double)((mix(g->seed * 0x100000001b3ull ^ mix(g->offset + i)) >> 11) + 1) / 9007199254740992.0;
+}
+}  // namespace
+
+template <typename T>
+static curandStatus_t normal_impl(curandGenerator_t g, T* p, size_t n, T mean, T sd) {
+  if (n % 2) return CURAND_STATUS_LENGTH_NOT_MULTIPLE;
+  if (reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T))) return CURAND_STATUS_LENGTH_NOT_MULTIPLE;
+  Gen* G = reinterpret_cast<Gen*>(g);
+  for (size_t i = 0; i < n; i += 2) {
+    const double r = std::sqrt(-2 * std::log(u01(G, i))), th = 2 * M_PI * u01(G, i + 1);
+    p[i] = static_cast<T>(mean + sd * r * std::cos(th));
+    p[i + 1] = static_cast<T>(mean + sd * r * std::sin(th));
+  }
+  G->offset += n;
+  return CURAND_STATUS_SUCCESS;
+}
+extern "C" {
+curandStatus_t curandCreateGenerator(curandGenerator_t* g, curandRngType_t t) {
+  if (t != CURAND_RNG_PSEUDO_PHILOX4_32_10) return CURAND_STATUS_TYPE_ERROR;
+  *g = reinterpret_cast<curandGenerator_t>(new Gen());
+  return CURAND_STATUS_SUCCESS;
+}
+curandStatus_t curandSetStream(curandGenerator_t, cudaStream_t) { return CURAND_STATUS_SUCCESS; }
+curandStatus_t curandSetPseudoRandomGeneratorSeed(curandGenerator_t g, unsigned long long s) {
+  reinterpret_cast<Gen*>(g)->seed = s;
+  reinterpret_cast<Gen*>(g)->offset = 0;
+  return CURAND_STATUS_SUCCESS;
+}
+curandStatus_t curandSetGeneratorOffset(curandGenerator_t g, unsigned long long o) {
+  reinterpret_cast<Gen*>(g)->offset = o;
+  return CURAND_STATUS_SUCCESS;
+}
+curandStatus_t curandGenerateUniform(curandGenerator_t g, float* p, size_t n) {
+  Gen* G = reinterpret_cast<Gen*>(g);
+  for (size_t i = 0; i < n; ++i) p[i] = std::max(static_cast<float>(u01(G, i)), 1e-30f);
+  G->offset += n;
+  return CURAND_STATUS_SUCCESS;
+}
+curandStatus_t curandGenerateUniformDouble(curandGenerator_t g, double* p, size_t n) {
+  Gen* G = reinterpret_cast<Gen*>(g);
+  for (size_t i = 0; i < n; ++i) p[i] = u01(G, i);
+  G->offset += n;
+  return CURAND_STATUS_SUCCESS;
+}
+curandStatus_t curandGenerateNormal(curandGenerator_t g, float* p, size_t n, float mean, float sd) {
+  return normal_impl(g, p, n, mean, sd);
+}
+curandStatus_t curandGenerateNormalDouble(curandGenerator_t g, double* p, size_t n, double mean, double sd) {
+  return normal_impl(g, p, n, mean, sd);
+}
+}

@@ -1,0 +1,13 @@
+# Copies cuda/*.cu and cuda/*.cuh to OUT/cuda/ (.cu -> .cpp), turning every kernel launch
+#   kernel<...><<<grid, block, smem, stream>>>(args)  into  emu::launch(kernel<...>, grid, block, smem, stream)(args)
+# so that g++ can compile them against emu_prelude.h. Usage: rewrite.py REPO_ROOT OUT_DIR
+import glob, os, re, sys
+root, out = sys.argv[1], sys.argv[2]
+pat = re.compile(r'([A-Za-z_][\w:]*(?:<[^<>;]*>)?)<<<(.*?)>>>\(', re.S)
+os.makedirs(os.path.join(out, 'cuda'), exist_ok=True)
+for f in sorted(glob.glob(os.path.join(root, 'cuda', '*.cu')) + glob.glob(os.path.join(root, 'cuda', '*.cuh'))):
+    s = pat.sub(lambda m: 'emu::launch(' + m.group(1) + ', ' + m.group(2) + ')(', open(f).read())
+    base = os.path.basename(f)
+    dst = os.path.join(out, 'cuda', base[:-3] + '.cpp' if base.endswith('.cu') else base)
+    if not os.path.exists(dst) or open(dst).read() != s:
+        open(dst, 'w').write(s)

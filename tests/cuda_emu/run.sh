@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs the CUDA parity tests without a GPU: Linea's cuda/ code on a host emulation of CUDA.
+# Blocks run one after another, a block's threads are fibers switched at __syncthreads()
+# (a barrier reached by only some threads aborts), launch configurations are checked, and
+# cuBLAS / cuFFT / cuRAND are naive host fakes that check their arguments as documented
+# (the FFT fakes scribble over their inputs). Built with ASan + UBSan by default (SAN= to
+# turn off). Catches indexing, launch-geometry, barrier and library-argument bugs; it cannot
+# see data races, warp-level behaviour, or speed: run the real tests on a GPU for those.
+#   tests/cuda_emu/run.sh [gtest args]          e.g. --gtest_filter=CudaParity.Matmul
+# Needs: g++, libgtest-dev, OpenBLAS, FFTW, and the CUDA toolkit headers (no GPU, no driver).
+set -euo pipefail
+EMU=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+B=${LINEA_EMU_BUILD:-/tmp/linea-cuda-emu}
+python3 "$EMU/rewrite.py" "$EMU/../.." "$B/src"
+make -s -C "$EMU" -j"$(nproc)" B="$B"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+"$B/basics" --gtest_brief=1
+"$B/parity" --gtest_brief=1 "$@"

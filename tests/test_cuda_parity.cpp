@@ -1,0 +1,686 @@
+// CUDA parity: every kernel family run through the public API on the CPU (the reference) and
+// on CUDA (x.to(Device("cuda"))), forward values and gradients (out.backward(g) with the same
+// g on both devices) compared with |cuda - cpu| <= atol + rtol * |cpu|, per-dtype tolerances
+// kept in tol_for() below. Inputs have awkward sizes (odd, non-power-of-two, 1), broadcast
+// (stride-0) operands and non-contiguous (transposed, sliced, permuted) views. Also: the
+// caching allocator reuses blocks, the generator is reproducible, bad indices are reported.
+// Every test starts with LINEA_REQUIRE_CUDA(): without a GPU they are skipped, not failed.
+// Not here: tests that run without a GPU (tests/test_cuda_basics.cpp).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tests/test_util.h"
+
+#ifdef LINEA_WITH_CUDA
+#include "core/cuda_interface.h"
+#endif
+
+namespace linea {
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Built with -DLINEA_PARITY_SELF_TEST, the "CUDA" side is the CPU and nothing is skipped: a
+// check of this harness itself (inputs, API calls, expectations) on a machine without a GPU.
+#ifdef LINEA_PARITY_SELF_TEST
+const Device kCuda(DeviceType::CPU);
+#undef LINEA_REQUIRE_CUDA
+#define LINEA_REQUIRE_CUDA() (void)0
+bool on_device(const Tensor&) { return true; }
+#else
+const Device kCuda(DeviceType::CUDA, 0);
+bool on_device(const Tensor& t) { return t.is_cuda(); }
+#endif
+
+// ---- tolerances, all in one place ------------------------------------------------------------
+// float32: cuBLAS / cuFFT / tree reductions add in another order than OpenBLAS / FFTW / loops,
+// and CUDA's expf, tanhf, erff are within 2 ulp of glibc's. float64: the same at double
+// precision. Integer and bool results must match exactly. A test may scale the tolerance for
+// long sums (FFT lengths, GEMM depths), saying why.
+struct Tol {
+  double atol, rtol;
+};
+Tol tol_for(DType dt) {
+  switch (dt) {
+    case DType::Float32: return {2e-5, 2e-5};
+    case DType::Float64: return {1e-10, 1e-10};
+    default: return {0.0, 0.0};
+  }
+}
+
+const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64};
+
+// CPU input: N(0, scale^2) in dtype dt (drawn in float64 from the CPU generator, then converted).
+Tensor rnd(const Shape& s, DType dt, double scale = 1.0) { return mul(randn(s, test::f64()), scale).to(dt); }
+
+// Int64 tensor from values.
+Tensor ints(const std::vector<int64_t>& v, const Shape& s) { return from_vector<int64_t>(v, s); }
+
+::testing::AssertionResult matches(const Tensor& got, const Tensor& ref, double scale, const char* what) {
+  if (got.defined() != ref.defined())
+    return ::testing::AssertionFailure() << what << ": defined on " << (got.defined() ? "CUDA" : "CPU") << " only";
+  if (!got.defined()) return ::testing::AssertionSuccess();
+  if (!on_device(got)) return ::testing::AssertionFailure() << what << ": CUDA result is on " << got.device();
+  if (got.dtype() != ref.dtype())
+    return ::testing::AssertionFailure() << what << ": dtype " << got.dtype() << " vs " << ref.dtype();
+  const Tol t = tol_for(ref.dtype());
+  ::testing::AssertionResult r = test::all_close(got.to(kCPU), ref, t.atol * scale, t.rtol * scale);
+  if (!r) r << " [" << what << ", dtype " << ref.dtype() << ", shape " << shape_str(ref.shape()) << "]";
+  return r;
+}
+
+// Runs fn on CPU leaves made from `inputs` and on CUDA copies of them; compares the outputs,
+// then (for a floating output) backpropagates the same random gradient on both devices and
+// compares the .grad of every floating input.
+void expect_parity(const std::string& what, const Fn& fn, const std::vector<Tensor>& inputs, double scale = 1.0,
+                   bool backward = true) {
+  SCOPED_TRACE(what);
+  std::vector<Tensor> cpu_in, cuda_in;
+  for (const Tensor& x : inputs) {
+    Tensor c = x.detach();
+    Tensor g = x.detach().to(kCuda);
+    if (backward && is_floating(x.dtype())) {
+      c.requires_grad_(true);
+      g.requires_grad_(true);
+    }
+    cpu_in.push_back(c);
+    cuda_in.push_back(g);
+  }
+  const Tensor ref = fn(cpu_in);
+  const Tensor got = fn(cuda_in);
+  EXPECT_TRUE(matches(got, ref, scale, "forward"));
+  if (!backward || !is_floating(ref.dtype()) || !ref.requires_grad()) return;
+  const Tensor gout = rnd(ref.shape(), ref.dtype());
+  ref.backward(gout);
+  got.backward(gout.to(kCuda));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!cpu_in[i].requires_grad()) continue;
+    const std::string name = "grad of input " + std::to_string(i);
+    EXPECT_TRUE(matches(cuda_in[i].grad(), cpu_in[i].grad(), scale, name.c_str()));
+  }
+}
+
+std::string tag(const std::string& s, DType dt) { return s + " (" + dtype_name(dt) + ")"; }
+
+// ---- elementwise ------------------------------------------------------------------------------
+TEST(CudaParity, Unary) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(1);
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&)> f;
+    bool positive;  // needs x > 0
+  };
+  const std::vector<Case> cases = {
+      {"neg", [](const Tensor& x) { return neg(x); }, false},
+      {"exp", [](const Tensor& x) { return exp(x); }, false},
+      {"log", [](const Tensor& x) { return log(x); }, true},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, true},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, true},
+      {"abs", [](const Tensor& x) { return abs(x); }, false},
+      {"tanh", [](const Tensor& x) { return tanh(x); }, false},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, false},
+      {"relu", [](const Tensor& x) { return relu(x); }, false},
+      {"gelu_erf", [](const Tensor& x) { return gelu(x, false); }, false},
+      {"gelu_tanh", [](const Tensor& x) { return gelu(x, true); }, false},
+      {"sin", [](const Tensor& x) { return sin(x); }, false},
+      {"cos", [](const Tensor& x) { return cos(x); }, false},
+      {"pow2.5", [](const Tensor& x) { return pow(x, 2.5); }, true},
+      {"pow3", [](const Tensor& x) { return pow(x, 3.0); }, false},
+      {"square", [](const Tensor& x) { return square(x); }, false},
+      {"clamp", [](const Tensor& x) { return clamp(x, -0.5, 0.7); }, false},
+      {"clamp_lo", [](const Tensor& x) { return clamp(x, -0.3, INFINITY); }, false},
+      {"sign", [](const Tensor& x) { return sign(x); }, false},
+      {"add_scalar", [](const Tensor& x) { return add(x, 0.37); }, false},
+      {"mul_scalar", [](const Tensor& x) { return mul(x, -1.7); }, false},
+      {"rsub_scalar", [](const Tensor& x) { return sub(2.0, x); }, false},
+      {"rdiv_scalar", [](const Tensor& x) { return div(1.5, x); }, true},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      auto in = [&](const Tensor& x) { return c.positive ? add(abs(x), 0.5) : x; };
+      // contiguous odd length, a single element, a transposed 2-D view, a strided slice
+      expect_parity(tag(std::string(c.name) + " [1001]", dt), [&](const std::vector<Tensor>& v) { return c.f(in(v[0])); },
+                    {rnd({1001}, dt, 2.0)});
+      expect_parity(tag(std::string(c.name) + " [1]", dt), [&](const std::vector<Tensor>& v) { return c.f(in(v[0])); },
+                    {rnd({1}, dt)});
+      expect_parity(tag(std::string(c.name) + " transposed", dt),
+                    [&](const std::vector<Tensor>& v) { return c.f(in(v[0].transpose(0, 1))); }, {rnd({13, 7}, dt)});
+      expect_parity(tag(std::string(c.name) + " sliced", dt),
+                    [&](const std::vector<Tensor>& v) { return c.f(in(v[0].slice(1, 1, 10, 3))); },
+                    {rnd({5, 11, 3}, dt)});
+    }
+  }
+}
+
+TEST(CudaParity, UnaryInt64) {
+  LINEA_REQUIRE_CUDA();
+  const Tensor x = ints({-7, -1, 0, 1, 2, 5, 9, -3, 4}, {3, 3});
+  const std::vector<std::pair<const char*, Fn>> cases = {
+      {"neg", [](const std::vector<Tensor>& v) { return neg(v[0]); }},
+      {"abs", [](const std::vector<Tensor>& v) { return abs(v[0].t()); }},
+      {"sign", [](const std::vector<Tensor>& v) { return sign(v[0]); }},
+      {"clamp", [](const std::vector<Tensor>& v) { return clamp(v[0], -2, 3); }},
+      {"add_scalar", [](const std::vector<Tensor>& v) { return add(v[0], 3.0); }},
+      {"mul_scalar", [](const std::vector<Tensor>& v) { return mul(v[0].t(), -2.0); }},
+  };
+  for (const auto& c : cases) expect_parity(std::string("int64 ") + c.first, c.second, {x});
+}
+
+TEST(CudaParity, BinaryBroadcast) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(2);
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&, const Tensor&)>>> ops = {
+      {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); }},
+      {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); }},
+      {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }},
+      {"div", [](const Tensor& a, const Tensor& b) { return div(a, add(abs(b), 0.5)); }},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }},
+      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const auto& op : ops) {
+      auto f = op.second;
+      // [5, 1, 7] with [1, 3, 7]: both broadcast (stride 0)
+      expect_parity(tag(std::string(op.first) + " broadcast", dt),
+                    [&](const std::vector<Tensor>& v) { return f(v[0], v[1]); }, {rnd({5, 1, 7}, dt), rnd({1, 3, 7}, dt)});
+      // transposed a with a row vector b, and a 0-d operand
+      expect_parity(tag(std::string(op.first) + " transposed", dt),
+                    [&](const std::vector<Tensor>& v) { return f(v[0].t(), v[1]); }, {rnd({9, 6}, dt), rnd({9}, dt)});
+      expect_parity(tag(std::string(op.first) + " scalar", dt),
+                    [&](const std::vector<Tensor>& v) { return f(v[0].slice(0, 0, 11, 2), v[1]); },
+                    {rnd({11, 4}, dt), rnd({}, dt)});
+      // many dims, permuted (exercises the offset calculator beyond a few dims)
+      expect_parity(tag(std::string(op.first) + " 6-d permuted", dt),
+                    [&](const std::vector<Tensor>& v) { return f(v[0].permute({5, 3, 1, 0, 2, 4}), v[1]); },
+                    {rnd({2, 3, 2, 3, 2, 3}, dt), rnd({3, 3, 1, 2, 2, 1}, dt)});
+    }
+  }
+}
+
+TEST(CudaParity, Comparisons) {
+  LINEA_REQUIRE_CUDA();
+  // small integer values so that ties occur
+  const std::vector<int64_t> va = {0, 1, 2, 1, 0, -1, 2, 2, 1, 0, -1, -2};
+  const std::vector<int64_t> vb = {1, 1, 0, 2};
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int64}) {
+    const Tensor a = ints(va, {3, 4}).to(dt), b = ints(vb, {4}).to(dt);
+    const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&, const Tensor&)>>> ops = {
+        {"eq", [](const Tensor& x, const Tensor& y) { return eq(x, y); }},
+        {"ne", [](const Tensor& x, const Tensor& y) { return ne(x, y); }},
+        {"lt", [](const Tensor& x, const Tensor& y) { return lt(x, y); }},
+        {"le", [](const Tensor& x, const Tensor& y) { return le(x, y); }},
+        {"gt", [](const Tensor& x, const Tensor& y) { return gt(x, y); }},
+        {"ge", [](const Tensor& x, const Tensor& y) { return ge(x, y); }},
+    };
+    for (const auto& op : ops) {
+      auto f = op.second;
+      expect_parity(tag(op.first, dt), [&](const std::vector<Tensor>& v) { return f(v[0], v[1]); }, {a, b}, 1.0,
+                    false);
+      expect_parity(tag(std::string(op.first) + " transposed", dt),
+                    [&](const std::vector<Tensor>& v) { return f(v[0].t(), v[1].unsqueeze(0)); },
+                    {ints(va, {4, 3}).to(dt), b}, 1.0, false);
+    }
+  }
+  // integer arithmetic
+  const Tensor a = ints(va, {3, 4}), b = ints(vb, {4});
+  expect_parity("int64 add", [](const std::vector<Tensor>& v) { return add(v[0], v[1]); }, {a, b});
+  expect_parity("int64 mul", [](const std::vector<Tensor>& v) { return mul(v[0].t(), v[1]); },
+                {ints(va, {4, 3}), b});
+  expect_parity("int64 maximum", [](const std::vector<Tensor>& v) { return maximum(v[0], v[1]); }, {a, b});
+}
+
+TEST(CudaParity, WhereAndMaskedFill) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(3);
+  for (DType dt : kFloatTypes) {
+    const Tensor mask = gt(randn({4, 1}), 0.0);
+    expect_parity(tag("where broadcast", dt),
+                  [&](const std::vector<Tensor>& v) { return where(v[2], v[0], v[1]); },
+                  {rnd({4, 6}, dt), rnd({6}, dt), gt(randn({4, 6}), 0.0)});
+    expect_parity(tag("where transposed", dt),
+                  [&](const std::vector<Tensor>& v) { return where(v[2].t(), v[0].t(), v[1]); },
+                  {rnd({6, 4}, dt), rnd({4, 1}, dt), gt(randn({6, 4}), 0.0)});
+    expect_parity(tag("masked_fill", dt),
+                  [&](const std::vector<Tensor>& v) { return masked_fill(v[0], v[1], -3.5); },
+                  {rnd({4, 5}, dt), mask});
+  }
+  expect_parity("where int64", [](const std::vector<Tensor>& v) { return where(v[2], v[0], v[1]); },
+                {ints({1, 2, 3, 4, 5, 6}, {2, 3}), ints({-1, -2, -3}, {3}), gt(randn({2, 3}), 0.0)});
+  expect_parity("where bool", [](const std::vector<Tensor>& v) { return where(v[2], v[0], v[1]); },
+                {gt(randn({3, 5}), 0.0), gt(randn({5}), 0.5), gt(randn({3, 1}), 0.0)});
+}
+
+TEST(CudaParity, CopyConvertFillArange) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(4);
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("contiguous of permuted 4-d", dt),
+                  [](const std::vector<Tensor>& v) { return contiguous(v[0].permute({2, 0, 3, 1})); },
+                  {rnd({2, 3, 4, 5}, dt)});
+    expect_parity(tag("contiguous of expanded", dt),
+                  [](const std::vector<Tensor>& v) { return contiguous(v[0].expand({4, 3, 5})); }, {rnd({3, 1}, dt)});
+    expect_parity(tag("cat", dt), [](const std::vector<Tensor>& v) { return cat({v[0], v[1].t()}, 1); },
+                  {rnd({3, 4}, dt), rnd({5, 3}, dt)});
+    expect_parity(tag("stack", dt), [](const std::vector<Tensor>& v) { return stack({v[0], v[1]}, 1); },
+                  {rnd({3, 4}, dt), rnd({3, 4}, dt)});
+    for (DType to_t : {DType::Float32, DType::Float64, DType::Int64}) {
+      expect_parity(tag(std::string("to ") + dtype_name(to_t) + " from", dt),
+                    [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {rnd({7, 3}, dt, 5.0)}, 1.0,
+                    false);
+    }
+    // to bool: 0/1 inputs only (other values: see the note on copy in cuda/elementwise.cu)
+    expect_parity(tag("to bool from", dt), [](const std::vector<Tensor>& v) { return to(v[0].t(), DType::Bool); },
+                  {ints({0, 1, 1, 0, 0, 1}, {2, 3}).to(dt)}, 1.0, false);
+  }
+  expect_parity("to bool from int64", [](const std::vector<Tensor>& v) { return to(v[0], DType::Bool); },
+                {ints({0, 1, 1, 0, 1}, {5})}, 1.0, false);
+  for (DType to_t : {DType::Float32, DType::Float64, DType::Int64}) {
+    expect_parity(std::string("to ") + dtype_name(to_t) + " from int64",
+                  [to_t](const std::vector<Tensor>& v) { return to(v[0], to_t); }, {ints({-3, 0, 2, 7, 1}, {5})}, 1.0,
+                  false);
+    expect_parity(std::string("to ") + dtype_name(to_t) + " from bool",
+                  [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {gt(randn({3, 4}), 0.0)}, 1.0,
+                  false);
+  }
+  // fill_ of a strided view writes only the view
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int64, DType::Bool}) {
+    Tensor c = zeros({6, 5}, TensorOptions(dt)), g = zeros({6, 5}, TensorOptions(dt, kCuda));
+    c.slice(0, 1, 6, 2).slice(1, 0, 5, 3).fill_(3.0);
+    g.slice(0, 1, 6, 2).slice(1, 0, 5, 3).fill_(3.0);
+    EXPECT_TRUE(matches(g, c, 1.0, "fill_ of a view"));
+    c.fill_(0.0);  // the memset path
+    g.fill_(0.0);
+    EXPECT_TRUE(matches(g, c, 1.0, "fill_ zero"));
+  }
+  // arange
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int64}) {
+    EXPECT_TRUE(matches(arange(-3, 17, 1, TensorOptions(dt, kCuda)), arange(-3, 17, 1, TensorOptions(dt)), 1.0,
+                        "arange"));
+    EXPECT_TRUE(matches(arange(0.5, 7.3, 0.3, TensorOptions(dt, kCuda)), arange(0.5, 7.3, 0.3, TensorOptions(dt)),
+                        1.0, "arange step 0.3"));
+  }
+  // copy_ across devices and within CUDA into a strided destination
+  for (DType dt : kFloatTypes) {
+    const Tensor src = rnd({4, 3}, dt);
+    Tensor c = zeros({3, 4}, TensorOptions(dt)), g = zeros({3, 4}, TensorOptions(dt, kCuda));
+    c.t().copy_(src);
+    g.t().copy_(src);                 // host -> device, then strided copy
+    EXPECT_TRUE(matches(g, c, 1.0, "copy_ into transposed view"));
+    Tensor g2 = zeros({3, 4}, TensorOptions(dt, kCuda));
+    g2.t().copy_(src.to(kCuda));      // device -> device strided
+    EXPECT_TRUE(matches(g2, c, 1.0, "device copy_ into transposed view"));
+  }
+}
+
+// ---- reductions -----------------------------------------------------------------------------------
+TEST(CudaParity, Reductions) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(5);
+  for (DType dt : kFloatTypes) {
+    const Tensor x = rnd({6, 37, 5}, dt);
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {0, 2}, {}, {1, 2}}) {
+      std::string d = "dims";
+      for (int64_t k : dims) d += " " + std::to_string(k);
+      expect_parity(tag("sum " + d, dt), [&](const std::vector<Tensor>& v) { return sum(v[0], dims); }, {x});
+      expect_parity(tag("mean keepdim " + d, dt), [&](const std::vector<Tensor>& v) { return mean(v[0], dims, true); },
+                    {x});
+      expect_parity(tag("max " + d, dt), [&](const std::vector<Tensor>& v) { return max(v[0], dims); }, {x});
+      expect_parity(tag("min " + d, dt), [&](const std::vector<Tensor>& v) { return min(v[0], dims); }, {x});
+      if (!dims.empty())
+        expect_parity(tag("logsumexp " + d, dt), [&](const std::vector<Tensor>& v) { return logsumexp(v[0], dims); },
+                      {x});
+    }
+    expect_parity(tag("var", dt), [](const std::vector<Tensor>& v) { return var(v[0], {1}); }, {x});
+    expect_parity(tag("sum of transposed", dt), [](const std::vector<Tensor>& v) { return sum(v[0].t(), {1}); },
+                  {rnd({9, 13}, dt)});
+    // long reductions: the split (two-pass) path, over the last dim and over the first
+    expect_parity(tag("sum long rows", dt), [](const std::vector<Tensor>& v) { return sum(v[0], {1}); },
+                  {rnd({3, 20001}, dt)});
+    expect_parity(tag("sum long columns", dt), [](const std::vector<Tensor>& v) { return sum(v[0], {0}); },
+                  {rnd({9000, 7}, dt)});
+    expect_parity(tag("max all long", dt), [](const std::vector<Tensor>& v) { return max(v[0]); }, {rnd({30011}, dt)});
+    expect_parity(tag("mean all long", dt), [](const std::vector<Tensor>& v) { return mean(v[0]); },
+                  {rnd({257, 129}, dt)});
+    expect_parity(tag("logsumexp long", dt), [](const std::vector<Tensor>& v) { return logsumexp(v[0], {0}); },
+                  {rnd({5000, 3}, dt)});
+    // argmax / argmin (Int64, exact), with ties: first index wins
+    for (int64_t dim : {0, 1, 2}) {
+      expect_parity(tag("argmax dim " + std::to_string(dim), dt),
+                    [dim](const std::vector<Tensor>& v) { return argmax(v[0], dim); }, {x}, 1.0, false);
+      expect_parity(tag("argmin dim " + std::to_string(dim), dt),
+                    [dim](const std::vector<Tensor>& v) { return argmin(v[0], dim, true); }, {x}, 1.0, false);
+    }
+    const Tensor ties = ints({1, 3, 3, 0, 3, -2, -2, 1, 0, 3, -2, 0}, {3, 4}).to(dt);
+    for (int64_t dim : {0, 1}) {
+      expect_parity(tag("argmax ties", dt), [dim](const std::vector<Tensor>& v) { return argmax(v[0], dim); }, {ties},
+                    1.0, false);
+      expect_parity(tag("argmin ties", dt), [dim](const std::vector<Tensor>& v) { return argmin(v[0], dim); }, {ties},
+                    1.0, false);
+    }
+    expect_parity(tag("argmax long", dt), [](const std::vector<Tensor>& v) { return argmax(v[0], 1); },
+                  {rnd({2, 40000}, dt)}, 1.0, false);
+    // NaN propagates through max and wins argmax (first NaN)
+    std::vector<double> nanv = {1.0, NAN, 5.0, NAN, 2.0, 7.0};
+    const Tensor xn = from_vector<double>(nanv, {2, 3}).to(dt);
+    expect_parity(tag("max with NaN", dt), [](const std::vector<Tensor>& v) { return max(v[0], {1}); }, {xn}, 1.0,
+                  false);
+    expect_parity(tag("argmax with NaN", dt), [](const std::vector<Tensor>& v) { return argmax(v[0], 0); }, {xn}, 1.0,
+                  false);
+    // logsumexp of a row of -inf is -inf
+    const Tensor xi = from_vector<double>({-INFINITY, -INFINITY, 0.5, 1.0}, {2, 2}).to(dt);
+    expect_parity(tag("logsumexp -inf row", dt), [](const std::vector<Tensor>& v) { return logsumexp(v[0], {1}); },
+                  {xi}, 1.0, false);
+  }
+  // int64 sums and extremes
+  const Tensor xi = ints({4, -2, 9, 0, 7, 7, -5, 3, 1, 2, 8, -9}, {3, 4});
+  expect_parity("int64 sum", [](const std::vector<Tensor>& v) { return sum(v[0], {1}); }, {xi});
+  expect_parity("int64 max", [](const std::vector<Tensor>& v) { return max(v[0], {0}); }, {xi});
+  expect_parity("int64 argmax", [](const std::vector<Tensor>& v) { return argmax(v[0], 1); }, {xi});
+}
+
+// ---- matmul ---------------------------------------------------------------------------------------------
+TEST(CudaParity, Matmul) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(6);
+  auto mm = [](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); };
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("2-d", dt), mm, {rnd({17, 33}, dt), rnd({33, 9}, dt)});
+    expect_parity(tag("a transposed", dt), [](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1]); },
+                  {rnd({33, 17}, dt), rnd({33, 9}, dt)});
+    expect_parity(tag("b transposed", dt), [](const std::vector<Tensor>& v) { return matmul(v[0], v[1].t()); },
+                  {rnd({17, 33}, dt), rnd({9, 33}, dt)});
+    expect_parity(tag("both transposed", dt),
+                  [](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1].t()); },
+                  {rnd({33, 17}, dt), rnd({9, 33}, dt)});
+    expect_parity(tag("row slice (ld > cols)", dt),
+                  [](const std::vector<Tensor>& v) { return matmul(v[0].narrow(1, 2, 20), v[1]); },
+                  {rnd({11, 25}, dt), rnd({20, 6}, dt)});
+    expect_parity(tag("batched", dt), mm, {rnd({4, 17, 33}, dt), rnd({4, 33, 9}, dt)});
+    expect_parity(tag("shared right operand (folded)", dt), mm, {rnd({2, 3, 5, 7}, dt), rnd({7, 4}, dt)});
+    expect_parity(tag("shared left operand (stride 0)", dt), mm, {rnd({5, 7}, dt), rnd({3, 7, 4}, dt)});
+    expect_parity(tag("broadcast batch dims (looped)", dt), mm, {rnd({2, 1, 5, 7}, dt), rnd({1, 3, 7, 4}, dt)});
+    expect_parity(tag("permuted batch", dt),
+                  [](const std::vector<Tensor>& v) { return matmul(v[0].transpose(0, 1), v[1]); },
+                  {rnd({5, 3, 7}, dt), rnd({3, 7, 4}, dt)});
+    expect_parity(tag("batched transposed", dt),
+                  [](const std::vector<Tensor>& v) { return matmul(v[0].transpose(1, 2), v[1].transpose(1, 2)); },
+                  {rnd({3, 7, 5}, dt), rnd({3, 4, 7}, dt)});
+    expect_parity(tag("vector @ matrix", dt), mm, {rnd({7}, dt), rnd({7, 4}, dt)});
+    expect_parity(tag("matrix @ vector", dt), mm, {rnd({5, 7}, dt), rnd({7}, dt)});
+    expect_parity(tag("dot", dt), mm, {rnd({31}, dt), rnd({31}, dt)});
+    expect_parity(tag("M = N = K = 1", dt), mm, {rnd({1, 1}, dt), rnd({1, 1}, dt)});
+    expect_parity(tag("K = 1 outer product", dt), mm, {rnd({6, 1}, dt), rnd({1, 5}, dt)});
+    expect_parity(tag("bmm", dt), [](const std::vector<Tensor>& v) { return bmm(v[0], v[1]); },
+                  {rnd({2, 65, 130}, dt), rnd({2, 130, 3}, dt)}, 4.0);  // K = 130: longer sums
+  }
+}
+
+// ---- fused nn ops -------------------------------------------------------------------------------------
+TEST(CudaParity, Softmax) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(7);
+  for (DType dt : kFloatTypes) {
+    const Tensor x = rnd({4, 37, 6}, dt, 3.0);
+    for (int64_t dim : {0, 1, 2}) {
+      expect_parity(tag("softmax dim " + std::to_string(dim), dt),
+                    [dim](const std::vector<Tensor>& v) { return softmax(v[0], dim); }, {x});
+      expect_parity(tag("log_softmax dim " + std::to_string(dim), dt),
+                    [dim](const std::vector<Tensor>& v) { return log_softmax(v[0], dim); }, {x});
+    }
+    expect_parity(tag("softmax long rows", dt), [](const std::vector<Tensor>& v) { return softmax(v[0], 1); },
+                  {rnd({3, 1000}, dt)});
+    expect_parity(tag("log_softmax transposed", dt),
+                  [](const std::vector<Tensor>& v) { return log_softmax(v[0].t(), 1); }, {rnd({19, 5}, dt)});
+    expect_parity(tag("softmax r = 1", dt), [](const std::vector<Tensor>& v) { return softmax(v[0], 1); },
+                  {rnd({7, 1}, dt)});
+    // partially masked rows (-inf), as attention masks produce
+    const Tensor mask = from_vector<int64_t>({0, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 1}, {3, 4}).to(DType::Bool);
+    expect_parity(tag("softmax masked", dt),
+                  [](const std::vector<Tensor>& v) { return softmax(masked_fill(v[0], v[1], -INFINITY), 1); },
+                  {rnd({3, 4}, dt), mask});
+  }
+}
+
+TEST(CudaParity, LayerNorm) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(8);
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("weight and bias", dt),
+                  [](const std::vector<Tensor>& v) { return layer_norm(v[0], {33}, v[1], v[2]); },
+                  {rnd({6, 5, 33}, dt, 2.0), rnd({33}, dt), rnd({33}, dt)});
+    expect_parity(tag("2 normalized dims", dt),
+                  [](const std::vector<Tensor>& v) { return layer_norm(v[0], {4, 7}, v[1], v[2], 1e-3); },
+                  {rnd({10, 4, 7}, dt), rnd({4, 7}, dt), rnd({4, 7}, dt)});
+    expect_parity(tag("no affine", dt), [](const std::vector<Tensor>& v) { return layer_norm(v[0], {9}); },
+                  {rnd({11, 9}, dt)});
+    expect_parity(tag("weight only", dt),
+                  [](const std::vector<Tensor>& v) { return layer_norm(v[0], {9}, v[1]); },
+                  {rnd({11, 9}, dt), rnd({9}, dt)});
+    expect_parity(tag("bias only, transposed input", dt),
+                  [](const std::vector<Tensor>& v) { return layer_norm(v[0].t(), {9}, Tensor(), v[1]); },
+                  {rnd({9, 11}, dt), rnd({9}, dt)});
+    // many rows: dw/db reduced over several chunks; wide rows: a block per row
+    expect_parity(tag("many rows", dt),
+                  [](const std::vector<Tensor>& v) { return layer_norm(v[0], {20}, v[1], v[2]); },
+                  {rnd({301, 20}, dt), rnd({20}, dt), rnd({20}, dt)});
+    expect_parity(tag("wide rows", dt),
+                  [](const std::vector<Tensor>& v) { return layer_norm(v[0], {1000}, v[1], v[2]); },
+                  {rnd({3, 1000}, dt), rnd({1000}, dt), rnd({1000}, dt)});
+    expect_parity(tag("one column", dt), [](const std::vector<Tensor>& v) { return layer_norm(v[0], {1}, v[1]); },
+                  {rnd({5, 1}, dt), rnd({1}, dt)});
+  }
+}
+
+TEST(CudaParity, CrossEntropy) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(9);
+  const Tensor target = ints({3, 0, 10, -100, 7, 7, 1, 2, -100, 5, 9, 4, 6}, {13});
+  for (DType dt : kFloatTypes) {
+    const Tensor logits = rnd({13, 11}, dt, 2.0);
+    for (double s : {0.0, 0.1}) {
+      for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+        const std::string name = "smoothing " + std::to_string(s) + " reduction " + std::to_string(int(red));
+        expect_parity(tag(name, dt),
+                      [s, red](const std::vector<Tensor>& v) { return cross_entropy(v[0], v[1], -100, s, red); },
+                      {logits, target});
+      }
+    }
+    expect_parity(tag("transposed logits, ignore_index 7", dt),
+                  [](const std::vector<Tensor>& v) { return cross_entropy(v[0].t(), v[1], 7, 0.2); },
+                  {rnd({11, 13}, dt), ints({3, 0, 10, 7, 7, 1, 2, 7, 5, 9, 4, 6, 0}, {13})});
+    expect_parity(tag("many classes", dt), [](const std::vector<Tensor>& v) { return cross_entropy(v[0], v[1]); },
+                  {rnd({3, 1000}, dt), ints({999, 0, 512}, {3})});
+    expect_parity(tag("single row [C]", dt), [](const std::vector<Tensor>& v) { return cross_entropy(v[0], v[1]); },
+                  {rnd({5}, dt), scalar_tensor(2, TensorOptions(DType::Int64))});
+  }
+}
+
+TEST(CudaParity, Dropout) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(10);
+  // Random masks differ between devices: check the statistics and the gradient rule instead.
+  const double p = 0.3;
+  Tensor x = ones({100000}, TensorOptions(DType::Float32, kCuda)).requires_grad_(true);
+  Tensor y = dropout(x, p, true);
+  ASSERT_TRUE(on_device(y));
+  const std::vector<double> v = y.to_vector<double>();
+  int64_t zeros_n = 0;
+  for (double e : v) {
+    if (e == 0.0) ++zeros_n;
+    else EXPECT_NEAR(e, 1.0 / (1.0 - p), 1e-6);
+  }
+  EXPECT_NEAR(static_cast<double>(zeros_n) / v.size(), p, 0.01);
+  y.backward(ones({100000}, TensorOptions(DType::Float32, kCuda)));
+  EXPECT_TRUE(test::all_close(x.grad().to(kCPU), y.detach().to(kCPU), 0, 0));  // grad = mask
+}
+
+// ---- indexing --------------------------------------------------------------------------------------------
+TEST(CudaParity, Indexing) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(11);
+  const Tensor idx = ints({2, 0, 8, 2, 5, 2}, {6});  // repeats: index_add accumulates
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("index_select dim 1", dt),
+                  [](const std::vector<Tensor>& v) { return index_select(v[0], 1, v[1]); }, {rnd({5, 9, 4}, dt), idx});
+    expect_parity(tag("index_select dim 0 of a transposed", dt),
+                  [](const std::vector<Tensor>& v) { return index_select(v[0].t(), 0, v[1]); }, {rnd({3, 9}, dt), idx});
+    expect_parity(tag("embedding", dt), [](const std::vector<Tensor>& v) { return embedding(v[0], v[1]); },
+                  {rnd({10, 6}, dt), ints({1, 9, 1, 0, 4, 4, 4, 7, 2, 3, 1, 8}, {3, 4})});
+    const Tensor gidx = ints({0, 6, 3, 3, 1,  2, 2, 5, 0, 6,  4, 1, 1, 1, 0,  6, 5, 4, 3, 2}, {4, 5, 1})
+                            .expand({4, 5, 3})
+                            .contiguous();
+    expect_parity(tag("gather dim 1", dt), [](const std::vector<Tensor>& v) { return gather(v[0], 1, v[1]); },
+                  {rnd({4, 7, 3}, dt), gidx});
+    expect_parity(tag("gather smaller index", dt),
+                  [](const std::vector<Tensor>& v) { return gather(v[0], 1, v[1].narrow(0, 0, 3).narrow(2, 0, 2).contiguous()); },
+                  {rnd({4, 7, 3}, dt), gidx});
+    expect_parity(tag("gather dim 0", dt), [](const std::vector<Tensor>& v) { return gather(v[0], 0, v[1]); },
+                  {rnd({7, 4}, dt), ints({0, 6, 3, 3, 1, 2, 2, 5}, {2, 4})});
+    expect_parity(tag("scatter_add dim 1", dt),
+                  [](const std::vector<Tensor>& v) { return scatter_add(v[0], 1, v[2], v[1]); },
+                  {rnd({4, 7, 3}, dt), rnd({4, 5, 3}, dt), gidx});
+    expect_parity(tag("scatter_add dim 0", dt),
+                  [](const std::vector<Tensor>& v) { return scatter_add(v[0], 0, v[2], v[1]); },
+                  {rnd({7, 4}, dt), rnd({2, 4}, dt), ints({0, 6, 3, 3, 1, 2, 2, 5}, {2, 4})});
+    for (int64_t dim : {0, 1, 2})
+      expect_parity(tag("cumsum dim " + std::to_string(dim), dt),
+                    [dim](const std::vector<Tensor>& v) { return cumsum(v[0], dim); }, {rnd({5, 37, 3}, dt)});
+    expect_parity(tag("cumsum transposed", dt), [](const std::vector<Tensor>& v) { return cumsum(v[0].t(), 1); },
+                  {rnd({300, 4}, dt)});
+  }
+  // data-moving kernels on integer and bool data
+  expect_parity("index_select int64", [](const std::vector<Tensor>& v) { return index_select(v[0], 0, v[1]); },
+                {ints({10, 11, 12, 13, 14, 15, 16, 17, 18}, {9}), idx});
+  expect_parity("index_select bool", [](const std::vector<Tensor>& v) { return index_select(v[0], 1, v[1]); },
+                {gt(randn({2, 9}), 0.0), idx});
+  expect_parity("cumsum int64", [](const std::vector<Tensor>& v) { return cumsum(v[0], 0); },
+                {ints({1, -2, 3, 4, 5, 6}, {3, 2})});
+}
+
+TEST(CudaParity, BadIndicesAreReported) {
+  LINEA_REQUIRE_CUDA();
+  const Tensor x = randn({4, 3}, TensorOptions(DType::Float32, kCuda));
+  const Tensor bad = ints({1, 4}, {2}).to(kCuda);
+  EXPECT_LINEA_ERROR(index_select(x, 0, bad).to(kCPU), "out of range");
+  const Tensor logits = randn({2, 5}, TensorOptions(DType::Float32, kCuda));
+  EXPECT_LINEA_ERROR(cross_entropy(logits, ints({1, 5}, {2}).to(kCuda)).item(), "cross_entropy");
+  // the device is still usable afterwards
+  EXPECT_NEAR(sum(ones({10}, TensorOptions(DType::Float32, kCuda))).item(), 10.0, 0.0);
+}
+
+// ---- FFT -----------------------------------------------------------------------------------------------
+TEST(CudaParity, Fft) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(12);
+  // Transform errors grow with the length and the whole signal's magnitude: scale 20.
+  const double s = 20.0;
+  for (DType dt : kFloatTypes) {
+    for (int64_t n : {37, 64, 1, 2}) {
+      expect_parity(tag("rfft n=" + std::to_string(n), dt),
+                    [n](const std::vector<Tensor>& v) { return rfft(v[0], n); }, {rnd({3, n}, dt)}, s);
+      expect_parity(tag("irfft n=" + std::to_string(n), dt),
+                    [n](const std::vector<Tensor>& v) { return irfft(v[0], n); }, {rnd({3, n / 2 + 1, 2}, dt)}, s);
+    }
+    expect_parity(tag("rfft padded", dt), [](const std::vector<Tensor>& v) { return rfft(v[0], 64); },
+                  {rnd({2, 50}, dt)}, s);
+    expect_parity(tag("rfft truncated", dt), [](const std::vector<Tensor>& v) { return rfft(v[0], 20); },
+                  {rnd({2, 50}, dt)}, s);
+    expect_parity(tag("rfft dim 0 of a transposed", dt),
+                  [](const std::vector<Tensor>& v) { return rfft(v[0].t(), 36, 0); }, {rnd({4, 36}, dt)}, s);
+    expect_parity(tag("irfft dim 1", dt), [](const std::vector<Tensor>& v) { return irfft(v[0], 36, 1); },
+                  {rnd({2, 19, 3, 2}, dt)}, s);
+    // round trip on the device, and rfft leaves its input alone
+    const Tensor x = rnd({5, 37}, dt).to(kCuda);
+    const Tensor before = x.to(kCPU);
+    const Tensor back = irfft(rfft(x, 37), 37);
+    EXPECT_TRUE(matches(back, before, s, "irfft(rfft(x))"));
+    EXPECT_TRUE(test::all_close(x.to(kCPU), before, 0, 0));
+  }
+}
+
+// ---- random ----------------------------------------------------------------------------------------------
+TEST(CudaRandom, SeedReproducibleAndStateRestores) {
+  LINEA_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    const TensorOptions o(dt, kCuda);
+    manual_seed(1234);
+    const Tensor a1 = randn({1001}, o), b1 = rand({64, 3}, o), c1 = randn({2048}, o);
+    manual_seed(1234);
+    const Tensor a2 = randn({1001}, o), b2 = rand({64, 3}, o), c2 = randn({2048}, o);
+    EXPECT_TRUE(test::all_close(a1.to(kCPU), a2.to(kCPU), 0, 0));
+    EXPECT_TRUE(test::all_close(b1.to(kCPU), b2.to(kCPU), 0, 0));
+    EXPECT_TRUE(test::all_close(c1.to(kCPU), c2.to(kCPU), 0, 0));
+    // successive draws differ
+    EXPECT_FALSE(test::all_close(a1.narrow(0, 0, 1000).to(kCPU), c1.narrow(0, 0, 1000).to(kCPU), 1e-3, 0));
+    // state save / restore
+    const std::vector<uint64_t> st = get_rng_state(kCuda);
+    ASSERT_EQ(st.size(), 2u);
+    const Tensor d1 = uniform({333}, -2.0, 3.0, o);
+    set_rng_state(st, kCuda);
+    const Tensor d2 = uniform({333}, -2.0, 3.0, o);
+    EXPECT_TRUE(test::all_close(d1.to(kCPU), d2.to(kCPU), 0, 0));
+  }
+}
+
+TEST(CudaRandom, Distributions) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(99);
+  for (DType dt : kFloatTypes) {
+    const TensorOptions o(dt, kCuda);
+    const int64_t n = 200001;  // odd: the normal path through scratch
+    const std::vector<double> z = normal({n}, 1.5, 2.0, o).to_vector<double>();
+    double m = 0, v = 0;
+    for (double e : z) m += e;
+    m /= n;
+    for (double e : z) v += (e - m) * (e - m);
+    v /= n - 1;
+    EXPECT_NEAR(m, 1.5, 0.03);
+    EXPECT_NEAR(std::sqrt(v), 2.0, 0.03);
+    const std::vector<double> u = uniform({n}, -1.0, 3.0, o).to_vector<double>();
+    double mu = 0;
+    for (double e : u) {
+      EXPECT_GE(e, -1.0);
+      EXPECT_LT(e, 3.0);
+      mu += e;
+    }
+    EXPECT_NEAR(mu / n, 1.0, 0.02);
+  }
+  const std::vector<int64_t> r = randint(3, 9, {5000}, kCuda).to_vector<int64_t>();
+  for (int64_t e : r) {
+    EXPECT_GE(e, 3);
+    EXPECT_LT(e, 9);
+  }
+  std::vector<int64_t> perm = randperm(100, kCuda).to_vector<int64_t>();
+  std::sort(perm.begin(), perm.end());
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(perm[static_cast<size_t>(i)], i);
+}
+
+// ---- allocator -----------------------------------------------------------------------------------------------
+#if defined(LINEA_WITH_CUDA) && !defined(LINEA_PARITY_SELF_TEST)
+TEST(CudaAllocator, LoopReusesBlocks) {
+  LINEA_REQUIRE_CUDA();
+  const TensorOptions o(DType::Float32, kCuda);
+  auto step = [&] {
+    Tensor a = randn({256, 37}, o);
+    Tensor b = matmul(a, a.t());
+    Tensor c = softmax(b, 1).sum();
+    return c.item();
+  };
+  step();  // warm-up: fills the cache (and creates cuBLAS' handle)
+  const AllocatorStats s0 = cuda::allocator().stats();
+  for (int i = 0; i < 20; ++i) step();
+  const AllocatorStats s1 = cuda::allocator().stats();
+  EXPECT_EQ(s1.num_raw_allocs, s0.num_raw_allocs) << "steady-state loop should reuse cached blocks";
+  EXPECT_GT(s1.num_allocs, s0.num_allocs);
+  EXPECT_EQ(s1.allocated_bytes, s0.allocated_bytes) << "all step temporaries freed";
+  // empty tensors allocate fine
+  EXPECT_EQ(empty({0, 3}, o).numel(), 0);
+}
+#endif
+
+}  // namespace
+}  // namespace linea
