@@ -6,6 +6,7 @@
 #
 #   tests/run.sh                   everything
 #   LINEA_SKIP_SANITIZERS=1 tests/run.sh   skip the sanitizer pass
+#   LINEA_SKIP_CUDA_EMU=1 tests/run.sh     skip the CUDA-emulator pass
 #   LINEA_BUILD_DIR=dir            where the main build goes (default build/release)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -48,5 +49,16 @@ if [ "${LINEA_SKIP_SANITIZERS:-0}" != 1 ]; then
   LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
     ctest --test-dir "$SAN" -j"$JOBS" --output-on-failure --timeout 1800
+fi
+# ---- CUDA kernels on the host emulator (no GPU needed) ----------------------------------------
+# Without a GPU the parity tests above skip. This pass compiles the unmodified cuda/ sources
+# with g++ against a host emulation of CUDA (tests/cuda_emu/run.sh: blocks run in turn, threads
+# as fibers, __syncthreads a real barrier; cuBLAS/cuFFT/cuRAND are argument-checking host
+# fakes) and runs the parity tests there, so indexing, launch-geometry and barrier bugs fail
+# CI. It cannot see data races, warp behaviour or speed: those need a real GPU.
+CUDA_INC=${CUDA_HOME:-/usr/local/cuda}/include
+if [ "${LINEA_SKIP_CUDA_EMU:-0}" != 1 ] && [ -f "$CUDA_INC/cuda_runtime.h" ]; then
+  echo "== CUDA parity tests on the host emulator"
+  LINEA_EMU_BUILD=$PWD/build/cuda-emu bash tests/cuda_emu/run.sh
 fi
 echo "== all tests passed"
