@@ -11,6 +11,20 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# Totals over every pass, for the closing line.
+PASSED=0
+SKIPPED=0
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+# count_ctest LOG: adds a ctest run's passed/skipped counts (the run already succeeded).
+count_ctest() {
+  local total skipped
+  total=$(grep -oE 'tests failed out of [0-9]+' "$1" | grep -oE '[0-9]+$' || echo 0)
+  skipped=$(grep -cE '^[[:space:]]+[0-9]+ - .* \(Skipped\)$' "$1" || true)
+  PASSED=$((PASSED + total - skipped))
+  SKIPPED=$((SKIPPED + skipped))
+}
+
 JOBS=$(nproc)
 PACKAGES=(cmake ninja-build g++ pkg-config libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev)
 
@@ -35,7 +49,8 @@ echo "== build"
 cmake --build "$BUILD" -j"$JOBS"
 echo "== test"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$JOBS}
-ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure --timeout 900
+ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure --timeout 900 2>&1 | tee "$LOGS/main.log"
+count_ctest "$LOGS/main.log"
 
 # ---- sanitizers (CPU only) ---------------------------------------------------------------------
 if [ "${LINEA_SKIP_SANITIZERS:-0}" != 1 ]; then
@@ -48,7 +63,8 @@ if [ "${LINEA_SKIP_SANITIZERS:-0}" != 1 ]; then
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
   LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    ctest --test-dir "$SAN" -j"$JOBS" --output-on-failure --timeout 1800
+    ctest --test-dir "$SAN" -j"$JOBS" --output-on-failure --timeout 1800 2>&1 | tee "$LOGS/asan.log"
+  count_ctest "$LOGS/asan.log"
 fi
 # ---- CUDA kernels on the host emulator (no GPU needed) ----------------------------------------
 # Without a GPU the parity tests above skip. This pass compiles the unmodified cuda/ sources
@@ -59,6 +75,12 @@ fi
 CUDA_INC=${CUDA_HOME:-/usr/local/cuda}/include
 if [ "${LINEA_SKIP_CUDA_EMU:-0}" != 1 ] && [ -f "$CUDA_INC/cuda_runtime.h" ]; then
   echo "== CUDA parity tests on the host emulator"
-  LINEA_EMU_BUILD=$PWD/build/cuda-emu bash tests/cuda_emu/run.sh
+  LINEA_EMU_BUILD=$PWD/build/cuda-emu bash tests/cuda_emu/run.sh 2>&1 | tee "$LOGS/emu.log"
+  # gtest's closing lines: "[  PASSED  ] N tests." and "[  SKIPPED ] N tests."
+  emu_passed=$(awk '/^\[  PASSED  \] [0-9]+/ {s += $4} END {print s + 0}' "$LOGS/emu.log")
+  emu_skipped=$(awk '/^\[  SKIPPED \] [0-9]+/ {s += $4} END {print s + 0}' "$LOGS/emu.log")
+  PASSED=$((PASSED + ${emu_passed:-0}))
+  SKIPPED=$((SKIPPED + ${emu_skipped:-0}))
 fi
-echo "== all tests passed"
+echo "== all tests passed (skipped: CUDA tests without a GPU)"
+echo "summary: $PASSED passed, 0 failed, $SKIPPED skipped"

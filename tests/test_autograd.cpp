@@ -133,3 +133,30 @@ TEST(Autograd, LeafGradIsOwnedNotAliased) {
   a.grad().fill_(7.0);
   EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{1.0, 1.0}));
 }
+
+namespace {
+// A custom op whose backward yields no gradient for its (gradient-requiring) input.
+Tensor drop_gradient(const Tensor& h) {
+  return attach(raw::clone(h), "drop_gradient", {h}, [](const Tensor&) { return std::vector<Tensor>{Tensor()}; });
+}
+}  // namespace
+
+TEST(Autograd, UndefinedGradientCountsAsZero) {
+  Tensor x = ones({2}, f64());
+  x.requires_grad_();
+  Tensor h = x * 2.0;
+  sum(drop_gradient(h) + h).backward();  // only the direct path carries a gradient
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2.0, 2.0}));
+  Tensor x2 = ones({2}, f64());
+  x2.requires_grad_();
+  sum(drop_gradient(x2 * 3.0)).backward();  // no path carries one: the leaf gets nothing
+  EXPECT_FALSE(x2.grad().defined());
+}
+
+TEST(Autograd, MultipleOutputsShareOneBackward) {
+  Tensor x = tensor<double>({1.0, 2.0}, {2});
+  x.requires_grad_();
+  Tensor a = x * 3.0, b = x * x;
+  run_backward({sum(a), sum(b)}, {scalar_tensor(1.0, f64()), scalar_tensor(1.0, f64())}, false);
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{5.0, 7.0}));
+}
