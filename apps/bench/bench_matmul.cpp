@@ -106,6 +106,15 @@ Options parse(int argc, char** argv) {
 
 }  // namespace
 
+// The processor's model name, for naming the device in the report.
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
   linea::NoGradGuard no_grad;
@@ -123,8 +132,10 @@ int main(int argc, char** argv) try {
       {"square_512", 1, 512, 512, 512, false, false, false},          // [512, 512] @ [512, 512]
   };
 
-  std::printf("linea matmul vs direct cblas_sgemm, float32, %d OpenMP threads, %d OpenBLAS threads, median of %d\n",
-              omp_get_max_threads(), openblas_get_num_threads(), opt.reps);
+  const std::string cpu = cpu_model();
+  std::printf("linea matmul vs direct cblas_sgemm, float32, device cpu (%s), %d OpenMP threads, %d OpenBLAS threads, "
+              "median of %d\n",
+              cpu.c_str(), omp_get_max_threads(), openblas_get_num_threads(), opt.reps);
   std::printf("%-18s %-34s %10s %10s %10s %10s %7s %9s\n", "case", "a @ b", "linea ms", "direct ms", "linea GF/s",
               "direct GF/s", "ratio", "max diff");
 
@@ -179,7 +190,7 @@ int main(int argc, char** argv) try {
     std::fflush(stdout);
 
     jsonl << "{\"bench\":\"matmul\",\"case\":\"" << c.name << "\",\"a\":\"" << shape_of(a_base, c.ta) << "\",\"b\":\""
-          << shape_of(b_base, c.tb) << "\",\"dtype\":\"float32\",\"device\":\"cpu\",\"batch\":" << c.batch
+          << shape_of(b_base, c.tb) << "\",\"dtype\":\"float32\",\"device\":\"cpu\",\"cpu\":\"" << cpu << "\",\"batch\":" << c.batch
           << ",\"M\":" << c.M << ",\"N\":" << c.N << ",\"K\":" << c.K << ",\"gflop\":" << gflop
           << ",\"linea_ms\":" << linea_ms << ",\"direct_ms\":" << direct_ms << ",\"linea_gflops\":" << linea_gfs
           << ",\"direct_gflops\":" << direct_gfs << ",\"ratio\":" << ratio << ",\"max_abs_diff\":" << max_diff
