@@ -35,6 +35,10 @@ struct Node {
   std::vector<Shape> input_shapes;   // checked against the returned gradients
   BackwardFn backward;               // empty once released
   Shape out_shape;
+  // Storage versions of the inputs and the output when recorded. An in-place write to any of
+  // them before this node's backward runs is an error (checked conservatively: whether or not
+  // the backward reads that tensor).
+  std::vector<std::pair<std::weak_ptr<Storage>, uint64_t>> versions;
 };
 
 struct AutogradMeta {

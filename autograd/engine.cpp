@@ -152,7 +152,9 @@ Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, d
     }
     node->next.push_back(std::move(e));
     node->input_shapes.push_back(in.defined() ? in.shape() : Shape{});
+    if (in.defined()) node->versions.emplace_back(in.impl().storage, in.impl().storage->version);
   }
+  node->versions.emplace_back(out.impl().storage, out.impl().storage->version);
   auto& m = meta_of(out);
   m.grad_fn = std::move(node);
   return out;
@@ -231,6 +233,12 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     pending.erase(n);
     LINEA_CHECK(n->backward != nullptr, "backward: trying to backward through the graph a second time (at ",
                 n->name, "); its saved tensors were freed. Pass retain_graph = true to the first backward");
+    for (const auto& [storage, version] : n->versions) {
+      auto st = storage.lock();
+      LINEA_CHECK(!st || st->version == version, "backward: a tensor used by ", n->name,
+                  " was modified by an in-place operation after ", n->name, " recorded it (storage version ",
+                  st ? st->version : 0, ", expected ", version, "); write into a clone instead");
+    }
     std::vector<Tensor> grads = n->backward(g);
     if (!retain_graph) n->backward = nullptr;  // frees the saved tensors
     LINEA_CHECK(grads.size() == n->next.size(), "backward: ", n->name, " returned ", grads.size(),

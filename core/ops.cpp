@@ -272,11 +272,13 @@ void copy_(const Tensor& dst, const Tensor& src) {
   check_defined("copy_", src, "src");
   Tensor s = src.device() == dst.device() ? src : to_device(src, dst.device());
   s = expand(s, dst.shape());
+  ++dst.impl().storage->version;
   if (dst.numel() > 0) LINEA_BACKEND(dst.device(), copy, dst, s);
 }
 
 void fill_(const Tensor& dst, double value) {
   check_defined("fill_", dst, "dst");
+  ++dst.impl().storage->version;
   if (dst.numel() > 0) LINEA_BACKEND(dst.device(), fill, dst, value);
 }
 
@@ -340,6 +342,7 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& b) {
   Shape s = broadcast_shapes(out.shape(), b.shape(), name);
   LINEA_CHECK(s == out.shape(), name, " (in place): shape ", shape_str(b.shape()), " does not broadcast to ",
               shape_str(out.shape()));
+  ++out.impl().storage->version;
   if (out.numel() > 0) LINEA_BACKEND(out.device(), binary, op, out, expand(b, s), out);
 }
 

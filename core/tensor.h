@@ -25,6 +25,9 @@ struct Storage {
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
+  // Bumped by every in-place write (fill_, copy_, in-place arithmetic) to any view of this
+  // storage; autograd compares it at backward time to catch writes into recorded tensors.
+  uint64_t version = 0;
   Storage(size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -96,8 +99,9 @@ class Tensor {
   template <typename T> std::vector<T> to_vector() const;
   std::string str() const;  // PyTorch-like printing
 
-  // ---- raw in-place writes: not recorded by autograd (meant for initialization and optimizer
-  //      updates under NoGradGuard; writing into a tensor a graph has saved corrupts its backward)
+  // ---- in-place writes: not recorded by autograd (initialization, optimizer updates under
+  //      NoGradGuard). They bump the storage's version, so a backward through an op that
+  //      recorded this tensor afterwards fails with a clear error instead of a wrong gradient.
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
   Tensor& copy_(const Tensor& src);  // broadcasts src to this shape; converts dtype; copies across devices

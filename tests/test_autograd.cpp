@@ -160,3 +160,24 @@ TEST(Autograd, MultipleOutputsShareOneBackward) {
   run_backward({sum(a), sum(b)}, {scalar_tensor(1.0, f64()), scalar_tensor(1.0, f64())}, false);
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{5.0, 7.0}));
 }
+
+TEST(Autograd, InPlaceWriteIntoRecordedTensorIsAnError) {
+  Tensor x = tensor<double>({1.0, 2.0}, {2});
+  x.requires_grad_();
+  Tensor h = x * 1.0;
+  Tensor y = exp(h);  // exp saves its output
+  y.fill_(0.0);       // ... which is now overwritten
+  EXPECT_LINEA_ERROR(sum(y).backward(), "modified by an in-place operation");
+  // Writing into a view counts too (views share the version counter), and a clone is safe.
+  Tensor a = tensor<double>({1.0, 2.0, 3.0}, {3});
+  a.requires_grad_();
+  Tensor b = a * 2.0;
+  Tensor c = b * b;
+  b.narrow(0, 0, 1).fill_(5.0);
+  EXPECT_LINEA_ERROR(sum(c).backward(), "in-place");
+  Tensor d = a * 2.0;
+  Tensor e = clone(d) * d;
+  clone(d).fill_(0.0);
+  sum(e).backward();
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{8.0, 16.0, 24.0}));
+}
