@@ -26,7 +26,7 @@ count_ctest() {
 }
 
 JOBS=$(nproc)
-PACKAGES=(cmake ninja-build g++ pkg-config libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev)
+PACKAGES=(cmake ninja-build g++ make pkg-config python3 libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev)
 
 # ---- packages -------------------------------------------------------------------------------
 missing=()
