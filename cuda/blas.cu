@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/kernels.h"
+#include "core/matmul_layout.h"
 #include "cuda/common.cuh"
 
 namespace linea::cuda {
@@ -19,23 +20,8 @@ using namespace linea::cuda::detail;
 
 namespace {
 
-// How one matrix operand [rows, cols] is stored: row-major (stride (ld, 1)) or, trans = true,
-// column-major (stride (1, ld)). Size-1 dims may carry any stride. Same rules as the CPU.
-struct MatLayout {
-  bool trans = false;
-  int64_t ld = 1;
-};
-
-MatLayout layout_of(const Tensor& t) {
-  const int64_t rows = t.size(-2), cols = t.size(-1);
-  const int64_t sr = t.stride(-2), sc = t.stride(-1);
-  if ((cols <= 1 || sc == 1) && (rows <= 1 || sr >= cols))
-    return {false, std::max<int64_t>({rows <= 1 ? cols : sr, cols, 1})};
-  if ((rows <= 1 || sr == 1) && (cols <= 1 || sc >= rows))
-    return {true, std::max<int64_t>({cols <= 1 ? rows : sc, rows, 1})};
-  LINEA_FAIL("matmul: operand of shape ", shape_str(t.shape()), " with strides ", shape_str(t.strides()),
-             " is neither row- nor column-major (raw::matmul should have made it contiguous)");
-}
+using linea::detail::MatLayout;
+using linea::detail::matmul_layout;
 
 inline cublasStatus_t gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                                            int n, int k, const float* A, int lda, long long sA, const float* B,
@@ -74,7 +60,7 @@ void gemm_rowmajor(const T* a, MatLayout la, int64_t sa, const T* b, MatLayout l
 template <typename T>
 void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
-  const MatLayout la = layout_of(a), lb = layout_of(b);
+  const MatLayout la = matmul_layout(a), lb = matmul_layout(b);
   const T* pa = cptr<T>(a);
   const T* pb = cptr<T>(b);
   T* pc = ptr<T>(out);

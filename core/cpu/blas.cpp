@@ -13,28 +13,14 @@
 #include <vector>
 
 #include "core/kernels.h"
+#include "core/matmul_layout.h"
 
 namespace linea::cpu {
 
 namespace {
 
-// How one matrix operand is laid out for BLAS (row-major calling convention).
-struct MatLayout {
-  bool trans = false;  // stored column-major: pass CblasTrans
-  int64_t ld = 1;      // leading dimension (elements)
-};
-
-// Size-1 dims may carry any stride; only the strides of dims longer than 1 matter.
-MatLayout layout_of(const Tensor& t) {
-  const int64_t rows = t.size(-2), cols = t.size(-1);
-  const int64_t sr = t.stride(-2), sc = t.stride(-1);
-  if ((cols <= 1 || sc == 1) && (rows <= 1 || sr >= cols))
-    return {false, std::max<int64_t>({rows <= 1 ? cols : sr, cols, 1})};
-  if ((rows <= 1 || sr == 1) && (cols <= 1 || sc >= rows))
-    return {true, std::max<int64_t>({cols <= 1 ? rows : sc, rows, 1})};
-  LINEA_FAIL("matmul: operand of shape ", shape_str(t.shape()), " with strides ", shape_str(t.strides()),
-             " is neither row- nor column-major (raw::matmul should have made it contiguous)");
-}
+using linea::detail::MatLayout;
+using linea::detail::matmul_layout;
 
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float* a, int lda,
                  const float* b, int ldb, float* c, int ldc) {
@@ -100,7 +86,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
     return;
   }
   const int64_t batch = out.numel() / (M * N);
-  const MatLayout la = layout_of(a), lb = layout_of(b);
+  const MatLayout la = matmul_layout(a), lb = matmul_layout(b);
   const std::vector<int64_t> offa = batch_offsets(a, batch), offb = batch_offsets(b, batch);
   LINEA_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
     batched_gemm<scalar_t>(a.data<scalar_t>(), b.data<scalar_t>(), out.data<scalar_t>(), la, lb, M, N, K, batch,
