@@ -31,9 +31,9 @@ using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>
 
 struct Node {
   const char* name = "";
-  std::vector<Edge> next;            // one per input
-  std::vector<Shape> input_shapes;   // checked against the returned gradients
-  BackwardFn backward;               // empty once released
+  std::vector<Edge> next;           // one per input
+  std::vector<Shape> input_shapes;  // checked against the returned gradients
+  BackwardFn backward;              // empty once released
   Shape out_shape;
   // Storage versions of the inputs and the output when recorded. An in-place write to any of
   // them before this node's backward runs is an error (checked conservatively: whether or not
@@ -43,8 +43,8 @@ struct Node {
 
 struct AutogradMeta {
   bool requires_grad = false;
-  Tensor grad;                       // leaves only
-  std::shared_ptr<Node> grad_fn;     // interior tensors only
+  Tensor grad;                    // leaves only
+  std::shared_ptr<Node> grad_fn;  // interior tensors only
 };
 
 }  // namespace detail
@@ -77,7 +77,6 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, detail::BackwardFn backward);
 
 // Computes gradients of `outputs` (weighted by `grad_outputs`) into the .grad of leaves.
-void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs,
-                  bool retain_graph);
+void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph);
 
 }  // namespace linea

@@ -33,7 +33,9 @@ Tensor abs(const Tensor& x) { return unary_op(UnaryOp::Abs, x); }
 Tensor tanh(const Tensor& x) { return unary_op(UnaryOp::Tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary_op(UnaryOp::Sigmoid, x); }
 Tensor relu(const Tensor& x) { return unary_op(UnaryOp::Relu, x); }
-Tensor gelu(const Tensor& x, bool approximate) { return unary_op(approximate ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x); }
+Tensor gelu(const Tensor& x, bool approximate) {
+  return unary_op(approximate ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x);
+}
 Tensor sin(const Tensor& x) { return unary_op(UnaryOp::Sin, x); }
 Tensor cos(const Tensor& x) { return unary_op(UnaryOp::Cos, x); }
 Tensor pow(const Tensor& x, double e) { return unary_op(UnaryOp::Pow, x, e); }
@@ -82,9 +84,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   // d(a/b)/da = 1/b; d(a/b)/db = -a/b^2 = -out/b
   return attach(out, "div", {a, b}, [sb, so, sha = a.shape(), shb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
     Tensor g_over_b = raw::binary(BinaryOp::Div, g, sb);
-    Tensor gb = so.defined()
-                    ? raw::sum_to(raw::unary(UnaryOp::Neg, raw::binary(BinaryOp::Mul, g_over_b, so)), shb)
-                    : Tensor();
+    Tensor gb =
+        so.defined() ? raw::sum_to(raw::unary(UnaryOp::Neg, raw::binary(BinaryOp::Mul, g_over_b, so)), shb) : Tensor();
     return {raw::sum_to(g_over_b, sha), gb};
   });
 }

@@ -59,8 +59,8 @@ bool Tensor::requires_grad() const {
 Tensor& Tensor::requires_grad_(bool on) {
   auto& m = impl().autograd;
   if (m && m->grad_fn) {
-    LINEA_CHECK(on, "requires_grad_: cannot turn off requires_grad on a non-leaf tensor (output of ",
-                m->grad_fn->name, "); use detach()");
+    LINEA_CHECK(on, "requires_grad_: cannot turn off requires_grad on a non-leaf tensor (output of ", m->grad_fn->name,
+                "); use detach()");
     return *this;
   }
   LINEA_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating tensors can require grad, got ",
@@ -147,8 +147,10 @@ Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, d
     detail::Edge e;
     if (in.defined() && in.requires_grad()) {
       auto& m = in.impl().autograd;
-      if (m->grad_fn) e.node = m->grad_fn;
-      else e.leaf = m;
+      if (m->grad_fn)
+        e.node = m->grad_fn;
+      else
+        e.leaf = m;
     }
     node->next.push_back(std::move(e));
     node->input_shapes.push_back(in.defined() ? in.shape() : Shape{});
@@ -174,8 +176,8 @@ void accumulate_leaf(detail::AutogradMeta& leaf, const Tensor& g) {
 }  // namespace
 
 void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph) {
-  LINEA_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(), " outputs but ",
-              grad_outputs.size(), " gradients");
+  LINEA_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(), " outputs but ", grad_outputs.size(),
+              " gradients");
   NoGradGuard no_grad;
   using NodePtr = detail::Node*;
   std::unordered_map<NodePtr, Tensor> pending;
@@ -188,8 +190,8 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     LINEA_CHECK(y.requires_grad(), "backward: the tensor (shape ", shape_str(y.shape()),
                 ") does not require grad and has no grad_fn");
     LINEA_CHECK(g.defined() && g.shape() == y.shape() && g.dtype() == y.dtype() && g.device() == y.device(),
-                "backward: gradient (shape ", g.defined() ? shape_str(g.shape()) : "undefined", ") does not match the output (shape ",
-                shape_str(y.shape()), ", ", dtype_name(y.dtype()), ")");
+                "backward: gradient (shape ", g.defined() ? shape_str(g.shape()) : "undefined",
+                ") does not match the output (shape ", shape_str(y.shape()), ", ", dtype_name(y.dtype()), ")");
     auto& m = *y.impl().autograd;
     if (!m.grad_fn) {  // backward on a leaf: its gradient is the given one
       accumulate_leaf(m, g);
@@ -231,8 +233,8 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     ready.pop_back();
     Tensor g = std::move(pending[n]);
     pending.erase(n);
-    LINEA_CHECK(n->backward != nullptr, "backward: trying to backward through the graph a second time (at ",
-                n->name, "); its saved tensors were freed. Pass retain_graph = true to the first backward");
+    LINEA_CHECK(n->backward != nullptr, "backward: trying to backward through the graph a second time (at ", n->name,
+                "); its saved tensors were freed. Pass retain_graph = true to the first backward");
     for (const auto& [storage, version] : n->versions) {
       auto st = storage.lock();
       LINEA_CHECK(!st || st->version == version, "backward: a tensor used by ", n->name,
@@ -241,8 +243,8 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     }
     std::vector<Tensor> grads = n->backward(g);
     if (!retain_graph) n->backward = nullptr;  // frees the saved tensors
-    LINEA_CHECK(grads.size() == n->next.size(), "backward: ", n->name, " returned ", grads.size(),
-                " gradients for ", n->next.size(), " inputs");
+    LINEA_CHECK(grads.size() == n->next.size(), "backward: ", n->name, " returned ", grads.size(), " gradients for ",
+                n->next.size(), " inputs");
     for (size_t i = 0; i < grads.size(); ++i) {
       detail::Edge& e = n->next[i];
       const Tensor& gi = grads[i];
@@ -252,11 +254,14 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
           LINEA_CHECK(gi.shape() == n->input_shapes[i], "backward: ", n->name, " produced a gradient of shape ",
                       shape_str(gi.shape()), " for input ", i, " of shape ", shape_str(n->input_shapes[i]));
           auto it = pending.find(e.node.get());
-          if (it == pending.end() || !it->second.defined()) pending[e.node.get()] = gi;
-          else it->second = raw::binary(BinaryOp::Add, it->second, gi);
+          if (it == pending.end() || !it->second.defined())
+            pending[e.node.get()] = gi;
+          else
+            it->second = raw::binary(BinaryOp::Add, it->second, gi);
         }
         if (--deps[e.node.get()] == 0) {
-          if (pending[e.node.get()].defined()) ready.push_back(e.node.get());
+          if (pending[e.node.get()].defined())
+            ready.push_back(e.node.get());
           else {
             // No gradient reached this node: propagate "nothing" by running nothing, but its
             // inputs' counters must still drop. Walk it with an undefined gradient.
@@ -267,8 +272,10 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
               pending.erase(q);
               for (auto& qe : q->next)
                 if (qe.node && --deps[qe.node.get()] == 0) {
-                  if (pending.count(qe.node.get()) && pending[qe.node.get()].defined()) ready.push_back(qe.node.get());
-                  else quiet.push_back(qe.node.get());
+                  if (pending.count(qe.node.get()) && pending[qe.node.get()].defined())
+                    ready.push_back(qe.node.get());
+                  else
+                    quiet.push_back(qe.node.get());
                 }
             }
           }

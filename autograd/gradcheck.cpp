@@ -38,8 +38,8 @@ std::string index_str(int64_t flat, const Shape& s) {
 }
 }  // namespace
 
-GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
-                          const std::vector<Tensor>& inputs, GradcheckOptions opts) {
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Tensor>& inputs,
+                          GradcheckOptions opts) {
   // Fresh leaves sharing the inputs' storage and strides (so non-contiguous inputs stay so).
   std::vector<Tensor> leaves;
   std::vector<bool> checked;
@@ -109,9 +109,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
           res.ok = false;
           std::ostringstream os;
           os << "gradcheck failed for input " << i << " (shape " << shape_str(x.shape()) << "): d out"
-             << index_str(k, y.shape()) << " / d in" << index_str(j, x.shape()) << ": analytic " << a
-             << ", numeric " << n << ", |diff| " << err << " > atol " << opts.atol << " + rtol " << opts.rtol
-             << " * |numeric|";
+             << index_str(k, y.shape()) << " / d in" << index_str(j, x.shape()) << ": analytic " << a << ", numeric "
+             << n << ", |diff| " << err << " > atol " << opts.atol << " + rtol " << opts.rtol << " * |numeric|";
           res.message = os.str();
         }
       }

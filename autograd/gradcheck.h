@@ -27,7 +27,7 @@ struct GradcheckResult {
 // f maps the inputs to one output tensor (any shape). Inputs must be float64 CPU tensors;
 // those with requires_grad set are checked. Inputs are perturbed in place (and restored),
 // so they may be non-contiguous views of a larger tensor.
-GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
-                          const std::vector<Tensor>& inputs, GradcheckOptions opts = {});
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Tensor>& inputs,
+                          GradcheckOptions opts = {});
 
 }  // namespace linea

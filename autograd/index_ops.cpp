@@ -79,12 +79,12 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 
 Tensor embedding(const Tensor& weight, const Tensor& index) {
   LINEA_CHECK(weight.dim() == 2, "embedding: weight must be [V, D], got ", shape_str(weight.shape()));
-  LINEA_CHECK(index.dtype() == DType::Int64, "embedding: index must have dtype int64, got ",
-              dtype_name(index.dtype()), " (index shape ", shape_str(index.shape()), ")");
+  LINEA_CHECK(index.dtype() == DType::Int64, "embedding: index must have dtype int64, got ", dtype_name(index.dtype()),
+              " (index shape ", shape_str(index.shape()), ")");
   Shape out_shape = index.shape();
-  out_shape.push_back(weight.size(1));                        // [index.shape..., D]
+  out_shape.push_back(weight.size(1));                          // [index.shape..., D]
   Tensor flat = raw::reshape(index.detach(), {index.numel()});  // [N]
-  Tensor rows = linea::index_select(weight, 0, flat);         // [N, D]
+  Tensor rows = linea::index_select(weight, 0, flat);           // [N, D]
   return linea::reshape(rows, out_shape);
 }
 
@@ -140,8 +140,8 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim) {
   // Checked by raw::stack's rules (same shapes) before unsqueezing, for its error message.
   LINEA_CHECK(!xs.empty(), "stack: expected a non-empty list of tensors");
   for (size_t i = 1; i < xs.size(); ++i)
-    LINEA_CHECK(xs[i].shape() == xs[0].shape(), "stack: all inputs must have the same shape; input ", i,
-                " has shape ", shape_str(xs[i].shape()), " vs input 0 ", shape_str(xs[0].shape()));
+    LINEA_CHECK(xs[i].shape() == xs[0].shape(), "stack: all inputs must have the same shape; input ", i, " has shape ",
+                shape_str(xs[i].shape()), " vs input 0 ", shape_str(xs[0].shape()));
   const int64_t d = wrap_dim(dim, xs[0].dim() + 1, "stack");
   std::vector<Tensor> us;
   us.reserve(xs.size());
@@ -153,8 +153,8 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   LINEA_CHECK(x.dim() >= 1, "split: input must have at least 1 dim, got ", shape_str(x.shape()));
   const int64_t d = wrap_dim(dim, x.dim(), "split");
   const int64_t size = x.size(d);
-  LINEA_CHECK(split_size > 0 || (split_size == 0 && size == 0), "split: split_size must be positive, got ",
-              split_size, " for input ", shape_str(x.shape()));
+  LINEA_CHECK(split_size > 0 || (split_size == 0 && size == 0), "split: split_size must be positive, got ", split_size,
+              " for input ", shape_str(x.shape()));
   std::vector<Tensor> pieces;
   if (size == 0) {
     pieces.push_back(linea::narrow(x, d, 0, 0));
@@ -173,8 +173,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     LINEA_CHECK(s >= 0, "split: sizes must be non-negative, got ", shape_str(sizes));
     total += s;
   }
-  LINEA_CHECK(total == x.size(d), "split: sizes ", shape_str(sizes), " sum to ", total, " but dim ", d,
-              " of input ", shape_str(x.shape()), " has size ", x.size(d));
+  LINEA_CHECK(total == x.size(d), "split: sizes ", shape_str(sizes), " sum to ", total, " but dim ", d, " of input ",
+              shape_str(x.shape()), " has size ", x.size(d));
   std::vector<Tensor> pieces;
   int64_t off = 0;
   for (int64_t s : sizes) {
@@ -225,7 +225,7 @@ Tensor rfft(const Tensor& x, int64_t n, int64_t dim) {
     //   dx_n = n * irfft(w * G) with w = 1 at DC/Nyquist, 1/2 elsewhere.
     // Padding's adjoint truncates (and truncation's adjoint zero-pads) dx_n back to L.
     Tensor w = spectrum_weights(g, n, d, double(n), double(n), double(n) / 2.0);  // [1, .., F, .., 2]
-    Tensor dxn = raw::irfft(raw::binary(BinaryOp::Mul, g, w), n, d);             // [.., n at d, ..]
+    Tensor dxn = raw::irfft(raw::binary(BinaryOp::Mul, g, w), n, d);              // [.., n at d, ..]
     return {raw::contiguous(resize_dim(dxn, d, L))};                              // [.., L at d, ..]
   });
 }
@@ -240,7 +240,7 @@ Tensor irfft(const Tensor& spec, int64_t n, int64_t dim) {
     // With R = rfft(g, n): Re R_k = sum_t g_t cos(2 pi k t/n), Im R_k = -sum_t g_t sin(2 pi k t/n), so
     //   da_k = (2/n) Re R_k, db_k = (2/n) Im R_k  (1 <= k <= M);
     //   da_0 = (1/n) Re R_0, da_{n/2} = (1/n) Re R_{n/2} (n even); db_0 = db_{n/2} = 0 (ignored by c2r).
-    Tensor r = raw::rfft(g, n, d);                                   // [.., F at d, .., 2]
+    Tensor r = raw::rfft(g, n, d);                                                // [.., F at d, .., 2]
     Tensor v = spectrum_weights(r, n, d, 1.0 / double(n), 0.0, 2.0 / double(n));  // [1, .., F, .., 2]
     return {raw::binary(BinaryOp::Mul, r, v)};
   });

@@ -66,8 +66,8 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   raw::check_defined("bmm", b, "b");
   LINEA_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors [B, M, K] and [B, K, N], got ",
               shape_str(a.shape()), " and ", shape_str(b.shape()));
-  LINEA_CHECK(a.size(0) == b.size(0), "bmm: batch sizes differ (", shape_str(a.shape()), " and ",
-              shape_str(b.shape()), ")");
+  LINEA_CHECK(a.size(0) == b.size(0), "bmm: batch sizes differ (", shape_str(a.shape()), " and ", shape_str(b.shape()),
+              ")");
   LINEA_CHECK(a.size(2) == b.size(1), "bmm: shapes cannot be multiplied (", shape_str(a.shape()), " and ",
               shape_str(b.shape()), ")");
   return matmul(a, b);
@@ -168,9 +168,9 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return x;
   LINEA_CHECK(is_floating(x.dtype()), "dropout: expected a float32 or float64 input, got ", x.dtype());
   // mask [x's shape]: 0 with probability p, else 1 / (1 - p)
-  const Tensor mask = p == 1.0 ? zeros(x.shape(), x.options())
-                               : raw::unary(UnaryOp::MulScalar, raw::bernoulli(x.shape(), 1.0 - p, x.options()),
-                                            1.0 / (1.0 - p));
+  const Tensor mask =
+      p == 1.0 ? zeros(x.shape(), x.options())
+               : raw::unary(UnaryOp::MulScalar, raw::bernoulli(x.shape(), 1.0 - p, x.options()), 1.0 / (1.0 - p));
   Tensor out = raw::binary(BinaryOp::Mul, x, mask);
   if (!needs_grad({&x})) return out;
   return attach(out, "dropout", {x}, [mask](const Tensor& g) -> std::vector<Tensor> {

@@ -48,7 +48,7 @@ Tensor cos(const Tensor& x);
 Tensor pow(const Tensor& x, double exponent);
 Tensor square(const Tensor& x);
 Tensor clamp(const Tensor& x, double lo, double hi);  // use +-INFINITY for one-sided
-Tensor sign(const Tensor& x);                           // not differentiable (zero gradient)
+Tensor sign(const Tensor& x);                         // not differentiable (zero gradient)
 
 // ---- elementwise binary (NumPy broadcasting; dtypes and devices must match) ---------------
 Tensor add(const Tensor& a, const Tensor& b);

@@ -26,9 +26,8 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor y = raw::reduce(ReduceOp::Sum, x, dims, keepdim);
   if (!needs_grad({&x})) return y;
   auto rd = raw::reduction_dims(dims, x.dim(), "sum");
-  return attach(y, "sum", {x}, [s = x.shape(), rd](const Tensor& g) -> std::vector<Tensor> {
-    return {expand_back(g, s, rd)};
-  });
+  return attach(y, "sum", {x},
+                [s = x.shape(), rd](const Tensor& g) -> std::vector<Tensor> { return {expand_back(g, s, rd)}; });
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
@@ -91,9 +90,8 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   Tensor y = raw::sum_to(x, shape);
   if (!needs_grad({&x}) || y.same(x)) return y;
-  return attach(y, "sum_to", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> {
-    return {raw::expand(g, s)};
-  });
+  return attach(y, "sum_to", {x},
+                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::expand(g, s)}; });
 }
 
 }  // namespace linea

@@ -9,8 +9,7 @@ namespace linea {
 namespace {
 // Gradient of a view that picks a sub-block of x: zeros of x's shape with g copied into the
 // same sub-block, described by `sub` (a function taking the zeros and returning the view).
-template <typename SubView>
-Tensor scatter_into_zeros(const Tensor& g, const Shape& shape, SubView sub) {
+template <typename SubView> Tensor scatter_into_zeros(const Tensor& g, const Shape& shape, SubView sub) {
   Tensor z = zeros(shape, g.options());
   raw::copy_(sub(z), g);
   return z;
@@ -20,13 +19,15 @@ Tensor scatter_into_zeros(const Tensor& g, const Shape& shape, SubView sub) {
 Tensor reshape(const Tensor& x, const Shape& shape) {
   Tensor y = raw::reshape(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "reshape", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
+  return attach(y, "reshape", {x},
+                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
 }
 
 Tensor view(const Tensor& x, const Shape& shape) {
   Tensor y = raw::view(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "view", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
+  return attach(y, "view", {x},
+                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
 }
 
 Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
@@ -55,7 +56,8 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   Tensor y = raw::transpose(x, d0, d1);
   if (!needs_grad({&x})) return y;
-  return attach(y, "transpose", {x}, [d0, d1](const Tensor& g) -> std::vector<Tensor> { return {raw::transpose(g, d0, d1)}; });
+  return attach(y, "transpose", {x},
+                [d0, d1](const Tensor& g) -> std::vector<Tensor> { return {raw::transpose(g, d0, d1)}; });
 }
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
@@ -87,13 +89,15 @@ Tensor select(const Tensor& x, int64_t dim, int64_t index) {
 Tensor unsqueeze(const Tensor& x, int64_t dim) {
   Tensor y = raw::unsqueeze(x, dim);
   if (!needs_grad({&x})) return y;
-  return attach(y, "unsqueeze", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
+  return attach(y, "unsqueeze", {x},
+                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
   Tensor y = raw::squeeze(x, dim);
   if (!needs_grad({&x})) return y;
-  return attach(y, "squeeze", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
+  return attach(y, "squeeze", {x},
+                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
 }
 
 Tensor squeeze(const Tensor& x) {
@@ -107,7 +111,8 @@ Tensor squeeze(const Tensor& x) {
 Tensor expand(const Tensor& x, const Shape& shape) {
   Tensor y = raw::expand(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "expand", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::sum_to(g, s)}; });
+  return attach(y, "expand", {x},
+                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::sum_to(g, s)}; });
 }
 
 Tensor contiguous(const Tensor& x) {
@@ -125,17 +130,15 @@ Tensor clone(const Tensor& x) {
 Tensor to(const Tensor& x, Device device) {
   Tensor y = raw::to_device(x, device);
   if (y.same(x) || !needs_grad({&x})) return y;
-  return attach(y, "to_device", {x}, [d = x.device()](const Tensor& g) -> std::vector<Tensor> {
-    return {raw::to_device(g, d)};
-  });
+  return attach(y, "to_device", {x},
+                [d = x.device()](const Tensor& g) -> std::vector<Tensor> { return {raw::to_device(g, d)}; });
 }
 
 Tensor to(const Tensor& x, DType dtype) {
   Tensor y = raw::to_dtype(x, dtype);
   if (y.same(x) || !needs_grad({&x}) || !is_floating(dtype)) return y;
-  return attach(y, "to_dtype", {x}, [t = x.dtype()](const Tensor& g) -> std::vector<Tensor> {
-    return {raw::to_dtype(g, t)};
-  });
+  return attach(y, "to_dtype", {x},
+                [t = x.dtype()](const Tensor& g) -> std::vector<Tensor> { return {raw::to_dtype(g, t)}; });
 }
 
 // ---- Tensor member conveniences -----------------------------------------------------------------

@@ -43,8 +43,8 @@ class CachingAllocator {
   RawAlloc raw_alloc_;
   RawFree raw_free_;
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;     // size -> block
-  std::map<void*, size_t> live_;          // block -> size
+  std::multimap<size_t, void*> free_;  // size -> block
+  std::map<void*, size_t> live_;       // block -> size
   AllocatorStats stats_;
 };
 

@@ -9,7 +9,7 @@
 #define LINEA_BACKEND(device, fn, ...) \
   ((device).is_cuda() ? ::linea::cuda::fn(__VA_ARGS__) : ::linea::cpu::fn(__VA_ARGS__))
 #else
-#define LINEA_BACKEND(device, fn, ...)                                                          \
+#define LINEA_BACKEND(device, fn, ...)                                                        \
   ((device).is_cuda() ? throw ::linea::Error(#fn ": this build of Linea has no CUDA backend") \
                       : ::linea::cpu::fn(__VA_ARGS__))
 #endif

@@ -13,23 +13,30 @@ namespace linea {
 
 enum class DType : uint8_t { Float32, Float64, Int64, Bool };
 
-
 inline size_t dtype_size(DType t) {
   switch (t) {
-    case DType::Float32: return 4;
-    case DType::Float64: return 8;
-    case DType::Int64: return 8;
-    case DType::Bool: return 1;
+    case DType::Float32:
+      return 4;
+    case DType::Float64:
+      return 8;
+    case DType::Int64:
+      return 8;
+    case DType::Bool:
+      return 1;
   }
   return 0;
 }
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::Float32: return "float32";
-    case DType::Float64: return "float64";
-    case DType::Int64: return "int64";
-    case DType::Bool: return "bool";
+    case DType::Float32:
+      return "float32";
+    case DType::Float64:
+      return "float64";
+    case DType::Int64:
+      return "int64";
+    case DType::Bool:
+      return "bool";
   }
   return "?";
 }
@@ -48,32 +55,40 @@ template <> struct DTypeOf<bool> { static constexpr DType value = DType::Bool; }
 //   dispatch_float(x.dtype(), "op", [&](auto tag) { using scalar_t = decltype(tag); ... });
 // (functions, not macros, so that #pragma omp lines may appear in the body).
 // Bool tensors are stored as uint8_t.
-template <typename F>
-decltype(auto) dispatch_float(DType dt, const char* op, F&& f) {
+template <typename F> decltype(auto) dispatch_float(DType dt, const char* op, F&& f) {
   switch (dt) {
-    case DType::Float32: return f(float{});
-    case DType::Float64: return f(double{});
-    default: break;
+    case DType::Float32:
+      return f(float{});
+    case DType::Float64:
+      return f(double{});
+    default:
+      break;
   }
   LINEA_FAIL(op, ": expected a floating dtype (float32/float64), got ", dtype_name(dt));
 }
-template <typename F>
-decltype(auto) dispatch_numeric(DType dt, const char* op, F&& f) {
+template <typename F> decltype(auto) dispatch_numeric(DType dt, const char* op, F&& f) {
   switch (dt) {
-    case DType::Float32: return f(float{});
-    case DType::Float64: return f(double{});
-    case DType::Int64: return f(int64_t{});
-    default: break;
+    case DType::Float32:
+      return f(float{});
+    case DType::Float64:
+      return f(double{});
+    case DType::Int64:
+      return f(int64_t{});
+    default:
+      break;
   }
   LINEA_FAIL(op, ": expected a numeric dtype (float32/float64/int64), got ", dtype_name(dt));
 }
-template <typename F>
-decltype(auto) dispatch_all(DType dt, const char* op, F&& f) {
+template <typename F> decltype(auto) dispatch_all(DType dt, const char* op, F&& f) {
   switch (dt) {
-    case DType::Float32: return f(float{});
-    case DType::Float64: return f(double{});
-    case DType::Int64: return f(int64_t{});
-    case DType::Bool: return f(uint8_t{});
+    case DType::Float32:
+      return f(float{});
+    case DType::Float64:
+      return f(double{});
+    case DType::Int64:
+      return f(int64_t{});
+    case DType::Bool:
+      return f(uint8_t{});
   }
   LINEA_FAIL(op, ": unknown dtype");
 }
@@ -83,34 +98,61 @@ decltype(auto) dispatch_all(DType dt, const char* op, F&& f) {
 // Macro forms of the same dispatch, binding `scalar_t` for the body. A #pragma cannot appear
 // inside a macro argument (a preprocessor rule), so bodies with OpenMP pragmas must use the
 // dispatch_* functions above instead.
-#define LINEA_DISPATCH_FLOAT(dt, opname, ...)                                        \
-  [&] {                                                                              \
-    switch (dt) {                                                                    \
-      case ::linea::DType::Float32: { using scalar_t = float; return __VA_ARGS__(); }  \
-      case ::linea::DType::Float64: { using scalar_t = double; return __VA_ARGS__(); } \
-      default:                                                                       \
+#define LINEA_DISPATCH_FLOAT(dt, opname, ...)                                          \
+  [&] {                                                                                \
+    switch (dt) {                                                                      \
+      case ::linea::DType::Float32: {                                                  \
+        using scalar_t = float;                                                        \
+        return __VA_ARGS__();                                                          \
+      }                                                                                \
+      case ::linea::DType::Float64: {                                                  \
+        using scalar_t = double;                                                       \
+        return __VA_ARGS__();                                                          \
+      }                                                                                \
+      default:                                                                         \
         LINEA_FAIL(opname, ": expected a floating dtype (float32/float64), got ", dt); \
-    }                                                                                \
+    }                                                                                  \
   }()
 
-#define LINEA_DISPATCH_NUMERIC(dt, opname, ...)                                      \
-  [&] {                                                                              \
-    switch (dt) {                                                                    \
-      case ::linea::DType::Float32: { using scalar_t = float; return __VA_ARGS__(); }  \
-      case ::linea::DType::Float64: { using scalar_t = double; return __VA_ARGS__(); } \
-      case ::linea::DType::Int64: { using scalar_t = int64_t; return __VA_ARGS__(); }  \
-      default:                                                                       \
+#define LINEA_DISPATCH_NUMERIC(dt, opname, ...)                                             \
+  [&] {                                                                                     \
+    switch (dt) {                                                                           \
+      case ::linea::DType::Float32: {                                                       \
+        using scalar_t = float;                                                             \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case ::linea::DType::Float64: {                                                       \
+        using scalar_t = double;                                                            \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case ::linea::DType::Int64: {                                                         \
+        using scalar_t = int64_t;                                                           \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      default:                                                                              \
         LINEA_FAIL(opname, ": expected a numeric dtype (float32/float64/int64), got ", dt); \
-    }                                                                                \
+    }                                                                                       \
   }()
 
-#define LINEA_DISPATCH_ALL(dt, opname, ...)                                          \
-  [&] {                                                                              \
-    switch (dt) {                                                                    \
-      case ::linea::DType::Float32: { using scalar_t = float; return __VA_ARGS__(); }  \
-      case ::linea::DType::Float64: { using scalar_t = double; return __VA_ARGS__(); } \
-      case ::linea::DType::Int64: { using scalar_t = int64_t; return __VA_ARGS__(); }  \
-      case ::linea::DType::Bool: { using scalar_t = uint8_t; return __VA_ARGS__(); }   \
-    }                                                                                \
-    LINEA_FAIL(opname, ": unknown dtype");                                          \
+#define LINEA_DISPATCH_ALL(dt, opname, ...) \
+  [&] {                                     \
+    switch (dt) {                           \
+      case ::linea::DType::Float32: {       \
+        using scalar_t = float;             \
+        return __VA_ARGS__();               \
+      }                                     \
+      case ::linea::DType::Float64: {       \
+        using scalar_t = double;            \
+        return __VA_ARGS__();               \
+      }                                     \
+      case ::linea::DType::Int64: {         \
+        using scalar_t = int64_t;           \
+        return __VA_ARGS__();               \
+      }                                     \
+      case ::linea::DType::Bool: {          \
+        using scalar_t = uint8_t;           \
+        return __VA_ARGS__();               \
+      }                                     \
+    }                                       \
+    LINEA_FAIL(opname, ": unknown dtype");  \
   }()

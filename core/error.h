@@ -17,13 +17,11 @@ class Error : public std::runtime_error {
 
 namespace detail {
 inline void concat_into(std::ostringstream&) {}
-template <typename T, typename... Rest>
-void concat_into(std::ostringstream& os, const T& v, const Rest&... rest) {
+template <typename T, typename... Rest> void concat_into(std::ostringstream& os, const T& v, const Rest&... rest) {
   os << v;
   concat_into(os, rest...);
 }
-template <typename... Args>
-std::string concat(const Args&... args) {
+template <typename... Args> std::string concat(const Args&... args) {
   std::ostringstream os;
   concat_into(os, args...);
   return os.str();
@@ -33,8 +31,8 @@ std::string concat(const Args&... args) {
 }  // namespace linea
 
 // LINEA_CHECK(cond, "op: ", "message parts", ...) throws linea::Error built from the parts.
-#define LINEA_CHECK(cond, ...)                                      \
-  do {                                                              \
+#define LINEA_CHECK(cond, ...)                                               \
+  do {                                                                       \
     if (!(cond)) throw ::linea::Error(::linea::detail::concat(__VA_ARGS__)); \
   } while (0)
 

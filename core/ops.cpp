@@ -23,9 +23,8 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
-  LINEA_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch: ", dtype_name(a.dtype()), " (shape ",
-              shape_str(a.shape()), ") vs ", dtype_name(b.dtype()), " (shape ", shape_str(b.shape()),
-              "); convert one with .to(dtype)");
+  LINEA_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch: ", dtype_name(a.dtype()), " (shape ", shape_str(a.shape()),
+              ") vs ", dtype_name(b.dtype()), " (shape ", shape_str(b.shape()), "); convert one with .to(dtype)");
 }
 
 namespace {
@@ -86,8 +85,8 @@ Shape infer_shape(const Shape& requested, int64_t numel, const char* op) {
     }
   }
   if (infer >= 0) {
-    LINEA_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(requested),
-                " is invalid for a tensor of ", numel, " elements");
+    LINEA_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(requested), " is invalid for a tensor of ",
+                numel, " elements");
     s[infer] = numel / known;
   }
   LINEA_CHECK(shape_numel(s) == numel, op, ": shape ", shape_str(requested), " is invalid for a tensor of ", numel,
@@ -99,8 +98,9 @@ Tensor view(const Tensor& x, const Shape& shape) {
   check_defined("view", x, "x");
   Shape s = infer_shape(shape, x.numel(), "view");
   auto st = view_strides(x.shape(), x.strides(), s);
-  LINEA_CHECK(st.has_value(), "view: shape ", shape_str(shape), " is incompatible with the strides of a tensor of shape ",
-              shape_str(x.shape()), " (strides ", shape_str(x.strides()), "); use reshape");
+  LINEA_CHECK(st.has_value(), "view: shape ", shape_str(shape),
+              " is incompatible with the strides of a tensor of shape ", shape_str(x.shape()), " (strides ",
+              shape_str(x.strides()), "); use reshape");
   return make_view(x, s, *st, x.offset());
 }
 
@@ -205,8 +205,7 @@ Tensor squeeze(const Tensor& x, int64_t dim) {
 Tensor expand(const Tensor& x, const Shape& shape) {
   check_defined("expand", x, "x");
   const int64_t n = static_cast<int64_t>(shape.size()), m = x.dim();
-  LINEA_CHECK(n >= m, "expand: cannot expand shape ", shape_str(x.shape()), " to ", shape_str(shape),
-              " (fewer dims)");
+  LINEA_CHECK(n >= m, "expand: cannot expand shape ", shape_str(x.shape()), " to ", shape_str(shape), " (fewer dims)");
   Shape s(n);
   Strides st(n);
   for (int64_t i = n - 1; i >= 0; --i) {
@@ -257,9 +256,12 @@ Tensor to_device(const Tensor& x, Device d) {
   Tensor out = empty(x.shape(), TensorOptions(x.dtype(), d));
   size_t nbytes = static_cast<size_t>(x.numel()) * x.element_size();
   if (nbytes > 0) {
-    if (d.is_cuda() && src.is_cpu()) cuda::memcpy_h2d(out.data_ptr(), src.data_ptr(), nbytes);
-    else if (d.is_cpu() && src.is_cuda()) cuda::memcpy_d2h(out.data_ptr(), src.data_ptr(), nbytes);
-    else cuda::memcpy_d2d(out.data_ptr(), src.data_ptr(), nbytes);
+    if (d.is_cuda() && src.is_cpu())
+      cuda::memcpy_h2d(out.data_ptr(), src.data_ptr(), nbytes);
+    else if (d.is_cpu() && src.is_cuda())
+      cuda::memcpy_d2h(out.data_ptr(), src.data_ptr(), nbytes);
+    else
+      cuda::memcpy_d2d(out.data_ptr(), src.data_ptr(), nbytes);
   }
   return out;
 #else
@@ -350,8 +352,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_defined("where", cond, "cond");
   check_defined("where", a, "a");
   check_defined("where", b, "b");
-  LINEA_CHECK(cond.dtype() == DType::Bool, "where: condition must be bool, got ", dtype_name(cond.dtype()),
-              " (shape ", shape_str(cond.shape()), ")");
+  LINEA_CHECK(cond.dtype() == DType::Bool, "where: condition must be bool, got ", dtype_name(cond.dtype()), " (shape ",
+              shape_str(cond.shape()), ")");
   check_same_device("where", cond, a);
   check_same_device("where", a, b);
   check_same_dtype("where", a, b);
@@ -364,8 +366,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_defined("masked_fill", x, "x");
   check_defined("masked_fill", mask, "mask");
-  LINEA_CHECK(mask.dtype() == DType::Bool, "masked_fill: mask must be bool, got ", dtype_name(mask.dtype()),
-              " (shape ", shape_str(mask.shape()), ")");
+  LINEA_CHECK(mask.dtype() == DType::Bool, "masked_fill: mask must be bool, got ", dtype_name(mask.dtype()), " (shape ",
+              shape_str(mask.shape()), ")");
   check_same_device("masked_fill", x, mask);
   Shape s = broadcast_shapes(x.shape(), mask.shape(), "masked_fill");
   LINEA_CHECK(s == x.shape(), "masked_fill: mask of shape ", shape_str(mask.shape()),
@@ -395,10 +397,14 @@ std::vector<int64_t> reduction_dims(const std::vector<int64_t>& dims, int64_t nd
 namespace {
 const char* reduce_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::LogSumExp: return "logsumexp";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::LogSumExp:
+      return "logsumexp";
   }
   return "reduce";
 }
@@ -407,8 +413,10 @@ Shape reduced_shape(const Shape& s, const std::vector<int64_t>& rd, bool keepdim
   Shape out;
   for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
     bool red = std::binary_search(rd.begin(), rd.end(), d);
-    if (!red) out.push_back(s[d]);
-    else if (keepdim) out.push_back(1);
+    if (!red)
+      out.push_back(s[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -493,42 +501,72 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 namespace linea {
 const char* unary_op_name(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Neg: return "neg";
-    case UnaryOp::Exp: return "exp";
-    case UnaryOp::Log: return "log";
-    case UnaryOp::Sqrt: return "sqrt";
-    case UnaryOp::Rsqrt: return "rsqrt";
-    case UnaryOp::Abs: return "abs";
-    case UnaryOp::Tanh: return "tanh";
-    case UnaryOp::Sigmoid: return "sigmoid";
-    case UnaryOp::Relu: return "relu";
-    case UnaryOp::GeluTanh: return "gelu(tanh)";
-    case UnaryOp::GeluErf: return "gelu";
-    case UnaryOp::Sin: return "sin";
-    case UnaryOp::Cos: return "cos";
-    case UnaryOp::Pow: return "pow";
-    case UnaryOp::Clamp: return "clamp";
-    case UnaryOp::AddScalar: return "add";
-    case UnaryOp::MulScalar: return "mul";
-    case UnaryOp::Sign: return "sign";
+    case UnaryOp::Neg:
+      return "neg";
+    case UnaryOp::Exp:
+      return "exp";
+    case UnaryOp::Log:
+      return "log";
+    case UnaryOp::Sqrt:
+      return "sqrt";
+    case UnaryOp::Rsqrt:
+      return "rsqrt";
+    case UnaryOp::Abs:
+      return "abs";
+    case UnaryOp::Tanh:
+      return "tanh";
+    case UnaryOp::Sigmoid:
+      return "sigmoid";
+    case UnaryOp::Relu:
+      return "relu";
+    case UnaryOp::GeluTanh:
+      return "gelu(tanh)";
+    case UnaryOp::GeluErf:
+      return "gelu";
+    case UnaryOp::Sin:
+      return "sin";
+    case UnaryOp::Cos:
+      return "cos";
+    case UnaryOp::Pow:
+      return "pow";
+    case UnaryOp::Clamp:
+      return "clamp";
+    case UnaryOp::AddScalar:
+      return "add";
+    case UnaryOp::MulScalar:
+      return "mul";
+    case UnaryOp::Sign:
+      return "sign";
   }
   return "unary";
 }
 
 const char* binary_op_name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::Add: return "add";
-    case BinaryOp::Sub: return "sub";
-    case BinaryOp::Mul: return "mul";
-    case BinaryOp::Div: return "div";
-    case BinaryOp::Maximum: return "maximum";
-    case BinaryOp::Minimum: return "minimum";
-    case BinaryOp::Eq: return "eq";
-    case BinaryOp::Ne: return "ne";
-    case BinaryOp::Lt: return "lt";
-    case BinaryOp::Le: return "le";
-    case BinaryOp::Gt: return "gt";
-    case BinaryOp::Ge: return "ge";
+    case BinaryOp::Add:
+      return "add";
+    case BinaryOp::Sub:
+      return "sub";
+    case BinaryOp::Mul:
+      return "mul";
+    case BinaryOp::Div:
+      return "div";
+    case BinaryOp::Maximum:
+      return "maximum";
+    case BinaryOp::Minimum:
+      return "minimum";
+    case BinaryOp::Eq:
+      return "eq";
+    case BinaryOp::Ne:
+      return "ne";
+    case BinaryOp::Lt:
+      return "lt";
+    case BinaryOp::Le:
+      return "le";
+    case BinaryOp::Gt:
+      return "gt";
+    case BinaryOp::Ge:
+      return "ge";
   }
   return "binary";
 }

@@ -31,13 +31,12 @@ Tensor clone(const Tensor& x);       // always a fresh contiguous copy
 Tensor to_device(const Tensor& x, Device d);
 Tensor to_dtype(const Tensor& x, DType t);
 void copy_(const Tensor& dst, const Tensor& src);  // src broadcast to dst; any devices
-void fill_(const Tensor& dst, double value);        // dst any layout
+void fill_(const Tensor& dst, double value);       // dst any layout
 void arange_(const Tensor& out, double start, double step);
 
 // ---- elementwise -----------------------------------------------------------------------
 Tensor unary(UnaryOp op, const Tensor& x, double a = 0.0, double b = 0.0);
-Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, double a = 0.0,
-                      double b = 0.0);
+Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, double a = 0.0, double b = 0.0);
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 // out = a op b written into `out` (in place, e.g. grad accumulation); b broadcast to out.
 void binary_(BinaryOp op, const Tensor& out, const Tensor& b);
@@ -61,17 +60,15 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor softmax(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
 // Normalizes over the last `normalized_ndim` dims. Returns {out, mean, rstd}.
-std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& w, const Tensor& b,
-                               double eps);
+std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& w, const Tensor& b, double eps);
 // Returns {dx, dw, db} (dw/db undefined when w/b are).
-std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim,
-                                        const Tensor& w, const Tensor& b, const Tensor& mean,
-                                        const Tensor& rstd);
+std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim, const Tensor& w,
+                                        const Tensor& b, const Tensor& mean, const Tensor& rstd);
 // logits [N, C], target Int64 [N] -> {loss per row [N], lse [N]}.
 std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                        double smoothing);
-Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target,
-                                   const Tensor& lse, int64_t ignore_index, double smoothing);
+Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                   int64_t ignore_index, double smoothing);
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
@@ -92,7 +89,7 @@ Tensor irfft(const Tensor& spec, int64_t n, int64_t dim);
 // ---- random (device's default generator) -------------------------------------------------
 Tensor uniform(const Shape& shape, double lo, double hi, TensorOptions opts = {});
 Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts = {});
-Tensor bernoulli(const Shape& shape, double p, TensorOptions opts = {});  // 0/1 in opts.dtype
+Tensor bernoulli(const Shape& shape, double p, TensorOptions opts = {});              // 0/1 in opts.dtype
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device = kCPU);  // Int64
 Tensor randperm(int64_t n, Device device = kCPU);                                     // Int64
 

@@ -31,8 +31,7 @@ void check_index_values(const char* op, const Tensor& index, int64_t dim, int64_
   const int64_t* p = index.data<int64_t>();
   const int64_t n = index.numel();
   for (int64_t i = 0; i < n; ++i) {
-    LINEA_CHECK(p[i] >= 0 && p[i] < size, op, ": index ", p[i], " is out of range for dim ", dim, " of size ",
-                size);
+    LINEA_CHECK(p[i] >= 0 && p[i] < size, op, ": index ", p[i], " is out of range for dim ", dim, " of size ", size);
   }
 }
 
@@ -244,8 +243,8 @@ Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
   Tensor out = empty(x.shape(), x.options());
   if (out.numel() == 0) return out;
   Tensor xc = contiguous(x);
-  LINEA_BACKEND(x.device(), cumsum, xc, out, prod(x.shape(), 0, dim), x.size(dim),
-                prod(x.shape(), dim + 1, x.dim()), reverse);
+  LINEA_BACKEND(x.device(), cumsum, xc, out, prod(x.shape(), 0, dim), x.size(dim), prod(x.shape(), dim + 1, x.dim()),
+                reverse);
   return out;
 }
 

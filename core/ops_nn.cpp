@@ -17,8 +17,8 @@ namespace linea::raw {
 namespace {
 
 void check_floating(const char* op, const Tensor& t, const char* name) {
-  LINEA_CHECK(is_floating(t.dtype()), op, ": expected ", name, " to be float32 or float64, got ", t.dtype(),
-              " (shape ", shape_str(t.shape()), ")");
+  LINEA_CHECK(is_floating(t.dtype()), op, ": expected ", name, " to be float32 or float64, got ", t.dtype(), " (shape ",
+              shape_str(t.shape()), ")");
 }
 
 int64_t prod(const Shape& s, size_t begin, size_t end) {
@@ -132,8 +132,8 @@ Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool l
   check_same_device(op, grad, y);
   check_same_dtype(op, grad, y);
   check_floating(op, y, "y");
-  LINEA_CHECK(grad.shape() == y.shape(), op, ": grad ", shape_str(grad.shape()), " and output ",
-              shape_str(y.shape()), " differ in shape");
+  LINEA_CHECK(grad.shape() == y.shape(), op, ": grad ", shape_str(grad.shape()), " and output ", shape_str(y.shape()),
+              " differ in shape");
   const int64_t d = wrap_dim(dim, std::max<int64_t>(y.dim(), 1), op);
   const Dims3 v = split_at(y.shape(), d);
   Tensor gc = contiguous(grad), yc = contiguous(y);
@@ -145,8 +145,8 @@ Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool l
 // ---- layer norm -----------------------------------------------------------------------------
 namespace {
 // Checks x and the optional affine params; returns {rows, cols}.
-std::pair<int64_t, int64_t> layer_norm_dims(const char* op, const Tensor& x, int64_t normalized_ndim,
-                                            const Tensor& w, const Tensor& b) {
+std::pair<int64_t, int64_t> layer_norm_dims(const char* op, const Tensor& x, int64_t normalized_ndim, const Tensor& w,
+                                            const Tensor& b) {
   check_defined(op, x, "x");
   check_floating(op, x, "x");
   LINEA_CHECK(normalized_ndim >= 1 && normalized_ndim <= x.dim(), op, ": cannot normalize over the last ",
@@ -167,8 +167,7 @@ std::pair<int64_t, int64_t> layer_norm_dims(const char* op, const Tensor& x, int
 }  // namespace
 
 // x [..., *norm] -> {out [x's shape], mean [rows], rstd [rows]}
-std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& w, const Tensor& b,
-                               double eps) {
+std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& w, const Tensor& b, double eps) {
   const auto [rows, cols] = layer_norm_dims("layer_norm", x, normalized_ndim, w, b);
   LINEA_CHECK(eps >= 0, "layer_norm: eps must be >= 0, got ", eps);
   const TensorOptions opts(x.dtype(), x.device());
@@ -183,17 +182,16 @@ std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const T
 }
 
 // grad, x [..., *norm]; w, b [*norm] or undefined; mean, rstd [rows] -> {dx, dw, db}
-std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim,
-                                        const Tensor& w, const Tensor& b, const Tensor& mean,
-                                        const Tensor& rstd) {
+std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim, const Tensor& w,
+                                        const Tensor& b, const Tensor& mean, const Tensor& rstd) {
   const auto [rows, cols] = layer_norm_dims("layer_norm_backward", x, normalized_ndim, w, b);
   check_defined("layer_norm_backward", grad, "grad");
   check_same_device("layer_norm_backward", grad, x);
   check_same_dtype("layer_norm_backward", grad, x);
   LINEA_CHECK(grad.shape() == x.shape(), "layer_norm_backward: grad ", shape_str(grad.shape()), " and input ",
               shape_str(x.shape()), " differ in shape");
-  LINEA_CHECK(mean.numel() == rows && rstd.numel() == rows, "layer_norm_backward: mean/rstd ",
-              shape_str(mean.shape()), "/", shape_str(rstd.shape()), " do not have ", rows, " rows");
+  LINEA_CHECK(mean.numel() == rows && rstd.numel() == rows, "layer_norm_backward: mean/rstd ", shape_str(mean.shape()),
+              "/", shape_str(rstd.shape()), " do not have ", rows, " rows");
   const TensorOptions opts(x.dtype(), x.device());
   Tensor dx = empty(x.shape(), opts);
   Tensor dw = w.defined() ? empty(w.shape(), opts) : Tensor();
@@ -219,8 +217,8 @@ void check_cross_entropy_args(const char* op, const Tensor& logits, const Tensor
   check_defined(op, target, "target");
   check_floating(op, logits, "logits");
   LINEA_CHECK(logits.dim() == 2, op, ": expected logits [N, C], got ", shape_str(logits.shape()));
-  LINEA_CHECK(target.dtype() == DType::Int64, op, ": expected target of dtype int64, got ", target.dtype(),
-              " (shape ", shape_str(target.shape()), ")");
+  LINEA_CHECK(target.dtype() == DType::Int64, op, ": expected target of dtype int64, got ", target.dtype(), " (shape ",
+              shape_str(target.shape()), ")");
   LINEA_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), op, ": target ", shape_str(target.shape()),
               " does not match logits ", shape_str(logits.shape()), " (expected [", logits.size(0), "])");
   check_same_device(op, logits, target);
@@ -230,8 +228,8 @@ void check_cross_entropy_args(const char* op, const Tensor& logits, const Tensor
     const int64_t* pt = tc.data<int64_t>();
     const int64_t C = logits.size(1);
     for (int64_t i = 0; i < tc.numel(); ++i)
-      LINEA_CHECK(pt[i] == ignore_index || (pt[i] >= 0 && pt[i] < C), op, ": target value ", pt[i], " at index ",
-                  i, " is out of range for ", C, " classes (ignore_index ", ignore_index, ")");
+      LINEA_CHECK(pt[i] == ignore_index || (pt[i] >= 0 && pt[i] < C), op, ": target value ", pt[i], " at index ", i,
+                  " is out of range for ", C, " classes (ignore_index ", ignore_index, ")");
   }
 }
 }  // namespace
@@ -252,8 +250,8 @@ std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& targe
 }
 
 // grad [N], logits [N, C], target [N], lse [N] -> dlogits [N, C]
-Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target,
-                                   const Tensor& lse, int64_t ignore_index, double smoothing) {
+Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                   int64_t ignore_index, double smoothing) {
   check_cross_entropy_args("cross_entropy_backward", logits, target, ignore_index, smoothing);
   check_defined("cross_entropy_backward", grad, "grad");
   check_same_device("cross_entropy_backward", grad, logits);

@@ -32,7 +32,10 @@ void Philox::block(uint64_t seed, uint64_t ctr, uint32_t out[4]) {
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
 }
 
 Philox& cpu_generator() {
@@ -105,7 +108,8 @@ Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts) {
 
 Tensor bernoulli(const Shape& shape, double p, TensorOptions opts) {
   LINEA_CHECK(p >= 0 && p <= 1, "bernoulli: probability ", p, " is outside [0, 1]");
-  Tensor u = raw::uniform(shape, 0.0, 1.0, TensorOptions(is_floating(opts.dtype) ? opts.dtype : DType::Float64, opts.device));
+  Tensor u =
+      raw::uniform(shape, 0.0, 1.0, TensorOptions(is_floating(opts.dtype) ? opts.dtype : DType::Float64, opts.device));
   Tensor mask = raw::binary(BinaryOp::Lt, u, scalar_tensor(p, u.options()));
   return raw::to_dtype(mask, opts.dtype);
 }
@@ -148,7 +152,9 @@ Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts) {
   return t;
 }
 Tensor bernoulli(const Shape& shape, double p, TensorOptions opts) { return raw::bernoulli(shape, p, opts); }
-Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device) { return raw::randint(low, high, shape, device); }
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device) {
+  return raw::randint(low, high, shape, device);
+}
 Tensor randperm(int64_t n, Device device) { return raw::randperm(n, device); }
 
 }  // namespace linea

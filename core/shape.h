@@ -21,7 +21,9 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 // NumPy broadcasting of two shapes; throws naming `op` and both shapes when incompatible.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
-struct ShapePrinter { const Shape& s; };
+struct ShapePrinter {
+  const Shape& s;
+};
 inline std::ostream& operator<<(std::ostream& os, ShapePrinter p) { return os << shape_str(p.s); }
 
 }  // namespace linea

@@ -68,11 +68,11 @@ Tensor host_contiguous(const Tensor& x) { return raw::contiguous(raw::to_device(
 double Tensor::item() const {
   LINEA_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape_str(shape()));
   Tensor h = host_contiguous(*this);
-  return LINEA_DISPATCH_ALL(h.dtype(), "item", [&] { return static_cast<double>(*static_cast<scalar_t*>(h.data_ptr())); });
+  return LINEA_DISPATCH_ALL(h.dtype(), "item",
+                            [&] { return static_cast<double>(*static_cast<scalar_t*>(h.data_ptr())); });
 }
 
-template <typename T>
-std::vector<T> Tensor::to_vector() const {
+template <typename T> std::vector<T> Tensor::to_vector() const {
   Tensor h = host_contiguous(*this);
   std::vector<T> out(static_cast<size_t>(h.numel()));
   LINEA_DISPATCH_ALL(h.dtype(), "to_vector", [&] {
@@ -121,8 +121,10 @@ void print_rec(std::ostream& os, const std::vector<double>& v, const Shape& sh, 
     }
     if (d + 1 == sh.size()) {
       double x = v[pos++];
-      if (is_int) os << static_cast<int64_t>(x);
-      else os << std::setw(10) << x;
+      if (is_int)
+        os << static_cast<int64_t>(x);
+      else
+        os << std::setw(10) << x;
     } else {
       print_rec(os, v, sh, d + 1, pos, is_int, indent + 1);
     }
@@ -149,8 +151,10 @@ std::string Tensor::str() const {
   if (!is_cpu()) os << ", device=" << device().str();
   if (impl().autograd) {
     std::string fn = grad_fn_name();
-    if (!fn.empty()) os << ", grad_fn=" << fn;
-    else if (requires_grad()) os << ", requires_grad=true";
+    if (!fn.empty())
+      os << ", grad_fn=" << fn;
+    else if (requires_grad())
+      os << ", requires_grad=true";
   }
   os << ")";
   return os.str();
@@ -162,7 +166,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str
 Tensor empty(const Shape& shape, TensorOptions opts) {
   for (int64_t d : shape) LINEA_CHECK(d >= 0, "empty: negative dimension in shape ", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(opts.dtype), opts.device);
+  impl->storage =
+      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(opts.dtype), opts.device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = opts.dtype;
@@ -198,8 +203,7 @@ Tensor arange(double start, double end, double step, TensorOptions opts) {
   return t;
 }
 
-template <typename T>
-Tensor from_vector(const std::vector<T>& data, const Shape& shape, TensorOptions opts) {
+template <typename T> Tensor from_vector(const std::vector<T>& data, const Shape& shape, TensorOptions opts) {
   LINEA_CHECK(static_cast<int64_t>(data.size()) == shape_numel(shape), "from_vector: ", data.size(),
               " values do not fill shape ", shape_str(shape));
   bool rg = opts.requires_grad;
@@ -213,8 +217,7 @@ template Tensor from_vector<float>(const std::vector<float>&, const Shape&, Tens
 template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
 template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
 
-template <>
-Tensor from_vector<bool>(const std::vector<bool>& data, const Shape& shape, TensorOptions opts) {
+template <> Tensor from_vector<bool>(const std::vector<bool>& data, const Shape& shape, TensorOptions opts) {
   std::vector<int64_t> v(data.begin(), data.end());
   return raw::to_dtype(from_vector<int64_t>(v, shape, TensorOptions(DType::Int64, opts.device)), DType::Bool);
 }
@@ -225,9 +228,15 @@ Tensor as_strided(const Tensor& t, const Shape& shape, const Strides& strides, i
   int64_t lo = offset, hi = offset;
   for (size_t i = 0; i < shape.size(); ++i) {
     LINEA_CHECK(shape[i] >= 0, "as_strided: negative size in ", shape_str(shape));
-    if (shape[i] == 0) { hi = lo - 1; break; }
+    if (shape[i] == 0) {
+      hi = lo - 1;
+      break;
+    }
     int64_t ext = (shape[i] - 1) * strides[i];
-    if (ext < 0) lo += ext; else hi += ext;
+    if (ext < 0)
+      lo += ext;
+    else
+      hi += ext;
   }
   int64_t cap = static_cast<int64_t>(t.impl().storage->nbytes / dtype_size(t.dtype()));
   LINEA_CHECK(lo >= 0 && (hi < lo || hi < cap), "as_strided: view (shape ", shape_str(shape), ", strides ",

@@ -55,9 +55,21 @@ struct TensorOptions {
   TensorOptions(DType d) : dtype(d) {}
   TensorOptions(Device dev) : device(dev) {}
   TensorOptions(DType d, Device dev, bool rg = false) : dtype(d), device(dev), requires_grad(rg) {}
-  TensorOptions with_dtype(DType d) const { TensorOptions o = *this; o.dtype = d; return o; }
-  TensorOptions with_device(Device d) const { TensorOptions o = *this; o.device = d; return o; }
-  TensorOptions with_requires_grad(bool r) const { TensorOptions o = *this; o.requires_grad = r; return o; }
+  TensorOptions with_dtype(DType d) const {
+    TensorOptions o = *this;
+    o.dtype = d;
+    return o;
+  }
+  TensorOptions with_device(Device d) const {
+    TensorOptions o = *this;
+    o.device = d;
+    return o;
+  }
+  TensorOptions with_requires_grad(bool r) const {
+    TensorOptions o = *this;
+    o.requires_grad = r;
+    return o;
+  }
 };
 
 class Tensor {
@@ -70,7 +82,7 @@ class Tensor {
   const Shape& shape() const { return impl().shape; }
   const Strides& strides() const { return impl().strides; }
   int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
-  int64_t size(int64_t d) const;    // negative d counts from the end
+  int64_t size(int64_t d) const;  // negative d counts from the end
   int64_t stride(int64_t d) const;
   int64_t numel() const { return shape_numel(impl().shape); }
   int64_t offset() const { return impl().offset; }
@@ -84,8 +96,7 @@ class Tensor {
 
   // Raw pointer to the first element (storage + offset). On CUDA this is a device pointer.
   void* data_ptr() const;
-  template <typename T>
-  T* data() const {
+  template <typename T> T* data() const {
     LINEA_CHECK(defined() && DTypeOf<T>::value == dtype(), "Tensor::data<", dtype_name(DTypeOf<T>::value),
                 ">: tensor has dtype ", defined() ? dtype_name(dtype()) : "undefined");
     return static_cast<T*>(data_ptr());
@@ -109,14 +120,14 @@ class Tensor {
   // ---- autograd (defined in autograd/) ---------------------------------------------------
   bool requires_grad() const;
   Tensor& requires_grad_(bool on = true);
-  Tensor grad() const;              // undefined until a backward reaches this leaf
-  void set_grad(const Tensor& g);   // replaces .grad (shape-checked)
-  void zero_grad();                 // drops .grad
+  Tensor grad() const;             // undefined until a backward reaches this leaf
+  void set_grad(const Tensor& g);  // replaces .grad (shape-checked)
+  void zero_grad();                // drops .grad
   bool is_leaf() const;
   std::string grad_fn_name() const;  // "" for leaves
   // Backpropagates from this tensor. A non-scalar tensor needs an explicit gradient.
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
-  Tensor detach() const;             // shares storage, outside any graph
+  Tensor detach() const;  // shares storage, outside any graph
 
   // ---- differentiable conveniences (defined in autograd/; same as the free functions) ---
   Tensor reshape(const Shape& shape) const;
@@ -167,9 +178,11 @@ Tensor full_like(const Tensor& t, double value);
 
 // From host data (copied). The dtype is that of T unless opts says otherwise (then converted).
 template <typename T>
-Tensor from_vector(const std::vector<T>& data, const Shape& shape, TensorOptions opts = TensorOptions(DTypeOf<T>::value));
+Tensor from_vector(const std::vector<T>& data, const Shape& shape,
+                   TensorOptions opts = TensorOptions(DTypeOf<T>::value));
 template <typename T>
-Tensor tensor(std::initializer_list<T> data, const Shape& shape, TensorOptions opts = TensorOptions(DTypeOf<T>::value)) {
+Tensor tensor(std::initializer_list<T> data, const Shape& shape,
+              TensorOptions opts = TensorOptions(DTypeOf<T>::value)) {
   return from_vector<T>(std::vector<T>(data), shape, opts);
 }
 

@@ -21,13 +21,16 @@ namespace linea::detail {
 namespace um {
 template <typename T> LINEA_HD T sigmoid(T x) {
   // Stable on both tails.
-  if (x >= T(0)) { T z = std::exp(-x); return T(1) / (T(1) + z); }
+  if (x >= T(0)) {
+    T z = std::exp(-x);
+    return T(1) / (T(1) + z);
+  }
   T z = std::exp(x);
   return z / (T(1) + z);
 }
 constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2/pi)
 constexpr double kInvSqrt2 = 0.7071067811865476;
-constexpr double kInvSqrt2Pi = 0.3989422804014327;   // 1/sqrt(2 pi)
+constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1/sqrt(2 pi)
 constexpr double kGeluC = 0.044715;
 }  // namespace um
 
@@ -54,9 +57,7 @@ struct RsqrtOp {
 };
 struct AbsOp {
   template <typename T> LINEA_HD T forward(T x, T, T) const { return x < T(0) ? -x : x; }
-  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const {
-    return x > T(0) ? g : (x < T(0) ? -g : T(0));
-  }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const { return x > T(0) ? g : (x < T(0) ? -g : T(0)); }
 };
 struct TanhOp {
   template <typename T> LINEA_HD T forward(T x, T, T) const { return std::tanh(x); }
@@ -83,7 +84,9 @@ struct GeluTanhOp {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   }
 };
 struct GeluErfOp {  // x Phi(x)
-  template <typename T> LINEA_HD T forward(T x, T, T) const { return T(0.5) * x * (T(1) + std::erf(x * T(um::kInvSqrt2))); }
+  template <typename T> LINEA_HD T forward(T x, T, T) const {
+    return T(0.5) * x * (T(1) + std::erf(x * T(um::kInvSqrt2)));
+  }
   template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const {
     T cdf = T(0.5) * (T(1) + std::erf(x * T(um::kInvSqrt2)));
     T pdf = T(um::kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
@@ -121,34 +124,50 @@ struct SignOp {
   template <typename T> LINEA_HD T backward(T, T, T, T, T) const { return T(0); }
 };
 
-template <typename Body>
-inline void with_unary_op(UnaryOp op, Body&& body) {
+template <typename Body> inline void with_unary_op(UnaryOp op, Body&& body) {
   switch (op) {
-    case UnaryOp::Neg: return body(NegOp{});
-    case UnaryOp::Exp: return body(ExpOp{});
-    case UnaryOp::Log: return body(LogOp{});
-    case UnaryOp::Sqrt: return body(SqrtOp{});
-    case UnaryOp::Rsqrt: return body(RsqrtOp{});
-    case UnaryOp::Abs: return body(AbsOp{});
-    case UnaryOp::Tanh: return body(TanhOp{});
-    case UnaryOp::Sigmoid: return body(SigmoidOp{});
-    case UnaryOp::Relu: return body(ReluOp{});
-    case UnaryOp::GeluTanh: return body(GeluTanhOp{});
-    case UnaryOp::GeluErf: return body(GeluErfOp{});
-    case UnaryOp::Sin: return body(SinOp{});
-    case UnaryOp::Cos: return body(CosOp{});
-    case UnaryOp::Pow: return body(PowOp{});
-    case UnaryOp::Clamp: return body(ClampOp{});
-    case UnaryOp::AddScalar: return body(AddScalarOp{});
-    case UnaryOp::MulScalar: return body(MulScalarOp{});
-    case UnaryOp::Sign: return body(SignOp{});
+    case UnaryOp::Neg:
+      return body(NegOp{});
+    case UnaryOp::Exp:
+      return body(ExpOp{});
+    case UnaryOp::Log:
+      return body(LogOp{});
+    case UnaryOp::Sqrt:
+      return body(SqrtOp{});
+    case UnaryOp::Rsqrt:
+      return body(RsqrtOp{});
+    case UnaryOp::Abs:
+      return body(AbsOp{});
+    case UnaryOp::Tanh:
+      return body(TanhOp{});
+    case UnaryOp::Sigmoid:
+      return body(SigmoidOp{});
+    case UnaryOp::Relu:
+      return body(ReluOp{});
+    case UnaryOp::GeluTanh:
+      return body(GeluTanhOp{});
+    case UnaryOp::GeluErf:
+      return body(GeluErfOp{});
+    case UnaryOp::Sin:
+      return body(SinOp{});
+    case UnaryOp::Cos:
+      return body(CosOp{});
+    case UnaryOp::Pow:
+      return body(PowOp{});
+    case UnaryOp::Clamp:
+      return body(ClampOp{});
+    case UnaryOp::AddScalar:
+      return body(AddScalarOp{});
+    case UnaryOp::MulScalar:
+      return body(MulScalarOp{});
+    case UnaryOp::Sign:
+      return body(SignOp{});
   }
 }
 
 // A double op parameter as T; for integer T saturated to T's range (a one-sided clamp passes
 // +-inf, and casting inf to an integer is undefined).
-template <typename T>
-LINEA_HD T scalar_param(double v) {
+template <typename T> LINEA_HD T scalar_param(double v) {
   if constexpr (std::is_integral_v<T>) {
     if (!(v < 9.2233720368547748e18)) return T(INT64_MAX);
     if (!(v > -9.2233720368547748e18)) return T(INT64_MIN);

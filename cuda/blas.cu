@@ -23,15 +23,15 @@ namespace {
 using linea::detail::MatLayout;
 using linea::detail::matmul_layout;
 
-inline cublasStatus_t gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
-                                           int n, int k, const float* A, int lda, long long sA, const float* B,
-                                           int ldb, long long sB, float* C, int ldc, long long sC, int count) {
+inline cublasStatus_t gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                           int k, const float* A, int lda, long long sA, const float* B, int ldb,
+                                           long long sB, float* C, int ldc, long long sC, int count) {
   const float one = 1.0f, zero = 0.0f;
   return cublasSgemmStridedBatched(h, ta, tb, m, n, k, &one, A, lda, sA, B, ldb, sB, &zero, C, ldc, sC, count);
 }
-inline cublasStatus_t gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
-                                           int n, int k, const double* A, int lda, long long sA, const double* B,
-                                           int ldb, long long sB, double* C, int ldc, long long sC, int count) {
+inline cublasStatus_t gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                           int k, const double* A, int lda, long long sA, const double* B, int ldb,
+                                           long long sB, double* C, int ldc, long long sC, int count) {
   const double one = 1.0, zero = 0.0;
   return cublasDgemmStridedBatched(h, ta, tb, m, n, k, &one, A, lda, sA, B, ldb, sB, &zero, C, ldc, sC, count);
 }
@@ -53,12 +53,11 @@ void gemm_rowmajor(const T* a, MatLayout la, int64_t sa, const T* b, MatLayout l
   const cublasOperation_t op_b = lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   LINEA_CUBLAS_CHECK(gemm_strided_batched(cublas(), op_b, op_a, as_int(N, "N"), as_int(M, "M"), as_int(K, "K"), b,
-                                          as_int(lb.ld, "ld(b)"), sb, a, as_int(la.ld, "ld(a)"), sa, c,
-                                          as_int(N, "N"), M * N, as_int(count, "batch")));
+                                          as_int(lb.ld, "ld(b)"), sb, a, as_int(la.ld, "ld(a)"), sa, c, as_int(N, "N"),
+                                          M * N, as_int(count, "batch")));
 }
 
-template <typename T>
-void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out) {
+template <typename T> void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
   const MatLayout la = matmul_layout(a), lb = matmul_layout(b);
   const T* pa = cptr<T>(a);

@@ -26,31 +26,29 @@ bool sync_debug();
 
 }  // namespace linea::cuda::detail
 
-#define LINEA_CUDA_CHECK(expr)                                                      \
-  do {                                                                              \
-    cudaError_t linea_err_ = (expr);                                                \
-    if (linea_err_ != cudaSuccess)                                                  \
-      ::linea::cuda::detail::throw_cuda_error(linea_err_, #expr, __FILE__, __LINE__); \
+#define LINEA_CUDA_CHECK(expr)                                                                                     \
+  do {                                                                                                             \
+    cudaError_t linea_err_ = (expr);                                                                               \
+    if (linea_err_ != cudaSuccess) ::linea::cuda::detail::throw_cuda_error(linea_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define LINEA_CUBLAS_CHECK(expr)                                                      \
-  do {                                                                                \
-    cublasStatus_t linea_st_ = (expr);                                                \
-    if (linea_st_ != CUBLAS_STATUS_SUCCESS)                                           \
+#define LINEA_CUBLAS_CHECK(expr)                                                       \
+  do {                                                                                 \
+    cublasStatus_t linea_st_ = (expr);                                                 \
+    if (linea_st_ != CUBLAS_STATUS_SUCCESS)                                            \
       ::linea::cuda::detail::throw_cublas_error(linea_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define LINEA_CUFFT_CHECK(expr)                                                      \
-  do {                                                                               \
-    cufftResult linea_st_ = (expr);                                                  \
-    if (linea_st_ != CUFFT_SUCCESS)                                                  \
-      ::linea::cuda::detail::throw_cufft_error(linea_st_, #expr, __FILE__, __LINE__); \
+#define LINEA_CUFFT_CHECK(expr)                                                                                     \
+  do {                                                                                                              \
+    cufftResult linea_st_ = (expr);                                                                                 \
+    if (linea_st_ != CUFFT_SUCCESS) ::linea::cuda::detail::throw_cufft_error(linea_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define LINEA_CURAND_CHECK(expr)                                                      \
-  do {                                                                                \
-    curandStatus_t linea_st_ = (expr);                                                \
-    if (linea_st_ != CURAND_STATUS_SUCCESS)                                           \
+#define LINEA_CURAND_CHECK(expr)                                                       \
+  do {                                                                                 \
+    curandStatus_t linea_st_ = (expr);                                                 \
+    if (linea_st_ != CURAND_STATUS_SUCCESS)                                            \
       ::linea::cuda::detail::throw_curand_error(linea_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 

@@ -30,14 +30,8 @@ inline unsigned grid_for(int64_t n, int block = kBlockSize) {
 
 // Device pointer to the first element of t as T (the caller dispatched on t's dtype;
 // Bool is stored as uint8_t).
-template <typename T>
-T* ptr(const Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
-}
-template <typename T>
-const T* cptr(const Tensor& t) {
-  return static_cast<const T*>(t.data_ptr());
-}
+template <typename T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
+template <typename T> const T* cptr(const Tensor& t) { return static_cast<const T*>(t.data_ptr()); }
 
 // Smallest power of two >= n, clamped to [lo, hi].
 inline int pow2_clamp(int64_t n, int lo, int hi) {
@@ -48,8 +42,7 @@ inline int pow2_clamp(int64_t n, int lo, int hi) {
 
 // ---- strided offsets ----------------------------------------------------------------------------
 // Maps a linear index over `sizes` (row-major) to element offsets into N operands.
-template <int N>
-struct OffsetCalc {
+template <int N> struct OffsetCalc {
   int ndim = 0;
   int64_t sizes[kMaxDims] = {};
   int64_t strides[N][kMaxDims] = {};
@@ -117,8 +110,7 @@ OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Stride
 // ---- elementwise launch over N strided operands ---------------------------------------------------
 // F is a functor with  __device__ void operator()(const int64_t (&off)[N]) const  that reads and
 // writes its operands at the given element offsets.
-template <int N, typename F>
-__global__ void strided_kernel(int64_t n, OffsetCalc<N> oc, F f) {
+template <int N, typename F> __global__ void strided_kernel(int64_t n, OffsetCalc<N> oc, F f) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t off[N];
@@ -127,8 +119,7 @@ __global__ void strided_kernel(int64_t n, OffsetCalc<N> oc, F f) {
   }
 }
 
-template <int N, typename F>
-__global__ void contiguous_kernel(int64_t n, F f) {
+template <int N, typename F> __global__ void contiguous_kernel(int64_t n, F f) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t off[N];
@@ -139,8 +130,7 @@ __global__ void contiguous_kernel(int64_t n, F f) {
 }
 
 template <int N, typename F>
-void launch_elementwise(const char* op, const Shape& shape, const std::array<const Strides*, N>& strides,
-                        const F& f) {
+void launch_elementwise(const char* op, const Shape& shape, const std::array<const Strides*, N>& strides, const F& f) {
   const int64_t n = shape_numel(shape);
   if (n == 0) return;
   bool contig = false;
@@ -155,16 +145,13 @@ void launch_elementwise(const char* op, const Shape& shape, const std::array<con
 
 // ---- reductions ------------------------------------------------------------------------------------
 struct SumOp {
-  template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };
 struct MaxOp {  // NaN propagates
-  template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
 };
 struct MinOp {
-  template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
 };
 
 // ---- column reductions over [outer, r, inner] ----------------------------------------------------
@@ -199,8 +186,7 @@ __device__ __forceinline__ Column column_at(int64_t cb, int64_t columns, int64_t
 // Reduces v over threadIdx.y (per threadIdx.x) through shared memory `sh` (blockDim.x *
 // blockDim.y values); every thread of the column gets the result. All threads of the block
 // must call it (it has barriers).
-template <typename A, typename Op>
-__device__ A tree_reduce_y(A v, Op op, A* sh) {
+template <typename A, typename Op> __device__ A tree_reduce_y(A v, Op op, A* sh) {
   const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x;
   sh[ty * bx + tx] = v;
   __syncthreads();
@@ -219,8 +205,7 @@ template <> struct AccOf<int64_t> { using type = int64_t; };
 
 // Dynamic shared memory of a kernel that uses it as an array of T (declared as raw bytes,
 // so templates on different T can share one extern declaration).
-template <typename T>
-__device__ __forceinline__ T* shared_mem() {
+template <typename T> __device__ __forceinline__ T* shared_mem() {
   extern __shared__ __align__(16) unsigned char linea_smem_[];
   return reinterpret_cast<T*>(linea_smem_);
 }
@@ -243,9 +228,6 @@ __device__ __forceinline__ double d_exp(double x) { return exp(x); }
 __device__ __forceinline__ float d_log(float x) { return logf(x); }
 __device__ __forceinline__ double d_log(double x) { return log(x); }
 
-template <typename T>
-__device__ __forceinline__ T neg_inf() {
-  return -static_cast<T>(INFINITY);
-}
+template <typename T> __device__ __forceinline__ T neg_inf() { return -static_cast<T>(INFINITY); }
 
 }  // namespace linea::cuda::detail

@@ -31,8 +31,7 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
 
  private:
   void* ptr_ = nullptr;

@@ -29,15 +29,13 @@ template <> struct Bits<4> { using type = uint32_t; };
 template <> struct Bits<8> { using type = uint64_t; };
 
 // ---- fill ------------------------------------------------------------------------------------
-template <typename E>
-struct FillF {
+template <typename E> struct FillF {
   E* out;
   E value;
   __device__ void operator()(const int64_t (&off)[1]) const { out[off[0]] = value; }
 };
 
-template <typename E>
-void fill_bits(const Tensor& out, const void* value_bits) {
+template <typename E> void fill_bits(const Tensor& out, const void* value_bits) {
   FillF<E> f{ptr<E>(out), E()};
   std::memcpy(&f.value, value_bits, sizeof(E));
   launch_elementwise<1>("fill", out.shape(), {&out.strides()}, f);
@@ -46,8 +44,7 @@ void fill_bits(const Tensor& out, const void* value_bits) {
 // ---- copy --------------------------------------------------------------------------------------
 // Conversions are static_casts, except to Bool (D = uint8_t from another type): x != 0, as in
 // PyTorch and the CPU kernel.
-template <typename D, typename S>
-struct CopyF {
+template <typename D, typename S> struct CopyF {
   D* dst;
   const S* src;
   __device__ void operator()(const int64_t (&off)[2]) const {
@@ -59,15 +56,13 @@ struct CopyF {
   }
 };
 
-template <typename D, typename S>
-void copy_typed(const Tensor& dst, const Tensor& src) {
+template <typename D, typename S> void copy_typed(const Tensor& dst, const Tensor& src) {
   CopyF<D, S> f{ptr<D>(dst), cptr<S>(src)};
   launch_elementwise<2>("copy", dst.shape(), {&dst.strides(), &src.strides()}, f);
 }
 
 // ---- arange ------------------------------------------------------------------------------------
-template <typename T>
-__global__ void arange_kernel(T* out, int64_t n, double start, double step) {
+template <typename T> __global__ void arange_kernel(T* out, int64_t n, double start, double step) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = static_cast<T>(start + static_cast<double>(i) * step);
@@ -75,28 +70,45 @@ __global__ void arange_kernel(T* out, int64_t n, double start, double step) {
 
 // ---- unary ---------------------------------------------------------------------------------------
 // The op switch for floating T; the formulas are core/unary_math.h's.
-template <typename T>
-__device__ __forceinline__ T unary_forward(UnaryOp op, T x, T a, T b) {
+template <typename T> __device__ __forceinline__ T unary_forward(UnaryOp op, T x, T a, T b) {
   using namespace linea::detail;
   switch (op) {
-    case UnaryOp::Neg: return NegOp{}.forward(x, a, b);
-    case UnaryOp::Exp: return ExpOp{}.forward(x, a, b);
-    case UnaryOp::Log: return LogOp{}.forward(x, a, b);
-    case UnaryOp::Sqrt: return SqrtOp{}.forward(x, a, b);
-    case UnaryOp::Rsqrt: return RsqrtOp{}.forward(x, a, b);
-    case UnaryOp::Abs: return AbsOp{}.forward(x, a, b);
-    case UnaryOp::Tanh: return TanhOp{}.forward(x, a, b);
-    case UnaryOp::Sigmoid: return SigmoidOp{}.forward(x, a, b);
-    case UnaryOp::Relu: return ReluOp{}.forward(x, a, b);
-    case UnaryOp::GeluTanh: return GeluTanhOp{}.forward(x, a, b);
-    case UnaryOp::GeluErf: return GeluErfOp{}.forward(x, a, b);
-    case UnaryOp::Sin: return SinOp{}.forward(x, a, b);
-    case UnaryOp::Cos: return CosOp{}.forward(x, a, b);
-    case UnaryOp::Pow: return PowOp{}.forward(x, a, b);
-    case UnaryOp::Clamp: return ClampOp{}.forward(x, a, b);
-    case UnaryOp::AddScalar: return AddScalarOp{}.forward(x, a, b);
-    case UnaryOp::MulScalar: return MulScalarOp{}.forward(x, a, b);
-    case UnaryOp::Sign: return SignOp{}.forward(x, a, b);
+    case UnaryOp::Neg:
+      return NegOp{}.forward(x, a, b);
+    case UnaryOp::Exp:
+      return ExpOp{}.forward(x, a, b);
+    case UnaryOp::Log:
+      return LogOp{}.forward(x, a, b);
+    case UnaryOp::Sqrt:
+      return SqrtOp{}.forward(x, a, b);
+    case UnaryOp::Rsqrt:
+      return RsqrtOp{}.forward(x, a, b);
+    case UnaryOp::Abs:
+      return AbsOp{}.forward(x, a, b);
+    case UnaryOp::Tanh:
+      return TanhOp{}.forward(x, a, b);
+    case UnaryOp::Sigmoid:
+      return SigmoidOp{}.forward(x, a, b);
+    case UnaryOp::Relu:
+      return ReluOp{}.forward(x, a, b);
+    case UnaryOp::GeluTanh:
+      return GeluTanhOp{}.forward(x, a, b);
+    case UnaryOp::GeluErf:
+      return GeluErfOp{}.forward(x, a, b);
+    case UnaryOp::Sin:
+      return SinOp{}.forward(x, a, b);
+    case UnaryOp::Cos:
+      return CosOp{}.forward(x, a, b);
+    case UnaryOp::Pow:
+      return PowOp{}.forward(x, a, b);
+    case UnaryOp::Clamp:
+      return ClampOp{}.forward(x, a, b);
+    case UnaryOp::AddScalar:
+      return AddScalarOp{}.forward(x, a, b);
+    case UnaryOp::MulScalar:
+      return MulScalarOp{}.forward(x, a, b);
+    case UnaryOp::Sign:
+      return SignOp{}.forward(x, a, b);
   }
   return x;
 }
@@ -105,44 +117,67 @@ __device__ __forceinline__ T unary_forward(UnaryOp op, T x, T a, T b) {
 __device__ __forceinline__ int64_t unary_forward_int(UnaryOp op, int64_t x, int64_t a, int64_t b) {
   using namespace linea::detail;
   switch (op) {
-    case UnaryOp::Neg: return NegOp{}.forward(x, a, b);
-    case UnaryOp::Abs: return AbsOp{}.forward(x, a, b);
-    case UnaryOp::Clamp: return ClampOp{}.forward(x, a, b);
-    case UnaryOp::AddScalar: return AddScalarOp{}.forward(x, a, b);
-    case UnaryOp::MulScalar: return MulScalarOp{}.forward(x, a, b);
-    case UnaryOp::Sign: return SignOp{}.forward(x, a, b);
-    default: return x;
+    case UnaryOp::Neg:
+      return NegOp{}.forward(x, a, b);
+    case UnaryOp::Abs:
+      return AbsOp{}.forward(x, a, b);
+    case UnaryOp::Clamp:
+      return ClampOp{}.forward(x, a, b);
+    case UnaryOp::AddScalar:
+      return AddScalarOp{}.forward(x, a, b);
+    case UnaryOp::MulScalar:
+      return MulScalarOp{}.forward(x, a, b);
+    case UnaryOp::Sign:
+      return SignOp{}.forward(x, a, b);
+    default:
+      return x;
   }
 }
 
-template <typename T>
-__device__ __forceinline__ T unary_backward_math(UnaryOp op, T g, T x, T y, T a, T b) {
+template <typename T> __device__ __forceinline__ T unary_backward_math(UnaryOp op, T g, T x, T y, T a, T b) {
   using namespace linea::detail;
   switch (op) {
-    case UnaryOp::Neg: return NegOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Exp: return ExpOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Log: return LogOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Sqrt: return SqrtOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Rsqrt: return RsqrtOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Abs: return AbsOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Tanh: return TanhOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Sigmoid: return SigmoidOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Relu: return ReluOp{}.backward(g, x, y, a, b);
-    case UnaryOp::GeluTanh: return GeluTanhOp{}.backward(g, x, y, a, b);
-    case UnaryOp::GeluErf: return GeluErfOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Sin: return SinOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Cos: return CosOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Pow: return PowOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Clamp: return ClampOp{}.backward(g, x, y, a, b);
-    case UnaryOp::AddScalar: return AddScalarOp{}.backward(g, x, y, a, b);
-    case UnaryOp::MulScalar: return MulScalarOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Sign: return SignOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Neg:
+      return NegOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Exp:
+      return ExpOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Log:
+      return LogOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Sqrt:
+      return SqrtOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Rsqrt:
+      return RsqrtOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Abs:
+      return AbsOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Tanh:
+      return TanhOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Sigmoid:
+      return SigmoidOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Relu:
+      return ReluOp{}.backward(g, x, y, a, b);
+    case UnaryOp::GeluTanh:
+      return GeluTanhOp{}.backward(g, x, y, a, b);
+    case UnaryOp::GeluErf:
+      return GeluErfOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Sin:
+      return SinOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Cos:
+      return CosOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Pow:
+      return PowOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Clamp:
+      return ClampOp{}.backward(g, x, y, a, b);
+    case UnaryOp::AddScalar:
+      return AddScalarOp{}.backward(g, x, y, a, b);
+    case UnaryOp::MulScalar:
+      return MulScalarOp{}.backward(g, x, y, a, b);
+    case UnaryOp::Sign:
+      return SignOp{}.backward(g, x, y, a, b);
   }
   return g;
 }
 
-template <typename T>
-struct UnaryF {  // operands: out, x
+template <typename T> struct UnaryF {  // operands: out, x
   T* out;
   const T* x;
   UnaryOp op;
@@ -155,13 +190,10 @@ struct UnaryIntF {
   const int64_t* x;
   UnaryOp op;
   int64_t a, b;
-  __device__ void operator()(const int64_t (&off)[2]) const {
-    out[off[0]] = unary_forward_int(op, x[off[1]], a, b);
-  }
+  __device__ void operator()(const int64_t (&off)[2]) const { out[off[0]] = unary_forward_int(op, x[off[1]], a, b); }
 };
 
-template <typename T>
-struct UnaryBackwardF {  // operands: dx, grad, x, y
+template <typename T> struct UnaryBackwardF {  // operands: dx, grad, x, y
   T* dx;
   const T* g;
   const T* x;
@@ -174,34 +206,45 @@ struct UnaryBackwardF {  // operands: dx, grad, x, y
 };
 
 // ---- binary ------------------------------------------------------------------------------------
-template <typename T>
-__device__ __forceinline__ T binary_math(BinaryOp op, T x, T y) {
+template <typename T> __device__ __forceinline__ T binary_math(BinaryOp op, T x, T y) {
   switch (op) {
-    case BinaryOp::Add: return static_cast<T>(x + y);
-    case BinaryOp::Sub: return static_cast<T>(x - y);
-    case BinaryOp::Mul: return static_cast<T>(x * y);
-    case BinaryOp::Div: return static_cast<T>(x / y);
-    case BinaryOp::Maximum: return (x != x || x > y) ? x : y;
-    case BinaryOp::Minimum: return (x != x || x < y) ? x : y;
-    default: return x;  // comparisons go through compare_math
+    case BinaryOp::Add:
+      return static_cast<T>(x + y);
+    case BinaryOp::Sub:
+      return static_cast<T>(x - y);
+    case BinaryOp::Mul:
+      return static_cast<T>(x * y);
+    case BinaryOp::Div:
+      return static_cast<T>(x / y);
+    case BinaryOp::Maximum:
+      return (x != x || x > y) ? x : y;
+    case BinaryOp::Minimum:
+      return (x != x || x < y) ? x : y;
+    default:
+      return x;  // comparisons go through compare_math
   }
 }
 
-template <typename T>
-__device__ __forceinline__ uint8_t compare_math(BinaryOp op, T x, T y) {
+template <typename T> __device__ __forceinline__ uint8_t compare_math(BinaryOp op, T x, T y) {
   switch (op) {
-    case BinaryOp::Eq: return uint8_t(x == y);
-    case BinaryOp::Ne: return uint8_t(x != y);
-    case BinaryOp::Lt: return uint8_t(x < y);
-    case BinaryOp::Le: return uint8_t(x <= y);
-    case BinaryOp::Gt: return uint8_t(x > y);
-    case BinaryOp::Ge: return uint8_t(x >= y);
-    default: return 0;
+    case BinaryOp::Eq:
+      return uint8_t(x == y);
+    case BinaryOp::Ne:
+      return uint8_t(x != y);
+    case BinaryOp::Lt:
+      return uint8_t(x < y);
+    case BinaryOp::Le:
+      return uint8_t(x <= y);
+    case BinaryOp::Gt:
+      return uint8_t(x > y);
+    case BinaryOp::Ge:
+      return uint8_t(x >= y);
+    default:
+      return 0;
   }
 }
 
-template <typename T>
-struct BinaryF {  // operands: out, a, b
+template <typename T> struct BinaryF {  // operands: out, a, b
   T* out;
   const T* a;
   const T* b;
@@ -209,8 +252,7 @@ struct BinaryF {  // operands: out, a, b
   __device__ void operator()(const int64_t (&off)[3]) const { out[off[0]] = binary_math(op, a[off[1]], b[off[2]]); }
 };
 
-template <typename T>
-struct CompareF {
+template <typename T> struct CompareF {
   uint8_t* out;
   const T* a;
   const T* b;
@@ -219,8 +261,7 @@ struct CompareF {
 };
 
 // ---- where ---------------------------------------------------------------------------------------
-template <typename E>
-struct WhereF {  // operands: out, cond, a, b
+template <typename E> struct WhereF {  // operands: out, cond, a, b
   E* out;
   const uint8_t* cond;
   const E* a;
@@ -237,8 +278,8 @@ void fill(const Tensor& out, double value) {
     const scalar_t v = static_cast<scalar_t>(value);
     const scalar_t zero = scalar_t(0);
     if (std::memcmp(&v, &zero, sizeof(v)) == 0 && out.is_contiguous()) {  // all-zero bits (not -0.0)
-      LINEA_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, static_cast<size_t>(out.numel()) * sizeof(scalar_t),
-                                       stream()));
+      LINEA_CUDA_CHECK(
+          cudaMemsetAsync(out.data_ptr(), 0, static_cast<size_t>(out.numel()) * sizeof(scalar_t), stream()));
       return;
     }
     fill_bits<typename Bits<sizeof(scalar_t)>::type>(out, &v);
@@ -253,15 +294,19 @@ void copy(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) {
     if (dst.is_contiguous() && src.is_contiguous()) {
       LINEA_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(),
-                                       static_cast<size_t>(dst.numel()) * dst.element_size(),
-                                       cudaMemcpyDeviceToDevice, stream()));
+                                       static_cast<size_t>(dst.numel()) * dst.element_size(), cudaMemcpyDeviceToDevice,
+                                       stream()));
       return;
     }
     switch (dst.element_size()) {
-      case 1: return copy_typed<uint8_t, uint8_t>(dst, src);
-      case 4: return copy_typed<uint32_t, uint32_t>(dst, src);
-      case 8: return copy_typed<uint64_t, uint64_t>(dst, src);
-      default: LINEA_FAIL("copy: unsupported element size ", dst.element_size());
+      case 1:
+        return copy_typed<uint8_t, uint8_t>(dst, src);
+      case 4:
+        return copy_typed<uint32_t, uint32_t>(dst, src);
+      case 8:
+        return copy_typed<uint64_t, uint64_t>(dst, src);
+      default:
+        LINEA_FAIL("copy: unsupported element size ", dst.element_size());
     }
   }
   LINEA_DISPATCH_ALL(dst.dtype(), "copy", [&] {
@@ -304,12 +349,17 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b) {
 void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, const Tensor& dx, double a,
                     double b) {
   const Tensor& yy = y.defined() ? y : x;  // every op's derivative reads y only when it was given
-  LINEA_CHECK(grad.shape() == dx.shape() && x.shape() == dx.shape() && yy.shape() == dx.shape(),
-              unary_op_name(op), " backward: shapes differ: grad ", shape_str(grad.shape()), ", x ",
-              shape_str(x.shape()), ", dx ", shape_str(dx.shape()));
+  LINEA_CHECK(grad.shape() == dx.shape() && x.shape() == dx.shape() && yy.shape() == dx.shape(), unary_op_name(op),
+              " backward: shapes differ: grad ", shape_str(grad.shape()), ", x ", shape_str(x.shape()), ", dx ",
+              shape_str(dx.shape()));
   LINEA_DISPATCH_FLOAT(x.dtype(), unary_op_name(op), [&] {
-    UnaryBackwardF<scalar_t> f{ptr<scalar_t>(dx), cptr<scalar_t>(grad), cptr<scalar_t>(x), cptr<scalar_t>(yy),
-                               op, linea::detail::scalar_param<scalar_t>(a), linea::detail::scalar_param<scalar_t>(b)};
+    UnaryBackwardF<scalar_t> f{ptr<scalar_t>(dx),
+                               cptr<scalar_t>(grad),
+                               cptr<scalar_t>(x),
+                               cptr<scalar_t>(yy),
+                               op,
+                               linea::detail::scalar_param<scalar_t>(a),
+                               linea::detail::scalar_param<scalar_t>(b)};
     launch_elementwise<4>(unary_op_name(op), dx.shape(), {&dx.strides(), &grad.strides(), &x.strides(), &yy.strides()},
                           f);
   });
@@ -343,10 +393,14 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
     launch_elementwise<4>("where", out.shape(), strides, f);
   };
   switch (out.element_size()) {
-    case 1: return run(uint8_t());
-    case 4: return run(uint32_t());
-    case 8: return run(uint64_t());
-    default: LINEA_FAIL("where: unsupported element size ", out.element_size());
+    case 1:
+      return run(uint8_t());
+    case 4:
+      return run(uint32_t());
+    case 8:
+      return run(uint64_t());
+    default:
+      LINEA_FAIL("where: unsupported element size ", out.element_size());
   }
 }
 

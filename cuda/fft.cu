@@ -54,8 +54,8 @@ cufftHandle get_plan(PlanCache& cache, DType dtype, int64_t n, int64_t batch, bo
   // Rows of the real side are n apart, rows of the complex side n/2+1 apart.
   int in_embed = forward ? len : nf, out_embed = forward ? nf : len;
   cufftHandle plan = 0;
-  LINEA_CUFFT_CHECK(cufftPlanMany(&plan, 1, &len, &in_embed, 1, in_embed, &out_embed, 1, out_embed, type,
-                                  static_cast<int>(batch)));
+  LINEA_CUFFT_CHECK(
+      cufftPlanMany(&plan, 1, &len, &in_embed, 1, in_embed, &out_embed, 1, out_embed, type, static_cast<int>(batch)));
   const cufftResult st = cufftSetStream(plan, stream());
   if (st != CUFFT_SUCCESS) {
     cufftDestroy(plan);
@@ -91,16 +91,14 @@ __global__ void prepare_spectrum_kernel(const T* spec, T* dst, int64_t batch, in
   }
 }
 
-template <typename T>
-__global__ void scale_kernel(T* x, int64_t count, T scale) {
+template <typename T> __global__ void scale_kernel(T* x, int64_t count, T scale) {
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < count;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[e] *= scale;
 }
 
 // Length-1 transforms, done without cuFFT: rfft (x) -> (x, 0); irfft (re, im) -> re.
-template <typename T>
-__global__ void length1_kernel(const T* in, T* out, int64_t batch, bool forward) {
+template <typename T> __global__ void length1_kernel(const T* in, T* out, int64_t batch, bool forward) {
   for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < batch;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (forward) {
@@ -112,8 +110,7 @@ __global__ void length1_kernel(const T* in, T* out, int64_t batch, bool forward)
   }
 }
 
-template <typename T>
-void rfft_impl(const Tensor& x, const Tensor& out, int64_t batch, int64_t n) {
+template <typename T> void rfft_impl(const Tensor& x, const Tensor& out, int64_t batch, int64_t n) {
   if (n == 1) {
     length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(cptr<T>(x), ptr<T>(out), batch, true);
     LINEA_KERNEL_LAUNCH_CHECK();
@@ -129,8 +126,7 @@ void rfft_impl(const Tensor& x, const Tensor& out, int64_t batch, int64_t n) {
   LINEA_CUFFT_CHECK(exec_r2c(plan, in.as<T>(), ptr<T>(out)));
 }
 
-template <typename T>
-void irfft_impl(const Tensor& spec, const Tensor& out, int64_t batch, int64_t n) {
+template <typename T> void irfft_impl(const Tensor& spec, const Tensor& out, int64_t batch, int64_t n) {
   if (n == 1) {
     length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(cptr<T>(spec), ptr<T>(out), batch, false);
     LINEA_KERNEL_LAUNCH_CHECK();
@@ -160,9 +156,8 @@ void check_aligned(const char* op, const Tensor& t) {
 
 // x [batch, n] real -> out [batch, n/2+1, 2] (re, im), unnormalized
 void rfft(const Tensor& x, const Tensor& out, int64_t batch, int64_t n) {
-  LINEA_CHECK(x.numel() == batch * n && out.numel() == batch * (n / 2 + 1) * 2 && x.dtype() == out.dtype(),
-              "rfft: x ", shape_str(x.shape()), " / out ", shape_str(out.shape()), " do not match batch ", batch,
-              ", n ", n);
+  LINEA_CHECK(x.numel() == batch * n && out.numel() == batch * (n / 2 + 1) * 2 && x.dtype() == out.dtype(), "rfft: x ",
+              shape_str(x.shape()), " / out ", shape_str(out.shape()), " do not match batch ", batch, ", n ", n);
   if (batch == 0 || n == 0) return;
   check_aligned("rfft", out);
   LINEA_DISPATCH_FLOAT(x.dtype(), "rfft", [&] { rfft_impl<scalar_t>(x, out, batch, n); });
@@ -171,8 +166,8 @@ void rfft(const Tensor& x, const Tensor& out, int64_t batch, int64_t n) {
 // spec [batch, n/2+1, 2] -> out [batch, n] real, scaled by 1/n
 void irfft(const Tensor& spec, const Tensor& out, int64_t batch, int64_t n) {
   LINEA_CHECK(out.numel() == batch * n && spec.numel() == batch * (n / 2 + 1) * 2 && spec.dtype() == out.dtype(),
-              "irfft: spec ", shape_str(spec.shape()), " / out ", shape_str(out.shape()), " do not match batch ",
-              batch, ", n ", n);
+              "irfft: spec ", shape_str(spec.shape()), " / out ", shape_str(out.shape()), " do not match batch ", batch,
+              ", n ", n);
   if (batch == 0 || n == 0) return;
   check_aligned("irfft", out);
   LINEA_DISPATCH_FLOAT(spec.dtype(), "irfft", [&] { irfft_impl<scalar_t>(spec, out, batch, n); });

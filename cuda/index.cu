@@ -29,8 +29,8 @@ __device__ __forceinline__ void atomic_add(int64_t* p, int64_t v) {
 
 // out [outer, n, inner] = x [outer, size, inner] at index [n]
 template <typename E>
-__global__ void index_select_kernel(const E* x, const int64_t* index, E* out, int64_t outer, int64_t size,
-                                    int64_t n, int64_t inner, DeviceErrorReport* rep) {
+__global__ void index_select_kernel(const E* x, const int64_t* index, E* out, int64_t outer, int64_t size, int64_t n,
+                                    int64_t inner, DeviceErrorReport* rep) {
   const int64_t total = outer * n * inner;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -65,8 +65,8 @@ __global__ void index_add_kernel(T* out, const int64_t* index, const T* src, int
 // out (index's shape I) = x at index along dim. oc maps a position of I to x's offset with
 // dim's coordinate left out; xs_dim is x's stride along dim, size its length.
 template <typename E>
-__global__ void gather_kernel(const E* x, const int64_t* index, E* out, int64_t total, OffsetCalc<1> oc,
-                              int64_t xs_dim, int64_t size, DeviceErrorReport* rep) {
+__global__ void gather_kernel(const E* x, const int64_t* index, E* out, int64_t total, OffsetCalc<1> oc, int64_t xs_dim,
+                              int64_t size, DeviceErrorReport* rep) {
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t idx = index[e];
@@ -127,16 +127,14 @@ OffsetCalc<1> dim_skipping_calc(const Shape& index_shape, const Strides& strides
 }
 
 void check_index_tensor(const char* op, const Tensor& index) {
-  LINEA_CHECK(index.dtype() == DType::Int64 && index.is_contiguous(), op,
-              ": expected a contiguous int64 index, got ", dtype_name(index.dtype()), " ",
-              shape_str(index.shape()));
+  LINEA_CHECK(index.dtype() == DType::Int64 && index.is_contiguous(), op, ": expected a contiguous int64 index, got ",
+              dtype_name(index.dtype()), " ", shape_str(index.shape()));
 }
 
 }  // namespace
 
 // out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n])
-void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,
-                  int64_t inner) {
+void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size, int64_t inner) {
   check_index_tensor("index_select", index);
   const int64_t n = index.numel();
   LINEA_CHECK(x.numel() == outer * size * inner && out.numel() == outer * n * inner, "index_select: x ",
@@ -146,21 +144,24 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64
   if (total == 0) return;
   auto run = [&](auto bits) {
     using E = decltype(bits);
-    index_select_kernel<E><<<grid_for(total), kBlockSize, 0, stream()>>>(
-        cptr<E>(x), cptr<int64_t>(index), ptr<E>(out), outer, size, n, inner, device_error_report());
+    index_select_kernel<E><<<grid_for(total), kBlockSize, 0, stream()>>>(cptr<E>(x), cptr<int64_t>(index), ptr<E>(out),
+                                                                         outer, size, n, inner, device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   };
   switch (x.element_size()) {
-    case 1: return run(uint8_t());
-    case 4: return run(uint32_t());
-    case 8: return run(uint64_t());
-    default: LINEA_FAIL("index_select: unsupported element size ", x.element_size());
+    case 1:
+      return run(uint8_t());
+    case 4:
+      return run(uint32_t());
+    case 8:
+      return run(uint64_t());
+    default:
+      LINEA_FAIL("index_select: unsupported element size ", x.element_size());
   }
 }
 
 // out [outer, size, inner] += src [outer, n, inner] at index (Int64 [n])
-void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,
-               int64_t inner) {
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size, int64_t inner) {
   check_index_tensor("index_add", index);
   const int64_t n = index.numel();
   LINEA_CHECK(out.numel() == outer * size * inner && src.numel() == outer * n * inner, "index_add: out ",
@@ -170,8 +171,7 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_
   if (total == 0) return;
   LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add", [&] {
     index_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
-        ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), outer, size, n, inner,
-        device_error_report());
+        ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), outer, size, n, inner, device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -180,23 +180,27 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_
 void gather(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim) {
   check_index_tensor("gather", index);
   LINEA_CHECK(index.dim() == x.dim() && dim >= 0 && dim < x.dim() && out.shape() == index.shape(), "gather: x ",
-              shape_str(x.shape()), ", index ", shape_str(index.shape()), ", out ", shape_str(out.shape()),
-              ", dim ", dim);
+              shape_str(x.shape()), ", index ", shape_str(index.shape()), ", out ", shape_str(out.shape()), ", dim ",
+              dim);
   const int64_t total = index.numel();
   if (total == 0) return;
   const OffsetCalc<1> oc = dim_skipping_calc(index.shape(), x.strides(), dim, "gather");
   const int64_t xs_dim = x.stride(dim), size = x.size(dim);
   auto run = [&](auto bits) {
     using E = decltype(bits);
-    gather_kernel<E><<<grid_for(total), kBlockSize, 0, stream()>>>(cptr<E>(x), cptr<int64_t>(index), ptr<E>(out),
-                                                                    total, oc, xs_dim, size, device_error_report());
+    gather_kernel<E><<<grid_for(total), kBlockSize, 0, stream()>>>(cptr<E>(x), cptr<int64_t>(index), ptr<E>(out), total,
+                                                                   oc, xs_dim, size, device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   };
   switch (x.element_size()) {
-    case 1: return run(uint8_t());
-    case 4: return run(uint32_t());
-    case 8: return run(uint64_t());
-    default: LINEA_FAIL("gather: unsupported element size ", x.element_size());
+    case 1:
+      return run(uint8_t());
+    case 4:
+      return run(uint32_t());
+    case 8:
+      return run(uint64_t());
+    default:
+      LINEA_FAIL("gather: unsupported element size ", x.element_size());
   }
 }
 
@@ -212,8 +216,7 @@ void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int6
   const int64_t os_dim = out.stride(dim), size = out.size(dim);
   LINEA_DISPATCH_NUMERIC(out.dtype(), "scatter_add", [&] {
     scatter_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
-        ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), total, oc, os_dim, size,
-        device_error_report());
+        ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), total, oc, os_dim, size, device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

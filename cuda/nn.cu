@@ -144,8 +144,7 @@ __global__ void layer_norm_backward_dx_kernel(const T* g, const T* x, const T* w
 // pw[k, c], pb[k, c] (double) = the sums over chunk k (either may be null).
 template <typename T>
 __global__ void layer_norm_dwdb_partial_kernel(const T* g, const T* x, const T* mean, const T* rstd, double* pw,
-                                               double* pb, int64_t rows, int64_t cols, int64_t nchunks,
-                                               int64_t chunk) {
+                                               double* pb, int64_t rows, int64_t cols, int64_t nchunks, int64_t chunk) {
   double* sh = shared_mem<double>();
   const int64_t columns = nchunks * cols;
   for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
@@ -172,8 +171,7 @@ __global__ void layer_norm_dwdb_partial_kernel(const T* g, const T* x, const T* 
 }
 
 // Pass 2: out[c] = sum_k part[k, c] (out null: nothing to do).
-template <typename T>
-__global__ void sum_chunks_kernel(const double* part, T* out, int64_t nchunks, int64_t cols) {
+template <typename T> __global__ void sum_chunks_kernel(const double* part, T* out, int64_t nchunks, int64_t cols) {
   double* sh = shared_mem<double>();
   for (int64_t cb = blockIdx.x; cb * blockDim.x < cols; cb += gridDim.x) {
     const int64_t c = cb * blockDim.x + threadIdx.x;
@@ -247,14 +245,8 @@ __global__ void cross_entropy_backward_kernel(const T* g, const T* x, const int6
   }
 }
 
-template <typename T>
-const T* cptr_or_null(const Tensor& t) {
-  return t.defined() ? cptr<T>(t) : nullptr;
-}
-template <typename T>
-T* ptr_or_null(const Tensor& t) {
-  return t.defined() ? ptr<T>(t) : nullptr;
-}
+template <typename T> const T* cptr_or_null(const Tensor& t) { return t.defined() ? cptr<T>(t) : nullptr; }
+template <typename T> T* ptr_or_null(const Tensor& t) { return t.defined() ? ptr<T>(t) : nullptr; }
 
 }  // namespace
 
@@ -273,24 +265,23 @@ void softmax(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64
 }
 
 // grad, y, dx [outer, r, inner]; y is the forward output (log-probabilities when log)
-void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t r,
-                      int64_t inner, bool log) {
+void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t r, int64_t inner,
+                      bool log) {
   LINEA_CHECK(y.numel() == outer * r * inner && grad.numel() == y.numel() && dx.numel() == y.numel(),
               "softmax_backward: y ", shape_str(y.shape()), " does not match [", outer, ", ", r, ", ", inner, "]");
   if (outer * r * inner == 0) return;
   LINEA_DISPATCH_FLOAT(y.dtype(), "softmax_backward", [&] {
     const int64_t columns = outer * inner;
     const dim3 block = column_block(r, inner);
-    softmax_backward_kernel<scalar_t><<<column_grid(columns, block), block, sizeof(scalar_t) * kBlockSize,
-                                        stream()>>>(cptr<scalar_t>(grad), cptr<scalar_t>(y), ptr<scalar_t>(dx),
-                                                    columns, r, inner, log);
+    softmax_backward_kernel<scalar_t><<<column_grid(columns, block), block, sizeof(scalar_t) * kBlockSize, stream()>>>(
+        cptr<scalar_t>(grad), cptr<scalar_t>(y), ptr<scalar_t>(dx), columns, r, inner, log);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
 
 // x, out [rows, cols]; w, b [cols] or undefined; mean, rstd [rows]
-void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
-                const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols) {
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out, const Tensor& mean,
+                const Tensor& rstd, int64_t rows, int64_t cols) {
   LINEA_CHECK(x.numel() == rows * cols && out.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
               "layer_norm: x ", shape_str(x.shape()), " does not match [", rows, ", ", cols, "]");
   if (rows == 0 || cols == 0) return;
@@ -305,9 +296,8 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
 }
 
 // grad, x, dx [rows, cols]; w [cols] or undefined; mean, rstd [rows]; dw, db [cols] or undefined
-void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,
-                         int64_t cols) {
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows, int64_t cols) {
   LINEA_CHECK(x.numel() == rows * cols && grad.numel() == x.numel() && dx.numel() == x.numel(),
               "layer_norm_backward: x ", shape_str(x.shape()), " does not match [", rows, ", ", cols, "]");
   if (cols == 0) return;
@@ -332,10 +322,10 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, c
     const size_t part_bytes = sizeof(double) * static_cast<size_t>(nchunks * cols);
     DeviceBuffer part_w(dw.defined() ? part_bytes : 0), part_b(db.defined() ? part_bytes : 0);
     const dim3 block1 = column_block(chunk, cols);
-    layer_norm_dwdb_partial_kernel<T><<<column_grid(nchunks * cols, block1), block1, sizeof(double) * kBlockSize,
-                                        stream()>>>(cptr<T>(grad), cptr<T>(x), cptr<T>(mean), cptr<T>(rstd),
-                                                    part_w.as<double>(), part_b.as<double>(), rows, cols, nchunks,
-                                                    chunk);
+    layer_norm_dwdb_partial_kernel<T>
+        <<<column_grid(nchunks * cols, block1), block1, sizeof(double) * kBlockSize, stream()>>>(
+            cptr<T>(grad), cptr<T>(x), cptr<T>(mean), cptr<T>(rstd), part_w.as<double>(), part_b.as<double>(), rows,
+            cols, nchunks, chunk);
     LINEA_KERNEL_LAUNCH_CHECK();
     const dim3 block2 = column_block(nchunks, cols);
     if (dw.defined()) {

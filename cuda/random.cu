@@ -27,8 +27,7 @@ inline curandStatus_t generate_normal(curandGenerator_t g, double* p, size_t n, 
 
 // cuRAND gives u in (0, 1]; 1 - u is in [0, 1). out = lo + (hi - lo) * (1 - u), computed in
 // double as on the CPU, and a value that rounds up to hi is replaced by lo (keeps [lo, hi)).
-template <typename T>
-__global__ void uniform_map_kernel(T* p, int64_t n, double lo, double hi) {
+template <typename T> __global__ void uniform_map_kernel(T* p, int64_t n, double lo, double hi) {
   const double span = hi - lo;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -39,10 +38,7 @@ __global__ void uniform_map_kernel(T* p, int64_t n, double lo, double hi) {
 }
 
 // 32-bit words a draw of n values consumes (an upper bound: the offset only has to move past them).
-template <typename T>
-uint64_t words_for(int64_t n) {
-  return static_cast<uint64_t>(n) * (sizeof(T) / 4);
-}
+template <typename T> uint64_t words_for(int64_t n) { return static_cast<uint64_t>(n) * (sizeof(T) / 4); }
 
 }  // namespace
 
@@ -84,8 +80,8 @@ void normal(const Tensor& out, double mean, double std) {
       LINEA_CURAND_CHECK(generate_normal(g, dst, static_cast<size_t>(even), mean, std));
     }
     if (!direct)
-      LINEA_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), dst, sizeof(T) * static_cast<size_t>(n),
-                                       cudaMemcpyDeviceToDevice, stream()));
+      LINEA_CUDA_CHECK(
+          cudaMemcpyAsync(out.data_ptr(), dst, sizeof(T) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream()));
   });
 }
 

@@ -23,8 +23,7 @@ using namespace linea::cuda::detail;
 namespace {
 
 // Policies: acc_t, identity(), load(value, j), operator() (combine), finish(acc) -> output.
-template <typename T>
-struct SumP {
+template <typename T> struct SumP {
   using acc_t = typename AccOf<T>::type;
   __device__ acc_t identity() const { return acc_t(0); }
   __device__ acc_t load(T v, int64_t) const { return static_cast<acc_t>(v); }
@@ -32,19 +31,18 @@ struct SumP {
   __device__ T finish(acc_t a) const { return static_cast<T>(a); }
 };
 
-template <typename T>
-struct MaxP {  // identity -inf (lowest() for integers), NaN propagates (as the CPU)
+template <typename T> struct MaxP {  // identity -inf (lowest() for integers), NaN propagates (as the CPU)
   using acc_t = T;
   __device__ T identity() const {
-    return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+    return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                : std::numeric_limits<T>::lowest();
   }
   __device__ T load(T v, int64_t) const { return v; }
   __device__ T operator()(T a, T b) const { return MaxOp()(a, b); }
   __device__ T finish(T a) const { return a; }
 };
 
-template <typename T>
-struct MinP {
+template <typename T> struct MinP {
   using acc_t = T;
   __device__ T identity() const {
     return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
@@ -54,16 +52,14 @@ struct MinP {
   __device__ T finish(T a) const { return a; }
 };
 
-template <typename T>
-struct ArgVal {
+template <typename T> struct ArgVal {
   T v;
   int64_t i;  // -1: empty
 };
 
 // Winner: the first NaN if any, else the first extreme value. Symmetric in its arguments,
 // since the tree combines index sets in no particular order.
-template <typename T, bool kMax>
-struct ArgP {
+template <typename T, bool kMax> struct ArgP {
   using acc_t = ArgVal<T>;
   __device__ acc_t identity() const { return {T(0), -1}; }
   __device__ acc_t load(T v, int64_t j) const { return {v, j}; }
@@ -82,20 +78,17 @@ struct ArgP {
 };
 
 // Pass-1 policy of a split reduction: P's load and combine, writing raw accumulators.
-template <typename P>
-struct PartialP {
+template <typename P> struct PartialP {
   using acc_t = typename P::acc_t;
   P p;
   __device__ acc_t identity() const { return p.identity(); }
-  template <typename T>
-  __device__ acc_t load(T v, int64_t j) const { return p.load(v, j); }
+  template <typename T> __device__ acc_t load(T v, int64_t j) const { return p.load(v, j); }
   __device__ acc_t operator()(acc_t a, acc_t b) const { return p(a, b); }
   __device__ acc_t finish(acc_t a) const { return a; }
 };
 
 // Pass-2 policy: combines the accumulators of pass 1, then P's finish.
-template <typename P>
-struct CombineP {
+template <typename P> struct CombineP {
   using acc_t = typename P::acc_t;
   P p;
   __device__ acc_t identity() const { return p.identity(); }
@@ -127,8 +120,8 @@ __global__ void reduce_kernel(const In* x, Out* out, int64_t outer, int64_t r, i
 }
 
 template <typename In, typename Out, typename P>
-void launch_reduce_pass(const In* x, Out* out, int64_t outer, int64_t r, int64_t inner, int64_t nchunks,
-                        int64_t chunk, P p) {
+void launch_reduce_pass(const In* x, Out* out, int64_t outer, int64_t r, int64_t inner, int64_t nchunks, int64_t chunk,
+                        P p) {
   const dim3 block = column_block(std::min(r, chunk), inner);
   const size_t smem = sizeof(typename P::acc_t) * block.x * block.y;
   reduce_kernel<In, Out, P><<<column_grid(outer * nchunks * inner, block), block, smem, stream()>>>(
@@ -159,8 +152,7 @@ void launch_reduce(const Tensor& x, const Tensor& out, int64_t outer, int64_t r,
 
 // logsumexp: m = max; m + log(sum exp(x - m)); an infinite max is returned as is (all -inf,
 // or +inf present), as on the CPU.
-template <typename T>
-__global__ void logsumexp_kernel(const T* x, T* out, int64_t columns, int64_t r, int64_t inner) {
+template <typename T> __global__ void logsumexp_kernel(const T* x, T* out, int64_t columns, int64_t r, int64_t inner) {
   using A = typename AccOf<T>::type;
   for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
     const Column col = column_at(cb, columns, r, inner);
@@ -178,11 +170,10 @@ __global__ void logsumexp_kernel(const T* x, T* out, int64_t columns, int64_t r,
   }
 }
 
-void check_reduce_args(const char* op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r,
-                       int64_t inner) {
-  LINEA_CHECK(outer >= 0 && r >= 0 && inner >= 0 && x.numel() == outer * r * inner && out.numel() == outer * inner,
-              op, ": x ", shape_str(x.shape()), " / out ", shape_str(out.shape()), " do not match [outer ", outer,
-              ", r ", r, ", inner ", inner, "]");
+void check_reduce_args(const char* op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner) {
+  LINEA_CHECK(outer >= 0 && r >= 0 && inner >= 0 && x.numel() == outer * r * inner && out.numel() == outer * inner, op,
+              ": x ", shape_str(x.shape()), " / out ", shape_str(out.shape()), " do not match [outer ", outer, ", r ",
+              r, ", inner ", inner, "]");
   LINEA_CHECK(x.is_contiguous() && out.is_contiguous(), op, ": expected contiguous tensors");
 }
 
@@ -195,16 +186,19 @@ void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int6
   LINEA_DISPATCH_NUMERIC(x.dtype(), "reduce", [&] {
     using T = scalar_t;
     switch (op) {
-      case ReduceOp::Sum: return launch_reduce<T, T>(x, out, outer, r, inner, SumP<T>());
-      case ReduceOp::Max: return launch_reduce<T, T>(x, out, outer, r, inner, MaxP<T>());
-      case ReduceOp::Min: return launch_reduce<T, T>(x, out, outer, r, inner, MinP<T>());
+      case ReduceOp::Sum:
+        return launch_reduce<T, T>(x, out, outer, r, inner, SumP<T>());
+      case ReduceOp::Max:
+        return launch_reduce<T, T>(x, out, outer, r, inner, MaxP<T>());
+      case ReduceOp::Min:
+        return launch_reduce<T, T>(x, out, outer, r, inner, MinP<T>());
       case ReduceOp::LogSumExp: {
         if constexpr (std::is_floating_point_v<T>) {
           const int64_t columns = outer * inner;
           const dim3 block = column_block(r, inner);
           const size_t smem = sizeof(double) * block.x * block.y;
-          logsumexp_kernel<T><<<column_grid(columns, block), block, smem, stream()>>>(cptr<T>(x), ptr<T>(out),
-                                                                                       columns, r, inner);
+          logsumexp_kernel<T>
+              <<<column_grid(columns, block), block, smem, stream()>>>(cptr<T>(x), ptr<T>(out), columns, r, inner);
           LINEA_KERNEL_LAUNCH_CHECK();
           return;
         } else {
@@ -221,8 +215,10 @@ void arg_reduce(bool is_max, const Tensor& x, const Tensor& out, int64_t outer, 
   if (outer * inner == 0) return;
   LINEA_DISPATCH_NUMERIC(x.dtype(), "arg_reduce", [&] {
     using T = scalar_t;
-    if (is_max) launch_reduce<T, int64_t>(x, out, outer, r, inner, ArgP<T, true>());
-    else launch_reduce<T, int64_t>(x, out, outer, r, inner, ArgP<T, false>());
+    if (is_max)
+      launch_reduce<T, int64_t>(x, out, outer, r, inner, ArgP<T, true>());
+    else
+      launch_reduce<T, int64_t>(x, out, outer, r, inner, ArgP<T, false>());
   });
 }
 

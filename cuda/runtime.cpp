@@ -23,40 +23,69 @@ namespace {
 
 const char* cufft_status_name(cufftResult st) {
   switch (st) {
-    case CUFFT_SUCCESS: return "CUFFT_SUCCESS";
-    case CUFFT_INVALID_PLAN: return "CUFFT_INVALID_PLAN";
-    case CUFFT_ALLOC_FAILED: return "CUFFT_ALLOC_FAILED (out of device memory)";
-    case CUFFT_INVALID_TYPE: return "CUFFT_INVALID_TYPE";
-    case CUFFT_INVALID_VALUE: return "CUFFT_INVALID_VALUE";
-    case CUFFT_INTERNAL_ERROR: return "CUFFT_INTERNAL_ERROR";
-    case CUFFT_EXEC_FAILED: return "CUFFT_EXEC_FAILED";
-    case CUFFT_SETUP_FAILED: return "CUFFT_SETUP_FAILED";
-    case CUFFT_INVALID_SIZE: return "CUFFT_INVALID_SIZE";
-    case CUFFT_UNALIGNED_DATA: return "CUFFT_UNALIGNED_DATA";
-    case CUFFT_INVALID_DEVICE: return "CUFFT_INVALID_DEVICE";
-    case CUFFT_NO_WORKSPACE: return "CUFFT_NO_WORKSPACE";
-    case CUFFT_NOT_IMPLEMENTED: return "CUFFT_NOT_IMPLEMENTED";
-    case CUFFT_NOT_SUPPORTED: return "CUFFT_NOT_SUPPORTED";
-    default: return "unknown cuFFT status";
+    case CUFFT_SUCCESS:
+      return "CUFFT_SUCCESS";
+    case CUFFT_INVALID_PLAN:
+      return "CUFFT_INVALID_PLAN";
+    case CUFFT_ALLOC_FAILED:
+      return "CUFFT_ALLOC_FAILED (out of device memory)";
+    case CUFFT_INVALID_TYPE:
+      return "CUFFT_INVALID_TYPE";
+    case CUFFT_INVALID_VALUE:
+      return "CUFFT_INVALID_VALUE";
+    case CUFFT_INTERNAL_ERROR:
+      return "CUFFT_INTERNAL_ERROR";
+    case CUFFT_EXEC_FAILED:
+      return "CUFFT_EXEC_FAILED";
+    case CUFFT_SETUP_FAILED:
+      return "CUFFT_SETUP_FAILED";
+    case CUFFT_INVALID_SIZE:
+      return "CUFFT_INVALID_SIZE";
+    case CUFFT_UNALIGNED_DATA:
+      return "CUFFT_UNALIGNED_DATA";
+    case CUFFT_INVALID_DEVICE:
+      return "CUFFT_INVALID_DEVICE";
+    case CUFFT_NO_WORKSPACE:
+      return "CUFFT_NO_WORKSPACE";
+    case CUFFT_NOT_IMPLEMENTED:
+      return "CUFFT_NOT_IMPLEMENTED";
+    case CUFFT_NOT_SUPPORTED:
+      return "CUFFT_NOT_SUPPORTED";
+    default:
+      return "unknown cuFFT status";
   }
 }
 
 const char* curand_status_name(curandStatus_t st) {
   switch (st) {
-    case CURAND_STATUS_SUCCESS: return "CURAND_STATUS_SUCCESS";
-    case CURAND_STATUS_VERSION_MISMATCH: return "CURAND_STATUS_VERSION_MISMATCH";
-    case CURAND_STATUS_NOT_INITIALIZED: return "CURAND_STATUS_NOT_INITIALIZED";
-    case CURAND_STATUS_ALLOCATION_FAILED: return "CURAND_STATUS_ALLOCATION_FAILED";
-    case CURAND_STATUS_TYPE_ERROR: return "CURAND_STATUS_TYPE_ERROR";
-    case CURAND_STATUS_OUT_OF_RANGE: return "CURAND_STATUS_OUT_OF_RANGE";
-    case CURAND_STATUS_LENGTH_NOT_MULTIPLE: return "CURAND_STATUS_LENGTH_NOT_MULTIPLE";
-    case CURAND_STATUS_DOUBLE_PRECISION_REQUIRED: return "CURAND_STATUS_DOUBLE_PRECISION_REQUIRED";
-    case CURAND_STATUS_LAUNCH_FAILURE: return "CURAND_STATUS_LAUNCH_FAILURE";
-    case CURAND_STATUS_PREEXISTING_FAILURE: return "CURAND_STATUS_PREEXISTING_FAILURE";
-    case CURAND_STATUS_INITIALIZATION_FAILED: return "CURAND_STATUS_INITIALIZATION_FAILED";
-    case CURAND_STATUS_ARCH_MISMATCH: return "CURAND_STATUS_ARCH_MISMATCH";
-    case CURAND_STATUS_INTERNAL_ERROR: return "CURAND_STATUS_INTERNAL_ERROR";
-    default: return "unknown cuRAND status";
+    case CURAND_STATUS_SUCCESS:
+      return "CURAND_STATUS_SUCCESS";
+    case CURAND_STATUS_VERSION_MISMATCH:
+      return "CURAND_STATUS_VERSION_MISMATCH";
+    case CURAND_STATUS_NOT_INITIALIZED:
+      return "CURAND_STATUS_NOT_INITIALIZED";
+    case CURAND_STATUS_ALLOCATION_FAILED:
+      return "CURAND_STATUS_ALLOCATION_FAILED";
+    case CURAND_STATUS_TYPE_ERROR:
+      return "CURAND_STATUS_TYPE_ERROR";
+    case CURAND_STATUS_OUT_OF_RANGE:
+      return "CURAND_STATUS_OUT_OF_RANGE";
+    case CURAND_STATUS_LENGTH_NOT_MULTIPLE:
+      return "CURAND_STATUS_LENGTH_NOT_MULTIPLE";
+    case CURAND_STATUS_DOUBLE_PRECISION_REQUIRED:
+      return "CURAND_STATUS_DOUBLE_PRECISION_REQUIRED";
+    case CURAND_STATUS_LAUNCH_FAILURE:
+      return "CURAND_STATUS_LAUNCH_FAILURE";
+    case CURAND_STATUS_PREEXISTING_FAILURE:
+      return "CURAND_STATUS_PREEXISTING_FAILURE";
+    case CURAND_STATUS_INITIALIZATION_FAILED:
+      return "CURAND_STATUS_INITIALIZATION_FAILED";
+    case CURAND_STATUS_ARCH_MISMATCH:
+      return "CURAND_STATUS_ARCH_MISMATCH";
+    case CURAND_STATUS_INTERNAL_ERROR:
+      return "CURAND_STATUS_INTERNAL_ERROR";
+    default:
+      return "unknown cuRAND status";
   }
 }
 
@@ -65,23 +94,23 @@ const char* curand_status_name(curandStatus_t st) {
 void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
   // Clears the error for non-sticky failures so the next call does not see it again.
   (void)cudaGetLastError();
-  throw Error(linea::detail::concat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
-                                    ") in ", expr, " at ", file, ":", line));
+  throw Error(linea::detail::concat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ", expr,
+                                    " at ", file, ":", line));
 }
 
 void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
-  throw Error(linea::detail::concat("cuBLAS error ", cublasGetStatusName(st), " (", cublasGetStatusString(st),
-                                    ") in ", expr, " at ", file, ":", line));
+  throw Error(linea::detail::concat("cuBLAS error ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ") in ",
+                                    expr, " at ", file, ":", line));
 }
 
 void throw_cufft_error(cufftResult st, const char* expr, const char* file, int line) {
-  throw Error(linea::detail::concat("cuFFT error ", cufft_status_name(st), " (code ", static_cast<int>(st),
-                                    ") in ", expr, " at ", file, ":", line));
+  throw Error(linea::detail::concat("cuFFT error ", cufft_status_name(st), " (code ", static_cast<int>(st), ") in ",
+                                    expr, " at ", file, ":", line));
 }
 
 void throw_curand_error(curandStatus_t st, const char* expr, const char* file, int line) {
-  throw Error(linea::detail::concat("cuRAND error ", curand_status_name(st), " (code ", static_cast<int>(st),
-                                    ") in ", expr, " at ", file, ":", line));
+  throw Error(linea::detail::concat("cuRAND error ", curand_status_name(st), " (code ", static_cast<int>(st), ") in ",
+                                    expr, " at ", file, ":", line));
 }
 
 bool sync_debug() {
@@ -192,12 +221,18 @@ DeviceErrorReport* host_error_report = nullptr;  // the same memory, host side
 
 const char* device_error_op(int code) {
   switch (static_cast<DeviceErrorCode>(code)) {
-    case DeviceErrorCode::IndexSelect: return "index_select";
-    case DeviceErrorCode::IndexAdd: return "index_add";
-    case DeviceErrorCode::Gather: return "gather";
-    case DeviceErrorCode::ScatterAdd: return "scatter_add";
-    case DeviceErrorCode::CrossEntropyTarget: return "cross_entropy";
-    default: return "CUDA kernel";
+    case DeviceErrorCode::IndexSelect:
+      return "index_select";
+    case DeviceErrorCode::IndexAdd:
+      return "index_add";
+    case DeviceErrorCode::Gather:
+      return "gather";
+    case DeviceErrorCode::ScatterAdd:
+      return "scatter_add";
+    case DeviceErrorCode::CrossEntropyTarget:
+      return "cross_entropy";
+    default:
+      return "CUDA kernel";
   }
 }
 }  // namespace
@@ -282,8 +317,7 @@ void raw_free(void* ptr) {
   cudaError_t err = cudaFree(ptr);
   if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
     (void)cudaGetLastError();
-    std::fprintf(stderr, "linea: warning: cudaFree failed: %s (%s)\n", cudaGetErrorName(err),
-                 cudaGetErrorString(err));
+    std::fprintf(stderr, "linea: warning: cudaFree failed: %s (%s)\n", cudaGetErrorName(err), cudaGetErrorString(err));
   }
 }
 

@@ -49,8 +49,7 @@ TEST(CudaBasics, CudaTensorWithoutGpuIsAClearError) {
 #ifdef LINEA_WITH_CUDA
 
 // The message of the linea::Error thrown by stmt ("" if none).
-template <typename F>
-std::string error_of(F stmt) {
+template <typename F> std::string error_of(F stmt) {
   try {
     stmt();
   } catch (const Error& e) {

@@ -45,9 +45,12 @@ struct Tol {
 };
 Tol tol_for(DType dt) {
   switch (dt) {
-    case DType::Float32: return {2e-5, 2e-5};
-    case DType::Float64: return {1e-10, 1e-10};
-    default: return {0.0, 0.0};
+    case DType::Float32:
+      return {2e-5, 2e-5};
+    case DType::Float64:
+      return {1e-10, 1e-10};
+    default:
+      return {0.0, 0.0};
   }
 }
 
@@ -143,8 +146,8 @@ TEST(CudaParity, Unary) {
     for (const Case& c : cases) {
       auto in = [&](const Tensor& x) { return c.positive ? add(abs(x), 0.5) : x; };
       // contiguous odd length, a single element, a transposed 2-D view, a strided slice
-      expect_parity(tag(std::string(c.name) + " [1001]", dt), [&](const std::vector<Tensor>& v) { return c.f(in(v[0])); },
-                    {rnd({1001}, dt, 2.0)});
+      expect_parity(tag(std::string(c.name) + " [1001]", dt),
+                    [&](const std::vector<Tensor>& v) { return c.f(in(v[0])); }, {rnd({1001}, dt, 2.0)});
       expect_parity(tag(std::string(c.name) + " [1]", dt), [&](const std::vector<Tensor>& v) { return c.f(in(v[0])); },
                     {rnd({1}, dt)});
       expect_parity(tag(std::string(c.name) + " transposed", dt),
@@ -186,7 +189,8 @@ TEST(CudaParity, BinaryBroadcast) {
       auto f = op.second;
       // [5, 1, 7] with [1, 3, 7]: both broadcast (stride 0)
       expect_parity(tag(std::string(op.first) + " broadcast", dt),
-                    [&](const std::vector<Tensor>& v) { return f(v[0], v[1]); }, {rnd({5, 1, 7}, dt), rnd({1, 3, 7}, dt)});
+                    [&](const std::vector<Tensor>& v) { return f(v[0], v[1]); },
+                    {rnd({5, 1, 7}, dt), rnd({1, 3, 7}, dt)});
       // transposed a with a row vector b, and a 0-d operand
       expect_parity(tag(std::string(op.first) + " transposed", dt),
                     [&](const std::vector<Tensor>& v) { return f(v[0].t(), v[1]); }, {rnd({9, 6}, dt), rnd({9}, dt)});
@@ -195,7 +199,9 @@ TEST(CudaParity, BinaryBroadcast) {
                     {rnd({11, 4}, dt), rnd({}, dt)});
       // many dims, permuted (exercises the offset calculator beyond a few dims)
       expect_parity(tag(std::string(op.first) + " 6-d permuted", dt),
-                    [&](const std::vector<Tensor>& v) { return f(v[0].permute({5, 3, 1, 0, 2, 4}), v[1]); },
+                    [&](const std::vector<Tensor>& v) {
+                      return f(v[0].permute({5, 3, 1, 0, 2, 4}), v[1]);
+                    },
                     {rnd({2, 3, 2, 3, 2, 3}, dt), rnd({3, 3, 1, 2, 2, 1}, dt)});
     }
   }
@@ -218,18 +224,18 @@ TEST(CudaParity, Comparisons) {
     };
     for (const auto& op : ops) {
       auto f = op.second;
-      expect_parity(tag(op.first, dt), [&](const std::vector<Tensor>& v) { return f(v[0], v[1]); }, {a, b}, 1.0,
-                    false);
-      expect_parity(tag(std::string(op.first) + " transposed", dt),
-                    [&](const std::vector<Tensor>& v) { return f(v[0].t(), v[1].unsqueeze(0)); },
-                    {ints(va, {4, 3}).to(dt), b}, 1.0, false);
+      expect_parity(
+          tag(op.first, dt), [&](const std::vector<Tensor>& v) { return f(v[0], v[1]); }, {a, b}, 1.0, false);
+      expect_parity(
+          tag(std::string(op.first) + " transposed", dt),
+          [&](const std::vector<Tensor>& v) { return f(v[0].t(), v[1].unsqueeze(0)); }, {ints(va, {4, 3}).to(dt), b},
+          1.0, false);
     }
   }
   // integer arithmetic
   const Tensor a = ints(va, {3, 4}), b = ints(vb, {4});
   expect_parity("int64 add", [](const std::vector<Tensor>& v) { return add(v[0], v[1]); }, {a, b});
-  expect_parity("int64 mul", [](const std::vector<Tensor>& v) { return mul(v[0].t(), v[1]); },
-                {ints(va, {4, 3}), b});
+  expect_parity("int64 mul", [](const std::vector<Tensor>& v) { return mul(v[0].t(), v[1]); }, {ints(va, {4, 3}), b});
   expect_parity("int64 maximum", [](const std::vector<Tensor>& v) { return maximum(v[0], v[1]); }, {a, b});
 }
 
@@ -238,14 +244,12 @@ TEST(CudaParity, WhereAndMaskedFill) {
   manual_seed(3);
   for (DType dt : kFloatTypes) {
     const Tensor mask = gt(randn({4, 1}), 0.0);
-    expect_parity(tag("where broadcast", dt),
-                  [&](const std::vector<Tensor>& v) { return where(v[2], v[0], v[1]); },
+    expect_parity(tag("where broadcast", dt), [&](const std::vector<Tensor>& v) { return where(v[2], v[0], v[1]); },
                   {rnd({4, 6}, dt), rnd({6}, dt), gt(randn({4, 6}), 0.0)});
     expect_parity(tag("where transposed", dt),
                   [&](const std::vector<Tensor>& v) { return where(v[2].t(), v[0].t(), v[1]); },
                   {rnd({6, 4}, dt), rnd({4, 1}, dt), gt(randn({6, 4}), 0.0)});
-    expect_parity(tag("masked_fill", dt),
-                  [&](const std::vector<Tensor>& v) { return masked_fill(v[0], v[1], -3.5); },
+    expect_parity(tag("masked_fill", dt), [&](const std::vector<Tensor>& v) { return masked_fill(v[0], v[1], -3.5); },
                   {rnd({4, 5}, dt), mask});
   }
   expect_parity("where int64", [](const std::vector<Tensor>& v) { return where(v[2], v[0], v[1]); },
@@ -259,32 +263,45 @@ TEST(CudaParity, CopyConvertFillArange) {
   manual_seed(4);
   for (DType dt : kFloatTypes) {
     expect_parity(tag("contiguous of permuted 4-d", dt),
-                  [](const std::vector<Tensor>& v) { return contiguous(v[0].permute({2, 0, 3, 1})); },
+                  [](const std::vector<Tensor>& v) {
+                    return contiguous(v[0].permute({2, 0, 3, 1}));
+                  },
                   {rnd({2, 3, 4, 5}, dt)});
     expect_parity(tag("contiguous of expanded", dt),
-                  [](const std::vector<Tensor>& v) { return contiguous(v[0].expand({4, 3, 5})); }, {rnd({3, 1}, dt)});
-    expect_parity(tag("cat", dt), [](const std::vector<Tensor>& v) { return cat({v[0], v[1].t()}, 1); },
+                  [](const std::vector<Tensor>& v) {
+                    return contiguous(v[0].expand({4, 3, 5}));
+                  },
+                  {rnd({3, 1}, dt)});
+    expect_parity(tag("cat", dt),
+                  [](const std::vector<Tensor>& v) {
+                    return cat({v[0], v[1].t()}, 1);
+                  },
                   {rnd({3, 4}, dt), rnd({5, 3}, dt)});
-    expect_parity(tag("stack", dt), [](const std::vector<Tensor>& v) { return stack({v[0], v[1]}, 1); },
+    expect_parity(tag("stack", dt),
+                  [](const std::vector<Tensor>& v) {
+                    return stack({v[0], v[1]}, 1);
+                  },
                   {rnd({3, 4}, dt), rnd({3, 4}, dt)});
     for (DType to_t : {DType::Float32, DType::Float64, DType::Int64}) {
-      expect_parity(tag(std::string("to ") + dtype_name(to_t) + " from", dt),
-                    [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {rnd({7, 3}, dt, 5.0)}, 1.0,
-                    false);
+      expect_parity(
+          tag(std::string("to ") + dtype_name(to_t) + " from", dt),
+          [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {rnd({7, 3}, dt, 5.0)}, 1.0, false);
     }
     // to bool: 0/1 inputs only (other values: see the note on copy in cuda/elementwise.cu)
-    expect_parity(tag("to bool from", dt), [](const std::vector<Tensor>& v) { return to(v[0].t(), DType::Bool); },
-                  {ints({0, 1, 1, 0, 0, 1}, {2, 3}).to(dt)}, 1.0, false);
+    expect_parity(
+        tag("to bool from", dt), [](const std::vector<Tensor>& v) { return to(v[0].t(), DType::Bool); },
+        {ints({0, 1, 1, 0, 0, 1}, {2, 3}).to(dt)}, 1.0, false);
   }
-  expect_parity("to bool from int64", [](const std::vector<Tensor>& v) { return to(v[0], DType::Bool); },
-                {ints({0, 1, 1, 0, 1}, {5})}, 1.0, false);
+  expect_parity(
+      "to bool from int64", [](const std::vector<Tensor>& v) { return to(v[0], DType::Bool); },
+      {ints({0, 1, 1, 0, 1}, {5})}, 1.0, false);
   for (DType to_t : {DType::Float32, DType::Float64, DType::Int64}) {
-    expect_parity(std::string("to ") + dtype_name(to_t) + " from int64",
-                  [to_t](const std::vector<Tensor>& v) { return to(v[0], to_t); }, {ints({-3, 0, 2, 7, 1}, {5})}, 1.0,
-                  false);
-    expect_parity(std::string("to ") + dtype_name(to_t) + " from bool",
-                  [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {gt(randn({3, 4}), 0.0)}, 1.0,
-                  false);
+    expect_parity(
+        std::string("to ") + dtype_name(to_t) + " from int64",
+        [to_t](const std::vector<Tensor>& v) { return to(v[0], to_t); }, {ints({-3, 0, 2, 7, 1}, {5})}, 1.0, false);
+    expect_parity(
+        std::string("to ") + dtype_name(to_t) + " from bool",
+        [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {gt(randn({3, 4}), 0.0)}, 1.0, false);
   }
   // fill_ of a strided view writes only the view
   for (DType dt : {DType::Float32, DType::Float64, DType::Int64, DType::Bool}) {
@@ -298,20 +315,20 @@ TEST(CudaParity, CopyConvertFillArange) {
   }
   // arange
   for (DType dt : {DType::Float32, DType::Float64, DType::Int64}) {
-    EXPECT_TRUE(matches(arange(-3, 17, 1, TensorOptions(dt, kCuda)), arange(-3, 17, 1, TensorOptions(dt)), 1.0,
-                        "arange"));
-    EXPECT_TRUE(matches(arange(0.5, 7.3, 0.3, TensorOptions(dt, kCuda)), arange(0.5, 7.3, 0.3, TensorOptions(dt)),
-                        1.0, "arange step 0.3"));
+    EXPECT_TRUE(
+        matches(arange(-3, 17, 1, TensorOptions(dt, kCuda)), arange(-3, 17, 1, TensorOptions(dt)), 1.0, "arange"));
+    EXPECT_TRUE(matches(arange(0.5, 7.3, 0.3, TensorOptions(dt, kCuda)), arange(0.5, 7.3, 0.3, TensorOptions(dt)), 1.0,
+                        "arange step 0.3"));
   }
   // copy_ across devices and within CUDA into a strided destination
   for (DType dt : kFloatTypes) {
     const Tensor src = rnd({4, 3}, dt);
     Tensor c = zeros({3, 4}, TensorOptions(dt)), g = zeros({3, 4}, TensorOptions(dt, kCuda));
     c.t().copy_(src);
-    g.t().copy_(src);                 // host -> device, then strided copy
+    g.t().copy_(src);  // host -> device, then strided copy
     EXPECT_TRUE(matches(g, c, 1.0, "copy_ into transposed view"));
     Tensor g2 = zeros({3, 4}, TensorOptions(dt, kCuda));
-    g2.t().copy_(src.to(kCuda));      // device -> device strided
+    g2.t().copy_(src.to(kCuda));  // device -> device strided
     EXPECT_TRUE(matches(g2, c, 1.0, "device copy_ into transposed view"));
   }
 }
@@ -349,31 +366,37 @@ TEST(CudaParity, Reductions) {
                   {rnd({5000, 3}, dt)});
     // argmax / argmin (Int64, exact), with ties: first index wins
     for (int64_t dim : {0, 1, 2}) {
-      expect_parity(tag("argmax dim " + std::to_string(dim), dt),
-                    [dim](const std::vector<Tensor>& v) { return argmax(v[0], dim); }, {x}, 1.0, false);
-      expect_parity(tag("argmin dim " + std::to_string(dim), dt),
-                    [dim](const std::vector<Tensor>& v) { return argmin(v[0], dim, true); }, {x}, 1.0, false);
+      expect_parity(
+          tag("argmax dim " + std::to_string(dim), dt),
+          [dim](const std::vector<Tensor>& v) { return argmax(v[0], dim); }, {x}, 1.0, false);
+      expect_parity(
+          tag("argmin dim " + std::to_string(dim), dt),
+          [dim](const std::vector<Tensor>& v) { return argmin(v[0], dim, true); }, {x}, 1.0, false);
     }
     const Tensor ties = ints({1, 3, 3, 0, 3, -2, -2, 1, 0, 3, -2, 0}, {3, 4}).to(dt);
     for (int64_t dim : {0, 1}) {
-      expect_parity(tag("argmax ties", dt), [dim](const std::vector<Tensor>& v) { return argmax(v[0], dim); }, {ties},
-                    1.0, false);
-      expect_parity(tag("argmin ties", dt), [dim](const std::vector<Tensor>& v) { return argmin(v[0], dim); }, {ties},
-                    1.0, false);
+      expect_parity(
+          tag("argmax ties", dt), [dim](const std::vector<Tensor>& v) { return argmax(v[0], dim); }, {ties}, 1.0,
+          false);
+      expect_parity(
+          tag("argmin ties", dt), [dim](const std::vector<Tensor>& v) { return argmin(v[0], dim); }, {ties}, 1.0,
+          false);
     }
-    expect_parity(tag("argmax long", dt), [](const std::vector<Tensor>& v) { return argmax(v[0], 1); },
-                  {rnd({2, 40000}, dt)}, 1.0, false);
+    expect_parity(
+        tag("argmax long", dt), [](const std::vector<Tensor>& v) { return argmax(v[0], 1); }, {rnd({2, 40000}, dt)},
+        1.0, false);
     // NaN propagates through max and wins argmax (first NaN)
     std::vector<double> nanv = {1.0, NAN, 5.0, NAN, 2.0, 7.0};
     const Tensor xn = from_vector<double>(nanv, {2, 3}).to(dt);
-    expect_parity(tag("max with NaN", dt), [](const std::vector<Tensor>& v) { return max(v[0], {1}); }, {xn}, 1.0,
-                  false);
-    expect_parity(tag("argmax with NaN", dt), [](const std::vector<Tensor>& v) { return argmax(v[0], 0); }, {xn}, 1.0,
-                  false);
+    expect_parity(
+        tag("max with NaN", dt), [](const std::vector<Tensor>& v) { return max(v[0], {1}); }, {xn}, 1.0, false);
+    expect_parity(
+        tag("argmax with NaN", dt), [](const std::vector<Tensor>& v) { return argmax(v[0], 0); }, {xn}, 1.0, false);
     // logsumexp of a row of -inf is -inf
     const Tensor xi = from_vector<double>({-INFINITY, -INFINITY, 0.5, 1.0}, {2, 2}).to(dt);
-    expect_parity(tag("logsumexp -inf row", dt), [](const std::vector<Tensor>& v) { return logsumexp(v[0], {1}); },
-                  {xi}, 1.0, false);
+    expect_parity(
+        tag("logsumexp -inf row", dt), [](const std::vector<Tensor>& v) { return logsumexp(v[0], {1}); }, {xi}, 1.0,
+        false);
   }
   // int64 sums and extremes
   const Tensor xi = ints({4, -2, 9, 0, 7, 7, -5, 3, 1, 2, 8, -9}, {3, 4});
@@ -393,8 +416,7 @@ TEST(CudaParity, Matmul) {
                   {rnd({33, 17}, dt), rnd({33, 9}, dt)});
     expect_parity(tag("b transposed", dt), [](const std::vector<Tensor>& v) { return matmul(v[0], v[1].t()); },
                   {rnd({17, 33}, dt), rnd({9, 33}, dt)});
-    expect_parity(tag("both transposed", dt),
-                  [](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1].t()); },
+    expect_parity(tag("both transposed", dt), [](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1].t()); },
                   {rnd({33, 17}, dt), rnd({9, 33}, dt)});
     expect_parity(tag("row slice (ld > cols)", dt),
                   [](const std::vector<Tensor>& v) { return matmul(v[0].narrow(1, 2, 20), v[1]); },
@@ -414,8 +436,9 @@ TEST(CudaParity, Matmul) {
     expect_parity(tag("dot", dt), mm, {rnd({31}, dt), rnd({31}, dt)});
     expect_parity(tag("M = N = K = 1", dt), mm, {rnd({1, 1}, dt), rnd({1, 1}, dt)});
     expect_parity(tag("K = 1 outer product", dt), mm, {rnd({6, 1}, dt), rnd({1, 5}, dt)});
-    expect_parity(tag("bmm", dt), [](const std::vector<Tensor>& v) { return bmm(v[0], v[1]); },
-                  {rnd({2, 65, 130}, dt), rnd({2, 130, 3}, dt)}, 4.0);  // K = 130: longer sums
+    expect_parity(
+        tag("bmm", dt), [](const std::vector<Tensor>& v) { return bmm(v[0], v[1]); },
+        {rnd({2, 65, 130}, dt), rnd({2, 130, 3}, dt)}, 4.0);  // K = 130: longer sums
   }
 }
 
@@ -453,19 +476,19 @@ TEST(CudaParity, LayerNorm) {
                   [](const std::vector<Tensor>& v) { return layer_norm(v[0], {33}, v[1], v[2]); },
                   {rnd({6, 5, 33}, dt, 2.0), rnd({33}, dt), rnd({33}, dt)});
     expect_parity(tag("2 normalized dims", dt),
-                  [](const std::vector<Tensor>& v) { return layer_norm(v[0], {4, 7}, v[1], v[2], 1e-3); },
+                  [](const std::vector<Tensor>& v) {
+                    return layer_norm(v[0], {4, 7}, v[1], v[2], 1e-3);
+                  },
                   {rnd({10, 4, 7}, dt), rnd({4, 7}, dt), rnd({4, 7}, dt)});
     expect_parity(tag("no affine", dt), [](const std::vector<Tensor>& v) { return layer_norm(v[0], {9}); },
                   {rnd({11, 9}, dt)});
-    expect_parity(tag("weight only", dt),
-                  [](const std::vector<Tensor>& v) { return layer_norm(v[0], {9}, v[1]); },
+    expect_parity(tag("weight only", dt), [](const std::vector<Tensor>& v) { return layer_norm(v[0], {9}, v[1]); },
                   {rnd({11, 9}, dt), rnd({9}, dt)});
     expect_parity(tag("bias only, transposed input", dt),
                   [](const std::vector<Tensor>& v) { return layer_norm(v[0].t(), {9}, Tensor(), v[1]); },
                   {rnd({9, 11}, dt), rnd({9}, dt)});
     // many rows: dw/db reduced over several chunks; wide rows: a block per row
-    expect_parity(tag("many rows", dt),
-                  [](const std::vector<Tensor>& v) { return layer_norm(v[0], {20}, v[1], v[2]); },
+    expect_parity(tag("many rows", dt), [](const std::vector<Tensor>& v) { return layer_norm(v[0], {20}, v[1], v[2]); },
                   {rnd({301, 20}, dt), rnd({20}, dt), rnd({20}, dt)});
     expect_parity(tag("wide rows", dt),
                   [](const std::vector<Tensor>& v) { return layer_norm(v[0], {1000}, v[1], v[2]); },
@@ -510,8 +533,10 @@ TEST(CudaParity, Dropout) {
   const std::vector<double> v = y.to_vector<double>();
   int64_t zeros_n = 0;
   for (double e : v) {
-    if (e == 0.0) ++zeros_n;
-    else EXPECT_NEAR(e, 1.0 / (1.0 - p), 1e-6);
+    if (e == 0.0)
+      ++zeros_n;
+    else
+      EXPECT_NEAR(e, 1.0 / (1.0 - p), 1e-6);
   }
   EXPECT_NEAR(static_cast<double>(zeros_n) / v.size(), p, 0.01);
   y.backward(ones({100000}, TensorOptions(DType::Float32, kCuda)));
@@ -530,14 +555,14 @@ TEST(CudaParity, Indexing) {
                   [](const std::vector<Tensor>& v) { return index_select(v[0].t(), 0, v[1]); }, {rnd({3, 9}, dt), idx});
     expect_parity(tag("embedding", dt), [](const std::vector<Tensor>& v) { return embedding(v[0], v[1]); },
                   {rnd({10, 6}, dt), ints({1, 9, 1, 0, 4, 4, 4, 7, 2, 3, 1, 8}, {3, 4})});
-    const Tensor gidx = ints({0, 6, 3, 3, 1,  2, 2, 5, 0, 6,  4, 1, 1, 1, 0,  6, 5, 4, 3, 2}, {4, 5, 1})
-                            .expand({4, 5, 3})
-                            .contiguous();
+    const Tensor gidx =
+        ints({0, 6, 3, 3, 1, 2, 2, 5, 0, 6, 4, 1, 1, 1, 0, 6, 5, 4, 3, 2}, {4, 5, 1}).expand({4, 5, 3}).contiguous();
     expect_parity(tag("gather dim 1", dt), [](const std::vector<Tensor>& v) { return gather(v[0], 1, v[1]); },
                   {rnd({4, 7, 3}, dt), gidx});
-    expect_parity(tag("gather smaller index", dt),
-                  [](const std::vector<Tensor>& v) { return gather(v[0], 1, v[1].narrow(0, 0, 3).narrow(2, 0, 2).contiguous()); },
-                  {rnd({4, 7, 3}, dt), gidx});
+    expect_parity(
+        tag("gather smaller index", dt),
+        [](const std::vector<Tensor>& v) { return gather(v[0], 1, v[1].narrow(0, 0, 3).narrow(2, 0, 2).contiguous()); },
+        {rnd({4, 7, 3}, dt), gidx});
     expect_parity(tag("gather dim 0", dt), [](const std::vector<Tensor>& v) { return gather(v[0], 0, v[1]); },
                   {rnd({7, 4}, dt), ints({0, 6, 3, 3, 1, 2, 2, 5}, {2, 4})});
     expect_parity(tag("scatter_add dim 1", dt),
@@ -580,19 +605,23 @@ TEST(CudaParity, Fft) {
   const double s = 20.0;
   for (DType dt : kFloatTypes) {
     for (int64_t n : {37, 64, 1, 2}) {
-      expect_parity(tag("rfft n=" + std::to_string(n), dt),
-                    [n](const std::vector<Tensor>& v) { return rfft(v[0], n); }, {rnd({3, n}, dt)}, s);
-      expect_parity(tag("irfft n=" + std::to_string(n), dt),
-                    [n](const std::vector<Tensor>& v) { return irfft(v[0], n); }, {rnd({3, n / 2 + 1, 2}, dt)}, s);
+      expect_parity(
+          tag("rfft n=" + std::to_string(n), dt), [n](const std::vector<Tensor>& v) { return rfft(v[0], n); },
+          {rnd({3, n}, dt)}, s);
+      expect_parity(
+          tag("irfft n=" + std::to_string(n), dt), [n](const std::vector<Tensor>& v) { return irfft(v[0], n); },
+          {rnd({3, n / 2 + 1, 2}, dt)}, s);
     }
-    expect_parity(tag("rfft padded", dt), [](const std::vector<Tensor>& v) { return rfft(v[0], 64); },
-                  {rnd({2, 50}, dt)}, s);
-    expect_parity(tag("rfft truncated", dt), [](const std::vector<Tensor>& v) { return rfft(v[0], 20); },
-                  {rnd({2, 50}, dt)}, s);
-    expect_parity(tag("rfft dim 0 of a transposed", dt),
-                  [](const std::vector<Tensor>& v) { return rfft(v[0].t(), 36, 0); }, {rnd({4, 36}, dt)}, s);
-    expect_parity(tag("irfft dim 1", dt), [](const std::vector<Tensor>& v) { return irfft(v[0], 36, 1); },
-                  {rnd({2, 19, 3, 2}, dt)}, s);
+    expect_parity(
+        tag("rfft padded", dt), [](const std::vector<Tensor>& v) { return rfft(v[0], 64); }, {rnd({2, 50}, dt)}, s);
+    expect_parity(
+        tag("rfft truncated", dt), [](const std::vector<Tensor>& v) { return rfft(v[0], 20); }, {rnd({2, 50}, dt)}, s);
+    expect_parity(
+        tag("rfft dim 0 of a transposed", dt), [](const std::vector<Tensor>& v) { return rfft(v[0].t(), 36, 0); },
+        {rnd({4, 36}, dt)}, s);
+    expect_parity(
+        tag("irfft dim 1", dt), [](const std::vector<Tensor>& v) { return irfft(v[0], 36, 1); },
+        {rnd({2, 19, 3, 2}, dt)}, s);
     // round trip on the device, and rfft leaves its input alone
     const Tensor x = rnd({5, 37}, dt).to(kCuda);
     const Tensor before = x.to(kCPU);

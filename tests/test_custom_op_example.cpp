@@ -6,10 +6,11 @@ namespace linea {
 
 Tensor softplus(const Tensor& x) {
   // Forward, stable for large |x|: relu(x) + log(1 + exp(-|x|)).
-  Tensor y = raw::binary(BinaryOp::Add, raw::unary(UnaryOp::Relu, x),
-                         raw::unary(UnaryOp::Log, raw::unary(UnaryOp::AddScalar,
-                                                             raw::unary(UnaryOp::Exp, raw::unary(UnaryOp::Neg, raw::unary(UnaryOp::Abs, x))),
-                                                             1.0)));
+  Tensor y = raw::binary(
+      BinaryOp::Add, raw::unary(UnaryOp::Relu, x),
+      raw::unary(UnaryOp::Log,
+                 raw::unary(UnaryOp::AddScalar,
+                            raw::unary(UnaryOp::Exp, raw::unary(UnaryOp::Neg, raw::unary(UnaryOp::Abs, x))), 1.0)));
   if (!needs_grad({&x})) return y;
   // Backward: d softplus / dx = sigmoid(x). Save x detached (never the output: no cycles).
   return attach(y, "softplus", {x}, [xs = x.detach()](const Tensor& g) -> std::vector<Tensor> {

@@ -38,25 +38,53 @@ void check_unary(const std::function<Tensor(const Tensor&)>& op, bool positive_d
 }
 }  // namespace
 
-TEST(GradCheck, Neg) { check_unary([](const Tensor& x) { return neg(x); }, false); }
-TEST(GradCheck, Exp) { check_unary([](const Tensor& x) { return exp(x); }, false); }
-TEST(GradCheck, Log) { check_unary([](const Tensor& x) { return log(x); }, true); }
-TEST(GradCheck, Sqrt) { check_unary([](const Tensor& x) { return sqrt(x); }, true); }
-TEST(GradCheck, Rsqrt) { check_unary([](const Tensor& x) { return rsqrt(x); }, true); }
-TEST(GradCheck, Abs) { check_unary([](const Tensor& x) { return abs(x); }, false); }
-TEST(GradCheck, Tanh) { check_unary([](const Tensor& x) { return tanh(x); }, false); }
-TEST(GradCheck, Sigmoid) { check_unary([](const Tensor& x) { return sigmoid(x); }, false); }
-TEST(GradCheck, Relu) { check_unary([](const Tensor& x) { return relu(x); }, false); }
-TEST(GradCheck, GeluTanh) { check_unary([](const Tensor& x) { return gelu(x, true); }, false); }
-TEST(GradCheck, GeluErf) { check_unary([](const Tensor& x) { return gelu(x, false); }, false); }
-TEST(GradCheck, Sin) { check_unary([](const Tensor& x) { return sin(x); }, false); }
-TEST(GradCheck, Cos) { check_unary([](const Tensor& x) { return cos(x); }, false); }
+TEST(GradCheck, Neg) {
+  check_unary([](const Tensor& x) { return neg(x); }, false);
+}
+TEST(GradCheck, Exp) {
+  check_unary([](const Tensor& x) { return exp(x); }, false);
+}
+TEST(GradCheck, Log) {
+  check_unary([](const Tensor& x) { return log(x); }, true);
+}
+TEST(GradCheck, Sqrt) {
+  check_unary([](const Tensor& x) { return sqrt(x); }, true);
+}
+TEST(GradCheck, Rsqrt) {
+  check_unary([](const Tensor& x) { return rsqrt(x); }, true);
+}
+TEST(GradCheck, Abs) {
+  check_unary([](const Tensor& x) { return abs(x); }, false);
+}
+TEST(GradCheck, Tanh) {
+  check_unary([](const Tensor& x) { return tanh(x); }, false);
+}
+TEST(GradCheck, Sigmoid) {
+  check_unary([](const Tensor& x) { return sigmoid(x); }, false);
+}
+TEST(GradCheck, Relu) {
+  check_unary([](const Tensor& x) { return relu(x); }, false);
+}
+TEST(GradCheck, GeluTanh) {
+  check_unary([](const Tensor& x) { return gelu(x, true); }, false);
+}
+TEST(GradCheck, GeluErf) {
+  check_unary([](const Tensor& x) { return gelu(x, false); }, false);
+}
+TEST(GradCheck, Sin) {
+  check_unary([](const Tensor& x) { return sin(x); }, false);
+}
+TEST(GradCheck, Cos) {
+  check_unary([](const Tensor& x) { return cos(x); }, false);
+}
 TEST(GradCheck, PowScalar) {
   check_unary([](const Tensor& x) { return pow(x, 2.5); }, true);
   check_unary([](const Tensor& x) { return pow(x, -1.5); }, true);
   check_unary([](const Tensor& x) { return pow(x, 3.0); }, false);
 }
-TEST(GradCheck, Clamp) { check_unary([](const Tensor& x) { return clamp(x, -0.8, 0.9); }, false); }
+TEST(GradCheck, Clamp) {
+  check_unary([](const Tensor& x) { return clamp(x, -0.8, 0.9); }, false);
+}
 TEST(GradCheck, ScalarArithmetic) {
   check_unary([](const Tensor& x) { return add(mul(sub(2.0, x), 3.0), 1.5) / 4.0; }, false);
   check_unary([](const Tensor& x) { return div(2.0, x); }, true);
@@ -66,7 +94,8 @@ namespace {
 void check_binary(const std::function<Tensor(const Tensor&, const Tensor&)>& op, bool positive_b) {
   manual_seed(2);
   // Same shape, broadcast (row and column), and a transposed operand.
-  std::vector<std::pair<Shape, Shape>> shapes = {{{3, 4}, {3, 4}}, {{2, 3, 4}, {4}}, {{3, 1}, {1, 4}}, {{2, 3, 4}, {3, 1}}};
+  std::vector<std::pair<Shape, Shape>> shapes = {
+      {{3, 4}, {3, 4}}, {{2, 3, 4}, {4}}, {{3, 1}, {1, 4}}, {{2, 3, 4}, {3, 1}}};
   for (auto& [sa, sb] : shapes) {
     Tensor a = away_from_zero(sa);
     Tensor b = positive_b ? positive(sb) : away_from_zero(sb);
@@ -78,12 +107,24 @@ void check_binary(const std::function<Tensor(const Tensor&, const Tensor&)>& op,
 }
 }  // namespace
 
-TEST(GradCheck, Add) { check_binary([](const Tensor& a, const Tensor& b) { return add(a, b); }, false); }
-TEST(GradCheck, Sub) { check_binary([](const Tensor& a, const Tensor& b) { return sub(a, b); }, false); }
-TEST(GradCheck, Mul) { check_binary([](const Tensor& a, const Tensor& b) { return mul(a, b); }, false); }
-TEST(GradCheck, Div) { check_binary([](const Tensor& a, const Tensor& b) { return div(a, b); }, true); }
-TEST(GradCheck, Maximum) { check_binary([](const Tensor& a, const Tensor& b) { return maximum(a, b); }, false); }
-TEST(GradCheck, Minimum) { check_binary([](const Tensor& a, const Tensor& b) { return minimum(a, b); }, false); }
+TEST(GradCheck, Add) {
+  check_binary([](const Tensor& a, const Tensor& b) { return add(a, b); }, false);
+}
+TEST(GradCheck, Sub) {
+  check_binary([](const Tensor& a, const Tensor& b) { return sub(a, b); }, false);
+}
+TEST(GradCheck, Mul) {
+  check_binary([](const Tensor& a, const Tensor& b) { return mul(a, b); }, false);
+}
+TEST(GradCheck, Div) {
+  check_binary([](const Tensor& a, const Tensor& b) { return div(a, b); }, true);
+}
+TEST(GradCheck, Maximum) {
+  check_binary([](const Tensor& a, const Tensor& b) { return maximum(a, b); }, false);
+}
+TEST(GradCheck, Minimum) {
+  check_binary([](const Tensor& a, const Tensor& b) { return minimum(a, b); }, false);
+}
 
 TEST(GradCheck, Where) {
   manual_seed(3);
@@ -117,10 +158,18 @@ void check_reduction(const std::function<Tensor(const Tensor&, const std::vector
 }
 }  // namespace
 
-TEST(GradCheck, Sum) { check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return sum(x, d, k); }); }
-TEST(GradCheck, Mean) { check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return mean(x, d, k); }); }
-TEST(GradCheck, Max) { check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return max(x, d, k); }); }
-TEST(GradCheck, Min) { check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return min(x, d, k); }); }
+TEST(GradCheck, Sum) {
+  check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return sum(x, d, k); });
+}
+TEST(GradCheck, Mean) {
+  check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return mean(x, d, k); });
+}
+TEST(GradCheck, Max) {
+  check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return max(x, d, k); });
+}
+TEST(GradCheck, Min) {
+  check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return min(x, d, k); });
+}
 TEST(GradCheck, LogSumExp) {
   check_reduction([](const Tensor& x, const std::vector<int64_t>& d, bool k) { return logsumexp(x, d, k); });
 }
@@ -141,16 +190,23 @@ TEST(GradCheck, Views) {
   Tensor x = randn64({2, 3, 4});
   Tensor xt = randn64_transposed({3, 4});
   std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> views = {
-      {"reshape", [](const Tensor& t) { return t.reshape({-1, 2}); }},
+      {"reshape",
+       [](const Tensor& t) {
+         return t.reshape({-1, 2});
+       }},
       {"flatten", [](const Tensor& t) { return t.flatten(); }},
-      {"permute", [](const Tensor& t) { return t.dim() == 3 ? t.permute({2, 0, 1}) : t.permute({1, 0}); }},
+      {"permute",
+       [](const Tensor& t) {
+         return t.dim() == 3 ? t.permute({2, 0, 1}) : t.permute({1, 0});
+       }},
       {"transpose", [](const Tensor& t) { return t.transpose(0, -1); }},
       {"narrow", [](const Tensor& t) { return t.narrow(-1, 1, 2); }},
       {"slice", [](const Tensor& t) { return t.slice(-1, 0, 4, 2); }},
       {"select", [](const Tensor& t) { return t.select(1, 2); }},
       {"unsqueeze", [](const Tensor& t) { return t.unsqueeze(1); }},
       {"squeeze", [](const Tensor& t) { return t.unsqueeze(0).squeeze(0); }},
-      {"expand", [](const Tensor& t) {
+      {"expand",
+       [](const Tensor& t) {
          Shape s = t.shape();
          s.insert(s.begin(), 3);
          return t.unsqueeze(0).expand(s);

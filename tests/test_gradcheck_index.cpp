@@ -59,7 +59,7 @@ TEST(GradCheck, Embedding) {
 TEST(GradCheck, Gather) {
   manual_seed(102);
   Tensor x = randn64({3, 4});
-  Tensor i1 = tensor<int64_t>({0, 3, 3, 1, 2, 2, 0, 0}, {2, 4});   // dim 1, smaller in dim 0
+  Tensor i1 = tensor<int64_t>({0, 3, 3, 1, 2, 2, 0, 0}, {2, 4});  // dim 1, smaller in dim 0
   EXPECT_GRADCHECK([&](const Inputs& in) { return gather(in[0], 1, i1); }, {x});
   Tensor i0 = tensor<int64_t>({2, 0, 1, 2, 2, 2, 0, 1, 1, 0}, {5, 2});  // dim 0, repeats
   EXPECT_GRADCHECK([&](const Inputs& in) { return gather(in[0], 0, i0); }, {x});
@@ -189,9 +189,7 @@ TEST(GradCheck, RfftIrfftRoundTrip) {
   Tensor ker = randn64_sliced({1, 11});
   for (int64_t n : {11, 12}) {
     EXPECT_GRADCHECK(
-        [&](const Inputs& in) {
-          return irfft(cmul(rfft(in[0], n, -1), rfft(in[1], n, -1)), n, -1).narrow(-1, 0, 6);
-        },
+        [&](const Inputs& in) { return irfft(cmul(rfft(in[0], n, -1), rfft(in[1], n, -1)), n, -1).narrow(-1, 0, 6); },
         {sig, ker})
         << "n=" << n;
   }

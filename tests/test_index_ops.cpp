@@ -171,11 +171,11 @@ TEST(IndexOps, ToeplitzProductViaFftMatchesDense) {
   manual_seed(7);
   const int64_t L = 9, n = 2 * L;
   Tensor c = randn({2 * L - 1}, f64());  // c[(i - j) + L - 1]
-  Tensor x = randn({3, L}, f64());        // 3 rows, each transformed
+  Tensor x = randn({3, L}, f64());       // 3 rows, each transformed
   auto cv = c.to_vector<double>(), xv = x.to_vector<double>();
   std::vector<double> col(static_cast<size_t>(n), 0.0);
-  for (int64_t d = 0; d < L; ++d) col[d] = cv[d + L - 1];          // c_d, d >= 0
-  for (int64_t d = 1; d < L; ++d) col[n - d] = cv[L - 1 - d];       // c_{-d}
+  for (int64_t d = 0; d < L; ++d) col[d] = cv[d + L - 1];      // c_d, d >= 0
+  for (int64_t d = 1; d < L; ++d) col[n - d] = cv[L - 1 - d];  // c_{-d}
   Tensor colt = f64_from(col, {1, n});
   Tensor y = irfft(cmul(rfft(x, n, -1), rfft(colt, n, -1)), n, -1).narrow(-1, 0, L);
   std::vector<double> ref(static_cast<size_t>(3 * L), 0.0);
@@ -325,8 +325,7 @@ TEST(IndexOps, GatherValues) {
   auto yv = y.to_vector<double>();
   for (int64_t a = 0; a < 2; ++a)
     for (int64_t b = 0; b < 6; ++b)
-      for (int64_t c = 0; c < 3; ++c)
-        EXPECT_EQ(yv[(a * 6 + b) * 3 + c], xv[(a * 5 + iv[(a * 6 + b) * 3 + c]) * 4 + c]);
+      for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(yv[(a * 6 + b) * 3 + c], xv[(a * 5 + iv[(a * 6 + b) * 3 + c]) * 4 + c]);
   // dim 0 and last dim on a transposed input, float32
   Tensor xt = x.transpose(0, 2);  // [4, 5, 3]
   Tensor i0 = randint(0, 4, {2, 5, 3});
@@ -337,8 +336,7 @@ TEST(IndexOps, GatherValues) {
   auto i2v = i2.to_vector<int64_t>();
   auto g2v = g2.to_vector<double>();
   for (int64_t p = 0; p < 4 * 5; ++p)
-    for (int64_t c = 0; c < 7; ++c)
-      EXPECT_FLOAT_EQ(g2v[p * 7 + c], static_cast<float>(xtv[p * 3 + i2v[p * 7 + c]]));
+    for (int64_t c = 0; c < 7; ++c) EXPECT_FLOAT_EQ(g2v[p * 7 + c], static_cast<float>(xtv[p * 3 + i2v[p * 7 + c]]));
 }
 
 TEST(IndexOps, ScatterAddValues) {

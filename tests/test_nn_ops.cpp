@@ -35,7 +35,8 @@ Tensor vec_tensor(const std::vector<double>& v, const Shape& s) { return from_ve
 
 TEST(Matmul, OddSizesMatchNaive) {
   manual_seed(11);
-  for (auto [M, K, N] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 5, 3}, {13, 1, 9}, {2, 17, 1}, {33, 65, 31}}) {
+  for (auto [M, K, N] :
+       std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 5, 3}, {13, 1, 9}, {2, 17, 1}, {33, 65, 31}}) {
     Tensor a = randn({M, K}, f64()), b = randn({K, N}, f64());
     Tensor ref = vec_tensor(naive_mm(a.to_vector<double>(), b.to_vector<double>(), M, K, N), {M, N});
     EXPECT_TRUE(all_close(matmul(a, b), ref, 1e-12, 1e-12)) << M << "x" << K << "x" << N;
@@ -66,8 +67,7 @@ TEST(Matmul, OneDimensional) {
   Tensor bm = randn({2, 5, 3}, f64());
   Tensor r = matmul(v, bm);
   ASSERT_EQ(r.shape(), (Shape{2, 3}));
-  for (int64_t i = 0; i < 2; ++i)
-    EXPECT_TRUE(all_close(r.select(0, i), matmul(v, bm.select(0, i)), 1e-12, 1e-12));
+  for (int64_t i = 0; i < 2; ++i) EXPECT_TRUE(all_close(r.select(0, i), matmul(v, bm.select(0, i)), 1e-12, 1e-12));
 }
 
 TEST(Matmul, BroadcastBatch) {
@@ -98,20 +98,19 @@ TEST(Matmul, BroadcastBatch) {
     const Tensor ref = vec_tensor(naive_mm(xi, w.to_vector<double>(), 4, 5, 6), {4, 6});
     EXPECT_TRUE(all_close(xw.select(0, i), ref, 1e-12, 1e-12));
     EXPECT_TRUE(all_close(ex.select(0, i), ref, 1e-12, 1e-12));
-    EXPECT_TRUE(all_close(
-        lx.select(0, i),
-        vec_tensor(naive_mm(lhs.to_vector<double>(), rhs.select(0, i).to_vector<double>(), 4, 5, 6), {4, 6}),
-        1e-12, 1e-12));
+    EXPECT_TRUE(
+        all_close(lx.select(0, i),
+                  vec_tensor(naive_mm(lhs.to_vector<double>(), rhs.select(0, i).to_vector<double>(), 4, 5, 6), {4, 6}),
+                  1e-12, 1e-12));
   }
   // Many small matrices (the OpenMP batch path), float32.
   Tensor p = randn({64, 5, 7}), q = randn({64, 7, 3});
   Tensor pq = matmul(p, q);
   for (int64_t i : {0, 31, 63})
-    EXPECT_TRUE(all_close(pq.select(0, i),
-                          vec_tensor(naive_mm(p.select(0, i).to_vector<double>(), q.select(0, i).to_vector<double>(),
-                                              5, 7, 3),
-                                     {5, 3}),
-                          1e-4, 1e-4));
+    EXPECT_TRUE(all_close(
+        pq.select(0, i),
+        vec_tensor(naive_mm(p.select(0, i).to_vector<double>(), q.select(0, i).to_vector<double>(), 5, 7, 3), {5, 3}),
+        1e-4, 1e-4));
 }
 
 TEST(Matmul, TransposedAndStridedOperands) {

@@ -69,9 +69,8 @@ TEST(Tensor, UnaryValues) {
   check(sigmoid(x), [](double a) { return 1 / (1 + std::exp(-a)); });
   check(relu(x), [](double a) { return a > 0 ? a : 0; });
   check(gelu(x), [](double a) { return 0.5 * a * (1 + std::erf(a / std::sqrt(2.0))); });
-  check(gelu(x, true), [](double a) {
-    return 0.5 * a * (1 + std::tanh(std::sqrt(2 / M_PI) * (a + 0.044715 * a * a * a)));
-  });
+  check(gelu(x, true),
+        [](double a) { return 0.5 * a * (1 + std::tanh(std::sqrt(2 / M_PI) * (a + 0.044715 * a * a * a))); });
   check(sin(x), [](double a) { return std::sin(a); });
   check(cos(x), [](double a) { return std::cos(a); });
   check(clamp(x, -1.0, 1.0), [](double a) { return std::min(1.0, std::max(-1.0, a)); });
@@ -111,7 +110,8 @@ TEST(Tensor, ReductionValues) {
   EXPECT_EQ(sum(x, {0, 2}).to_vector<double>(), (std::vector<double>{60, 92, 124}));
   EXPECT_EQ(sum(x, {0, 2}, true).shape(), (Shape{1, 3, 1}));
   EXPECT_EQ(max(x, {-1}).to_vector<double>(), (std::vector<double>{3, 7, 11, 15, 19, 23}));
-  EXPECT_EQ(min(x.transpose(0, 2), {2}).to_vector<double>(), (std::vector<double>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+  EXPECT_EQ(min(x.transpose(0, 2), {2}).to_vector<double>(),
+            (std::vector<double>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
   EXPECT_EQ(argmax(neg(x), 1).to_vector<int64_t>(), std::vector<int64_t>(8, 0));
   EXPECT_EQ(argmax(tensor<float>({1, 5, 5, 2}, {4}), 0).item<int64_t>(), 1);  // first on ties
   EXPECT_NEAR(mean(x).item(), 11.5, 1e-12);

@@ -47,7 +47,10 @@ inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, do
       continue;
     }
     double excess = std::fabs(va[i] - vb[i]) - (atol + rtol * std::fabs(vb[i]));
-    if (excess > worst) { worst = excess; wi = i; }
+    if (excess > worst) {
+      worst = excess;
+      wi = i;
+    }
   }
   if (va.empty() || worst <= 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "worst at flat index " << wi << ": " << va[wi] << " vs " << vb[wi]
@@ -64,20 +67,20 @@ inline ::testing::AssertionResult grad_ok(const std::function<Tensor(const std::
 #define EXPECT_GRADCHECK(f, ...) EXPECT_TRUE(::linea::test::grad_ok(f, __VA_ARGS__))
 
 // Skips the current test when no CUDA device is usable.
-#define LINEA_REQUIRE_CUDA()                                        \
-  do {                                                              \
+#define LINEA_REQUIRE_CUDA()                                          \
+  do {                                                                \
     if (!::linea::cuda_available()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
 // EXPECT_THROW that also checks the message contains a substring.
-#define EXPECT_LINEA_ERROR(stmt, substr)                                                  \
-  do {                                                                                   \
-    try {                                                                                \
-      stmt;                                                                              \
-      ADD_FAILURE() << "expected linea::Error containing '" << substr << "'";           \
-    } catch (const ::linea::Error& e) {                                                  \
-      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos) << e.what();      \
-    }                                                                                    \
+#define EXPECT_LINEA_ERROR(stmt, substr)                                            \
+  do {                                                                              \
+    try {                                                                           \
+      stmt;                                                                         \
+      ADD_FAILURE() << "expected linea::Error containing '" << substr << "'";       \
+    } catch (const ::linea::Error& e) {                                             \
+      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos) << e.what(); \
+    }                                                                               \
   } while (0)
 
 }  // namespace linea::test

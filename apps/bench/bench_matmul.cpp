@@ -46,8 +46,7 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-template <typename F>
-double time_ms(F&& f) {
+template <typename F> double time_ms(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   const auto t1 = std::chrono::steady_clock::now();
@@ -56,8 +55,7 @@ double time_ms(F&& f) {
 
 // Median milliseconds of f and g, timed alternately (f, g, f, g, ...) so that load from
 // other processes on a shared machine affects both alike.
-template <typename F, typename G>
-std::pair<double, double> median_ms_pair(F&& f, G&& g, int reps, int warmup) {
+template <typename F, typename G> std::pair<double, double> median_ms_pair(F&& f, G&& g, int reps, int warmup) {
   for (int i = 0; i < warmup; ++i) {
     f();
     g();
@@ -122,20 +120,21 @@ int main(int argc, char** argv) try {
 
   const int64_t B = 128, L = 50, D = 64, H = 4, Dh = D / H;
   const std::vector<Case> cases = {
-      {"qkv_proj", 1, B * L, 3 * D, D, false, false, false},          // [6400, 64] @ [64, 192]
-      {"qkv_proj_wT", 1, B * L, 3 * D, D, false, true, false},        // [6400, 64] @ W[192, 64]^T
-      {"qkv_proj_batched", B, L, 3 * D, D, false, false, true},       // [128, 50, 64] @ [64, 192]
-      {"weight_grad_xT", 1, D, 3 * D, B * L, true, false, false},     // X[6400, 64]^T @ G[6400, 192]
-      {"attn_scores", B * H, L, L, Dh, false, false, false},          // [512, 50, 16] @ [512, 16, 50]
-      {"attn_scores_kT", B * H, L, L, Dh, false, true, false},        // [512, 50, 16] @ K[512, 50, 16]^T
-      {"attn_values", B * H, L, Dh, L, false, false, false},          // [512, 50, 50] @ [512, 50, 16]
-      {"square_512", 1, 512, 512, 512, false, false, false},          // [512, 512] @ [512, 512]
+      {"qkv_proj", 1, B * L, 3 * D, D, false, false, false},       // [6400, 64] @ [64, 192]
+      {"qkv_proj_wT", 1, B * L, 3 * D, D, false, true, false},     // [6400, 64] @ W[192, 64]^T
+      {"qkv_proj_batched", B, L, 3 * D, D, false, false, true},    // [128, 50, 64] @ [64, 192]
+      {"weight_grad_xT", 1, D, 3 * D, B * L, true, false, false},  // X[6400, 64]^T @ G[6400, 192]
+      {"attn_scores", B * H, L, L, Dh, false, false, false},       // [512, 50, 16] @ [512, 16, 50]
+      {"attn_scores_kT", B * H, L, L, Dh, false, true, false},     // [512, 50, 16] @ K[512, 50, 16]^T
+      {"attn_values", B * H, L, Dh, L, false, false, false},       // [512, 50, 50] @ [512, 50, 16]
+      {"square_512", 1, 512, 512, 512, false, false, false},       // [512, 512] @ [512, 512]
   };
 
   const std::string cpu = cpu_model();
-  std::printf("linea matmul vs direct cblas_sgemm, float32, device cpu (%s), %d OpenMP threads, %d OpenBLAS threads, "
-              "median of %d\n",
-              cpu.c_str(), omp_get_max_threads(), openblas_get_num_threads(), opt.reps);
+  std::printf(
+      "linea matmul vs direct cblas_sgemm, float32, device cpu (%s), %d OpenMP threads, %d OpenBLAS threads, "
+      "median of %d\n",
+      cpu.c_str(), omp_get_max_threads(), openblas_get_num_threads(), opt.reps);
   std::printf("%-18s %-34s %10s %10s %10s %10s %7s %9s\n", "case", "a @ b", "linea ms", "direct ms", "linea GF/s",
               "direct GF/s", "ratio", "max diff");
 
@@ -171,9 +170,9 @@ int main(int argc, char** argv) try {
         return;
       }
       for (int64_t i = 0; i < c.batch; ++i)
-        cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(c.M), static_cast<int>(c.N), static_cast<int>(c.K),
-                    1.0f, pa + i * c.M * c.K, lda, pb + (c.b_shared ? 0 : i * c.K * c.N), ldb, 0.0f,
-                    pc + i * c.M * c.N, static_cast<int>(c.N));
+        cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(c.M), static_cast<int>(c.N), static_cast<int>(c.K), 1.0f,
+                    pa + i * c.M * c.K, lda, pb + (c.b_shared ? 0 : i * c.K * c.N), ldb, 0.0f, pc + i * c.M * c.N,
+                    static_cast<int>(c.N));
     };
     const auto [linea_ms, direct_ms] = median_ms_pair(run_linea, run_direct, opt.reps, opt.warmup);
 
@@ -190,11 +189,12 @@ int main(int argc, char** argv) try {
     std::fflush(stdout);
 
     jsonl << "{\"bench\":\"matmul\",\"case\":\"" << c.name << "\",\"a\":\"" << shape_of(a_base, c.ta) << "\",\"b\":\""
-          << shape_of(b_base, c.tb) << "\",\"dtype\":\"float32\",\"device\":\"cpu\",\"cpu\":\"" << cpu << "\",\"batch\":" << c.batch
-          << ",\"M\":" << c.M << ",\"N\":" << c.N << ",\"K\":" << c.K << ",\"gflop\":" << gflop
-          << ",\"linea_ms\":" << linea_ms << ",\"direct_ms\":" << direct_ms << ",\"linea_gflops\":" << linea_gfs
-          << ",\"direct_gflops\":" << direct_gfs << ",\"ratio\":" << ratio << ",\"max_abs_diff\":" << max_diff
-          << ",\"reps\":" << opt.reps << ",\"omp_threads\":" << omp_get_max_threads() << "}\n";
+          << shape_of(b_base, c.tb) << "\",\"dtype\":\"float32\",\"device\":\"cpu\",\"cpu\":\"" << cpu
+          << "\",\"batch\":" << c.batch << ",\"M\":" << c.M << ",\"N\":" << c.N << ",\"K\":" << c.K
+          << ",\"gflop\":" << gflop << ",\"linea_ms\":" << linea_ms << ",\"direct_ms\":" << direct_ms
+          << ",\"linea_gflops\":" << linea_gfs << ",\"direct_gflops\":" << direct_gfs << ",\"ratio\":" << ratio
+          << ",\"max_abs_diff\":" << max_diff << ",\"reps\":" << opt.reps
+          << ",\"omp_threads\":" << omp_get_max_threads() << "}\n";
   }
 
   // Written atomically: a temp file renamed over the target.

@@ -22,12 +22,12 @@ namespace {
 using linea::detail::MatLayout;
 using linea::detail::matmul_layout;
 
-inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float* a, int lda,
-                 const float* b, int ldb, float* c, int ldc) {
+inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float* a, int lda, const float* b,
+                 int ldb, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
 }
-inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const double* a, int lda,
-                 const double* b, int ldb, double* c, int ldc) {
+inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const double* a, int lda, const double* b,
+                 int ldb, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
 }
 
@@ -70,8 +70,8 @@ void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, i
     return;
   }
   for (int64_t i = 0; i < batch; ++i) {
-    gemm(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), pa + offa[i],
-         static_cast<int>(la.ld), pb + offb[i], static_cast<int>(lb.ld), pc + i * M * N, static_cast<int>(N));
+    gemm(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), pa + offa[i], static_cast<int>(la.ld),
+         pb + offb[i], static_cast<int>(lb.ld), pc + i * M * N, static_cast<int>(N));
   }
 }
 
@@ -89,8 +89,8 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   const MatLayout la = matmul_layout(a), lb = matmul_layout(b);
   const std::vector<int64_t> offa = batch_offsets(a, batch), offb = batch_offsets(b, batch);
   LINEA_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
-    batched_gemm<scalar_t>(a.data<scalar_t>(), b.data<scalar_t>(), out.data<scalar_t>(), la, lb, M, N, K, batch,
-                           offa, offb);
+    batched_gemm<scalar_t>(a.data<scalar_t>(), b.data<scalar_t>(), out.data<scalar_t>(), la, lb, M, N, K, batch, offa,
+                           offb);
   });
 }
 

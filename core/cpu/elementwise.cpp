@@ -15,15 +15,15 @@ void fill(const Tensor& out, double value) {
     using scalar_t = decltype(tag_);
     scalar_t v = static_cast<scalar_t>(value);
     scalar_t* p = static_cast<scalar_t*>(out.data_ptr());
-    for_each_row<1>(out.shape(), {&out.strides()}, [&](const std::array<int64_t, 1>& o, int64_t n,
-                                                       const std::array<int64_t, 1>& s) {
-      scalar_t* q = p + o[0];
-      if (s[0] == 1) {
-        for (int64_t i = 0; i < n; ++i) q[i] = v;
-      } else {
-        for (int64_t i = 0; i < n; ++i) q[i * s[0]] = v;
-      }
-    });
+    for_each_row<1>(out.shape(), {&out.strides()},
+                    [&](const std::array<int64_t, 1>& o, int64_t n, const std::array<int64_t, 1>& s) {
+                      scalar_t* q = p + o[0];
+                      if (s[0] == 1) {
+                        for (int64_t i = 0; i < n; ++i) q[i] = v;
+                      } else {
+                        for (int64_t i = 0; i < n; ++i) q[i * s[0]] = v;
+                      }
+                    });
   });
 }
 
@@ -33,12 +33,14 @@ void copy(const Tensor& dst, const Tensor& src) {
     using dst_t = scalar_t;
     dst_t* pd = static_cast<dst_t*>(dst.data_ptr());
     dispatch_all(src.dtype(), "copy", [&](auto tag_) {
-    using scalar_t = decltype(tag_);
+      using scalar_t = decltype(tag_);
       const scalar_t* ps = static_cast<const scalar_t*>(src.data_ptr());
       // Conversion to bool is x != 0 (as PyTorch, and as the CUDA kernel).
       auto conv = [](scalar_t v) {
-        if constexpr (std::is_same_v<dst_t, uint8_t>) return static_cast<dst_t>(v != scalar_t(0));
-        else return static_cast<dst_t>(v);
+        if constexpr (std::is_same_v<dst_t, uint8_t>)
+          return static_cast<dst_t>(v != scalar_t(0));
+        else
+          return static_cast<dst_t>(v);
       };
       for_each_row<2>(dst.shape(), {&dst.strides(), &src.strides()},
                       [&](const std::array<int64_t, 2>& o, int64_t n, const std::array<int64_t, 2>& s) {
@@ -129,20 +131,30 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
     using scalar_t = decltype(tag_);
     using T = scalar_t;
     switch (op) {
-      case BinaryOp::Add: return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x + y); });
-      case BinaryOp::Sub: return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x - y); });
-      case BinaryOp::Mul: return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x * y); });
-      case BinaryOp::Div: return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x / y); });
+      case BinaryOp::Add:
+        return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x + y); });
+      case BinaryOp::Sub:
+        return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x - y); });
+      case BinaryOp::Mul:
+        return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x * y); });
+      case BinaryOp::Div:
+        return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x / y); });
       case BinaryOp::Maximum:
         return binary_loop<T, T>(a, b, out, [](T x, T y) { return (x != x || x > y) ? x : y; });
       case BinaryOp::Minimum:
         return binary_loop<T, T>(a, b, out, [](T x, T y) { return (x != x || x < y) ? x : y; });
-      case BinaryOp::Eq: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x == y); });
-      case BinaryOp::Ne: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x != y); });
-      case BinaryOp::Lt: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x < y); });
-      case BinaryOp::Le: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x <= y); });
-      case BinaryOp::Gt: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x > y); });
-      case BinaryOp::Ge: return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x >= y); });
+      case BinaryOp::Eq:
+        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x == y); });
+      case BinaryOp::Ne:
+        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x != y); });
+      case BinaryOp::Lt:
+        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x < y); });
+      case BinaryOp::Le:
+        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x <= y); });
+      case BinaryOp::Gt:
+        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x > y); });
+      case BinaryOp::Ge:
+        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x >= y); });
     }
   });
 }

@@ -61,8 +61,7 @@ template <> struct Fftw<float> {
 };
 
 // An fftw_malloc'ed array of T (freed on scope exit).
-template <typename T>
-struct FftwBuffer {
+template <typename T> struct FftwBuffer {
   T* p = nullptr;
   explicit FftwBuffer(int64_t count) {
     p = static_cast<T*>(Fftw<T>::malloc(sizeof(T) * static_cast<size_t>(std::max<int64_t>(count, 1))));
@@ -74,8 +73,7 @@ struct FftwBuffer {
 };
 
 // A cached plan and the alignment (fftw_alignment_of) of the arrays it was planned with.
-template <typename T>
-struct CachedPlan {
+template <typename T> struct CachedPlan {
   typename Fftw<T>::Plan plan;
   int align_real;
   int align_complex;
@@ -87,8 +85,7 @@ std::mutex& planner_mutex() {
 }
 
 // The plan for a single length-n transform (r2c when forward, else c2r); made once.
-template <typename T>
-CachedPlan<T> get_plan(int64_t n, bool forward) {
+template <typename T> CachedPlan<T> get_plan(int64_t n, bool forward) {
   using Key = std::tuple<int64_t, bool>;
   static std::map<Key, CachedPlan<T>> cache;  // one map per precision
   std::lock_guard<std::mutex> lock(planner_mutex());
@@ -106,8 +103,7 @@ CachedPlan<T> get_plan(int64_t n, bool forward) {
   return cp;
 }
 
-template <typename T>
-void rfft_impl(const T* x, T* out, int64_t batch, int64_t n) {
+template <typename T> void rfft_impl(const T* x, T* out, int64_t batch, int64_t n) {
   using Complex = typename Fftw<T>::Complex;
   const int64_t F = n / 2 + 1;
   const CachedPlan<T> cp = get_plan<T>(n, true);
@@ -137,8 +133,7 @@ void rfft_impl(const T* x, T* out, int64_t batch, int64_t n) {
   }
 }
 
-template <typename T>
-void irfft_impl(const T* spec, T* out, int64_t batch, int64_t n) {
+template <typename T> void irfft_impl(const T* spec, T* out, int64_t batch, int64_t n) {
   using Complex = typename Fftw<T>::Complex;
   const int64_t F = n / 2 + 1;
   const CachedPlan<T> cp = get_plan<T>(n, false);
@@ -169,16 +164,15 @@ void irfft_impl(const T* spec, T* out, int64_t batch, int64_t n) {
 // x [batch, n] real -> out [batch, n/2+1, 2] (re, im), unnormalized
 void rfft(const Tensor& x, const Tensor& out, int64_t batch, int64_t n) {
   LINEA_DISPATCH_FLOAT(x.dtype(), "rfft", [&] {
-    rfft_impl<scalar_t>(static_cast<const scalar_t*>(x.data_ptr()), static_cast<scalar_t*>(out.data_ptr()), batch,
-                        n);
+    rfft_impl<scalar_t>(static_cast<const scalar_t*>(x.data_ptr()), static_cast<scalar_t*>(out.data_ptr()), batch, n);
   });
 }
 
 // spec [batch, n/2+1, 2] -> out [batch, n] real, scaled by 1/n
 void irfft(const Tensor& spec, const Tensor& out, int64_t batch, int64_t n) {
   LINEA_DISPATCH_FLOAT(spec.dtype(), "irfft", [&] {
-    irfft_impl<scalar_t>(static_cast<const scalar_t*>(spec.data_ptr()), static_cast<scalar_t*>(out.data_ptr()),
-                         batch, n);
+    irfft_impl<scalar_t>(static_cast<const scalar_t*>(spec.data_ptr()), static_cast<scalar_t*>(out.data_ptr()), batch,
+                         n);
   });
 }
 

@@ -58,7 +58,6 @@ std::vector<int64_t> inner_offsets(const Shape& idx_shape, const Strides& xstr, 
   return off;
 }
 
-
 template <typename T>
 void index_select_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,
                        int64_t inner) {
@@ -97,8 +96,7 @@ void index_add_impl(const Tensor& out, const Tensor& index, const Tensor& src, i
   }
 }
 
-template <typename T>
-void gather_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim) {
+template <typename T> void gather_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim) {
   const T* xp = static_cast<const T*>(x.data_ptr());
   T* op = static_cast<T*>(out.data_ptr());
   const int64_t* ip = index.data<int64_t>();
@@ -119,8 +117,7 @@ void gather_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_
   }
 }
 
-template <typename T>
-void scatter_add_impl(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
+template <typename T> void scatter_add_impl(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
   T* op = static_cast<T*>(out.data_ptr());
   const T* sp = static_cast<const T*>(src.data_ptr());
   const int64_t* ip = index.data<int64_t>();
@@ -140,8 +137,7 @@ void scatter_add_impl(const Tensor& out, const Tensor& index, const Tensor& src,
     const int64_t base = offset_of(o, is, ostr, 0, dim);
     for (int64_t j = 0; j < s.n; ++j) {
       const int64_t row = (o * s.n + j) * s.I;
-      for (int64_t i = lo; i < hi; ++i)
-        op[base + ip[row + i] * os_dim + ioff[static_cast<size_t>(i)]] += sp[row + i];
+      for (int64_t i = lo; i < hi; ++i) op[base + ip[row + i] * os_dim + ioff[static_cast<size_t>(i)]] += sp[row + i];
     }
   }
 }
@@ -173,15 +169,13 @@ void cumsum_impl(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, i
 }  // namespace
 
 // out [outer, n, inner] = x [outer, size, inner] at index [n]
-void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,
-                  int64_t inner) {
+void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size, int64_t inner) {
   LINEA_DISPATCH_ALL(x.dtype(), "index_select",
                      [&] { index_select_impl<scalar_t>(x, index, out, outer, size, inner); });
 }
 
 // out [outer, size, inner] += src [outer, n, inner] at index [n]
-void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,
-               int64_t inner) {
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size, int64_t inner) {
   LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add",
                          [&] { index_add_impl<scalar_t>(out, index, src, outer, size, inner); });
 }

@@ -24,14 +24,10 @@ constexpr int64_t kParallelWork = 32768;
 // Width of the block of the inner dim handled at once when the reduced dim is strided.
 constexpr int64_t kInnerBlock = 256;
 
-template <typename T>
-inline T neg_inf() {
-  return -std::numeric_limits<T>::infinity();
-}
+template <typename T> inline T neg_inf() { return -std::numeric_limits<T>::infinity(); }
 
 // ---- softmax over a contiguous row of length r ---------------------------------------------
-template <typename T>
-void softmax_row(const T* x, T* y, int64_t r, bool log) {
+template <typename T> void softmax_row(const T* x, T* y, int64_t r, bool log) {
   T m = neg_inf<T>();
 #pragma omp simd reduction(max : m)
   for (int64_t k = 0; k < r; ++k) m = x[k] > m ? x[k] : m;
@@ -53,8 +49,7 @@ void softmax_row(const T* x, T* y, int64_t r, bool log) {
 
 // Softmax over r for a block of `w` consecutive inner positions: x, y point at [0, j0] of
 // one outer slice [r, inner].
-template <typename T>
-void softmax_block(const T* x, T* y, int64_t r, int64_t inner, int64_t w, bool log) {
+template <typename T> void softmax_block(const T* x, T* y, int64_t r, int64_t inner, int64_t w, bool log) {
   T m[kInnerBlock], s[kInnerBlock];
   for (int64_t j = 0; j < w; ++j) {
     m[j] = neg_inf<T>();
@@ -85,8 +80,7 @@ void softmax_block(const T* x, T* y, int64_t r, int64_t inner, int64_t w, bool l
 
 // softmax:     dx = y * (g - sum_r(g * y))
 // log_softmax: dx = g - exp(y) * sum_r(g)
-template <typename T>
-void softmax_backward_row(const T* g, const T* y, T* dx, int64_t r, bool log) {
+template <typename T> void softmax_backward_row(const T* g, const T* y, T* dx, int64_t r, bool log) {
   T s = 0;
   if (log) {
 #pragma omp simd reduction(+ : s)
@@ -116,8 +110,7 @@ void softmax_backward_block(const T* g, const T* y, T* dx, int64_t r, int64_t in
   }
 }
 
-template <typename T>
-void softmax_impl(const T* px, T* py, int64_t outer, int64_t r, int64_t inner, bool log) {
+template <typename T> void softmax_impl(const T* px, T* py, int64_t outer, int64_t r, int64_t inner, bool log) {
   const bool par = outer * r * inner > kParallelWork;
   if (inner == 1) {
 #pragma omp parallel for schedule(static) if (par)
@@ -152,8 +145,7 @@ void softmax_backward_impl(const T* pg, const T* py, T* pd, int64_t outer, int64
 
 // x, y [rows, cols]; w, b [cols] or null; mean, rstd [rows]
 template <typename T>
-void layer_norm_impl(const T* px, const T* pw, const T* pb, T eps, T* py, T* pm, T* pr, int64_t rows,
-                     int64_t cols) {
+void layer_norm_impl(const T* px, const T* pw, const T* pb, T eps, T* py, T* pm, T* pr, int64_t rows, int64_t cols) {
   const bool par = rows * cols > kParallelWork;
   const T inv_cols = T(1) / static_cast<T>(cols);
 #pragma omp parallel for schedule(static) if (par)
@@ -189,8 +181,8 @@ void layer_norm_impl(const T* px, const T* pw, const T* pb, T eps, T* py, T* pm,
 //   dx = rstd * (gw - mean_c(gw) - xhat * mean_c(gw * xhat)),  dw = sum_rows grad * xhat,  db = sum_rows grad.
 // dw, db may be null. Per-thread partial sums of dw/db ([nthreads, cols], double) are reduced at the end.
 template <typename T>
-void layer_norm_backward_impl(const T* pg, const T* px, const T* pw, const T* pm, const T* pr, T* pd, T* pdw,
-                              T* pdb, int64_t rows, int64_t cols) {
+void layer_norm_backward_impl(const T* pg, const T* px, const T* pw, const T* pm, const T* pr, T* pd, T* pdw, T* pdb,
+                              int64_t rows, int64_t cols) {
   const bool par = rows * cols > kParallelWork;
   const int nthreads = par ? omp_get_max_threads() : 1;
   const T inv_cols = T(1) / static_cast<T>(cols);
@@ -238,8 +230,7 @@ void layer_norm_backward_impl(const T* pg, const T* px, const T* pw, const T* pm
 // logits [N, C], target [N], loss and lse [N]:
 //   loss_i = lse_i - (1 - s) * x[i, t_i] - s / C * sum_c x[i, c]   (0 where t_i == ignore_index)
 template <typename T>
-void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, int64_t N, int64_t C, int64_t ignore_index,
-                        T s) {
+void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, int64_t N, int64_t C, int64_t ignore_index, T s) {
   const bool par = N * C > kParallelWork;
   const T s_over_c = s / static_cast<T>(C);
 #pragma omp parallel for schedule(static) if (par)
@@ -270,8 +261,8 @@ void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, int64_t N,
 
 //   dlogits[i, c] = (exp(x[i, c] - lse_i) - (1 - s) * [c == t_i] - s / C) * grad_i   (0 for ignored rows)
 template <typename T>
-void cross_entropy_backward_impl(const T* pg, const T* px, const int64_t* pt, const T* pe, T* pd, int64_t N,
-                                 int64_t C, int64_t ignore_index, T s) {
+void cross_entropy_backward_impl(const T* pg, const T* px, const int64_t* pt, const T* pe, T* pd, int64_t N, int64_t C,
+                                 int64_t ignore_index, T s) {
   const bool par = N * C > kParallelWork;
   const T s_over_c = s / static_cast<T>(C);
 #pragma omp parallel for schedule(static) if (par)
@@ -296,24 +287,23 @@ void cross_entropy_backward_impl(const T* pg, const T* px, const int64_t* pt, co
 // x, out [outer, r, inner]
 void softmax(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool log) {
   if (outer * r * inner == 0) return;
-  LINEA_DISPATCH_FLOAT(x.dtype(), "softmax", [&] {
-    softmax_impl<scalar_t>(x.data<scalar_t>(), out.data<scalar_t>(), outer, r, inner, log);
-  });
+  LINEA_DISPATCH_FLOAT(x.dtype(), "softmax",
+                       [&] { softmax_impl<scalar_t>(x.data<scalar_t>(), out.data<scalar_t>(), outer, r, inner, log); });
 }
 
 // grad, y, dx [outer, r, inner]; y is the forward output (log-probabilities when log)
-void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t r,
-                      int64_t inner, bool log) {
+void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t r, int64_t inner,
+                      bool log) {
   if (outer * r * inner == 0) return;
   LINEA_DISPATCH_FLOAT(y.dtype(), "softmax_backward", [&] {
-    softmax_backward_impl<scalar_t>(grad.data<scalar_t>(), y.data<scalar_t>(), dx.data<scalar_t>(), outer, r,
-                                    inner, log);
+    softmax_backward_impl<scalar_t>(grad.data<scalar_t>(), y.data<scalar_t>(), dx.data<scalar_t>(), outer, r, inner,
+                                    log);
   });
 }
 
 // x, out [rows, cols]; w, b [cols] or undefined; mean, rstd [rows]
-void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
-                const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols) {
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out, const Tensor& mean,
+                const Tensor& rstd, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
   LINEA_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
     layer_norm_impl<scalar_t>(x.data<scalar_t>(), w.defined() ? w.data<scalar_t>() : nullptr,
@@ -323,16 +313,14 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
 }
 
 // grad, x, dx [rows, cols]; w [cols] or undefined; mean, rstd [rows]; dw, db [cols] or undefined
-void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,
-                         int64_t cols) {
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows, int64_t cols) {
   if (cols == 0) return;
   LINEA_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
-    layer_norm_backward_impl<scalar_t>(grad.data<scalar_t>(), x.data<scalar_t>(),
-                                       w.defined() ? w.data<scalar_t>() : nullptr, mean.data<scalar_t>(),
-                                       rstd.data<scalar_t>(), dx.data<scalar_t>(),
-                                       dw.defined() ? dw.data<scalar_t>() : nullptr,
-                                       db.defined() ? db.data<scalar_t>() : nullptr, rows, cols);
+    layer_norm_backward_impl<scalar_t>(
+        grad.data<scalar_t>(), x.data<scalar_t>(), w.defined() ? w.data<scalar_t>() : nullptr, mean.data<scalar_t>(),
+        rstd.data<scalar_t>(), dx.data<scalar_t>(), dw.defined() ? dw.data<scalar_t>() : nullptr,
+        db.defined() ? db.data<scalar_t>() : nullptr, rows, cols);
   });
 }
 

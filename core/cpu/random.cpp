@@ -48,8 +48,10 @@ void uniform(const Tensor& out, double lo, double hi) {
         int64_t i = b * per + j;
         if (i >= n) break;
         double u;
-        if constexpr (per == 4) u = unit_float(w[j]);
-        else u = unit_double(w[2 * j], w[2 * j + 1]);
+        if constexpr (per == 4)
+          u = unit_float(w[j]);
+        else
+          u = unit_double(w[2 * j], w[2 * j + 1]);
         scalar_t v = static_cast<scalar_t>(lo + span * u);
         p[i] = v < static_cast<scalar_t>(hi) || span == 0 ? v : static_cast<scalar_t>(lo);  // keep [lo, hi)
       }

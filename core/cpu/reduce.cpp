@@ -62,17 +62,19 @@ void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int6
     switch (op) {
       case ReduceOp::Sum: {
         using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
-        reduce_driver<T, Acc>(px, po, outer, r, inner, [] { return Acc(0); },
-                              [](Acc a, T v) { return a + static_cast<Acc>(v); }, none);
+        reduce_driver<T, Acc>(
+            px, po, outer, r, inner, [] { return Acc(0); }, [](Acc a, T v) { return a + static_cast<Acc>(v); }, none);
         break;
       }
       case ReduceOp::Max:
-        reduce_driver<T, T>(px, po, outer, r, inner, [] { return detail_lowest<T>(); },
-                            [](T a, T v) { return (v != v || v > a) ? v : a; }, none);
+        reduce_driver<T, T>(
+            px, po, outer, r, inner, [] { return detail_lowest<T>(); },
+            [](T a, T v) { return (v != v || v > a) ? v : a; }, none);
         break;
       case ReduceOp::Min:
-        reduce_driver<T, T>(px, po, outer, r, inner, [] { return detail_highest<T>(); },
-                            [](T a, T v) { return (v != v || v < a) ? v : a; }, none);
+        reduce_driver<T, T>(
+            px, po, outer, r, inner, [] { return detail_highest<T>(); },
+            [](T a, T v) { return (v != v || v < a) ? v : a; }, none);
         break;
       case ReduceOp::LogSumExp: {
         // Pass 1: max; finish: max + log sum exp(v - max), reading the column again.
@@ -82,8 +84,9 @@ void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int6
           for (int64_t j = 0; j < r; ++j) s += std::exp(static_cast<double>(col[j * stride]) - m);
           return static_cast<T>(m + std::log(s));
         };
-        reduce_driver<T, T>(px, po, outer, r, inner, [] { return -std::numeric_limits<T>::infinity(); },
-                            [](T a, T v) { return (v != v || v > a) ? v : a; }, finish);
+        reduce_driver<T, T>(
+            px, po, outer, r, inner, [] { return -std::numeric_limits<T>::infinity(); },
+            [](T a, T v) { return (v != v || v > a) ? v : a; }, finish);
         break;
       }
     }
@@ -105,7 +108,10 @@ void arg_reduce(bool is_max, const Tensor& x, const Tensor& out, int64_t outer, 
         for (int64_t j = 1; j < r; ++j) {
           T v = col[j * inner];
           if (bv != bv) break;  // NaN wins, as in PyTorch
-          if (v != v || (is_max ? v > bv : v < bv)) { bv = v; best = j; }
+          if (v != v || (is_max ? v > bv : v < bv)) {
+            bv = v;
+            best = j;
+          }
         }
         po[o * inner + i] = best;
       }

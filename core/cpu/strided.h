@@ -17,14 +17,12 @@ namespace linea::cpu::detail {
 // Below this many elements an op runs on one thread (thread start-up costs more).
 constexpr int64_t kParallelGrain = 32768;
 
-template <int N>
-struct StridedLayout {
-  std::vector<int64_t> sizes;                    // coalesced, innermost last
-  std::array<std::vector<int64_t>, N> strides;   // per operand, aligned with sizes
+template <int N> struct StridedLayout {
+  std::vector<int64_t> sizes;                   // coalesced, innermost last
+  std::array<std::vector<int64_t>, N> strides;  // per operand, aligned with sizes
 };
 
-template <int N>
-StridedLayout<N> coalesce(const Shape& shape, const std::array<const Strides*, N>& strides) {
+template <int N> StridedLayout<N> coalesce(const Shape& shape, const std::array<const Strides*, N>& strides) {
   StridedLayout<N> L;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
