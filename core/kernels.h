@@ -46,67 +46,77 @@ inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
 enum class ReduceOp { Sum, Max, Min, LogSumExp };
 
-#define LINEA_KERNEL_API                                                                                            \
-  /* out (any layout) = value */                                                                                    \
-  void fill(const Tensor& out, double value);                                                                       \
-  /* dst = src, same shape, both any layout, dtypes may differ (converted) */                                       \
-  void copy(const Tensor& dst, const Tensor& src);                                                                  \
-  /* out[i] = start + i * step */                                                                                   \
-  void arange(const Tensor& out, double start, double step);                                                        \
-  /* out = op(x); x, out any layout, same shape and dtype (float ops: float dtypes) */                              \
-  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b);                                   \
-  /* dx = grad * op'(x) (y = op(x) given too, for ops whose derivative is cheaper from y) */                        \
-  void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, const Tensor& dx, double a, \
-                      double b);                                                                                    \
-  /* out = a op b; a, b any layout already expanded to out's shape; out any layout */                               \
-  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);                                    \
-  /* out = cond ? a : b; cond Bool; all any layout, expanded to out's shape */                                      \
-  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);                              \
-  /* x [outer, r, inner] -> out [outer, inner] */                                                                   \
-  void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);            \
-  /* index of the max (min) over r, first one on ties; out Int64 [outer, inner] */                                  \
-  void arg_reduce(bool is_max, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);        \
-  /* out [batch..., M, N] = a [batch..., M, K] @ b [batch..., K, N]. Batch dims of a, b                             \
-     already expanded to out's (any strides, 0 allowed); each matrix is row-major                                   \
-     (stride(-1) == 1) or column-major (stride(-2) == 1). */                                                        \
-  void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                                                 \
-  /* softmax / log_softmax over r of x [outer, r, inner] */                                                         \
-  void softmax(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool log);              \
-  void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t r,            \
-                        int64_t inner, bool log);                                                                   \
-  /* layer norm of rows of x [rows, cols]; w, b [cols] or undefined; mean, rstd [rows] */                           \
-  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,                 \
-                  const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols);                              \
-  /* dw, db undefined when not wanted; they are overwritten, not accumulated */                                     \
-  void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,                \
-                           const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,  \
-                           int64_t cols);                                                                           \
-  /* per-row loss [N] and logsumexp [N] of logits [N, C], target Int64 [N]; rows whose                              \
-     target == ignore_index get loss 0. smoothing: (1-s) * onehot + s / C */                                        \
-  void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,            \
-                     const Tensor& loss, const Tensor& lse);                                                        \
-  /* dlogits [N, C] from grad of the per-row loss [N] */                                                            \
-  void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,    \
-                              int64_t ignore_index, double smoothing, const Tensor& dlogits);                       \
-  /* out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n]) along the middle */                        \
-  void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,           \
-                    int64_t inner);                                                                                 \
-  /* out [outer, size, inner] += src [outer, n, inner] at index (Int64 [n]) (accumulates) */                        \
-  void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,            \
-                 int64_t inner);                                                                                    \
-  /* out = x gathered along dim at index; index Int64 has x's ndim, out index's shape */                            \
-  void gather(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim);                                \
-  /* out (accumulated into) along dim at index += src; index and src have the same shape */                         \
-  void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim);                         \
-  /* inclusive prefix sum over r of x [outer, r, inner]; reverse sums from the end */                               \
-  void cumsum(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool reverse);           \
-  /* x [batch, n] real -> out [batch, n/2+1, 2] (re, im), unnormalized forward transform */                         \
-  void rfft(const Tensor& x, const Tensor& out, int64_t batch, int64_t n);                                          \
-  /* spec [batch, n/2+1, 2] -> out [batch, n] real, scaled by 1/n (imag of DC and Nyquist                           \
-     ignored, as a c2r transform does) */                                                                           \
-  void irfft(const Tensor& spec, const Tensor& out, int64_t batch, int64_t n);                                      \
-  /* fills out with U[lo, hi) / N(mean, std) from the device's default generator */                                 \
-  void uniform(const Tensor& out, double lo, double hi);                                                            \
+#define LINEA_KERNEL_API                                                                                             \
+  /* out (any layout) = value */                                                                                     \
+  void fill(const Tensor& out, double value);                                                                        \
+  /* dst = src, same shape, both any layout, dtypes may differ (converted) */                                        \
+  void copy(const Tensor& dst, const Tensor& src);                                                                   \
+  /* out[i] = start + i * step */                                                                                    \
+  void arange(const Tensor& out, double start, double step);                                                         \
+  /* out = op(x); x, out any layout, same shape and dtype (float ops: float dtypes) */                               \
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b);                                    \
+  /* dx = grad * op'(x) (y = op(x) given too, for ops whose derivative is cheaper from y) */                         \
+  void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, const Tensor& dx, double a,  \
+                      double b);                                                                                     \
+  /* out = a op b; a, b any layout already expanded to out's shape; out any layout */                                \
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);                                     \
+  /* out = cond ? a : b; cond Bool; all any layout, expanded to out's shape */                                       \
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);                               \
+  /* x [outer, r, inner] -> out [outer, inner] */                                                                    \
+  void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);             \
+  /* index of the max (min) over r, first one on ties; out Int64 [outer, inner] */                                   \
+  void arg_reduce(bool is_max, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);         \
+  /* out [batch..., M, N] = a [batch..., M, K] @ b [batch..., K, N]. Batch dims of a, b                              \
+     already expanded to out's (any strides, 0 allowed); each matrix is row-major                                    \
+     (stride(-1) == 1) or column-major (stride(-2) == 1). */                                                         \
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                                                  \
+  /* softmax / log_softmax over r of x [outer, r, inner] */                                                          \
+  void softmax(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool log);               \
+  void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t r,             \
+                        int64_t inner, bool log);                                                                    \
+  /* layer norm of rows of x [rows, cols]; w, b [cols] or undefined; mean, rstd [rows] */                            \
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,                  \
+                  const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols);                               \
+  /* dw, db undefined when not wanted; they are overwritten, not accumulated */                                      \
+  void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,                 \
+                           const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,   \
+                           int64_t cols);                                                                            \
+  /* per-row loss [N] and logsumexp [N] of logits [N, C], target Int64 [N]; rows whose                               \
+     target == ignore_index get loss 0. smoothing: (1-s) * onehot + s / C */                                         \
+  void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,             \
+                     const Tensor& loss, const Tensor& lse);                                                         \
+  /* dlogits [N, C] from grad of the per-row loss [N] */                                                             \
+  void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,     \
+                              int64_t ignore_index, double smoothing, const Tensor& dlogits);                        \
+  /* out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n]) along the middle */                         \
+  void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,            \
+                    int64_t inner);                                                                                  \
+  /* out [outer, size, inner] += src [outer, n, inner] at index (Int64 [n]) (accumulates) */                         \
+  void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,             \
+                 int64_t inner);                                                                                     \
+  /* out = x gathered along dim at index; index Int64 has x's ndim, out index's shape */                             \
+  void gather(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim);                                 \
+  /* out (accumulated into) along dim at index += src; index and src have the same shape */                          \
+  void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim);                          \
+  /* inclusive prefix sum over r of x [outer, r, inner]; reverse sums from the end */                                \
+  void cumsum(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool reverse);            \
+  /* x [batch, n] real -> out [batch, n/2+1, 2] (re, im), unnormalized forward transform */                          \
+  void rfft(const Tensor& x, const Tensor& out, int64_t batch, int64_t n);                                           \
+  /* spec [batch, n/2+1, 2] -> out [batch, n] real, scaled by 1/n (imag of DC and Nyquist                            \
+     ignored, as a c2r transform does) */                                                                            \
+  void irfft(const Tensor& spec, const Tensor& out, int64_t batch, int64_t n);                                       \
+  /* one SGD step of a parameter; param, grad, buf [n] contiguous, same dtype; buf undefined */                      \
+  /* without momentum. g = grad + wd*param; buf = first ? g : momentum*buf + (1-dampening)*g;   */                   \
+  /* update = momentum ? (nesterov ? g + momentum*buf : buf) : g; param -= lr*update           */                    \
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, double lr, double momentum,              \
+                double dampening, double weight_decay, bool nesterov, bool first);                                   \
+  /* one Adam step (step = 1, 2, ... after this update); decoupled = AdamW: param *= 1 - lr*wd;   */                 \
+  /* else g = grad + wd*param. m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;                      */                   \
+  /* param -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps)                            */                   \
+  void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr, double beta1, \
+                 double beta2, double eps, double weight_decay, bool decoupled, int64_t step);                       \
+  /* fills out with U[lo, hi) / N(mean, std) from the device's default generator */                                  \
+  void uniform(const Tensor& out, double lo, double hi);                                                             \
   void normal(const Tensor& out, double mean, double std);
 
 namespace cpu {

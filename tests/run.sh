@@ -26,7 +26,8 @@ count_ctest() {
 }
 
 JOBS=$(nproc)
-PACKAGES=(cmake ninja-build g++ make pkg-config python3 libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev)
+PACKAGES=(cmake ninja-build g++ make pkg-config python3 libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev
+  nlohmann-json3-dev libstb-dev libcli11-dev)
 
 # ---- packages -------------------------------------------------------------------------------
 missing=()

@@ -1,0 +1,196 @@
+// Module registry, state dicts and printing.
+#include "nn/module.h"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "autograd/autograd.h"
+
+namespace linea::nn {
+
+namespace {
+void check_name(const std::string& owner, const std::string& name) {
+  LINEA_CHECK(!name.empty() && name.find('.') == std::string::npos, owner, ": invalid name '", name,
+              "' (must be non-empty and contain no '.')");
+}
+}  // namespace
+
+void replace_data(const Tensor& dst, const Tensor& src) {
+  TensorImpl& d = dst.impl();
+  const TensorImpl& s = src.impl();
+  d.storage = s.storage;
+  d.shape = s.shape;
+  d.strides = s.strides;
+  d.offset = s.offset;
+  d.dtype = s.dtype;
+  if (d.autograd) d.autograd->grad = Tensor();
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  check_name(type_name_, name);
+  LINEA_CHECK(t.defined() && is_floating(t.dtype()), type_name_, ": parameter '", name,
+              "' must be a defined floating tensor");
+  for (auto& [n, _] : params_) LINEA_CHECK(n != name, type_name_, ": parameter '", name, "' registered twice");
+  if (!t.is_leaf()) t = t.detach();
+  t.requires_grad_(true);
+  params_.emplace_back(name, t);
+  return t;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  check_name(type_name_, name);
+  LINEA_CHECK(t.defined(), type_name_, ": buffer '", name, "' is undefined");
+  for (auto& [n, _] : buffers_) LINEA_CHECK(n != name, type_name_, ": buffer '", name, "' registered twice");
+  buffers_.emplace_back(name, t);
+  return t;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+  check_name(type_name_, name);
+  LINEA_CHECK(m != nullptr, type_name_, ": submodule '", name, "' is null");
+  for (auto& [n, _] : children_) LINEA_CHECK(n != name, type_name_, ": submodule '", name, "' registered twice");
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::collect(const std::string& prefix, bool params, bool recurse,
+                     std::vector<std::pair<std::string, Tensor>>& out) const {
+  for (auto& [n, t] : params ? params_ : buffers_) out.emplace_back(prefix + n, t);
+  if (!recurse) return;
+  for (auto& [n, c] : children_) c->collect(prefix + n + ".", params, true, out);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", true, recurse, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [_, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", false, recurse, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  // Iterative depth-first walk (module trees are shallow, but this keeps it simple to reason about).
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> stack{{"", shared_from_this()}};
+  while (!stack.empty()) {
+    auto [name, m] = stack.back();
+    stack.pop_back();
+    out.emplace_back(name, m);
+    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it)
+      stack.emplace_back(name.empty() ? it->first : name + "." + it->first, it->second);
+  }
+  return out;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& [_, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [_, c] : children_) c->train(on);
+}
+
+void Module::to(Device device) {
+  NoGradGuard ng;
+  for (auto* list : {&params_, &buffers_})
+    for (auto& [_, t] : *list) replace_data(t, raw::contiguous(raw::to_device(t, device)));
+  for (auto& [_, c] : children_) c->to(device);
+}
+
+void Module::to(DType dtype) {
+  LINEA_CHECK(is_floating(dtype), type_name_, ".to: expected a floating dtype, got ", dtype_name(dtype));
+  NoGradGuard ng;
+  for (auto* list : {&params_, &buffers_})
+    for (auto& [_, t] : *list)
+      if (is_floating(t.dtype())) replace_data(t, raw::to_dtype(t, dtype));
+  for (auto& [_, c] : children_) c->to(dtype);
+}
+
+void Module::zero_grad() {
+  for (auto& [_, t] : named_parameters()) t.zero_grad();
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  for (auto& [n, t] : named_parameters()) out[n] = t.detach();
+  for (auto& [n, t] : named_buffers()) out[n] = t.detach();
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  StateDict mine;
+  for (auto& [n, t] : named_parameters()) mine[n] = t;
+  for (auto& [n, t] : named_buffers()) mine[n] = t;
+  std::vector<std::string> missing, unexpected, misshaped;
+  for (auto& [n, t] : mine) {
+    auto it = state.find(n);
+    if (it == state.end()) missing.push_back(n);
+    else if (!it->second.defined() || it->second.shape() != t.shape())
+      misshaped.push_back(n + " (expected " + shape_str(t.shape()) + ", got " +
+                          (it->second.defined() ? shape_str(it->second.shape()) : "undefined") + ")");
+  }
+  for (auto& [n, _] : state)
+    if (!mine.count(n)) unexpected.push_back(n);
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+    return s;
+  };
+  bool bad = !misshaped.empty() || (strict && (!missing.empty() || !unexpected.empty()));
+  if (bad) {
+    std::ostringstream os;
+    os << "load_state_dict (" << type_name_ << "):";
+    if (!missing.empty() && strict) os << " missing keys: " << join(missing) << ";";
+    if (!unexpected.empty() && strict) os << " unexpected keys: " << join(unexpected) << ";";
+    if (!misshaped.empty()) os << " shape mismatch: " << join(misshaped) << ";";
+    throw Error(os.str());
+  }
+  NoGradGuard ng;
+  for (auto& [n, t] : mine) {
+    auto it = state.find(n);
+    if (it == state.end()) continue;
+    Tensor src = it->second;
+    LINEA_CHECK(is_floating(t.dtype()) == is_floating(src.dtype()), "load_state_dict: '", n, "' has dtype ",
+                dtype_name(src.dtype()), ", the module expects ", dtype_name(t.dtype()));
+    raw::copy_(t, src);
+  }
+}
+
+void Module::str_into(std::string& out, int indent) const {
+  out += type_name_ + "(" + extra_repr();
+  if (children_.empty()) {
+    out += ")";
+    return;
+  }
+  if (!extra_repr().empty()) out += ",";
+  out += "\n";
+  for (auto& [n, c] : children_) {
+    out += std::string(indent + 2, ' ') + "(" + n + "): ";
+    c->str_into(out, indent + 2);
+    out += "\n";
+  }
+  out += std::string(indent, ' ') + ")";
+}
+
+std::string Module::str() const {
+  std::string s;
+  str_into(s, 0);
+  return s;
+}
+
+std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.str(); }
+
+}  // namespace linea::nn
