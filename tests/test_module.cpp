@@ -1,0 +1,142 @@
+// Module system: registration and dotted names, modes, device/dtype moves, state dicts with
+// strict loading errors, parameter counts, printing.
+#include "nn/module.h"
+#include "test_util.h"
+
+using namespace linea;
+using namespace linea::test;
+
+namespace {
+struct Leaf : nn::Module {
+  Tensor w, b, running;
+  explicit Leaf(int64_t n) : nn::Module("Leaf") {
+    w = register_parameter("w", randn({n, 2}));
+    b = register_parameter("b", zeros({n}));
+    running = register_buffer("running", ones({n}));
+  }
+  std::string extra_repr() const override { return "n=" + std::to_string(w.size(0)); }
+};
+struct Tree : nn::Module {
+  std::shared_ptr<Leaf> a;
+  std::shared_ptr<nn::ModuleList> blocks;
+  Tree() : nn::Module("Tree") {
+    a = register_module("a", std::make_shared<Leaf>(3));
+    blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
+    blocks->push_back(std::make_shared<Leaf>(1));
+    blocks->push_back(std::make_shared<Leaf>(2));
+  }
+};
+std::vector<std::string> names(const std::vector<std::pair<std::string, Tensor>>& v) {
+  std::vector<std::string> out;
+  for (auto& [n, _] : v) out.push_back(n);
+  return out;
+}
+}  // namespace
+
+TEST(Module, DottedNamesInRegistrationOrder) {
+  auto t = std::make_shared<Tree>();
+  EXPECT_EQ(names(t->named_parameters()),
+            (std::vector<std::string>{"a.w", "a.b", "blocks.0.w", "blocks.0.b", "blocks.1.w", "blocks.1.b"}));
+  EXPECT_EQ(names(t->named_buffers()), (std::vector<std::string>{"a.running", "blocks.0.running", "blocks.1.running"}));
+  EXPECT_EQ(t->num_parameters(), 3 * 2 + 3 + 1 * 2 + 1 + 2 * 2 + 2);
+  EXPECT_TRUE(t->a->w.requires_grad());
+  EXPECT_FALSE(t->a->running.requires_grad());
+  auto mods = t->named_modules();
+  ASSERT_EQ(mods.size(), 5u);
+  EXPECT_EQ(mods[0].first, "");
+  EXPECT_EQ(mods[3].first, "blocks.0");
+  EXPECT_EQ(t->blocks->at<Leaf>(1)->w.size(0), 2);
+}
+
+TEST(Module, TrainEvalPropagates) {
+  auto t = std::make_shared<Tree>();
+  EXPECT_TRUE(t->blocks->at<Leaf>(0)->is_training());
+  t->eval();
+  EXPECT_FALSE(t->blocks->at<Leaf>(0)->is_training());
+  EXPECT_FALSE(t->a->is_training());
+  t->train();
+  EXPECT_TRUE(t->a->is_training());
+}
+
+TEST(Module, StateDictRoundTripSharesNothingAfterLoad) {
+  manual_seed(1);
+  auto src = std::make_shared<Tree>();
+  manual_seed(2);
+  auto dst = std::make_shared<Tree>();
+  EXPECT_NE(dst->a->w.to_vector<float>(), src->a->w.to_vector<float>());
+  dst->load_state_dict(src->state_dict());
+  EXPECT_EQ(dst->a->w.to_vector<float>(), src->a->w.to_vector<float>());
+  EXPECT_EQ(dst->blocks->at<Leaf>(1)->running.to_vector<float>(), src->blocks->at<Leaf>(1)->running.to_vector<float>());
+  src->a->w.fill_(0.0);  // a copy was loaded, not the same storage
+  EXPECT_NE(dst->a->w.to_vector<float>(), src->a->w.to_vector<float>());
+  // The module's own handles still train: the loaded tensor is the registered parameter.
+  EXPECT_TRUE(dst->a->w.requires_grad());
+  EXPECT_TRUE(dst->a->w.same(dst->named_parameters()[0].second));
+}
+
+TEST(Module, StrictLoadListsEveryProblem) {
+  auto m = std::make_shared<Tree>();
+  nn::StateDict s = m->state_dict();
+  s.erase("a.b");
+  s["extra.weight"] = zeros({1});
+  s["blocks.1.w"] = zeros({5, 5});
+  try {
+    m->load_state_dict(s);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("missing keys: a.b"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unexpected keys: extra.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("blocks.1.w (expected [2, 2], got [5, 5])"), std::string::npos) << msg;
+  }
+  // Non-strict loading ignores missing/unexpected keys but never a shape mismatch.
+  s["blocks.1.w"] = ones({2, 2});
+  m->load_state_dict(s, /*strict=*/false);
+  EXPECT_EQ(m->blocks->at<Leaf>(1)->w.to_vector<float>(), std::vector<float>(4, 1.0f));
+}
+
+TEST(Module, ToDtypeKeepsHandlesAndDropsGrads) {
+  auto m = std::make_shared<Leaf>(2);
+  sum(m->w).backward();
+  ASSERT_TRUE(m->w.grad().defined());
+  Tensor handle = m->w;
+  m->to(DType::Float64);
+  EXPECT_EQ(handle.dtype(), DType::Float64);  // the layer's member sees the change
+  EXPECT_EQ(m->named_parameters()[0].second.dtype(), DType::Float64);
+  EXPECT_FALSE(m->w.grad().defined());
+  EXPECT_TRUE(m->w.requires_grad());
+  EXPECT_LINEA_ERROR(m->to(DType::Int64), "floating");
+}
+
+TEST(Module, ZeroGradClearsEveryParameter) {
+  auto t = std::make_shared<Tree>();
+  Tensor loss = sum(t->a->w) + sum(t->blocks->at<Leaf>(0)->b);
+  loss.backward();
+  EXPECT_TRUE(t->a->w.grad().defined());
+  t->zero_grad();
+  for (auto& p : t->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(Module, PrintsTree) {
+  auto t = std::make_shared<Tree>();
+  std::string s = t->str();
+  EXPECT_NE(s.find("Tree(\n  (a): Leaf(n=3)\n  (blocks): ModuleList(\n    (0): Leaf(n=1)"), std::string::npos) << s;
+}
+
+TEST(Module, RegistrationErrors) {
+  struct Bad : nn::Module {
+    Bad() : nn::Module("Bad") {}
+    void twice() {
+      register_parameter("p", zeros({1}));
+      register_parameter("p", zeros({1}));
+    }
+    void dotted() { register_parameter("a.b", zeros({1})); }
+    void integer() { register_parameter("i", zeros({1}, TensorOptions(DType::Int64))); }
+  };
+  Bad b;
+  EXPECT_LINEA_ERROR(b.twice(), "registered twice");
+  EXPECT_LINEA_ERROR(b.dotted(), "invalid name 'a.b'");
+  EXPECT_LINEA_ERROR(b.integer(), "floating");
+  auto t = std::make_shared<Tree>();
+  EXPECT_LINEA_ERROR(t->blocks->at(7), "index 7 out of range");
+}
