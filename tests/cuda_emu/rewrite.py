@@ -3,7 +3,8 @@
 # so that g++ can compile them against emu_prelude.h. Usage: rewrite.py REPO_ROOT OUT_DIR
 import glob, os, re, sys
 root, out = sys.argv[1], sys.argv[2]
-pat = re.compile(r'([A-Za-z_][\w:]*(?:<[^<>;]*>)?)<<<(.*?)>>>\(', re.S)
+# White space may separate the kernel name from <<< (clang-format breaks long launches there).
+pat = re.compile(r'([A-Za-z_][\w:]*(?:<[^<>;]*>)?)\s*<<<(.*?)>>>\(', re.S)
 os.makedirs(os.path.join(out, 'cuda'), exist_ok=True)
 for f in sorted(glob.glob(os.path.join(root, 'cuda', '*.cu')) + glob.glob(os.path.join(root, 'cuda', '*.cuh'))):
     s = pat.sub(lambda m: 'emu::launch(' + m.group(1) + ', ' + m.group(2) + ')(', open(f).read())
