@@ -191,3 +191,9 @@ TEST(Errors, DeviceMismatchAndMissingCuda) {
     EXPECT_THROW(zeros({2}).to(Device("cuda")), linea::Error);
   }
 }
+
+TEST(Tensor, EmptyTensorsAreContiguous) {
+  EXPECT_TRUE(zeros({4, 0}).is_contiguous());
+  EXPECT_TRUE(zeros({0, 3}).t().is_contiguous());
+  EXPECT_EQ(zeros({4, 0}).reshape({0, 4}).numel(), 0);
+}

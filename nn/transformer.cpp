@@ -1,0 +1,107 @@
+// Pre-LN transformer layers and stacks (see transformer.h).
+#include "nn/transformer.h"
+
+namespace linea::nn {
+
+namespace {
+void check_sizes(const char* who, int64_t dim, int64_t heads, int64_t mlp_hidden) {
+  LINEA_CHECK(dim > 0 && heads > 0 && mlp_hidden > 0, who, ": dim, heads and mlp_hidden must be positive, got ", dim,
+              ", ", heads, ", ", mlp_hidden);
+  LINEA_CHECK(dim % heads == 0, who, ": dim ", dim, " is not divisible by heads ", heads);
+}
+
+void check_tokens(const char* who, const char* name, const Tensor& x, int64_t dim) {
+  raw::check_defined(who, x, name);
+  LINEA_CHECK(x.dim() == 3 && x.size(2) == dim, who, ": expected ", name, " [B, L, ", dim, "], got ",
+              shape_str(x.shape()));
+}
+}  // namespace
+
+// ---- encoder layer ----------------------------------------------------------------------------
+TransformerEncoderLayer::TransformerEncoderLayer(int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
+                                                 const std::string& spec)
+    : Module("TransformerEncoderLayer") {
+  check_sizes("TransformerEncoderLayer", dim, heads, mlp_hidden);
+  ln1_ = register_module("ln1", std::make_shared<LayerNorm>(dim));
+  attn_ = register_module("attn", std::make_shared<MultiHeadAttention>(dim, heads, spec));
+  ln2_ = register_module("ln2", std::make_shared<LayerNorm>(dim));
+  mlp_ = register_module("mlp", std::make_shared<FeedForward>(dim, mlp_hidden, dropout));
+  drop_ = register_module("drop", std::make_shared<Dropout>(dropout));
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& x, const AttentionOptions& opts) {
+  check_tokens("TransformerEncoderLayer", "x", x, attn_->dim());
+  Tensor h = ln1_->forward(x);
+  Tensor y = add(x, drop_->forward(attn_->forward(h, h, opts)));  // [B, N, dim]
+  return add(y, drop_->forward(mlp_->forward(ln2_->forward(y))));
+}
+
+// ---- decoder layer ----------------------------------------------------------------------------
+TransformerDecoderLayer::TransformerDecoderLayer(int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
+                                                 const std::string& spec, const std::string& cross_spec)
+    : Module("TransformerDecoderLayer") {
+  check_sizes("TransformerDecoderLayer", dim, heads, mlp_hidden);
+  ln1_ = register_module("ln1", std::make_shared<LayerNorm>(dim));
+  self_attn_ = register_module("self_attn", std::make_shared<MultiHeadAttention>(dim, heads, spec));
+  ln2_ = register_module("ln2", std::make_shared<LayerNorm>(dim));
+  cross_attn_ = register_module(
+      "cross_attn", std::make_shared<MultiHeadAttention>(dim, heads, cross_spec.empty() ? spec : cross_spec));
+  ln3_ = register_module("ln3", std::make_shared<LayerNorm>(dim));
+  mlp_ = register_module("mlp", std::make_shared<FeedForward>(dim, mlp_hidden, dropout));
+  drop_ = register_module("drop", std::make_shared<Dropout>(dropout));
+}
+
+Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& memory_key_padding_mask,
+                                        const Tensor& tgt_key_padding_mask) {
+  const int64_t dim = self_attn_->dim();
+  check_tokens("TransformerDecoderLayer", "x", x, dim);
+  check_tokens("TransformerDecoderLayer", "memory", memory, dim);
+  LINEA_CHECK(memory.size(0) == x.size(0), "TransformerDecoderLayer: batch of x ", shape_str(x.shape()), " and memory ",
+              shape_str(memory.shape()), " differ");
+  AttentionOptions self_opts;
+  self_opts.causal = true;
+  self_opts.key_padding_mask = tgt_key_padding_mask;
+  AttentionOptions cross_opts;
+  cross_opts.key_padding_mask = memory_key_padding_mask;
+  Tensor h = ln1_->forward(x);
+  Tensor y = add(x, drop_->forward(self_attn_->forward(h, h, self_opts)));  // [B, N, dim]
+  y = add(y, drop_->forward(cross_attn_->forward(ln2_->forward(y), memory, cross_opts)));
+  return add(y, drop_->forward(mlp_->forward(ln3_->forward(y))));
+}
+
+// ---- stacks -----------------------------------------------------------------------------------
+TransformerEncoder::TransformerEncoder(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
+                                       const std::string& spec)
+    : Module("TransformerEncoder") {
+  LINEA_CHECK(depth > 0, "TransformerEncoder: depth must be positive, got ", depth);
+  layers_ = register_module("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < depth; ++i)
+    layers_->push_back(std::make_shared<TransformerEncoderLayer>(dim, heads, mlp_hidden, dropout, spec));
+  norm_ = register_module("norm", std::make_shared<LayerNorm>(dim));
+}
+
+Tensor TransformerEncoder::forward(const Tensor& x, const AttentionOptions& opts) {
+  Tensor h = x;
+  for (size_t i = 0; i < layers_->size(); ++i) h = layer(i)->forward(h, opts);
+  return norm_->forward(h);
+}
+
+TransformerDecoder::TransformerDecoder(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
+                                       const std::string& spec, const std::string& cross_spec)
+    : Module("TransformerDecoder") {
+  LINEA_CHECK(depth > 0, "TransformerDecoder: depth must be positive, got ", depth);
+  layers_ = register_module("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < depth; ++i)
+    layers_->push_back(std::make_shared<TransformerDecoderLayer>(dim, heads, mlp_hidden, dropout, spec, cross_spec));
+  norm_ = register_module("norm", std::make_shared<LayerNorm>(dim));
+}
+
+Tensor TransformerDecoder::forward(const Tensor& x, const Tensor& memory, const Tensor& memory_key_padding_mask,
+                                   const Tensor& tgt_key_padding_mask) {
+  Tensor h = x;
+  for (size_t i = 0; i < layers_->size(); ++i)
+    h = layer(i)->forward(h, memory, memory_key_padding_mask, tgt_key_padding_mask);
+  return norm_->forward(h);
+}
+
+}  // namespace linea::nn
