@@ -49,3 +49,80 @@ class Optimizer {
 std::vector<ParamGroup> decay_groups(const Module& m, double lr, double weight_decay);
 
 }  // namespace linea::nn
+
+// ---- optimizers, clipping (below the lead's declarations; nn/optim.cpp) ----------------------
+namespace linea::nn {
+
+// Groups like decay_groups(m, lr, weight_decay), and also puts every parameter whose dotted name
+// contains one of `no_decay_substrings` (e.g. {"embed"} for embeddings) into the no-decay group.
+// Always returns two groups, [0] = with decay, [1] = without (either may be empty).
+std::vector<ParamGroup> decay_groups(const Module& m, double lr, double weight_decay,
+                                     const std::vector<std::string>& no_decay_substrings);
+
+// Stochastic gradient descent with optional momentum (PyTorch semantics; weight decay, as L2
+// added to the gradient, comes from each group):
+//   g = grad + wd * p;  buf = (first step ? g : momentum * buf + (1 - dampening) * g)
+//   p -= lr * (nesterov ? g + momentum * buf : buf)       (p -= lr * g without momentum)
+// State: "<group>.<index>.momentum_buffer" (only with momentum != 0).
+class SGD : public Optimizer {
+ public:
+  explicit SGD(std::vector<ParamGroup> groups, double momentum = 0.0, double dampening = 0.0, bool nesterov = false);
+  void step() override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+  double momentum() const { return momentum_; }
+  double dampening() const { return dampening_; }
+  bool nesterov() const { return nesterov_; }
+
+ private:
+  double momentum_, dampening_;
+  bool nesterov_;
+  std::vector<std::vector<Tensor>> buf_;  // [group][index], undefined until the parameter's first step
+};
+
+// Adam (Kingma & Ba) with bias correction; weight decay from each group is L2, added to the
+// gradient (g = grad + wd * p). AdamW (below) decouples it. With t = the step count after this
+// update (steps() + 1, shared by all parameters):
+//   m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g^2
+//   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// State: "<group>.<index>.exp_avg" and ".exp_avg_sq", zeros allocated at the parameter's
+// first update. A parameter that first receives a gradient at a later step starts from zero
+// moments with the shared step count (the usual case, every parameter updated every step, is
+// exactly PyTorch's).
+class Adam : public Optimizer {
+ public:
+  explicit Adam(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8);
+  void step() override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+  double eps() const { return eps_; }
+  bool decoupled() const { return decoupled_; }
+
+ protected:
+  Adam(std::vector<ParamGroup> groups, double beta1, double beta2, double eps, bool decoupled);
+
+ private:
+  double beta1_, beta2_, eps_;
+  bool decoupled_;
+  std::vector<std::vector<Tensor>> m_, v_;  // [group][index]
+};
+
+// AdamW (Loshchilov & Hutter): Adam with decoupled weight decay, p *= 1 - lr * wd before the
+// Adam update (the gradient itself is not changed). The decay rate comes from each group.
+class AdamW : public Adam {
+ public:
+  explicit AdamW(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8)
+      : Adam(std::move(groups), beta1, beta2, eps, /*decoupled=*/true) {}
+};
+
+// Scales the gradients of `params` in place so that their global L2 norm is at most max_norm:
+//   norm = sqrt(sum over params of sum(grad^2));  coef = min(1, max_norm / (norm + 1e-6))
+// and returns norm (before clipping) as a 0-d tensor on the gradients' device, in the first
+// gradient's dtype. Computed and applied on the device without a host synchronization (read it
+// with .item() only when you need it). Parameters without a gradient are skipped; all gradients
+// must be on one device. A non-finite norm makes every gradient non-finite (as PyTorch's default).
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace linea::nn

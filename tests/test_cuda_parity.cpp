@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ops_optim.h"
 #include "tests/test_util.h"
 
 #ifdef LINEA_WITH_CUDA
@@ -710,6 +711,69 @@ TEST(CudaAllocator, LoopReusesBlocks) {
   EXPECT_EQ(empty({0, 3}, o).numel(), 0);
 }
 #endif
+
+// ---- optimizer steps -----------------------------------------------------------------------------------------
+// raw::sgd_step / raw::adam_step (one fused kernel per parameter) on CPU tensors and on CUDA copies, several
+// steps in a row so that the state written by one step is read by the next; awkward sizes (1, odd, a
+// non-multiple of the block size) and, for 2-D parameters, a non-contiguous (transposed) gradient. Each step
+// adds a few roundings to the state, so the float32 tolerance is scaled by the step count.
+TEST(CudaParity, OptimizerSteps) {
+  LINEA_REQUIRE_CUDA();
+  const std::vector<Shape> shapes = {{1}, {7}, {3, 86}, {1031, 3}};
+  struct SgdCfg {
+    double momentum, dampening, wd;
+    bool nesterov;
+  };
+  const std::vector<SgdCfg> sgd_cfgs = {{0.0, 0.0, 0.0, false}, {0.9, 0.1, 0.01, false}, {0.9, 0.0, 0.05, true}};
+  for (DType dt : kFloatTypes) {
+    for (const Shape& shape : shapes) {
+      // A gradient for step s: contiguous, or for 2-D shapes at odd steps a transposed view on both devices.
+      auto grads = [&](int s) {
+        if (shape.size() == 2 && s % 2 == 1) {
+          Tensor g = rnd({shape[1], shape[0]}, dt);
+          return std::make_pair(g.transpose(0, 1), g.to(kCuda).transpose(0, 1));
+        }
+        Tensor g = rnd(shape, dt);
+        return std::make_pair(g, g.to(kCuda));
+      };
+      for (const SgdCfg& c : sgd_cfgs) {
+        Tensor p = rnd(shape, dt), pd = clone(p.to(kCuda));  // clone: a copy also in the self-test
+        Tensor buf, bufd;
+        if (c.momentum != 0.0) {
+          buf = zeros(shape, TensorOptions(dt));
+          bufd = zeros(shape, TensorOptions(dt, kCuda));
+        }
+        for (int s = 0; s < 3; ++s) {
+          auto [g, gd] = grads(s);
+          raw::sgd_step(p, g, buf, 0.1, c.momentum, c.dampening, c.wd, c.nesterov, s == 0);
+          raw::sgd_step(pd, gd, bufd, 0.1, c.momentum, c.dampening, c.wd, c.nesterov, s == 0);
+          const std::string what = "sgd_step " + shape_str(shape) + " momentum " + std::to_string(c.momentum) +
+                                   (c.nesterov ? " nesterov" : "") + " step " + std::to_string(s);
+          EXPECT_TRUE(matches(pd, p, s + 1, (what + " param").c_str()));
+          if (buf.defined()) {
+            EXPECT_TRUE(matches(bufd, buf, s + 1, (what + " buf").c_str()));
+          }
+        }
+      }
+      for (bool decoupled : {false, true}) {
+        Tensor p = rnd(shape, dt), pd = clone(p.to(kCuda));  // clone: a copy also in the self-test
+        Tensor m = zeros(shape, TensorOptions(dt)), md = zeros(shape, TensorOptions(dt, kCuda));
+        Tensor v = zeros(shape, TensorOptions(dt)), vd = zeros(shape, TensorOptions(dt, kCuda));
+        const double wd = decoupled ? 0.1 : 0.01;
+        for (int s = 1; s <= 3; ++s) {
+          auto [g, gd] = grads(s);
+          raw::adam_step(p, g, m, v, 0.01, 0.9, 0.999, 1e-8, wd, decoupled, s);
+          raw::adam_step(pd, gd, md, vd, 0.01, 0.9, 0.999, 1e-8, wd, decoupled, s);
+          const std::string what =
+              std::string(decoupled ? "adamw_step " : "adam_step ") + shape_str(shape) + " step " + std::to_string(s);
+          EXPECT_TRUE(matches(pd, p, s + 1, (what + " param").c_str()));
+          EXPECT_TRUE(matches(md, m, s + 1, (what + " exp_avg").c_str()));
+          EXPECT_TRUE(matches(vd, v, s + 1, (what + " exp_avg_sq").c_str()));
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace linea

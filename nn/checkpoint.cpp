@@ -1,0 +1,182 @@
+// Training checkpoints (layout in nn/checkpoint.h): two safetensors files written completely
+// before either replaces the old one, and a validating load that restores model, optimizer and
+// RNG or changes nothing.
+// Not here: the safetensors format (nn/safetensors.cpp).
+#include "nn/checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/random.h"
+#include "nn/io_util.h"
+#include "nn/safetensors.h"
+
+namespace linea::nn {
+
+namespace {
+
+constexpr const char* kFormatKey = "linea_checkpoint";
+constexpr const char* kFormat = "training/1";
+constexpr const char* kSaveIdKey = "linea_save_id";
+constexpr const char* kOptimPrefix = "optim.";
+
+std::string join_path(const std::string& dir, const char* file) { return (std::filesystem::path(dir) / file).string(); }
+
+Tensor rng_tensor(Device device) {
+  std::vector<uint64_t> st = get_rng_state(device);
+  std::vector<int64_t> v;
+  for (uint64_t x : st) v.push_back(static_cast<int64_t>(x));  // bit pattern kept (two's complement)
+  return from_vector<int64_t>(v, {static_cast<int64_t>(v.size())});
+}
+
+std::vector<uint64_t> rng_from_tensor(const Tensor& t) {
+  std::vector<uint64_t> st;
+  for (int64_t x : t.to_vector<int64_t>()) st.push_back(static_cast<uint64_t>(x));
+  return st;
+}
+
+// The tensor `name` of a loaded file, checked for dtype and shape.
+const Tensor& require(const SafetensorsFile& f, const std::string& file, const std::string& name, DType dtype,
+                      const Shape& shape) {
+  auto it = f.tensors.find(name);
+  LINEA_CHECK(it != f.tensors.end(), "load_checkpoint: '", file, "': missing tensor '", name, "'");
+  LINEA_CHECK(it->second.dtype() == dtype && it->second.shape() == shape, "load_checkpoint: '", file, "': tensor '",
+              name, "' is ", dtype_name(it->second.dtype()), " ", shape_str(it->second.shape()), ", expected ",
+              dtype_name(dtype), " ", shape_str(shape));
+  return it->second;
+}
+
+std::string md_or(const Metadata& md, const std::string& key, const std::string& fallback) {
+  auto it = md.find(key);
+  return it == md.end() ? fallback : it->second;
+}
+
+}  // namespace
+
+bool checkpoint_exists(const std::string& dir) {
+  struct stat st;
+  return ::stat(join_path(dir, "model.safetensors").c_str(), &st) == 0 &&
+         ::stat(join_path(dir, "training.safetensors").c_str(), &st) == 0;
+}
+
+void save_checkpoint(const std::string& dir, const Module& model, const Optimizer& opt, const TrainState& state) {
+  LINEA_CHECK(!dir.empty(), "save_checkpoint: empty checkpoint directory");
+  for (const char* key : {kFormatKey, kSaveIdKey})
+    LINEA_CHECK(!state.extra.count(key), "save_checkpoint: TrainState::extra key '", key, "' is reserved");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  LINEA_CHECK(!ec && std::filesystem::is_directory(dir), "save_checkpoint: cannot create directory '", dir,
+              "': ", ec ? ec.message() : "a file of that name exists");
+
+  // Both files carry the same save id, so a load can tell files of different saves apart.
+  const std::string save_id =
+      std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + "-" + std::to_string(::getpid());
+  Metadata model_md{{"step", std::to_string(state.step)}, {"epoch", std::to_string(state.epoch)}, {"save_id", save_id}};
+
+  StateDict train;
+  for (auto& [k, t] : opt.state_dict()) train[kOptimPrefix + k] = t;
+  std::vector<double> lrs, wds;
+  for (const ParamGroup& g : opt.param_groups()) {
+    lrs.push_back(g.lr);
+    wds.push_back(g.weight_decay);
+  }
+  const int64_t ngroups = static_cast<int64_t>(lrs.size());
+  train["optim_groups.lr"] = from_vector<double>(lrs, {ngroups});
+  train["optim_groups.weight_decay"] = from_vector<double>(wds, {ngroups});
+  train["rng.cpu"] = rng_tensor(kCPU);
+  if (cuda_available()) train["rng.cuda"] = rng_tensor(Device(DeviceType::CUDA));
+  train["train.step"] = scalar_tensor(static_cast<double>(state.step), TensorOptions(DType::Int64));
+  train["train.epoch"] = scalar_tensor(static_cast<double>(state.epoch), TensorOptions(DType::Int64));
+  Metadata train_md = state.extra;
+  train_md[kFormatKey] = kFormat;
+  train_md[kSaveIdKey] = save_id;
+
+  // Both files are written in full before either replaces its predecessor: a failure here leaves
+  // the previous checkpoint as it was.
+  const std::string model_path = join_path(dir, "model.safetensors");
+  const std::string train_path = join_path(dir, "training.safetensors");
+  std::string model_tmp = detail::write_safetensors_temp(model_path, model.state_dict(), model_md);
+  std::string train_tmp;
+  try {
+    train_tmp = detail::write_safetensors_temp(train_path, train, train_md);
+    detail::commit_temp_file(train_tmp, train_path, "save_checkpoint");
+  } catch (...) {
+    std::remove(model_tmp.c_str());
+    throw;
+  }
+  detail::commit_temp_file(model_tmp, model_path, "save_checkpoint");
+}
+
+TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt) {
+  const std::string model_path = join_path(dir, "model.safetensors");
+  const std::string train_path = join_path(dir, "training.safetensors");
+  LINEA_CHECK(checkpoint_exists(dir), "load_checkpoint: no checkpoint in '", dir,
+              "' (expected model.safetensors and training.safetensors)");
+  SafetensorsFile mf = load_safetensors(model_path);
+  SafetensorsFile tf = load_safetensors(train_path);
+
+  // ---- validate everything before changing anything -------------------------------------------
+  std::string fmt = md_or(tf.metadata, kFormatKey, "");
+  LINEA_CHECK(fmt == kFormat, "load_checkpoint: '", train_path, "' is not a Linea training checkpoint (metadata '",
+              kFormatKey, "' is ", fmt.empty() ? std::string("missing") : "'" + fmt + "'", ", expected '", kFormat,
+              "')");
+  TrainState state;
+  state.step = require(tf, train_path, "train.step", DType::Int64, {}).item<int64_t>();
+  state.epoch = require(tf, train_path, "train.epoch", DType::Int64, {}).item<int64_t>();
+  const std::string model_id = md_or(mf.metadata, "save_id", "");
+  LINEA_CHECK(!model_id.empty() && model_id == md_or(tf.metadata, kSaveIdKey, ""), "load_checkpoint: '", model_path,
+              "' (step ", md_or(mf.metadata, "step", "unknown"), ") and '", train_path, "' (step ", state.step,
+              ") come from different saves (was a save interrupted?)");
+
+  const int64_t ngroups = static_cast<int64_t>(opt.param_groups().size());
+  auto lr_it = tf.tensors.find("optim_groups.lr");
+  LINEA_CHECK(lr_it != tf.tensors.end() && lr_it->second.dim() == 1, "load_checkpoint: '", train_path,
+              "': missing tensor 'optim_groups.lr'");
+  LINEA_CHECK(lr_it->second.size(0) == ngroups, "load_checkpoint: '", train_path, "': the checkpoint has ",
+              lr_it->second.size(0), " parameter groups, the optimizer has ", ngroups);
+  std::vector<double> lrs = require(tf, train_path, "optim_groups.lr", DType::Float64, {ngroups}).to_vector<double>();
+  std::vector<double> wds =
+      require(tf, train_path, "optim_groups.weight_decay", DType::Float64, {ngroups}).to_vector<double>();
+  std::vector<uint64_t> rng_cpu = rng_from_tensor(require(tf, train_path, "rng.cpu", DType::Int64, {2}));
+  std::vector<uint64_t> rng_cuda;
+  if (tf.tensors.count("rng.cuda")) rng_cuda = rng_from_tensor(require(tf, train_path, "rng.cuda", DType::Int64, {2}));
+
+  StateDict optim_sd;
+  const std::string prefix = kOptimPrefix;
+  for (auto& [k, t] : tf.tensors)
+    if (k.compare(0, prefix.size(), prefix) == 0) optim_sd[k.substr(prefix.size())] = t;
+
+  // ---- apply: optimizer, then model (restoring the optimizer if the model rejects its file) ------
+  // Both load_state_dict calls validate fully before they modify anything.
+  StateDict opt_backup = opt.state_dict();
+  try {
+    opt.load_state_dict(optim_sd);
+  } catch (const Error& e) {
+    LINEA_FAIL("load_checkpoint: '", train_path, "': ", e.what());
+  }
+  try {
+    model.load_state_dict(mf.tensors, /*strict=*/true);
+  } catch (const Error& e) {
+    opt.load_state_dict(opt_backup);
+    LINEA_FAIL("load_checkpoint: '", model_path, "': ", e.what());
+  }
+  for (int64_t g = 0; g < ngroups; ++g) {
+    opt.param_groups()[g].lr = lrs[g];
+    opt.param_groups()[g].weight_decay = wds[g];
+  }
+  set_rng_state(rng_cpu, kCPU);
+  // A CUDA generator state is restored when a GPU is there to use it (a GPU run resumed on a
+  // CPU-only machine has no CUDA generator to restore).
+  if (!rng_cuda.empty() && cuda_available()) set_rng_state(rng_cuda, Device(DeviceType::CUDA));
+
+  state.extra = tf.metadata;
+  state.extra.erase(kFormatKey);
+  state.extra.erase(kSaveIdKey);
+  return state;
+}
+
+}  // namespace linea::nn

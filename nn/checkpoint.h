@@ -1,0 +1,54 @@
+// Training checkpoints: everything `--resume` needs to continue a run exactly, in a directory
+// of two safetensors files (nn/safetensors.h), so the model opens anywhere on its own:
+//
+//   <dir>/model.safetensors     the model's state_dict(); __metadata__ {"step", "epoch", "save_id"}
+//   <dir>/training.safetensors  "optim.<key>"            the optimizer's state_dict() (moments, "optim.step")
+//                               "optim_groups.lr"         F64 [groups]: each group's lr and
+//                               "optim_groups.weight_decay"  weight decay (restored, as PyTorch does)
+//                               "rng.cpu", "rng.cuda"     I64 [2]: {seed, offset} of the CPU / CUDA
+//                                                         generator (CUDA only when available)
+//                               "train.step", "train.epoch"  I64 0-d
+//                               __metadata__: TrainState::extra (e.g. schedule name, app flags)
+//                                             plus "linea_checkpoint": "training/1" and
+//                                             "linea_save_id" (equal to model's "save_id")
+//
+// Saving writes both files completely (temp files, fsync'ed) before renaming either over the
+// old ones, so a failed save (full disk, unwritable directory) leaves the previous checkpoint
+// intact. Only a crash between the two renames can mix two saves, and loading detects that
+// (both files record the same save id) with a clear error. Loading restores model, optimizer,
+// RNG states and returns the TrainState; on CPU a resumed run is bit-for-bit the uninterrupted
+// one (data order comes from DataLoader's own (seed, epoch) permutation, not the global RNG).
+// Not here: the file format itself (nn/safetensors.h), learning-rate schedules (pure functions
+// of the step: nn/schedule.h), data loader position (resume with DataLoader::reset(epoch, batch)).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "nn/module.h"
+#include "nn/optim.h"
+
+namespace linea::nn {
+
+struct TrainState {
+  int64_t step = 0;   // completed training steps (the next step to run)
+  int64_t epoch = 0;  // current epoch
+  // Free-form strings: schedule name, app flags, ... (keys "linea_checkpoint" and
+  // "linea_save_id" are reserved).
+  std::map<std::string, std::string> extra;
+};
+
+// Writes <dir>/model.safetensors and <dir>/training.safetensors (creating dir as needed).
+void save_checkpoint(const std::string& dir, const Module& model, const Optimizer& opt, const TrainState& state);
+
+// Restores model (strict state_dict), optimizer state and learning rates, and the RNG states
+// from dir; returns the saved TrainState. The model and optimizer must be built the same way
+// as when saving (same names, shapes and parameter groups); any mismatch throws linea::Error
+// naming the file and listing the bad keys, and leaves model and optimizer unchanged.
+TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt);
+
+// True when dir holds both checkpoint files (for --resume).
+bool checkpoint_exists(const std::string& dir);
+
+}  // namespace linea::nn

@@ -1,0 +1,285 @@
+// Training checkpoints: resuming after 5 steps reproduces 10 uninterrupted steps bit for bit
+// (model, AdamW moments, RNG for dropout and input noise, learning rates), a failed save leaves
+// the previous checkpoint intact, and mismatched or foreign files are rejected clearly.
+// Not here: the safetensors format itself (test_safetensors.cpp).
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "nn/checkpoint.h"
+#include "nn/optim.h"
+#include "nn/safetensors.h"
+#include "test_util.h"
+
+using namespace linea;
+using namespace linea::nn;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "linea_ckpt_XXXXXX").string();
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    char* p = ::mkdtemp(buf.data());
+    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string sub(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// A two-layer MLP with dropout: its training uses the global RNG (dropout masks and the input
+// noise below), so a resume that forgot the RNG state would diverge.
+class Mlp : public Module {
+ public:
+  Mlp() : Module("Mlp") {
+    w1 = register_parameter("w1", mul(randn({16, 4}), 0.5));
+    b1 = register_parameter("b1", zeros({16}));
+    w2 = register_parameter("w2", mul(randn({2, 16}), 0.25));
+    b2 = register_parameter("b2", zeros({2}));
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor h = dropout(relu(add(matmul(x, w1.t()), b1)), 0.3, is_training());
+    return add(matmul(h, w2.t()), b2);
+  }
+  Tensor w1, b1, w2, b2;
+};
+
+// Fixed data (from its own seed), noise and dropout from the global generator.
+struct Task {
+  Tensor x, y;
+  Task() {
+    auto saved = get_rng_state();
+    manual_seed(1234);
+    x = randn({32, 4});
+    y = randn({32, 2});
+    set_rng_state(saved);
+  }
+};
+
+double lr_for(int64_t step) { return 0.05 / (1.0 + 0.3 * static_cast<double>(step)); }
+
+void train_steps(Mlp& net, Optimizer& opt, const Task& task, int64_t first, int64_t count) {
+  for (int64_t s = first; s < first + count; ++s) {
+    opt.set_lr(lr_for(s));
+    Tensor noisy = add(task.x, mul(randn({32, 4}), 0.1));
+    Tensor err = sub(net.forward(noisy), task.y);
+    Tensor loss = mean(mul(err, err));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+}
+
+std::shared_ptr<AdamW> make_opt(Mlp& net) {
+  return std::make_shared<AdamW>(decay_groups(net, 0.05, 0.1), 0.9, 0.99, 1e-8);
+}
+
+::testing::AssertionResult bitwise_equal(const Module& a, const Module& b) {
+  StateDict sa = a.state_dict(), sb = b.state_dict();
+  if (sa.size() != sb.size()) return ::testing::AssertionFailure() << "different key sets";
+  for (auto& [name, t] : sa) {
+    const Tensor& u = sb.at(name);
+    if (t.shape() != u.shape() || t.dtype() != u.dtype()) return ::testing::AssertionFailure() << name << " differs";
+    Tensor ct = raw::contiguous(t), cu = raw::contiguous(u);
+    if (std::memcmp(ct.data_ptr(), cu.data_ptr(), t.numel() * t.element_size()) != 0)
+      return ::testing::AssertionFailure() << name << " differs bitwise";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
+
+TEST(Checkpoint, ResumeTenStepsEqualsFivePlusFiveBitwiseOnCpu) {
+  TempDir dir;
+  Task task;
+
+  // Uninterrupted: 10 steps.
+  manual_seed(7);
+  auto straight = std::make_shared<Mlp>();
+  auto opt_straight = make_opt(*straight);
+  train_steps(*straight, *opt_straight, task, 0, 10);
+
+  // 5 steps, save, then a fresh process-like state: other seed, other init, fresh optimizer.
+  manual_seed(7);
+  auto first = std::make_shared<Mlp>();
+  auto opt_first = make_opt(*first);
+  train_steps(*first, *opt_first, task, 0, 5);
+  const std::vector<uint64_t> rng_at_save = get_rng_state();
+  save_checkpoint(dir.sub("ckpt"), *first, *opt_first, {5, 1, {{"schedule", "inverse_decay"}, {"flag", "x y"}}});
+  EXPECT_TRUE(checkpoint_exists(dir.sub("ckpt")));
+
+  manual_seed(999);
+  randn({100});  // move the generator somewhere else
+  auto resumed = std::make_shared<Mlp>();
+  auto opt_resumed = std::make_shared<AdamW>(decay_groups(*resumed, 1.0, 0.5), 0.9, 0.99, 1e-8);
+  ASSERT_FALSE(bitwise_equal(*resumed, *first));
+  TrainState st = load_checkpoint(dir.sub("ckpt"), *resumed, *opt_resumed);
+  EXPECT_EQ(st.step, 5);
+  EXPECT_EQ(st.epoch, 1);
+  EXPECT_EQ(st.extra, (std::map<std::string, std::string>{{"schedule", "inverse_decay"}, {"flag", "x y"}}));
+  EXPECT_EQ(opt_resumed->steps(), 5);
+  EXPECT_TRUE(bitwise_equal(*resumed, *first));
+  // Learning rates and weight decay of each group come back too.
+  ASSERT_EQ(opt_resumed->param_groups().size(), 2u);
+  EXPECT_EQ(opt_resumed->param_groups()[0].lr, opt_first->param_groups()[0].lr);
+  EXPECT_EQ(opt_resumed->param_groups()[0].weight_decay, 0.1);
+  EXPECT_EQ(get_rng_state(), rng_at_save);
+
+  train_steps(*resumed, *opt_resumed, task, st.step, 5);
+  EXPECT_TRUE(bitwise_equal(*resumed, *straight));
+  EXPECT_FALSE(bitwise_equal(*resumed, *first));  // it did train
+
+  // The RNG restore matters: the same resume with the generator moved afterwards diverges.
+  auto no_rng = std::make_shared<Mlp>();
+  auto opt_no_rng = make_opt(*no_rng);
+  load_checkpoint(dir.sub("ckpt"), *no_rng, *opt_no_rng);
+  randn({1});
+  train_steps(*no_rng, *opt_no_rng, task, 5, 5);
+  EXPECT_FALSE(bitwise_equal(*no_rng, *straight));
+
+  // And so does the optimizer state: the same resume with AdamW's moments reset diverges.
+  auto no_moments = std::make_shared<Mlp>();
+  auto opt_fresh = make_opt(*no_moments);
+  load_checkpoint(dir.sub("ckpt"), *no_moments, *opt_fresh);
+  auto opt_reset = make_opt(*no_moments);
+  train_steps(*no_moments, *opt_reset, task, 5, 5);
+  EXPECT_FALSE(bitwise_equal(*no_moments, *straight));
+}
+
+TEST(Checkpoint, FilesOpenAsPlainSafetensors) {
+  TempDir dir;
+  manual_seed(1);
+  auto net = std::make_shared<Mlp>();
+  auto opt = make_opt(*net);
+  Task task;
+  train_steps(*net, *opt, task, 0, 2);
+  save_checkpoint(dir.sub("c"), *net, *opt, {2, 0, {}});
+  SafetensorsFile model = load_safetensors(dir.sub("c/model.safetensors"));
+  EXPECT_EQ(model.tensors.size(), 4u);
+  EXPECT_EQ(model.metadata.at("step"), "2");
+  SafetensorsFile train = load_safetensors(dir.sub("c/training.safetensors"));
+  EXPECT_EQ(train.metadata.at("linea_checkpoint"), "training/1");
+  EXPECT_EQ(train.tensors.at("rng.cpu").to_vector<int64_t>(),
+            (std::vector<int64_t>{static_cast<int64_t>(get_rng_state()[0]), static_cast<int64_t>(get_rng_state()[1])}));
+  EXPECT_EQ(train.tensors.at("train.step").item<int64_t>(), 2);
+  EXPECT_EQ(train.tensors.at("optim.step").item<int64_t>(), 2);
+  EXPECT_EQ(train.tensors.at("optim.0.0.exp_avg").shape(), (Shape{16, 4}));
+  EXPECT_EQ(train.tensors.count("rng.cuda"), cuda_available() ? 1u : 0u);
+}
+
+TEST(Checkpoint, FailedSaveLeavesPreviousCheckpointIntact) {
+  TempDir dir;
+  manual_seed(2);
+  auto net = std::make_shared<Mlp>();
+  auto opt = make_opt(*net);
+  Task task;
+  train_steps(*net, *opt, task, 0, 3);
+  std::string ck = dir.sub("ck");
+  save_checkpoint(ck, *net, *opt, {3, 0, {}});
+  std::string model_before = read_all(ck + "/model.safetensors");
+  std::string train_before = read_all(ck + "/training.safetensors");
+  train_steps(*net, *opt, task, 3, 2);
+
+  // Block one temp file at a time with a directory of its name (works even as root, where
+  // permission bits do not stop a write): the save fails and neither file changes.
+  for (const char* file : {"model.safetensors", "training.safetensors"}) {
+    SCOPED_TRACE(file);
+    std::string blocker = ck + "/" + file + ".tmp." + std::to_string(::getpid());
+    fs::create_directory(blocker);
+    EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {5, 0, {}}), "was not modified");
+    fs::remove(blocker);
+    EXPECT_EQ(read_all(ck + "/model.safetensors"), model_before);
+    EXPECT_EQ(read_all(ck + "/training.safetensors"), train_before);
+    int entries = 0;
+    for (auto& e : fs::directory_iterator(ck)) entries += e.exists() ? 1 : 0;
+    EXPECT_EQ(entries, 2);  // no temp file left behind
+  }
+  auto fresh = std::make_shared<Mlp>();
+  auto opt2 = make_opt(*fresh);
+  EXPECT_EQ(load_checkpoint(ck, *fresh, *opt2).step, 3);
+
+  // A checkpoint "directory" that is a file.
+  std::ofstream(dir.sub("file")) << "x";
+  EXPECT_LINEA_ERROR(save_checkpoint(dir.sub("file"), *net, *opt, {0, 0, {}}),
+                     "save_checkpoint: cannot create directory '" + dir.sub("file") + "'");
+  // Reserved extra keys.
+  EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {{"linea_checkpoint", "x"}}}),
+                     "save_checkpoint: TrainState::extra key 'linea_checkpoint' is reserved");
+}
+
+TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
+  TempDir dir;
+  manual_seed(3);
+  auto net = std::make_shared<Mlp>();
+  auto opt = make_opt(*net);
+  Task task;
+  train_steps(*net, *opt, task, 0, 1);
+  save_checkpoint(dir.sub("a"), *net, *opt, {1, 0, {}});
+  train_steps(*net, *opt, task, 1, 1);
+  save_checkpoint(dir.sub("b"), *net, *opt, {2, 0, {}});
+
+  auto fresh = std::make_shared<Mlp>();
+  auto fresh_opt = make_opt(*fresh);
+  StateDict before = fresh->state_dict();
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("none"), *fresh, *fresh_opt),
+                     "load_checkpoint: no checkpoint in '" + dir.sub("none") +
+                         "' (expected model.safetensors and training.safetensors)");
+
+  // Files of two different saves (as after a crash between the two renames).
+  fs::copy_file(dir.sub("b/model.safetensors"), dir.sub("a/model.safetensors"), fs::copy_options::overwrite_existing);
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("a"), *fresh, *fresh_opt),
+                     "(step 2) and '" + dir.sub("a/training.safetensors") +
+                         "' (step 1) come from different saves (was a save interrupted?)");
+
+  // A plain safetensors file in place of training.safetensors.
+  save_safetensors(dir.sub("b/training.safetensors"), {{"x", zeros({1})}});
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("b"), *fresh, *fresh_opt),
+                     "is not a Linea training checkpoint (metadata 'linea_checkpoint' is missing");
+
+  // A model of another shape: nothing is changed (model, optimizer), the error names the file.
+  save_checkpoint(dir.sub("c"), *net, *opt, {2, 0, {}});
+  class Other : public Module {
+   public:
+    Other() : Module("Other") {
+      register_parameter("w1", zeros({8, 4}));
+      register_parameter("b1", zeros({8}));
+      register_parameter("w2", zeros({2, 8}));
+      register_parameter("b2", zeros({2}));
+    }
+  };
+  auto other = std::make_shared<Other>();
+  // The optimizer accepts the state only for matching shapes; build one with the checkpoint's
+  // shapes but hand it a model that does not match.
+  auto other_opt = make_opt(*fresh);
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("c"), *other, *other_opt),
+                     "load_checkpoint: '" + dir.sub("c/model.safetensors") +
+                         "': load_state_dict (Other): shape mismatch: b1 (expected [8], got [16]), w1 (expected [8, "
+                         "4], got [16, 4]), w2 (expected [2, 8], got [2, 16]);");
+  EXPECT_EQ(other_opt->steps(), 0);  // the optimizer's state was rolled back
+  EXPECT_TRUE(other_opt->state_dict().count("0.0.exp_avg") == 0);
+  // An optimizer over other shapes is rejected before the model is touched.
+  auto small = std::make_shared<Other>();
+  auto small_opt = std::make_shared<AdamW>(decay_groups(*small, 0.1, 0.1));
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("c"), *fresh, *small_opt),
+                     "load_checkpoint: '" + dir.sub("c/training.safetensors") + "': AdamW::load_state_dict:");
+  for (auto& [name, t] : fresh->state_dict()) EXPECT_TRUE(test::all_close(t, before.at(name), 0, 0)) << name;
+  // Group count mismatch.
+  std::vector<ParamGroup> one_group{ParamGroup{fresh->parameters(), 0.1, 0.0}};
+  auto one_group_opt = std::make_shared<AdamW>(one_group);
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("c"), *fresh, *one_group_opt),
+                     "': the checkpoint has 2 parameter groups, the optimizer has 1");
+}
