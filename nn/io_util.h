@@ -114,3 +114,11 @@ inline std::vector<char> read_file_bytes(const std::string& path, const char* op
 }
 
 }  // namespace linea::nn::detail
+
+namespace linea::nn {
+// Writes `text` to `path` atomically (temp file + rename): readers see the old file or the new
+// one, never half of it. For apps' outputs (CSV, JSON summaries).
+inline void write_text_file_atomic(const std::string& path, const std::string& text) {
+  detail::write_file_atomic(path, text, "write_text_file_atomic");
+}
+}  // namespace linea::nn

@@ -11,10 +11,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "linea.h"
+#include "nn/io_util.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
 #include "nn/safetensors.h"
@@ -25,8 +26,8 @@ using namespace linea;
 // r = i / per_class and angle 4c + 4r plus Gaussian noise. Returns {points [N, 2], labels [N]}.
 std::pair<Tensor, Tensor> make_spiral(int64_t classes, int64_t per_class, double noise) {
   const int64_t n = classes * per_class;
-  Tensor r = arange(0.0, static_cast<double>(per_class)) / static_cast<double>(per_class);  // [P]
-  Tensor arm = arange(0.0, static_cast<double>(classes)).reshape({classes, 1});            // [C, 1]
+  Tensor r = arange(0.0, static_cast<double>(per_class)) / static_cast<double>(per_class);      // [P]
+  Tensor arm = arange(0.0, static_cast<double>(classes)).reshape({classes, 1});                 // [C, 1]
   Tensor theta = arm * (2.0 * M_PI / classes) + r * 4.0 + randn({classes, per_class}) * noise;  // [C, P]
   Tensor radius = r.expand({classes, per_class});
   Tensor x = stack({radius * sin(theta), radius * cos(theta)}, -1).reshape({n, 2});  // [N, 2]
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
       nn::save_safetensors(save_dir + "/model.safetensors", model->state_dict(),
                            {{"format", "pt"}, {"model", "mlp"}, {"depth", std::to_string(depth)}});
       // The first 100 points with the model's prediction and logits, for checking elsewhere.
-      std::ofstream csv(save_dir + "/predictions.csv");
+      std::ostringstream csv;
       csv << "x,y,predicted";
       for (int64_t c = 0; c < classes; ++c) csv << ",logit_" << c;
       csv << "\n";
@@ -123,8 +124,7 @@ int main(int argc, char** argv) {
         }
         csv << "\n";
       }
-      csv.close();
-      LINEA_CHECK(csv.good(), "mlp: could not write ", save_dir, "/predictions.csv");
+      nn::write_text_file_atomic(save_dir + "/predictions.csv", csv.str());
       std::printf("saved %s/model.safetensors and %s/predictions.csv\n", save_dir.c_str(), save_dir.c_str());
     }
     if (acc < min_accuracy) {
