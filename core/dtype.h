@@ -95,64 +95,15 @@ template <typename F> decltype(auto) dispatch_all(DType dt, const char* op, F&& 
 
 }  // namespace linea
 
-// Macro forms of the same dispatch, binding `scalar_t` for the body. A #pragma cannot appear
-// inside a macro argument (a preprocessor rule), so bodies with OpenMP pragmas must use the
-// dispatch_* functions above instead.
-#define LINEA_DISPATCH_FLOAT(dt, opname, ...)                                          \
-  [&] {                                                                                \
-    switch (dt) {                                                                      \
-      case ::linea::DType::Float32: {                                                  \
-        using scalar_t = float;                                                        \
-        return __VA_ARGS__();                                                          \
-      }                                                                                \
-      case ::linea::DType::Float64: {                                                  \
-        using scalar_t = double;                                                       \
-        return __VA_ARGS__();                                                          \
-      }                                                                                \
-      default:                                                                         \
-        LINEA_FAIL(opname, ": expected a floating dtype (float32/float64), got ", dt); \
-    }                                                                                  \
-  }()
-
-#define LINEA_DISPATCH_NUMERIC(dt, opname, ...)                                             \
-  [&] {                                                                                     \
-    switch (dt) {                                                                           \
-      case ::linea::DType::Float32: {                                                       \
-        using scalar_t = float;                                                             \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
-      case ::linea::DType::Float64: {                                                       \
-        using scalar_t = double;                                                            \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
-      case ::linea::DType::Int64: {                                                         \
-        using scalar_t = int64_t;                                                           \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
-      default:                                                                              \
-        LINEA_FAIL(opname, ": expected a numeric dtype (float32/float64/int64), got ", dt); \
-    }                                                                                       \
-  }()
-
-#define LINEA_DISPATCH_ALL(dt, opname, ...) \
-  [&] {                                     \
-    switch (dt) {                           \
-      case ::linea::DType::Float32: {       \
-        using scalar_t = float;             \
-        return __VA_ARGS__();               \
-      }                                     \
-      case ::linea::DType::Float64: {       \
-        using scalar_t = double;            \
-        return __VA_ARGS__();               \
-      }                                     \
-      case ::linea::DType::Int64: {         \
-        using scalar_t = int64_t;           \
-        return __VA_ARGS__();               \
-      }                                     \
-      case ::linea::DType::Bool: {          \
-        using scalar_t = uint8_t;           \
-        return __VA_ARGS__();               \
-      }                                     \
-    }                                       \
-    LINEA_FAIL(opname, ": unknown dtype");  \
-  }()
+// Macro forms of the same dispatch, binding `scalar_t` for a body written as a lambda:
+//   LINEA_DISPATCH_FLOAT(x.dtype(), "op", [&] { ... scalar_t ... });
+// A #pragma cannot appear inside a macro argument (a preprocessor rule), so bodies with OpenMP
+// pragmas must use the dispatch_* functions above instead.
+#define LINEA_DISPATCH_IMPL_(fn, dt, opname, ...) \
+  ::linea::fn(dt, opname, [&](auto linea_tag_) {  \
+    using scalar_t = decltype(linea_tag_);        \
+    return (__VA_ARGS__)();                       \
+  })
+#define LINEA_DISPATCH_FLOAT(dt, opname, ...) LINEA_DISPATCH_IMPL_(dispatch_float, dt, opname, __VA_ARGS__)
+#define LINEA_DISPATCH_NUMERIC(dt, opname, ...) LINEA_DISPATCH_IMPL_(dispatch_numeric, dt, opname, __VA_ARGS__)
+#define LINEA_DISPATCH_ALL(dt, opname, ...) LINEA_DISPATCH_IMPL_(dispatch_all, dt, opname, __VA_ARGS__)

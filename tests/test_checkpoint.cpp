@@ -16,30 +16,11 @@
 using namespace linea;
 using namespace linea::nn;
 namespace fs = std::filesystem;
+using linea::test::read_all;
+using linea::test::TempDir;
+using linea::test::write_all;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "linea_ckpt_XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    char* p = ::mkdtemp(buf.data());
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string sub(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
 
 // A two-layer MLP with dropout: its training uses the global RNG (dropout masks and the input
 // noise below), so a resume that forgot the RNG state would diverge.
@@ -119,15 +100,15 @@ TEST(Checkpoint, ResumeTenStepsEqualsFivePlusFiveBitwiseOnCpu) {
   auto opt_first = make_opt(*first);
   train_steps(*first, *opt_first, task, 0, 5);
   const std::vector<uint64_t> rng_at_save = get_rng_state();
-  save_checkpoint(dir.sub("ckpt"), *first, *opt_first, {5, 1, {{"schedule", "inverse_decay"}, {"flag", "x y"}}});
-  EXPECT_TRUE(checkpoint_exists(dir.sub("ckpt")));
+  save_checkpoint(dir.file("ckpt"), *first, *opt_first, {5, 1, {{"schedule", "inverse_decay"}, {"flag", "x y"}}});
+  EXPECT_TRUE(checkpoint_exists(dir.file("ckpt")));
 
   manual_seed(999);
   randn({100});  // move the generator somewhere else
   auto resumed = std::make_shared<Mlp>();
   auto opt_resumed = std::make_shared<AdamW>(decay_groups(*resumed, 1.0, 0.5), 0.9, 0.99, 1e-8);
   ASSERT_FALSE(bitwise_equal(*resumed, *first));
-  TrainState st = load_checkpoint(dir.sub("ckpt"), *resumed, *opt_resumed);
+  TrainState st = load_checkpoint(dir.file("ckpt"), *resumed, *opt_resumed);
   EXPECT_EQ(st.step, 5);
   EXPECT_EQ(st.epoch, 1);
   EXPECT_EQ(st.extra, (std::map<std::string, std::string>{{"schedule", "inverse_decay"}, {"flag", "x y"}}));
@@ -146,7 +127,7 @@ TEST(Checkpoint, ResumeTenStepsEqualsFivePlusFiveBitwiseOnCpu) {
   // The RNG restore matters: the same resume with the generator moved afterwards diverges.
   auto no_rng = std::make_shared<Mlp>();
   auto opt_no_rng = make_opt(*no_rng);
-  load_checkpoint(dir.sub("ckpt"), *no_rng, *opt_no_rng);
+  load_checkpoint(dir.file("ckpt"), *no_rng, *opt_no_rng);
   randn({1});
   train_steps(*no_rng, *opt_no_rng, task, 5, 5);
   EXPECT_FALSE(bitwise_equal(*no_rng, *straight));
@@ -154,7 +135,7 @@ TEST(Checkpoint, ResumeTenStepsEqualsFivePlusFiveBitwiseOnCpu) {
   // And so does the optimizer state: the same resume with AdamW's moments reset diverges.
   auto no_moments = std::make_shared<Mlp>();
   auto opt_fresh = make_opt(*no_moments);
-  load_checkpoint(dir.sub("ckpt"), *no_moments, *opt_fresh);
+  load_checkpoint(dir.file("ckpt"), *no_moments, *opt_fresh);
   auto opt_reset = make_opt(*no_moments);
   train_steps(*no_moments, *opt_reset, task, 5, 5);
   EXPECT_FALSE(bitwise_equal(*no_moments, *straight));
@@ -167,11 +148,11 @@ TEST(Checkpoint, FilesOpenAsPlainSafetensors) {
   auto opt = make_opt(*net);
   Task task;
   train_steps(*net, *opt, task, 0, 2);
-  save_checkpoint(dir.sub("c"), *net, *opt, {2, 0, {}});
-  SafetensorsFile model = load_safetensors(dir.sub("c/model.safetensors"));
+  save_checkpoint(dir.file("c"), *net, *opt, {2, 0, {}});
+  SafetensorsFile model = load_safetensors(dir.file("c/model.safetensors"));
   EXPECT_EQ(model.tensors.size(), 4u);
   EXPECT_EQ(model.metadata.at("step"), "2");
-  SafetensorsFile train = load_safetensors(dir.sub("c/training.safetensors"));
+  SafetensorsFile train = load_safetensors(dir.file("c/training.safetensors"));
   EXPECT_EQ(train.metadata.at("linea_checkpoint"), "training/1");
   EXPECT_EQ(train.tensors.at("rng.cpu").to_vector<int64_t>(),
             (std::vector<int64_t>{static_cast<int64_t>(get_rng_state()[0]), static_cast<int64_t>(get_rng_state()[1])}));
@@ -188,7 +169,7 @@ TEST(Checkpoint, FailedSaveLeavesPreviousCheckpointIntact) {
   auto opt = make_opt(*net);
   Task task;
   train_steps(*net, *opt, task, 0, 3);
-  std::string ck = dir.sub("ck");
+  std::string ck = dir.file("ck");
   save_checkpoint(ck, *net, *opt, {3, 0, {}});
   std::string model_before = read_all(ck + "/model.safetensors");
   std::string train_before = read_all(ck + "/training.safetensors");
@@ -213,9 +194,9 @@ TEST(Checkpoint, FailedSaveLeavesPreviousCheckpointIntact) {
   EXPECT_EQ(load_checkpoint(ck, *fresh, *opt2).step, 3);
 
   // A checkpoint "directory" that is a file.
-  std::ofstream(dir.sub("file")) << "x";
-  EXPECT_LINEA_ERROR(save_checkpoint(dir.sub("file"), *net, *opt, {0, 0, {}}),
-                     "save_checkpoint: cannot create directory '" + dir.sub("file") + "'");
+  std::ofstream(dir.file("file")) << "x";
+  EXPECT_LINEA_ERROR(save_checkpoint(dir.file("file"), *net, *opt, {0, 0, {}}),
+                     "save_checkpoint: cannot create directory '" + dir.file("file") + "'");
   // Reserved extra keys.
   EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {{"linea_checkpoint", "x"}}}),
                      "save_checkpoint: TrainState::extra key 'linea_checkpoint' is reserved");
@@ -228,30 +209,30 @@ TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
   auto opt = make_opt(*net);
   Task task;
   train_steps(*net, *opt, task, 0, 1);
-  save_checkpoint(dir.sub("a"), *net, *opt, {1, 0, {}});
+  save_checkpoint(dir.file("a"), *net, *opt, {1, 0, {}});
   train_steps(*net, *opt, task, 1, 1);
-  save_checkpoint(dir.sub("b"), *net, *opt, {2, 0, {}});
+  save_checkpoint(dir.file("b"), *net, *opt, {2, 0, {}});
 
   auto fresh = std::make_shared<Mlp>();
   auto fresh_opt = make_opt(*fresh);
   StateDict before = fresh->state_dict();
-  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("none"), *fresh, *fresh_opt),
-                     "load_checkpoint: no checkpoint in '" + dir.sub("none") +
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.file("none"), *fresh, *fresh_opt),
+                     "load_checkpoint: no checkpoint in '" + dir.file("none") +
                          "' (expected model.safetensors and training.safetensors)");
 
   // Files of two different saves (as after a crash between the two renames).
-  fs::copy_file(dir.sub("b/model.safetensors"), dir.sub("a/model.safetensors"), fs::copy_options::overwrite_existing);
-  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("a"), *fresh, *fresh_opt),
-                     "(step 2) and '" + dir.sub("a/training.safetensors") +
+  fs::copy_file(dir.file("b/model.safetensors"), dir.file("a/model.safetensors"), fs::copy_options::overwrite_existing);
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.file("a"), *fresh, *fresh_opt),
+                     "(step 2) and '" + dir.file("a/training.safetensors") +
                          "' (step 1) come from different saves (was a save interrupted?)");
 
   // A plain safetensors file in place of training.safetensors.
-  save_safetensors(dir.sub("b/training.safetensors"), {{"x", zeros({1})}});
-  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("b"), *fresh, *fresh_opt),
+  save_safetensors(dir.file("b/training.safetensors"), {{"x", zeros({1})}});
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.file("b"), *fresh, *fresh_opt),
                      "is not a Linea training checkpoint (metadata 'linea_checkpoint' is missing");
 
   // A model of another shape: nothing is changed (model, optimizer), the error names the file.
-  save_checkpoint(dir.sub("c"), *net, *opt, {2, 0, {}});
+  save_checkpoint(dir.file("c"), *net, *opt, {2, 0, {}});
   class Other : public Module {
    public:
     Other() : Module("Other") {
@@ -265,8 +246,8 @@ TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
   // The optimizer accepts the state only for matching shapes; build one with the checkpoint's
   // shapes but hand it a model that does not match.
   auto other_opt = make_opt(*fresh);
-  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("c"), *other, *other_opt),
-                     "load_checkpoint: '" + dir.sub("c/model.safetensors") +
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.file("c"), *other, *other_opt),
+                     "load_checkpoint: '" + dir.file("c/model.safetensors") +
                          "': load_state_dict (Other): shape mismatch: b1 (expected [8], got [16]), w1 (expected [8, "
                          "4], got [16, 4]), w2 (expected [2, 8], got [2, 16]);");
   EXPECT_EQ(other_opt->steps(), 0);  // the optimizer's state was rolled back
@@ -274,12 +255,12 @@ TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
   // An optimizer over other shapes is rejected before the model is touched.
   auto small = std::make_shared<Other>();
   auto small_opt = std::make_shared<AdamW>(decay_groups(*small, 0.1, 0.1));
-  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("c"), *fresh, *small_opt),
-                     "load_checkpoint: '" + dir.sub("c/training.safetensors") + "': AdamW::load_state_dict:");
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.file("c"), *fresh, *small_opt),
+                     "load_checkpoint: '" + dir.file("c/training.safetensors") + "': AdamW::load_state_dict:");
   for (auto& [name, t] : fresh->state_dict()) EXPECT_TRUE(test::all_close(t, before.at(name), 0, 0)) << name;
   // Group count mismatch.
   std::vector<ParamGroup> one_group{ParamGroup{fresh->parameters(), 0.1, 0.0}};
   auto one_group_opt = std::make_shared<AdamW>(one_group);
-  EXPECT_LINEA_ERROR(load_checkpoint(dir.sub("c"), *fresh, *one_group_opt),
+  EXPECT_LINEA_ERROR(load_checkpoint(dir.file("c"), *fresh, *one_group_opt),
                      "': the checkpoint has 2 parameter groups, the optimizer has 1");
 }

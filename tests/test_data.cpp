@@ -24,41 +24,17 @@
 using namespace linea;
 using namespace linea::nn;
 namespace fs = std::filesystem;
+using linea::test::read_all;
+using linea::test::TempDir;
+using linea::test::write_all;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "linea_data_XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    char* p = ::mkdtemp(buf.data());
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-void write_plain(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 void write_gz(const std::string& path, const std::string& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
   ASSERT_EQ(gzclose(f), Z_OK);
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
 void put_be32(std::string& s, uint32_t v) {
@@ -104,7 +80,7 @@ TEST(IdxReader, ReadsGzipImagesAndLabels) {
   EXPECT_EQ(a.data, pix);
 
   // Plain (uncompressed) files read the same.
-  write_plain(dir.file("labels"), idx_bytes(0x00000801, {3}, {7, 0, 9}));
+  write_all(dir.file("labels"), idx_bytes(0x00000801, {3}, {7, 0, 9}));
   EXPECT_EQ(read_idx_labels(dir.file("labels")).to_vector<int64_t>(), (std::vector<int64_t>{7, 0, 9}));
 
   auto ds = load_idx_dataset(dir.file("images.gz"), dir.file("labels.gz"));
@@ -138,12 +114,12 @@ TEST(IdxReader, RejectsBadFiles) {
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>((i * 7919) % 251);
   write_gz(p, idx_bytes(0x00000803, {20, 25, 40}, big));
   std::string gz = read_all(p);
-  write_plain(p, gz.substr(0, gz.size() / 2));
+  write_all(p, gz.substr(0, gz.size() / 2));
   EXPECT_LINEA_ERROR(read_idx_images(p), "read_idx_images: '" + p + "': truncated gzip data");
   // Corrupted compressed bytes.
   std::string bad = gz;
   for (size_t i = 20; i < 60; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
-  write_plain(p, bad);
+  write_all(p, bad);
   EXPECT_LINEA_ERROR(read_idx_images(p), "read_idx_images: '" + p + "': ");
   // Images and labels of different counts.
   write_gz(dir.file("i.gz"), idx_bytes(0x00000803, {2, 1, 1}, {1, 2}));
@@ -172,7 +148,7 @@ TEST(Fasta, ReadsPlainAndGzipWithMultiLineSequences) {
       "mk-ta.x\n"
       "  \n";
   TempDir dir;
-  write_plain(dir.file("a.fasta"), text);
+  write_all(dir.file("a.fasta"), text);
   write_gz(dir.file("a.fasta.gz"), text);
   for (const std::string& path : {dir.file("a.fasta"), dir.file("a.fasta.gz")}) {
     SCOPED_TRACE(path);
@@ -190,7 +166,7 @@ TEST(Fasta, ReadsPlainAndGzipWithMultiLineSequences) {
     EXPECT_EQ(r[3].sequence, "mk-ta.x");
   }
   // No trailing newline.
-  write_plain(dir.file("b.fa"), ">x\nAC\nGT");
+  write_all(dir.file("b.fa"), ">x\nAC\nGT");
   EXPECT_EQ(read_fasta(dir.file("b.fa"))[0].sequence, "ACGT");
 }
 
@@ -198,16 +174,16 @@ TEST(Fasta, RejectsBadFiles) {
   TempDir dir;
   std::string p = dir.file("x.fa");
   EXPECT_LINEA_ERROR(read_fasta(dir.file("nope.fa")), "read_fasta: cannot open '" + dir.file("nope.fa") + "'");
-  write_plain(p, "");
+  write_all(p, "");
   EXPECT_LINEA_ERROR(read_fasta(p),
                      "read_fasta: '" + p + "' contains no FASTA records (expected lines starting with '>')");
-  write_plain(p, "\n\nMKV\n>a\nMK\n");
+  write_all(p, "\n\nMKV\n>a\nMK\n");
   EXPECT_LINEA_ERROR(read_fasta(p), "read_fasta: '" + p + "' line 3: sequence data before the first '>' header");
-  write_plain(p, ">a\nMK1V\n");
+  write_all(p, ">a\nMK1V\n");
   EXPECT_LINEA_ERROR(read_fasta(p), "line 2: unexpected character '1' in the sequence of record 'a'");
-  write_plain(p, ">a\nMK\x01V\n");
+  write_all(p, ">a\nMK\x01V\n");
   EXPECT_LINEA_ERROR(read_fasta(p), "line 2: unexpected character 0x01 in the sequence of record 'a'");
-  write_plain(p, ">  \nMK\n");
+  write_all(p, ">  \nMK\n");
   EXPECT_LINEA_ERROR(read_fasta(p), "line 1: empty header");
   std::string seqs;
   for (int i = 0; i < 500; ++i)
@@ -215,7 +191,7 @@ TEST(Fasta, RejectsBadFiles) {
         ">s" + std::to_string(i) + "\nMKTAYIAKQRQISFVKSHFSRQ" + std::string(1, static_cast<char>('A' + i % 7)) + "\n";
   write_gz(p, seqs);
   std::string gz = read_all(p);
-  write_plain(p, gz.substr(0, gz.size() - 20));
+  write_all(p, gz.substr(0, gz.size() - 20));
   EXPECT_LINEA_ERROR(read_fasta(p), "truncated gzip data");
 }
 
@@ -240,7 +216,7 @@ TEST(ImageFolderReader, ReadsClassFoldersOfPngs) {
   write_png(dir.file("ant/b.png"), 3, 2, 1, a1);
   write_png(dir.file("ant/a.png"), 3, 2, 1, a0);
   write_png(dir.file("zebra/only.PNG"), 3, 2, 1, z0);
-  write_plain(dir.file("ant/notes.txt"), "ignored");
+  write_all(dir.file("ant/notes.txt"), "ignored");
   write_png(dir.file(".hidden/x.png"), 5, 5, 1, std::vector<uint8_t>(25));
 
   ImageFolder f = read_image_folder(dir.path.string());
@@ -306,7 +282,7 @@ TEST(ImageFolderReader, RejectsBadFolders) {
   TempDir dir;
   EXPECT_LINEA_ERROR(read_image_folder(dir.file("nope")),
                      "read_image_folder: '" + dir.file("nope") + "' does not exist");
-  write_plain(dir.file("file"), "x");
+  write_all(dir.file("file"), "x");
   EXPECT_LINEA_ERROR(read_image_folder(dir.file("file")), "is not a directory");
   EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()),
                      "read_image_folder: '" + dir.path.string() + "' has no class sub-folders");
@@ -319,7 +295,7 @@ TEST(ImageFolderReader, RejectsBadFolders) {
   EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()), "read_image_folder: '" + dir.file("b/2.png") +
                                                                "' is 5x7 (HxW) but '" + dir.file("a/1.png") +
                                                                "' is 4x4; images must share one size");
-  write_plain(dir.file("b/2.png"), "not a png at all");
+  write_all(dir.file("b/2.png"), "not a png at all");
   EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()),
                      "read_image_folder: cannot decode '" + dir.file("b/2.png") + "'");
   ImageFolderOptions o;

@@ -17,36 +17,11 @@
 using namespace linea;
 using namespace linea::nn;
 namespace fs = std::filesystem;
+using linea::test::read_all;
+using linea::test::TempDir;
+using linea::test::write_all;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "linea_st_XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    char* p = ::mkdtemp(buf.data());
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // The independent writer: 8-byte little-endian length, the header text as given (padded with
 // spaces to a multiple of 8 when `pad`), then `data` verbatim.
