@@ -73,7 +73,7 @@ TEST(GradCheck, Linear) {
   EXPECT_MODULE_GRADCHECK(*nob, g, {randn64({2, 3})});
 }
 
-TEST(GradCheck, Embedding) {
+TEST(GradCheck, EmbeddingModule) {
   manual_seed(12);
   auto emb = prepare(std::make_shared<nn::Embedding>(5, 3), 1.0);
   Tensor idx = tensor<int64_t>({0, 4, 2, 2, 1, 0}, {2, 3});  // repeated indices accumulate
