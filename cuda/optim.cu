@@ -3,10 +3,10 @@
 // its gradient and its state, reading and writing each element once. Hyper-parameters and the
 // bias corrections (computed on the host, core/ops_optim.h: detail::adam_scalars) are kernel
 // arguments, so a step never synchronizes with the host. The per-element expressions are those
-// of the CPU reference, core/cpu/optim.cpp.
+// of core/optim_math.h, shared with the CPU kernels.
 // Not here: argument checks and version bumps (linea::raw in core/ops_optim.cpp).
 #include "core/kernels.h"
-#include "core/ops_optim.h"
+#include "core/optim_math.h"
 #include "cuda/common.cuh"
 
 namespace linea::cuda {
@@ -15,44 +15,22 @@ using namespace linea::cuda::detail;
 
 namespace {
 
-__device__ __forceinline__ float sqrt_of(float x) { return sqrtf(x); }
-__device__ __forceinline__ double sqrt_of(double x) { return sqrt(x); }
-
-// p, g, buf [n]; buf null when momentum is off (use_momentum false)
+// p, g, buf [n]; buf null when momentum is off
 template <typename T>
-__global__ void sgd_step_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, int64_t n, T lr,
-                                T momentum, T damp1, T wd, bool use_momentum, bool nesterov, bool first) {
+__global__ void sgd_step_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, int64_t n,
+                                const linea::detail::SgdCoeffs<T> c) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    T gi = g[i];
-    if (wd != T(0)) gi = gi + wd * p[i];
-    if (use_momentum) {
-      const T bi = first ? gi : momentum * buf[i] + damp1 * gi;
-      buf[i] = bi;
-      gi = nesterov ? gi + momentum * bi : bi;
-    }
-    p[i] = p[i] - lr * gi;
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    linea::detail::sgd_element(p, g, buf, i, c);
 }
 
 // p, g, m, v [n]
 template <typename T>
 __global__ void adam_step_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
-                                 int64_t n, T b1, T b2, T one_b1, T one_b2, T eps, T step_size, T bc2_sqrt, T decay,
-                                 T l2) {
+                                 int64_t n, const linea::detail::AdamCoeffs<T> c) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    T pi = p[i];
-    T gi = g[i];
-    if (l2 != T(0)) gi = gi + l2 * pi;
-    if (decay != T(1)) pi = pi * decay;
-    const T mi = b1 * m[i] + one_b1 * gi;
-    const T vi = b2 * v[i] + one_b2 * (gi * gi);
-    m[i] = mi;
-    v[i] = vi;
-    const T denom = sqrt_of(vi) / bc2_sqrt + eps;
-    p[i] = pi - step_size * mi / denom;
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    linea::detail::adam_element(p, g, m, v, i, c);
 }
 
 }  // namespace
@@ -68,9 +46,8 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, double
   LINEA_DISPATCH_FLOAT(param.dtype(), "sgd_step", [&] {
     using T = scalar_t;
     sgd_step_kernel<T><<<grid_for(n), kBlockSize, 0, stream()>>>(
-        ptr<T>(param), cptr<T>(grad), use_momentum ? ptr<T>(buf) : nullptr, n, static_cast<T>(lr),
-        static_cast<T>(momentum), static_cast<T>(1.0 - dampening), static_cast<T>(weight_decay), use_momentum, nesterov,
-        first);
+        ptr<T>(param), cptr<T>(grad), use_momentum ? ptr<T>(buf) : nullptr, n,
+        linea::detail::SgdCoeffs<T>::make(lr, momentum, dampening, weight_decay, nesterov, first));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -83,13 +60,11 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const T
               shape_str(param.shape()), ", grad ", shape_str(grad.shape()), ", m ", shape_str(m.shape()), ", v ",
               shape_str(v.shape()), ")");
   if (n == 0) return;
-  const linea::detail::AdamScalars s = linea::detail::adam_scalars(lr, beta1, beta2, weight_decay, decoupled, step);
   LINEA_DISPATCH_FLOAT(param.dtype(), "adam_step", [&] {
     using T = scalar_t;
     adam_step_kernel<T><<<grid_for(n), kBlockSize, 0, stream()>>>(
-        ptr<T>(param), cptr<T>(grad), ptr<T>(m), ptr<T>(v), n, static_cast<T>(beta1), static_cast<T>(beta2),
-        static_cast<T>(1.0 - beta1), static_cast<T>(1.0 - beta2), static_cast<T>(eps), static_cast<T>(s.step_size),
-        static_cast<T>(s.bc2_sqrt), static_cast<T>(s.decay), static_cast<T>(s.l2));
+        ptr<T>(param), cptr<T>(grad), ptr<T>(m), ptr<T>(v), n,
+        linea::detail::AdamCoeffs<T>::make(lr, beta1, beta2, eps, weight_decay, decoupled, step));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

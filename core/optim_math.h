@@ -1,0 +1,66 @@
+// The per-element math of the fused optimizer steps (core/kernels.h: sgd_step, adam_step),
+// usable from host and device code: the CPU kernels (core/cpu/optim.cpp) and the CUDA kernels
+// (cuda/optim.cu) both call these, so they evaluate the same expressions.
+// Coefficients are computed once per step on the host (in double, then cast to T).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/ops_optim.h"
+#include "core/unary_math.h"  // LINEA_HD
+
+namespace linea::detail {
+
+template <typename T> struct SgdCoeffs {
+  T lr, momentum, damp1, wd;  // damp1 = 1 - dampening
+  bool use_momentum, nesterov, first;
+  static SgdCoeffs make(double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool first) {
+    return {static_cast<T>(lr),
+            static_cast<T>(momentum),
+            static_cast<T>(1.0 - dampening),
+            static_cast<T>(weight_decay),
+            momentum != 0.0,
+            nesterov,
+            first};
+  }
+};
+
+// One element: p -= lr * update (semantics in core/kernels.h). buf is null without momentum.
+template <typename T> LINEA_HD void sgd_element(T* p, const T* g, T* buf, int64_t i, const SgdCoeffs<T>& c) {
+  T gi = g[i];
+  if (c.wd != T(0)) gi = gi + c.wd * p[i];
+  if (c.use_momentum) {
+    const T bi = c.first ? gi : c.momentum * buf[i] + c.damp1 * gi;
+    buf[i] = bi;
+    gi = c.nesterov ? gi + c.momentum * bi : bi;
+  }
+  p[i] = p[i] - c.lr * gi;
+}
+
+template <typename T> struct AdamCoeffs {
+  T b1, b2, one_b1, one_b2, eps, step_size, bc2_sqrt, decay, l2;
+  static AdamCoeffs make(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+                         int64_t step) {
+    const AdamScalars s = adam_scalars(lr, beta1, beta2, weight_decay, decoupled, step);
+    return {static_cast<T>(beta1),       static_cast<T>(beta2),   static_cast<T>(1.0 - beta1),
+            static_cast<T>(1.0 - beta2), static_cast<T>(eps),     static_cast<T>(s.step_size),
+            static_cast<T>(s.bc2_sqrt),  static_cast<T>(s.decay), static_cast<T>(s.l2)};
+  }
+};
+
+// One element of an Adam/AdamW step (semantics in core/kernels.h).
+template <typename T> LINEA_HD void adam_element(T* p, const T* g, T* m, T* v, int64_t i, const AdamCoeffs<T>& c) {
+  T pi = p[i];
+  T gi = g[i];
+  if (c.l2 != T(0)) gi = gi + c.l2 * pi;
+  if (c.decay != T(1)) pi = pi * c.decay;
+  const T mi = c.b1 * m[i] + c.one_b1 * gi;
+  const T vi = c.b2 * v[i] + c.one_b2 * (gi * gi);
+  m[i] = mi;
+  v[i] = vi;
+  const T denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+  p[i] = pi - c.step_size * mi / denom;
+}
+
+}  // namespace linea::detail
