@@ -230,4 +230,19 @@ __device__ __forceinline__ double d_log(double x) { return log(x); }
 
 template <typename T> __device__ __forceinline__ T neg_inf() { return -static_cast<T>(INFINITY); }
 
+// For kernels that only move elements (copies, where, gathers): calls f(E{}) with E the
+// unsigned integer type of the given element size (1, 4 or 8 bytes).
+template <typename F> void dispatch_bits(size_t element_size, const char* op, F&& f) {
+  switch (element_size) {
+    case 1:
+      return f(uint8_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      LINEA_FAIL(op, ": unsupported element size ", element_size);
+  }
+}
+
 }  // namespace linea::cuda::detail

@@ -298,16 +298,11 @@ void copy(const Tensor& dst, const Tensor& src) {
                                        stream()));
       return;
     }
-    switch (dst.element_size()) {
-      case 1:
-        return copy_typed<uint8_t, uint8_t>(dst, src);
-      case 4:
-        return copy_typed<uint32_t, uint32_t>(dst, src);
-      case 8:
-        return copy_typed<uint64_t, uint64_t>(dst, src);
-      default:
-        LINEA_FAIL("copy: unsupported element size ", dst.element_size());
-    }
+    dispatch_bits(dst.element_size(), "copy", [&](auto bits) {
+      using E = decltype(bits);
+      copy_typed<E, E>(dst, src);
+    });
+    return;
   }
   LINEA_DISPATCH_ALL(dst.dtype(), "copy", [&] {
     using dst_t = scalar_t;
@@ -392,16 +387,7 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
     WhereF<E> f{ptr<E>(out), cptr<uint8_t>(cond), cptr<E>(a), cptr<E>(b)};
     launch_elementwise<4>("where", out.shape(), strides, f);
   };
-  switch (out.element_size()) {
-    case 1:
-      return run(uint8_t());
-    case 4:
-      return run(uint32_t());
-    case 8:
-      return run(uint64_t());
-    default:
-      LINEA_FAIL("where: unsupported element size ", out.element_size());
-  }
+  dispatch_bits(out.element_size(), "where", run);
 }
 
 }  // namespace linea::cuda

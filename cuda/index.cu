@@ -148,16 +148,7 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64
                                                                          outer, size, n, inner, device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   };
-  switch (x.element_size()) {
-    case 1:
-      return run(uint8_t());
-    case 4:
-      return run(uint32_t());
-    case 8:
-      return run(uint64_t());
-    default:
-      LINEA_FAIL("index_select: unsupported element size ", x.element_size());
-  }
+  dispatch_bits(x.element_size(), "index_select", run);
 }
 
 // out [outer, size, inner] += src [outer, n, inner] at index (Int64 [n])
@@ -192,16 +183,7 @@ void gather(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim
                                                                    oc, xs_dim, size, device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   };
-  switch (x.element_size()) {
-    case 1:
-      return run(uint8_t());
-    case 4:
-      return run(uint32_t());
-    case 8:
-      return run(uint64_t());
-    default:
-      LINEA_FAIL("gather: unsupported element size ", x.element_size());
-  }
+  dispatch_bits(x.element_size(), "gather", run);
 }
 
 // out (accumulated into) along dim at index += src; index and src have the same shape
