@@ -3,6 +3,7 @@
 // attention itself is composed from differentiable ops, so its backward follows their rules.
 #include "nn/attention.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cfloat>
 #include <cmath>
@@ -150,6 +151,7 @@ struct Registry {
     factories["softmax"] = [](const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
       return std::make_shared<SoftmaxAttention>(heads, head_dim, spec.get_double("dropout", 0.0));
     };
+    detail::register_builtin_attentions(factories);
   }
 };
 
@@ -252,6 +254,19 @@ Tensor attention_mask(const AttentionOptions& opts, int64_t N, int64_t M, Device
   return masked;
 }
 
+Tensor masked_softmax(const Tensor& logits, const Tensor& hidden, int64_t dim) {
+  if (!hidden.defined()) return softmax(logits, dim);
+  LINEA_CHECK(hidden.dtype() == DType::Bool, "masked_softmax: hidden must be a bool mask, got ",
+              dtype_name(hidden.dtype()));
+  // The dtype's lowest finite value, not -inf: a fully hidden slice stays finite (uniform) and is
+  // zeroed below instead of turning into NaN; hidden entries of other slices get exactly 0.
+  const double lowest = logits.dtype() == DType::Float32 ? -static_cast<double>(FLT_MAX) : -DBL_MAX;
+  Tensor p = softmax(masked_fill(logits, hidden, lowest), dim);
+  Tensor all_hidden = raw::reduce(ReduceOp::Min, hidden, {dim}, /*keepdim=*/true);  // 1 = all hidden
+  Tensor keep = raw::binary(BinaryOp::Eq, all_hidden, scalar_tensor(0.0, all_hidden.options()));
+  return where(keep, p, scalar_tensor(0.0, p.options()));
+}
+
 Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
                          double dropout_p, bool training) {
   check_attention_inputs("softmax attention", q, k, v, opts);
@@ -261,22 +276,57 @@ Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
   const int64_t N = q.size(2), M = k.size(2), D = q.size(3);
   // scores [B, H, N, M] = (q / sqrt(D)) k^T (k^T a transposed view: no copy)
   Tensor scores = matmul(mul(q, 1.0 / std::sqrt(static_cast<double>(D))), transpose(k, -2, -1));
-  Tensor masked = attention_mask(opts, N, M, q.device());  // [B|1, 1, N, M]
-  if (masked.defined()) {
-    // The dtype's lowest finite value, not -inf: a fully masked row stays finite (uniform) and is
-    // zeroed below instead of turning into NaN.
-    const double lowest = q.dtype() == DType::Float32 ? -static_cast<double>(FLT_MAX) : -DBL_MAX;
-    scores = masked_fill(scores, masked, lowest);
-  }
-  Tensor attn = softmax(scores, -1);
-  if (opts.key_padding_mask.defined()) {
-    // Queries that see no key (all hidden) get zero weights: keep [B, 1, N, 1].
-    Tensor all_hidden = raw::reduce(ReduceOp::Min, masked, {-1}, /*keepdim=*/true);  // Int64 1 = all hidden
-    Tensor keep = raw::binary(BinaryOp::Eq, all_hidden, scalar_tensor(0.0, all_hidden.options()));
-    attn = where(keep, attn, scalar_tensor(0.0, attn.options()));
-  }
+  Tensor attn = masked_softmax(scores, attention_mask(opts, N, M, q.device()), -1);  // mask [B|1, 1, N, M]
   if (training && dropout_p > 0.0) attn = dropout(attn, dropout_p, true);
   return matmul(attn, v);  // [B, H, N, M] @ [B, H, M, Dv] -> [B, H, N, Dv]
+}
+
+// ---- AttentionKernel: samples -------------------------------------------------------------------
+Tensor AttentionKernel::attention_matrix(const Tensor&, const Tensor&, const AttentionOptions&) {
+  LINEA_FAIL(type_name(), ": attention_matrix is not supported by this mechanism");
+}
+
+void AttentionKernel::set_samples(const AttentionSamples& samples) {
+  const std::vector<std::string> names = sample_names();
+  for (auto& [name, t] : samples) {
+    LINEA_CHECK(std::find(names.begin(), names.end(), name) != names.end(), type_name(), ": unknown sample '", name,
+                "' (", names.empty() ? "it draws no samples" : "it draws: " + join(names), ")");
+    LINEA_CHECK(t.defined(), type_name(), ": sample '", name, "' is undefined");
+    fixed_[name] = t.detach();
+  }
+}
+
+void AttentionKernel::freeze_samples(bool on) {
+  frozen_ = on;
+  if (!on) fixed_.clear();
+}
+
+void AttentionKernel::clear_samples() {
+  frozen_ = false;
+  fixed_.clear();
+  last_.clear();
+}
+
+Tensor AttentionKernel::sample(const std::string& name, const Shape& shape, const Tensor& like,
+                               const std::function<Tensor()>& draw) {
+  Tensor t;
+  auto it = fixed_.find(name);
+  if (it != fixed_.end()) {
+    t = it->second;
+    LINEA_CHECK(t.shape() == shape, type_name(), ": sample '", name, "' has shape ", shape_str(t.shape()),
+                " but this call needs ", shape_str(shape),
+                frozen_ ? " (frozen by an earlier call; clear_samples() to draw new ones)" : "");
+    if (t.device() != like.device()) t = t.to(like.device());
+    if (is_floating(t.dtype()) && t.dtype() != like.dtype()) t = t.to(like.dtype());
+    if (t.dtype() == DType::Bool) t = t.to(DType::Int64);
+  } else {
+    t = draw().detach();
+    LINEA_CHECK(t.shape() == shape, type_name(), ": internal: drew '", name, "' of shape ", shape_str(t.shape()),
+                ", expected ", shape_str(shape));
+    if (frozen_) fixed_[name] = t;
+  }
+  last_[name] = t;
+  return t;
 }
 
 // ---- SoftmaxAttention -------------------------------------------------------------------------
@@ -287,6 +337,13 @@ SoftmaxAttention::SoftmaxAttention(int64_t heads, int64_t head_dim, double dropo
 
 Tensor SoftmaxAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   return softmax_attention(q, k, v, opts, dropout_, is_training());
+}
+
+Tensor SoftmaxAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
+  check_attention_inputs("softmax attention_matrix", q, k, k, opts);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  return masked_softmax(matmul(mul(q, scale), transpose(k, -2, -1)), attention_mask(opts, q.size(2), k.size(2), q.device()),
+                        -1);
 }
 
 std::string SoftmaxAttention::extra_repr() const {

@@ -58,8 +58,20 @@ struct AttentionOptions {
   Tensor key_padding_mask;  // Bool or Int64 [B, M]; true / nonzero = padding; undefined = none
 };
 
+// The random quantities of a mechanism, by name (shapes for q [B, H, N, D], v [.., Dv]):
+//   "omega"    [H, S, D]        feature rows of W (performer, nprf_rpe)
+//   "eps"      [B, H, N, S, D]  Gaussian noise of ra;  [B, H, C, D] of lara
+//   "ra_index" Int64 [B, H, N, S]  ra's sampled mixture components
+using AttentionSamples = std::map<std::string, Tensor>;
+
 // One attention mechanism on per-head tensors. Mechanisms with state (random features, ...)
 // register it as parameters or buffers, so it is saved and moved with the model.
+//
+// Randomness: a mechanism draws its random quantities from the default generator of the
+// inputs' device (linea::manual_seed), through sample() below, which also lets a caller fix
+// them: set_samples() passes values in explicitly (used as given until clear_samples()), and
+// freeze_samples() keeps whatever the next forward draws for every later forward. With all
+// samples fixed a mechanism is a deterministic, differentiable function of q, k, v.
 class AttentionKernel : public Module {
  public:
   AttentionKernel(std::string type_name, int64_t heads, int64_t head_dim)
@@ -69,11 +81,39 @@ class AttentionKernel : public Module {
   Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {}) {
     return forward(q, k, v, opts);
   }
+  // The attention matrix [B, H, N, M] this mechanism applies to v (its estimate of softmax
+  // attention), so that forward(q, k, v) == attention_matrix(q, k) @ v. O(N M) memory: for
+  // tests and pictures at small N. Draws samples like forward does; fix them first
+  // (freeze_samples / set_samples) to compare with a forward. Throws if not supported.
+  virtual Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts);
+
+  // Names of the random quantities this mechanism draws (empty for deterministic ones).
+  virtual std::vector<std::string> sample_names() const { return {}; }
+  // Uses these values instead of drawing (converted to the inputs' device and float dtype at
+  // each forward; shapes checked there). Names outside sample_names() throw.
+  void set_samples(const AttentionSamples& samples);
+  // on: the values the next forward draws are kept for all later forwards; off: draw again.
+  void freeze_samples(bool on = true);
+  bool samples_frozen() const { return frozen_; }
+  // Forgets explicit and frozen values and unfreezes; the next forward draws afresh.
+  void clear_samples();
+  // The values the last forward (or attention_matrix) used, by name.
+  const AttentionSamples& last_samples() const { return last_; }
+
   int64_t heads() const { return heads_; }
   int64_t head_dim() const { return head_dim_; }
 
+ protected:
+  // The value of random quantity `name` for this call: the explicit or frozen value when there
+  // is one (must have `shape`; moved to like's device, floats converted to like's dtype),
+  // otherwise draw() (which must return `shape`). Recorded in last_samples().
+  Tensor sample(const std::string& name, const Shape& shape, const Tensor& like, const std::function<Tensor()>& draw);
+
  private:
   int64_t heads_, head_dim_;
+  bool frozen_ = false;
+  AttentionSamples fixed_;  // explicit or frozen values
+  AttentionSamples last_;
 };
 
 // ---- registry ---------------------------------------------------------------------------------
@@ -82,9 +122,13 @@ using AttentionFactory =
 
 // Adds a mechanism under `name` (throws if the name is taken or malformed). `softmax` is built in.
 // Note for mechanisms in other files of the static library: an object file that nothing
-// references is not linked, so register from a function that the program (or nn/attention.cpp's
-// built-in list) calls, not from a static initializer alone.
+// references is not linked, so register from a function that the program (or
+// detail::register_builtin_attentions) calls, not from a static initializer alone.
 void register_attention(const std::string& name, AttentionFactory factory);
+namespace detail {
+// Defined in attention/builtin.cpp (performer, ra, lara, nprf_rpe); the registry calls it once.
+void register_builtin_attentions(std::map<std::string, AttentionFactory>& factories);
+}  // namespace detail
 std::vector<std::string> registered_attentions();  // sorted names
 // Parses the spec, builds the mechanism, and checks every option was used. Throws
 // "unknown attention 'x' (known: softmax, ...)" for an unregistered name.
@@ -102,6 +146,10 @@ Tensor key_padding_bool(const AttentionOptions& opts);
 // undefined when nothing is masked.
 Tensor attention_mask(const AttentionOptions& opts, int64_t N, int64_t M, Device device);
 
+// softmax over `dim` of logits with the entries where `hidden` (Bool, broadcast to logits) is
+// true left out; a slice with every entry hidden gives zeros, not NaN. hidden may be undefined.
+Tensor masked_softmax(const Tensor& logits, const Tensor& hidden, int64_t dim);
+
 // Exact scaled dot-product attention: softmax(q k^T / sqrt(D) + mask) v, with dropout p on the
 // attention weights when training. Differentiable in q, k, v.
 Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {},
@@ -112,6 +160,7 @@ class SoftmaxAttention : public AttentionKernel {
  public:
   SoftmaxAttention(int64_t heads, int64_t head_dim, double dropout = 0.0);
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
+  Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
   std::string extra_repr() const override;
   double dropout() const { return dropout_; }
 

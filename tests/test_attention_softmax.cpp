@@ -348,7 +348,7 @@ class MeanValueAttention : public nn::AttentionKernel {
 };
 
 TEST(AttentionRegistry, RegisterAndMake) {
-  EXPECT_LINEA_ERROR(nn::make_attention("mean_test", 2, 4), "unknown attention 'mean_test' (known: softmax");
+  EXPECT_LINEA_ERROR(nn::make_attention("mean_test", 2, 4), "unknown attention 'mean_test' (known: lara, nprf_rpe, performer, ra, softmax");
   nn::register_attention("mean_test", [](const nn::AttentionSpec& s, int64_t heads, int64_t head_dim) {
     return std::make_shared<MeanValueAttention>(heads, head_dim, s.get_double("scale", 1.0));
   });

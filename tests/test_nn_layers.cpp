@@ -437,7 +437,7 @@ TEST(Transformer, BadInputsThrow) {
   EXPECT_LINEA_ERROR(std::make_shared<nn::TransformerEncoder>(0, 8, 2, 16), "depth must be positive");
   EXPECT_LINEA_ERROR(std::make_shared<nn::TransformerEncoderLayer>(8, 3, 16), "dim 8 is not divisible by heads 3");
   EXPECT_LINEA_ERROR(std::make_shared<nn::TransformerEncoder>(1, 8, 2, 16, 0.0, "flash"),
-                     "unknown attention 'flash' (known: softmax");
+                     "unknown attention 'flash' (known: lara, nprf_rpe, performer, ra, softmax");
   EXPECT_LINEA_ERROR(std::make_shared<nn::TransformerDecoder>(1, 8, 2, 16, 0.0, "softmax", "softmax:"),
                      "no options after ':'");
 }

@@ -1,0 +1,6 @@
+// STUB: replaced by the lara implementation.
+#pragma once
+#include "attention/common/common.h"
+namespace linea::attn {
+std::shared_ptr<nn::AttentionKernel> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+}  // namespace linea::attn
