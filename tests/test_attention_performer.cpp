@@ -1,0 +1,493 @@
+// The `performer` mechanism (attention/performer/): gradient checks (float64, omega explicit) of
+// the bidirectional, causal (several chunks), padded, cross-attention, relu and trf variants; the
+// FAVOR+ claim that phi(q~).phi(k~) is unbiased for exp(q~.k~) (orthogonal and i.i.d. rows, trf
+// too); causal performer == masked quadratic attention with the same features, for any chunk
+// length, and future tokens never reach past outputs; padded keys change nothing; the redraw
+// schedule, eval determinism and the sample API; forward == attention_matrix @ v; finiteness in
+// float32 at |q~| = |k~| = 5; errors.
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "attention/performer/performer.h"
+#include "nn/attention.h"
+#include "tests/test_util.h"
+
+namespace linea {
+namespace {
+
+using attn::PerformerAttention;
+using attn::PerformerKernel;
+using test::all_close;
+using test::f64;
+using test::randn64;
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+Tensor r64(const Shape& s) { return randn(s, f64()); }
+
+// A float64 performer with omega [H, S, D] set explicitly (so it is a deterministic function).
+std::shared_ptr<PerformerAttention> performer64(int64_t H, int64_t D, int64_t S, PerformerKernel kind, int64_t chunk,
+                                                Tensor* omega_out = nullptr) {
+  auto p = std::make_shared<PerformerAttention>(H, D, S, kind, /*redraw=*/1, chunk);
+  p->to(DType::Float64);
+  Tensor w = attn::orthogonal_gaussian(H, S, D);
+  p->set_samples({{"omega", w}});
+  if (omega_out) *omega_out = w;
+  return p;
+}
+
+Fn forward_fn(const std::shared_ptr<PerformerAttention>& p, nn::AttentionOptions o) {
+  return [p, o](const std::vector<Tensor>& x) { return p->forward(x[0], x[1], x[2], o); };
+}
+
+// The independent reference: phi's from performer_features (unstabilized), then by loops
+// out_n = sum_{m visible} (phi_q[n].phi_k[m]) v_m / sum_{m visible} phi_q[n].phi_k[m], where m is
+// visible iff !pad[b][m] && (!causal || m <= n); a row with no visible key gives zeros.
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, PerformerKernel kind,
+                 bool causal, const std::vector<int>& pad = {}) {
+  NoGradGuard ng;
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
+  Tensor fq = attn::performer_features(attn::scaled(q), omega, kind),
+         fk = attn::performer_features(attn::scaled(k), omega, kind);
+  const int64_t F = fq.size(3);
+  auto pq = fq.to_vector<double>(), pk = fk.to_vector<double>(), vv = v.contiguous().to_vector<double>();
+  std::vector<double> out(static_cast<size_t>(B * H * N * Dv), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < N; ++n) {
+        std::vector<double> num(Dv, 0.0);
+        double den = 0;
+        for (int64_t m = 0; m < M; ++m) {
+          if ((!pad.empty() && pad[b * M + m]) || (causal && m > n)) continue;
+          double a = 0;
+          for (int64_t f = 0; f < F; ++f) a += pq[((b * H + h) * N + n) * F + f] * pk[((b * H + h) * M + m) * F + f];
+          den += a;
+          for (int64_t e = 0; e < Dv; ++e) num[e] += a * vv[((b * H + h) * M + m) * Dv + e];
+        }
+        if (den == 0) continue;
+        for (int64_t e = 0; e < Dv; ++e) out[((b * H + h) * N + n) * Dv + e] = num[e] / den;
+      }
+  return from_vector<double>(out, {B, H, N, Dv});
+}
+
+Tensor mask_of(const std::vector<int>& pad, int64_t B, int64_t M) {
+  return from_vector<int64_t>(std::vector<int64_t>(pad.begin(), pad.end()), {B, M});
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double x : t.to_vector<double>()) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+bool all_finite(const Tensor& t) {
+  for (double x : t.to_vector<double>())
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+// ---- gradient checks --------------------------------------------------------------------------
+TEST(GradCheck, PerformerBidirectional) {
+  manual_seed(40);
+  auto p = performer64(2, 4, 6, PerformerKernel::Softmax, 64);
+  EXPECT_GRADCHECK(forward_fn(p, {}), {randn64({2, 2, 5, 4}), randn64({2, 2, 5, 4}), randn64({2, 2, 5, 3})});
+}
+
+TEST(GradCheck, PerformerCausalChunks) {
+  manual_seed(41);
+  nn::AttentionOptions o;
+  o.causal = true;
+  // N = 7 with chunk 3: chunks of 3, 3, 1 (state carried twice, N not a multiple of the chunk).
+  auto p = performer64(2, 4, 6, PerformerKernel::Softmax, 3);
+  EXPECT_GRADCHECK(forward_fn(p, o), {randn64({2, 2, 7, 4}), randn64({2, 2, 7, 4}), randn64({2, 2, 7, 3})});
+}
+
+TEST(GradCheck, PerformerPadded) {
+  manual_seed(42);
+  nn::AttentionOptions o;
+  // Batch 1 has every key padded: outputs and gradients zero.
+  o.key_padding_mask = mask_of({0, 1, 0, 0, 1, 1, 1, 1, 1, 1}, 2, 5);
+  auto p = performer64(2, 4, 6, PerformerKernel::Softmax, 2);
+  EXPECT_GRADCHECK(forward_fn(p, o), {randn64({2, 2, 5, 4}), randn64({2, 2, 5, 4}), randn64({2, 2, 5, 3})});
+  // Causal and padded: query 0 of batch 0 sees no key (key 0 padded).
+  o.causal = true;
+  o.key_padding_mask = mask_of({1, 0, 0, 1, 0, 0, 0, 0, 0, 1}, 2, 5);
+  EXPECT_GRADCHECK(forward_fn(p, o), {randn64({2, 2, 5, 4}), randn64({2, 2, 5, 4}), randn64({2, 2, 5, 3})});
+}
+
+TEST(GradCheck, PerformerCrossAttention) {
+  manual_seed(43);
+  auto p = performer64(2, 4, 6, PerformerKernel::Softmax, 2);
+  EXPECT_GRADCHECK(forward_fn(p, {}), {randn64({2, 2, 3, 4}), randn64({2, 2, 6, 4}), randn64({2, 2, 6, 2})});
+  // Causal with M != N both ways (top-left aligned), chunk 2.
+  nn::AttentionOptions o;
+  o.causal = true;
+  EXPECT_GRADCHECK(forward_fn(p, o), {randn64({1, 2, 3, 4}), randn64({1, 2, 6, 4}), randn64({1, 2, 6, 2})});
+  EXPECT_GRADCHECK(forward_fn(p, o), {randn64({1, 2, 6, 4}), randn64({1, 2, 3, 4}), randn64({1, 2, 3, 2})});
+}
+
+TEST(GradCheck, PerformerReluKernel) {
+  manual_seed(44);
+  auto p = performer64(2, 4, 6, PerformerKernel::Relu, 2);
+  EXPECT_GRADCHECK(forward_fn(p, {}), {randn64({2, 2, 5, 4}), randn64({2, 2, 5, 4}), randn64({2, 2, 5, 3})});
+  nn::AttentionOptions o;
+  o.causal = true;
+  EXPECT_GRADCHECK(forward_fn(p, o), {randn64({1, 2, 5, 4}), randn64({1, 2, 5, 4}), randn64({1, 2, 5, 3})});
+}
+
+TEST(GradCheck, PerformerTrfKernel) {
+  manual_seed(45);
+  // Many features so the signed denominators stay away from zero at these inputs.
+  auto p = performer64(2, 4, 32, PerformerKernel::Trf, 2);
+  EXPECT_GRADCHECK(forward_fn(p, {}), {randn64({2, 2, 5, 4}, 0.5), randn64({2, 2, 5, 4}, 0.5), randn64({2, 2, 5, 3})});
+  nn::AttentionOptions o;
+  o.causal = true;
+  o.key_padding_mask = mask_of({0, 0, 1, 0, 0}, 1, 5);
+  EXPECT_GRADCHECK(forward_fn(p, o), {randn64({1, 2, 5, 4}, 0.5), randn64({1, 2, 5, 4}, 0.5), randn64({1, 2, 5, 3})});
+}
+
+TEST(GradCheck, PerformerMultiHeadAttentionInputs) {
+  manual_seed(46);
+  auto mha = std::make_shared<nn::MultiHeadAttention>(4, 2, "performer:features=6,chunk=2");
+  mha->to(DType::Float64);
+  mha->eval();  // omega: the buffer, fixed
+  nn::AttentionOptions o;
+  o.causal = true;
+  o.key_padding_mask = mask_of({0, 0, 1, 0, 0, 0}, 2, 3);
+  const Fn f = [&](const std::vector<Tensor>& x) { return mha->forward(x[0], x[0], o); };
+  EXPECT_GRADCHECK(f, {randn64({2, 3, 4}, 3.0)});
+}
+
+// ---- the paper's claim: unbiased kernel estimate ----------------------------------------------
+// For P pairs (q~, k~) in the scaled space, R independent W's (R "heads" of orthogonal_gaussian,
+// or i.i.d. rows) give R independent estimates phi(q~).phi(k~); their mean must be within 4
+// standard errors (sample standard deviation / sqrt(R)) of exp(q~.k~).
+void expect_unbiased(PerformerKernel kind, bool orthogonal, uint64_t seed) {
+  manual_seed(seed);
+  const int64_t R = 4000, S = 8, D = 4, P = 5;
+  // Pairs with |q~|, |k~| in [0.4, 1.2] and dot products of both signs.
+  const std::vector<double> qn = {0.4, 0.8, 1.0, 1.2, 0.6}, kn = {1.0, 0.7, 1.1, 0.9, 1.2};
+  Tensor uq = r64({P, D}), uk = r64({P, D});
+  uq = uq / sqrt(sum(square(uq), {-1}, true)) * from_vector<double>(qn, {P, 1});
+  uk = uk / sqrt(sum(square(uk), {-1}, true)) * from_vector<double>(kn, {P, 1});
+  Tensor omega = orthogonal ? attn::orthogonal_gaussian(R, S, D) : r64({R, S, D});
+  // x [1, R, P, D]: every draw sees the same P pairs.
+  Tensor fq = attn::performer_features(expand(reshape(uq, {1, 1, P, D}), {1, R, P, D}), omega, kind);
+  Tensor fk = attn::performer_features(expand(reshape(uk, {1, 1, P, D}), {1, R, P, D}), omega, kind);
+  auto est = sum(fq * fk, {-1}).to_vector<double>();  // [1, R, P]
+  auto dots = sum(uq * uk, {-1}).to_vector<double>();
+  for (int64_t p = 0; p < P; ++p) {
+    double mean = 0, m2 = 0;
+    for (int64_t r = 0; r < R; ++r) mean += est[r * P + p];
+    mean /= R;
+    for (int64_t r = 0; r < R; ++r) m2 += (est[r * P + p] - mean) * (est[r * P + p] - mean);
+    const double se = std::sqrt(m2 / (R - 1) / R), target = std::exp(dots[p]);
+    EXPECT_LT(std::fabs(mean - target), 4 * se)
+        << attn::performer_kernel_name(kind) << (orthogonal ? " orthogonal" : " iid") << " pair " << p << ": mean "
+        << mean << " vs exp(q.k) " << target << ", se " << se;
+    EXPECT_LT(se, 0.05 * target) << "the test is too weak to see a bias";  // meaningful precision
+  }
+}
+
+TEST(PerformerStatistics, SoftmaxFeaturesUnbiasedOrthogonal) { expect_unbiased(PerformerKernel::Softmax, true, 50); }
+TEST(PerformerStatistics, SoftmaxFeaturesUnbiasedIid) { expect_unbiased(PerformerKernel::Softmax, false, 51); }
+TEST(PerformerStatistics, TrfFeaturesUnbiasedOrthogonal) { expect_unbiased(PerformerKernel::Trf, true, 52); }
+TEST(PerformerStatistics, TrfFeaturesUnbiasedIid) { expect_unbiased(PerformerKernel::Trf, false, 53); }
+
+TEST(PerformerStatistics, OrthogonalRowsAreOrthogonalWithinABlock) {
+  manual_seed(54);
+  auto p = std::make_shared<PerformerAttention>(1, 4, 8);  // two 4x4 blocks
+  auto w = p->omega().to(DType::Float64);
+  Tensor g = matmul(w, transpose(w, -2, -1));  // [1, 8, 8]
+  auto gv = g.to_vector<double>();
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j)
+      if (i != j) {
+        EXPECT_NEAR(gv[i * 8 + j], 0.0, 1e-5);
+        EXPECT_NEAR(gv[(i + 4) * 8 + j + 4], 0.0, 1e-5);
+      }
+  auto iid = std::make_shared<PerformerAttention>(1, 4, 8, PerformerKernel::Softmax, 1, 64, /*orthogonal=*/false);
+  auto wi = iid->omega().to(DType::Float64);
+  EXPECT_GT(std::fabs(matmul(wi, transpose(wi, -2, -1)).to_vector<double>()[1]), 1e-5);
+}
+
+// ---- causal == masked quadratic with the same features ----------------------------------------
+TEST(PerformerCausal, EqualsMaskedQuadraticForEveryChunkLength) {
+  manual_seed(60);
+  const int64_t B = 2, H = 2, N = 7, D = 4, S = 5;
+  Tensor q = r64({B, H, N, D}), k = r64({B, H, N, D}), v = r64({B, H, N, 3});
+  nn::AttentionOptions o;
+  o.causal = true;
+  for (PerformerKernel kind : {PerformerKernel::Softmax, PerformerKernel::Relu, PerformerKernel::Trf})
+    for (int64_t chunk : {1, 3, 7, 10}) {
+      Tensor w;
+      auto p = performer64(H, D, S, kind, chunk, &w);
+      EXPECT_TRUE(all_close(p->forward(q, k, v, o), reference(q, k, v, w, kind, true), 1e-12, 1e-12))
+          << attn::performer_kernel_name(kind) << " chunk " << chunk;
+    }
+  // Padded and causal; and M != N both ways (keys m <= n only).
+  Tensor w;
+  auto p = performer64(H, D, S, PerformerKernel::Softmax, 3, &w);
+  const std::vector<int> pad = {1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  o.key_padding_mask = mask_of(pad, B, N);
+  EXPECT_TRUE(
+      all_close(p->forward(q, k, v, o), reference(q, k, v, w, PerformerKernel::Softmax, true, pad), 1e-12, 1e-12));
+  o.key_padding_mask = Tensor();
+  Tensor k9 = r64({B, H, 9, D}), v9 = r64({B, H, 9, 3});
+  EXPECT_TRUE(
+      all_close(p->forward(q, k9, v9, o), reference(q, k9, v9, w, PerformerKernel::Softmax, true), 1e-12, 1e-12));
+  Tensor k4 = narrow(k, 2, 0, 4), v4 = narrow(v, 2, 0, 4);
+  EXPECT_TRUE(
+      all_close(p->forward(q, k4, v4, o), reference(q, k4, v4, w, PerformerKernel::Softmax, true), 1e-12, 1e-12));
+}
+
+TEST(PerformerCausal, FutureTokensDoNotChangePastOutputs) {
+  manual_seed(61);
+  const int64_t N = 9, n0 = 4;
+  Tensor q = r64({2, 2, N, 4}), k = r64({2, 2, N, 4}), v = r64({2, 2, N, 3});
+  // Keys and values after position n0 replaced (with larger ones, which also moves the key stabilizer).
+  Tensor k2 = cat({narrow(k, 2, 0, n0 + 1), r64({2, 2, N - n0 - 1, 4}) * 2.0}, 2);
+  Tensor v2 = cat({narrow(v, 2, 0, n0 + 1), r64({2, 2, N - n0 - 1, 3})}, 2);
+  nn::AttentionOptions o;
+  o.causal = true;
+  for (int64_t chunk : {1, 2, 4, 64}) {
+    auto p = performer64(2, 4, 8, PerformerKernel::Softmax, chunk);
+    Tensor a = p->forward(q, k, v, o), b = p->forward(q, k2, v2, o);
+    EXPECT_TRUE(all_close(narrow(a, 2, 0, n0 + 1), narrow(b, 2, 0, n0 + 1), 1e-12, 1e-12)) << "chunk " << chunk;
+    EXPECT_GT(max_abs(narrow(a, 2, n0 + 1, N - n0 - 1) - narrow(b, 2, n0 + 1, N - n0 - 1)), 1e-3);
+  }
+}
+
+// ---- padding and cross-attention --------------------------------------------------------------
+TEST(PerformerPadding, AppendedPaddedKeysChangeNothing) {
+  manual_seed(70);
+  const int64_t B = 2, H = 2, D = 4, M = 5, extra = 3;
+  Tensor q = r64({B, H, 8, D}), k = r64({B, H, M, D}), v = r64({B, H, M, 3});
+  // Appended keys with large norms: they would dominate the key stabilizer if not left out.
+  Tensor kp = cat({k, r64({B, H, extra, D}) * 4.0}, 2), vp = cat({v, r64({B, H, extra, 3}) * 100.0}, 2);
+  std::vector<int> pad(B * (M + extra), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t m = M; m < M + extra; ++m) pad[b * (M + extra) + m] = 1;
+  nn::AttentionOptions padded;
+  padded.key_padding_mask = mask_of(pad, B, M + extra);
+  for (PerformerKernel kind : {PerformerKernel::Softmax, PerformerKernel::Relu, PerformerKernel::Trf}) {
+    Tensor w;
+    auto p = performer64(H, D, 16, kind, 3, &w);
+    Tensor ref = p->forward(q, k, v, {});
+    EXPECT_TRUE(all_close(p->forward(q, kp, vp, padded), ref, 1e-12, 1e-10)) << attn::performer_kernel_name(kind);
+    EXPECT_TRUE(all_close(ref, reference(q, k, v, w, kind, false), 1e-12, 1e-10));
+    // Causal too (queries 0..7 see keys m <= n; the appended keys 5..7 are padded).
+    nn::AttentionOptions c = padded, c0;
+    c.causal = c0.causal = true;
+    EXPECT_TRUE(all_close(p->forward(q, kp, vp, c), p->forward(q, k, v, c0), 1e-12, 1e-10));
+  }
+}
+
+TEST(PerformerPadding, FullyPaddedRowGivesZerosNotNaN) {
+  manual_seed(71);
+  nn::AttentionOptions o;
+  o.key_padding_mask = tensor<bool>({false, true, false, true, true, true, true, true}, {2, 4});
+  for (const char* spec :
+       {"performer:features=8", "performer:features=8,kernel=relu", "performer:features=8,kernel=trf"})
+    for (bool causal : {false, true}) {
+      o.causal = causal;
+      auto p = nn::make_attention(spec, 2, 4);
+      p->eval();
+      Tensor q = randn({2, 2, 3, 4}), k = randn({2, 2, 4, 4}), v = randn({2, 2, 4, 3});
+      q.requires_grad_(true);
+      Tensor out = p->forward(q, k, v, o);
+      EXPECT_TRUE(all_finite(out)) << spec;
+      EXPECT_EQ(max_abs(narrow(out, 0, 1, 1)), 0.0) << spec;
+      EXPECT_GT(max_abs(narrow(out, 0, 0, 1)), 0.0) << spec;
+      sum(out).backward();
+      EXPECT_TRUE(all_finite(q.grad())) << spec;
+      EXPECT_EQ(max_abs(narrow(q.grad(), 0, 1, 1)), 0.0) << spec;
+    }
+}
+
+// ---- randomness: redraw schedule, eval, sample API --------------------------------------------
+TEST(PerformerSamples, TrainingRedrawsOnSchedule) {
+  manual_seed(80);
+  Tensor q = randn({1, 2, 4, 4}), k = randn({1, 2, 4, 4}), v = randn({1, 2, 4, 3});
+  // redraw=1 (default): two training forwards use different W and give different outputs.
+  auto p = nn::make_attention("performer:features=8", 2, 4);
+  p->train();
+  Tensor a = p->forward(q, k, v, {});
+  Tensor wa = p->last_samples().at("omega");
+  Tensor b = p->forward(q, k, v, {});
+  EXPECT_GT(max_abs(a - b), 1e-6);
+  EXPECT_GT(max_abs(wa - p->last_samples().at("omega")), 1e-3);
+  // redraw=3: new W at training forwards 1, 4, 7 (the first included), kept in between.
+  auto r = std::dynamic_pointer_cast<PerformerAttention>(nn::make_attention("performer:features=8,redraw=3", 2, 4));
+  ASSERT_TRUE(r != nullptr);
+  Tensor prev = clone(r->omega());
+  for (int t = 1; t <= 7; ++t) {
+    r->forward(q, k, v, {});
+    const bool changed = max_abs(r->omega() - prev) > 0;
+    EXPECT_EQ(changed, t == 1 || t == 4 || t == 7) << "training forward " << t;
+    EXPECT_EQ(max_abs(r->last_samples().at("omega") - r->omega()), 0.0);  // forward used the buffer
+    prev = clone(r->omega());
+  }
+  EXPECT_EQ(r->training_draws(), 7);
+  // redraw=0: never.
+  auto never = std::dynamic_pointer_cast<PerformerAttention>(nn::make_attention("performer:features=8,redraw=0", 2, 4));
+  Tensor w0 = clone(never->omega());
+  Tensor n1 = never->forward(q, k, v, {}), n2 = never->forward(q, k, v, {});
+  EXPECT_EQ(max_abs(never->omega() - w0), 0.0);
+  EXPECT_EQ(max_abs(n1 - n2), 0.0);
+}
+
+TEST(PerformerSamples, EvalIsDeterministicAndUsesTheBuffer) {
+  manual_seed(81);
+  Tensor q = randn({2, 2, 5, 4}), k = randn({2, 2, 5, 4}), v = randn({2, 2, 5, 3});
+  auto p = std::dynamic_pointer_cast<PerformerAttention>(nn::make_attention("performer:features=8", 2, 4));
+  p->train();
+  p->forward(q, k, v, {});  // a redraw
+  p->eval();
+  Tensor w = clone(p->omega());
+  Tensor a = p->forward(q, k, v, {}), b = p->forward(q, k, v, {});
+  EXPECT_EQ(max_abs(a - b), 0.0);
+  EXPECT_EQ(max_abs(p->omega() - w), 0.0);
+  EXPECT_EQ(max_abs(p->last_samples().at("omega") - w), 0.0);
+  // The same as passing the buffer's W explicitly.
+  auto e = nn::make_attention("performer:features=8", 2, 4);
+  e->set_samples({{"omega", w}});
+  EXPECT_TRUE(all_close(e->forward(q, k, v, {}), a, 0, 0));
+}
+
+TEST(PerformerSamples, ExplicitAndFrozenSamplesAreDeterministic) {
+  manual_seed(82);
+  Tensor q = randn({1, 2, 5, 4}), k = randn({1, 2, 5, 4}), v = randn({1, 2, 5, 3});
+  auto p = std::dynamic_pointer_cast<PerformerAttention>(nn::make_attention("performer:features=8", 2, 4));
+  p->train();
+  // set_samples: W used as given, in training too, and the buffer is left alone.
+  Tensor w = attn::orthogonal_gaussian(2, 8, 4);  // float64: converted to the inputs' float32
+  Tensor buf = clone(p->omega());
+  p->set_samples({{"omega", w}});
+  Tensor a = p->forward(q, k, v, {}), b = p->forward(q, k, v, {});
+  EXPECT_EQ(max_abs(a - b), 0.0);
+  EXPECT_TRUE(all_close(p->last_samples().at("omega"), w.to(DType::Float32), 0, 0));
+  EXPECT_EQ(max_abs(p->omega() - buf), 0.0);
+  // freeze: the next forward draws (a redraw in training), later ones reuse it.
+  p->clear_samples();
+  p->freeze_samples();
+  Tensor f1 = p->forward(q, k, v, {}), f2 = p->forward(q, k, v, {});
+  EXPECT_EQ(max_abs(f1 - f2), 0.0);
+  EXPECT_GT(max_abs(f1 - a), 1e-6);
+  p->freeze_samples(false);
+  EXPECT_GT(max_abs(p->forward(q, k, v, {}) - f1), 1e-6);
+  // Two layers seeded alike draw alike.
+  manual_seed(5);
+  auto x = nn::make_attention("performer:features=8", 2, 4);
+  Tensor xo = x->forward(q, k, v, {});
+  manual_seed(5);
+  auto y = nn::make_attention("performer:features=8", 2, 4);
+  EXPECT_EQ(max_abs(y->forward(q, k, v, {}) - xo), 0.0);
+}
+
+TEST(PerformerSamples, StateDictHoldsOmega) {
+  manual_seed(83);
+  auto mha = std::make_shared<nn::MultiHeadAttention>(8, 2, "performer:features=16");
+  nn::StateDict sd = mha->state_dict();
+  ASSERT_EQ(sd.count("kernel.omega"), 1u);
+  EXPECT_EQ(sd.at("kernel.omega").shape(), Shape({2, 16, 4}));
+  EXPECT_EQ(sd.at("kernel.omega").dtype(), DType::Float32);
+  EXPECT_EQ(mha->kernel()->sample_names(), std::vector<std::string>({"omega"}));
+  // Loading another model's omega makes eval outputs agree.
+  auto other = std::make_shared<nn::MultiHeadAttention>(8, 2, "performer:features=16");
+  other->load_state_dict(sd);
+  mha->eval();
+  other->eval();
+  Tensor x = randn({2, 3, 8});
+  EXPECT_EQ(max_abs(mha->forward(x, x) - other->forward(x, x)), 0.0);
+  mha->to(DType::Float64);
+  EXPECT_EQ(mha->state_dict().at("kernel.omega").dtype(), DType::Float64);
+}
+
+// ---- attention matrix, float32 range, errors --------------------------------------------------
+TEST(Performer, ForwardEqualsAttentionMatrixTimesV) {
+  manual_seed(90);
+  Tensor q = r64({2, 2, 6, 4}), k = r64({2, 2, 6, 4}), v = r64({2, 2, 6, 3});
+  Tensor k8 = r64({2, 2, 8, 4}), v8 = r64({2, 2, 8, 3});
+  for (PerformerKernel kind : {PerformerKernel::Softmax, PerformerKernel::Relu, PerformerKernel::Trf}) {
+    auto p = performer64(2, 4, 16, kind, 4);
+    nn::AttentionOptions o;
+    EXPECT_TRUE(all_close(p->forward(q, k, v, o), matmul(p->attention_matrix(q, k, o), v), 1e-12, 1e-10));
+    o.causal = true;
+    EXPECT_TRUE(all_close(p->forward(q, k, v, o), matmul(p->attention_matrix(q, k, o), v), 1e-12, 1e-10));
+    Tensor a = p->attention_matrix(q, k, o);  // causal: zero above the diagonal
+    EXPECT_EQ(max_abs(narrow(narrow(a, 2, 0, 1), 3, 1, 5)), 0.0);
+    o.key_padding_mask = mask_of({0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0}, 2, 8);
+    EXPECT_TRUE(all_close(p->forward(q, k8, v8, o), matmul(p->attention_matrix(q, k8, o), v8), 1e-12, 1e-10));
+    o.causal = false;
+    EXPECT_TRUE(all_close(p->forward(q, k8, v8, o), matmul(p->attention_matrix(q, k8, o), v8), 1e-12, 1e-10));
+    if (kind != PerformerKernel::Trf) {  // positive features: rows are probability vectors
+      EXPECT_TRUE(all_close(sum(p->attention_matrix(q, k8, o), {-1}), ones({2, 2, 6}, f64()), 1e-12, 0));
+    }
+  }
+}
+
+TEST(Performer, FiniteInFloat32AtLargeNorms) {
+  manual_seed(91);
+  const int64_t B = 2, H = 2, N = 40, D = 16;
+  // |q~| = |k~| = 5, i.e. |q| = 5 D^(1/4).
+  auto at_norm = [&](Tensor x) { return x / sqrt(sum(square(x), {-1}, true)) * (5.0 * std::pow(D, 0.25)); };
+  Tensor q = at_norm(randn({B, H, N, D})), k = at_norm(randn({B, H, N, D})), v = randn({B, H, N, 8});
+  q.requires_grad_(true);
+  k.requires_grad_(true);
+  nn::AttentionOptions o;
+  o.key_padding_mask = zeros({B, N}, DType::Bool);  // nothing padded: exercises the masked path
+  for (const char* spec : {"performer:features=32,chunk=8", "performer:features=32,chunk=8,kernel=relu",
+                           "performer:features=32,chunk=8,kernel=trf"})
+    for (bool causal : {false, true}) {
+      o.causal = causal;
+      auto p = nn::make_attention(spec, H, D);
+      p->eval();
+      Tensor out = p->forward(q, k, v, o);
+      EXPECT_TRUE(all_finite(out)) << spec << (causal ? " causal" : "");
+      q.zero_grad();
+      k.zero_grad();
+      sum(out).backward();
+      EXPECT_TRUE(all_finite(q.grad()) && all_finite(k.grad())) << spec << (causal ? " causal" : "");
+      // float32 agrees with float64 on the same W (the stabilizers keep float32 in range).
+      if (std::string(spec).find("trf") == std::string::npos) {
+        auto p64 = nn::make_attention(spec, H, D);
+        p64->set_samples({{"omega", p->last_samples().at("omega")}});
+        Tensor ref =
+            p64->forward(q.detach().to(DType::Float64), k.detach().to(DType::Float64), v.to(DType::Float64), o);
+        EXPECT_TRUE(all_close(out.to(DType::Float64), ref, 1e-3, 1e-3)) << spec << (causal ? " causal" : "");
+      }
+    }
+}
+
+TEST(Performer, BadOptionsAndInputsThrow) {
+  EXPECT_LINEA_ERROR(nn::make_attention("performer:features=0", 2, 4), "performer: features must be positive, got 0");
+  EXPECT_LINEA_ERROR(nn::make_attention("performer:kernel=cosh", 2, 4), "performer: unknown kernel 'cosh'");
+  EXPECT_LINEA_ERROR(nn::make_attention("performer:redraw=-1", 2, 4), "performer: redraw must be >= 0");
+  EXPECT_LINEA_ERROR(nn::make_attention("performer:chunk=0", 2, 4), "performer: chunk must be positive");
+  EXPECT_LINEA_ERROR(nn::make_attention("performer:orthogonal=maybe", 2, 4), "expects a boolean");
+  EXPECT_LINEA_ERROR(nn::make_attention("performer:feature=8", 2, 4), "unknown option feature");
+  auto p = nn::make_attention("performer:features=8", 2, 4);
+  Tensor q = randn({1, 2, 3, 4}), v = randn({1, 2, 3, 5});
+  EXPECT_LINEA_ERROR(p->forward(randn({1, 3, 3, 4}), randn({1, 3, 3, 4}), randn({1, 3, 3, 4}), {}),
+                     "performer: built for 2 heads of dim 4");
+  EXPECT_LINEA_ERROR(p->forward(q, randn({1, 2, 3, 5}), v, {}), "performer: shapes do not match");
+  EXPECT_LINEA_ERROR(p->forward(randn({2, 3, 4}), q, v, {}), "performer: expected q [B, H, N, D]");
+  EXPECT_LINEA_ERROR(p->forward(q, q, v.to(DType::Float64), {}), "performer");
+  EXPECT_LINEA_ERROR(p->forward(zeros({1, 2, 3, 4}, DType::Int64), zeros({1, 2, 3, 4}, DType::Int64),
+                                zeros({1, 2, 3, 5}, DType::Int64), {}),
+                     "performer: expected float32/float64 inputs");
+  nn::AttentionOptions o;
+  o.key_padding_mask = zeros({1, 4}, DType::Bool);
+  EXPECT_LINEA_ERROR(p->forward(q, q, v, o), "performer: key_padding_mask must be [B, M] = [1, 3]");
+  EXPECT_LINEA_ERROR(p->forward(q, narrow(q, 2, 0, 0), narrow(v, 2, 0, 0), {}), "performer: empty sequence");
+  p->set_samples({{"omega", zeros({2, 7, 4})}});
+  EXPECT_LINEA_ERROR(p->forward(q, q, v, {}), "sample 'omega' has shape [2, 7, 4] but this call needs [2, 8, 4]");
+  EXPECT_LINEA_ERROR(p->set_samples({{"eps", zeros({1})}}), "unknown sample 'eps'");
+  EXPECT_LINEA_ERROR(attn::performer_features(randn({1, 2, 3, 4}), randn({2, 8, 5}), PerformerKernel::Softmax),
+                     "performer_features: expected x_scaled [B, H, L, D] and omega [H, S, D]");
+  EXPECT_LINEA_ERROR(std::make_shared<PerformerAttention>(2, 4, -3), "performer: features must be positive, got -3");
+}
+
+}  // namespace
+}  // namespace linea
