@@ -1,7 +1,219 @@
-// STUB: replaced by the nprf_rpe implementation.
+// The nprf_rpe mechanism (see nprf_rpe.h): normalized positive random features, a relative
+// position bias per head, and the two Toeplitz sums over keys by FFT (toeplitz.h).
 #include "attention/nprf_rpe/nprf_rpe.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "attention/nprf_rpe/toeplitz.h"
+
 namespace linea::attn {
-std::shared_ptr<nn::AttentionKernel> make_nprf_rpe(const AttentionSpec&, int64_t, int64_t) {
-  LINEA_FAIL("attention 'nprf_rpe': not implemented yet");
+
+namespace {
+
+constexpr const char* kWho = "nprf_rpe";
+
+// The smallest denominator used as is. Its square stays a normal number, so the backward of the
+// division stays finite even where the guard is active.
+double tiny(DType dt) { return dt == DType::Float32 ? 1e-18 : 1e-140; }
+
+// x / |x| over the last dim; a zero vector stays zero (its norm is clamped, not divided by).
+Tensor unit(const Tensor& x) { return mul(x, rsqrt(clamp(sq_norm(x), 1e-24, INFINITY))); }
+
+// log of the unnormalized features, W x - |x|^2/2: x [B, H, L, D], omega [H, S, D] -> [B, H, L, S].
+Tensor log_features(const Tensor& x, const Tensor& omega) {
+  return sub(matmul(x, transpose(unsqueeze(omega, 0), -2, -1)), mul(sq_norm(x), 0.5));
 }
+
+// Max over dims, kept, outside the graph: a stabilizer that cancels in the ratio.
+Tensor detached_max(const Tensor& x, const std::vector<int64_t>& dims) {
+  return raw::reduce(ReduceOp::Max, x.detach(), dims, /*keepdim=*/true);
+}
+
+// What the FFT and the dense paths share, all stabilized (the stabilizers cancel in out_i).
+struct Terms {
+  Tensor phi_q;    // [B, H, N, S]  exp(W q^ - |q^|^2/2 - max_s) / sqrt(S)
+  Tensor phi_k;    // [B, H, M, S]  exp(W k^ - |k^|^2/2 - max_{m,s}) / sqrt(S), zero at padded keys
+  Tensor c;        // [H, N+M-1]    exp(b_t - max b) for t = j - i = -(N-1)..(M-1); zero for t > 0 if causal
+  Tensor visible;  // Bool [B, 1, N|1, 1]: the query sees at least one key; undefined when all do
+};
+
+void check_tables(const Tensor& q, const Tensor& k, const Tensor& omega, const Tensor& rpe) {
+  const int64_t H = q.size(1), D = q.size(3), N = q.size(2), M = k.size(2);
+  raw::check_defined(kWho, omega, "omega");
+  raw::check_defined(kWho, rpe, "rpe");
+  LINEA_CHECK(omega.dim() == 3 && omega.size(0) == H && omega.size(2) == D && omega.size(1) > 0, kWho,
+              ": omega must be [H, S, D] = [", H, ", S, ", D, "] for q ", shape_str(q.shape()), ", got ",
+              shape_str(omega.shape()));
+  LINEA_CHECK(rpe.dim() == 2 && rpe.size(0) == H && rpe.size(1) % 2 == 1, kWho, ": rpe must be [H, 2L-1] with H = ", H,
+              ", got ", shape_str(rpe.shape()));
+  LINEA_CHECK(is_floating(omega.dtype()) && is_floating(rpe.dtype()), kWho, ": omega and rpe must be floating, got ",
+              dtype_name(omega.dtype()), " and ", dtype_name(rpe.dtype()));
+  LINEA_CHECK(N > 0 && M > 0, kWho, ": empty sequences are not supported, got q ", shape_str(q.shape()), ", k ",
+              shape_str(k.shape()));
+  const int64_t L = (rpe.size(1) + 1) / 2;
+  LINEA_CHECK(N <= L && M <= L, kWho, ": sequence lengths N = ", N, " (queries) and M = ", M,
+              " (keys) must not exceed max_len = ", L, " (the relative positions -(L-1)..(L-1) of rpe ",
+              shape_str(rpe.shape()), "); use a larger nprf_rpe:max_len");
+}
+
+Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tensor& rpe_in, const AttentionOptions& opts) {
+  const int64_t B = q.size(0), N = q.size(2), M = k.size(2);
+  const int64_t L = (rpe_in.size(1) + 1) / 2;
+  const double lo = 0.5 * lowest(q.dtype());  // stands in for -inf (exp gives 0, no inf - inf)
+  Tensor omega = to(to(omega_in, q.device()), q.dtype());
+  Tensor rpe = to(to(rpe_in, q.device()), q.dtype());
+  const double inv_sqrt_s = 1.0 / std::sqrt(static_cast<double>(omega.size(1)));
+  Terms t;
+
+  // Query features, stabilized per row: phi(q^_i) / max_s phi(q^_i)_s.
+  Tensor lq = log_features(unit(q), omega);                        // [B, H, N, S]
+  t.phi_q = mul(exp(sub(lq, detached_max(lq, {-1}))), inv_sqrt_s);  // [B, H, N, S]
+
+  // Key features, stabilized per (b, h) over the unpadded keys; padded keys get log phi = "-inf".
+  Tensor lk = log_features(unit(k), omega);  // [B, H, M, S]
+  Tensor pad = nn::key_padding_bool(opts);   // Bool [B, M] or undefined
+  if (pad.defined()) lk = masked_fill(lk, raw::reshape(pad, {B, 1, M, 1}), lo);
+  Tensor mk = detached_max(lk, {2, 3});  // [B, H, 1, 1]
+  // Every key of (b, h) padded: any finite stabilizer will do, 0 keeps exp(lo - mk) = 0.
+  if (pad.defined()) mk = raw::where(raw::binary(BinaryOp::Gt, mk, scalar_tensor(0.5 * lo, mk.options())), mk,
+                                     scalar_tensor(0.0, mk.options()));
+  t.phi_k = mul(exp(sub(lk, mk)), inv_sqrt_s);  // [B, H, M, S], exactly 0 at padded keys
+
+  // Bias of offsets t = -(N-1)..(M-1), i.e. rpe indices L-N .. L+M-2; causal hides t > 0.
+  Tensor b = narrow(rpe, 1, L - N, N + M - 1);  // [H, N+M-1]
+  if (opts.causal && M > 1) {
+    Tensor pos = raw::binary(BinaryOp::Gt, arange(0.0, static_cast<double>(N + M - 1), 1.0,
+                                                   TensorOptions(DType::Int64, q.device())),
+                             scalar_tensor(static_cast<double>(N - 1), TensorOptions(DType::Int64, q.device())));
+    b = masked_fill(b, raw::reshape(pos, {1, N + M - 1}), lo);
+  }
+  t.c = exp(sub(b, detached_max(b, {1})));  // [H, N+M-1], max 1 per head
+
+  // Which queries see a key at all (only padding can leave one without): an exact mask, since
+  // the FFT leaves rounding noise where the true sums are 0.
+  if (pad.defined()) {
+    Tensor keep = raw::to_dtype(raw::binary(BinaryOp::Eq, pad, scalar_tensor(0.0, pad.options())), q.dtype());  // [B, M]
+    Tensor seen;
+    if (opts.causal) {
+      // keys 0..min(i, M-1) are visible to query i: count the unpadded ones by a prefix sum.
+      const TensorOptions io(DType::Int64, q.device());
+      Tensor last = raw::binary(BinaryOp::Minimum, arange(0.0, static_cast<double>(N), 1.0, io),
+                                scalar_tensor(static_cast<double>(M - 1), io));
+      seen = raw::reshape(raw::index_select(raw::cumsum(keep, 1), 1, last), {B, 1, N, 1});
+    } else {
+      seen = raw::reshape(raw::reduce(ReduceOp::Max, keep, {1}, false), {B, 1, 1, 1});
+    }
+    t.visible = raw::binary(BinaryOp::Gt, seen, scalar_tensor(0.0, seen.options()));
+  }
+  return t;
+}
+
+// num / den with den guarded; queries that see no key get exactly 0.
+Tensor guarded_ratio(const Tensor& num, const Tensor& den, const Tensor& visible) {
+  Tensor d = den;
+  if (visible.defined()) d = where(visible, d, scalar_tensor(1.0, d.options()));
+  Tensor r = div(num, clamp(d, tiny(d.dtype()), INFINITY));
+  if (visible.defined()) r = where(visible, r, scalar_tensor(0.0, r.options()));
+  return r;
+}
+
+// The dense [B, H, N, M] matrix A_ij = e^{b_{j-i}} phi(q^_i).phi(k^_j), row-normalized.
+Tensor dense_attention(const Terms& t, int64_t N, int64_t M) {
+  Tensor a = mul(matmul(t.phi_q, transpose(t.phi_k, -2, -1)), unsqueeze(toeplitz_matrix(t.c, N, M), 0));
+  return guarded_ratio(a, sum(a, {-1}, /*keepdim=*/true), t.visible);
+}
+
+}  // namespace
+
+Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, const Tensor& rpe,
+                          const AttentionOptions& opts, bool dense) {
+  nn::check_attention_inputs(kWho, q, k, v, opts);
+  check_tables(q, k, omega, rpe);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
+  const int64_t S = omega.size(1);
+  Terms t = terms(q, k, omega, rpe, opts);
+  if (dense) return matmul(dense_attention(t, N, M), v);
+
+  // The two sums over keys as Toeplitz products along keys, channels first (the FFT's layout):
+  //   ykv_i = sum_j e^{b_{j-i}} phi(k^_j) v_j^T   (S*Dv channels: phi(k^_j)_s v_je)
+  //   yk_i  = sum_j e^{b_{j-i}} phi(k^_j)         (S channels)
+  // Padded keys are zero rows of phi_k, so they add nothing.
+  Tensor pk = transpose(t.phi_k, -2, -1);                                                 // [B, H, S, M]
+  Tensor kv = reshape(mul(unsqueeze(pk, 3), unsqueeze(transpose(v, -2, -1), 2)), {B, H, S * Dv, M});
+  Tensor ykv = reshape(toeplitz_matmul_channels_first(t.c, kv, N), {B, H, S, Dv, N});    // [B, H, S, Dv, N]
+  Tensor yk = toeplitz_matmul_channels_first(t.c, pk, N);                                 // [B, H, S, N]
+  // out_i = phi(q^_i) . ykv_i / phi(q^_i) . yk_i
+  Tensor pq = transpose(t.phi_q, -2, -1);                                                 // [B, H, S, N]
+  Tensor num = transpose(sum(mul(unsqueeze(pq, 3), ykv), {2}), -2, -1);                  // [B, H, N, Dv]
+  Tensor den = transpose(sum(mul(pq, yk), {2}, /*keepdim=*/true), -2, -1);               // [B, H, N, 1]
+  return guarded_ratio(num, den, t.visible);
+}
+
+Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor& omega, const Tensor& rpe,
+                                 const AttentionOptions& opts) {
+  nn::check_attention_inputs(std::string(kWho) + " attention_matrix", q, k, k, opts);
+  check_tables(q, k, omega, rpe);
+  return dense_attention(terms(q, k, omega, rpe, opts), q.size(2), k.size(2));
+}
+
+// ---- the layer ------------------------------------------------------------------------------
+
+NprfRpeAttention::NprfRpeAttention(int64_t heads, int64_t head_dim, int64_t features, int64_t max_len, int64_t redraw,
+                                   bool dense)
+    : AttentionKernel("NprfRpeAttention", heads, head_dim),
+      features_(features),
+      max_len_(max_len),
+      redraw_(redraw),
+      dense_(dense) {
+  LINEA_CHECK(heads > 0 && head_dim > 0, kWho, ": heads and head_dim must be positive, got ", heads, " and ", head_dim);
+  LINEA_CHECK(features > 0, kWho, ": features must be > 0, got ", features);
+  LINEA_CHECK(max_len > 0, kWho, ": max_len must be > 0, got ", max_len);
+  LINEA_CHECK(redraw >= 0, kWho, ": redraw must be >= 0 (0 = never), got ", redraw);
+  rpe_ = register_parameter("rpe", zeros({heads, 2 * max_len - 1}, TensorOptions(DType::Float32)));
+  omega_ = register_buffer("omega", raw::to_dtype(orthogonal_gaussian(heads, features, head_dim), DType::Float32));
+}
+
+Tensor NprfRpeAttention::features_for(const Tensor& like) {
+  const bool due = is_training() && redraw_ > 0 && train_steps_ % redraw_ == 0;
+  if (is_training()) ++train_steps_;
+  return sample("omega", {heads(), features_, head_dim()}, like, [&] {
+    if (due) {
+      NoGradGuard ng;
+      Tensor fresh = orthogonal_gaussian(heads(), features_, head_dim());  // float64, CPU generator
+      nn::replace_data(omega_, raw::to_device(raw::to_dtype(fresh, omega_.dtype()), omega_.device()));
+    }
+    return raw::to_dtype(raw::to_device(omega_, like.device()), like.dtype());
+  });
+}
+
+Tensor NprfRpeAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+  nn::check_attention_inputs(kWho, q, k, v, opts);
+  LINEA_CHECK(q.size(1) == heads() && q.size(3) == head_dim(), kWho, ": built for ", heads(), " heads of dim ",
+              head_dim(), ", got q ", shape_str(q.shape()));
+  return nprf_rpe_attention(q, k, v, features_for(q), rpe_, opts, dense_);
+}
+
+Tensor NprfRpeAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
+  nn::check_attention_inputs(std::string(kWho) + " attention_matrix", q, k, k, opts);
+  LINEA_CHECK(q.size(1) == heads() && q.size(3) == head_dim(), kWho, ": built for ", heads(), " heads of dim ",
+              head_dim(), ", got q ", shape_str(q.shape()));
+  return nprf_rpe_attention_matrix(q, k, features_for(q), rpe_, opts);
+}
+
+std::string NprfRpeAttention::extra_repr() const {
+  std::ostringstream os;
+  os << "heads=" << heads() << ", head_dim=" << head_dim() << ", features=" << features_ << ", max_len=" << max_len_
+     << ", redraw=" << redraw_ << ", dense=" << (dense_ ? 1 : 0);
+  return os.str();
+}
+
+std::shared_ptr<nn::AttentionKernel> make_nprf_rpe(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
+  const int64_t features = spec.get_int("features", 64);
+  const int64_t max_len = spec.get_int("max_len", 512);
+  const int64_t redraw = spec.get_int("redraw", 1);
+  const bool dense = spec.get_bool("dense", false);
+  return std::make_shared<NprfRpeAttention>(heads, head_dim, features, max_len, redraw, dense);
+}
+
 }  // namespace linea::attn

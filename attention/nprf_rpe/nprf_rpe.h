@@ -1,6 +1,75 @@
-// STUB: replaced by the nprf_rpe implementation.
+// The `nprf_rpe` mechanism (Luo et al. 2021, "Stable, Fast and Accurate: Kernelized Attention
+// with Relative Positional Encoding"): normalized positive random features with a learned
+// relative-position bias b_{j-i} per head, whose Toeplitz sums over keys are done by FFT in
+// O(N log N) (attention/nprf_rpe/toeplitz.h), with a dense O(N M) path of the same formula.
+//
+// The formula (per batch and head; q [N, D], k [M, D], v [M, Dv]):
+//   q^ = q / |q|, k^ = k / |k|   (a zero vector stays zero)
+//   phi(x) = exp(W x - |x|^2 / 2) / sqrt(S)   on q^, k^ directly (no D^-1/4), W = omega [S, D],
+//            so that E[phi(q^).phi(k^)] = exp(q^.k^)
+//   out_i = phi(q^_i) . sum_j e^{b_{j-i}} phi(k^_j) v_j^T / phi(q^_i) . sum_j e^{b_{j-i}} phi(k^_j)
+// with b_t (t = j - i in -(L-1)..L-1) stored in rpe [H, 2L-1] at index t + L - 1. Causal: key j is
+// visible to query i iff j <= i (the positive offsets drop out); padded keys drop out of both
+// sums; a query that sees no key gets zeros. Stabilizers that cancel in the ratio (detached):
+// the max over features per query row, the max over keys and features per (batch, head), and
+// the max of b per head (exp(b - max b)).
+//
+// Precision of the FFT path: the rounding error of an FFT-computed sum is relative to the
+// largest terms of the whole sequence, not of the query's own terms, so in float32 a query whose
+// weights are all ~1e-7 of the largest in its (batch, head) (a strongly peaked bias or extreme
+// features) gets an inexact output; float64 and the dense path do not have this limit. Queries
+// that see no key at all are detected exactly (from the masks) and get zeros.
 #pragma once
+
 #include "attention/common/common.h"
+
 namespace linea::attn {
+
+// The nprf_rpe output [B, H, N, Dv] for q [B, H, N, D], k [B, H, M, D], v [B, H, M, Dv], feature
+// rows omega [H, S, D] and the bias table rpe [H, 2L-1] (L >= max(N, M)); omega and rpe are
+// converted to q's dtype and device. dense: the O(N M) path instead of the FFT one.
+// Differentiable in q, k, v, rpe (and omega).
+Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, const Tensor& rpe,
+                          const AttentionOptions& opts = {}, bool dense = false);
+
+// The normalized attention matrix [B, H, N, M] of the same formula (dense), so that
+// nprf_rpe_attention(q, k, v, ...) == nprf_rpe_attention_matrix(q, k, ...) @ v. Rows of queries
+// that see no key are zero.
+Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor& omega, const Tensor& rpe,
+                                 const AttentionOptions& opts = {});
+
+// The mechanism. Spec options: features=S (default 64), max_len=L (default 512), redraw=N (new
+// features every N training forwards, the first included; 0 = never; default 1), dense=0|1.
+// Parameter "rpe" [H, 2L-1] (zeros at construction); buffer "omega" [H, S, D] float32, orthogonal
+// Gaussian rows drawn at construction and replaced at redraws (never in eval). The random
+// quantity "omega" goes through sample(), so set_samples/freeze_samples fix it.
+class NprfRpeAttention : public nn::AttentionKernel {
+ public:
+  NprfRpeAttention(int64_t heads, int64_t head_dim, int64_t features = 64, int64_t max_len = 512, int64_t redraw = 1,
+                   bool dense = false);
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
+  Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
+  std::vector<std::string> sample_names() const override { return {"omega"}; }
+  std::string extra_repr() const override;
+
+  int64_t features() const { return features_; }
+  int64_t max_len() const { return max_len_; }
+  int64_t redraw() const { return redraw_; }
+  bool dense() const { return dense_; }
+  const Tensor& rpe() const { return rpe_; }      // [H, 2L-1]
+  const Tensor& omega() const { return omega_; }  // [H, S, D] (the buffer)
+
+ private:
+  // omega for this call through sample(): in training, redraws the buffer when due.
+  Tensor features_for(const Tensor& like);
+
+  int64_t features_, max_len_, redraw_;
+  bool dense_;
+  int64_t train_steps_ = 0;  // training forwards so far (redraw schedule)
+  Tensor rpe_, omega_;
+};
+
+// The factory registered as "nprf_rpe" (attention/builtin.cpp).
 std::shared_ptr<nn::AttentionKernel> make_nprf_rpe(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+
 }  // namespace linea::attn
