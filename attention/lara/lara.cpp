@@ -1,7 +1,147 @@
-// STUB: replaced by the lara implementation.
+// Linear randomized attention (see lara.h): segment landmarks by matmul with a constant
+// membership matrix, then the proposal, importance weights and mixture of the paper, composed
+// from differentiable ops batched over [B, H]; all [.., C, ..] tensors, nothing of size N x M.
 #include "attention/lara/lara.h"
+
+#include <cmath>
+
 namespace linea::attn {
-std::shared_ptr<nn::AttentionKernel> make_lara(const AttentionSpec&, int64_t, int64_t) {
-  LINEA_FAIL("attention 'lara': not implemented yet");
+
+LinearRandomizedAttention::LinearRandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples,
+                                                     Proposal proposal, bool adaptive, double noise, double beta)
+    : AttentionKernel("LinearRandomizedAttention", heads, head_dim),
+      samples_(samples),
+      proposal_(proposal),
+      noise_(noise),
+      beta_(beta) {
+  LINEA_CHECK(samples > 0, "lara: samples must be positive, got ", samples);
+  LINEA_CHECK(std::isfinite(noise) && noise >= 0, "lara: noise must be >= 0, got ", noise);
+  LINEA_CHECK(std::isfinite(beta), "lara: beta must be finite, got ", beta);
+  if (adaptive) {
+    mu_proj_ = register_module("mu_proj", std::make_shared<nn::Linear>(head_dim, head_dim));
+    mu_norm_ = register_module("mu_norm", std::make_shared<nn::LayerNorm>(head_dim));
+  }
 }
+
+std::string LinearRandomizedAttention::extra_repr() const {
+  return "heads=" + std::to_string(heads()) + ", head_dim=" + std::to_string(head_dim()) +
+         ", samples=" + std::to_string(samples_) + ", proposal=" + (proposal_ == Proposal::QK ? "qk" : "mixed") +
+         ", adaptive=" + (adaptive() ? "1" : "0") + ", noise=" + nn::detail::fmt_double(noise_) +
+         ", beta=" + nn::detail::fmt_double(beta_);
+}
+
+std::vector<int64_t> LinearRandomizedAttention::segment_sizes(int64_t N, int64_t C) {
+  LINEA_CHECK(N > 0 && C > 0, "lara: segment_sizes needs N > 0 and C > 0, got N = ", N, ", C = ", C);
+  const int64_t Ce = std::min(C, N), base = N / Ce, longer = N % Ce;
+  std::vector<int64_t> sizes(static_cast<size_t>(Ce), base);
+  for (int64_t c = Ce - longer; c < Ce; ++c) sizes[static_cast<size_t>(c)] = base + 1;  // the last ones are longer
+  return sizes;
+}
+
+Tensor LinearRandomizedAttention::membership(int64_t N, const TensorOptions& opts) {
+  const int64_t Ce = std::min(samples_, N);
+  const Tensor& m = member_cache_;
+  if (m.defined() && m.size(0) == Ce && m.size(1) == N && m.dtype() == opts.dtype && m.device() == opts.device)
+    return m;
+  // Setup of a constant [C_eff, N] matrix (C_eff * N host values), not a loop of the forward.
+  std::vector<double> host(static_cast<size_t>(Ce * N), 0.0);
+  int64_t start = 0, c = 0;
+  for (int64_t len : segment_sizes(N, samples_)) {
+    for (int64_t n = start; n < start + len; ++n) host[static_cast<size_t>(c * N + n)] = 1.0;
+    start += len;
+    ++c;
+  }
+  member_cache_ = from_vector<double>(host, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
+  return member_cache_;
+}
+
+LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor& q, const Tensor& k,
+                                                                    const AttentionOptions& opts, const char* who) {
+  nn::check_attention_inputs(who, q, k, k, opts);
+  LINEA_CHECK(!opts.causal, "lara: causal attention is not supported (its landmarks summarize whole segments)");
+  LINEA_CHECK(k.size(2) == q.size(2), "lara: only self-attention is supported (M == N: query and key segments pair ",
+              "up as landmarks), got q ", shape_str(q.shape()), " and k ", shape_str(k.shape()));
+  LINEA_CHECK(is_floating(q.dtype()), who, ": expected float32/float64 inputs, got ", dtype_name(q.dtype()));
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
+  Tensor pad = padded_keys(opts);         // Bool [B, 1, 1, N] (true = padded) or undefined
+  Tensor qs = scaled(q), ks = scaled(k);  // q~, k~ [B, H, N, D]
+
+  // Segment means. member [C, N] is 0/1; dividing each row by its size gives the averaging matrix.
+  Tensor member = membership(N, q.options());
+  const int64_t C = member.size(0);
+  Tensor avg = raw::binary(BinaryOp::Div, member, raw::reduce(ReduceOp::Sum, member, {-1}, true));
+  Tensor qbar = matmul(avg, qs);  // q-_c [B, H, C, D]
+  Tensor kbar;                    // k-_c [B, H, C, D], padded keys left out
+  if (!pad.defined()) {
+    kbar = matmul(avg, ks);
+  } else {
+    Tensor keep = raw::where(pad, scalar_tensor(0.0, q.options()), scalar_tensor(1.0, q.options()));  // [B,1,1,N]
+    Tensor wk = raw::binary(BinaryOp::Mul, member, keep);                                             // [B,1,C,N]
+    Tensor cnt = raw::reduce(ReduceOp::Sum, wk, {-1}, true);                                          // [B,1,C,1]
+    cnt = raw::binary(BinaryOp::Maximum, cnt, scalar_tensor(1.0, q.options()));  // all padded: 0 / 1 = 0
+    kbar = matmul(raw::binary(BinaryOp::Div, wk, cnt), ks);                      // [B,1,C,N] @ [B,H,N,D]
+  }
+
+  // Proposal means mu_c [B, H, C, D].
+  Tensor mu;
+  if (proposal_ == Proposal::QK) {
+    mu = add(qbar, kbar);
+  } else {  // q-_c + sum_c' softmax_c'(k-_c.k-_c') k-_c'
+    mu = add(qbar, matmul(softmax(matmul(kbar, transpose(kbar, -2, -1)), -1), kbar));
+  }
+  if (mu_proj_) mu = mu_norm_->forward(mu_proj_->forward(mu));
+
+  // w_c = mu_c + noise eps_c (training), mu_c (eval).
+  Tensor w = mu;
+  if (is_training()) {
+    Tensor eps = sample("eps", {B, H, C, D}, q, [&] { return randn({B, H, C, D}, q.options()); });
+    w = add(mu, mul(eps, noise_));
+  }
+
+  // l_cc' = log xi(mu_c', w_c) [B, H, C, C]; its diagonal l_cc [B, H, C] computed directly.
+  Tensor l = log_xi(w, mu);
+  Tensor l_diag = sub(sum(mul(w, mu), {-1}), mul(sum(square(mu), {-1}), 0.5));
+  // exp(l_cc - logsumexp_c' l_cc') [B, H, 1, C]: the balance heuristic's proposal weight.
+  Tensor self_w = unsqueeze(exp(sub(l_diag, logsumexp(l, {-1}))), 2);
+  // t_nc = softmax over n of q~_n.q-_c [B, H, N, C], centred over c.
+  Tensor t = softmax(matmul(qs, transpose(qbar, -2, -1)), 2);
+  Tensor alpha = clamp(add(self_w, mul(sub(t, mean(t, {-1}, true)), beta_)), 1e-8, INFINITY);
+
+  // log xi(k~_m, w_c) [B, H, C, M], padded keys -inf: f_c's weights and their logsumexp over m.
+  Tensor lk = log_xi(w, ks);
+  Tensor probs = nn::masked_softmax(lk, pad, -1);                   // [B, H, C, M]
+  Tensor lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);  // [B, H, C]
+  // log u_nc = log alpha_nc + log xi(q~_n, w_c) + logsumexp_m log xi(k~_m, w_c) - l_cc  [B, H, N, C]
+  Tensor lq = transpose(log_xi(w, qs), -2, -1);
+  Tensor log_u = add(add(log(alpha), lq), unsqueeze(sub(lse_k, l_diag), 2));
+  return {softmax(log_u, -1), probs};
+}
+
+Tensor LinearRandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const AttentionOptions& opts) {
+  nn::check_attention_inputs("lara", q, k, v, opts);
+  Parts p = compute(q, k, opts, "lara");
+  // out_n = sum_c softmax_c(log u_nc) f_c, f_c = probs_c @ v: [B, H, N, C] @ [B, H, C, Dv]
+  return matmul(p.mix, matmul(p.probs, v));
+}
+
+Tensor LinearRandomizedAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
+  Parts p = compute(q, k, opts, "lara attention_matrix");
+  return matmul(p.mix, p.probs);  // [B, H, N, M]
+}
+
+std::shared_ptr<nn::AttentionKernel> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
+  const int64_t samples = spec.get_int("samples", 16);
+  LINEA_CHECK(samples > 0, "attention spec '", spec.str(), "': lara: samples must be positive, got ", samples);
+  const std::string proposal = spec.get_string("proposal", "qk");
+  LINEA_CHECK(proposal == "qk" || proposal == "mixed", "attention spec '", spec.str(),
+              "': lara: proposal must be qk or mixed, got '", proposal, "'");
+  const double noise = spec.get_double("noise", 1.0);
+  LINEA_CHECK(noise >= 0, "attention spec '", spec.str(), "': lara: noise must be >= 0, got ", noise);
+  return std::make_shared<LinearRandomizedAttention>(
+      heads, head_dim, samples,
+      proposal == "qk" ? LinearRandomizedAttention::Proposal::QK : LinearRandomizedAttention::Proposal::Mixed,
+      spec.get_bool("adaptive", false), noise, spec.get_double("beta", 1.0));
+}
+
 }  // namespace linea::attn

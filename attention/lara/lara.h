@@ -1,6 +1,89 @@
-// STUB: replaced by the lara implementation.
+// Linear randomized attention (`lara`), from Zheng et al. 2022, "Linear Complexity Randomized
+// Self-attention Mechanism" (ICML), section 4: randomized attention (attention/ra) with C
+// proposals built from segment landmarks instead of one mixture per query, combined by
+// multiple importance sampling with query-specific weights, at O(C (N + M) D) cost.
+//
+// In the scaled space (x~ = D^-1/4 x, xi(x, w) = exp(w.x - |x|^2/2)):
+//  - queries and keys are split into C_eff = min(C, N) contiguous segments (sizes floor(N/C_eff)
+//    for the first C_eff - N % C_eff segments, one more for the rest; when N <= C each token is
+//    its own segment); q-_c, k-_c are the segment means (the key means leave padded keys out; a
+//    segment whose keys are all padded has k-_c = 0; the query means, and t_nc below, use every
+//    position: padding hides keys, not queries);
+//  - proposal means mu_c = q-_c + k-_c (proposal=qk), or mu_c = q-_c + sum_c' softmax_c'(k-_c.k-_c')
+//    k-_c' (proposal=mixed, the ViT variant); with adaptive=1, mu_c -> LayerNorm(Linear(mu_c))
+//    (learned, registered as submodules "mu_proj" and "mu_norm");
+//  - w_c = mu_c + noise * eps_c in training, w_c = mu_c in eval (deterministic);
+//  - l_cc' = log xi(mu_c', w_c);  f_c = sum_m softmax_m(log xi(k~_m, w_c)) v_m;
+//    t_nc = softmax over n of (q~_n.q-_c);
+//    alpha_nc = max(exp(l_cc - logsumexp_c' l_cc') + beta (t_nc - mean_c' t_nc'), 1e-8);
+//    log u_nc = log alpha_nc + log xi(q~_n, w_c) + logsumexp_m log xi(k~_m, w_c) - l_cc;
+//    out_n = sum_c softmax_c(log u_nc) f_c.
+//    Why: w_c ~ q_c = N(mu_c, I); the target of query n is p_n(w) proportional to
+//    N(w; 0, I) xi(q~_n, w) sum_m xi(k~_m, w) (RA's mixture), and N(w; 0, I) / N(w; mu_c, I) =
+//    1 / xi(mu_c, w), so log u_nc is log alpha_nc plus the log importance ratio p_n(w_c)/q_c(w_c);
+//    exp(l_cc - logsumexp_c' l_cc') = q_c(w_c) / sum_c' q_c'(w_c) is the balance heuristic, made
+//    query-specific by the beta term.
+// Padded keys get log xi = -inf (left out of f_c and of the logsumexp over m; a batch row whose
+// keys are all padded outputs zeros). Every ratio of exponentials is a softmax or logsumexp, so
+// nothing overflows for |q~|, |k~| up to 5.
+// The formulas over c' (logsumexp_c' l_cc', the mixed proposal's softmax_c') run over all C_eff
+// segments, as written, including a segment whose keys are all padded (its k-_c' is 0).
+//
+// Random quantity (AttentionKernel::sample): "eps" [B, H, C_eff, D], used in training only (eval
+// neither draws nor reads it).
+// Requires self-attention (M == N: the landmarks pair query and key segments) and no causal mask.
 #pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "attention/common/common.h"
+
 namespace linea::attn {
+
+class LinearRandomizedAttention : public nn::AttentionKernel {
+ public:
+  enum class Proposal { QK, Mixed };
+
+  LinearRandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples = 16, Proposal proposal = Proposal::QK,
+                            bool adaptive = false, double noise = 1.0, double beta = 1.0);
+
+  // q [B, H, N, D], k [B, H, N, D], v [B, H, N, Dv] -> [B, H, N, Dv]
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
+  // sum_c softmax_c(log u_nc) softmax_m(log xi(k~_m, w_c)) [B, H, N, N], drawn like forward.
+  Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
+  std::vector<std::string> sample_names() const override { return {"eps"}; }
+  std::string extra_repr() const override;
+
+  // The segment sizes for N tokens and C landmarks (C_eff = min(C, N) entries summing to N).
+  static std::vector<int64_t> segment_sizes(int64_t N, int64_t C);
+
+  int64_t samples() const { return samples_; }
+  Proposal proposal() const { return proposal_; }
+  bool adaptive() const { return mu_proj_ != nullptr; }
+  double noise() const { return noise_; }
+  double beta() const { return beta_; }
+
+ private:
+  struct Parts {
+    Tensor mix;    // softmax_c(log u_nc)             [B, H, N, C]
+    Tensor probs;  // softmax_m(log xi(k~_m, w_c))     [B, H, C, M]
+  };
+  Parts compute(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who);
+  // 0/1 segment membership [C_eff, N] in the given dtype/device (cached for the last shape).
+  Tensor membership(int64_t N, const TensorOptions& opts);
+
+  int64_t samples_;
+  Proposal proposal_;
+  double noise_, beta_;
+  std::shared_ptr<nn::Linear> mu_proj_;     // adaptive only
+  std::shared_ptr<nn::LayerNorm> mu_norm_;  // adaptive only
+  Tensor member_cache_;
+};
+
+// Spec "lara[:samples=C][,proposal=qk|mixed][,adaptive=0|1][,noise=x][,beta=x]" (C > 0, default
+// 16; proposal default qk; adaptive default 0; noise >= 0, default 1; beta default 1).
 std::shared_ptr<nn::AttentionKernel> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+
 }  // namespace linea::attn

@@ -1,7 +1,103 @@
-// STUB: replaced by the ra implementation.
+// Randomized attention (see ra.h): the mixture sampling of the component indices (raw ops, no
+// graph) and the estimator itself, composed from differentiable ops batched over [B, H, N, S].
 #include "attention/ra/ra.h"
+
 namespace linea::attn {
-std::shared_ptr<nn::AttentionKernel> make_ra(const AttentionSpec&, int64_t, int64_t) {
-  LINEA_FAIL("attention 'ra': not implemented yet");
+
+RandomizedAttention::RandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples, bool biased)
+    : AttentionKernel("RandomizedAttention", heads, head_dim), samples_(samples), biased_(biased) {
+  LINEA_CHECK(samples > 0, "ra: samples must be positive, got ", samples);
 }
+
+std::vector<std::string> RandomizedAttention::sample_names() const {
+  if (biased_) return {"eps"};
+  return {"eps", "ra_index"};
+}
+
+std::string RandomizedAttention::extra_repr() const {
+  return "heads=" + std::to_string(heads()) + ", head_dim=" + std::to_string(head_dim()) +
+         ", samples=" + std::to_string(samples_) + ", biased=" + (biased_ ? "1" : "0");
+}
+
+Tensor RandomizedAttention::draw_index(const Tensor& pi, int64_t S) {
+  const int64_t B = pi.size(0), H = pi.size(1), N = pi.size(2), M = pi.size(3);
+  const TensorOptions i64(DType::Int64, pi.device());
+  // Inverse CDF: m = #{m' : cdf_m' <= u * total}, the first m with cdf_m > u * total. A padded
+  // key has pi = 0 exactly, so its cdf equals its predecessor's and it is never that first m
+  // (the cumsum runs in order on every device). total (not 1) keeps rounding out of it.
+  Tensor cdf = raw::cumsum(pi, -1);              // [B, H, N, M]
+  Tensor total = raw::narrow(cdf, 3, M - 1, 1);  // [B, H, N, 1]
+  Tensor x = raw::binary(BinaryOp::Mul, raw::uniform({B, H, N, S}, 0.0, 1.0, pi.options()), total);
+  Tensor below = raw::binary(BinaryOp::Le, raw::unsqueeze(cdf, 3), raw::unsqueeze(x, 4));  // [B, H, N, S, M]
+  Tensor count = raw::reduce(ReduceOp::Sum, below, {-1}, false);                           // Int64 [B, H, N, S]
+  // u * total may round up to total: clamp to the last key with pi > 0 (0 if there is none).
+  Tensor pos = raw::reshape(arange(0.0, static_cast<double>(M), 1.0, i64), {1, 1, 1, M});
+  Tensor live = raw::binary(BinaryOp::Gt, pi, scalar_tensor(0.0, pi.options()));
+  Tensor last = raw::reduce(ReduceOp::Max, raw::where(live, pos, scalar_tensor(0.0, i64)), {-1}, true);
+  return raw::binary(BinaryOp::Minimum, count, last);
+}
+
+Tensor RandomizedAttention::weights(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who) {
+  nn::check_attention_inputs(who, q, k, k, opts);
+  LINEA_CHECK(!opts.causal, "ra: causal attention is not supported (randomized attention is bidirectional)");
+  LINEA_CHECK(is_floating(q.dtype()), who, ": expected float32/float64 inputs, got ", dtype_name(q.dtype()));
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), M = k.size(2), S = samples_;
+  Tensor pad = padded_keys(opts);         // Bool [B, 1, 1, M] (true = padded) or undefined
+  Tensor qs = scaled(q), ks = scaled(k);  // q~ [B, H, N, D], k~ [B, H, M, D]
+  // pi_n = softmax_m(q~_n.k~_m), padded keys excluded: [B, H, N, M]
+  Tensor pi = nn::masked_softmax(matmul(qs, transpose(ks, -2, -1)), pad, -1);
+
+  // The component means of w_ns: [B, H, N, S, D] (unbiased) or [B, H, N, 1, D] (biased).
+  Tensor centre;
+  if (biased_) {
+    centre = unsqueeze(add(qs, matmul(pi, ks)), 3);  // q~_n + sum_m pi_nm k~_m
+  } else {
+    bool drew = false;
+    Tensor index = sample("ra_index", {B, H, N, S}, q, [&] {
+      drew = true;
+      return draw_index(pi.detach(), S);
+    });
+    if (!drew) {  // explicit or frozen values: check them once here (a host sync, but not in training draws)
+      LINEA_CHECK(index.dtype() == DType::Int64, "ra: sample 'ra_index' must be int64, got ",
+                  dtype_name(index.dtype()));
+      const double lo = raw::reduce(ReduceOp::Min, index, {}, false).item();
+      const double hi = raw::reduce(ReduceOp::Max, index, {}, false).item();
+      LINEA_CHECK(lo >= 0 && hi < static_cast<double>(M), "ra: sample 'ra_index' values must lie in [0, M = ", M,
+                  "), got values in [", lo, ", ", hi, "]");
+    }
+    // k~_{m_ns}: gather rows of k~ (gradients flow to the chosen rows; the index is constant).
+    Tensor idx = raw::contiguous(raw::expand(raw::reshape(index, {B, H, N * S, 1}), {B, H, N * S, D}));
+    Tensor k_sel = reshape(gather(ks, 2, idx), {B, H, N, S, D});
+    centre = add(unsqueeze(qs, 3), k_sel);
+  }
+
+  // w_ns = centre + eps_ns; biased RA in eval uses eps = 0, so its S samples coincide: one suffices.
+  Tensor w = centre;
+  if (!(biased_ && !is_training())) {
+    Tensor eps = sample("eps", {B, H, N, S, D}, q, [&] { return randn({B, H, N, S, D}, q.options()); });
+    w = add(centre, eps);
+  }
+  const int64_t Sw = w.size(3);
+
+  // softmax_m(log xi(k~_m, w_ns)), padded keys excluded: [B, H, N*Sw, M] -> average over s.
+  Tensor logits = log_xi(reshape(w, {B, H, N * Sw, D}), ks);
+  Tensor p = nn::masked_softmax(logits, pad, -1);
+  return mean(reshape(p, {B, H, N, Sw, M}), {3});  // [B, H, N, M]
+}
+
+Tensor RandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+  nn::check_attention_inputs("ra", q, k, v, opts);
+  return matmul(weights(q, k, opts, "ra"), v);  // [B, H, N, M] @ [B, H, M, Dv]
+}
+
+Tensor RandomizedAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
+  return weights(q, k, opts, "ra attention_matrix");
+}
+
+std::shared_ptr<nn::AttentionKernel> make_ra(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
+  const int64_t samples = spec.get_int("samples", 1);
+  LINEA_CHECK(samples > 0, "attention spec '", spec.str(), "': ra: samples must be positive, got ", samples);
+  return std::make_shared<RandomizedAttention>(heads, head_dim, samples, spec.get_bool("biased", false));
+}
+
 }  // namespace linea::attn

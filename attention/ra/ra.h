@@ -1,6 +1,64 @@
-// STUB: replaced by the ra implementation.
+// Randomized attention (`ra`), from Zheng et al. 2022, "Linear Complexity Randomized Self-attention
+// Mechanism" (ICML), section 3: softmax attention written as an expectation over a Gaussian
+// mixture, estimated by Monte Carlo.
+//
+// In the scaled space (x~ = D^-1/4 x, xi(x, w) = exp(w.x - |x|^2/2)), for each query n
+//   pi_n    = softmax_m(q~_n.k~_m)                      (padded keys excluded)
+//   w_ns    = q~_n + k~_{m_ns} + eps_ns,  m_ns ~ Cat(pi_n),  eps_ns ~ N(0, I)      (unbiased)
+//   w_ns    = q~_n + sum_m pi_nm k~_m + eps_ns                                  (biased=1)
+//   out_n   = (1/S) sum_s sum_m softmax_m(log xi(k~_m, w_ns)) v_m              (samples=S)
+// Unbiased RA is exact in expectation: w ~ sum_m pi_nm N(q~_n + k~_m, I) has density
+// proportional to exp(w.q~_n - |w|^2/2) sum_m xi(k~_m, w), so E[out_n] is softmax attention and
+// the error of the average over S samples falls like 1/sqrt(S). Biased RA replaces the mixture
+// by one Gaussian at its mean: lower variance, but it keeps a bias.
+//
+// Random quantities (AttentionKernel::sample): "ra_index" Int64 [B, H, N, S] (unbiased only),
+// drawn on the inputs' device by inverse CDF (cumsum of pi_n and comparisons with uniforms; a
+// padded key is never drawn, and a query whose keys are all padded gets index 0, which cannot
+// matter: its output is zero), and "eps" [B, H, N, S, D].
+// Eval mode: biased RA uses eps = 0 (no draw, and an explicit "eps" is ignored: deterministic, one
+// sample suffices). UNBIASED RA STAYS A SAMPLE in eval (it draws m_ns and eps as in training),
+// since its mixture has no single deterministic point that keeps it unbiased;
+// freeze_samples()/set_samples() make it deterministic.
+//
+// Cost O(S N M D) time, O(S N M) memory (it is an estimator of softmax attention, not a linear
+// one). Key padding supported; causal is not (error); cross-attention (M != N) is allowed since
+// every formula is per query.
 #pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "attention/common/common.h"
+
 namespace linea::attn {
+
+class RandomizedAttention : public nn::AttentionKernel {
+ public:
+  RandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples = 1, bool biased = false);
+
+  // q [B, H, N, D], k [B, H, M, D], v [B, H, M, Dv] -> [B, H, N, Dv]
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
+  // (1/S) sum_s softmax_m(log xi(k~_m, w_ns)) [B, H, N, M], drawn like forward.
+  Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
+  std::vector<std::string> sample_names() const override;
+  std::string extra_repr() const override;
+
+  int64_t samples() const { return samples_; }
+  bool biased() const { return biased_; }
+
+ private:
+  // The averaged attention weights [B, H, N, M]; `who` names the caller in errors.
+  Tensor weights(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who);
+  // m_ns ~ Cat(pi_n) for pi [B, H, N, M] (no graph) -> Int64 [B, H, N, S].
+  static Tensor draw_index(const Tensor& pi, int64_t S);
+
+  int64_t samples_;
+  bool biased_;
+};
+
+// Spec "ra[:samples=S][,biased=0|1]" (S > 0, default 1; biased default 0).
 std::shared_ptr<nn::AttentionKernel> make_ra(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+
 }  // namespace linea::attn

@@ -1,0 +1,425 @@
+// Randomized attention (`ra`, attention/ra): values against a naive float64 loop implementation
+// of the formulas given explicit samples (unbiased, biased, padded, eval), float64 gradchecks with
+// frozen samples, the RA paper's claim (the average over S samples converges to softmax
+// attention with an error falling like 1/sqrt(S); biased RA keeps a bias), the index sampler
+// (never a padded key, frequencies follow pi), padding invariance, train/eval/freeze behaviour,
+// float32 finiteness for large inputs, and errors.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention/ra/ra.h"
+#include "nn/attention.h"
+#include "tests/test_util.h"
+
+namespace linea {
+namespace {
+
+using test::all_close;
+using test::f64;
+using test::randn64;
+
+// ---- the naive reference ------------------------------------------------------------------------
+// RA by loops in float64, from the formulas: for each (b, h, n) and sample s,
+//   w = q~ + k~[index] + eps (unbiased) or q~ + sum_m pi_m k~_m + eps (biased), eps = 0 if absent,
+//   a_s(m) = exp(w.k~_m - |k~_m|^2/2) / sum over visible m' (padded keys invisible),
+// A[n, m] = mean_s a_s(m); out = A v. A query with no visible key gets zeros.
+struct NaiveRa {
+  std::vector<double> A;  // [B, H, N, M]
+  Tensor out;             // [B, H, N, Dv]
+};
+
+NaiveRa naive_ra(const Tensor& q, const Tensor& k, const Tensor& v, const std::vector<int>& pad, bool biased,
+                 const Tensor& index, const Tensor& eps, int64_t S) {
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), M = k.size(2), Dv = v.size(3);
+  const double sc = std::pow(static_cast<double>(D), -0.25);
+  auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
+  std::vector<double> ev = eps.defined() ? eps.to_vector<double>() : std::vector<double>();
+  std::vector<int64_t> iv = index.defined() ? index.to_vector<int64_t>() : std::vector<int64_t>();
+  NaiveRa r;
+  r.A.assign(static_cast<size_t>(B * H * N * M), 0.0);
+  std::vector<double> out(static_cast<size_t>(B * H * N * Dv), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t bh = b * H + h;
+      auto qt = [&](int64_t n, int64_t d) { return sc * qv[static_cast<size_t>((bh * N + n) * D + d)]; };
+      auto kt = [&](int64_t m, int64_t d) { return sc * kv[static_cast<size_t>((bh * M + m) * D + d)]; };
+      auto visible = [&](int64_t m) { return pad.empty() || !pad[static_cast<size_t>(b * M + m)]; };
+      for (int64_t n = 0; n < N; ++n) {
+        // pi over visible keys
+        std::vector<double> pi(static_cast<size_t>(M), 0.0);
+        double mx = -INFINITY;
+        for (int64_t m = 0; m < M; ++m) {
+          if (!visible(m)) continue;
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += qt(n, d) * kt(m, d);
+          pi[static_cast<size_t>(m)] = s;
+          mx = std::max(mx, s);
+        }
+        if (mx == -INFINITY) continue;  // no visible key: zeros
+        double z = 0;
+        for (int64_t m = 0; m < M; ++m)
+          if (visible(m)) z += std::exp(pi[static_cast<size_t>(m)] - mx);
+        for (int64_t m = 0; m < M; ++m)
+          pi[static_cast<size_t>(m)] = visible(m) ? std::exp(pi[static_cast<size_t>(m)] - mx) / z : 0.0;
+        for (int64_t s = 0; s < S; ++s) {
+          std::vector<double> w(static_cast<size_t>(D));
+          for (int64_t d = 0; d < D; ++d) {
+            double c = qt(n, d);
+            if (biased) {
+              for (int64_t m = 0; m < M; ++m) c += pi[static_cast<size_t>(m)] * kt(m, d);
+            } else {
+              c += kt(iv[static_cast<size_t>((bh * N + n) * S + s)], d);
+            }
+            if (!ev.empty()) c += ev[static_cast<size_t>(((bh * N + n) * S + s) * D + d)];
+            w[static_cast<size_t>(d)] = c;
+          }
+          std::vector<double> lg(static_cast<size_t>(M));
+          double lmx = -INFINITY;
+          for (int64_t m = 0; m < M; ++m) {
+            if (!visible(m)) continue;
+            double dot = 0, nk = 0;
+            for (int64_t d = 0; d < D; ++d) {
+              dot += w[static_cast<size_t>(d)] * kt(m, d);
+              nk += kt(m, d) * kt(m, d);
+            }
+            lg[static_cast<size_t>(m)] = dot - 0.5 * nk;
+            lmx = std::max(lmx, lg[static_cast<size_t>(m)]);
+          }
+          double lz = 0;
+          for (int64_t m = 0; m < M; ++m)
+            if (visible(m)) lz += std::exp(lg[static_cast<size_t>(m)] - lmx);
+          for (int64_t m = 0; m < M; ++m)
+            if (visible(m))
+              r.A[static_cast<size_t>((bh * N + n) * M + m)] += std::exp(lg[static_cast<size_t>(m)] - lmx) / lz / S;
+        }
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t e = 0; e < Dv; ++e)
+            out[static_cast<size_t>((bh * N + n) * Dv + e)] +=
+                r.A[static_cast<size_t>((bh * N + n) * M + m)] * vv[static_cast<size_t>((bh * M + m) * Dv + e)];
+      }
+    }
+  r.out = from_vector<double>(out, {B, H, N, Dv});
+  return r;
+}
+
+Tensor r64(const Shape& s) { return randn(s, f64()); }
+
+Tensor mask_of(const std::vector<int>& pad, int64_t B, int64_t M) {
+  return from_vector<int64_t>(std::vector<int64_t>(pad.begin(), pad.end()), {B, M});
+}
+
+std::shared_ptr<attn::RandomizedAttention> make(int64_t H, int64_t D, int64_t S, bool biased) {
+  return std::make_shared<attn::RandomizedAttention>(H, D, S, biased);
+}
+
+// ---- values against the naive loops ------------------------------------------------------------
+TEST(RandomizedAttention, UnbiasedMatchesNaiveLoops) {
+  manual_seed(1);
+  const int64_t B = 2, H = 2, N = 5, M = 7, D = 4, Dv = 3, S = 3;  // cross-attention: M != N
+  Tensor q = r64({B, H, N, D}), k = r64({B, H, M, D}), v = r64({B, H, M, Dv});
+  Tensor index = randint(0, M, {B, H, N, S}), eps = r64({B, H, N, S, D});
+  auto ra = make(H, D, S, false);
+  ra->set_samples({{"ra_index", index}, {"eps", eps}});
+  NaiveRa ref = naive_ra(q, k, v, {}, false, index, eps, S);
+  EXPECT_TRUE(all_close(ra->forward(q, k, v, {}), ref.out, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(ra->attention_matrix(q, k, {}), from_vector<double>(ref.A, {B, H, N, M}), 1e-12, 1e-12));
+  // Eval changes nothing for unbiased RA when the samples are given.
+  ra->eval();
+  EXPECT_TRUE(all_close(ra->forward(q, k, v, {}), ref.out, 1e-12, 1e-12));
+}
+
+TEST(RandomizedAttention, BiasedMatchesNaiveLoopsTrainAndEval) {
+  manual_seed(2);
+  const int64_t B = 2, H = 3, N = 6, M = 4, D = 5, Dv = 2, S = 2;
+  Tensor q = r64({B, H, N, D}), k = r64({B, H, M, D}), v = r64({B, H, M, Dv});
+  Tensor eps = r64({B, H, N, S, D});
+  auto ra = make(H, D, S, true);
+  ra->set_samples({{"eps", eps}});
+  EXPECT_TRUE(all_close(ra->forward(q, k, v, {}), naive_ra(q, k, v, {}, true, {}, eps, S).out, 1e-12, 1e-12));
+  // Eval: eps = 0, nothing drawn or recorded.
+  ra->eval();
+  ra->clear_samples();
+  EXPECT_TRUE(all_close(ra->forward(q, k, v, {}), naive_ra(q, k, v, {}, true, {}, {}, 1).out, 1e-12, 1e-12));
+  EXPECT_EQ(ra->last_samples().count("eps"), 0u);
+}
+
+TEST(RandomizedAttention, PaddedMatchesNaiveLoopsWithDrawnSamples) {
+  manual_seed(3);
+  const int64_t B = 3, H = 2, N = 4, M = 6, D = 3, Dv = 2, S = 4;
+  // batch 0 pads keys 1 and 4, batch 1 every key, batch 2 only key 5.
+  const std::vector<int> pad = {0, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1};
+  nn::AttentionOptions o;
+  o.key_padding_mask = mask_of(pad, B, M);
+  Tensor q = r64({B, H, N, D}), k = r64({B, H, M, D}), v = r64({B, H, M, Dv});
+  for (bool biased : {false, true}) {
+    SCOPED_TRACE(biased ? "biased" : "unbiased");
+    auto ra = make(H, D, S, biased);
+    Tensor out = ra->forward(q, k, v, o);               // drawn samples, recorded in last_samples()
+    const nn::AttentionSamples s = ra->last_samples();  // a copy: later forwards overwrite it
+    NaiveRa ref = naive_ra(q, k, v, pad, biased, biased ? Tensor() : s.at("ra_index"), s.at("eps"), S);
+    EXPECT_TRUE(all_close(out, ref.out, 1e-12, 1e-12));
+    EXPECT_EQ(max(abs(select(out, 0, 1))).item<double>(), 0.0);  // fully padded batch: zeros
+    // Bool mask: the same.
+    o.key_padding_mask = ne(mask_of(pad, B, M), 0.0);
+    ra->set_samples(s);
+    EXPECT_TRUE(all_close(ra->forward(q, k, v, o), ref.out, 1e-12, 1e-12));
+    o.key_padding_mask = mask_of(pad, B, M);
+  }
+}
+
+// ---- gradchecks (float64, samples frozen) --------------------------------------------------------
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+Fn frozen_forward(const std::shared_ptr<attn::RandomizedAttention>& ra, const nn::AttentionOptions& o,
+                  const std::vector<Tensor>& x) {
+  ra->freeze_samples(true);
+  ra->forward(x[0].detach(), x[1].detach(), x[2].detach(), o);  // draws the samples once
+  return [ra, o](const std::vector<Tensor>& in) { return ra->forward(in[0], in[1], in[2], o); };
+}
+
+TEST(GradCheck, RaUnbiased) {
+  manual_seed(4);
+  auto ra = make(2, 4, 2, false);
+  std::vector<Tensor> x = {randn64({2, 2, 5, 4}), randn64({2, 2, 4, 4}), randn64({2, 2, 4, 3})};
+  EXPECT_GRADCHECK(frozen_forward(ra, {}, x), x);
+}
+
+TEST(GradCheck, RaBiased) {
+  manual_seed(5);
+  auto ra = make(2, 4, 2, true);
+  std::vector<Tensor> x = {randn64({2, 2, 5, 4}), randn64({2, 2, 6, 4}), randn64({2, 2, 6, 3})};
+  EXPECT_GRADCHECK(frozen_forward(ra, {}, x), x);
+  ra->eval();  // eps = 0
+  EXPECT_GRADCHECK(frozen_forward(ra, {}, x), x);
+}
+
+TEST(GradCheck, RaPadded) {
+  manual_seed(6);
+  nn::AttentionOptions o;
+  o.key_padding_mask = tensor<int64_t>({0, 1, 0, 0, 1, 1, 1, 1, 1, 1}, {2, 5});  // batch 1 fully padded
+  for (bool biased : {false, true}) {
+    SCOPED_TRACE(biased ? "biased" : "unbiased");
+    auto ra = make(2, 3, 2, biased);
+    std::vector<Tensor> x = {randn64({2, 2, 4, 3}), randn64({2, 2, 5, 3}), randn64({2, 2, 5, 2})};
+    EXPECT_GRADCHECK(frozen_forward(ra, o, x), x);
+  }
+}
+
+// ---- the paper's claim: the sample average converges to softmax ----------------------------------
+// Mean squared error to exact softmax attention of the S-sample estimate, over all outputs.
+double mse_to_softmax(bool biased, int64_t S, const Tensor& q, const Tensor& k, const Tensor& v) {
+  auto ra = make(q.size(1), q.size(3), S, biased);
+  NoGradGuard ng;
+  Tensor out = ra->forward(q, k, v, {});
+  return mean(square(sub(out, nn::softmax_attention(q, k, v)))).item<double>();
+}
+
+// Unbiased RA: E_w[sum_m softmax_m(log xi(k~_m, w)) v_m] over w ~ sum_m pi_nm N(q~_n + k~_m, I) IS
+// softmax attention (the mixture's density is proportional to exp(w.q~_n - |w|^2/2) sum_m
+// xi(k~_m, w)), and the S samples are independent, so E[MSE(S)] = sigma^2 / S exactly: the RMSE
+// falls like S^-1/2 (log-log slope -1/2). The fluctuation of the measured MSE: it averages the
+// squared errors of K = B*H*N = 128 independent queries, each (CLT, bounded terms) about
+// sigma_n^2 / S * chi^2_1, so its relative sd is about sqrt(2/K) = 0.125, i.e. sd(ln RMSE) about
+// 0.06 per point; the least-squares slope over ln S = ln 16 .. ln 1024 (sum of squared deviations
+// 9.6) then has sd about 0.06 / sqrt(9.6) = 0.02, and the window [-0.65, -0.35] is 7 sd wide on
+// each side. Fresh samples at every S (independent points).
+TEST(RandomizedAttention, AverageConvergesToSoftmaxAsInverseSqrtSamples) {
+  manual_seed(7);
+  const int64_t B = 2, H = 4, N = 16, D = 8;
+  Tensor q = mul(r64({B, H, N, D}), 1.5), k = mul(r64({B, H, N, D}), 1.5), v = r64({B, H, N, 4});
+  const std::vector<int64_t> Ss = {16, 64, 256, 1024};
+  std::vector<double> x, y;
+  for (int64_t S : Ss) {
+    const double mse = mse_to_softmax(false, S, q, k, v);
+    x.push_back(std::log(static_cast<double>(S)));
+    y.push_back(0.5 * std::log(mse));  // ln RMSE
+  }
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) mx += x[i] / x.size(), my += y[i] / y.size();
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < x.size(); ++i) sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx);
+  const double slope = sxy / sxx;
+  std::string rmse = "RMSE at S = 16, 64, 256, 1024:";
+  for (double ly : y) rmse += " " + std::to_string(std::exp(ly));
+  EXPECT_GE(slope, -0.65) << rmse;  // measured: -0.49 (other seeds: -0.48 .. -0.51)
+  EXPECT_LE(slope, -0.35) << rmse;
+}
+
+// Biased RA: E[MSE(S)] = |bias|^2 + sigma_b^2 / S. Going from S = 64 to S = 1024 divides an
+// unbiased MSE by 16; the biased one stays above its bias. The check: MSE_b(1024) > MSE_b(64) / 4
+// (a quarter: four times the 1/16 of an unbiased estimator, far beyond the 12% sd of each MSE),
+// and MSE_b(1024) is several times the unbiased MSE at the same S (measured: 0.017 at S = 64,
+// 0.014 at S = 1024, against 4e-4 for unbiased RA at S = 1024).
+TEST(RandomizedAttention, BiasedDoesNotConvergeToSoftmax) {
+  manual_seed(8);
+  const int64_t B = 2, H = 4, N = 16, D = 8;
+  Tensor q = mul(r64({B, H, N, D}), 1.5), k = mul(r64({B, H, N, D}), 1.5), v = r64({B, H, N, 4});
+  const double b64 = mse_to_softmax(true, 64, q, k, v), b1024 = mse_to_softmax(true, 1024, q, k, v);
+  const double u1024 = mse_to_softmax(false, 1024, q, k, v);
+  EXPECT_GT(b1024, b64 / 4) << "biased MSE at S=64: " << b64 << ", S=1024: " << b1024;
+  EXPECT_GT(b1024, 4 * u1024) << "biased " << b1024 << " vs unbiased " << u1024 << " at S=1024";
+}
+
+// ---- the index sampler ------------------------------------------------------------------------
+// m_ns ~ Cat(pi_n): never a padded key (even when padded keys would score highest), and the
+// frequencies over S = 4000 draws match pi within 5 binomial standard errors (36 cells: a false
+// alarm has probability below 36 * 6e-7).
+TEST(RandomizedAttention, IndexSamplerFollowsPiAndNeverPicksPaddedKeys) {
+  manual_seed(9);
+  const int64_t B = 2, H = 1, N = 3, M = 6, D = 4, S = 4000;
+  Tensor q = r64({B, H, N, D});
+  Tensor k = r64({B, H, M, D});
+  // Padded keys aligned with the queries' sum: they would dominate pi if they were not masked.
+  const std::vector<int> pad = {1, 0, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0};
+  Tensor pm = reshape(mask_of(pad, B, M).to(DType::Bool), {B, 1, M, 1});
+  k = where(pm, mul(sum(q, {2}, true), 3.0), k);
+  nn::AttentionOptions o;
+  o.key_padding_mask = mask_of(pad, B, M);
+  auto ra = make(H, D, S, false);
+  ra->forward(q, k, r64({B, H, M, 2}), o);
+  auto idx = ra->last_samples().at("ra_index").to_vector<int64_t>();
+  // pi by the exact mechanism's attention matrix (softmax of q.k/sqrt(D) = q~.k~).
+  auto pi = nn::SoftmaxAttention(H, D).attention_matrix(q, k, o).to_vector<double>();
+  for (int64_t bn = 0; bn < B * N; ++bn) {
+    const int64_t b = bn / N;
+    std::vector<double> count(static_cast<size_t>(M), 0.0);
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t m = idx[static_cast<size_t>(bn * S + s)];
+      ASSERT_TRUE(m >= 0 && m < M);
+      ASSERT_FALSE(pad[static_cast<size_t>(b * M + m)]) << "padded key " << m << " drawn for batch " << b;
+      count[static_cast<size_t>(m)] += 1;
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      const double p = pi[static_cast<size_t>(bn * M + m)], f = count[static_cast<size_t>(m)] / S;
+      EXPECT_LE(std::fabs(f - p), 5 * std::sqrt(p * (1 - p) / S) + 1e-12) << "row " << bn << " key " << m;
+    }
+  }
+}
+
+// ---- padding, modes, samples ---------------------------------------------------------------------
+TEST(RandomizedAttention, PaddedKeysDoNotChangeOutputs) {
+  const int64_t B = 2, H = 2, N = 5, M = 6, D = 4;
+  const std::vector<int> pad = {0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0};
+  nn::AttentionOptions o;
+  o.key_padding_mask = mask_of(pad, B, M);
+  Tensor pm = reshape(mask_of(pad, B, M).to(DType::Bool), {B, 1, M, 1});
+  for (bool biased : {false, true}) {
+    SCOPED_TRACE(biased ? "biased" : "unbiased");
+    manual_seed(10);
+    Tensor q = r64({B, H, N, D}), k = r64({B, H, M, D}), v = r64({B, H, M, 3});
+    Tensor k2 = where(pm, mul(r64(k.shape()), 5.0), k), v2 = where(pm, mul(r64(v.shape()), 5.0), v);
+    auto ra = make(H, D, 3, biased);
+    // Same seed, new padded content: the draws (indices included) and the outputs are unchanged.
+    manual_seed(11);
+    Tensor a = ra->forward(q, k, v, o);
+    manual_seed(11);
+    Tensor b = ra->forward(q, k2, v2, o);
+    EXPECT_TRUE(all_close(b, a, 1e-12, 1e-12));
+  }
+}
+
+TEST(RandomizedAttention, TrainDrawsEvalFreezeAndSetSamples) {
+  manual_seed(12);
+  const int64_t B = 2, H = 2, N = 5, D = 4;
+  Tensor q = r64({B, H, N, D}), k = r64({B, H, N, D}), v = r64({B, H, N, 3});
+  auto diff = [](const Tensor& a, const Tensor& b) { return max(abs(sub(a, b))).item<double>(); };
+  for (bool biased : {false, true}) {
+    SCOPED_TRACE(biased ? "biased" : "unbiased");
+    auto ra = make(H, D, 2, biased);
+    EXPECT_EQ(ra->sample_names().size(), biased ? 1u : 2u);
+    EXPECT_GT(diff(ra->forward(q, k, v, {}), ra->forward(q, k, v, {})), 1e-6) << "training redraws";
+    // Frozen: the draws of the next forward are reused.
+    ra->freeze_samples(true);
+    Tensor a = ra->forward(q, k, v, {});
+    EXPECT_EQ(diff(ra->forward(q, k, v, {}), a), 0.0);
+    // forward == attention_matrix @ v with the same samples.
+    EXPECT_TRUE(all_close(matmul(ra->attention_matrix(q, k, {}), v), a, 1e-13, 1e-12));
+    // Explicit samples reproduce the frozen forward in a fresh layer.
+    auto other = make(H, D, 2, biased);
+    other->set_samples(ra->last_samples());
+    EXPECT_EQ(diff(other->forward(q, k, v, {}), a), 0.0);
+    ra->clear_samples();
+    ra->eval();
+    const double eval_diff = diff(ra->forward(q, k, v, {}), ra->forward(q, k, v, {}));
+    if (biased) {
+      EXPECT_EQ(eval_diff, 0.0) << "biased RA is deterministic in eval";
+    } else {
+      EXPECT_GT(eval_diff, 1e-6) << "unbiased RA stays a sample in eval (documented)";
+    }
+  }
+}
+
+TEST(RandomizedAttention, SpecOptionsAndMultiHeadAttention) {
+  auto k = nn::make_attention("ra:samples=5,biased=1", 2, 4);
+  auto* ra = dynamic_cast<attn::RandomizedAttention*>(k.get());
+  ASSERT_NE(ra, nullptr);
+  EXPECT_EQ(ra->samples(), 5);
+  EXPECT_TRUE(ra->biased());
+  auto d = nn::make_attention("ra", 2, 4);
+  EXPECT_EQ(dynamic_cast<attn::RandomizedAttention*>(d.get())->samples(), 1);
+  EXPECT_FALSE(dynamic_cast<attn::RandomizedAttention*>(d.get())->biased());
+  EXPECT_NE(k->str().find("samples=5"), std::string::npos);
+  manual_seed(13);
+  nn::MultiHeadAttention mha(8, 2, "ra:samples=2");
+  EXPECT_EQ(mha.forward(randn({2, 5, 8}), randn({2, 3, 8})).shape(), Shape({2, 5, 8}));  // cross-attention
+}
+
+TEST(RandomizedAttention, Float32FiniteForLargeInputs) {
+  manual_seed(14);
+  const int64_t B = 2, H = 2, N = 8, D = 16;
+  // |q~| = |k~| = 5 (x~ = D^-1/4 x), k = +-q: the most extreme scores.
+  auto big = [&](const Tensor& x) {
+    return mul(div(x, sqrt(sum(square(x), {-1}, true))), 5.0 * std::pow(static_cast<double>(D), 0.25));
+  };
+  Tensor q = big(randn({B, H, N, D}));
+  Tensor k = cat({narrow(q, 2, 0, 4), mul(narrow(q, 2, 4, 4), -1.0)}, 2);
+  Tensor v = randn({B, H, N, 3});
+  std::vector<int> pad(static_cast<size_t>(B * N), 0);
+  for (int64_t m = 0; m < N; ++m) pad[static_cast<size_t>(N + m)] = 1;  // batch 1 fully padded
+  pad[3] = 1;
+  for (bool biased : {false, true})
+    for (bool padded : {false, true}) {
+      SCOPED_TRACE(std::string(biased ? "biased" : "unbiased") + (padded ? " padded" : ""));
+      nn::AttentionOptions o;
+      if (padded) o.key_padding_mask = mask_of(pad, B, N);
+      Tensor qq = q.detach(), kk = k.detach(), vv = v.detach();
+      for (Tensor* t : {&qq, &kk, &vv}) t->requires_grad_(true);
+      Tensor out = make(H, D, 4, biased)->forward(qq, kk, vv, o);
+      sum(square(out)).backward();
+      for (const Tensor& t : {out, qq.grad(), kk.grad(), vv.grad()})
+        for (float x : t.to_vector<float>()) ASSERT_TRUE(std::isfinite(x));
+      if (padded) {
+        EXPECT_EQ(max(abs(select(out, 0, 1))).item<float>(), 0.0f);
+      }
+    }
+}
+
+TEST(RandomizedAttention, Errors) {
+  Tensor q = randn({1, 2, 3, 4}), k = randn({1, 2, 5, 4}), v = randn({1, 2, 5, 2});
+  nn::AttentionOptions causal;
+  causal.causal = true;
+  EXPECT_LINEA_ERROR(make(2, 4, 1, false)->forward(q, k, v, causal), "ra: causal attention is not supported");
+  EXPECT_LINEA_ERROR(make(2, 4, 1, true)->attention_matrix(q, k, causal), "ra: causal");
+  EXPECT_LINEA_ERROR(nn::make_attention("ra:samples=0", 2, 4), "samples must be positive");
+  EXPECT_LINEA_ERROR(nn::make_attention("ra:samples=-3", 2, 4), "samples must be positive");
+  EXPECT_LINEA_ERROR(nn::make_attention("ra:biased=maybe", 2, 4), "expects a boolean");
+  EXPECT_LINEA_ERROR(nn::make_attention("ra:features=4", 2, 4), "unknown option");
+  EXPECT_LINEA_ERROR(make(2, 4, 1, false)->forward(q, randn({1, 2, 5, 3}), v, {}), "ra");
+  // Sample shapes, dtypes and values.
+  auto ra = make(2, 4, 2, false);
+  ra->set_samples({{"eps", randn({1, 2, 3, 1, 4})}});
+  EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "sample 'eps' has shape [1, 2, 3, 1, 4]");
+  ra->clear_samples();
+  ra->set_samples({{"ra_index", randint(0, 5, {1, 2, 3, 3})}});
+  EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "sample 'ra_index' has shape");
+  ra->set_samples({{"ra_index", randint(0, 6, {1, 2, 3, 2}).fill_(5)}});
+  EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "values must lie in [0, M = 5)");
+  ra->set_samples({{"ra_index", zeros({1, 2, 3, 2})}});
+  EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "must be int64");
+  EXPECT_LINEA_ERROR(make(2, 4, 2, true)->set_samples({{"ra_index", randint(0, 5, {1, 2, 3, 2})}}),
+                     "unknown sample 'ra_index'");
+}
+
+}  // namespace
+}  // namespace linea
