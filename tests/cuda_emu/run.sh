@@ -16,3 +16,4 @@ make -s -C "$EMU" -j"$(nproc)" B="$B"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 "$B/basics" --gtest_brief=1
 "$B/parity" --gtest_brief=1 "$@"
+"$B/attention" --gtest_brief=1 "$@"

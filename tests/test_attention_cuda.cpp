@@ -1,0 +1,144 @@
+// CUDA parity of every attention mechanism: one mechanism built on the CPU, a copy of it (same
+// parameters, same random samples passed with set_samples) moved to CUDA, and the forward
+// values plus the gradients of q, k, v and of the mechanism's own parameters compared with
+// |cuda - cpu| <= atol + rtol * |cpu|, in float32 and float64. Variants: causal, key padding,
+// cross-attention, eval mode, kernel and proposal options. Skipped without a GPU; CI runs it on
+// the CUDA emulator (tests/cuda_emu). Built with -DLINEA_PARITY_SELF_TEST the "CUDA" side is the
+// CPU, which checks this harness on a machine without a GPU.
+#include <string>
+#include <vector>
+
+#include "nn/attention.h"
+#include "tests/test_util.h"
+
+namespace linea {
+namespace {
+
+#ifdef LINEA_PARITY_SELF_TEST
+const Device kCuda(DeviceType::CPU);
+#undef LINEA_REQUIRE_CUDA
+#define LINEA_REQUIRE_CUDA() (void)0
+#else
+const Device kCuda(DeviceType::CUDA, 0);
+#endif
+
+struct Case {
+  std::string spec;
+  bool causal = false, padded = false, cross = false, eval = false;
+  std::string name() const {
+    return spec + (causal ? " causal" : "") + (padded ? " padded" : "") + (cross ? " cross" : "") +
+           (eval ? " eval" : "");
+  }
+};
+
+// float32: the mechanisms chain exp/log/FFT/GEMMs whose CUDA versions round differently from
+// the CPU's (a few ulp each, amplified by the normalizations); float64 keeps 1e-9.
+struct Tol {
+  double atol, rtol;
+};
+Tol tol(DType dt) { return dt == DType::Float32 ? Tol{1e-4, 1e-3} : Tol{1e-9, 1e-9}; }
+
+void expect_mechanism_parity(const Case& c, DType dt) {
+  SCOPED_TRACE(c.name() + " (" + dtype_name(dt) + ")");
+  const int64_t B = 2, H = 2, N = 7, M = c.cross ? 5 : N, D = 4, Dv = 3;
+  auto cpu = nn::make_attention(c.spec, H, D);
+  cpu->to(dt);
+  // Nonzero parameters (rpe starts at 0, which would hide a wrong bias path).
+  for (auto& [name, p] : cpu->named_parameters()) {
+    NoGradGuard ng;
+    nn::replace_data(p, mul(randn(p.shape(), TensorOptions(dt)), 0.5));
+  }
+  cpu->train(!c.eval);
+  cpu->freeze_samples(true);
+  auto gpu = nn::make_attention(c.spec, H, D);
+  gpu->to(dt);
+  gpu->load_state_dict(cpu->state_dict());
+  gpu->to(kCuda);
+  gpu->train(!c.eval);
+
+  Tensor q = randn({B, H, N, D}, TensorOptions(dt)), k = randn({B, H, M, D}, TensorOptions(dt)),
+         v = randn({B, H, M, Dv}, TensorOptions(dt));
+  nn::AttentionOptions oc, og;
+  oc.causal = og.causal = c.causal;
+  if (c.padded) {
+    std::vector<int64_t> pad(static_cast<size_t>(B * M), 0);
+    pad[static_cast<size_t>(M - 1)] = 1;  // batch 0: last key padded
+    pad[static_cast<size_t>(M + 1)] = 1;  // batch 1: keys 1 and M-2 padded
+    pad[static_cast<size_t>(2 * M - 2)] = 1;
+    oc.key_padding_mask = from_vector<int64_t>(pad, {B, M});
+    og.key_padding_mask = oc.key_padding_mask.to(kCuda);
+  }
+  Tensor qc = q.detach(), kc = k.detach(), vc = v.detach();
+  Tensor qg = q.to(kCuda), kg = k.to(kCuda), vg = v.to(kCuda);
+  for (Tensor* t : {&qc, &kc, &vc, &qg, &kg, &vg}) t->requires_grad_(true);
+
+  const Tensor ref = cpu->forward(qc, kc, vc, oc);
+  gpu->set_samples(cpu->last_samples());
+  const Tensor got = gpu->forward(qg, kg, vg, og);
+  ASSERT_EQ(got.device(), kCuda);
+  const Tol t = tol(dt);
+  EXPECT_TRUE(test::all_close(got.to(kCPU), ref, t.atol, t.rtol)) << "forward";
+
+  const Tensor g = randn(ref.shape(), TensorOptions(dt));
+  ref.backward(g);
+  got.backward(g.to(kCuda));
+  const char* names[] = {"dq", "dk", "dv"};
+  const Tensor* cg[] = {&qc, &kc, &vc};
+  const Tensor* gg[] = {&qg, &kg, &vg};
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(test::all_close(gg[i]->grad().to(kCPU), cg[i]->grad(), t.atol, t.rtol)) << names[i];
+  auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
+  ASSERT_EQ(pc.size(), pg.size());
+  for (size_t i = 0; i < pc.size(); ++i)
+    EXPECT_TRUE(test::all_close(pg[i].second.grad().to(kCPU), pc[i].second.grad(), t.atol, t.rtol))
+        << "grad of " << pc[i].first;
+}
+
+void run_cases(const std::vector<Case>& cases, uint64_t seed) {
+  manual_seed(seed);
+  for (DType dt : {DType::Float32, DType::Float64})
+    for (const Case& c : cases) expect_mechanism_parity(c, dt);
+}
+
+TEST(AttentionCudaParity, Softmax) {
+  LINEA_REQUIRE_CUDA();
+  run_cases({{"softmax"}, {"softmax", true, true}, {"softmax", false, true, true}}, 1);
+}
+
+TEST(AttentionCudaParity, Performer) {
+  LINEA_REQUIRE_CUDA();
+  run_cases({{"performer:features=6"},
+             {"performer:features=6,chunk=3", true, true},
+             {"performer:features=5", false, true, true},
+             {"performer:features=6,kernel=relu", true},
+             {"performer:features=6,kernel=trf", false, true},
+             {"performer:features=6", false, false, false, true}},
+            2);
+}
+
+TEST(AttentionCudaParity, Ra) {
+  LINEA_REQUIRE_CUDA();
+  run_cases({{"ra:samples=3"}, {"ra:samples=2,biased=1", false, true}, {"ra:biased=1", false, false, false, true}},
+            3);
+}
+
+TEST(AttentionCudaParity, Lara) {
+  LINEA_REQUIRE_CUDA();
+  run_cases({{"lara:samples=3"},
+             {"lara:samples=3,proposal=mixed", false, true},
+             {"lara:samples=2,adaptive=1"},
+             {"lara:samples=4", false, false, false, true}},
+            4);
+}
+
+TEST(AttentionCudaParity, NprfRpe) {
+  LINEA_REQUIRE_CUDA();
+  run_cases({{"nprf_rpe:features=6,max_len=8"},
+             {"nprf_rpe:features=6,max_len=8", true, true},
+             {"nprf_rpe:features=5,max_len=8", false, true, true},
+             {"nprf_rpe:features=6,max_len=8,dense=1", true}},
+            5);
+}
+
+}  // namespace
+}  // namespace linea
