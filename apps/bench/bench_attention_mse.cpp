@@ -37,8 +37,6 @@
 //                 --clusters 8 --layout grid|random | --in FILE.safetensors] [--dtype float32|float64] [--threads T]
 // A spec may carry options ("lara:proposal=mixed"); in --specs, a comma-separated piece without
 // ':' but with '=' continues the previous spec's options ("performer:kernel=relu,redraw=1,ra").
-#include <cblas.h>
-#include <omp.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -53,68 +51,25 @@
 #include <string>
 #include <vector>
 
+#include "apps/bench/bench_common.h"
+#include "nn/io_util.h"
 #include "linea.h"
 #include "nn/attention.h"
 #include "nn/safetensors.h"
 
 namespace {
 
+using namespace linea::bench;
 using linea::Device;
 using linea::DType;
 using linea::Tensor;
 using linea::nn::AttentionOptions;
 using linea::nn::AttentionSpec;
 
-// Splits "a:x=1,y=2,b,c" into {"a:x=1,y=2", "b", "c"}: a piece with '=' and no ':' continues
-// the previous spec's options (spec names never contain '=').
-std::vector<std::string> split_specs(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string piece;
-  while (std::getline(ss, piece, ',')) {
-    if (piece.empty()) continue;
-    if (!out.empty() && piece.find('=') != std::string::npos && piece.find(':') == std::string::npos)
-      out.back() += "," + piece;
-    else
-      out.push_back(piece);
-  }
-  return out;
-}
-
 // The option that sets a mechanism's number of random samples.
 std::string sample_key(const std::string& name) {
   return (name == "performer" || name == "nprf_rpe") ? "features" : "samples";
 }
-
-// The processor's model name, for naming the device in the report.
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
-// The GPU's name from nvidia-smi (the benchmark links no CUDA runtime of its own).
-std::string gpu_model() {
-  std::string name;
-  if (FILE* p = popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null", "r")) {
-    char buf[256];
-    if (std::fgets(buf, sizeof buf, p)) name = buf;
-    pclose(p);
-  }
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  return name.empty() ? "unknown GPU" : name;
-}
-
-std::string device_name(const Device& d) {
-  if (d.is_cuda()) return d.str() + " (" + gpu_model() + ")";
-  return "cpu (" + cpu_model() + ", " + std::to_string(omp_get_max_threads()) + " OpenMP threads, " +
-         std::to_string(openblas_get_num_threads()) + " OpenBLAS threads)";
-}
-
-// Shortens a linea::Error message for a table cell (first line only).
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 struct Inputs {
   Tensor q, k, v;  // [B, H, N, D], [B, H, M, D], [B, H, M, Dv]
@@ -390,16 +345,7 @@ int main(int argc, char** argv) {
         "%.1f s)\n",
         secs);
 
-    // Written atomically: a temp file renamed over the target.
-    const std::string tmp = json_path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      LINEA_CHECK(f.good(), "attention-mse: cannot write ", tmp);
-      f << jsonl.str();
-      LINEA_CHECK(f.good(), "attention-mse: write to ", tmp, " failed");
-    }
-    LINEA_CHECK(std::rename(tmp.c_str(), json_path.c_str()) == 0, "attention-mse: cannot rename ", tmp, " to ",
-                json_path);
+    linea::nn::write_text_file_atomic(json_path, jsonl.str());  // temp file + rename
     std::printf("wrote %s\n", json_path.c_str());
     return 0;
   } catch (const linea::Error& e) {

@@ -28,8 +28,6 @@
 // Default lengths: 256..8192 (powers of two) on the CPU, 256..65536 on CUDA. A spec may carry
 // options; in --specs, a comma-separated piece without ':' but with '=' continues the previous
 // spec's options ("performer:kernel=relu,redraw=1,ra").
-#include <cblas.h>
-#include <omp.h>
 #include <sys/resource.h>
 #include <CLI/CLI.hpp>
 
@@ -48,55 +46,22 @@
 
 #include "core/allocator.h"
 #include "core/cuda_interface.h"
+#include "apps/bench/bench_common.h"
+#include "nn/io_util.h"
 #include "linea.h"
 #include "nn/attention.h"
 
 namespace {
 
+using namespace linea::bench;
 using linea::Device;
 using linea::Tensor;
 using linea::nn::AttentionSpec;
-
-// Splits "a:x=1,y=2,b,c" into {"a:x=1,y=2", "b", "c"}: a piece with '=' and no ':' continues
-// the previous spec's options (spec names never contain '=').
-std::vector<std::string> split_specs(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string piece;
-  while (std::getline(ss, piece, ',')) {
-    if (piece.empty()) continue;
-    if (!out.empty() && piece.find('=') != std::string::npos && piece.find(':') == std::string::npos)
-      out.back() += "," + piece;
-    else
-      out.push_back(piece);
-  }
-  return out;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
-// The GPU's name from nvidia-smi (the benchmark links no CUDA runtime of its own).
-std::string gpu_model() {
-  std::string name;
-  if (FILE* p = popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null", "r")) {
-    char buf[256];
-    if (std::fgets(buf, sizeof buf, p)) name = buf;
-    pclose(p);
-  }
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  return name.empty() ? "unknown GPU" : name;
 }
 
 // The allocator that holds the device's tensors, and a full synchronization of its work.
@@ -113,8 +78,6 @@ void synchronize(const Device& d) {
 #endif
   (void)d;
 }
-
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 struct Result {
   enum Status { Ok, Error, Skipped } status = Skipped;
@@ -176,10 +139,7 @@ int main(int argc, char** argv) {
     for (size_t j = 0; j < specs.size() && base < 0; ++j)
       if (parsed[j].name == "softmax") base = static_cast<int>(j);
 
-    const std::string dev_name =
-        device.is_cuda() ? device.str() + " (" + gpu_model() + ")"
-                         : "cpu (" + cpu_model() + ", " + std::to_string(omp_get_max_threads()) + " OpenMP threads, " +
-                               std::to_string(openblas_get_num_threads()) + " OpenBLAS threads)";
+    const std::string dev_name = device_name(device);
     std::printf("attention forward+backward, float32, B=%lld, H=%lld, D=%lld, device %s\n",
                 static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(dim),
                 dev_name.c_str());
@@ -429,16 +389,7 @@ int main(int argc, char** argv) {
     getrusage(RUSAGE_SELF, &ru);
     std::printf("total %.1f s; process peak RSS %.0f MB\n", secs, ru.ru_maxrss / 1024.0);
 
-    // Written atomically: a temp file renamed over the target.
-    const std::string tmp = json_path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      LINEA_CHECK(f.good(), "attention-scaling: cannot write ", tmp);
-      f << jsonl.str();
-      LINEA_CHECK(f.good(), "attention-scaling: write to ", tmp, " failed");
-    }
-    LINEA_CHECK(std::rename(tmp.c_str(), json_path.c_str()) == 0, "attention-scaling: cannot rename ", tmp, " to ",
-                json_path);
+    linea::nn::write_text_file_atomic(json_path, jsonl.str());  // temp file + rename
     std::printf("wrote %s\n", json_path.c_str());
     return 0;
   } catch (const linea::Error& e) {
