@@ -207,13 +207,8 @@ int main(int argc, char** argv) {
 
   try {
     using namespace linea;
-    if (threads > 0) {
-      omp_set_num_threads(threads);
-      openblas_set_num_threads(threads);
-    }
-    const Device device = device_arg == "auto" ? (cuda_available() ? Device("cuda") : kCPU) : Device(device_arg);
-    LINEA_CHECK(!device.is_cuda() || cuda_available(), "attention-mse: --device ", device_arg,
-                " but no usable CUDA device (built with CUDA: ", cuda_built() ? "yes" : "no", ")");
+    set_threads(threads);
+    const Device device = resolve_device("attention-mse", device_arg);
     const std::vector<std::string> specs = split_specs(specs_arg);
     LINEA_CHECK(!specs.empty(), "attention-mse: --specs is empty");
     std::vector<AttentionSpec> parsed;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 
 namespace linea::bench {
 
@@ -57,6 +58,21 @@ inline std::string device_name(const Device& d) {
   if (d.is_cuda()) return d.str() + " (" + gpu_model() + ")";
   return "cpu (" + cpu_model() + ", " + std::to_string(omp_get_max_threads()) + " OpenMP threads, " +
          std::to_string(openblas_get_num_threads()) + " OpenBLAS threads)";
+}
+
+// Sets the OpenMP and OpenBLAS thread counts (0 keeps their defaults).
+inline void set_threads(int threads) {
+  if (threads <= 0) return;
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
+
+// --device cpu|cuda|auto as a Device; throws (naming `who`) when CUDA is asked for but unusable.
+inline Device resolve_device(const std::string& who, const std::string& arg) {
+  const Device device = arg == "auto" ? (cuda_available() ? Device("cuda") : kCPU) : Device(arg);
+  LINEA_CHECK(!device.is_cuda() || cuda_available(), who, ": --device ", arg,
+              " but no usable CUDA device (built with CUDA: ", cuda_built() ? "yes" : "no", ")");
+  return device;
 }
 
 // The first line of an error message, for a table cell.
