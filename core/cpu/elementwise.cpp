@@ -1,14 +1,66 @@
 // CPU elementwise kernels: fill, copy (with dtype conversion), arange, unary ops and their
-// derivatives, binary ops, where. The math here is the reference the CUDA kernels reproduce.
+// derivatives, binary ops, where. The math here is the reference the CUDA kernels reproduce,
+// except for the float32 forms of Exp, Sigmoid and the two GELUs, which use the vectorizable
+// exp/erf of core/cpu/vec_math.h instead of libm (same formulas, within a few float ulps).
+#include <omp.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "core/cpu/strided.h"
+#include "core/cpu/vec_math.h"
 #include "core/kernels.h"
 #include "core/unary_math.h"
 
 namespace linea::cpu {
 
 using detail::for_each_row;
+
+namespace {
+// CPU-only float32 functors (same interface as core/unary_math.h's) for the ops whose float
+// math is a libm call, which would keep the loops scalar.
+struct ExpF32 {
+  float forward(float x, float, float) const { return vm::exp(x); }
+  float backward(float g, float, float y, float, float) const { return g * y; }
+};
+struct SigmoidF32 {
+  float forward(float x, float, float) const { return vm::sigmoid(x); }
+  float backward(float g, float, float y, float, float) const { return g * y * (1.0f - y); }
+};
+struct GeluErfF32 {
+  float forward(float x, float, float) const { return vm::gelu_erf(x); }
+  float backward(float g, float x, float, float, float) const { return g * vm::gelu_erf_grad(x); }
+};
+struct GeluTanhF32 {
+  float forward(float x, float, float) const { return vm::gelu_tanh(x); }
+  float backward(float g, float x, float, float, float) const { return g * vm::gelu_tanh_grad(x); }
+};
+
+// The functor the CPU uses for op functor F on dtype T: the float32 replacement where there
+// is one, F itself otherwise (float64 keeps libm: gradchecks run in float64).
+template <typename T, typename F> auto cpu_functor(F f) {
+  namespace ud = linea::detail;
+  if constexpr (!std::is_same_v<T, float>) {
+    return f;
+  } else if constexpr (std::is_same_v<F, ud::ExpOp>) {
+    return ExpF32{};
+  } else if constexpr (std::is_same_v<F, ud::SigmoidOp>) {
+    return SigmoidF32{};
+  } else if constexpr (std::is_same_v<F, ud::GeluErfOp>) {
+    return GeluErfF32{};
+  } else if constexpr (std::is_same_v<F, ud::GeluTanhOp>) {
+    return GeluTanhF32{};
+  } else {
+    return f;
+  }
+}
+// A contiguous row of unary(). d == q (in place) is fine: element i only reads q[i].
+template <typename T, typename F>
+LINEA_VEC_CLONES void unary_contiguous(const F& f, const T* q, T* d, T A, T B, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) d[i] = f.forward(q[i], A, B);
+}
+}  // namespace
 
 void fill(const Tensor& out, double value) {
   dispatch_all(out.dtype(), "fill", [&](auto tag_) {
@@ -71,13 +123,14 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b) {
     const scalar_t* px = static_cast<const scalar_t*>(x.data_ptr());
     scalar_t* po = static_cast<scalar_t*>(out.data_ptr());
     const scalar_t A = linea::detail::scalar_param<scalar_t>(a), B = linea::detail::scalar_param<scalar_t>(b);
-    linea::detail::with_unary_op(op, [&](auto f) {
+    linea::detail::with_unary_op(op, [&](auto f0) {
+      const auto f = cpu_functor<scalar_t>(f0);
       for_each_row<2>(out.shape(), {&out.strides(), &x.strides()},
                       [&](const std::array<int64_t, 2>& o, int64_t n, const std::array<int64_t, 2>& s) {
                         scalar_t* d = po + o[0];
                         const scalar_t* q = px + o[1];
                         if (s[0] == 1 && s[1] == 1) {
-                          for (int64_t i = 0; i < n; ++i) d[i] = f.forward(q[i], A, B);
+                          unary_contiguous(f, q, d, A, B, n);
                         } else {
                           for (int64_t i = 0; i < n; ++i) d[i * s[0]] = f.forward(q[i * s[1]], A, B);
                         }
@@ -85,6 +138,18 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b) {
     });
   });
 }
+
+namespace {
+// One thread's share of unary_backward. A function of its own, with the pointers as plain
+// arguments: written inline in an `omp parallel for simd`, GCC reloads them from the region's
+// closure on every iteration and does not vectorize.
+template <typename T, typename F>
+LINEA_VEC_CLONES void unary_backward_range(const F& f, const T* pg, const T* px, const T* py, T* pd, T A, T B,
+                                           int64_t lo, int64_t hi) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) pd[i] = f.backward(pg[i], px[i], py[i], A, B);
+}
+}  // namespace
 
 void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, const Tensor& dx, double a,
                     double b) {
@@ -96,9 +161,14 @@ void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tenso
     scalar_t* pd = static_cast<scalar_t*>(dx.data_ptr());
     const scalar_t A = static_cast<scalar_t>(a), B = static_cast<scalar_t>(b);
     const int64_t n = dx.numel();
-    linea::detail::with_unary_op(op, [&](auto f) {
-#pragma omp parallel for schedule(static) if (n >= detail::kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) pd[i] = f.backward(pg[i], px[i], py[i], A, B);
+    linea::detail::with_unary_op(op, [&](auto f0) {
+      const auto f = cpu_functor<scalar_t>(f0);
+      if (n < detail::kParallelGrain) return unary_backward_range(f, pg, px, py, pd, A, B, 0, n);
+#pragma omp parallel
+      {
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        unary_backward_range(f, pg, px, py, pd, A, B, n * t / nt, n * (t + 1) / nt);
+      }
     });
   });
 }

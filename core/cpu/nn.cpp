@@ -2,7 +2,8 @@
 // cross-entropy, forward and backward (namespace linea::cpu, API in core/kernels.h).
 // Each works on contiguous tensors, one pass (or two) over a row, parallel over rows with
 // OpenMP above a work threshold, and is numerically stable (the row max is subtracted
-// before exp).
+// before exp). float32 uses the vectorizable exp of core/cpu/vec_math.h (loops marked
+// `omp simd`), float64 keeps std::exp (gradchecks run in float64).
 // Not here: argument checks, reshaping to [outer, r, inner] / [rows, cols], and allocation
 // (raw ops in core/ops_nn.cpp), nor any autograd.
 #include <omp.h>
@@ -11,8 +12,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "core/cpu/vec_math.h"
 #include "core/kernels.h"
 
 namespace linea::cpu {
@@ -26,30 +29,60 @@ constexpr int64_t kInnerBlock = 256;
 
 template <typename T> inline T neg_inf() { return -std::numeric_limits<T>::infinity(); }
 
-// ---- softmax over a contiguous row of length r ---------------------------------------------
-template <typename T> void softmax_row(const T* x, T* y, int64_t r, bool log) {
-  T m = neg_inf<T>();
-#pragma omp simd reduction(max : m)
-  for (int64_t k = 0; k < r; ++k) m = x[k] > m ? x[k] : m;
-  if (m == neg_inf<T>()) m = T(0);  // all -inf: keep exp(x - m) = 0 rather than NaN from inf - inf
-  T s = 0;
-  // exp into y first (a plain loop of libm calls), then a vectorized sum: faster than one
-  // fused loop, whose serial dependency on the running sum stalls on each call's latency.
-  for (int64_t k = 0; k < r; ++k) y[k] = std::exp(x[k] - m);
+template <typename T> inline T exp_(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return vm::exp(x);
+  else
+    return std::exp(x);
+}
+
+// ---- softmax over contiguous rows of length r ----------------------------------------------
+// Rows are taken `n` at a time (at most kMaxRows, about kRowBlock elements): x - max per row,
+// then one exp loop over the whole block, then per-row sums. One long exp loop rather than one
+// per row: attention rows are short (50 in the ViT), and a vector loop over a short row spends
+// much of its time in its scalar remainder.
+constexpr int64_t kRowBlock = 4096;
+constexpr int64_t kMaxRows = 256;
+
+inline int64_t softmax_rows_per_block(int64_t r) { return std::max<int64_t>(1, std::min(kMaxRows, kRowBlock / r)); }
+
+template <typename T> LINEA_VEC_CLONES void softmax_rows(const T* x, T* y, int64_t n, int64_t r, bool log) {
+  T m[kMaxRows];
+  for (int64_t i = 0; i < n; ++i) {
+    const T* xr = x + i * r;
+    T* yr = y + i * r;
+    T mi = neg_inf<T>();
+#pragma omp simd reduction(max : mi)
+    for (int64_t k = 0; k < r; ++k) mi = xr[k] > mi ? xr[k] : mi;
+    if (mi == neg_inf<T>()) mi = T(0);  // all -inf: keep exp(x - m) = 0 rather than NaN from inf - inf
+    m[i] = mi;
+#pragma omp simd
+    for (int64_t k = 0; k < r; ++k) yr[k] = xr[k] - mi;
+  }
+#pragma omp simd
+  for (int64_t k = 0; k < n * r; ++k) y[k] = exp_(y[k]);
+  for (int64_t i = 0; i < n; ++i) {
+    const T* xr = x + i * r;
+    T* yr = y + i * r;
+    T s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t k = 0; k < r; ++k) s += y[k];
-  if (log) {
-    const T shift = m + std::log(s);
-    for (int64_t k = 0; k < r; ++k) y[k] = x[k] - shift;
-  } else {
-    const T inv = T(1) / s;
-    for (int64_t k = 0; k < r; ++k) y[k] *= inv;
+    for (int64_t k = 0; k < r; ++k) s += yr[k];
+    if (log) {
+      const T shift = m[i] + std::log(s);
+#pragma omp simd
+      for (int64_t k = 0; k < r; ++k) yr[k] = xr[k] - shift;
+    } else {
+      const T inv = T(1) / s;
+#pragma omp simd
+      for (int64_t k = 0; k < r; ++k) yr[k] *= inv;
+    }
   }
 }
 
 // Softmax over r for a block of `w` consecutive inner positions: x, y point at [0, j0] of
 // one outer slice [r, inner].
-template <typename T> void softmax_block(const T* x, T* y, int64_t r, int64_t inner, int64_t w, bool log) {
+template <typename T>
+LINEA_VEC_CLONES void softmax_block(const T* x, T* y, int64_t r, int64_t inner, int64_t w, bool log) {
   T m[kInnerBlock], s[kInnerBlock];
   for (int64_t j = 0; j < w; ++j) {
     m[j] = neg_inf<T>();
@@ -61,14 +94,16 @@ template <typename T> void softmax_block(const T* x, T* y, int64_t r, int64_t in
     if (m[j] == neg_inf<T>()) m[j] = T(0);
   if (log) {
     for (int64_t k = 0; k < r; ++k)
-      for (int64_t j = 0; j < w; ++j) s[j] += std::exp(x[k * inner + j] - m[j]);
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) s[j] += exp_(x[k * inner + j] - m[j]);
     for (int64_t j = 0; j < w; ++j) m[j] += std::log(s[j]);
     for (int64_t k = 0; k < r; ++k)
       for (int64_t j = 0; j < w; ++j) y[k * inner + j] = x[k * inner + j] - m[j];
   } else {
     for (int64_t k = 0; k < r; ++k)
+#pragma omp simd
       for (int64_t j = 0; j < w; ++j) {
-        const T e = std::exp(x[k * inner + j] - m[j]);
+        const T e = exp_(x[k * inner + j] - m[j]);
         y[k * inner + j] = e;
         s[j] += e;
       }
@@ -80,12 +115,13 @@ template <typename T> void softmax_block(const T* x, T* y, int64_t r, int64_t in
 
 // softmax:     dx = y * (g - sum_r(g * y))
 // log_softmax: dx = g - exp(y) * sum_r(g)
-template <typename T> void softmax_backward_row(const T* g, const T* y, T* dx, int64_t r, bool log) {
+template <typename T> LINEA_VEC_CLONES void softmax_backward_row(const T* g, const T* y, T* dx, int64_t r, bool log) {
   T s = 0;
   if (log) {
 #pragma omp simd reduction(+ : s)
     for (int64_t k = 0; k < r; ++k) s += g[k];
-    for (int64_t k = 0; k < r; ++k) dx[k] = g[k] - std::exp(y[k]) * s;
+#pragma omp simd
+    for (int64_t k = 0; k < r; ++k) dx[k] = g[k] - exp_(y[k]) * s;
   } else {
 #pragma omp simd reduction(+ : s)
     for (int64_t k = 0; k < r; ++k) s += g[k] * y[k];
@@ -94,14 +130,16 @@ template <typename T> void softmax_backward_row(const T* g, const T* y, T* dx, i
 }
 
 template <typename T>
-void softmax_backward_block(const T* g, const T* y, T* dx, int64_t r, int64_t inner, int64_t w, bool log) {
+LINEA_VEC_CLONES void softmax_backward_block(const T* g, const T* y, T* dx, int64_t r, int64_t inner, int64_t w,
+                                             bool log) {
   T s[kInnerBlock];
   for (int64_t j = 0; j < w; ++j) s[j] = 0;
   if (log) {
     for (int64_t k = 0; k < r; ++k)
       for (int64_t j = 0; j < w; ++j) s[j] += g[k * inner + j];
     for (int64_t k = 0; k < r; ++k)
-      for (int64_t j = 0; j < w; ++j) dx[k * inner + j] = g[k * inner + j] - std::exp(y[k * inner + j]) * s[j];
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) dx[k * inner + j] = g[k * inner + j] - exp_(y[k * inner + j]) * s[j];
   } else {
     for (int64_t k = 0; k < r; ++k)
       for (int64_t j = 0; j < w; ++j) s[j] += g[k * inner + j] * y[k * inner + j];
@@ -113,8 +151,12 @@ void softmax_backward_block(const T* g, const T* y, T* dx, int64_t r, int64_t in
 template <typename T> void softmax_impl(const T* px, T* py, int64_t outer, int64_t r, int64_t inner, bool log) {
   const bool par = outer * r * inner > kParallelWork;
   if (inner == 1) {
+    const int64_t rows = softmax_rows_per_block(r), nrb = (outer + rows - 1) / rows;
 #pragma omp parallel for schedule(static) if (par)
-    for (int64_t o = 0; o < outer; ++o) softmax_row(px + o * r, py + o * r, r, log);
+    for (int64_t t = 0; t < nrb; ++t) {
+      const int64_t o = t * rows;
+      softmax_rows(px + o * r, py + o * r, std::min(rows, outer - o), r, log);
+    }
     return;
   }
   const int64_t nblk = (inner + kInnerBlock - 1) / kInnerBlock;
@@ -245,7 +287,8 @@ void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, int64_t N,
     T buf[kInnerBlock];
     for (int64_t c0 = 0; c0 < C; c0 += kInnerBlock) {
       const int64_t n = std::min(kInnerBlock, C - c0);
-      for (int64_t j = 0; j < n; ++j) buf[j] = std::exp(xr[c0 + j] - m);
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) buf[j] = exp_(xr[c0 + j] - m);
 #pragma omp simd reduction(+ : se, sx)
       for (int64_t j = 0; j < n; ++j) {
         se += buf[j];
@@ -275,7 +318,8 @@ void cross_entropy_backward_impl(const T* pg, const T* px, const int64_t* pt, co
       continue;
     }
     const T g = pg[i], l = pe[i];
-    for (int64_t c = 0; c < C; ++c) dr[c] = (std::exp(xr[c] - l) - s_over_c) * g;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) dr[c] = (exp_(xr[c] - l) - s_over_c) * g;
     dr[t] -= (T(1) - s) * g;
   }
 }
