@@ -133,9 +133,9 @@ TEST(AttentionCudaParity, Lara) {
 
 TEST(AttentionCudaParity, NprfRpe) {
   LINEA_REQUIRE_CUDA();
-  run_cases({{"nprf_rpe:features=6,max_len=8"},
-             {"nprf_rpe:features=6,max_len=8", true, true},
-             {"nprf_rpe:features=5,max_len=8", false, true, true},
+  run_cases({{"nprf_rpe:features=6,max_len=8,dense=0"},
+             {"nprf_rpe:features=6,max_len=8,dense=0", true, true},
+             {"nprf_rpe:features=5,max_len=8,dense=0", false, true, true},
              {"nprf_rpe:features=6,max_len=8,dense=1", true}},
             5);
 }

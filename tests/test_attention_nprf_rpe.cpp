@@ -2,8 +2,10 @@
 // a naive loop; the dense path against the formula computed by naive float64 loops; the FFT path
 // against the dense path (~1e-10 in float64: bidirectional and causal, odd and power-of-two N,
 // cross-attention, padded keys); padding, fully padded rows, causality, the bias; feature
-// redraws, eval determinism, explicit and frozen samples; parameter shape and init; errors;
-// float32 robustness; gradient checks (float64) of both paths; CUDA parity (skipped without a GPU).
+// redraws, eval determinism, explicit and frozen samples; the choice of path under dense=auto
+// (dense for short, FFT for long sequences) and auto's output against the forced paths; parameter
+// shape and init; errors; float32 robustness; gradient checks (float64) of both paths; CUDA
+// parity (skipped without a GPU).
 #include <cmath>
 #include <vector>
 
@@ -14,6 +16,7 @@
 namespace linea {
 namespace {
 
+using attn::NprfPath;
 using attn::NprfRpeAttention;
 using nn::AttentionOptions;
 using test::all_close;
@@ -89,7 +92,7 @@ Tensor naive_nprf(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 }
 
 // A float64 layer with explicit features omega [H, S, D] and random bias (std `bias_std`).
-std::shared_ptr<NprfRpeAttention> layer64(int64_t H, int64_t D, int64_t S, int64_t L, double bias_std, bool dense,
+std::shared_ptr<NprfRpeAttention> layer64(int64_t H, int64_t D, int64_t S, int64_t L, double bias_std, NprfPath dense,
                                           Tensor* omega_out = nullptr) {
   auto m = std::make_shared<NprfRpeAttention>(H, D, S, L, 1, dense);
   m->to(DType::Float64);
@@ -197,7 +200,7 @@ TEST(NprfRpe, FftMatchesDense) {
 TEST(NprfRpe, ForwardIsAttentionMatrixTimesV) {
   manual_seed(23);
   Tensor omega;
-  auto m = layer64(2, 4, 8, 16, 1.0, false, &omega);
+  auto m = layer64(2, 4, 8, 16, 1.0, NprfPath::Fft, &omega);
   Tensor q = r64({2, 2, 6, 4}), k = r64({2, 2, 10, 4}), v = r64({2, 2, 10, 3});
   Tensor mask = mask_of({0, 0, 0, 1, 0, 0, 0, 0, 0, 1, /**/ 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}, 2, 10);
   for (bool causal : {false, true}) {
@@ -213,7 +216,7 @@ TEST(NprfRpe, ForwardIsAttentionMatrixTimesV) {
 
 TEST(NprfRpe, AppendedPaddedKeysLeaveOutputsUnchanged) {
   manual_seed(24);
-  auto m = layer64(2, 4, 8, 16, 1.0, false);
+  auto m = layer64(2, 4, 8, 16, 1.0, NprfPath::Fft);
   Tensor q = r64({2, 2, 7, 4}), k = r64({2, 2, 7, 4}), v = r64({2, 2, 7, 3});
   Tensor k2 = cat({k, r64({2, 2, 4, 4}, 5.0)}, 2), v2 = cat({v, r64({2, 2, 4, 3}, 5.0)}, 2);
   std::vector<int> pad(22, 0);
@@ -227,7 +230,7 @@ TEST(NprfRpe, AppendedPaddedKeysLeaveOutputsUnchanged) {
 TEST(NprfRpe, FullyPaddedRowsGiveZerosNotNaN) {
   manual_seed(25);
   for (bool dense : {false, true}) {
-    auto m = layer64(2, 4, 8, 8, 1.0, dense);
+    auto m = layer64(2, 4, 8, 8, 1.0, dense ? NprfPath::Dense : NprfPath::Fft);
     Tensor q = test::randn64({2, 2, 5, 4}), k = test::randn64({2, 2, 5, 4}), v = test::randn64({2, 2, 5, 3});
     // batch 0: every key padded; batch 1: keys 0, 1 padded, so causal queries 0, 1 see nothing.
     Tensor mask = mask_of({1, 1, 1, 1, 1, /**/ 1, 1, 0, 0, 0}, 2, 5);
@@ -250,7 +253,7 @@ TEST(NprfRpe, FullyPaddedRowsGiveZerosNotNaN) {
 
 TEST(NprfRpe, CausalFutureTokensDoNotChangePast) {
   manual_seed(26);
-  auto m = layer64(2, 4, 8, 16, 1.0, false);
+  auto m = layer64(2, 4, 8, 16, 1.0, NprfPath::Fft);
   Tensor q = r64({2, 2, 11, 4}), k = r64({2, 2, 11, 4}), v = r64({2, 2, 11, 3});
   Tensor out = m->forward(q, k, v, options(true));
   const int64_t t = 6;  // change positions t.. of q, k and v
@@ -265,7 +268,7 @@ TEST(NprfRpe, CausalFutureTokensDoNotChangePast) {
 TEST(NprfRpe, LargeZeroOffsetBiasAttendsToOwnPosition) {
   manual_seed(27);
   const int64_t L = 12, N = 10;
-  auto m = layer64(2, 4, 8, L, 0.0, false);
+  auto m = layer64(2, 4, 8, L, 0.0, NprfPath::Fft);
   Tensor q = r64({1, 2, N, 4}), k = r64({1, 2, N, 4}), v = r64({1, 2, N, 3});
   Tensor flat = m->forward(q, k, v, {});
   {
@@ -282,12 +285,88 @@ TEST(NprfRpe, LargeZeroOffsetBiasAttendsToOwnPosition) {
   EXPECT_FALSE(all_close(flat, v, 1e-1, 0));  // without the bias it is not the identity
 }
 
+// ---- the choice of path (dense=auto) --------------------------------------------------------
+
+TEST(NprfRpe, AutoPicksDenseForShortAndFftForLong) {
+  using attn::nprf_rpe_prefers_dense;
+  // Default features S = 64, Dv = 16 (the ViT app's heads): dense up to N = M ~ 5000.
+  EXPECT_TRUE(nprf_rpe_prefers_dense(50, 50, 64, 16));
+  EXPECT_TRUE(nprf_rpe_prefers_dense(4096, 4096, 64, 16));
+  EXPECT_FALSE(nprf_rpe_prefers_dense(8192, 8192, 64, 16));
+  // Fewer FFT channels S*Dv: the FFT path pays off sooner.
+  EXPECT_TRUE(nprf_rpe_prefers_dense(1024, 1024, 16, 16));
+  EXPECT_FALSE(nprf_rpe_prefers_dense(2048, 2048, 16, 16));
+  // Cross-attention: few queries over many keys stays dense.
+  EXPECT_TRUE(nprf_rpe_prefers_dense(64, 16384, 16, 16));
+  EXPECT_TRUE(nprf_rpe_prefers_dense(16384, 64, 16, 16));
+  // One switch along the length: once FFT, FFT for every longer sequence.
+  for (int64_t S : {1, 16, 64, 256}) {
+    bool was_dense = true;
+    int switches = 0;
+    for (int64_t N = 1; N <= (1 << 20); N *= 2) {
+      const bool d = nprf_rpe_prefers_dense(N, N, S, 16);
+      switches += d != was_dense;
+      EXPECT_FALSE(d && !was_dense) << "S=" << S << " N=" << N;
+      was_dense = d;
+    }
+    EXPECT_EQ(switches, 1) << "S=" << S;
+  }
+
+  // Through the layer: auto asks the rule with its features and head dim (or the given Dv);
+  // dense=0 / dense=1 force one path at every length.
+  auto layer = [](const std::string& spec) {
+    auto m = std::dynamic_pointer_cast<NprfRpeAttention>(nn::make_attention(spec, 4, 16));
+    EXPECT_NE(m, nullptr);
+    return m;
+  };
+  auto a = layer("nprf_rpe");
+  EXPECT_EQ(a->dense(), NprfPath::Auto);
+  EXPECT_TRUE(a->uses_dense(50, 50));
+  EXPECT_FALSE(a->uses_dense(8192, 8192));
+  EXPECT_TRUE(a->uses_dense(8192, 8192, /*Dv=*/64));
+  EXPECT_TRUE(layer("nprf_rpe:features=16")->uses_dense(1024, 1024));
+  EXPECT_FALSE(layer("nprf_rpe:features=16")->uses_dense(2048, 2048));
+  EXPECT_FALSE(layer("nprf_rpe:dense=0")->uses_dense(50, 50));
+  EXPECT_TRUE(layer("nprf_rpe:dense=1")->uses_dense(8192, 8192));
+}
+
+TEST(NprfRpe, AutoOutputEqualsForcedPaths) {
+  manual_seed(28);
+  // S = D = Dv = 4: the rule switches near N = M = 128, so both sides are cheap to run.
+  const int64_t B = 2, H = 2, D = 4, S = 4, L = 256;
+  Tensor omega;
+  auto a = layer64(H, D, S, L, 1.0, NprfPath::Auto, &omega);
+  auto f = layer64(H, D, S, L, 0.0, NprfPath::Fft), d = layer64(H, D, S, L, 0.0, NprfPath::Dense);
+  for (auto* m : {f.get(), d.get()}) {
+    NoGradGuard ng;
+    m->set_samples({{"omega", omega}});
+    Tensor rpe = m->rpe();
+    rpe.copy_(a->rpe());
+  }
+  for (int64_t N : {32, 256}) {
+    const bool short_ = N == 32;
+    ASSERT_EQ(a->uses_dense(N, N), short_) << "N=" << N;
+    Tensor q = r64({B, H, N, D}), k = r64({B, H, N, D}), v = r64({B, H, N, D});
+    std::vector<int> pad(static_cast<size_t>(B * N), 0);
+    pad[3] = pad[N + 5] = 1;
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("N=" + std::to_string(N) + (causal ? " causal" : ""));
+      AttentionOptions o = options(causal, mask_of(pad, B, N));
+      Tensor out = a->forward(q, k, v, o), fft = f->forward(q, k, v, o), dense = d->forward(q, k, v, o);
+      EXPECT_TRUE(all_close(fft, dense, 1e-10, 1e-10));
+      // The paths round differently, so equality to the bit says which one auto took.
+      EXPECT_FALSE(all_close(fft, dense, 0, 0));
+      EXPECT_TRUE(all_close(out, short_ ? dense : fft, 0, 0));
+    }
+  }
+}
+
 // ---- the mechanism: samples, state, errors --------------------------------------------------
 
 TEST(NprfRpe, TrainRedrawsEvalIsDeterministicSamplesCanBeFixed) {
   manual_seed(31);
   Tensor q = r64({1, 2, 6, 4}), k = r64({1, 2, 6, 4}), v = r64({1, 2, 6, 3});
-  auto m = std::make_shared<NprfRpeAttention>(2, 4, 8, 8, /*redraw=*/1, false);
+  auto m = std::make_shared<NprfRpeAttention>(2, 4, 8, 8, /*redraw=*/1, NprfPath::Fft);
   m->to(DType::Float64);
   Tensor w0 = clone(m->omega());
   // Training: every forward draws new features (the first included), into the buffer.
@@ -323,7 +402,7 @@ TEST(NprfRpe, TrainRedrawsEvalIsDeterministicSamplesCanBeFixed) {
 
   // redraw=2: new features at training forwards 1, 3, 5, ...; redraw=0: never.
   for (int64_t every : {2, 0}) {
-    auto r = std::make_shared<NprfRpeAttention>(2, 4, 8, 8, every, false);
+    auto r = std::make_shared<NprfRpeAttention>(2, 4, 8, 8, every, NprfPath::Fft);
     std::vector<Tensor> seen;
     for (int i = 0; i < 4; ++i) {
       r->forward(q.to(DType::Float32), k.to(DType::Float32), v.to(DType::Float32), {});
@@ -343,7 +422,7 @@ TEST(NprfRpe, ParametersBuffersAndSpec) {
   EXPECT_EQ(n->features(), 8);
   EXPECT_EQ(n->max_len(), 16);
   EXPECT_EQ(n->redraw(), 1);
-  EXPECT_FALSE(n->dense());
+  EXPECT_EQ(n->dense(), NprfPath::Auto);  // the default
   auto params = m->named_parameters();
   ASSERT_EQ(params.size(), 1u);
   EXPECT_EQ(params[0].first, "rpe");
@@ -360,8 +439,18 @@ TEST(NprfRpe, ParametersBuffersAndSpec) {
   auto* dn = dynamic_cast<NprfRpeAttention*>(d.get());
   EXPECT_EQ(dn->features(), 64);
   EXPECT_EQ(dn->max_len(), 512);
-  EXPECT_TRUE(dynamic_cast<NprfRpeAttention*>(nn::make_attention("nprf_rpe:dense=1,redraw=0", 2, 4).get())->dense());
+  auto mode = [](const std::string& spec) {
+    return dynamic_cast<NprfRpeAttention*>(nn::make_attention(spec, 2, 4).get())->dense();
+  };
+  EXPECT_EQ(mode("nprf_rpe:dense=1,redraw=0"), NprfPath::Dense);
+  EXPECT_EQ(mode("nprf_rpe:dense=true"), NprfPath::Dense);
+  EXPECT_EQ(mode("nprf_rpe:dense=0"), NprfPath::Fft);
+  EXPECT_EQ(mode("nprf_rpe:dense=off"), NprfPath::Fft);
+  EXPECT_EQ(mode("nprf_rpe:dense=auto"), NprfPath::Auto);
+  EXPECT_EQ(mode("nprf_rpe:dense=AUTO"), NprfPath::Auto);
   EXPECT_NE(m->str().find("max_len=16"), std::string::npos);
+  EXPECT_NE(m->str().find("dense=auto"), std::string::npos);
+  EXPECT_NE(nn::make_attention("nprf_rpe:dense=0", 2, 4)->str().find("dense=0"), std::string::npos);
   // Through MultiHeadAttention, self-attention with padding and a causal mask.
   manual_seed(32);
   nn::MultiHeadAttention mha(8, 2, "nprf_rpe:features=4,max_len=6");
@@ -391,7 +480,7 @@ TEST(NprfRpe, BadOptionsAndInputsThrow) {
   EXPECT_LINEA_ERROR(nn::make_attention("nprf_rpe:features=0", 2, 4), "features must be > 0");
   EXPECT_LINEA_ERROR(nn::make_attention("nprf_rpe:max_len=0", 2, 4), "max_len must be > 0");
   EXPECT_LINEA_ERROR(nn::make_attention("nprf_rpe:redraw=-1", 2, 4), "redraw must be >= 0");
-  EXPECT_ANY_THROW(nn::make_attention("nprf_rpe:dense=maybe", 2, 4));
+  EXPECT_LINEA_ERROR(nn::make_attention("nprf_rpe:dense=maybe", 2, 4), "'dense' expects 0, 1 or auto, got 'maybe'");
   EXPECT_ANY_THROW(nn::make_attention("nprf_rpe:feature=8", 2, 4));
   auto m = nn::make_attention("nprf_rpe:features=4,max_len=8", 2, 4);
   Tensor q = randn({1, 2, 5, 4});

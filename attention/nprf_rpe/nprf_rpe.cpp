@@ -2,8 +2,10 @@
 // position bias per head, and the two Toeplitz sums over keys by FFT (toeplitz.h).
 #include "attention/nprf_rpe/nprf_rpe.h"
 
+#include <cctype>
 #include <cmath>
 #include <sstream>
+#include <string>
 
 #include "attention/nprf_rpe/toeplitz.h"
 
@@ -157,10 +159,38 @@ Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor&
   return dense_attention(terms(q, k, omega, rpe, opts), q.size(2), k.size(2));
 }
 
+// ---- the choice of path ------------------------------------------------------------------------
+
+// Both paths compute the same formula; which is faster depends on shapes only. Per (batch, head),
+// forward+backward in float32 on this project's 2-core CPU machine (one thread, process CPU time,
+// best of 3, so that the load of the shared machine does not blur it), the two costs fit
+//   FFT   ~ 27 ns * S*Dv*(N+M)          (memory-bound over the S*Dv channels; the log hardly shows)
+//   dense ~ 0.055 ns * N*M*(S+Dv+115)   (GEMMs over S and Dv, plus ~6 ns of elementwise work per entry)
+// within ~25% for N, M >= 512 (S, Dv in {16, 64, 256}); below that the dense path wins by more
+// than the fit says. Measured, ms per fwd+bwd scaled to B*H = 512, S = 64 (the default
+// features), Dv = D = 16 (the ViT app's heads):
+//      N = M     32    64    128    256    512   1024   2048   4096
+//      FFT      899  1549   3597   7090  13854  29730  56748 128177
+//      dense     36    85    219    603   1822   6304  22169  88519
+//      FFT/dense 25    18     16     12    7.6    4.7    2.6    1.45
+// Other shapes, FFT/dense: S=Dv=16: 5.7, 2.7, 0.85 at N = M = 128, 512, 2048; S=Dv=64: 27, 19,
+// 7.0; S=256, Dv=16: 31, 15, 5.2; S=Dv=16, N=1024, M=4096: 1.1. Wall-clock with 2 threads
+// (apps/bench attention-scaling, B*H = 8) agrees: 1.3 at N = M = 4096. So auto switches to FFT
+// only for long sequences (N = M ~ 5000 at the defaults, ~1700 at S = Dv = 16). The dense path is
+// also the more accurate one in float32 (nprf_rpe.h); its memory grows as N*M and passes the FFT
+// path's near N = M = 2048 at S*Dv = 1024 (both ~3.4 GB at B*H = 32), ~2x of it at the switch.
+// Not measured on CUDA: the same rule applies there.
+bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv) {
+  const double n = static_cast<double>(N), m = static_cast<double>(M);
+  const double dense_cost = n * m * static_cast<double>(S + Dv + 115);
+  const double fft_cost = 490.0 * static_cast<double>(S) * static_cast<double>(Dv) * (n + m);
+  return dense_cost <= fft_cost;
+}
+
 // ---- the layer ------------------------------------------------------------------------------
 
 NprfRpeAttention::NprfRpeAttention(int64_t heads, int64_t head_dim, int64_t features, int64_t max_len, int64_t redraw,
-                                   bool dense)
+                                   NprfPath dense)
     : AttentionKernel("NprfRpeAttention", heads, head_dim),
       features_(features),
       max_len_(max_len),
@@ -191,7 +221,7 @@ Tensor NprfRpeAttention::forward(const Tensor& q, const Tensor& k, const Tensor&
   nn::check_attention_inputs(kWho, q, k, v, opts);
   LINEA_CHECK(q.size(1) == heads() && q.size(3) == head_dim(), kWho, ": built for ", heads(), " heads of dim ",
               head_dim(), ", got q ", shape_str(q.shape()));
-  return nprf_rpe_attention(q, k, v, features_for(q), rpe_, opts, dense_);
+  return nprf_rpe_attention(q, k, v, features_for(q), rpe_, opts, uses_dense(q.size(2), k.size(2), v.size(3)));
 }
 
 Tensor NprfRpeAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
@@ -204,7 +234,8 @@ Tensor NprfRpeAttention::attention_matrix(const Tensor& q, const Tensor& k, cons
 std::string NprfRpeAttention::extra_repr() const {
   std::ostringstream os;
   os << "heads=" << heads() << ", head_dim=" << head_dim() << ", features=" << features_ << ", max_len=" << max_len_
-     << ", redraw=" << redraw_ << ", dense=" << (dense_ ? 1 : 0);
+     << ", redraw=" << redraw_
+     << ", dense=" << (dense_ == NprfPath::Auto ? "auto" : dense_ == NprfPath::Dense ? "1" : "0");
   return os.str();
 }
 
@@ -212,7 +243,18 @@ std::shared_ptr<nn::AttentionKernel> make_nprf_rpe(const AttentionSpec& spec, in
   const int64_t features = spec.get_int("features", 64);
   const int64_t max_len = spec.get_int("max_len", 512);
   const int64_t redraw = spec.get_int("redraw", 1);
-  const bool dense = spec.get_bool("dense", false);
+  // dense=auto (any case), or a boolean (1/0, true/false, ...) forcing one path.
+  NprfPath dense = NprfPath::Auto;
+  const std::string given = spec.get_string("dense", "auto");
+  std::string mode = given;
+  for (char& ch : mode) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (mode != "auto") {
+    try {
+      dense = spec.get_bool("dense", false) ? NprfPath::Dense : NprfPath::Fft;
+    } catch (const Error&) {
+      LINEA_FAIL("attention spec '", spec.str(), "': option 'dense' expects 0, 1 or auto, got '", given, "'");
+    }
+  }
   return std::make_shared<NprfRpeAttention>(heads, head_dim, features, max_len, redraw, dense);
 }
 

@@ -38,15 +38,26 @@ Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
 Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor& omega, const Tensor& rpe,
                                  const AttentionOptions& opts = {});
 
+// Which path computes the two sums over keys: the FFT one, the dense O(N M) one, or whichever
+// nprf_rpe_prefers_dense() picks for the call's shapes.
+enum class NprfPath { Fft, Dense, Auto };
+
+// The choice of NprfPath::Auto: true when the dense path is expected to be the faster one for N
+// queries, M keys, S features and value dim Dv (a cost model fitted to CPU timings, see
+// nprf_rpe.cpp; shapes only, never data). With the defaults (S = 64) and Dv = 16: dense up to
+// N = M ~ 5000.
+bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv);
+
 // The mechanism. Spec options: features=S (default 64), max_len=L (default 512), redraw=N (new
-// features every N training forwards, the first included; 0 = never; default 1), dense=0|1.
+// features every N training forwards, the first included; 0 = never; default 1), dense=0|1|auto
+// (default auto: dense for short sequences, FFT for long ones; 0/1 force one path).
 // Parameter "rpe" [H, 2L-1] (zeros at construction); buffer "omega" [H, S, D] float32, orthogonal
 // Gaussian rows drawn at construction and replaced at redraws (never in eval). The random
 // quantity "omega" goes through sample(), so set_samples/freeze_samples fix it.
 class NprfRpeAttention : public nn::AttentionKernel {
  public:
   NprfRpeAttention(int64_t heads, int64_t head_dim, int64_t features = 64, int64_t max_len = 512, int64_t redraw = 1,
-                   bool dense = false);
+                   NprfPath dense = NprfPath::Auto);
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
   Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
   std::vector<std::string> sample_names() const override { return {"omega"}; }
@@ -55,7 +66,13 @@ class NprfRpeAttention : public nn::AttentionKernel {
   int64_t features() const { return features_; }
   int64_t max_len() const { return max_len_; }
   int64_t redraw() const { return redraw_; }
-  bool dense() const { return dense_; }
+  NprfPath dense() const { return dense_; }  // the mode as given (Auto is not resolved here)
+  // Whether a forward with N queries and M keys (values of dim Dv; head_dim when not given)
+  // takes the dense path.
+  bool uses_dense(int64_t N, int64_t M, int64_t Dv) const {
+    return dense_ == NprfPath::Dense || (dense_ == NprfPath::Auto && nprf_rpe_prefers_dense(N, M, features_, Dv));
+  }
+  bool uses_dense(int64_t N, int64_t M) const { return uses_dense(N, M, head_dim()); }
   const Tensor& rpe() const { return rpe_; }      // [H, 2L-1]
   const Tensor& omega() const { return omega_; }  // [H, S, D] (the buffer)
 
@@ -64,7 +81,7 @@ class NprfRpeAttention : public nn::AttentionKernel {
   Tensor features_for(const Tensor& like);
 
   int64_t features_, max_len_, redraw_;
-  bool dense_;
+  NprfPath dense_;
   int64_t train_steps_ = 0;  // training forwards so far (redraw schedule)
   Tensor rpe_, omega_;
 };
