@@ -27,7 +27,7 @@ count_ctest() {
 
 JOBS=$(nproc)
 PACKAGES=(cmake ninja-build g++ make pkg-config python3 libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev
-  nlohmann-json3-dev libstb-dev libcli11-dev)
+  nlohmann-json3-dev libstb-dev libcli11-dev libopenblas-openmp-dev gnuplot-nox)
 
 # ---- packages -------------------------------------------------------------------------------
 missing=()
