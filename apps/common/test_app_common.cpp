@@ -1,0 +1,373 @@
+// Tests of apps/common: format_duration, ProgressBar (plain and terminal output into a file),
+// MetricsLog (fresh, resume trimming, append, read) and plot_png (a real PNG when gnuplot is
+// installed; clear failures otherwise).
+// Not here: the apps that use these helpers (their own tests run them end to end).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "apps/common/metrics.h"
+#include "apps/common/plot.h"
+#include "apps/common/progress.h"
+#include "core/error.h"
+
+using namespace linea::apps;
+
+namespace {
+
+// Everything written to a tmpfile() so far.
+std::string contents(std::FILE* f) {
+  std::fflush(f);
+  long end = std::ftell(f);
+  std::string s(static_cast<size_t>(end), '\0');
+  std::rewind(f);
+  size_t got = std::fread(s.data(), 1, s.size(), f);
+  s.resize(got);
+  std::fseek(f, 0, SEEK_END);
+  return s;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_all(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// A fresh directory under the test temp dir, unique per test.
+std::string temp_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string dir = ::testing::TempDir() + "linea_app_common_" + info->name() + "_" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+TEST(FormatDuration, MinutesAndHours) {
+  EXPECT_EQ(format_duration(0), "0:00");
+  EXPECT_EQ(format_duration(7.9), "0:07");
+  EXPECT_EQ(format_duration(62), "1:02");
+  EXPECT_EQ(format_duration(59 * 60 + 59), "59:59");
+  EXPECT_EQ(format_duration(3600), "1:00:00");
+  EXPECT_EQ(format_duration(3723), "1:02:03");
+  EXPECT_EQ(format_duration(100 * 3600 + 5), "100:00:05");
+  EXPECT_EQ(format_duration(-1), "--:--");
+  EXPECT_EQ(format_duration(std::nan("")), "--:--");
+  EXPECT_EQ(format_duration(1.0 / 0.0), "--:--");
+}
+
+TEST(ProgressBar, PlainLinesHaveCountsRateEta) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar bar("train", 1000, "img", f, /*plain_interval_s=*/0.0);
+    EXPECT_FALSE(ProgressBar::is_terminal(f));
+    EXPECT_EQ(bar.rate(), 0.0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    bar.update(250, "loss 0.512");
+    EXPECT_GT(bar.rate(), 0.0);
+    EXPECT_GT(bar.elapsed_s(), 0.015);
+    bar.update(500, "loss 0.400");
+    bar.finish("loss 0.300");
+    bar.finish("again");  // a second finish prints nothing
+  }
+  const std::string out = contents(f);
+  std::fclose(f);
+  EXPECT_EQ(out.find('\r'), std::string::npos) << out;
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out.back(), '\n');
+  const auto lines = split_lines(out);
+  ASSERT_EQ(lines.size(), 3u) << out;
+  EXPECT_EQ(lines[0].rfind("train 250/1000 img (25.0%)  ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(" img/s"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("ETA "), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("loss 0.512"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("500/1000 img (50.0%)"), std::string::npos) << lines[1];
+  // The final line: the last count, total elapsed time instead of an ETA, the final extra.
+  EXPECT_NE(lines[2].find("500/1000 img"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find(" in 0:00"), std::string::npos) << lines[2];
+  EXPECT_EQ(lines[2].find("ETA"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find("loss 0.300"), std::string::npos) << lines[2];
+  EXPECT_EQ(out.find("again"), std::string::npos);
+}
+
+TEST(ProgressBar, PlainLinesAreRateLimited) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  ProgressBar bar("eval", 100, "seq", f, /*plain_interval_s=*/3600.0);
+  for (int i = 1; i <= 100; ++i) bar.update(i);
+  EXPECT_EQ(contents(f), "");  // nothing before the interval has passed
+  bar.finish();
+  const auto lines = split_lines(contents(f));
+  std::fclose(f);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("eval 100/100 seq (100.0%)  ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(" seq/s"), std::string::npos) << lines[0];
+}
+
+TEST(ProgressBar, TerminalModeRedrawsInPlace) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar bar("train", 60000, "img", f);
+    bar.set_terminal(true);
+    bar.update(12345, "loss 0.512");
+    bar.update(12346, "loss 0.511");  // within 0.1 s of the last draw: skipped
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    bar.update(30000, "loss 0.4");
+    bar.update(60000, "loss 0.3");  // completion always draws
+    bar.finish("loss 0.25");
+  }
+  const std::string out = contents(f);
+  std::fclose(f);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\r'), 4) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_EQ(out.back(), '\n');
+  EXPECT_NE(out.find("train ["), std::string::npos) << out;
+  EXPECT_NE(out.find("] 12345/60000 img  "), std::string::npos) << out;
+  EXPECT_EQ(out.find("12346/60000"), std::string::npos) << out;
+  EXPECT_NE(out.find("#"), std::string::npos) << out;
+  EXPECT_NE(out.find("....."), std::string::npos) << out;
+  EXPECT_NE(out.find("ETA "), std::string::npos) << out;
+  // Each drawn line fits the width (100 columns when the stream is no terminal), so '\r' can redraw it.
+  size_t start = 0;
+  while ((start = out.find('\r', start)) != std::string::npos) {
+    size_t end = out.find_first_of("\r\n", start + 1);
+    if (end == std::string::npos) end = out.size();
+    EXPECT_LT(end - start - 1, 100u);
+    start = end;
+  }
+  // The full bar at the end, with the total time.
+  const std::string last = out.substr(out.rfind('\r') + 1);
+  EXPECT_NE(last.find("[##########"), std::string::npos) << last;
+  const size_t open = last.find('['), close = last.find(']');
+  ASSERT_TRUE(open != std::string::npos && close != std::string::npos) << last;
+  EXPECT_EQ(last.substr(open + 1, close - open - 1), std::string(close - open - 1, '#')) << last;
+  EXPECT_NE(last.find(" in 0:00"), std::string::npos) << last;
+}
+
+TEST(ProgressBar, TerminalBarEndsItsLineWhenAbandoned) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar bar("x", 10, "it", f);
+    bar.set_terminal(true);
+    bar.update(3);
+  }
+  const std::string out = contents(f);
+  std::fclose(f);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out.front(), '\r');
+  EXPECT_EQ(out.back(), '\n');
+}
+
+TEST(ProgressBar, UnknownTotalAndBadArguments) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  ProgressBar bar("stream", 0, "tok", f, 0.0);
+  bar.update(42);
+  bar.finish();
+  const std::string out = contents(f);
+  std::fclose(f);
+  EXPECT_NE(out.find("stream 42 tok  "), std::string::npos) << out;
+  EXPECT_EQ(out.find("ETA"), std::string::npos) << out;
+  EXPECT_EQ(out.find('%'), std::string::npos) << out;
+  EXPECT_THROW(ProgressBar("x", -1, "img", stdout), linea::Error);
+  EXPECT_THROW(ProgressBar("x", 10, "img", nullptr), linea::Error);
+  EXPECT_THROW(ProgressBar("x", 10, "img", stdout, -1.0), linea::Error);
+}
+
+TEST(MetricsLog, FreshRunTruncatesAndWritesLines) {
+  const std::string path = temp_dir() + "/metrics.jsonl";
+  write_all(path, "{\"step\": 99, \"old\": true}\n");
+  {
+    MetricsLog log(path);
+    EXPECT_EQ(log.path(), path);
+    log.write({{"step", 1}, {"loss", 2.5}});
+    // Flushed per line: visible to a reader while the log is still open.
+    EXPECT_EQ(read_all(path), "{\"loss\":2.5,\"step\":1}\n");
+    log.write({{"epoch", 1}, {"test_acc", 0.875}});
+    EXPECT_THROW(log.write(nlohmann::json::array({1, 2})), linea::Error);
+  }
+  EXPECT_EQ(read_all(path), "{\"loss\":2.5,\"step\":1}\n{\"epoch\":1,\"test_acc\":0.875}\n");
+  const auto recs = MetricsLog::read(path);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0]["step"], 1);
+  EXPECT_DOUBLE_EQ(recs[1]["test_acc"].get<double>(), 0.875);
+}
+
+TEST(MetricsLog, ResumeDropsLinesAfterTheCheckpointAndAppends) {
+  const std::string path = temp_dir() + "/metrics.jsonl";
+  write_all(path,
+            "{\"run\": \"config\"}\n"
+            "{\"step\": 10, \"loss\": 1.0}\n"
+            "{\"step\": 20, \"loss\": 0.8}\n"
+            "\n"
+            "{\"step\": 20, \"epoch\": 1, \"test_acc\": 0.5}\n"
+            "{\"step\": 30, \"loss\": 0.7}\n"
+            "{\"step\": 40, \"loss\": 0.6}\n"
+            "{\"step\": 50, \"lo");  // the interrupted run's half-written last line
+  {
+    MetricsLog log(path, /*resume_step=*/20);
+    log.write({{"step", 30}, {"loss", 0.65}});
+  }
+  const auto recs = MetricsLog::read(path);
+  ASSERT_EQ(recs.size(), 5u) << read_all(path);
+  EXPECT_EQ(recs[0]["run"], "config");  // no "step": kept
+  EXPECT_EQ(recs[1]["step"], 10);
+  EXPECT_EQ(recs[2]["step"], 20);
+  EXPECT_EQ(recs[3]["test_acc"], 0.5);
+  EXPECT_EQ(recs[4]["step"], 30);
+  EXPECT_DOUBLE_EQ(recs[4]["loss"].get<double>(), 0.65);
+  // The file itself holds exactly these lines, each complete.
+  const std::string text = read_all(path);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5) << text;
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(text.find("\"lo\""), std::string::npos);
+  EXPECT_EQ(text.find("0.7"), std::string::npos) << text;
+  // No temp file left beside it.
+  EXPECT_FALSE(file_exists(path + ".tmp." + std::to_string(::getpid())));
+}
+
+TEST(MetricsLog, ResumeWithoutAFileStartsOne) {
+  const std::string path = temp_dir() + "/fresh.jsonl";
+  std::remove(path.c_str());
+  {
+    MetricsLog log(path, 0);
+    log.write({{"step", 1}});
+  }
+  EXPECT_EQ(read_all(path), "{\"step\":1}\n");
+}
+
+TEST(MetricsLog, ReadSkipsMalformedLinesAndErrorsNameThePath) {
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/m.jsonl";
+  write_all(path, "{\"a\":1}\nnot json\n[1,2]\n{\"b\":2}\n{\"c\":");
+  const auto recs = MetricsLog::read(path);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0]["a"], 1);
+  EXPECT_EQ(recs[1]["b"], 2);
+  try {
+    MetricsLog::read(dir + "/missing.jsonl");
+    FAIL() << "no error for a missing file";
+  } catch (const linea::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.jsonl"), std::string::npos) << e.what();
+  }
+  try {
+    MetricsLog log(dir + "/no/such/dir/m.jsonl");
+    FAIL() << "no error for a missing directory";
+  } catch (const linea::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MetricsLog"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no/such/dir/m.jsonl"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+Figure sample_figure() {
+  Figure fig;
+  fig.title = "Linea's ViT on Fashion-MNIST (attention softmax)";
+  fig.xlabel = "step";
+  fig.ylabel = "loss";
+  fig.y2label = "accuracy";
+  Series train{"train_loss", {}, {}, false, false};
+  Series test{"test accuracy", {}, {}, true, true};
+  for (int i = 0; i <= 200; ++i) {
+    train.x.push_back(i * 10);
+    train.y.push_back(2.3 * std::exp(-i / 60.0) + 0.3 + 0.05 * std::sin(i));
+  }
+  train.y[50] = std::nan("");  // skipped, not an error
+  for (int e = 1; e <= 4; ++e) {
+    test.x.push_back(e * 500);
+    test.y.push_back(0.7 + 0.05 * e);
+  }
+  fig.series = {train, test, Series{"empty", {}, {}, false, false}};
+  return fig;
+}
+}  // namespace
+
+TEST(PlotPng, WritesAPngWhenGnuplotIsInstalled) {
+  if (!gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (Debian package gnuplot-nox)";
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/curves.png";
+  write_all(path, "old picture");  // replaced as a whole
+  std::string err = "stale";
+  ASSERT_TRUE(plot_png(path, sample_figure(), &err)) << err;
+  EXPECT_EQ(err, "");
+  const std::string png = read_all(path);
+  ASSERT_GE(png.size(), 8u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_GT(png.size(), 5000u);  // a drawn 960x600 plot, not an empty canvas
+  EXPECT_FALSE(file_exists(path + ".tmp." + std::to_string(::getpid())));
+  // Quotes and spaces in the path survive both the shell and gnuplot's string syntax.
+  const std::string odd = dir + "/it's a \"plot\".png";
+  ASSERT_TRUE(plot_png(odd, sample_figure(), &err)) << err;
+  EXPECT_EQ(read_all(odd).substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  if (const char* keep = std::getenv("LINEA_KEEP_PLOT")) {
+    std::ofstream(keep, std::ios::binary) << png;
+  }
+}
+
+TEST(PlotPng, FailuresReturnFalseWithAReason) {
+  std::string err;
+  Figure fig = sample_figure();
+  EXPECT_FALSE(plot_png(temp_dir() + "/no/such/dir/curves.png", fig, &err));
+  if (gnuplot_available()) {
+    EXPECT_NE(err.find("no/such/dir/curves.png"), std::string::npos) << err;
+  }
+  EXPECT_EQ(err.rfind("plot_png: ", 0), 0u) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  EXPECT_FALSE(plot_png(temp_dir() + "/no/such/dir/curves.png", fig));  // no error string: still false
+
+  Figure empty;
+  empty.series = {Series{"nan", {1, 2}, {std::nan(""), std::nan("")}, false, false}};
+  err.clear();
+  EXPECT_FALSE(plot_png(temp_dir() + "/empty.png", empty, &err));
+  EXPECT_NE(err.find("nothing to plot"), std::string::npos) << err;
+
+  Figure ragged;
+  ragged.series = {Series{"ragged", {1, 2, 3}, {1, 2}, false, false}};
+  err.clear();
+  EXPECT_FALSE(plot_png(temp_dir() + "/ragged.png", ragged, &err));
+  EXPECT_NE(err.find("ragged"), std::string::npos) << err;
+}
+
+TEST(PlotPng, MissingGnuplotIsAReasonNotACrash) {
+  // With an empty PATH gnuplot cannot be found; the call must say so, not fail silently.
+  const char* old = std::getenv("PATH");
+  const std::string saved = old ? old : "";
+  ::setenv("PATH", "/nonexistent-linea-dir", 1);
+  std::string err;
+  const bool available = gnuplot_available();
+  const bool ok = plot_png(temp_dir() + "/x.png", sample_figure(), &err);
+  ::setenv("PATH", saved.c_str(), 1);
+  EXPECT_FALSE(available);
+  EXPECT_FALSE(ok);
+  EXPECT_NE(err.find("gnuplot not found"), std::string::npos) << err;
+}
