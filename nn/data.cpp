@@ -496,4 +496,22 @@ ImageFolder read_image_folder(const std::string& dir, const ImageFolderOptions& 
   return out;
 }
 
+Tensor read_image(const std::string& path, int channels, int64_t height, int64_t width) {
+  const char* op = "read_image";
+  LINEA_CHECK(channels == 1 || channels == 3, op, ": channels must be 1 or 3, got ", channels);
+  LINEA_CHECK(height >= 0 && width >= 0 && (height == 0) == (width == 0), op,
+              ": height and width must both be 0 (keep the size) or both positive, got ", height, "x", width);
+  std::error_code ec;
+  LINEA_CHECK(fs::is_regular_file(path, ec), op, ": '", path, "' is not a readable file");
+  int w = 0, h = 0, comp = 0;
+  unsigned char* img = stbi_load(path.c_str(), &w, &h, &comp, channels);
+  LINEA_CHECK(img != nullptr, op, ": cannot decode '", path,
+              "': ", stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
+  const int64_t H = height > 0 ? height : h, W = width > 0 ? width : w;
+  std::vector<float> pixels(static_cast<size_t>(channels * H * W));
+  resize_into(img, h, w, channels, pixels.data(), H, W, /*bilinear=*/true);
+  stbi_image_free(img);
+  return from_vector<float>(pixels, {channels, H, W});
+}
+
 }  // namespace linea::nn

@@ -204,4 +204,9 @@ struct ImageFolder {
 };
 ImageFolder read_image_folder(const std::string& dir, const ImageFolderOptions& options = {});
 
+// One PNG/JPEG image as Float32 [channels, height, width] in [0, 1], converted to `channels`
+// (1 or 3) and resized (bilinear, half-pixel centers) when its size differs; height = width = 0
+// keeps its own size. Throws naming the file when it cannot be decoded.
+Tensor read_image(const std::string& path, int channels, int64_t height = 0, int64_t width = 0);
+
 }  // namespace linea::nn

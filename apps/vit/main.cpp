@@ -1,0 +1,118 @@
+// vit: train a Vision Transformer on Fashion-MNIST (or a folder of images) with any attention
+// mechanism, and classify images with a trained checkpoint.
+//
+//   vit                                    train the default ViT on Fashion-MNIST (runs/vit/)
+//   vit --attention lara:samples=16 --epochs 2 --out runs/lara
+//   vit --resume --out runs/vit            continue an interrupted run from its checkpoint
+//   vit --predict shirt.png --checkpoint runs/vit/checkpoint
+//
+// Flags and defaults: vit --help. What a run writes: apps/vit/train.h.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "data.h"
+#include "train.h"
+
+int main(int argc, char** argv) {
+  vit::TrainOptions o;
+  o.data_dir = vit::kFashionMnistDir;
+  std::vector<std::string> predict_images;
+  CLI::App app{"vit: train a Vision Transformer on Fashion-MNIST or an image folder, or classify images"};
+  app.set_help_all_flag("--help-all", "all flags, grouped");
+
+  auto* data = "Data";
+  app.add_option("--data", o.data_dir, "folder with the Fashion-MNIST IDX files (*-idx?-ubyte[.gz])")
+      ->group(data)->capture_default_str();
+  app.add_option("--image-folder", o.image_folder,
+                 "train on DIR/train/<class>/*.png|jpg and test on DIR/test/<class>/* instead")->group(data);
+  app.add_option("--image-size", o.image_size, "image folder: resize images to NxN (0: keep their size)")
+      ->group(data)->check(CLI::Range(0, 4096));
+  app.add_option("--channels", o.channels, "image folder: 1 (gray) or 3 (RGB); 0: from the first image")
+      ->group(data)->check(CLI::IsMember({0, 1, 3}));
+  app.add_option("--train-limit", o.train_limit, "use only the first N training images (0: all)")
+      ->group(data)->check(CLI::NonNegativeNumber);
+  app.add_option("--test-limit", o.test_limit, "use only the first N test images (0: all)")
+      ->group(data)->check(CLI::NonNegativeNumber);
+
+  auto* model = "Model";
+  app.add_option("--attention", o.model.attention,
+                 "encoder self-attention: softmax, performer, ra, lara, nprf_rpe, with options as "
+                 "name:key=value,... (e.g. performer:features=64)")
+      ->group(model)->capture_default_str();
+  app.add_option("--patch", o.model.patch, "patch size (must divide the image size)")
+      ->group(model)->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--dim", o.model.dim, "token width")->group(model)->capture_default_str()->check(CLI::Range(1, 8192));
+  app.add_option("--depth", o.model.depth, "encoder layers")->group(model)->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--heads", o.model.heads, "attention heads (must divide --dim)")
+      ->group(model)->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--mlp-ratio", o.model.mlp_ratio, "MLP hidden width / dim")
+      ->group(model)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--dropout", o.model.dropout, "dropout on embeddings, residual branches and MLP")
+      ->group(model)->capture_default_str()->check(CLI::Range(0.0, 0.99));
+  app.add_option("--init", o.model.init, "Linear layers' initialization: pytorch (nn.Linear's default) or "
+                 "trunc_normal (std 0.02, as timm's ViT)")->group(model)->capture_default_str()->check(CLI::IsMember({"trunc_normal", "pytorch"}));
+  app.add_option("--pool", o.model.pool, "classify from the CLS token or the mean of the tokens")
+      ->group(model)->capture_default_str()->check(CLI::IsMember({"cls", "mean"}));
+
+  auto* train = "Training";
+  app.add_option("--epochs", o.epochs, "training epochs")->group(train)->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", o.batch_size, "images per step")
+      ->group(train)->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", o.lr, "peak learning rate (AdamW)")->group(train)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")
+      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (not on biases, norms, "
+                 "positional embedding, CLS token)")->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup_epochs, "linear warmup length in epochs, then cosine decay")
+      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--label-smoothing", o.label_smoothing, "label smoothing of the training loss")
+      ->group(train)->capture_default_str()->check(CLI::Range(0.0, 0.99));
+  app.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")
+      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--crop-padding", o.crop_padding, "augmentation: random crop of the image zero-padded by N pixels (0: off)")
+      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--flip,!--no-flip", o.flip, "augmentation: random horizontal flips")->group(train)->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for initialization, data order, augmentation and attention samples")
+      ->group(train)->capture_default_str();
+  app.add_option("--max-steps", o.max_steps, "stop after this many steps in total (0: all epochs); the schedule "
+                 "still spans --epochs, so --resume continues the same run")->group(train)->check(CLI::NonNegativeNumber);
+
+  auto* run = "Running";
+  app.add_option("--device", o.device, "cpu, cuda or auto (cuda when a GPU is usable)")
+      ->group(run)->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--threads", o.threads, "CPU threads for OpenMP and OpenBLAS (0: all cores)")
+      ->group(run)->capture_default_str()->check(CLI::Range(0, 1024));
+  app.add_option("--out", o.out_dir, "output folder: metrics.jsonl, summary.json, curves.png, checkpoint/")
+      ->group(run)->capture_default_str();
+  app.add_option("--checkpoint", o.checkpoint_dir, "checkpoint folder (default OUT/checkpoint); with --predict, "
+                 "the checkpoint to classify with")->group(run);
+  app.add_flag("--resume", o.resume, "continue from the checkpoint (same flags; starts fresh when there is none)")->group(run);
+  app.add_flag("--eval-only", o.eval_only, "evaluate the checkpoint on the test set and exit")->group(run);
+  app.add_option("--log-every", o.log_every, "steps between metrics.jsonl step records (0: epochs only)")
+      ->group(run)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints, besides every epoch end (0: epoch ends only)")
+      ->group(run)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("!--no-progress", o.progress, "no progress bar or periodic progress lines")->group(run);
+  app.add_flag("!--no-plot", o.plot, "do not draw curves.png")->group(run);
+  app.add_option("--predict", predict_images, "classify these PNG/JPEG images with --checkpoint DIR "
+                 "(top-3 classes and probabilities) instead of training")->group(run);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (!predict_images.empty()) {
+      if (o.checkpoint_dir.empty()) {
+        std::fprintf(stderr, "vit: --predict needs --checkpoint DIR (the checkpoint folder of a training run)\n");
+        return 2;
+      }
+      vit::predict(predict_images, o.checkpoint_dir, o.device);
+      return 0;
+    }
+    vit::run_training(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,371 @@
+// The vit app's tests, on a small synthetic Fashion-MNIST-like dataset written here as gzip IDX
+// files (each class is a bright bar at its own row, plus noise): the smoke test the issue asks
+// for (512 images, every attention spec, the loss falls and stays finite), the run's outputs,
+// an interrupted and resumed run equal to an uninterrupted one, --predict, the augmentation,
+// and clear errors for bad data paths, malformed files and bad flags (through the executable).
+// Not here: the IDX reader itself (tests/test_data.cpp), the attention mechanisms (tests/).
+#include <gtest/gtest.h>
+#include <stb/stb_image_write.h>
+#include <sys/wait.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "apps/common/metrics.h"
+#include "apps/common/plot.h"
+#include "data.h"
+#include "linea.h"
+#include "tests/test_util.h"
+#include "train.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using linea::test::TempDir;
+
+namespace {
+
+void put_be32(std::string& s, uint32_t v) {
+  for (int i = 3; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+void write_gz(const std::string& path, const std::string& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+}
+
+// The image of class c: a bar 3 rows high starting at row 2c + 3 (0..9 -> rows 3..23) on noise.
+std::vector<uint8_t> bar_image(int label, std::mt19937& rng) {
+  std::uniform_int_distribution<int> noise(0, 60);
+  std::vector<uint8_t> img(28 * 28);
+  for (int y = 0; y < 28; ++y)
+    for (int x = 0; x < 28; ++x) {
+      const bool bar = y >= 2 * label + 3 && y < 2 * label + 6 && x >= 4 && x < 24;
+      img[y * 28 + x] = static_cast<uint8_t>(bar ? 200 + noise(rng) / 2 : noise(rng));
+    }
+  return img;
+}
+
+// Writes the four Fashion-MNIST files (train/test images and labels) into dir.
+void write_fake_fashion_mnist(const std::string& dir, int n_train, int n_test, uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  for (auto [prefix, n] : {std::pair<std::string, int>{"train", n_train}, {"t10k", n_test}}) {
+    std::string images, labels;
+    put_be32(images, 0x803);
+    put_be32(images, n);
+    put_be32(images, 28);
+    put_be32(images, 28);
+    put_be32(labels, 0x801);
+    put_be32(labels, n);
+    for (int i = 0; i < n; ++i) {
+      const int label = static_cast<int>(rng() % 10);
+      auto img = bar_image(label, rng);
+      images.append(img.begin(), img.end());
+      labels.push_back(static_cast<char>(label));
+    }
+    write_gz(dir + "/" + prefix + "-images-idx3-ubyte.gz", images);
+    write_gz(dir + "/" + prefix + "-labels-idx1-ubyte.gz", labels);
+  }
+}
+
+// A small, quick model and run on the fake data.
+vit::TrainOptions small_run(const std::string& data, const std::string& out, const std::string& spec) {
+  vit::TrainOptions o;
+  o.data_dir = data;
+  o.out_dir = out;
+  o.model.attention = spec;
+  o.model.patch = 7;
+  o.model.dim = 32;
+  o.model.depth = 2;
+  o.model.heads = 2;
+  o.batch_size = 64;
+  o.epochs = 4;
+  o.lr = 3e-3;
+  o.warmup_epochs = 0.25;
+  o.device = "cpu";
+  o.progress = false;
+  o.plot = false;
+  o.log_every = 4;
+  o.checkpoint_every = 0;
+  o.crop_padding = 0;  // the classes' bars are 2 rows apart: a shift would change the class
+  return o;
+}
+
+struct Shell {
+  int status;
+  std::string output;
+};
+Shell run_vit(const std::string& args, const std::string& dir) {
+  const std::string log = dir + "/vit_output.txt";
+  const int rc = std::system((std::string(VIT_EXE) + " " + args + " > " + log + " 2>&1").c_str());
+  std::ifstream f(log);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, text};
+}
+
+double mean_of(const std::vector<double>& v, size_t from, size_t to) {
+  double s = 0;
+  for (size_t i = from; i < to; ++i) s += v[i];
+  return s / static_cast<double>(to - from);
+}
+
+}  // namespace
+
+// ---- smoke test: every attention spec trains ----------------------------------------------------
+
+class VitSmoke : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(VitSmoke, LossFallsAndStaysFinite) {
+  TempDir dir;
+  const std::string data = (dir.path / "data").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, 512, 128);
+  vit::TrainOptions o = small_run(data, (dir.path / "out").string(), GetParam());
+  vit::TrainResult r = vit::run_training(o);
+  ASSERT_EQ(r.step_losses.size(), 32u);  // 4 epochs x 512 / 64
+  for (double l : r.step_losses) ASSERT_TRUE(std::isfinite(l)) << GetParam();
+  const double first = mean_of(r.step_losses, 0, 4), last = mean_of(r.step_losses, 28, 32);
+  EXPECT_LT(last, 0.8 * first) << GetParam() << ": loss " << first << " -> " << last;
+  EXPECT_TRUE(std::isfinite(r.test_loss));
+  EXPECT_GT(r.test_accuracy, 0.2) << GetParam();  // chance is 0.1
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryAttention, VitSmoke,
+                         ::testing::Values("softmax", "performer", "ra", "lara", "nprf_rpe"),
+                         [](const auto& info) { return info.param; });
+
+// ---- outputs, resume, predict -------------------------------------------------------------------
+
+TEST(VitRun, WritesMetricsSummaryCurvesAndCheckpoint) {
+  TempDir dir;
+  const std::string data = (dir.path / "data").string(), out = (dir.path / "out").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, 256, 64);
+  vit::TrainOptions o = small_run(data, out, "softmax");
+  o.epochs = 2;
+  o.plot = true;
+  vit::TrainResult r = vit::run_training(o);
+
+  std::vector<json> records = linea::apps::MetricsLog::read(out + "/metrics.jsonl");
+  int steps = 0, epochs = 0;
+  for (const json& j : records) {
+    if (j.at("type") == "step") {
+      ++steps;
+      for (const char* k : {"step", "epoch", "lr", "loss", "accuracy", "images_per_s"}) EXPECT_TRUE(j.contains(k)) << k;
+    } else if (j.at("type") == "epoch") {
+      ++epochs;
+      for (const char* k : {"step", "epoch", "lr", "train_loss", "test_loss", "test_accuracy", "images_per_s"})
+        EXPECT_TRUE(j.contains(k)) << k;
+    }
+  }
+  EXPECT_EQ(steps, 2);   // 8 steps, logged every 4
+  EXPECT_EQ(epochs, 2);
+
+  std::ifstream f(out + "/summary.json");
+  json s = json::parse(f);
+  EXPECT_DOUBLE_EQ(s.at("test_accuracy").get<double>(), r.test_accuracy);
+  EXPECT_EQ(s.at("per_class_accuracy").size(), 10u);
+  EXPECT_EQ(s.at("confusion_matrix").size(), 10u);
+  int64_t total = 0;
+  for (const auto& row : s.at("confusion_matrix")) {
+    EXPECT_EQ(row.size(), 10u);
+    for (const auto& v : row) total += v.get<int64_t>();
+  }
+  EXPECT_EQ(total, 64);  // every test image counted once
+  for (const char* k : {"parameters", "attention", "device", "wall_time_s", "train_images_per_s"})
+    EXPECT_TRUE(s.contains(k)) << k;
+  EXPECT_EQ(s.at("attention"), "softmax");
+  for (const char* file : {"checkpoint/model.safetensors", "checkpoint/training.safetensors", "checkpoint/config.json"})
+    EXPECT_TRUE(fs::is_regular_file(out + "/" + file)) << file;
+  if (linea::apps::gnuplot_available()) {
+    EXPECT_GT(fs::file_size(out + "/curves.png"), 1000u);
+  }
+}
+
+TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
+  TempDir dir;
+  const std::string data = (dir.path / "data").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, 256, 64);
+  // ra: a random mechanism, so the resumed run must also restore the generator's state.
+  vit::TrainOptions full = small_run(data, (dir.path / "full").string(), "ra");
+  full.epochs = 3;
+  vit::TrainResult a = vit::run_training(full);
+
+  vit::TrainOptions part = full;
+  part.out_dir = (dir.path / "part").string();
+  part.max_steps = 6;         // stops mid-epoch 2 (4 steps per epoch)...
+  part.checkpoint_every = 2;  // ...after a checkpoint at step 6
+  vit::run_training(part);
+  part.max_steps = 0;
+  part.resume = true;
+  vit::TrainResult b = vit::run_training(part);
+  EXPECT_EQ(b.steps, 12 - 6);
+  ASSERT_EQ(b.step_losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(b.step_losses[i], a.step_losses[6 + i]) << "step " << 6 + i;
+  EXPECT_EQ(b.test_loss, a.test_loss);
+  EXPECT_EQ(b.test_accuracy, a.test_accuracy);
+
+  // metrics.jsonl holds each step record once, as if the run had not been interrupted.
+  std::vector<int64_t> logged;
+  for (const json& j : linea::apps::MetricsLog::read(part.out_dir + "/metrics.jsonl")) {
+    if (j.at("type") == "step") logged.push_back(j.at("step").get<int64_t>());
+  }
+  EXPECT_EQ(logged, (std::vector<int64_t>{4, 8, 12}));
+
+  // A resume with other settings is refused, naming the flag.
+  vit::TrainOptions other = part;
+  other.lr = 1e-2;
+  try {
+    vit::run_training(other);
+    FAIL() << "expected an error";
+  } catch (const linea::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos) << e.what();
+  }
+}
+
+TEST(VitPredict, TopThreeClassesFromCheckpoint) {
+  TempDir dir;
+  const std::string data = (dir.path / "data").string(), out = (dir.path / "out").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, 512, 64);
+  vit::TrainOptions o = small_run(data, out, "softmax");
+  o.epochs = 12;
+  EXPECT_GT(vit::run_training(o).test_accuracy, 0.5);  // chance is 0.1
+  // A PNG of class 7's bar, larger than 28x28 (predict resizes it).
+  std::mt19937 rng(5);
+  std::vector<uint8_t> img = bar_image(7, rng), big(56 * 56);
+  for (int y = 0; y < 56; ++y)
+    for (int x = 0; x < 56; ++x) big[y * 56 + x] = img[(y / 2) * 28 + x / 2];
+  const std::string png = (dir.path / "seven.png").string();
+  ASSERT_NE(stbi_write_png(png.c_str(), 56, 56, 1, big.data(), 56), 0);
+  auto lines = vit::predict({png}, out + "/checkpoint", "cpu");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind(png + ": Sneaker ", 0), 0u) << lines[0];  // class 7 is "Sneaker"
+  EXPECT_EQ(std::count(lines[0].begin(), lines[0].end(), ','), 2) << lines[0];
+
+  EXPECT_THROW(vit::predict({(dir.path / "missing.png").string()}, out + "/checkpoint", "cpu"), linea::Error);
+  EXPECT_THROW(vit::predict({png}, (dir.path / "nowhere").string(), "cpu"), linea::Error);
+}
+
+// ---- augmentation -------------------------------------------------------------------------------
+
+TEST(VitData, AugmentationShiftsFlipsAndIsReproducible) {
+  using namespace linea;
+  Tensor images = arange(0.0, 2.0 * 1 * 5 * 5).reshape({2, 1, 5, 5}).to(DType::Float32);
+  Tensor labels = from_vector<int64_t>({3, 4}, {2});
+  vit::AugmentedImages none(images, labels, 0, false, 7, {-1.0f});
+  EXPECT_EQ(none.get_batch({1, 0}).input.to_vector<float>(),
+            index_select(images, 0, from_vector<int64_t>({1, 0}, {2})).to_vector<float>());
+  vit::AugmentedImages aug(images, labels, 2, true, 7, {-1.0f});
+  std::set<std::vector<float>> seen;
+  for (int64_t epoch = 0; epoch < 40; ++epoch) {
+    aug.set_epoch(epoch);
+    auto a = aug.get(0).input.to_vector<float>();
+    EXPECT_EQ(a, aug.get(0).input.to_vector<float>());  // a pure function of (seed, epoch, index)
+    // Every output pixel is an input pixel of the same image or the fill value.
+    for (float v : a) EXPECT_TRUE(v == -1.0f || (v >= 0 && v < 25 && v == std::floor(v))) << v;
+    seen.insert(a);
+  }
+  EXPECT_GT(seen.size(), 10u);  // shifts and flips vary with the epoch
+}
+
+// ---- errors -------------------------------------------------------------------------------------
+
+TEST(VitErrors, MissingAndMalformedData) {
+  TempDir dir;
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const linea::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([&] { vit::load_fashion_mnist((dir.path / "nowhere").string()); }).find("dataset-fashion-mnist"),
+            std::string::npos);
+  const std::string data = (dir.path / "data").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, 16, 8);
+  fs::remove(data + "/t10k-labels-idx1-ubyte.gz");
+  EXPECT_NE(message([&] { vit::load_fashion_mnist(data); }).find("t10k-labels-idx1-ubyte"), std::string::npos);
+  // A truncated image file.
+  write_fake_fashion_mnist(data, 16, 8);
+  std::string bytes;
+  put_be32(bytes, 0x803);
+  put_be32(bytes, 16);
+  put_be32(bytes, 28);
+  put_be32(bytes, 28);
+  bytes += std::string(100, '\0');
+  write_gz(data + "/train-images-idx3-ubyte.gz", bytes);
+  EXPECT_NE(message([&] { vit::load_fashion_mnist(data); }).find("train-images-idx3-ubyte"), std::string::npos);
+  // Images and labels of different lengths.
+  write_fake_fashion_mnist(data, 16, 8);
+  std::string labels;
+  put_be32(labels, 0x801);
+  put_be32(labels, 3);
+  labels += std::string(3, '\1');
+  write_gz(data + "/train-labels-idx1-ubyte.gz", labels);
+  EXPECT_NE(message([&] { vit::load_fashion_mnist(data); }).find("different numbers"), std::string::npos);
+  // An image folder without test/, and one whose images differ in size.
+  const std::string folder = (dir.path / "folder").string();
+  fs::create_directories(folder + "/train/a");
+  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("'test'"), std::string::npos);
+  fs::create_directories(folder + "/test/a");
+  std::vector<uint8_t> px(12 * 12, 100);
+  stbi_write_png((folder + "/train/a/1.png").c_str(), 12, 12, 1, px.data(), 12);
+  stbi_write_png((folder + "/train/a/2.png").c_str(), 10, 12, 1, px.data(), 10);
+  stbi_write_png((folder + "/test/a/1.png").c_str(), 12, 12, 1, px.data(), 12);
+  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("--image-size"), std::string::npos);
+  EXPECT_EQ(message([&] { vit::load_image_folder(folder, 0, 12); }), "(no error)");
+}
+
+TEST(VitCli, ExitsNonZeroWithClearMessages) {
+  TempDir dir;
+  const std::string d = dir.path.string();
+  Shell r = run_vit("--data " + d + "/nowhere --no-progress --out " + d + "/out", d);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("error: vit:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
+
+  r = run_vit("--predict x.png", d);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--checkpoint"), std::string::npos) << r.output;
+
+  r = run_vit("--attention nosuch --data " + d, d);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("nosuch"), std::string::npos) << r.output;
+
+  r = run_vit("--batch-size 0", d);  // CLI11 range check
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("batch-size"), std::string::npos) << r.output;
+
+  r = run_vit("--help", d);
+  EXPECT_EQ(r.status, 0);
+  for (const char* flag : {"--attention", "--patch", "--pool", "--resume", "--predict", "--device", "--threads"})
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
+}
+
+TEST(VitCli, TrainsAndPredictsEndToEnd) {
+  TempDir dir;
+  const std::string d = dir.path.string();
+  fs::create_directories(d + "/data");
+  write_fake_fashion_mnist(d + "/data", 256, 64);
+  Shell r = run_vit("--data " + d + "/data --epochs 1 --patch 7 --dim 32 --depth 1 --heads 2 --batch-size 64 "
+                    "--threads 1 --out " + d + "/out",
+                    d);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_regular_file(d + "/out/summary.json"));
+  std::mt19937 rng(3);
+  auto img = bar_image(2, rng);
+  ASSERT_NE(stbi_write_png((d + "/two.png").c_str(), 28, 28, 1, img.data(), 28), 0);
+  r = run_vit("--predict " + d + "/two.png " + d + "/two.png --checkpoint " + d + "/out/checkpoint", d);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 2) << r.output;
+}
