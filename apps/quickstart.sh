@@ -28,9 +28,10 @@ fi
 
 BUILD=${LINEA_BUILD_DIR:-build/release}
 echo "== build ($BUILD, Release)"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD.configure.log" 2>&1 ||
-  { cat "$BUILD.configure.log"; exit 1; }
-grep -E "Linea: (CUDA backend|OpenBLAS)" "$BUILD.configure.log" || true
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD/configure.log" 2>&1 ||
+  { cat "$BUILD/configure.log"; exit 1; }
+grep -E "Linea: (CUDA backend|OpenBLAS)" "$BUILD/configure.log" || true
 cmake --build "$BUILD" -j"$(nproc)" --target vit
 
 OUT=${LINEA_OUT:-runs/quickstart}
