@@ -90,16 +90,12 @@ Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
 
 // ---- DataLoader -----------------------------------------------------------------------------
 
-namespace {
-
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-
-}  // namespace
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
     : dataset_(std::move(dataset)), opts_(options) {

@@ -70,6 +70,11 @@ class TensorDataset : public Dataset {
   int64_t n_;
 };
 
+// splitmix64, a 64-bit mixing function: random bits for a Dataset that needs them per example
+// (augmentation), as a pure function of (seed, epoch, index) without a shared generator, e.g.
+// splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ index).
+uint64_t splitmix64(uint64_t x);
+
 struct DataLoaderOptions {
   int64_t batch_size = 32;
   bool shuffle = true;

@@ -30,17 +30,7 @@ PACKAGES=(cmake ninja-build g++ make pkg-config python3 libopenblas-dev libfftw3
   nlohmann-json3-dev libstb-dev libcli11-dev libopenblas-openmp-dev gnuplot-nox)
 
 # ---- packages -------------------------------------------------------------------------------
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "== installing: ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
-fi
+bash tests/install_packages.sh "${PACKAGES[@]}"
 
 # ---- main build and tests -----------------------------------------------------------------------
 BUILD=${LINEA_BUILD_DIR:-build/release}

@@ -23,15 +23,6 @@ std::string idx_file(const std::string& dir, const std::string& name) {
 
 Tensor first_rows(const Tensor& t, int64_t n) { return n > 0 && n < t.size(0) ? narrow(t, 0, 0, n).contiguous() : t; }
 
-// splitmix64: a 64-bit mixing function, enough to turn (seed, epoch, index) into the few random
-// bits one augmentation needs without any shared generator state.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 }  // namespace
 
 ImageData load_fashion_mnist(const std::string& dir) {
@@ -142,7 +133,8 @@ AugmentedImages::AugmentedImages(Tensor images, Tensor labels, int64_t pad, bool
 void AugmentedImages::augment_into(int64_t index, float* dst) const {
   const int64_t C = images_.size(1), H = images_.size(2), W = images_.size(3);
   const float* src = images_.data<float>() + index * C * H * W;
-  const uint64_t r = mix(mix(mix(seed_) ^ static_cast<uint64_t>(epoch_.load())) ^ static_cast<uint64_t>(index));
+  const uint64_t r = nn::splitmix64(nn::splitmix64(nn::splitmix64(seed_) ^ static_cast<uint64_t>(epoch_.load())) ^
+                                     static_cast<uint64_t>(index));
   // Crop offset (dy, dx) in [-pad, pad]: output pixel (y, x) is input pixel (y + dy, x + dx).
   const int64_t span = 2 * pad_ + 1;
   const int64_t dy = static_cast<int64_t>(r % span) - pad_;

@@ -189,10 +189,10 @@ EvalResult evaluate(VisionTransformer& model, const Tensor& images, const Tensor
   return r;
 }
 
-void draw_curves(const std::string& out_dir) {
+void draw_curves(const std::string& out_dir, const std::string& attention) {
   std::vector<json> records = apps::MetricsLog::read(out_dir + "/metrics.jsonl");
-  apps::Series step_loss{"train loss (logged steps)", {}, {}};
-  apps::Series epoch_train{"train loss (epoch mean)", {}, {}};
+  apps::Series step_loss{"train loss, label-smoothed (logged steps)", {}, {}};
+  apps::Series epoch_train{"train loss, label-smoothed (epoch mean)", {}, {}};
   apps::Series epoch_test{"test loss", {}, {}};
   apps::Series test_acc{"test accuracy (right axis)", {}, {}};
   epoch_train.points = epoch_test.points = test_acc.points = true;
@@ -213,7 +213,7 @@ void draw_curves(const std::string& out_dir) {
     }
   }
   apps::Figure fig;
-  fig.title = "vit: training loss and test accuracy";
+  fig.title = "vit: " + attention + " attention, training loss and test accuracy";
   fig.xlabel = "epoch";
   fig.ylabel = "loss (cross-entropy)";
   fig.y2label = "test accuracy (%)";
@@ -351,6 +351,7 @@ TrainResult run_training(const TrainOptions& o) {
     Tensor loss_sum = zeros({}, TensorOptions(DType::Float64).with_device(device));
     Tensor correct_sum = zeros({}, TensorOptions(DType::Int64).with_device(device));
     Tensor log_loss = zeros({}, TensorOptions(DType::Float64).with_device(device));
+    Tensor log_correct = zeros({}, TensorOptions(DType::Int64).with_device(device));
     int64_t epoch_steps = 0, log_steps = 0;
     double lr = 0;
     const auto t_epoch = Clock::now();
@@ -370,7 +371,9 @@ TrainResult run_training(const TrainOptions& o) {
       Tensor l = loss.detach().to(DType::Float64);
       loss_sum = loss_sum + l;
       log_loss = log_loss + l;
-      correct_sum = correct_sum + sum(eq(argmax(logits.detach(), 1), y).to(DType::Int64));
+      Tensor correct = sum(eq(argmax(logits.detach(), 1), y).to(DType::Int64));
+      correct_sum = correct_sum + correct;
+      log_correct = log_correct + correct;
       if (device.is_cpu()) result.step_losses.push_back(l.item());
       const bool log_now = o.log_every > 0 && step % o.log_every == 0;
       if (log_now || (bar && epoch_steps % 10 == 0) || step == epoch_end) {
@@ -386,10 +389,11 @@ TrainResult run_training(const TrainOptions& o) {
                          {"epoch", epoch + 1},
                          {"epoch_progress", static_cast<double>(step) / steps_per_epoch},
                          {"lr", lr},
-                         {"loss", log_loss.item() / log_steps},
-                         {"accuracy", acc},
+                         {"loss", log_loss.item() / log_steps},  // both over the steps since the last record
+                         {"accuracy", static_cast<double>(log_correct.item<int64_t>()) / (log_steps * o.batch_size)},
                          {"images_per_s", epoch_steps * o.batch_size / std::max(secs, 1e-9)}});
           log_loss = zeros({}, TensorOptions(DType::Float64).with_device(device));
+          log_correct = zeros({}, TensorOptions(DType::Int64).with_device(device));
           log_steps = 0;
         }
       }
@@ -429,11 +433,11 @@ TrainResult run_training(const TrainOptions& o) {
     state.step = step;
     state.epoch = step / steps_per_epoch;
     save_all(ckpt_dir, *model, opt, state, cfg);
-    if (o.plot) draw_curves(o.out_dir);
+    if (o.plot) draw_curves(o.out_dir, cfg.model.attention);
   }
   if (!have_eval) {  // resumed after the last step: evaluate the final model once more for the summary
     last_eval = evaluate(*model, data.test_images, data.test_labels, device, eval_batch, "test", o.progress);
-    if (o.plot) draw_curves(o.out_dir);
+    if (o.plot) draw_curves(o.out_dir, cfg.model.attention);
   }
 
   // ---- summary ----
