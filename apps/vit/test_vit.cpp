@@ -185,6 +185,15 @@ TEST(VitRun, WritesMetricsSummaryCurvesAndCheckpoint) {
   if (linea::apps::gnuplot_available()) {
     EXPECT_GT(fs::file_size(out + "/curves.png"), 1000u);
   }
+
+  // --eval-only reproduces the final evaluation, with the checkpoint's normalization even when
+  // the training images it would compute one from differ.
+  vit::TrainOptions e = o;
+  e.eval_only = true;
+  e.train_limit = 100;
+  vit::TrainResult ev = vit::run_training(e);
+  EXPECT_EQ(ev.test_accuracy, r.test_accuracy);
+  EXPECT_EQ(ev.test_loss, r.test_loss);
 }
 
 TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {

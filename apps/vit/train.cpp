@@ -253,8 +253,6 @@ TrainResult run_training(const TrainOptions& o) {
   cfg.classes = data.classes;
   channel_stats(data.train_images, cfg.mean, cfg.std);
   cfg.run = run_json(o, data);
-  normalize_(data.train_images, cfg.mean, cfg.std);
-  normalize_(data.test_images, cfg.mean, cfg.std);
   const int64_t n_train = data.train_images.size(0);
   const int64_t steps_per_epoch = n_train / o.batch_size;
   LINEA_CHECK(steps_per_epoch >= 1, "vit: --batch-size ", o.batch_size, " is larger than the ", n_train,
@@ -281,12 +279,17 @@ TrainResult run_training(const TrainOptions& o) {
                 "' was made with other settings; use the same flags (or another --checkpoint/--out):", diff);
     state = nn::load_checkpoint(ckpt_dir, *model, opt);
     resumed = true;
+    // The model was trained on data normalized with these (--eval-only may use other data).
+    cfg.mean = saved.mean;
+    cfg.std = saved.std;
   } else if (o.eval_only) {
     LINEA_FAIL("vit: --eval-only needs a checkpoint, but '", ckpt_dir, "' holds none");
   } else if (o.resume) {
     std::printf("vit: --resume: no checkpoint in '%s' yet, starting from scratch\n", ckpt_dir.c_str());
   }
   const int64_t start_step = state.step;
+  normalize_(data.train_images, cfg.mean, cfg.std);
+  normalize_(data.test_images, cfg.mean, cfg.std);
 
   const std::string dev_name = apps::device_name(device);
   std::printf("vit: %s, %lld train / %lld test images of %lldx%lldx%lld, %zu classes\n", data.source.c_str(),
