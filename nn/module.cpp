@@ -46,6 +46,13 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
   return t;
 }
 
+Tensor Module::register_host_buffer(const std::string& name, Tensor t) {
+  LINEA_CHECK(t.defined() && t.is_cpu(), type_name_, ": host buffer '", name, "' must be a defined CPU tensor");
+  Tensor b = register_buffer(name, std::move(t));
+  host_buffers_.push_back(name);
+  return b;
+}
+
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   check_name(type_name_, name);
   LINEA_CHECK(m != nullptr, type_name_, ": submodule '", name, "' is null");
@@ -105,8 +112,10 @@ void Module::train(bool on) {
 
 void Module::to(Device device) {
   NoGradGuard ng;
-  for (auto* list : {&params_, &buffers_})
-    for (auto& [_, t] : *list) replace_data(t, raw::contiguous(raw::to_device(t, device)));
+  for (auto& [_, t] : params_) replace_data(t, raw::contiguous(raw::to_device(t, device)));
+  for (auto& [n, t] : buffers_)
+    if (std::find(host_buffers_.begin(), host_buffers_.end(), n) == host_buffers_.end())
+      replace_data(t, raw::contiguous(raw::to_device(t, device)));
   for (auto& [_, c] : children_) c->to(device);
 }
 

@@ -31,6 +31,9 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor register_parameter(const std::string& name, Tensor t);
   // Registers state that is saved and moved with the module but not trained.
   Tensor register_buffer(const std::string& name, Tensor t);
+  // A buffer that stays on the CPU whatever device the module moves to (a counter read on the
+  // host at every call, which would otherwise cost a device sync); saved like any buffer.
+  Tensor register_host_buffer(const std::string& name, Tensor t);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     add_child(name, m);
@@ -52,7 +55,8 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
-  // Moves/converts every parameter and buffer in place (gradients are dropped).
+  // Moves/converts every parameter and buffer in place (gradients are dropped); host buffers
+  // stay on the CPU.
   void to(Device device);
   void to(DType dtype);  // floating parameters and buffers only
   void zero_grad();
@@ -82,6 +86,7 @@ class Module : public std::enable_shared_from_this<Module> {
   bool training_ = true;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::string> host_buffers_;  // names of buffers that to(Device) leaves on the CPU
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/attention.h"
+#include "attention/softmax/softmax.h"
+#include "attention/transformer.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -21,7 +22,7 @@ using test::f64;
 
 // Small but non-trivial settings of every mechanism (few features/samples keep gradchecks fast).
 const std::vector<std::string> kSpecs = {
-    "softmax",          "performer:features=8", "performer:features=8,kernel=relu", "performer:features=4,kernel=trf",
+    "softmax",          "performer:features=8", "performer:features=8,feature_map=relu", "performer:features=4,feature_map=trf",
     "ra:samples=2",     "ra:samples=2,biased=1", "lara:samples=3",                  "lara:samples=2,proposal=mixed",
     "lara:samples=2,adaptive=1", "nprf_rpe:features=8,max_len=8"};
 
@@ -44,11 +45,11 @@ TEST(AttentionMechanisms, MultiHeadAttentionGradcheck) {
   for (const std::string& spec : kSpecs) {
     SCOPED_TRACE(spec);
     manual_seed(11);
-    nn::MultiHeadAttention mha(8, 2, spec);
+    attn::MultiHeadAttention mha(8, 2, spec);
     mha.to(DType::Float64);
-    randomize_parameters(*mha.kernel());
-    mha.kernel()->freeze_samples(true);
-    nn::AttentionOptions o;
+    randomize_parameters(*mha.mechanism());
+    mha.mechanism()->freeze_samples(true);
+    attn::AttentionOptions o;
     o.key_padding_mask = padding(6);
     Tensor x = test::randn64({2, 6, 8});
     auto f = [&](const std::vector<Tensor>& in) { return mha.forward(in[0], in[0], o); };
@@ -62,11 +63,11 @@ TEST(AttentionMechanisms, PaddedKeysNeverReachTheOutput) {
   for (const std::string& spec : kSpecs) {
     SCOPED_TRACE(spec);
     manual_seed(12);
-    auto mech = nn::make_attention(spec, H, D);
+    auto mech = attn::make_attention(spec, H, D);
     mech->to(DType::Float64);
     randomize_parameters(*mech);
     mech->freeze_samples(true);
-    nn::AttentionOptions o;
+    attn::AttentionOptions o;
     o.key_padding_mask = padding(N);
     Tensor q = randn({B, H, N, D}, f64()), k = randn({B, H, N, D}, f64()), v = randn({B, H, N, 3}, f64());
     const Tensor out = mech->forward(q, k, v, o);
@@ -82,7 +83,7 @@ TEST(AttentionMechanisms, TrainDrawsEvalIsDeterministic) {
   for (const std::string& spec : kSpecs) {
     SCOPED_TRACE(spec);
     manual_seed(13);
-    auto mech = nn::make_attention(spec, 2, 4);
+    auto mech = attn::make_attention(spec, 2, 4);
     randomize_parameters(*mech);
     Tensor q = randn({2, 2, 6, 4}), k = randn({2, 2, 6, 4}), v = randn({2, 2, 6, 3});
     const bool random = !mech->sample_names().empty();
@@ -108,7 +109,7 @@ TEST(AttentionMechanisms, Float32FiniteForLargeInputsAndFullyPaddedRows) {
   for (const std::string& spec : kSpecs) {
     SCOPED_TRACE(spec);
     manual_seed(14);
-    auto mech = nn::make_attention(spec, H, D);
+    auto mech = attn::make_attention(spec, H, D);
     // Rows of norm exactly 5 in the scaled space (|x~| = D^-1/4 |x|), some aligned, some opposed.
     auto big = [&](const Tensor& x) {
       return mul(div(x, sqrt(sum(square(x), {-1}, true))), 5.0 * std::pow(static_cast<double>(D), 0.25));
@@ -118,7 +119,7 @@ TEST(AttentionMechanisms, Float32FiniteForLargeInputsAndFullyPaddedRows) {
     Tensor v = randn({B, H, N, 3});
     q.requires_grad_(true);
     v.requires_grad_(true);
-    nn::AttentionOptions o;
+    attn::AttentionOptions o;
     std::vector<int64_t> pad(static_cast<size_t>(B * N), 0);
     for (int64_t m = 0; m < N; ++m) pad[static_cast<size_t>(N + m)] = 1;  // batch 1 fully padded
     pad[2] = 1;
@@ -157,13 +158,13 @@ TEST(AttentionMechanisms, LaraBeatsPerformerAtEqualSampleCount) {
   manual_seed(15);
   const int64_t H = 4, N = 64, D = 16, R = 24;  // R draws: enough power to resolve S = 8
   auto qkv = clustered_qkv(H, N, D, 4);
-  const Tensor exact = nn::softmax_attention(qkv[0], qkv[1], qkv[2]);
+  const Tensor exact = attn::softmax_attention(qkv[0], qkv[1], qkv[2]);
   for (int64_t S : {8, 16, 32}) {
     SCOPED_TRACE("samples " + std::to_string(S));
     double mse[2] = {0, 0}, sq[2] = {0, 0};
     const std::string specs[2] = {"lara:samples=" + std::to_string(S), "performer:features=" + std::to_string(S)};
     for (int i = 0; i < 2; ++i) {
-      auto mech = nn::make_attention(specs[i], H, D);
+      auto mech = attn::make_attention(specs[i], H, D);
       for (int64_t r = 0; r < R; ++r) {
         const double e = mean(square(sub(mech->forward(qkv[0], qkv[1], qkv[2], {}), exact))).item<double>();
         mse[i] += e / R;

@@ -2,13 +2,13 @@
 // parameters, same random samples passed with set_samples) moved to CUDA, and the forward
 // values plus the gradients of q, k, v and of the mechanism's own parameters compared with
 // |cuda - cpu| <= atol + rtol * |cpu|, in float32 and float64. Variants: causal, key padding,
-// cross-attention, eval mode, kernel and proposal options. Skipped without a GPU; CI runs it on
+// cross-attention, eval mode, feature map and proposal options. Skipped without a GPU; CI runs it on
 // the CUDA emulator (tests/cuda_emu). Built with -DLINEA_PARITY_SELF_TEST the "CUDA" side is the
 // CPU, which checks this harness on a machine without a GPU.
 #include <string>
 #include <vector>
 
-#include "nn/attention.h"
+#include "attention/transformer.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -41,7 +41,7 @@ Tol tol(DType dt) { return dt == DType::Float32 ? Tol{1e-4, 1e-3} : Tol{1e-9, 1e
 void expect_mechanism_parity(const Case& c, DType dt) {
   SCOPED_TRACE(c.name() + " (" + dtype_name(dt) + ")");
   const int64_t B = 2, H = 2, N = 7, M = c.cross ? 5 : N, D = 4, Dv = 3;
-  auto cpu = nn::make_attention(c.spec, H, D);
+  auto cpu = attn::make_attention(c.spec, H, D);
   cpu->to(dt);
   // Nonzero parameters (rpe starts at 0, which would hide a wrong bias path).
   for (auto& [name, p] : cpu->named_parameters()) {
@@ -50,7 +50,7 @@ void expect_mechanism_parity(const Case& c, DType dt) {
   }
   cpu->train(!c.eval);
   cpu->freeze_samples(true);
-  auto gpu = nn::make_attention(c.spec, H, D);
+  auto gpu = attn::make_attention(c.spec, H, D);
   gpu->to(dt);
   gpu->load_state_dict(cpu->state_dict());
   gpu->to(kCuda);
@@ -58,7 +58,7 @@ void expect_mechanism_parity(const Case& c, DType dt) {
 
   Tensor q = randn({B, H, N, D}, TensorOptions(dt)), k = randn({B, H, M, D}, TensorOptions(dt)),
          v = randn({B, H, M, Dv}, TensorOptions(dt));
-  nn::AttentionOptions oc, og;
+  attn::AttentionOptions oc, og;
   oc.causal = og.causal = c.causal;
   if (c.padded) {
     std::vector<int64_t> pad(static_cast<size_t>(B * M), 0);
@@ -110,8 +110,8 @@ TEST(AttentionCudaParity, Performer) {
   run_cases({{"performer:features=6"},
              {"performer:features=6,chunk=3", true, true},
              {"performer:features=5", false, true, true},
-             {"performer:features=6,kernel=relu", true},
-             {"performer:features=6,kernel=trf", false, true},
+             {"performer:features=6,feature_map=relu", true},
+             {"performer:features=6,feature_map=trf", false, true},
              {"performer:features=6", false, false, false, true}},
             2);
 }

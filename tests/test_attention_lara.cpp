@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "attention/lara/lara.h"
-#include "nn/attention.h"
+#include "attention/transformer.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -181,7 +181,7 @@ Tensor mask_of(const std::vector<int>& pad, int64_t B, int64_t M) {
 
 // Builds lara from a spec (so the factory's options are exercised), float64.
 std::shared_ptr<Lara> make(const std::string& spec, int64_t H, int64_t D) {
-  auto k = std::dynamic_pointer_cast<Lara>(nn::make_attention(spec, H, D));
+  auto k = std::dynamic_pointer_cast<Lara>(attn::make_attention(spec, H, D));
   EXPECT_NE(k, nullptr);
   k->to(DType::Float64);
   return k;
@@ -192,7 +192,7 @@ void expect_matches_naive(const std::string& spec, NaiveOpts o, int64_t B, int64
                           int64_t Dv) {
   SCOPED_TRACE(spec);
   Tensor q = r64({B, H, N, D}), k = r64({B, H, N, D}), v = r64({B, H, N, Dv});
-  nn::AttentionOptions opts;
+  attn::AttentionOptions opts;
   if (!o.pad.empty()) opts.key_padding_mask = mask_of(o.pad, B, N);
   auto lara = make(spec, H, D);
   o.eps = r64({B, H, std::min(o.C, N), D});
@@ -251,7 +251,7 @@ TEST(LinearRandomizedAttention, PaddedMatchesNaiveLoops) {
   expect_matches_naive("lara:samples=4,proposal=mixed", o, 3, 2, 8, 4, 3);
   // The fully padded batch attends to nothing.
   auto lara = make("lara:samples=4", 2, 4);
-  nn::AttentionOptions opts;
+  attn::AttentionOptions opts;
   opts.key_padding_mask = mask_of(o.pad, 3, 8);
   Tensor out = lara->forward(r64({3, 2, 8, 4}), r64({3, 2, 8, 4}), r64({3, 2, 8, 3}), opts);
   EXPECT_EQ(max(abs(select(out, 0, 1))).item<double>(), 0.0);
@@ -302,7 +302,7 @@ using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 // the parameters go in as extra inputs and, inside f, each parameter's autograd state points at
 // its leaf (gradcheck detaches its inputs into fresh leaves sharing storage), as in
 // tests/test_gradcheck_layers.cpp.
-::testing::AssertionResult lara_grad_ok(const std::shared_ptr<Lara>& lara, const nn::AttentionOptions& o,
+::testing::AssertionResult lara_grad_ok(const std::shared_ptr<Lara>& lara, const attn::AttentionOptions& o,
                                         std::vector<Tensor> inputs) {
   lara->freeze_samples(true);
   lara->forward(inputs[0].detach(), inputs[1].detach(), inputs[2].detach(), o);  // draws eps once
@@ -355,7 +355,7 @@ TEST(GradCheck, LaraAdaptive) {
 
 TEST(GradCheck, LaraPadded) {
   manual_seed(10);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   // batch 0: keys 2 and 3 (a whole segment of 2) padded; batch 1: every key.
   o.key_padding_mask = tensor<int64_t>({0, 0, 1, 1, 0, 1, 1, 1, 1, 1}, {2, 5});
   EXPECT_TRUE(lara_grad_ok(make("lara:samples=2", 2, 3), o, qkv(2, 2, 5, 3, 2)));
@@ -366,7 +366,7 @@ TEST(GradCheck, LaraPadded) {
 TEST(LinearRandomizedAttention, PaddedKeysDoNotChangeOutputs) {
   const int64_t B = 2, H = 2, N = 9, D = 4;
   const std::vector<int> pad = {0, 0, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1};
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = mask_of(pad, B, N);
   Tensor pm = reshape(mask_of(pad, B, N).to(DType::Bool), {B, 1, N, 1});
   for (const char* spec : {"lara:samples=3", "lara:samples=4,proposal=mixed", "lara:samples=3,adaptive=1"}) {
@@ -429,7 +429,7 @@ TEST(LinearRandomizedAttention, SpecOptionsAndMultiHeadAttention) {
   EXPECT_EQ(m->parameters().size(), 4u);
   EXPECT_NE(m->str().find("proposal=mixed"), std::string::npos);
   manual_seed(14);
-  nn::MultiHeadAttention mha(8, 2, "lara:samples=3,adaptive=1");
+  attn::MultiHeadAttention mha(8, 2, "lara:samples=3,adaptive=1");
   EXPECT_EQ(mha.forward(randn({2, 5, 8}), randn({2, 5, 8})).shape(), Shape({2, 5, 8}));
   EXPECT_EQ(mha.named_parameters().size(), 8u + 4u);  // 4 projections (weight, bias) + the proposal's
 }
@@ -450,11 +450,11 @@ TEST(LinearRandomizedAttention, Float32FiniteForLargeInputs) {
   for (const char* spec : {"lara:samples=4", "lara:samples=4,proposal=mixed", "lara:samples=3,adaptive=1"})
     for (bool padded : {false, true}) {
       SCOPED_TRACE(std::string(spec) + (padded ? " padded" : ""));
-      nn::AttentionOptions o;
+      attn::AttentionOptions o;
       if (padded) o.key_padding_mask = mask_of(pad, B, N);
       Tensor qq = q.detach(), kk = k.detach(), vv = v.detach();
       for (Tensor* t : {&qq, &kk, &vv}) t->requires_grad_(true);
-      auto lara = nn::make_attention(spec, H, D);
+      auto lara = attn::make_attention(spec, H, D);
       Tensor out = lara->forward(qq, kk, vv, o);
       sum(square(out)).backward();
       for (const Tensor& t : {out, qq.grad(), kk.grad(), vv.grad()})
@@ -469,20 +469,20 @@ TEST(LinearRandomizedAttention, Float32FiniteForLargeInputs) {
 
 TEST(LinearRandomizedAttention, Errors) {
   Tensor q = randn({1, 2, 6, 4}), k = randn({1, 2, 6, 4}), v = randn({1, 2, 6, 2});
-  auto lara = nn::make_attention("lara:samples=3", 2, 4);
-  nn::AttentionOptions causal;
+  auto lara = attn::make_attention("lara:samples=3", 2, 4);
+  attn::AttentionOptions causal;
   causal.causal = true;
   EXPECT_LINEA_ERROR(lara->forward(q, k, v, causal), "lara: causal attention is not supported");
   EXPECT_LINEA_ERROR(lara->attention_matrix(q, k, causal), "lara: causal");
   EXPECT_LINEA_ERROR(lara->forward(q, randn({1, 2, 5, 4}), randn({1, 2, 5, 2}), {}),
                      "lara: only self-attention is supported");
   EXPECT_LINEA_ERROR(lara->forward(q, k, randn({1, 2, 5, 2}), {}), "shapes do not match");
-  EXPECT_LINEA_ERROR(nn::make_attention("lara:samples=0", 2, 4), "samples must be positive");
-  EXPECT_LINEA_ERROR(nn::make_attention("lara:proposal=kq", 2, 4), "proposal must be qk or mixed");
-  EXPECT_LINEA_ERROR(nn::make_attention("lara:noise=-1", 2, 4), "noise must be >= 0");
-  EXPECT_LINEA_ERROR(nn::make_attention("lara:beta=x", 2, 4), "expects a number");
-  EXPECT_LINEA_ERROR(nn::make_attention("lara:adaptive=2", 2, 4), "expects a boolean");
-  EXPECT_LINEA_ERROR(nn::make_attention("lara:landmarks=4", 2, 4), "unknown option");
+  EXPECT_LINEA_ERROR(attn::make_attention("lara:samples=0", 2, 4), "samples must be positive");
+  EXPECT_LINEA_ERROR(attn::make_attention("lara:proposal=kq", 2, 4), "proposal must be qk or mixed");
+  EXPECT_LINEA_ERROR(attn::make_attention("lara:noise=-1", 2, 4), "noise must be >= 0");
+  EXPECT_LINEA_ERROR(attn::make_attention("lara:beta=x", 2, 4), "expects a number");
+  EXPECT_LINEA_ERROR(attn::make_attention("lara:adaptive=2", 2, 4), "expects a boolean");
+  EXPECT_LINEA_ERROR(attn::make_attention("lara:landmarks=4", 2, 4), "unknown option");
   // eps must be [B, H, C_eff, D]: C_eff = 3 here, min(C, N) = N = 2 below.
   lara->set_samples({{"eps", randn({1, 2, 4, 4})}});
   EXPECT_LINEA_ERROR(lara->forward(q, k, v, {}),

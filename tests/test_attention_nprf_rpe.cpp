@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention/nprf_rpe/nprf_rpe.h"
+#include "attention/multihead.h"
 #include "attention/nprf_rpe/toeplitz.h"
 #include "tests/test_util.h"
 
@@ -18,7 +19,7 @@ namespace {
 
 using attn::NprfPath;
 using attn::NprfRpeAttention;
-using nn::AttentionOptions;
+using attn::AttentionOptions;
 using test::all_close;
 using test::f64;
 
@@ -315,7 +316,7 @@ TEST(NprfRpe, AutoPicksDenseForShortAndFftForLong) {
   // Through the layer: auto asks the rule with its features and head dim (or the given Dv);
   // dense=0 / dense=1 force one path at every length.
   auto layer = [](const std::string& spec) {
-    auto m = std::dynamic_pointer_cast<NprfRpeAttention>(nn::make_attention(spec, 4, 16));
+    auto m = std::dynamic_pointer_cast<NprfRpeAttention>(attn::make_attention(spec, 4, 16));
     EXPECT_NE(m, nullptr);
     return m;
   };
@@ -416,7 +417,7 @@ TEST(NprfRpe, TrainRedrawsEvalIsDeterministicSamplesCanBeFixed) {
 }
 
 TEST(NprfRpe, ParametersBuffersAndSpec) {
-  auto m = nn::make_attention("nprf_rpe:features=8,max_len=16", 3, 4);
+  auto m = attn::make_attention("nprf_rpe:features=8,max_len=16", 3, 4);
   auto* n = dynamic_cast<NprfRpeAttention*>(m.get());
   ASSERT_NE(n, nullptr);
   EXPECT_EQ(n->features(), 8);
@@ -429,18 +430,20 @@ TEST(NprfRpe, ParametersBuffersAndSpec) {
   EXPECT_EQ(params[0].second.shape(), (Shape{3, 31}));
   EXPECT_EQ(params[0].second.dtype(), DType::Float32);
   EXPECT_TRUE(all_close(params[0].second, zeros({3, 31}), 0, 0));
-  auto bufs = m->named_buffers();
-  ASSERT_EQ(bufs.size(), 1u);
-  EXPECT_EQ(bufs[0].first, "omega");
-  EXPECT_EQ(bufs[0].second.shape(), (Shape{3, 8, 4}));
-  EXPECT_EQ(bufs[0].second.dtype(), DType::Float32);
+  auto bufs = m->named_buffers();  // the redraw schedule's counter, then the features
+  ASSERT_EQ(bufs.size(), 2u);
+  EXPECT_EQ(bufs[0].first, "redraw_calls");
+  EXPECT_EQ(bufs[0].second.dtype(), DType::Int64);
+  EXPECT_EQ(bufs[1].first, "omega");
+  EXPECT_EQ(bufs[1].second.shape(), (Shape{3, 8, 4}));
+  EXPECT_EQ(bufs[1].second.dtype(), DType::Float32);
   EXPECT_EQ(m->sample_names(), std::vector<std::string>{"omega"});
-  auto d = nn::make_attention("nprf_rpe", 2, 4);
+  auto d = attn::make_attention("nprf_rpe", 2, 4);
   auto* dn = dynamic_cast<NprfRpeAttention*>(d.get());
   EXPECT_EQ(dn->features(), 64);
   EXPECT_EQ(dn->max_len(), 512);
   auto mode = [](const std::string& spec) {
-    return dynamic_cast<NprfRpeAttention*>(nn::make_attention(spec, 2, 4).get())->dense();
+    return dynamic_cast<NprfRpeAttention*>(attn::make_attention(spec, 2, 4).get())->dense();
   };
   EXPECT_EQ(mode("nprf_rpe:dense=1,redraw=0"), NprfPath::Dense);
   EXPECT_EQ(mode("nprf_rpe:dense=true"), NprfPath::Dense);
@@ -450,24 +453,24 @@ TEST(NprfRpe, ParametersBuffersAndSpec) {
   EXPECT_EQ(mode("nprf_rpe:dense=AUTO"), NprfPath::Auto);
   EXPECT_NE(m->str().find("max_len=16"), std::string::npos);
   EXPECT_NE(m->str().find("dense=auto"), std::string::npos);
-  EXPECT_NE(nn::make_attention("nprf_rpe:dense=0", 2, 4)->str().find("dense=0"), std::string::npos);
+  EXPECT_NE(attn::make_attention("nprf_rpe:dense=0", 2, 4)->str().find("dense=0"), std::string::npos);
   // Through MultiHeadAttention, self-attention with padding and a causal mask.
   manual_seed(32);
-  nn::MultiHeadAttention mha(8, 2, "nprf_rpe:features=4,max_len=6");
+  attn::MultiHeadAttention mha(8, 2, "nprf_rpe:features=4,max_len=6");
   Tensor x = randn({2, 6, 8});
   Tensor y = mha(x, x, options(true, mask_of({0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0}, 2, 6)));
   EXPECT_EQ(y.shape(), (Shape{2, 6, 8}));
   for (double e : y.to_vector<double>()) ASSERT_TRUE(std::isfinite(e));
   // The bias is trained: the gradient reaches the module's parameter.
   sum(square(y)).backward();
-  Tensor g = mha.kernel()->named_parameters()[0].second.grad();
+  Tensor g = mha.mechanism()->named_parameters()[0].second.grad();
   ASSERT_TRUE(g.defined());
   EXPECT_EQ(g.shape(), (Shape{2, 11}));
   EXPECT_GT(raw::reduce(ReduceOp::Max, raw::unary(UnaryOp::Abs, g), {}, false).item(), 0.0);
 }
 
 TEST(NprfRpe, LengthsBeyondMaxLenThrow) {
-  auto m = nn::make_attention("nprf_rpe:features=4,max_len=8", 2, 4);
+  auto m = attn::make_attention("nprf_rpe:features=4,max_len=8", 2, 4);
   Tensor ok = randn({1, 2, 8, 4}), long_ = randn({1, 2, 9, 4});
   EXPECT_NO_THROW(m->forward(ok, ok, ok, {}));
   EXPECT_LINEA_ERROR(m->forward(long_, long_, long_, {}), "max_len = 8");
@@ -477,12 +480,12 @@ TEST(NprfRpe, LengthsBeyondMaxLenThrow) {
 }
 
 TEST(NprfRpe, BadOptionsAndInputsThrow) {
-  EXPECT_LINEA_ERROR(nn::make_attention("nprf_rpe:features=0", 2, 4), "features must be > 0");
-  EXPECT_LINEA_ERROR(nn::make_attention("nprf_rpe:max_len=0", 2, 4), "max_len must be > 0");
-  EXPECT_LINEA_ERROR(nn::make_attention("nprf_rpe:redraw=-1", 2, 4), "redraw must be >= 0");
-  EXPECT_LINEA_ERROR(nn::make_attention("nprf_rpe:dense=maybe", 2, 4), "'dense' expects 0, 1 or auto, got 'maybe'");
-  EXPECT_ANY_THROW(nn::make_attention("nprf_rpe:feature=8", 2, 4));
-  auto m = nn::make_attention("nprf_rpe:features=4,max_len=8", 2, 4);
+  EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:features=0", 2, 4), "features must be > 0");
+  EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:max_len=0", 2, 4), "max_len must be > 0");
+  EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:redraw=-1", 2, 4), "redraw must be >= 0");
+  EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:dense=maybe", 2, 4), "'dense' expects 0, 1 or auto, got 'maybe'");
+  EXPECT_ANY_THROW(attn::make_attention("nprf_rpe:feature=8", 2, 4));
+  auto m = attn::make_attention("nprf_rpe:features=4,max_len=8", 2, 4);
   Tensor q = randn({1, 2, 5, 4});
   EXPECT_LINEA_ERROR(m->forward(q, q, randn({1, 2, 4, 3}), {}), "nprf_rpe");
   EXPECT_LINEA_ERROR(m->forward(randn({1, 3, 5, 4}), randn({1, 3, 5, 4}), randn({1, 3, 5, 4}), {}), "built for 2 heads");

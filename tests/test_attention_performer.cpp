@@ -10,14 +10,14 @@
 #include <vector>
 
 #include "attention/performer/performer.h"
-#include "nn/attention.h"
+#include "attention/transformer.h"
 #include "tests/test_util.h"
 
 namespace linea {
 namespace {
 
 using attn::PerformerAttention;
-using attn::PerformerKernel;
+using attn::FeatureMap;
 using test::all_close;
 using test::f64;
 using test::randn64;
@@ -26,7 +26,7 @@ using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 Tensor r64(const Shape& s) { return randn(s, f64()); }
 
 // A float64 performer with omega [H, S, D] set explicitly (so it is a deterministic function).
-std::shared_ptr<PerformerAttention> performer64(int64_t H, int64_t D, int64_t S, PerformerKernel kind, int64_t chunk,
+std::shared_ptr<PerformerAttention> performer64(int64_t H, int64_t D, int64_t S, FeatureMap kind, int64_t chunk,
                                                 Tensor* omega_out = nullptr) {
   auto p = std::make_shared<PerformerAttention>(H, D, S, kind, /*redraw=*/1, chunk);
   p->to(DType::Float64);
@@ -36,14 +36,14 @@ std::shared_ptr<PerformerAttention> performer64(int64_t H, int64_t D, int64_t S,
   return p;
 }
 
-Fn forward_fn(const std::shared_ptr<PerformerAttention>& p, nn::AttentionOptions o) {
+Fn forward_fn(const std::shared_ptr<PerformerAttention>& p, attn::AttentionOptions o) {
   return [p, o](const std::vector<Tensor>& x) { return p->forward(x[0], x[1], x[2], o); };
 }
 
 // The independent reference: phi's from performer_features (unstabilized), then by loops
 // out_n = sum_{m visible} (phi_q[n].phi_k[m]) v_m / sum_{m visible} phi_q[n].phi_k[m], where m is
 // visible iff !pad[b][m] && (!causal || m <= n); a row with no visible key gives zeros.
-Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, PerformerKernel kind,
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, FeatureMap kind,
                  bool causal, const std::vector<int>& pad = {}) {
   NoGradGuard ng;
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
@@ -89,25 +89,25 @@ bool all_finite(const Tensor& t) {
 // ---- gradient checks --------------------------------------------------------------------------
 TEST(GradCheck, PerformerBidirectional) {
   manual_seed(40);
-  auto p = performer64(2, 4, 6, PerformerKernel::Softmax, 64);
+  auto p = performer64(2, 4, 6, FeatureMap::Softmax, 64);
   EXPECT_GRADCHECK(forward_fn(p, {}), {randn64({2, 2, 5, 4}), randn64({2, 2, 5, 4}), randn64({2, 2, 5, 3})});
 }
 
 TEST(GradCheck, PerformerCausalChunks) {
   manual_seed(41);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   // N = 7 with chunk 3: chunks of 3, 3, 1 (state carried twice, N not a multiple of the chunk).
-  auto p = performer64(2, 4, 6, PerformerKernel::Softmax, 3);
+  auto p = performer64(2, 4, 6, FeatureMap::Softmax, 3);
   EXPECT_GRADCHECK(forward_fn(p, o), {randn64({2, 2, 7, 4}), randn64({2, 2, 7, 4}), randn64({2, 2, 7, 3})});
 }
 
 TEST(GradCheck, PerformerPadded) {
   manual_seed(42);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   // Batch 1 has every key padded: outputs and gradients zero.
   o.key_padding_mask = mask_of({0, 1, 0, 0, 1, 1, 1, 1, 1, 1}, 2, 5);
-  auto p = performer64(2, 4, 6, PerformerKernel::Softmax, 2);
+  auto p = performer64(2, 4, 6, FeatureMap::Softmax, 2);
   EXPECT_GRADCHECK(forward_fn(p, o), {randn64({2, 2, 5, 4}), randn64({2, 2, 5, 4}), randn64({2, 2, 5, 3})});
   // Causal and padded: query 0 of batch 0 sees no key (key 0 padded).
   o.causal = true;
@@ -117,10 +117,10 @@ TEST(GradCheck, PerformerPadded) {
 
 TEST(GradCheck, PerformerCrossAttention) {
   manual_seed(43);
-  auto p = performer64(2, 4, 6, PerformerKernel::Softmax, 2);
+  auto p = performer64(2, 4, 6, FeatureMap::Softmax, 2);
   EXPECT_GRADCHECK(forward_fn(p, {}), {randn64({2, 2, 3, 4}), randn64({2, 2, 6, 4}), randn64({2, 2, 6, 2})});
   // Causal with M != N both ways (top-left aligned), chunk 2.
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   EXPECT_GRADCHECK(forward_fn(p, o), {randn64({1, 2, 3, 4}), randn64({1, 2, 6, 4}), randn64({1, 2, 6, 2})});
   EXPECT_GRADCHECK(forward_fn(p, o), {randn64({1, 2, 6, 4}), randn64({1, 2, 3, 4}), randn64({1, 2, 3, 2})});
@@ -128,9 +128,9 @@ TEST(GradCheck, PerformerCrossAttention) {
 
 TEST(GradCheck, PerformerReluKernel) {
   manual_seed(44);
-  auto p = performer64(2, 4, 6, PerformerKernel::Relu, 2);
+  auto p = performer64(2, 4, 6, FeatureMap::Relu, 2);
   EXPECT_GRADCHECK(forward_fn(p, {}), {randn64({2, 2, 5, 4}), randn64({2, 2, 5, 4}), randn64({2, 2, 5, 3})});
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   EXPECT_GRADCHECK(forward_fn(p, o), {randn64({1, 2, 5, 4}), randn64({1, 2, 5, 4}), randn64({1, 2, 5, 3})});
 }
@@ -138,9 +138,9 @@ TEST(GradCheck, PerformerReluKernel) {
 TEST(GradCheck, PerformerTrfKernel) {
   manual_seed(45);
   // Many features so the signed denominators stay away from zero at these inputs.
-  auto p = performer64(2, 4, 32, PerformerKernel::Trf, 2);
+  auto p = performer64(2, 4, 32, FeatureMap::Trf, 2);
   EXPECT_GRADCHECK(forward_fn(p, {}), {randn64({2, 2, 5, 4}, 0.5), randn64({2, 2, 5, 4}, 0.5), randn64({2, 2, 5, 3})});
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   o.key_padding_mask = mask_of({0, 0, 1, 0, 0}, 1, 5);
   EXPECT_GRADCHECK(forward_fn(p, o), {randn64({1, 2, 5, 4}, 0.5), randn64({1, 2, 5, 4}, 0.5), randn64({1, 2, 5, 3})});
@@ -148,10 +148,10 @@ TEST(GradCheck, PerformerTrfKernel) {
 
 TEST(GradCheck, PerformerMultiHeadAttentionInputs) {
   manual_seed(46);
-  auto mha = std::make_shared<nn::MultiHeadAttention>(4, 2, "performer:features=6,chunk=2");
+  auto mha = std::make_shared<attn::MultiHeadAttention>(4, 2, "performer:features=6,chunk=2");
   mha->to(DType::Float64);
   mha->eval();  // omega: the buffer, fixed
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   o.key_padding_mask = mask_of({0, 0, 1, 0, 0, 0}, 2, 3);
   const Fn f = [&](const std::vector<Tensor>& x) { return mha->forward(x[0], x[0], o); };
@@ -162,7 +162,7 @@ TEST(GradCheck, PerformerMultiHeadAttentionInputs) {
 // For P pairs (q~, k~) in the scaled space, R independent W's (R "heads" of orthogonal_gaussian,
 // or i.i.d. rows) give R independent estimates phi(q~).phi(k~); their mean must be within 4
 // standard errors (sample standard deviation / sqrt(R)) of exp(q~.k~).
-void expect_unbiased(PerformerKernel kind, bool orthogonal, uint64_t seed) {
+void expect_unbiased(FeatureMap kind, bool orthogonal, uint64_t seed) {
   manual_seed(seed);
   const int64_t R = 4000, S = 8, D = 4, P = 5;
   // Pairs with |q~|, |k~| in [0.4, 1.2] and dot products of both signs.
@@ -183,16 +183,16 @@ void expect_unbiased(PerformerKernel kind, bool orthogonal, uint64_t seed) {
     for (int64_t r = 0; r < R; ++r) m2 += (est[r * P + p] - mean) * (est[r * P + p] - mean);
     const double se = std::sqrt(m2 / (R - 1) / R), target = std::exp(dots[p]);
     EXPECT_LT(std::fabs(mean - target), 4 * se)
-        << attn::performer_kernel_name(kind) << (orthogonal ? " orthogonal" : " iid") << " pair " << p << ": mean "
+        << attn::feature_map_name(kind) << (orthogonal ? " orthogonal" : " iid") << " pair " << p << ": mean "
         << mean << " vs exp(q.k) " << target << ", se " << se;
     EXPECT_LT(se, 0.05 * target) << "the test is too weak to see a bias";  // meaningful precision
   }
 }
 
-TEST(PerformerStatistics, SoftmaxFeaturesUnbiasedOrthogonal) { expect_unbiased(PerformerKernel::Softmax, true, 50); }
-TEST(PerformerStatistics, SoftmaxFeaturesUnbiasedIid) { expect_unbiased(PerformerKernel::Softmax, false, 51); }
-TEST(PerformerStatistics, TrfFeaturesUnbiasedOrthogonal) { expect_unbiased(PerformerKernel::Trf, true, 52); }
-TEST(PerformerStatistics, TrfFeaturesUnbiasedIid) { expect_unbiased(PerformerKernel::Trf, false, 53); }
+TEST(PerformerStatistics, SoftmaxFeaturesUnbiasedOrthogonal) { expect_unbiased(FeatureMap::Softmax, true, 50); }
+TEST(PerformerStatistics, SoftmaxFeaturesUnbiasedIid) { expect_unbiased(FeatureMap::Softmax, false, 51); }
+TEST(PerformerStatistics, TrfFeaturesUnbiasedOrthogonal) { expect_unbiased(FeatureMap::Trf, true, 52); }
+TEST(PerformerStatistics, TrfFeaturesUnbiasedIid) { expect_unbiased(FeatureMap::Trf, false, 53); }
 
 TEST(PerformerStatistics, OrthogonalRowsAreOrthogonalWithinABlock) {
   manual_seed(54);
@@ -206,7 +206,7 @@ TEST(PerformerStatistics, OrthogonalRowsAreOrthogonalWithinABlock) {
         EXPECT_NEAR(gv[i * 8 + j], 0.0, 1e-5);
         EXPECT_NEAR(gv[(i + 4) * 8 + j + 4], 0.0, 1e-5);
       }
-  auto iid = std::make_shared<PerformerAttention>(1, 4, 8, PerformerKernel::Softmax, 1, 64, /*orthogonal=*/false);
+  auto iid = std::make_shared<PerformerAttention>(1, 4, 8, FeatureMap::Softmax, 1, 64, /*orthogonal=*/false);
   auto wi = iid->omega().to(DType::Float64);
   EXPECT_GT(std::fabs(matmul(wi, transpose(wi, -2, -1)).to_vector<double>()[1]), 1e-5);
 }
@@ -216,29 +216,29 @@ TEST(PerformerCausal, EqualsMaskedQuadraticForEveryChunkLength) {
   manual_seed(60);
   const int64_t B = 2, H = 2, N = 7, D = 4, S = 5;
   Tensor q = r64({B, H, N, D}), k = r64({B, H, N, D}), v = r64({B, H, N, 3});
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
-  for (PerformerKernel kind : {PerformerKernel::Softmax, PerformerKernel::Relu, PerformerKernel::Trf})
+  for (FeatureMap kind : {FeatureMap::Softmax, FeatureMap::Relu, FeatureMap::Trf})
     for (int64_t chunk : {1, 3, 7, 10}) {
       Tensor w;
       auto p = performer64(H, D, S, kind, chunk, &w);
       EXPECT_TRUE(all_close(p->forward(q, k, v, o), reference(q, k, v, w, kind, true), 1e-12, 1e-12))
-          << attn::performer_kernel_name(kind) << " chunk " << chunk;
+          << attn::feature_map_name(kind) << " chunk " << chunk;
     }
   // Padded and causal; and M != N both ways (keys m <= n only).
   Tensor w;
-  auto p = performer64(H, D, S, PerformerKernel::Softmax, 3, &w);
+  auto p = performer64(H, D, S, FeatureMap::Softmax, 3, &w);
   const std::vector<int> pad = {1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
   o.key_padding_mask = mask_of(pad, B, N);
   EXPECT_TRUE(
-      all_close(p->forward(q, k, v, o), reference(q, k, v, w, PerformerKernel::Softmax, true, pad), 1e-12, 1e-12));
+      all_close(p->forward(q, k, v, o), reference(q, k, v, w, FeatureMap::Softmax, true, pad), 1e-12, 1e-12));
   o.key_padding_mask = Tensor();
   Tensor k9 = r64({B, H, 9, D}), v9 = r64({B, H, 9, 3});
   EXPECT_TRUE(
-      all_close(p->forward(q, k9, v9, o), reference(q, k9, v9, w, PerformerKernel::Softmax, true), 1e-12, 1e-12));
+      all_close(p->forward(q, k9, v9, o), reference(q, k9, v9, w, FeatureMap::Softmax, true), 1e-12, 1e-12));
   Tensor k4 = narrow(k, 2, 0, 4), v4 = narrow(v, 2, 0, 4);
   EXPECT_TRUE(
-      all_close(p->forward(q, k4, v4, o), reference(q, k4, v4, w, PerformerKernel::Softmax, true), 1e-12, 1e-12));
+      all_close(p->forward(q, k4, v4, o), reference(q, k4, v4, w, FeatureMap::Softmax, true), 1e-12, 1e-12));
 }
 
 TEST(PerformerCausal, FutureTokensDoNotChangePastOutputs) {
@@ -248,10 +248,10 @@ TEST(PerformerCausal, FutureTokensDoNotChangePastOutputs) {
   // Keys and values after position n0 replaced (with larger ones, which also moves the key stabilizer).
   Tensor k2 = cat({narrow(k, 2, 0, n0 + 1), r64({2, 2, N - n0 - 1, 4}) * 2.0}, 2);
   Tensor v2 = cat({narrow(v, 2, 0, n0 + 1), r64({2, 2, N - n0 - 1, 3})}, 2);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   for (int64_t chunk : {1, 2, 4, 64}) {
-    auto p = performer64(2, 4, 8, PerformerKernel::Softmax, chunk);
+    auto p = performer64(2, 4, 8, FeatureMap::Softmax, chunk);
     Tensor a = p->forward(q, k, v, o), b = p->forward(q, k2, v2, o);
     EXPECT_TRUE(all_close(narrow(a, 2, 0, n0 + 1), narrow(b, 2, 0, n0 + 1), 1e-12, 1e-12)) << "chunk " << chunk;
     EXPECT_GT(max_abs(narrow(a, 2, n0 + 1, N - n0 - 1) - narrow(b, 2, n0 + 1, N - n0 - 1)), 1e-3);
@@ -268,16 +268,16 @@ TEST(PerformerPadding, AppendedPaddedKeysChangeNothing) {
   std::vector<int> pad(B * (M + extra), 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t m = M; m < M + extra; ++m) pad[b * (M + extra) + m] = 1;
-  nn::AttentionOptions padded;
+  attn::AttentionOptions padded;
   padded.key_padding_mask = mask_of(pad, B, M + extra);
-  for (PerformerKernel kind : {PerformerKernel::Softmax, PerformerKernel::Relu, PerformerKernel::Trf}) {
+  for (FeatureMap kind : {FeatureMap::Softmax, FeatureMap::Relu, FeatureMap::Trf}) {
     Tensor w;
     auto p = performer64(H, D, 16, kind, 3, &w);
     Tensor ref = p->forward(q, k, v, {});
-    EXPECT_TRUE(all_close(p->forward(q, kp, vp, padded), ref, 1e-12, 1e-10)) << attn::performer_kernel_name(kind);
+    EXPECT_TRUE(all_close(p->forward(q, kp, vp, padded), ref, 1e-12, 1e-10)) << attn::feature_map_name(kind);
     EXPECT_TRUE(all_close(ref, reference(q, k, v, w, kind, false), 1e-12, 1e-10));
     // Causal too (queries 0..7 see keys m <= n; the appended keys 5..7 are padded).
-    nn::AttentionOptions c = padded, c0;
+    attn::AttentionOptions c = padded, c0;
     c.causal = c0.causal = true;
     EXPECT_TRUE(all_close(p->forward(q, kp, vp, c), p->forward(q, k, v, c0), 1e-12, 1e-10));
   }
@@ -285,13 +285,13 @@ TEST(PerformerPadding, AppendedPaddedKeysChangeNothing) {
 
 TEST(PerformerPadding, FullyPaddedRowGivesZerosNotNaN) {
   manual_seed(71);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = tensor<bool>({false, true, false, true, true, true, true, true}, {2, 4});
   for (const char* spec :
-       {"performer:features=8", "performer:features=8,kernel=relu", "performer:features=8,kernel=trf"})
+       {"performer:features=8", "performer:features=8,feature_map=relu", "performer:features=8,feature_map=trf"})
     for (bool causal : {false, true}) {
       o.causal = causal;
-      auto p = nn::make_attention(spec, 2, 4);
+      auto p = attn::make_attention(spec, 2, 4);
       p->eval();
       Tensor q = randn({2, 2, 3, 4}), k = randn({2, 2, 4, 4}), v = randn({2, 2, 4, 3});
       q.requires_grad_(true);
@@ -310,7 +310,7 @@ TEST(PerformerSamples, TrainingRedrawsOnSchedule) {
   manual_seed(80);
   Tensor q = randn({1, 2, 4, 4}), k = randn({1, 2, 4, 4}), v = randn({1, 2, 4, 3});
   // redraw=1 (default): two training forwards use different W and give different outputs.
-  auto p = nn::make_attention("performer:features=8", 2, 4);
+  auto p = attn::make_attention("performer:features=8", 2, 4);
   p->train();
   Tensor a = p->forward(q, k, v, {});
   Tensor wa = p->last_samples().at("omega");
@@ -318,7 +318,7 @@ TEST(PerformerSamples, TrainingRedrawsOnSchedule) {
   EXPECT_GT(max_abs(a - b), 1e-6);
   EXPECT_GT(max_abs(wa - p->last_samples().at("omega")), 1e-3);
   // redraw=3: new W at training forwards 1, 4, 7 (the first included), kept in between.
-  auto r = std::dynamic_pointer_cast<PerformerAttention>(nn::make_attention("performer:features=8,redraw=3", 2, 4));
+  auto r = std::dynamic_pointer_cast<PerformerAttention>(attn::make_attention("performer:features=8,redraw=3", 2, 4));
   ASSERT_TRUE(r != nullptr);
   Tensor prev = clone(r->omega());
   for (int t = 1; t <= 7; ++t) {
@@ -328,9 +328,14 @@ TEST(PerformerSamples, TrainingRedrawsOnSchedule) {
     EXPECT_EQ(max_abs(r->last_samples().at("omega") - r->omega()), 0.0);  // forward used the buffer
     prev = clone(r->omega());
   }
-  EXPECT_EQ(r->training_draws(), 7);
+  EXPECT_EQ(r->redraw_calls(), 7);
+  // Eval calls are not counted.
+  r->eval();
+  r->forward(q, k, v, {});
+  EXPECT_EQ(r->redraw_calls(), 7);
+  r->train();
   // redraw=0: never.
-  auto never = std::dynamic_pointer_cast<PerformerAttention>(nn::make_attention("performer:features=8,redraw=0", 2, 4));
+  auto never = std::dynamic_pointer_cast<PerformerAttention>(attn::make_attention("performer:features=8,redraw=0", 2, 4));
   Tensor w0 = clone(never->omega());
   Tensor n1 = never->forward(q, k, v, {}), n2 = never->forward(q, k, v, {});
   EXPECT_EQ(max_abs(never->omega() - w0), 0.0);
@@ -340,7 +345,7 @@ TEST(PerformerSamples, TrainingRedrawsOnSchedule) {
 TEST(PerformerSamples, EvalIsDeterministicAndUsesTheBuffer) {
   manual_seed(81);
   Tensor q = randn({2, 2, 5, 4}), k = randn({2, 2, 5, 4}), v = randn({2, 2, 5, 3});
-  auto p = std::dynamic_pointer_cast<PerformerAttention>(nn::make_attention("performer:features=8", 2, 4));
+  auto p = std::dynamic_pointer_cast<PerformerAttention>(attn::make_attention("performer:features=8", 2, 4));
   p->train();
   p->forward(q, k, v, {});  // a redraw
   p->eval();
@@ -350,7 +355,7 @@ TEST(PerformerSamples, EvalIsDeterministicAndUsesTheBuffer) {
   EXPECT_EQ(max_abs(p->omega() - w), 0.0);
   EXPECT_EQ(max_abs(p->last_samples().at("omega") - w), 0.0);
   // The same as passing the buffer's W explicitly.
-  auto e = nn::make_attention("performer:features=8", 2, 4);
+  auto e = attn::make_attention("performer:features=8", 2, 4);
   e->set_samples({{"omega", w}});
   EXPECT_TRUE(all_close(e->forward(q, k, v, {}), a, 0, 0));
 }
@@ -358,7 +363,7 @@ TEST(PerformerSamples, EvalIsDeterministicAndUsesTheBuffer) {
 TEST(PerformerSamples, ExplicitAndFrozenSamplesAreDeterministic) {
   manual_seed(82);
   Tensor q = randn({1, 2, 5, 4}), k = randn({1, 2, 5, 4}), v = randn({1, 2, 5, 3});
-  auto p = std::dynamic_pointer_cast<PerformerAttention>(nn::make_attention("performer:features=8", 2, 4));
+  auto p = std::dynamic_pointer_cast<PerformerAttention>(attn::make_attention("performer:features=8", 2, 4));
   p->train();
   // set_samples: W used as given, in training too, and the buffer is left alone.
   Tensor w = attn::orthogonal_gaussian(2, 8, 4);  // float64: converted to the inputs' float32
@@ -378,30 +383,30 @@ TEST(PerformerSamples, ExplicitAndFrozenSamplesAreDeterministic) {
   EXPECT_GT(max_abs(p->forward(q, k, v, {}) - f1), 1e-6);
   // Two layers seeded alike draw alike.
   manual_seed(5);
-  auto x = nn::make_attention("performer:features=8", 2, 4);
+  auto x = attn::make_attention("performer:features=8", 2, 4);
   Tensor xo = x->forward(q, k, v, {});
   manual_seed(5);
-  auto y = nn::make_attention("performer:features=8", 2, 4);
+  auto y = attn::make_attention("performer:features=8", 2, 4);
   EXPECT_EQ(max_abs(y->forward(q, k, v, {}) - xo), 0.0);
 }
 
 TEST(PerformerSamples, StateDictHoldsOmega) {
   manual_seed(83);
-  auto mha = std::make_shared<nn::MultiHeadAttention>(8, 2, "performer:features=16");
+  auto mha = std::make_shared<attn::MultiHeadAttention>(8, 2, "performer:features=16");
   nn::StateDict sd = mha->state_dict();
-  ASSERT_EQ(sd.count("kernel.omega"), 1u);
-  EXPECT_EQ(sd.at("kernel.omega").shape(), Shape({2, 16, 4}));
-  EXPECT_EQ(sd.at("kernel.omega").dtype(), DType::Float32);
-  EXPECT_EQ(mha->kernel()->sample_names(), std::vector<std::string>({"omega"}));
+  ASSERT_EQ(sd.count("mechanism.omega"), 1u);
+  EXPECT_EQ(sd.at("mechanism.omega").shape(), Shape({2, 16, 4}));
+  EXPECT_EQ(sd.at("mechanism.omega").dtype(), DType::Float32);
+  EXPECT_EQ(mha->mechanism()->sample_names(), std::vector<std::string>({"omega"}));
   // Loading another model's omega makes eval outputs agree.
-  auto other = std::make_shared<nn::MultiHeadAttention>(8, 2, "performer:features=16");
+  auto other = std::make_shared<attn::MultiHeadAttention>(8, 2, "performer:features=16");
   other->load_state_dict(sd);
   mha->eval();
   other->eval();
   Tensor x = randn({2, 3, 8});
   EXPECT_EQ(max_abs(mha->forward(x, x) - other->forward(x, x)), 0.0);
   mha->to(DType::Float64);
-  EXPECT_EQ(mha->state_dict().at("kernel.omega").dtype(), DType::Float64);
+  EXPECT_EQ(mha->state_dict().at("mechanism.omega").dtype(), DType::Float64);
 }
 
 // ---- attention matrix, float32 range, errors --------------------------------------------------
@@ -409,9 +414,9 @@ TEST(Performer, ForwardEqualsAttentionMatrixTimesV) {
   manual_seed(90);
   Tensor q = r64({2, 2, 6, 4}), k = r64({2, 2, 6, 4}), v = r64({2, 2, 6, 3});
   Tensor k8 = r64({2, 2, 8, 4}), v8 = r64({2, 2, 8, 3});
-  for (PerformerKernel kind : {PerformerKernel::Softmax, PerformerKernel::Relu, PerformerKernel::Trf}) {
+  for (FeatureMap kind : {FeatureMap::Softmax, FeatureMap::Relu, FeatureMap::Trf}) {
     auto p = performer64(2, 4, 16, kind, 4);
-    nn::AttentionOptions o;
+    attn::AttentionOptions o;
     EXPECT_TRUE(all_close(p->forward(q, k, v, o), matmul(p->attention_matrix(q, k, o), v), 1e-12, 1e-10));
     o.causal = true;
     EXPECT_TRUE(all_close(p->forward(q, k, v, o), matmul(p->attention_matrix(q, k, o), v), 1e-12, 1e-10));
@@ -421,7 +426,7 @@ TEST(Performer, ForwardEqualsAttentionMatrixTimesV) {
     EXPECT_TRUE(all_close(p->forward(q, k8, v8, o), matmul(p->attention_matrix(q, k8, o), v8), 1e-12, 1e-10));
     o.causal = false;
     EXPECT_TRUE(all_close(p->forward(q, k8, v8, o), matmul(p->attention_matrix(q, k8, o), v8), 1e-12, 1e-10));
-    if (kind != PerformerKernel::Trf) {  // positive features: rows are probability vectors
+    if (kind != FeatureMap::Trf) {  // positive features: rows are probability vectors
       EXPECT_TRUE(all_close(sum(p->attention_matrix(q, k8, o), {-1}), ones({2, 2, 6}, f64()), 1e-12, 0));
     }
   }
@@ -435,13 +440,13 @@ TEST(Performer, FiniteInFloat32AtLargeNorms) {
   Tensor q = at_norm(randn({B, H, N, D})), k = at_norm(randn({B, H, N, D})), v = randn({B, H, N, 8});
   q.requires_grad_(true);
   k.requires_grad_(true);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = zeros({B, N}, DType::Bool);  // nothing padded: exercises the masked path
-  for (const char* spec : {"performer:features=32,chunk=8", "performer:features=32,chunk=8,kernel=relu",
-                           "performer:features=32,chunk=8,kernel=trf"})
+  for (const char* spec : {"performer:features=32,chunk=8", "performer:features=32,chunk=8,feature_map=relu",
+                           "performer:features=32,chunk=8,feature_map=trf"})
     for (bool causal : {false, true}) {
       o.causal = causal;
-      auto p = nn::make_attention(spec, H, D);
+      auto p = attn::make_attention(spec, H, D);
       p->eval();
       Tensor out = p->forward(q, k, v, o);
       EXPECT_TRUE(all_finite(out)) << spec << (causal ? " causal" : "");
@@ -451,7 +456,7 @@ TEST(Performer, FiniteInFloat32AtLargeNorms) {
       EXPECT_TRUE(all_finite(q.grad()) && all_finite(k.grad())) << spec << (causal ? " causal" : "");
       // float32 agrees with float64 on the same W (the stabilizers keep float32 in range).
       if (std::string(spec).find("trf") == std::string::npos) {
-        auto p64 = nn::make_attention(spec, H, D);
+        auto p64 = attn::make_attention(spec, H, D);
         p64->set_samples({{"omega", p->last_samples().at("omega")}});
         Tensor ref =
             p64->forward(q.detach().to(DType::Float64), k.detach().to(DType::Float64), v.to(DType::Float64), o);
@@ -461,13 +466,14 @@ TEST(Performer, FiniteInFloat32AtLargeNorms) {
 }
 
 TEST(Performer, BadOptionsAndInputsThrow) {
-  EXPECT_LINEA_ERROR(nn::make_attention("performer:features=0", 2, 4), "performer: features must be positive, got 0");
-  EXPECT_LINEA_ERROR(nn::make_attention("performer:kernel=cosh", 2, 4), "performer: unknown kernel 'cosh'");
-  EXPECT_LINEA_ERROR(nn::make_attention("performer:redraw=-1", 2, 4), "performer: redraw must be >= 0");
-  EXPECT_LINEA_ERROR(nn::make_attention("performer:chunk=0", 2, 4), "performer: chunk must be positive");
-  EXPECT_LINEA_ERROR(nn::make_attention("performer:orthogonal=maybe", 2, 4), "expects a boolean");
-  EXPECT_LINEA_ERROR(nn::make_attention("performer:feature=8", 2, 4), "unknown option feature");
-  auto p = nn::make_attention("performer:features=8", 2, 4);
+  EXPECT_LINEA_ERROR(attn::make_attention("performer:features=0", 2, 4), "performer: features must be positive, got 0");
+  EXPECT_LINEA_ERROR(attn::make_attention("performer:feature_map=cosh", 2, 4),
+                     "performer: unknown feature_map 'cosh'");
+  EXPECT_LINEA_ERROR(attn::make_attention("performer:redraw=-1", 2, 4), "performer: redraw must be >= 0");
+  EXPECT_LINEA_ERROR(attn::make_attention("performer:chunk=0", 2, 4), "performer: chunk must be positive");
+  EXPECT_LINEA_ERROR(attn::make_attention("performer:orthogonal=maybe", 2, 4), "expects a boolean");
+  EXPECT_LINEA_ERROR(attn::make_attention("performer:feature=8", 2, 4), "unknown option feature");
+  auto p = attn::make_attention("performer:features=8", 2, 4);
   Tensor q = randn({1, 2, 3, 4}), v = randn({1, 2, 3, 5});
   EXPECT_LINEA_ERROR(p->forward(randn({1, 3, 3, 4}), randn({1, 3, 3, 4}), randn({1, 3, 3, 4}), {}),
                      "performer: built for 2 heads of dim 4");
@@ -477,14 +483,14 @@ TEST(Performer, BadOptionsAndInputsThrow) {
   EXPECT_LINEA_ERROR(p->forward(zeros({1, 2, 3, 4}, DType::Int64), zeros({1, 2, 3, 4}, DType::Int64),
                                 zeros({1, 2, 3, 5}, DType::Int64), {}),
                      "performer: expected float32/float64 inputs");
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = zeros({1, 4}, DType::Bool);
   EXPECT_LINEA_ERROR(p->forward(q, q, v, o), "performer: key_padding_mask must be [B, M] = [1, 3]");
   EXPECT_LINEA_ERROR(p->forward(q, narrow(q, 2, 0, 0), narrow(v, 2, 0, 0), {}), "performer: empty sequence");
   p->set_samples({{"omega", zeros({2, 7, 4})}});
   EXPECT_LINEA_ERROR(p->forward(q, q, v, {}), "sample 'omega' has shape [2, 7, 4] but this call needs [2, 8, 4]");
   EXPECT_LINEA_ERROR(p->set_samples({{"eps", zeros({1})}}), "unknown sample 'eps'");
-  EXPECT_LINEA_ERROR(attn::performer_features(randn({1, 2, 3, 4}), randn({2, 8, 5}), PerformerKernel::Softmax),
+  EXPECT_LINEA_ERROR(attn::performer_features(randn({1, 2, 3, 4}), randn({2, 8, 5}), FeatureMap::Softmax),
                      "performer_features: expected x_scaled [B, H, L, D] and omega [H, S, D]");
   EXPECT_LINEA_ERROR(std::make_shared<PerformerAttention>(2, 4, -3), "performer: features must be positive, got -3");
 }

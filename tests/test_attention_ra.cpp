@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "attention/ra/ra.h"
-#include "nn/attention.h"
+#include "attention/softmax/softmax.h"
+#include "attention/transformer.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -149,14 +150,14 @@ TEST(RandomizedAttention, PaddedMatchesNaiveLoopsWithDrawnSamples) {
   const int64_t B = 3, H = 2, N = 4, M = 6, D = 3, Dv = 2, S = 4;
   // batch 0 pads keys 1 and 4, batch 1 every key, batch 2 only key 5.
   const std::vector<int> pad = {0, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1};
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = mask_of(pad, B, M);
   Tensor q = r64({B, H, N, D}), k = r64({B, H, M, D}), v = r64({B, H, M, Dv});
   for (bool biased : {false, true}) {
     SCOPED_TRACE(biased ? "biased" : "unbiased");
     auto ra = make(H, D, S, biased);
     Tensor out = ra->forward(q, k, v, o);               // drawn samples, recorded in last_samples()
-    const nn::AttentionSamples s = ra->last_samples();  // a copy: later forwards overwrite it
+    const attn::AttentionSamples s = ra->last_samples();  // a copy: later forwards overwrite it
     NaiveRa ref = naive_ra(q, k, v, pad, biased, biased ? Tensor() : s.at("ra_index"), s.at("eps"), S);
     EXPECT_TRUE(all_close(out, ref.out, 1e-12, 1e-12));
     EXPECT_EQ(max(abs(select(out, 0, 1))).item<double>(), 0.0);  // fully padded batch: zeros
@@ -171,7 +172,7 @@ TEST(RandomizedAttention, PaddedMatchesNaiveLoopsWithDrawnSamples) {
 // ---- gradchecks (float64, samples frozen) --------------------------------------------------------
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-Fn frozen_forward(const std::shared_ptr<attn::RandomizedAttention>& ra, const nn::AttentionOptions& o,
+Fn frozen_forward(const std::shared_ptr<attn::RandomizedAttention>& ra, const attn::AttentionOptions& o,
                   const std::vector<Tensor>& x) {
   ra->freeze_samples(true);
   ra->forward(x[0].detach(), x[1].detach(), x[2].detach(), o);  // draws the samples once
@@ -196,7 +197,7 @@ TEST(GradCheck, RaBiased) {
 
 TEST(GradCheck, RaPadded) {
   manual_seed(6);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = tensor<int64_t>({0, 1, 0, 0, 1, 1, 1, 1, 1, 1}, {2, 5});  // batch 1 fully padded
   for (bool biased : {false, true}) {
     SCOPED_TRACE(biased ? "biased" : "unbiased");
@@ -212,7 +213,7 @@ double mse_to_softmax(bool biased, int64_t S, const Tensor& q, const Tensor& k, 
   auto ra = make(q.size(1), q.size(3), S, biased);
   NoGradGuard ng;
   Tensor out = ra->forward(q, k, v, {});
-  return mean(square(sub(out, nn::softmax_attention(q, k, v)))).item<double>();
+  return mean(square(sub(out, attn::softmax_attention(q, k, v)))).item<double>();
 }
 
 // Unbiased RA: E_w[sum_m softmax_m(log xi(k~_m, w)) v_m] over w ~ sum_m pi_nm N(q~_n + k~_m, I) IS
@@ -274,13 +275,13 @@ TEST(RandomizedAttention, IndexSamplerFollowsPiAndNeverPicksPaddedKeys) {
   const std::vector<int> pad = {1, 0, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0};
   Tensor pm = reshape(mask_of(pad, B, M).to(DType::Bool), {B, 1, M, 1});
   k = where(pm, mul(sum(q, {2}, true), 3.0), k);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = mask_of(pad, B, M);
   auto ra = make(H, D, S, false);
   ra->forward(q, k, r64({B, H, M, 2}), o);
   auto idx = ra->last_samples().at("ra_index").to_vector<int64_t>();
   // pi by the exact mechanism's attention matrix (softmax of q.k/sqrt(D) = q~.k~).
-  auto pi = nn::SoftmaxAttention(H, D).attention_matrix(q, k, o).to_vector<double>();
+  auto pi = attn::SoftmaxAttention(H, D).attention_matrix(q, k, o).to_vector<double>();
   for (int64_t bn = 0; bn < B * N; ++bn) {
     const int64_t b = bn / N;
     std::vector<double> count(static_cast<size_t>(M), 0.0);
@@ -301,7 +302,7 @@ TEST(RandomizedAttention, IndexSamplerFollowsPiAndNeverPicksPaddedKeys) {
 TEST(RandomizedAttention, PaddedKeysDoNotChangeOutputs) {
   const int64_t B = 2, H = 2, N = 5, M = 6, D = 4;
   const std::vector<int> pad = {0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0};
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = mask_of(pad, B, M);
   Tensor pm = reshape(mask_of(pad, B, M).to(DType::Bool), {B, 1, M, 1});
   for (bool biased : {false, true}) {
@@ -351,17 +352,17 @@ TEST(RandomizedAttention, TrainDrawsEvalFreezeAndSetSamples) {
 }
 
 TEST(RandomizedAttention, SpecOptionsAndMultiHeadAttention) {
-  auto k = nn::make_attention("ra:samples=5,biased=1", 2, 4);
+  auto k = attn::make_attention("ra:samples=5,biased=1", 2, 4);
   auto* ra = dynamic_cast<attn::RandomizedAttention*>(k.get());
   ASSERT_NE(ra, nullptr);
   EXPECT_EQ(ra->samples(), 5);
   EXPECT_TRUE(ra->biased());
-  auto d = nn::make_attention("ra", 2, 4);
+  auto d = attn::make_attention("ra", 2, 4);
   EXPECT_EQ(dynamic_cast<attn::RandomizedAttention*>(d.get())->samples(), 1);
   EXPECT_FALSE(dynamic_cast<attn::RandomizedAttention*>(d.get())->biased());
   EXPECT_NE(k->str().find("samples=5"), std::string::npos);
   manual_seed(13);
-  nn::MultiHeadAttention mha(8, 2, "ra:samples=2");
+  attn::MultiHeadAttention mha(8, 2, "ra:samples=2");
   EXPECT_EQ(mha.forward(randn({2, 5, 8}), randn({2, 3, 8})).shape(), Shape({2, 5, 8}));  // cross-attention
 }
 
@@ -381,7 +382,7 @@ TEST(RandomizedAttention, Float32FiniteForLargeInputs) {
   for (bool biased : {false, true})
     for (bool padded : {false, true}) {
       SCOPED_TRACE(std::string(biased ? "biased" : "unbiased") + (padded ? " padded" : ""));
-      nn::AttentionOptions o;
+      attn::AttentionOptions o;
       if (padded) o.key_padding_mask = mask_of(pad, B, N);
       Tensor qq = q.detach(), kk = k.detach(), vv = v.detach();
       for (Tensor* t : {&qq, &kk, &vv}) t->requires_grad_(true);
@@ -397,14 +398,14 @@ TEST(RandomizedAttention, Float32FiniteForLargeInputs) {
 
 TEST(RandomizedAttention, Errors) {
   Tensor q = randn({1, 2, 3, 4}), k = randn({1, 2, 5, 4}), v = randn({1, 2, 5, 2});
-  nn::AttentionOptions causal;
+  attn::AttentionOptions causal;
   causal.causal = true;
   EXPECT_LINEA_ERROR(make(2, 4, 1, false)->forward(q, k, v, causal), "ra: causal attention is not supported");
   EXPECT_LINEA_ERROR(make(2, 4, 1, true)->attention_matrix(q, k, causal), "ra: causal");
-  EXPECT_LINEA_ERROR(nn::make_attention("ra:samples=0", 2, 4), "samples must be positive");
-  EXPECT_LINEA_ERROR(nn::make_attention("ra:samples=-3", 2, 4), "samples must be positive");
-  EXPECT_LINEA_ERROR(nn::make_attention("ra:biased=maybe", 2, 4), "expects a boolean");
-  EXPECT_LINEA_ERROR(nn::make_attention("ra:features=4", 2, 4), "unknown option");
+  EXPECT_LINEA_ERROR(attn::make_attention("ra:samples=0", 2, 4), "samples must be positive");
+  EXPECT_LINEA_ERROR(attn::make_attention("ra:samples=-3", 2, 4), "samples must be positive");
+  EXPECT_LINEA_ERROR(attn::make_attention("ra:biased=maybe", 2, 4), "expects a boolean");
+  EXPECT_LINEA_ERROR(attn::make_attention("ra:features=4", 2, 4), "unknown option");
   EXPECT_LINEA_ERROR(make(2, 4, 1, false)->forward(q, randn({1, 2, 5, 3}), v, {}), "ra");
   // Sample shapes, dtypes and values.
   auto ra = make(2, 4, 2, false);

@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "nn/attention.h"
-#include "nn/transformer.h"
+#include "attention/softmax/softmax.h"
+#include "attention/transformer.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -59,20 +59,20 @@ Tensor mask_of(const std::vector<int>& pad, int64_t B, int64_t M) {
 TEST(SoftmaxAttention, NoMaskMatchesNaive) {
   manual_seed(1);
   Tensor q = r64({2, 3, 4, 5}), k = r64({2, 3, 6, 5}), v = r64({2, 3, 6, 2});
-  EXPECT_TRUE(all_close(nn::softmax_attention(q, k, v), naive_attention(q, k, v, false), 1e-12, 1e-10));
+  EXPECT_TRUE(all_close(attn::softmax_attention(q, k, v), naive_attention(q, k, v, false), 1e-12, 1e-10));
 }
 
 TEST(SoftmaxAttention, CausalMatchesNaiveMaskedLoops) {
   manual_seed(2);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   Tensor q = r64({2, 2, 5, 3}), k = r64({2, 2, 5, 3}), v = r64({2, 2, 5, 4});
-  Tensor out = nn::softmax_attention(q, k, v, o);
+  Tensor out = attn::softmax_attention(q, k, v, o);
   EXPECT_TRUE(all_close(out, naive_attention(q, k, v, true), 1e-12, 1e-10));
   // The first query sees only the first key: its output is v[0].
   EXPECT_TRUE(all_close(out.narrow(2, 0, 1), v.narrow(2, 0, 1), 1e-12, 0));
   // Float32 too, through the registered mechanism.
-  auto mech = nn::make_attention("softmax", 2, 3);
+  auto mech = attn::make_attention("softmax", 2, 3);
   Tensor out32 = mech->forward(q.to(DType::Float32), k.to(DType::Float32), v.to(DType::Float32), o);
   EXPECT_EQ(out32.dtype(), DType::Float32);
   EXPECT_TRUE(all_close(out32, out.to(DType::Float32), 1e-5, 1e-4));
@@ -80,11 +80,11 @@ TEST(SoftmaxAttention, CausalMatchesNaiveMaskedLoops) {
 
 TEST(SoftmaxAttention, CausalCrossLengthsAlignTopLeft) {
   manual_seed(3);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   for (auto [N, M] : {std::pair<int64_t, int64_t>{3, 6}, {6, 3}}) {
     Tensor q = r64({1, 2, N, 4}), k = r64({1, 2, M, 4}), v = r64({1, 2, M, 3});
-    EXPECT_TRUE(all_close(nn::softmax_attention(q, k, v, o), naive_attention(q, k, v, true), 1e-12, 1e-10))
+    EXPECT_TRUE(all_close(attn::softmax_attention(q, k, v, o), naive_attention(q, k, v, true), 1e-12, 1e-10))
         << "N=" << N << " M=" << M;
   }
 }
@@ -94,13 +94,13 @@ TEST(SoftmaxAttention, PaddingMatchesNaive) {
   const std::vector<int> pad = {0, 1, 0, 0, 1, 1, 0, 0, 0, 1};  // [2, 5]
   Tensor q = r64({2, 2, 3, 4}), k = r64({2, 2, 5, 4}), v = r64({2, 2, 5, 3});
   for (bool causal : {false, true}) {
-    nn::AttentionOptions o;
+    attn::AttentionOptions o;
     o.causal = causal;
     o.key_padding_mask = mask_of(pad, 2, 5);
     Tensor ref = naive_attention(q, k, v, causal, pad);
-    EXPECT_TRUE(all_close(nn::softmax_attention(q, k, v, o), ref, 1e-12, 1e-10)) << "causal " << causal;
+    EXPECT_TRUE(all_close(attn::softmax_attention(q, k, v, o), ref, 1e-12, 1e-10)) << "causal " << causal;
     o.key_padding_mask = ne(mask_of(pad, 2, 5), 0.0);  // the same mask as Bool
-    EXPECT_TRUE(all_close(nn::softmax_attention(q, k, v, o), ref, 1e-12, 1e-10)) << "bool, causal " << causal;
+    EXPECT_TRUE(all_close(attn::softmax_attention(q, k, v, o), ref, 1e-12, 1e-10)) << "bool, causal " << causal;
   }
 }
 
@@ -109,26 +109,26 @@ TEST(SoftmaxAttention, PaddedKeysDoNotChangeUnpaddedOutputs) {
   const int64_t B = 2, H = 2, N = 4, M = 3, P = 4, D = 3;
   Tensor q = r64({B, H, N, D}), k = r64({B, H, M, D}), v = r64({B, H, M, D});
   for (bool causal : {false, true}) {
-    nn::AttentionOptions plain;
+    attn::AttentionOptions plain;
     plain.causal = causal;
-    Tensor ref = nn::softmax_attention(q, k, v, plain);
+    Tensor ref = attn::softmax_attention(q, k, v, plain);
     // Append P keys/values with large random values, all marked as padding.
     Tensor k2 = cat({k, r64({B, H, P, D}) * 10.0}, 2), v2 = cat({v, r64({B, H, P, D}) * 10.0}, 2);
     std::vector<int> pad;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t m = 0; m < M + P; ++m) pad.push_back(m >= M);
-    nn::AttentionOptions padded = plain;
+    attn::AttentionOptions padded = plain;
     padded.key_padding_mask = mask_of(pad, B, M + P);
-    EXPECT_TRUE(all_close(nn::softmax_attention(q, k2, v2, padded), ref, 1e-12, 1e-10)) << "causal " << causal;
+    EXPECT_TRUE(all_close(attn::softmax_attention(q, k2, v2, padded), ref, 1e-12, 1e-10)) << "causal " << causal;
   }
 }
 
 TEST(SoftmaxAttention, FullyMaskedRowGivesZerosNotNaN) {
   manual_seed(6);
   Tensor q = test::randn64({2, 1, 3, 2}), k = test::randn64({2, 1, 4, 2}), v = test::randn64({2, 1, 4, 3});
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = tensor<bool>({false, true, false, false, true, true, true, true}, {2, 4});
-  Tensor out = nn::softmax_attention(q, k, v, o);
+  Tensor out = attn::softmax_attention(q, k, v, o);
   EXPECT_TRUE(all_close(out.select(0, 1), zeros({1, 3, 3}, f64()), 0, 0));
   EXPECT_TRUE(all_close(out, naive_attention(q, k, v, false, {0, 1, 0, 0, 1, 1, 1, 1}), 1e-12, 1e-10));
   // Gradients are finite everywhere and zero for the fully masked batch.
@@ -139,11 +139,11 @@ TEST(SoftmaxAttention, FullyMaskedRowGivesZerosNotNaN) {
   // Causal + padding: query 0 of a batch whose key 0 is padded sees nothing.
   o.causal = true;
   o.key_padding_mask = tensor<int64_t>({1, 0, 0, 0, 0, 0, 0, 0}, {2, 4});
-  Tensor c = nn::softmax_attention(q.detach(), k.detach(), v.detach(), o);
+  Tensor c = attn::softmax_attention(q.detach(), k.detach(), v.detach(), o);
   EXPECT_TRUE(all_close(c.select(0, 0).narrow(1, 0, 1), zeros({1, 1, 3}, f64()), 0, 0));
   EXPECT_TRUE(all_close(c, naive_attention(q, k, v, true, {1, 0, 0, 0, 0, 0, 0, 0}), 1e-12, 1e-10));
   // Float32: the finite fill value does not overflow into NaN either.
-  Tensor c32 = nn::softmax_attention(q.detach().to(DType::Float32), k.detach().to(DType::Float32),
+  Tensor c32 = attn::softmax_attention(q.detach().to(DType::Float32), k.detach().to(DType::Float32),
                                      v.detach().to(DType::Float32), o);
   for (double x : c32.to_vector<double>()) EXPECT_TRUE(std::isfinite(x));
 }
@@ -151,11 +151,11 @@ TEST(SoftmaxAttention, FullyMaskedRowGivesZerosNotNaN) {
 TEST(SoftmaxAttention, DropoutOnWeightsOnlyWhileTraining) {
   manual_seed(7);
   Tensor q = r64({1, 2, 6, 4}), k = r64({1, 2, 6, 4}), v = r64({1, 2, 6, 4});
-  auto mech = nn::make_attention("softmax:dropout=0.5", 2, 4);
-  auto dmech = std::dynamic_pointer_cast<nn::SoftmaxAttention>(mech);
+  auto mech = attn::make_attention("softmax:dropout=0.5", 2, 4);
+  auto dmech = std::dynamic_pointer_cast<attn::SoftmaxAttention>(mech);
   ASSERT_NE(dmech, nullptr);
   EXPECT_DOUBLE_EQ(dmech->dropout(), 0.5);
-  Tensor ref = nn::softmax_attention(q, k, v);
+  Tensor ref = attn::softmax_attention(q, k, v);
   mech->eval();
   EXPECT_TRUE(all_close(mech->forward(q, k, v, {}), ref, 0, 0));
   mech->train();
@@ -168,21 +168,21 @@ TEST(SoftmaxAttention, DropoutOnWeightsOnlyWhileTraining) {
 
 TEST(SoftmaxAttention, BadInputsThrow) {
   Tensor q = zeros({1, 2, 3, 4}), k = zeros({1, 2, 5, 4}), v = zeros({1, 2, 5, 6});
-  EXPECT_LINEA_ERROR(nn::softmax_attention(zeros({2, 3, 4}), k, v), "expected q [B, H, N, D]");
-  EXPECT_LINEA_ERROR(nn::softmax_attention(q, zeros({1, 2, 5, 3}), v), "shapes do not match");
-  EXPECT_LINEA_ERROR(nn::softmax_attention(q, k, zeros({1, 2, 4, 6})), "shapes do not match");
-  EXPECT_LINEA_ERROR(nn::softmax_attention(q, k, zeros({1, 2, 5, 6}, f64())), "float64");
-  nn::AttentionOptions o;
+  EXPECT_LINEA_ERROR(attn::softmax_attention(zeros({2, 3, 4}), k, v), "expected q [B, H, N, D]");
+  EXPECT_LINEA_ERROR(attn::softmax_attention(q, zeros({1, 2, 5, 3}), v), "shapes do not match");
+  EXPECT_LINEA_ERROR(attn::softmax_attention(q, k, zeros({1, 2, 4, 6})), "shapes do not match");
+  EXPECT_LINEA_ERROR(attn::softmax_attention(q, k, zeros({1, 2, 5, 6}, f64())), "float64");
+  attn::AttentionOptions o;
   o.key_padding_mask = zeros({1, 4}, TensorOptions(DType::Int64));
-  EXPECT_LINEA_ERROR(nn::softmax_attention(q, k, v, o), "key_padding_mask must be [B, M] = [1, 5]");
+  EXPECT_LINEA_ERROR(attn::softmax_attention(q, k, v, o), "key_padding_mask must be [B, M] = [1, 5]");
   o.key_padding_mask = zeros({1, 5});
-  EXPECT_LINEA_ERROR(nn::softmax_attention(q, k, v, o), "key_padding_mask must be bool or int64");
+  EXPECT_LINEA_ERROR(attn::softmax_attention(q, k, v, o), "key_padding_mask must be bool or int64");
 }
 
 // ---- MultiHeadAttention ----------------------------------------------------------------------
 TEST(MultiHeadAttention, ShapeAndParameterNames) {
   manual_seed(9);
-  auto mha = std::make_shared<nn::MultiHeadAttention>(8, 2);
+  auto mha = std::make_shared<attn::MultiHeadAttention>(8, 2);
   EXPECT_EQ(mha->forward(randn({3, 5, 8}), randn({3, 5, 8})).shape(), Shape({3, 5, 8}));
   std::vector<std::string> names;
   for (auto& [n, t] : mha->named_parameters()) names.push_back(n);
@@ -190,12 +190,12 @@ TEST(MultiHeadAttention, ShapeAndParameterNames) {
                                              "v_proj.weight", "v_proj.bias", "out_proj.weight", "out_proj.bias"}));
   EXPECT_EQ(mha->num_parameters(), 4 * (8 * 8 + 8));
   EXPECT_EQ(mha->head_dim(), 4);
-  EXPECT_EQ(mha->kernel()->type_name(), "SoftmaxAttention");
+  EXPECT_EQ(mha->mechanism()->type_name(), "SoftmaxAttention");
   // Biases start at zero, weights within the truncated normal's +-2 std.
   for (double b : mha->q_proj()->bias().to_vector<double>()) EXPECT_EQ(b, 0.0);
   for (double w : mha->k_proj()->weight().to_vector<double>()) EXPECT_LE(std::fabs(w), 0.04);
   // Cross-attention with another key/value width, without biases.
-  auto cross = std::make_shared<nn::MultiHeadAttention>(8, 4, "softmax", false, 6);
+  auto cross = std::make_shared<attn::MultiHeadAttention>(8, 4, "softmax", attn::MultiHeadOptions{attn::AttentionUse::Cross, false, 6});
   EXPECT_EQ(cross->forward(randn({2, 3, 8}), randn({2, 7, 6})).shape(), Shape({2, 3, 8}));
   EXPECT_EQ(cross->k_proj()->weight().shape(), Shape({8, 6}));
   EXPECT_EQ(cross->named_parameters().size(), 4u);
@@ -204,7 +204,7 @@ TEST(MultiHeadAttention, ShapeAndParameterNames) {
 
 // MHA output recomputed by hand: projections by the module's Linear layers (tested on their
 // own), heads split by index, naive attention, heads merged, out_proj.
-Tensor naive_mha(nn::MultiHeadAttention& mha, const Tensor& xq, const Tensor& xkv, bool causal,
+Tensor naive_mha(attn::MultiHeadAttention& mha, const Tensor& xq, const Tensor& xkv, bool causal,
                  const std::vector<int>& pad) {
   const int64_t B = xq.size(0), N = xq.size(1), M = xkv.size(1), H = mha.heads(), Dh = mha.head_dim();
   auto heads = [&](const Tensor& x, int64_t L) {  // [B, L, H*Dh] -> [B, H, L, Dh] by loops
@@ -229,7 +229,7 @@ Tensor naive_mha(nn::MultiHeadAttention& mha, const Tensor& xq, const Tensor& xk
 
 TEST(MultiHeadAttention, CrossAttentionDifferentLengthsMatchesNaive) {
   manual_seed(10);
-  auto mha = std::make_shared<nn::MultiHeadAttention>(6, 3, "softmax", true, 4);
+  auto mha = std::make_shared<attn::MultiHeadAttention>(6, 3, "softmax", attn::MultiHeadOptions{attn::AttentionUse::Cross, true, 4});
   mha->to(DType::Float64);
   {
     NoGradGuard ng;
@@ -237,7 +237,7 @@ TEST(MultiHeadAttention, CrossAttentionDifferentLengthsMatchesNaive) {
   }
   Tensor xq = r64({2, 3, 6}), xkv = r64({2, 7, 4});
   EXPECT_TRUE(all_close(mha->forward(xq, xkv), naive_mha(*mha, xq, xkv, false, {}), 1e-10, 1e-8));
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = mask_of({0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 1, 0, 0, 1}, 2, 7);
   EXPECT_TRUE(all_close(mha->forward(xq, xkv, o),
                         naive_mha(*mha, xq, xkv, false, {0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 1, 0, 0, 1}), 1e-10, 1e-8));
@@ -250,7 +250,7 @@ TEST(MultiHeadAttention, CrossAttentionDifferentLengthsMatchesNaive) {
 
 TEST(MultiHeadAttention, PaddedTokensDoNotChangeOutputs) {
   manual_seed(11);
-  auto mha = std::make_shared<nn::MultiHeadAttention>(4, 2);
+  auto mha = std::make_shared<attn::MultiHeadAttention>(4, 2);
   mha->to(DType::Float64);
   Tensor xq = r64({2, 3, 4}), xkv = r64({2, 5, 4});
   Tensor ref = mha->forward(xq, xkv);
@@ -258,7 +258,7 @@ TEST(MultiHeadAttention, PaddedTokensDoNotChangeOutputs) {
   std::vector<int64_t> pad(16, 0);
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t m = 5; m < 8; ++m) pad[b * 8 + m] = 1;
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = from_vector<int64_t>(pad, {2, 8});
   EXPECT_TRUE(all_close(mha->forward(xq, xkv2, o), ref, 1e-12, 1e-10));
   // Every key padded: the attention output is zero, so the module returns out_proj's bias.
@@ -273,73 +273,73 @@ TEST(MultiHeadAttention, PaddedTokensDoNotChangeOutputs) {
 }
 
 TEST(MultiHeadAttention, BadInputsThrow) {
-  auto mha = std::make_shared<nn::MultiHeadAttention>(8, 2);
+  auto mha = std::make_shared<attn::MultiHeadAttention>(8, 2);
   EXPECT_LINEA_ERROR(mha->forward(zeros({2, 3, 6}), zeros({2, 3, 8})), "expected x_q [B, N, 8]");
   EXPECT_LINEA_ERROR(mha->forward(zeros({3, 8}), zeros({3, 8})), "expected x_q [B, N, 8]");
   EXPECT_LINEA_ERROR(mha->forward(zeros({2, 3, 8}), zeros({2, 3, 5})), "expected x_kv [2, M, 8]");
   EXPECT_LINEA_ERROR(mha->forward(zeros({2, 3, 8}), zeros({1, 3, 8})), "expected x_kv [2, M, 8]");
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = zeros({2, 4}, TensorOptions(DType::Bool));
   EXPECT_LINEA_ERROR(mha->forward(zeros({2, 3, 8}), zeros({2, 3, 8}), o), "key_padding_mask must be [B, M] = [2, 3]");
-  EXPECT_LINEA_ERROR(std::make_shared<nn::MultiHeadAttention>(8, 3), "dim 8 is not divisible by heads 3");
-  EXPECT_LINEA_ERROR(std::make_shared<nn::MultiHeadAttention>(8, 2, "nope"), "unknown attention 'nope' (known: ");
-  EXPECT_LINEA_ERROR(std::make_shared<nn::MultiHeadAttention>(8, 2, "softmax:drop=0.1"), "unknown option drop");
+  EXPECT_LINEA_ERROR(std::make_shared<attn::MultiHeadAttention>(8, 3), "dim 8 is not divisible by heads 3");
+  EXPECT_LINEA_ERROR(std::make_shared<attn::MultiHeadAttention>(8, 2, "nope"), "unknown attention 'nope' (known: ");
+  EXPECT_LINEA_ERROR(std::make_shared<attn::MultiHeadAttention>(8, 2, "softmax:drop=0.1"), "unknown option drop");
 }
 
 // ---- specs and the registry -------------------------------------------------------------------
 TEST(AttentionSpec, ParsesNameAndOptions) {
-  nn::AttentionSpec s = nn::AttentionSpec::parse(" performer:features=128, kernel=relu,redraw=1,eps=1e-3 ");
-  EXPECT_EQ(s.name, "performer");
+  attn::AttentionSpec s = attn::AttentionSpec::parse(" toy:features=128, kind=relu,redraw=1,eps=1e-3 ");
+  EXPECT_EQ(s.name, "toy");
   EXPECT_EQ(s.options.size(), 4u);
   EXPECT_EQ(s.get_int("features", 0), 128);
-  EXPECT_EQ(s.get_string("kernel", "exp"), "relu");
+  EXPECT_EQ(s.get_string("kind", "exp"), "relu");
   EXPECT_TRUE(s.get_bool("redraw", false));
   EXPECT_DOUBLE_EQ(s.get_double("eps", 0.0), 1e-3);
   EXPECT_EQ(s.get_int("absent", 7), 7);  // default
   EXPECT_FALSE(s.has("other"));
   EXPECT_NO_THROW(s.check_all_used());
-  EXPECT_EQ(s.str(), "performer:eps=1e-3,features=128,kernel=relu,redraw=1");
-  nn::AttentionSpec plain = nn::AttentionSpec::parse("softmax");
+  EXPECT_EQ(s.str(), "toy:eps=1e-3,features=128,kind=relu,redraw=1");
+  attn::AttentionSpec plain = attn::AttentionSpec::parse("softmax");
   EXPECT_EQ(plain.name, "softmax");
   EXPECT_TRUE(plain.options.empty());
   EXPECT_EQ(plain.str(), "softmax");
 }
 
 TEST(AttentionSpec, MalformedSpecsThrow) {
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse(""), "empty spec");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse(":features=1"), "missing mechanism name");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("performer:"), "no options after ':'");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("performer:features"), "option 'features' has no value");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("performer:features="), "option 'features' has an empty value");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("performer:=3"), "has an empty key");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("performer:a=1,,b=2"), "empty option");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("performer:a=1,"), "empty option");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("performer:a=1,a=2"), "option 'a' given twice");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("per former"), "invalid mechanism name");
-  EXPECT_LINEA_ERROR(nn::AttentionSpec::parse("ra:samples=1:2"), "invalid value '1:2'");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse(""), "empty spec");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse(":features=1"), "missing mechanism name");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("performer:"), "no options after ':'");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("performer:features"), "option 'features' has no value");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("performer:features="), "option 'features' has an empty value");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("performer:=3"), "has an empty key");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("performer:a=1,,b=2"), "empty option");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("performer:a=1,"), "empty option");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("performer:a=1,a=2"), "option 'a' given twice");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("per former"), "invalid mechanism name");
+  EXPECT_LINEA_ERROR(attn::AttentionSpec::parse("ra:samples=1:2"), "invalid value '1:2'");
 }
 
 TEST(AttentionSpec, TypedGettersRejectBadValuesAndUnusedKeys) {
-  nn::AttentionSpec s = nn::AttentionSpec::parse("x:n=12x,p=abc,b=maybe,ok=3");
+  attn::AttentionSpec s = attn::AttentionSpec::parse("x:n=12x,p=abc,b=maybe,ok=3");
   EXPECT_LINEA_ERROR(s.get_int("n", 0), "option 'n' expects an integer, got '12x'");
   EXPECT_LINEA_ERROR(s.get_double("p", 0), "option 'p' expects a number, got 'abc'");
   EXPECT_LINEA_ERROR(s.get_bool("b", false), "option 'b' expects a boolean");
   EXPECT_EQ(s.get_int("ok", 0), 3);
   EXPECT_NO_THROW(s.check_all_used());  // every key was asked about
-  nn::AttentionSpec t = nn::AttentionSpec::parse("x:features=4,featurs=5");
+  attn::AttentionSpec t = attn::AttentionSpec::parse("x:features=4,featurs=5");
   EXPECT_EQ(t.get_int("features", 0), 4);
   EXPECT_LINEA_ERROR(t.check_all_used(), "unknown option featurs for 'x' (known options: features)");
-  nn::AttentionSpec u = nn::AttentionSpec::parse("x:a=1");
+  attn::AttentionSpec u = attn::AttentionSpec::parse("x:a=1");
   EXPECT_LINEA_ERROR(u.check_all_used(), "it takes no options");
 }
 
 // A toy mechanism for the registry test: the mean of v over keys, scaled by an option.
-class MeanValueAttention : public nn::AttentionKernel {
+class MeanValueAttention : public attn::AttentionMechanism {
  public:
   MeanValueAttention(int64_t heads, int64_t head_dim, double scale)
-      : AttentionKernel("MeanValueAttention", heads, head_dim), scale_(scale) {}
-  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const nn::AttentionOptions& opts) override {
-    nn::check_attention_inputs("mean attention", q, k, v, opts);
+      : AttentionMechanism("MeanValueAttention", heads, head_dim), scale_(scale) {}
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& opts) override {
+    attn::check_attention_inputs("mean attention", q, k, v, opts);
     return mean(v, {2}, true).expand({q.size(0), q.size(1), q.size(2), v.size(3)}) * scale_;
   }
 
@@ -348,29 +348,29 @@ class MeanValueAttention : public nn::AttentionKernel {
 };
 
 TEST(AttentionRegistry, RegisterAndMake) {
-  EXPECT_LINEA_ERROR(nn::make_attention("mean_test", 2, 4), "unknown attention 'mean_test' (known: lara, nprf_rpe, performer, ra, softmax");
-  nn::register_attention("mean_test", [](const nn::AttentionSpec& s, int64_t heads, int64_t head_dim) {
+  EXPECT_LINEA_ERROR(attn::make_attention("mean_test", 2, 4), "unknown attention 'mean_test' (known: lara, nprf_rpe, performer, ra, softmax");
+  attn::register_attention("mean_test", [](const attn::AttentionSpec& s, int64_t heads, int64_t head_dim) {
     return std::make_shared<MeanValueAttention>(heads, head_dim, s.get_double("scale", 1.0));
   });
-  auto names = nn::registered_attentions();
+  auto names = attn::registered_attentions();
   EXPECT_NE(std::find(names.begin(), names.end(), "mean_test"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "softmax"), names.end());
   EXPECT_LINEA_ERROR(
-      nn::register_attention("mean_test", [](const nn::AttentionSpec&, int64_t h,
+      attn::register_attention("mean_test", [](const attn::AttentionSpec&, int64_t h,
                                              int64_t d) { return std::make_shared<MeanValueAttention>(h, d, 1.0); }),
       "'mean_test' is already registered");
-  auto mech = nn::make_attention("mean_test:scale=2", 2, 4);
+  auto mech = attn::make_attention("mean_test:scale=2", 2, 4);
   EXPECT_EQ(mech->heads(), 2);
   EXPECT_EQ(mech->head_dim(), 4);
   Tensor v = randn({1, 2, 3, 4});
   EXPECT_TRUE(all_close(mech->forward(randn({1, 2, 5, 4}), randn({1, 2, 3, 4}), v, {}).narrow(2, 0, 1),
                         mean(v, {2}, true) * 2.0, 1e-6, 1e-6));
-  EXPECT_LINEA_ERROR(nn::make_attention("mean_test:scal=2", 2, 4), "unknown option scal");
+  EXPECT_LINEA_ERROR(attn::make_attention("mean_test:scal=2", 2, 4), "unknown option scal");
   // A MultiHeadAttention runs it by spec.
-  auto mha = std::make_shared<nn::MultiHeadAttention>(8, 2, "mean_test:scale=0.5");
-  EXPECT_EQ(mha->kernel()->type_name(), "MeanValueAttention");
+  auto mha = std::make_shared<attn::MultiHeadAttention>(8, 2, "mean_test:scale=0.5");
+  EXPECT_EQ(mha->mechanism()->type_name(), "MeanValueAttention");
   EXPECT_EQ(mha->forward(randn({2, 3, 8}), randn({2, 6, 8})).shape(), Shape({2, 3, 8}));
-  EXPECT_LINEA_ERROR(nn::make_attention("softmax", 0, 4), "heads and head_dim must be positive");
+  EXPECT_LINEA_ERROR(attn::make_attention("softmax", 0, 4), "heads and head_dim must be positive");
 }
 
 // ---- CUDA --------------------------------------------------------------------------------------
@@ -380,19 +380,19 @@ TEST(SoftmaxAttention, CudaMatchesCpu) {
   const Device gpu("cuda");
   manual_seed(12);
   Tensor q = randn({2, 2, 4, 8}), k = randn({2, 2, 6, 8}), v = randn({2, 2, 6, 8});
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   o.key_padding_mask = tensor<int64_t>({1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 6});  // batch 1 fully masked
-  nn::AttentionOptions og = o;
+  attn::AttentionOptions og = o;
   og.key_padding_mask = o.key_padding_mask.to(gpu);
-  Tensor ref = nn::softmax_attention(q, k, v, o);
-  Tensor out = nn::softmax_attention(q.to(gpu), k.to(gpu), v.to(gpu), og);
+  Tensor ref = attn::softmax_attention(q, k, v, o);
+  Tensor out = attn::softmax_attention(q.to(gpu), k.to(gpu), v.to(gpu), og);
   EXPECT_TRUE(out.is_cuda());
   EXPECT_TRUE(all_close(out, ref, 1e-5, 1e-4));
 
   manual_seed(13);
-  auto cpu_model = std::make_shared<nn::TransformerDecoder>(1, 8, 2, 16);
-  auto gpu_model = std::make_shared<nn::TransformerDecoder>(1, 8, 2, 16);
+  auto cpu_model = std::make_shared<attn::TransformerDecoder>(1, 8, 2, 16);
+  auto gpu_model = std::make_shared<attn::TransformerDecoder>(1, 8, 2, 16);
   gpu_model->load_state_dict(cpu_model->state_dict());
   gpu_model->to(gpu);
   Tensor x = randn({2, 5, 8}), mem = randn({2, 6, 8});

@@ -8,10 +8,10 @@
 #include <memory>
 #include <vector>
 
-#include "nn/attention.h"
+#include "attention/softmax/softmax.h"
+#include "attention/transformer.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
-#include "nn/transformer.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -136,29 +136,29 @@ TEST(GradCheck, PositionalEmbedding) {
 TEST(GradCheck, MultiHeadAttention) {
   manual_seed(17);
   // Self-attention: the same input feeds q and k/v.
-  auto mha = prepare(std::make_shared<nn::MultiHeadAttention>(4, 2), 0.6);
+  auto mha = prepare(std::make_shared<attn::MultiHeadAttention>(4, 2), 0.6);
   const Fn self = [&](const std::vector<Tensor>& x) { return mha->forward(x[0], x[0]); };
   EXPECT_MODULE_GRADCHECK(*mha, self, {randn64({2, 3, 4})});
   // Cross-attention with another length and another key/value width.
-  auto cross = prepare(std::make_shared<nn::MultiHeadAttention>(4, 2, "softmax", true, /*kv_dim=*/3), 0.6);
+  auto cross = prepare(std::make_shared<attn::MultiHeadAttention>(4, 2, "softmax", attn::MultiHeadOptions{attn::AttentionUse::Cross, true, /*kv_dim=*/3}), 0.6);
   const Fn c = [&](const std::vector<Tensor>& x) { return cross->forward(x[0], x[1]); };
   EXPECT_MODULE_GRADCHECK(*cross, c, {randn64({2, 2, 4}), randn64({2, 5, 3})});
   // Causal self-attention with a padding mask, no biases.
-  auto nob = prepare(std::make_shared<nn::MultiHeadAttention>(4, 1, "softmax", false), 0.6);
-  nn::AttentionOptions o;
+  auto nob = prepare(std::make_shared<attn::MultiHeadAttention>(4, 1, "softmax", attn::MultiHeadOptions{attn::AttentionUse::CausalSelf, false}), 0.6);
+  attn::AttentionOptions o;
   o.causal = true;
   o.key_padding_mask = tensor<int64_t>({0, 0, 1, 0, 1, 1}, {2, 3});
   const Fn m = [&](const std::vector<Tensor>& x) { return nob->forward(x[0], x[0], o); };
   EXPECT_MODULE_GRADCHECK(*nob, m, {randn64({2, 3, 4})});
 }
 
-Fn kAttention(nn::AttentionOptions o) {
-  return [o](const std::vector<Tensor>& x) { return nn::softmax_attention(x[0], x[1], x[2], o); };
+Fn kAttention(attn::AttentionOptions o) {
+  return [o](const std::vector<Tensor>& x) { return attn::softmax_attention(x[0], x[1], x[2], o); };
 }
 
 TEST(GradCheck, SoftmaxAttentionCausal) {
   manual_seed(18);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = true;
   EXPECT_GRADCHECK(kAttention(o), {randn64({2, 2, 3, 2}), randn64({2, 2, 3, 2}), randn64({2, 2, 3, 3})});
   // N != M, both ways (top-left alignment), and a transposed (non-contiguous) key tensor.
@@ -169,7 +169,7 @@ TEST(GradCheck, SoftmaxAttentionCausal) {
 
 TEST(GradCheck, SoftmaxAttentionPadded) {
   manual_seed(19);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   // Batch 1 has every key padded: its outputs are zero, and so are its gradients.
   o.key_padding_mask = tensor<bool>({false, true, false, true, true, true, true, true}, {2, 4});
   EXPECT_GRADCHECK(kAttention(o), {randn64({2, 2, 3, 2}), randn64({2, 2, 4, 2}), randn64({2, 2, 4, 3})});
@@ -181,10 +181,10 @@ TEST(GradCheck, SoftmaxAttentionPadded) {
 
 TEST(GradCheck, TransformerEncoderLayer) {
   manual_seed(20);
-  auto layer = prepare(std::make_shared<nn::TransformerEncoderLayer>(4, 2, 6, 0.1), 0.5);
+  auto layer = prepare(std::make_shared<attn::TransformerEncoderLayer>(4, 2, 6, 0.1), 0.5);
   const Fn f = [&](const std::vector<Tensor>& x) { return layer->forward(x[0]); };
   EXPECT_MODULE_GRADCHECK(*layer, f, {randn64({2, 3, 4})});
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = tensor<bool>({false, false, true, false, false, false}, {2, 3});
   const Fn g = [&](const std::vector<Tensor>& x) { return layer->forward(x[0], o); };
   EXPECT_MODULE_GRADCHECK(*layer, g, {randn64({2, 3, 4})});
@@ -192,7 +192,7 @@ TEST(GradCheck, TransformerEncoderLayer) {
 
 TEST(GradCheck, TransformerDecoderLayer) {
   manual_seed(21);
-  auto layer = prepare(std::make_shared<nn::TransformerDecoderLayer>(4, 2, 6, 0.1), 0.5);
+  auto layer = prepare(std::make_shared<attn::TransformerDecoderLayer>(4, 2, 6, 0.1), 0.5);
   Tensor mem_pad = tensor<bool>({false, false, false, true, false, false, true, true}, {2, 4});
   Tensor tgt_pad = tensor<bool>({false, false, true, false, false, false}, {2, 3});
   const Fn f = [&](const std::vector<Tensor>& x) { return layer->forward(x[0], x[1], mem_pad, tgt_pad); };
@@ -201,10 +201,10 @@ TEST(GradCheck, TransformerDecoderLayer) {
 
 TEST(GradCheck, TransformerStacks) {
   manual_seed(22);
-  auto enc = prepare(std::make_shared<nn::TransformerEncoder>(2, 4, 2, 4), 0.5);
+  auto enc = prepare(std::make_shared<attn::TransformerEncoder>(2, 4, 2, 4), 0.5);
   const Fn f = [&](const std::vector<Tensor>& x) { return enc->forward(x[0]); };
   EXPECT_MODULE_GRADCHECK(*enc, f, {randn64({1, 3, 4})});
-  auto dec = prepare(std::make_shared<nn::TransformerDecoder>(2, 4, 2, 4), 0.5);
+  auto dec = prepare(std::make_shared<attn::TransformerDecoder>(2, 4, 2, 4), 0.5);
   const Fn g = [&](const std::vector<Tensor>& x) { return dec->forward(x[0], x[1]); };
   EXPECT_MODULE_GRADCHECK(*dec, g, {randn64({1, 2, 4}), randn64({1, 3, 4})});
 }

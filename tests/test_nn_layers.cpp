@@ -8,11 +8,11 @@
 #include <set>
 #include <vector>
 
-#include "nn/attention.h"
+#include "attention/softmax/softmax.h"
+#include "attention/transformer.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
-#include "nn/transformer.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -316,14 +316,14 @@ TEST(Modules, ParameterCounts) {
   EXPECT_EQ(std::make_shared<nn::LayerNorm>(8)->num_parameters(), 16);
   EXPECT_EQ(std::make_shared<nn::FeedForward>(4, 8)->num_parameters(), 4 * 8 + 8 + 8 * 4 + 4);
   EXPECT_EQ(std::make_shared<nn::PatchEmbed>(28, 4, 1, 64)->num_parameters(), 16 * 64 + 64);
-  EXPECT_EQ(std::make_shared<nn::MultiHeadAttention>(8, 2)->num_parameters(), 4 * (64 + 8));
+  EXPECT_EQ(std::make_shared<attn::MultiHeadAttention>(8, 2)->num_parameters(), 4 * (64 + 8));
   const int64_t enc_layer = 2 * 16 + 4 * 72 + (8 * 16 + 16 + 16 * 8 + 8);
-  EXPECT_EQ(std::make_shared<nn::TransformerEncoderLayer>(8, 2, 16)->num_parameters(), enc_layer);
-  EXPECT_EQ(std::make_shared<nn::TransformerEncoder>(3, 8, 2, 16)->num_parameters(), 3 * enc_layer + 16);
+  EXPECT_EQ(std::make_shared<attn::TransformerEncoderLayer>(8, 2, 16)->num_parameters(), enc_layer);
+  EXPECT_EQ(std::make_shared<attn::TransformerEncoder>(3, 8, 2, 16)->num_parameters(), 3 * enc_layer + 16);
   const int64_t dec_layer = 3 * 16 + 8 * 72 + (8 * 16 + 16 + 16 * 8 + 8);
-  EXPECT_EQ(std::make_shared<nn::TransformerDecoder>(2, 8, 2, 16)->num_parameters(), 2 * dec_layer + 16);
+  EXPECT_EQ(std::make_shared<attn::TransformerDecoder>(2, 8, 2, 16)->num_parameters(), 2 * dec_layer + 16);
   // The ViT of DESIGN.md's performance notes (dim 64, depth 6, 4 heads, MLP 128): its blocks.
-  EXPECT_EQ(std::make_shared<nn::TransformerEncoder>(6, 64, 4, 128)->num_parameters(),
+  EXPECT_EQ(std::make_shared<attn::TransformerEncoder>(6, 64, 4, 128)->num_parameters(),
             6 * (2 * 128 + 4 * (64 * 64 + 64) + (64 * 128 + 128 + 128 * 64 + 64)) + 128);
 }
 
@@ -336,13 +336,13 @@ TEST(Modules, TreePrinting) {
             "  (drop): Dropout(p=0.1)\n"
             "  (fc2): Linear(in_features=8, out_features=4, bias=true)\n"
             ")");
-  auto enc = std::make_shared<nn::TransformerEncoder>(2, 8, 2, 16);
+  auto enc = std::make_shared<attn::TransformerEncoder>(2, 8, 2, 16);
   const std::string s = enc->str();
   for (const char* part : {"TransformerEncoder(\n  (layers): ModuleList(\n    (0): TransformerEncoderLayer(\n",
                            "      (ln1): LayerNorm([8], eps=1e-05, elementwise_affine=true)\n",
                            "      (attn): MultiHeadAttention(dim=8, heads=2, spec='softmax',\n",
                            "        (q_proj): Linear(in_features=8, out_features=8, bias=true)\n",
-                           "        (kernel): SoftmaxAttention(heads=2, head_dim=4, dropout=0)\n",
+                           "        (mechanism): SoftmaxAttention(heads=2, head_dim=4, dropout=0)\n",
                            "    (1): TransformerEncoderLayer(", "  (norm): LayerNorm([8]"})
     EXPECT_NE(s.find(part), std::string::npos) << "missing: " << part << "\nin:\n" << s;
   auto pe = std::make_shared<nn::PatchEmbed>(28, 4, 1, 64);
@@ -351,7 +351,7 @@ TEST(Modules, TreePrinting) {
 }
 
 TEST(Modules, StateDictKeys) {
-  auto enc = std::make_shared<nn::TransformerEncoder>(2, 8, 2, 16);
+  auto enc = std::make_shared<attn::TransformerEncoder>(2, 8, 2, 16);
   auto k = keys(*enc);
   const std::set<std::string> ks(k.begin(), k.end());
   for (const char* name :
@@ -359,7 +359,7 @@ TEST(Modules, StateDictKeys) {
         "layers.1.mlp.fc1.weight", "layers.1.mlp.fc2.bias", "norm.weight", "norm.bias"})
     EXPECT_EQ(ks.count(name), 1u) << name;
   EXPECT_EQ(k.size(), 2u * 16 + 2);  // per layer: 2 LN x 2, 4 projections x 2, 2 MLP Linear x 2
-  auto dec = std::make_shared<nn::TransformerDecoder>(1, 8, 2, 16);
+  auto dec = std::make_shared<attn::TransformerDecoder>(1, 8, 2, 16);
   auto dk = keys(*dec);
   const std::set<std::string> dks(dk.begin(), dk.end());
   for (const char* name : {"layers.0.self_attn.v_proj.weight", "layers.0.cross_attn.k_proj.weight", "layers.0.ln3.bias",
@@ -367,9 +367,9 @@ TEST(Modules, StateDictKeys) {
     EXPECT_EQ(dks.count(name), 1u) << name;
   // A state dict round trip between two differently seeded models reproduces the outputs.
   manual_seed(11);
-  auto a = std::make_shared<nn::TransformerEncoder>(1, 8, 2, 16);
+  auto a = std::make_shared<attn::TransformerEncoder>(1, 8, 2, 16);
   manual_seed(12);
-  auto b = std::make_shared<nn::TransformerEncoder>(1, 8, 2, 16);
+  auto b = std::make_shared<attn::TransformerEncoder>(1, 8, 2, 16);
   Tensor x = randn({2, 3, 8});
   EXPECT_FALSE(all_close(a->forward(x), b->forward(x), 1e-6, 0));
   b->load_state_dict(a->state_dict());
@@ -377,7 +377,7 @@ TEST(Modules, StateDictKeys) {
 }
 
 TEST(Modules, ToFloat64ConvertsEverything) {
-  auto dec = std::make_shared<nn::TransformerDecoder>(1, 4, 2, 8);
+  auto dec = std::make_shared<attn::TransformerDecoder>(1, 4, 2, 8);
   auto pos = std::make_shared<nn::SinusoidalPositionalEmbedding>(5, 4);
   dec->to(DType::Float64);
   pos->to(DType::Float64);
@@ -390,7 +390,7 @@ TEST(Modules, ToFloat64ConvertsEverything) {
 // ---- transformer blocks -----------------------------------------------------------------------
 TEST(Transformer, DecoderIsCausalAndIgnoresPaddedMemory) {
   manual_seed(13);
-  auto dec = std::make_shared<nn::TransformerDecoder>(2, 8, 2, 16);
+  auto dec = std::make_shared<attn::TransformerDecoder>(2, 8, 2, 16);
   dec->eval();
   Tensor x = randn({2, 5, 8}), mem = randn({2, 4, 8});
   Tensor mem_pad = tensor<bool>({false, false, true, true, false, false, false, true}, {2, 4});
@@ -410,35 +410,35 @@ TEST(Transformer, DecoderIsCausalAndIgnoresPaddedMemory) {
 
 TEST(Transformer, EncoderPaddingAndCausalOptions) {
   manual_seed(14);
-  auto enc = std::make_shared<nn::TransformerEncoder>(2, 8, 4, 16, 0.1);
+  auto enc = std::make_shared<attn::TransformerEncoder>(2, 8, 4, 16, 0.1);
   enc->eval();
   Tensor x = randn({1, 6, 8});
   Tensor y = enc->forward(x);
   EXPECT_EQ(y.shape(), Shape({1, 6, 8}));
   // Padded positions (4, 5) do not influence the others.
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.key_padding_mask = tensor<int64_t>({0, 0, 0, 0, 1, 1}, {1, 6});
   Tensor yp = enc->forward(x, o);
   Tensor x2 = cat({x.narrow(1, 0, 4), randn({1, 2, 8})}, 1);
   EXPECT_TRUE(all_close(enc->forward(x2, o).narrow(1, 0, 4), yp.narrow(1, 0, 4), 1e-5, 1e-5));
   EXPECT_TRUE(all_close(enc->forward(x.narrow(1, 0, 4)), yp.narrow(1, 0, 4), 1e-5, 1e-5));
   // Causal: position 0 depends on itself only.
-  nn::AttentionOptions c;
+  attn::AttentionOptions c;
   c.causal = true;
   EXPECT_TRUE(all_close(enc->forward(x, c).narrow(1, 0, 1), enc->forward(x.narrow(1, 0, 1)), 1e-5, 1e-5));
 }
 
 TEST(Transformer, BadInputsThrow) {
-  auto enc = std::make_shared<nn::TransformerEncoder>(1, 8, 2, 16);
+  auto enc = std::make_shared<attn::TransformerEncoder>(1, 8, 2, 16);
   EXPECT_LINEA_ERROR(enc->forward(zeros({2, 3, 6})), "TransformerEncoderLayer: expected x [B, L, 8], got [2, 3, 6]");
-  auto dec = std::make_shared<nn::TransformerDecoder>(1, 8, 2, 16);
+  auto dec = std::make_shared<attn::TransformerDecoder>(1, 8, 2, 16);
   EXPECT_LINEA_ERROR(dec->forward(zeros({2, 3, 8}), zeros({2, 3})), "expected memory [B, L, 8], got [2, 3]");
   EXPECT_LINEA_ERROR(dec->forward(zeros({2, 3, 8}), zeros({1, 3, 8})), "batch of x [2, 3, 8] and memory [1, 3, 8]");
-  EXPECT_LINEA_ERROR(std::make_shared<nn::TransformerEncoder>(0, 8, 2, 16), "depth must be positive");
-  EXPECT_LINEA_ERROR(std::make_shared<nn::TransformerEncoderLayer>(8, 3, 16), "dim 8 is not divisible by heads 3");
-  EXPECT_LINEA_ERROR(std::make_shared<nn::TransformerEncoder>(1, 8, 2, 16, 0.0, "flash"),
+  EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerEncoder>(0, 8, 2, 16), "depth must be positive");
+  EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerEncoderLayer>(8, 3, 16), "dim 8 is not divisible by heads 3");
+  EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerEncoder>(1, 8, 2, 16, 0.0, "flash"),
                      "unknown attention 'flash' (known: lara, nprf_rpe, performer, ra, softmax");
-  EXPECT_LINEA_ERROR(std::make_shared<nn::TransformerDecoder>(1, 8, 2, 16, 0.0, "softmax", "softmax:"),
+  EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerDecoder>(1, 8, 2, 16, 0.0, "softmax", "softmax:"),
                      "no options after ':'");
 }
 
@@ -451,7 +451,7 @@ TEST(Layers, WrongInputShapesThrow) {
   EXPECT_LINEA_ERROR(std::make_shared<nn::FeedForward>(4, 8)->forward(zeros({2, 5})),
                      "Linear: expected input [..., 4]");
   EXPECT_LINEA_ERROR(std::make_shared<nn::Linear>(0, 2), "in_features and out_features must be positive");
-  EXPECT_LINEA_ERROR(nn::make_attention("unknown_mech:x=1", 2, 4), "unknown attention 'unknown_mech' (known: ");
+  EXPECT_LINEA_ERROR(attn::make_attention("unknown_mech:x=1", 2, 4), "unknown attention 'unknown_mech' (known: ");
 }
 
 // ---- losses -----------------------------------------------------------------------------------

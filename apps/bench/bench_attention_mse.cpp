@@ -36,7 +36,7 @@
 //                 [--device cpu|cuda|auto] [--json FILE] [--n 196 --heads 4 --dim 64 --batch 1
 //                 --clusters 8 --layout grid|random | --in FILE.safetensors] [--dtype float32|float64] [--threads T]
 // A spec may carry options ("lara:proposal=mixed"); in --specs, a comma-separated piece without
-// ':' but with '=' continues the previous spec's options ("performer:kernel=relu,redraw=1,ra").
+// ':' but with '=' continues the previous spec's options ("performer:feature_map=relu,redraw=1,ra").
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -54,7 +54,8 @@
 #include "apps/bench/bench_common.h"
 #include "nn/io_util.h"
 #include "linea.h"
-#include "nn/attention.h"
+#include "attention/softmax/softmax.h"
+#include "attention/transformer.h"
 #include "nn/safetensors.h"
 
 namespace {
@@ -63,8 +64,8 @@ using namespace linea::bench;
 using linea::Device;
 using linea::DType;
 using linea::Tensor;
-using linea::nn::AttentionOptions;
-using linea::nn::AttentionSpec;
+using linea::attn::AttentionOptions;
+using linea::attn::AttentionSpec;
 
 // The option that sets a mechanism's number of random samples.
 std::string sample_key(const std::string& name) {
@@ -150,7 +151,7 @@ std::pair<double, double> softmax_profile(const Inputs& in) {
   using namespace linea;
   const int64_t n = in.q.size(0) * in.q.size(1) * in.q.size(2) * in.k.size(2);
   if (n > (int64_t(1) << 27)) return {NAN, NAN};
-  Tensor a = nn::SoftmaxAttention(in.q.size(1), in.q.size(3)).attention_matrix(in.q, in.k, in.opts);  // [B,H,N,M]
+  Tensor a = attn::SoftmaxAttention(in.q.size(1), in.q.size(3)).attention_matrix(in.q, in.k, in.opts);  // [B,H,N,M]
   Tensor plogp = where(gt(a, 0.0), a * log(clamp(a, 1e-300, INFINITY)), zeros_like(a));
   const double max_w = mean(max(a, {-1})).item();
   const double eff = mean(exp(-sum(plogp, {-1}))).item();
@@ -226,7 +227,7 @@ int main(int argc, char** argv) {
     const int64_t H = in.q.size(1), D = in.q.size(3);
 
     NoGradGuard no_grad;
-    const Tensor ref = nn::softmax_attention(in.q, in.k, in.v, in.opts);  // [B, H, N, Dv]
+    const Tensor ref = attn::softmax_attention(in.q, in.k, in.v, in.opts);  // [B, H, N, Dv]
     const double ref_ms = mean(ref * ref).item();
     const auto [max_w, eff_keys] = softmax_profile(in);
 
@@ -247,7 +248,7 @@ int main(int argc, char** argv) {
                         " itself; --samples sets it (leave it out)");
             spec.options[key] = std::to_string(samples[s]);
           }
-          auto kernel = nn::make_attention(spec, H, D);
+          auto kernel = attn::make_attention(spec, H, D);
           kernel->to(device);
           kernel->to(dtype);
           kernel->train();  // random draws, one per forward

@@ -27,7 +27,7 @@
 //                     [--threads T] [--max-seconds S] [--seed 0] [--json FILE]
 // Default lengths: 256..8192 (powers of two) on the CPU, 256..65536 on CUDA. A spec may carry
 // options; in --specs, a comma-separated piece without ':' but with '=' continues the previous
-// spec's options ("performer:kernel=relu,redraw=1,ra").
+// spec's options ("performer:feature_map=relu,redraw=1,ra").
 #include <sys/resource.h>
 #include <CLI/CLI.hpp>
 
@@ -49,14 +49,14 @@
 #include "apps/bench/bench_common.h"
 #include "nn/io_util.h"
 #include "linea.h"
-#include "nn/attention.h"
+#include "attention/transformer.h"
 
 namespace {
 
 using namespace linea::bench;
 using linea::Device;
 using linea::Tensor;
-using linea::nn::AttentionSpec;
+using linea::attn::AttentionSpec;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
 
       // One forward + backward of spec j: returns its milliseconds and records the peak memory it
       // added. Gradients of the previous run are dropped first, so every run starts alike.
-      std::vector<std::shared_ptr<nn::AttentionKernel>> kernels(specs.size());
+      std::vector<std::shared_ptr<attn::AttentionMechanism>> kernels(specs.size());
       auto run = [&](size_t j) {
         Result& r = res[i][j];
         for (Tensor* t : {&q, &k, &v}) t->zero_grad();
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
         guarded(j, [&] {
           AttentionSpec spec = parsed[j];
           if (spec.name == "nprf_rpe" && !spec.has("max_len")) spec.options["max_len"] = std::to_string(L);
-          kernels[j] = nn::make_attention(spec, heads, dim);
+          kernels[j] = attn::make_attention(spec, heads, dim);
           kernels[j]->to(device);
           kernels[j]->train();
           r.status = Result::Ok;

@@ -19,7 +19,7 @@ Conventions taken from the issue (where it leaves a choice, the choice is named 
   x~ = D^-1/4 x; log xi(x, w) = w.x - |x|^2/2; key padding: a padded key contributes to neither
   numerator nor denominator; causal: key m visible to query n iff m <= n; a query that sees no
   key gets 0.
-  performer: omega [H, S, D] are the rows of W; kernel=trf uses the 2S features
+  performer: omega [H, S, D] are the rows of W; feature_map=trf uses the 2S features
     exp(|x~|^2/2)/sqrt(S) [sin(W x~), cos(W x~)] (trigonometric features of the softmax kernel).
   lara: segments of sizes floor(N/C) then (N mod C) of size +1 at the end; with N <= C every
     token is its own segment (C' = N landmarks, eps [B, H, N, D]); key segment means k-_c are over
@@ -237,8 +237,8 @@ NOCROSS = ["bidirectional", "padded", "eval"]
 CASES = [
     ("softmax", ref_softmax, {}, FULL),
     ("performer:features=16", ref_performer, {"kernel": "softmax"}, FULL),
-    ("performer:features=16,kernel=relu", ref_performer, {"kernel": "relu"}, FULL),
-    ("performer:features=64,kernel=trf", ref_performer, {"kernel": "trf"}, FULL),
+    ("performer:features=16,feature_map=relu", ref_performer, {"kernel": "relu"}, FULL),
+    ("performer:features=64,feature_map=trf", ref_performer, {"kernel": "trf"}, FULL),
     ("ra:samples=3", ref_ra, {}, NOCROSS),
     ("ra:samples=3,biased=1", ref_ra, {"biased": True}, NOCROSS),
     ("lara:samples=4", ref_lara, {"samples": 4}, NOCROSS + ["N<=C", "N%C==0"]),

@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "linea.h"
-#include "nn/attention.h"
+#include "attention/softmax/softmax.h"
+#include "attention/transformer.h"
 #include "nn/safetensors.h"
 
 using namespace linea;
@@ -89,10 +90,10 @@ int run(const Args& a) {
   for (auto& [name, t] : {std::pair<const char*, Tensor>{"k", k}, {"v", v}, {"dout", dout}})
     LINEA_CHECK(!t.defined() || t.dtype() == dt, a.in, ": ", name, " is ", dtype_name(t.dtype()), " but q is ",
                 dtype_name(dt), " (q, k, v and dout must share one dtype, F32 or F64)");
-  nn::AttentionOptions opts;
+  attn::AttentionOptions opts;
   opts.causal = a.causal;
   opts.key_padding_mask = mask;
-  nn::check_attention_inputs(a.in, q, k, v, opts);  // shapes, and the mask as Int64/Bool [B, M]
+  attn::check_attention_inputs(a.in, q, k, v, opts);  // shapes, and the mask as Int64/Bool [B, M]
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), M = k.size(2), Dv = v.size(3);
   LINEA_CHECK(!dout.defined() || dout.shape() == Shape({B, H, N, Dv}), a.in,
               ": dout must be [B, H, N, Dv] = ", shape_str({B, H, N, Dv}), ", got ", shape_str(dout.shape()));
@@ -103,11 +104,11 @@ int run(const Args& a) {
   // ---- the mechanism --------------------------------------------------------------------------
   // nprf_rpe's bias table must have max_len = L of the given rpe; without rpe, any L >= max(N, M)
   // computes the same (the bias starts at zero), so the smallest is used.
-  nn::AttentionSpec spec = nn::AttentionSpec::parse(a.spec);
+  attn::AttentionSpec spec = attn::AttentionSpec::parse(a.spec);
   if (spec.name == "nprf_rpe") {
     const int64_t L = rpe.defined() ? rpe_length(rpe, H, N, M) : std::max(N, M);
     if (spec.options.count("max_len")) {
-      nn::AttentionSpec probe = spec;
+      attn::AttentionSpec probe = spec;
       LINEA_CHECK(!rpe.defined() || probe.get_int("max_len", -1) == L, "spec '", a.spec,
                   "' names max_len=", spec.options.at("max_len"), " but rpe ", shape_str(rpe.shape()), " has L = ", L,
                   " (drop max_len from the spec, or make them agree)");
@@ -116,7 +117,7 @@ int run(const Args& a) {
     }
   }
   const std::string built_spec = spec.str();
-  std::shared_ptr<nn::AttentionKernel> mech = nn::make_attention(built_spec, H, D);
+  std::shared_ptr<attn::AttentionMechanism> mech = attn::make_attention(built_spec, H, D);
   mech->to(device);
   mech->to(dt);  // parameters (rpe) in the computation's dtype
   mech->train(!a.eval);
@@ -132,7 +133,7 @@ int run(const Args& a) {
   }
 
   const std::vector<std::string> draws = mech->sample_names();
-  nn::AttentionSamples given;
+  attn::AttentionSamples given;
   for (auto& name : kSamples) {
     Tensor t = get(name);
     if (!t.defined()) continue;
@@ -145,7 +146,7 @@ int run(const Args& a) {
     given[name] = t.to(device);
   }
   mech->set_samples(given);  // shapes are checked by the mechanism at the forward
-  if (auto sm = std::dynamic_pointer_cast<nn::SoftmaxAttention>(mech); sm && sm->dropout() > 0 && !a.eval)
+  if (auto sm = std::dynamic_pointer_cast<attn::SoftmaxAttention>(mech); sm && sm->dropout() > 0 && !a.eval)
     std::cerr << "linea-attn: note: softmax dropout in train mode is random and cannot be replayed (use --eval)\n";
 
   // ---- forward (and backward) -----------------------------------------------------------------

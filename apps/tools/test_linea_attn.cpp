@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/attention.h"
+#include "attention/softmax/softmax.h"
+#include "attention/transformer.h"
 #include "nn/safetensors.h"
 #include "tests/test_util.h"
 
@@ -104,12 +105,12 @@ void write_inputs(const std::string& path, const Problem& p, const Inputs& in, c
 }
 
 // In-process run: out and d{q,k,v} (and drpe when the mechanism has an "rpe" parameter).
-nn::StateDict run_in_process(nn::AttentionKernel& mech, const Problem& p, const Inputs& in) {
+nn::StateDict run_in_process(attn::AttentionMechanism& mech, const Problem& p, const Inputs& in) {
   Tensor q = in.q.detach(), k = in.k.detach(), v = in.v.detach();
   q.requires_grad_(true);
   k.requires_grad_(true);
   v.requires_grad_(true);
-  nn::AttentionOptions o;
+  attn::AttentionOptions o;
   o.causal = p.causal;
   o.key_padding_mask = in.mask;
   Tensor out = mech.forward(q, k, v, o);
@@ -143,7 +144,7 @@ void check_softmax(const Problem& p, const std::string& what) {
   ASSERT_EQ(r.code, 0) << r.err;
 
   nn::SafetensorsFile f = nn::load_safetensors(dir.file("out.safetensors"));
-  auto mech = nn::make_attention("softmax", p.H, p.D);
+  auto mech = attn::make_attention("softmax", p.H, p.D);
   expect_matches(f.tensors, run_in_process(*mech, p, in), p.dtype, what);
   EXPECT_EQ(f.tensors.size(), 4u) << "softmax draws nothing: out, dq, dk, dv only";
   EXPECT_EQ(f.metadata["spec"], "softmax");
@@ -198,7 +199,7 @@ TEST(LineaAttnTool, NoDoutWritesOnlyOut) {
   ASSERT_EQ(r.code, 0) << r.err;
   nn::SafetensorsFile f = nn::load_safetensors(dir.file("out.safetensors"));
   ASSERT_EQ(f.tensors.size(), 1u);
-  EXPECT_TRUE(all_close(f.tensors.at("out"), nn::softmax_attention(in.q, in.k, in.v), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(f.tensors.at("out"), attn::softmax_attention(in.q, in.k, in.v), 1e-12, 1e-12));
 }
 
 TEST(LineaAttnTool, HelpExitsZero) {
@@ -233,7 +234,7 @@ std::vector<SpecCase> spec_cases() {
   const DType f32 = DType::Float32;
   std::vector<SpecCase> cs;
   for (const char* s :
-       {"performer:features=8", "performer:features=8,kernel=relu", "performer:features=8,kernel=trf"}) {
+       {"performer:features=8", "performer:features=8,feature_map=relu", "performer:features=8,feature_map=trf"}) {
     cs.push_back({s, variant(5, 5, false, 0, false), "bidirectional"});
     cs.push_back({s, variant(5, 5, true, 0, false), "causal"});
     cs.push_back({s, variant(5, 7, false, 3, false), "padded (U8), cross"});
@@ -262,9 +263,9 @@ std::vector<SpecCase> spec_cases() {
 
 // make_attention, or a skip while the mechanism is still a stub.
 #define MAKE_OR_SKIP(mech, spec, H, D)                                                 \
-  std::shared_ptr<nn::AttentionKernel> mech;                                           \
+  std::shared_ptr<attn::AttentionMechanism> mech;                                           \
   try {                                                                                \
-    mech = nn::make_attention(spec, H, D);                                             \
+    mech = attn::make_attention(spec, H, D);                                             \
   } catch (const Error& e) {                                                           \
     if (std::string(e.what()).find("not implemented yet") == std::string::npos) throw; \
     GTEST_SKIP() << e.what();                                                          \
@@ -279,7 +280,7 @@ TEST_P(LineaAttnSpec, GivenSamplesDeterministicAndEqualInProcess) {
   const std::string name = GetParam();
   int ran = 0;
   for (const SpecCase& c : spec_cases()) {
-    if (nn::AttentionSpec::parse(c.spec).name != name) continue;
+    if (attn::AttentionSpec::parse(c.spec).name != name) continue;
     SCOPED_TRACE(c.spec + " / " + c.what);
     const Problem& p = c.p;
     const bool rpe = name == "nprf_rpe";
@@ -294,14 +295,14 @@ TEST_P(LineaAttnSpec, GivenSamplesDeterministicAndEqualInProcess) {
       extra["rpe"] = mul(randn({p.H, 2 * L - 1}, TensorOptions(p.dtype)), 0.5);
       mech->load_state_dict({{"rpe", extra["rpe"]}}, false);
     }
-    nn::AttentionOptions o;
+    attn::AttentionOptions o;
     o.causal = p.causal;
     o.key_padding_mask = in.mask;
     {
       NoGradGuard ng;
       mech->forward(in.q, in.k, in.v, o);  // draws the samples
     }
-    nn::AttentionSamples samples = mech->last_samples();
+    attn::AttentionSamples samples = mech->last_samples();
     for (auto& [n, t] : samples) extra[n] = t;
     mech->set_samples(samples);
     nn::StateDict want = run_in_process(*mech, p, in);
@@ -334,7 +335,7 @@ TEST_P(LineaAttnSpec, DrawnSamplesAreWrittenAndReplay) {
   const std::string name = GetParam();
   int ran = 0;
   for (const SpecCase& c : spec_cases()) {
-    if (nn::AttentionSpec::parse(c.spec).name != name || c.p.eval) continue;
+    if (attn::AttentionSpec::parse(c.spec).name != name || c.p.eval) continue;
     SCOPED_TRACE(c.spec + " / " + c.what);
     const Problem& p = c.p;
     MAKE_OR_SKIP(mech, c.spec + (name == "nprf_rpe" ? ",max_len=" + std::to_string(std::max(p.N, p.M)) : ""), p.H, p.D);

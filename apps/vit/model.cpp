@@ -24,7 +24,7 @@ VisionTransformer::VisionTransformer(const VitConfig& cfg) : nn::Module("VisionT
   drop_ = register_module("drop", std::make_shared<nn::Dropout>(cfg.dropout));
   const auto hidden = static_cast<int64_t>(std::lround(cfg.dim * cfg.mlp_ratio));
   encoder_ = register_module(
-      "encoder", std::make_shared<nn::TransformerEncoder>(cfg.depth, cfg.dim, cfg.heads, hidden, cfg.dropout, cfg.attention));
+      "encoder", std::make_shared<attn::TransformerEncoder>(cfg.depth, cfg.dim, cfg.heads, hidden, cfg.dropout, cfg.attention));
   head_ = register_module("head", std::make_shared<nn::Linear>(cfg.dim, cfg.classes));
   head_->reset_parameters_trunc_normal(0.02);
   LINEA_CHECK(cfg.init == "trunc_normal" || cfg.init == "pytorch",

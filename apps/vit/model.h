@@ -11,7 +11,7 @@
 #include <string>
 
 #include "nn/layers.h"
-#include "nn/transformer.h"
+#include "attention/transformer.h"
 
 namespace vit {
 
@@ -39,7 +39,7 @@ class VisionTransformer : public linea::nn::Module {
   linea::Tensor forward(const linea::Tensor& images);  // [B, C, H, W] -> logits [B, classes]
   linea::Tensor operator()(const linea::Tensor& images) { return forward(images); }
   const VitConfig& config() const { return cfg_; }
-  const std::shared_ptr<linea::nn::TransformerEncoder>& encoder() const { return encoder_; }
+  const std::shared_ptr<linea::attn::TransformerEncoder>& encoder() const { return encoder_; }
 
  private:
   static void pytorch_init(const linea::nn::Module& m);
@@ -48,7 +48,7 @@ class VisionTransformer : public linea::nn::Module {
   linea::Tensor cls_;
   std::shared_ptr<linea::nn::LearnedPositionalEmbedding> pos_;
   std::shared_ptr<linea::nn::Dropout> drop_;
-  std::shared_ptr<linea::nn::TransformerEncoder> encoder_;
+  std::shared_ptr<linea::attn::TransformerEncoder> encoder_;
   std::shared_ptr<linea::nn::Linear> head_;
 };
 

@@ -15,7 +15,7 @@
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
 #include "data.h"
-#include "nn/attention.h"
+#include "attention/transformer.h"
 #include "nn/checkpoint.h"
 #include "nn/io_util.h"
 #include "nn/loss.h"
@@ -239,7 +239,7 @@ TrainResult run_training(const TrainOptions& o) {
   // A bad --attention spec fails now, not after loading the data.
   LINEA_CHECK(o.model.heads >= 1 && o.model.dim % o.model.heads == 0, "vit: --dim ", o.model.dim,
               " is not divisible by --heads ", o.model.heads);
-  nn::make_attention(o.model.attention, o.model.heads, o.model.dim / o.model.heads);
+  attn::make_attention(o.model.attention, o.model.heads, o.model.dim / o.model.heads);
 
   // ---- data ----
   ImageData data = o.image_folder.empty() ? load_fashion_mnist(o.data_dir)

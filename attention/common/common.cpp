@@ -62,7 +62,7 @@ Tensor orthogonal_gaussian(int64_t heads, int64_t S, int64_t D) {
 }
 
 Tensor padded_keys(const AttentionOptions& opts) {
-  Tensor pad = nn::key_padding_bool(opts);
+  Tensor pad = key_padding_bool(opts);
   if (!pad.defined()) return pad;
   return raw::reshape(pad, {pad.size(0), 1, 1, pad.size(1)});
 }

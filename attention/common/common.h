@@ -8,13 +8,9 @@
 
 #include <cstdint>
 
-#include "nn/attention.h"
+#include "attention/registry.h"
 
 namespace linea::attn {
-
-using nn::AttentionOptions;
-using nn::AttentionSamples;
-using nn::AttentionSpec;
 
 // x~ = D^-1/4 x for x [..., D] (differentiable).
 Tensor scaled(const Tensor& x);

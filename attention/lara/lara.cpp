@@ -9,7 +9,7 @@ namespace linea::attn {
 
 LinearRandomizedAttention::LinearRandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples,
                                                      Proposal proposal, bool adaptive, double noise, double beta)
-    : AttentionKernel("LinearRandomizedAttention", heads, head_dim),
+    : AttentionMechanism("LinearRandomizedAttention", heads, head_dim),
       samples_(samples),
       proposal_(proposal),
       noise_(noise),
@@ -57,7 +57,7 @@ Tensor LinearRandomizedAttention::membership(int64_t N, const TensorOptions& opt
 
 LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor& q, const Tensor& k,
                                                                     const AttentionOptions& opts, const char* who) {
-  nn::check_attention_inputs(who, q, k, k, opts);
+  check_attention_inputs(who, q, k, k, opts);
   LINEA_CHECK(!opts.causal, "lara: causal attention is not supported (its landmarks summarize whole segments)");
   LINEA_CHECK(k.size(2) == q.size(2), "lara: only self-attention is supported (M == N: query and key segments pair ",
               "up as landmarks), got q ", shape_str(q.shape()), " and k ", shape_str(k.shape()));
@@ -109,7 +109,7 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
 
   // log xi(k~_m, w_c) [B, H, C, M], padded keys -inf: f_c's weights and their logsumexp over m.
   Tensor lk = log_xi(w, ks);
-  Tensor probs = nn::masked_softmax(lk, pad, -1);                   // [B, H, C, M]
+  Tensor probs = masked_softmax(lk, pad, -1);                   // [B, H, C, M]
   Tensor lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);  // [B, H, C]
   // log u_nc = log alpha_nc + log xi(q~_n, w_c) + logsumexp_m log xi(k~_m, w_c) - l_cc  [B, H, N, C]
   Tensor lq = transpose(log_xi(w, qs), -2, -1);
@@ -119,7 +119,7 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
 
 Tensor LinearRandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const AttentionOptions& opts) {
-  nn::check_attention_inputs("lara", q, k, v, opts);
+  check_attention_inputs("lara", q, k, v, opts);
   Parts p = compute(q, k, opts, "lara");
   // out_n = sum_c softmax_c(log u_nc) f_c, f_c = probs_c @ v: [B, H, N, C] @ [B, H, C, Dv]
   return matmul(p.mix, matmul(p.probs, v));
@@ -130,7 +130,7 @@ Tensor LinearRandomizedAttention::attention_matrix(const Tensor& q, const Tensor
   return matmul(p.mix, p.probs);  // [B, H, N, M]
 }
 
-std::shared_ptr<nn::AttentionKernel> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
+std::shared_ptr<AttentionMechanism> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
   const int64_t samples = spec.get_int("samples", 16);
   LINEA_CHECK(samples > 0, "attention spec '", spec.str(), "': lara: samples must be positive, got ", samples);
   const std::string proposal = spec.get_string("proposal", "qk");

@@ -29,7 +29,7 @@
 // The formulas over c' (logsumexp_c' l_cc', the mixed proposal's softmax_c') run over all C_eff
 // segments, as written, including a segment whose keys are all padded (its k-_c' is 0).
 //
-// Random quantity (AttentionKernel::sample): "eps" [B, H, C_eff, D], used in training only (eval
+// Random quantity (AttentionMechanism::sample): "eps" [B, H, C_eff, D], used in training only (eval
 // neither draws nor reads it).
 // Requires self-attention (M == N: the landmarks pair query and key segments) and no causal mask.
 #pragma once
@@ -39,10 +39,11 @@
 #include <vector>
 
 #include "attention/common/common.h"
+#include "nn/layers.h"
 
 namespace linea::attn {
 
-class LinearRandomizedAttention : public nn::AttentionKernel {
+class LinearRandomizedAttention : public AttentionMechanism {
  public:
   enum class Proposal { QK, Mixed };
 
@@ -53,6 +54,8 @@ class LinearRandomizedAttention : public nn::AttentionKernel {
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
   // sum_c softmax_c(log u_nc) softmax_m(log xi(k~_m, w_c)) [B, H, N, N], drawn like forward.
   Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
+  // Bidirectional self-attention only: the landmarks summarize whole segments of one sequence.
+  AttentionSupport support() const override { return {false, false, false, false}; }
   std::vector<std::string> sample_names() const override { return {"eps"}; }
   std::string extra_repr() const override;
 
@@ -84,6 +87,6 @@ class LinearRandomizedAttention : public nn::AttentionKernel {
 
 // Spec "lara[:samples=C][,proposal=qk|mixed][,adaptive=0|1][,noise=x][,beta=x]" (C > 0, default
 // 16; proposal default qk; adaptive default 0; noise >= 0, default 1; beta default 1).
-std::shared_ptr<nn::AttentionKernel> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+std::shared_ptr<AttentionMechanism> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
 
 }  // namespace linea::attn

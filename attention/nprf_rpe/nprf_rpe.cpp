@@ -40,7 +40,7 @@ struct Terms {
   Tensor visible;  // Bool [B, 1, N|1, 1]: the query sees at least one key; undefined when all do
 };
 
-void check_tables(const Tensor& q, const Tensor& k, const Tensor& omega, const Tensor& rpe) {
+void check_tables(const Tensor& q, const Tensor& k, const Tensor& omega, const Tensor& rpe, int64_t offset) {
   const int64_t H = q.size(1), D = q.size(3), N = q.size(2), M = k.size(2);
   raw::check_defined(kWho, omega, "omega");
   raw::check_defined(kWho, rpe, "rpe");
@@ -54,13 +54,14 @@ void check_tables(const Tensor& q, const Tensor& k, const Tensor& omega, const T
   LINEA_CHECK(N > 0 && M > 0, kWho, ": empty sequences are not supported, got q ", shape_str(q.shape()), ", k ",
               shape_str(k.shape()));
   const int64_t L = (rpe.size(1) + 1) / 2;
-  LINEA_CHECK(N <= L && M <= L, kWho, ": sequence lengths N = ", N, " (queries) and M = ", M,
-              " (keys) must not exceed max_len = ", L, " (the relative positions -(L-1)..(L-1) of rpe ",
-              shape_str(rpe.shape()), "); use a larger nprf_rpe:max_len");
+  // Relative positions j - (n + offset) run from -(N-1+offset) to M-1-offset.
+  LINEA_CHECK(N + offset <= L && M - offset <= L, kWho, ": ", N, " queries at positions ", offset, "..",
+              offset + N - 1, " and ", M, " keys need relative positions beyond max_len = ", L,
+              " (the relative positions -(L-1)..(L-1) of rpe ", shape_str(rpe.shape()), "); use a larger nprf_rpe:max_len");
 }
 
 Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tensor& rpe_in, const AttentionOptions& opts) {
-  const int64_t B = q.size(0), N = q.size(2), M = k.size(2);
+  const int64_t B = q.size(0), N = q.size(2), M = k.size(2), o = opts.query_offset;
   const int64_t L = (rpe_in.size(1) + 1) / 2;
   const double lo = 0.5 * lowest(q.dtype());  // stands in for -inf (exp gives 0, no inf - inf)
   Tensor omega = to(to(omega_in, q.device()), q.dtype());
@@ -74,7 +75,7 @@ Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tens
 
   // Key features, stabilized per (b, h) over the unpadded keys; padded keys get log phi = "-inf".
   Tensor lk = log_features(unit(k), omega);  // [B, H, M, S]
-  Tensor pad = nn::key_padding_bool(opts);   // Bool [B, M] or undefined
+  Tensor pad = key_padding_bool(opts);   // Bool [B, M] or undefined
   if (pad.defined()) lk = masked_fill(lk, raw::reshape(pad, {B, 1, M, 1}), lo);
   Tensor mk = detached_max(lk, {2, 3});  // [B, H, 1, 1]
   // Every key of (b, h) padded: any finite stabilizer will do, 0 keeps exp(lo - mk) = 0.
@@ -82,13 +83,13 @@ Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tens
                                      scalar_tensor(0.0, mk.options()));
   t.phi_k = mul(exp(sub(lk, mk)), inv_sqrt_s);  // [B, H, M, S], exactly 0 at padded keys
 
-  // Bias of offsets t = -(N-1)..(M-1), i.e. rpe indices L-N .. L+M-2; causal hides t > 0.
-  Tensor b = narrow(rpe, 1, L - N, N + M - 1);  // [H, N+M-1]
-  if (opts.causal && M > 1) {
-    Tensor pos = raw::binary(BinaryOp::Gt, arange(0.0, static_cast<double>(N + M - 1), 1.0,
-                                                   TensorOptions(DType::Int64, q.device())),
-                             scalar_tensor(static_cast<double>(N - 1), TensorOptions(DType::Int64, q.device())));
-    b = masked_fill(b, raw::reshape(pos, {1, N + M - 1}), lo);
+  // Bias of the relative positions j - (n + o) for j - n = -(N-1)..(M-1), i.e. rpe indices
+  // L-N-o .. L+M-2-o; causal hides the positive ones (c index > N-1+o).
+  Tensor b = narrow(rpe, 1, L - N - o, N + M - 1);  // [H, N+M-1]
+  if (opts.causal && M - 1 > o) {
+    const TensorOptions io(DType::Int64, q.device());
+    Tensor ahead = gt(arange(0.0, static_cast<double>(N + M - 1), 1.0, io), static_cast<double>(N - 1 + o));
+    b = masked_fill(b, reshape(ahead, {1, N + M - 1}), lo);
   }
   t.c = exp(sub(b, detached_max(b, {1})));  // [H, N+M-1], max 1 per head
 
@@ -98,9 +99,9 @@ Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tens
     Tensor keep = raw::to_dtype(raw::binary(BinaryOp::Eq, pad, scalar_tensor(0.0, pad.options())), q.dtype());  // [B, M]
     Tensor seen;
     if (opts.causal) {
-      // keys 0..min(i, M-1) are visible to query i: count the unpadded ones by a prefix sum.
+      // keys 0..min(i + o, M-1) are visible to query i: count the unpadded ones by a prefix sum.
       const TensorOptions io(DType::Int64, q.device());
-      Tensor last = raw::binary(BinaryOp::Minimum, arange(0.0, static_cast<double>(N), 1.0, io),
+      Tensor last = raw::binary(BinaryOp::Minimum, arange(static_cast<double>(o), static_cast<double>(o + N), 1.0, io),
                                 scalar_tensor(static_cast<double>(M - 1), io));
       seen = raw::reshape(raw::index_select(raw::cumsum(keep, 1), 1, last), {B, 1, N, 1});
     } else {
@@ -130,8 +131,8 @@ Tensor dense_attention(const Terms& t, int64_t N, int64_t M) {
 
 Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, const Tensor& rpe,
                           const AttentionOptions& opts, bool dense) {
-  nn::check_attention_inputs(kWho, q, k, v, opts);
-  check_tables(q, k, omega, rpe);
+  check_attention_inputs(kWho, q, k, v, opts);
+  check_tables(q, k, omega, rpe, opts.query_offset);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
   const int64_t S = omega.size(1);
   Terms t = terms(q, k, omega, rpe, opts);
@@ -154,8 +155,8 @@ Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
 
 Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor& omega, const Tensor& rpe,
                                  const AttentionOptions& opts) {
-  nn::check_attention_inputs(std::string(kWho) + " attention_matrix", q, k, k, opts);
-  check_tables(q, k, omega, rpe);
+  check_attention_inputs(std::string(kWho) + " attention_matrix", q, k, k, opts);
+  check_tables(q, k, omega, rpe, opts.query_offset);
   return dense_attention(terms(q, k, omega, rpe, opts), q.size(2), k.size(2));
 }
 
@@ -191,22 +192,18 @@ bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv) {
 
 NprfRpeAttention::NprfRpeAttention(int64_t heads, int64_t head_dim, int64_t features, int64_t max_len, int64_t redraw,
                                    NprfPath dense)
-    : AttentionKernel("NprfRpeAttention", heads, head_dim),
-      features_(features),
-      max_len_(max_len),
-      redraw_(redraw),
-      dense_(dense) {
+    : AttentionMechanism("NprfRpeAttention", heads, head_dim), features_(features), max_len_(max_len), dense_(dense) {
   LINEA_CHECK(heads > 0 && head_dim > 0, kWho, ": heads and head_dim must be positive, got ", heads, " and ", head_dim);
   LINEA_CHECK(features > 0, kWho, ": features must be > 0, got ", features);
   LINEA_CHECK(max_len > 0, kWho, ": max_len must be > 0, got ", max_len);
   LINEA_CHECK(redraw >= 0, kWho, ": redraw must be >= 0 (0 = never), got ", redraw);
+  init_redraw(redraw);
   rpe_ = register_parameter("rpe", zeros({heads, 2 * max_len - 1}, TensorOptions(DType::Float32)));
   omega_ = register_buffer("omega", raw::to_dtype(orthogonal_gaussian(heads, features, head_dim), DType::Float32));
 }
 
 Tensor NprfRpeAttention::features_for(const Tensor& like) {
-  const bool due = is_training() && redraw_ > 0 && train_steps_ % redraw_ == 0;
-  if (is_training()) ++train_steps_;
+  const bool due = redraw_due();
   return sample("omega", {heads(), features_, head_dim()}, like, [&] {
     if (due) {
       NoGradGuard ng;
@@ -218,14 +215,14 @@ Tensor NprfRpeAttention::features_for(const Tensor& like) {
 }
 
 Tensor NprfRpeAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
-  nn::check_attention_inputs(kWho, q, k, v, opts);
+  check_attention_inputs(kWho, q, k, v, opts);
   LINEA_CHECK(q.size(1) == heads() && q.size(3) == head_dim(), kWho, ": built for ", heads(), " heads of dim ",
               head_dim(), ", got q ", shape_str(q.shape()));
   return nprf_rpe_attention(q, k, v, features_for(q), rpe_, opts, uses_dense(q.size(2), k.size(2), v.size(3)));
 }
 
 Tensor NprfRpeAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
-  nn::check_attention_inputs(std::string(kWho) + " attention_matrix", q, k, k, opts);
+  check_attention_inputs(std::string(kWho) + " attention_matrix", q, k, k, opts);
   LINEA_CHECK(q.size(1) == heads() && q.size(3) == head_dim(), kWho, ": built for ", heads(), " heads of dim ",
               head_dim(), ", got q ", shape_str(q.shape()));
   return nprf_rpe_attention_matrix(q, k, features_for(q), rpe_, opts);
@@ -234,12 +231,12 @@ Tensor NprfRpeAttention::attention_matrix(const Tensor& q, const Tensor& k, cons
 std::string NprfRpeAttention::extra_repr() const {
   std::ostringstream os;
   os << "heads=" << heads() << ", head_dim=" << head_dim() << ", features=" << features_ << ", max_len=" << max_len_
-     << ", redraw=" << redraw_
+     << ", redraw=" << redraw_every()
      << ", dense=" << (dense_ == NprfPath::Auto ? "auto" : dense_ == NprfPath::Dense ? "1" : "0");
   return os.str();
 }
 
-std::shared_ptr<nn::AttentionKernel> make_nprf_rpe(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
+std::shared_ptr<AttentionMechanism> make_nprf_rpe(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
   const int64_t features = spec.get_int("features", 64);
   const int64_t max_len = spec.get_int("max_len", 512);
   const int64_t redraw = spec.get_int("redraw", 1);

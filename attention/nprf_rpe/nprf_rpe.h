@@ -8,8 +8,9 @@
 //   phi(x) = exp(W x - |x|^2 / 2) / sqrt(S)   on q^, k^ directly (no D^-1/4), W = omega [S, D],
 //            so that E[phi(q^).phi(k^)] = exp(q^.k^)
 //   out_i = phi(q^_i) . sum_j e^{b_{j-i}} phi(k^_j) v_j^T / phi(q^_i) . sum_j e^{b_{j-i}} phi(k^_j)
-// with b_t (t = j - i in -(L-1)..L-1) stored in rpe [H, 2L-1] at index t + L - 1. Causal: key j is
-// visible to query i iff j <= i (the positive offsets drop out); padded keys drop out of both
+// with b_t (t = j - i in -(L-1)..L-1) stored in rpe [H, 2L-1] at index t + L - 1, where query i
+// sits at position i + query_offset among the keys (AttentionOptions). Causal: key j is visible
+// to query i iff j <= i + query_offset (the positive offsets drop out); padded keys drop out of both
 // sums; a query that sees no key gets zeros. Stabilizers that cancel in the ratio (detached):
 // the max over features per query row, the max over keys and features per (batch, head), and
 // the max of b per head (exp(b - max b)).
@@ -49,23 +50,27 @@ enum class NprfPath { Fft, Dense, Auto };
 bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv);
 
 // The mechanism. Spec options: features=S (default 64), max_len=L (default 512), redraw=N (new
-// features every N training forwards, the first included; 0 = never; default 1), dense=0|1|auto
+// features every N training calls, the first included; 0 = never; default 1; the schedule of
+// AttentionMechanism), dense=0|1|auto
 // (default auto: dense for short sequences, FFT for long ones; 0/1 force one path).
 // Parameter "rpe" [H, 2L-1] (zeros at construction); buffer "omega" [H, S, D] float32, orthogonal
 // Gaussian rows drawn at construction and replaced at redraws (never in eval). The random
 // quantity "omega" goes through sample(), so set_samples/freeze_samples fix it.
-class NprfRpeAttention : public nn::AttentionKernel {
+class NprfRpeAttention : public AttentionMechanism {
  public:
   NprfRpeAttention(int64_t heads, int64_t head_dim, int64_t features = 64, int64_t max_len = 512, int64_t redraw = 1,
                    NprfPath dense = NprfPath::Auto);
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
   Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
+  // Decoding keeps the keys and values (a KeyValueCache) and is exact over them, with the
+  // relative positions of the new queries taken from the state's length.
+  AttentionSupport support() const override { return {true, true, true, true}; }
   std::vector<std::string> sample_names() const override { return {"omega"}; }
   std::string extra_repr() const override;
 
   int64_t features() const { return features_; }
   int64_t max_len() const { return max_len_; }
-  int64_t redraw() const { return redraw_; }
+  int64_t redraw() const { return redraw_every(); }
   NprfPath dense() const { return dense_; }  // the mode as given (Auto is not resolved here)
   // Whether a forward with N queries and M keys (values of dim Dv; head_dim when not given)
   // takes the dense path.
@@ -80,13 +85,12 @@ class NprfRpeAttention : public nn::AttentionKernel {
   // omega for this call through sample(): in training, redraws the buffer when due.
   Tensor features_for(const Tensor& like);
 
-  int64_t features_, max_len_, redraw_;
+  int64_t features_, max_len_;
   NprfPath dense_;
-  int64_t train_steps_ = 0;  // training forwards so far (redraw schedule)
   Tensor rpe_, omega_;
 };
 
 // The factory registered as "nprf_rpe" (attention/builtin.cpp).
-std::shared_ptr<nn::AttentionKernel> make_nprf_rpe(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+std::shared_ptr<AttentionMechanism> make_nprf_rpe(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
 
 }  // namespace linea::attn

@@ -20,14 +20,14 @@ namespace {
 // or whose features underflowed entirely, is affected; it keeps the output finite (zero for 0/0).
 // Chosen so that 1/guard and the backward's g/guard stay finite in float32 too.
 constexpr double kDenGuard = 1e-30;
-// The additive floor of the relu kernel, as the phi = relu(W x~) + 1e-3.
+// The additive floor of the relu feature map phi = relu(W x~) + 1e-3.
 constexpr double kReluFloor = 1e-3;
 
 // W x for every row: x [B, H, L, D], omega [H, S, D] -> [B, H, L, S] (W^T is a view).
 Tensor projections(const Tensor& x, const Tensor& omega) { return matmul(x, transpose(omega, -2, -1)); }
 
-// Keeps |den| >= kDenGuard with den's sign (sign of 0 taken as +), so the trf kernel's signed
-// denominators are not flipped; for the positive kernels this is max(den, guard).
+// Keeps |den| >= kDenGuard with den's sign (sign of 0 taken as +), so the trf map's signed
+// denominators are not flipped; for the positive maps this is max(den, guard).
 Tensor guard_denominator(const Tensor& den) {
   const TensorOptions o(den.dtype(), den.device());
   Tensor d = den.detach();
@@ -38,28 +38,17 @@ Tensor guard_denominator(const Tensor& den) {
   return where(small, signed_guard, den);
 }
 
-// exp(l - c) for key log-factors l [B, H, M, X] with one detached c per (b, h): the max over the
-// unpadded keys and X. Padded entries are filled with the lowest finite value first, so they give
-// exp(...) = 0 and cannot overflow; pad is Bool [B, 1, M, 1] or undefined. A (b, h) with every key
-// padded gets exp(0) = 1 rows here; the caller zeroes padded rows.
-Tensor stabilized_key_exp(const Tensor& l, const Tensor& pad) {
-  Tensor lf = pad.defined() ? masked_fill(l, pad, lowest(l.dtype())) : l;
-  Tensor c = raw::reduce(ReduceOp::Max, lf.detach(), {2, 3}, /*keepdim=*/true);  // [B, H, 1, 1]
-  return exp(sub(lf, c));
+// The detached per-(b, h) stabilizer of key log-factors l [B, H, M, X]: the max over the unpadded
+// keys and X (pad Bool [B, 1, M, 1] or undefined). Padded entries count as the lowest finite
+// value; a (b, h) with every key padded gets that value (its rows are zeroed anyway).
+Tensor key_stabilizer(const Tensor& l, const Tensor& pad) {
+  Tensor lf = pad.defined() ? masked_fill(l.detach(), pad, lowest(l.dtype())) : l.detach();
+  return raw::reduce(ReduceOp::Max, lf, {2, 3}, /*keepdim=*/true);  // [B, H, 1, 1]
 }
 
-// Float 0/1 [rows, cols] with 1 where key index j <= query index i (both counted from the same
-// origin), on `like`'s device and dtype.
-Tensor causal_keep(int64_t rows, int64_t cols, const Tensor& like) {
-  const TensorOptions io(DType::Int64, like.device());
-  Tensor r = raw::reshape(arange(0.0, static_cast<double>(rows), 1.0, io), {rows, 1});
-  Tensor c = raw::reshape(arange(0.0, static_cast<double>(cols), 1.0, io), {1, cols});
-  return raw::to_dtype(raw::binary(BinaryOp::Le, c, r), like.dtype());
-}
-
-void check_inputs(const char* who, const nn::AttentionKernel& self, const Tensor& q, const Tensor& k,
-                  const Tensor& v, const nn::AttentionOptions& opts) {
-  nn::check_attention_inputs(who, q, k, v, opts);
+void check_inputs(const char* who, const AttentionMechanism& self, const Tensor& q, const Tensor& k,
+                  const Tensor& v, const AttentionOptions& opts) {
+  check_attention_inputs(who, q, k, v, opts);
   LINEA_CHECK(is_floating(q.dtype()), who, ": expected float32/float64 inputs, got ", dtype_name(q.dtype()));
   LINEA_CHECK(q.size(1) == self.heads() && q.size(3) == self.head_dim(), who, ": built for ", self.heads(),
               " heads of dim ", self.head_dim(), " (q [B, ", self.heads(), ", N, ", self.head_dim(), "]), got q ",
@@ -70,23 +59,23 @@ void check_inputs(const char* who, const nn::AttentionKernel& self, const Tensor
 
 }  // namespace
 
-PerformerKernel parse_performer_kernel(const std::string& name) {
-  if (name == "softmax") return PerformerKernel::Softmax;
-  if (name == "relu") return PerformerKernel::Relu;
-  if (name == "trf") return PerformerKernel::Trf;
-  LINEA_FAIL("performer: unknown kernel '", name, "' (expected softmax, relu or trf)");
+FeatureMap parse_feature_map(const std::string& name) {
+  if (name == "softmax") return FeatureMap::Softmax;
+  if (name == "relu") return FeatureMap::Relu;
+  if (name == "trf") return FeatureMap::Trf;
+  LINEA_FAIL("performer: unknown feature_map '", name, "' (expected softmax, relu or trf)");
 }
 
-const char* performer_kernel_name(PerformerKernel kind) {
+const char* feature_map_name(FeatureMap kind) {
   switch (kind) {
-    case PerformerKernel::Softmax: return "softmax";
-    case PerformerKernel::Relu: return "relu";
-    case PerformerKernel::Trf: return "trf";
+    case FeatureMap::Softmax: return "softmax";
+    case FeatureMap::Relu: return "relu";
+    case FeatureMap::Trf: return "trf";
   }
   return "?";
 }
 
-Tensor performer_features(const Tensor& x, const Tensor& omega, PerformerKernel kind) {
+Tensor performer_features(const Tensor& x, const Tensor& omega, FeatureMap kind) {
   raw::check_defined("performer_features", x, "x_scaled");
   raw::check_defined("performer_features", omega, "omega");
   LINEA_CHECK(x.dim() == 4 && omega.dim() == 3 && omega.size(0) == x.size(1) && omega.size(2) == x.size(3),
@@ -97,23 +86,22 @@ Tensor performer_features(const Tensor& x, const Tensor& omega, PerformerKernel 
   const double inv_sqrt_s = 1.0 / std::sqrt(static_cast<double>(omega.size(1)));
   Tensor wx = projections(x, omega);  // [B, H, L, S]
   switch (kind) {
-    case PerformerKernel::Softmax:  // exp(W x - |x|^2/2) / sqrt(S)
+    case FeatureMap::Softmax:  // exp(W x - |x|^2/2) / sqrt(S)
       return mul(exp(sub(wx, mul(sq_norm(x), 0.5))), inv_sqrt_s);
-    case PerformerKernel::Relu:  // relu(W x) + 1e-3
+    case FeatureMap::Relu:  // relu(W x) + 1e-3
       return add(relu(wx), kReluFloor);
-    case PerformerKernel::Trf:  // exp(|x|^2/2) [sin(W x), cos(W x)] / sqrt(S)
+    case FeatureMap::Trf:  // exp(|x|^2/2) [sin(W x), cos(W x)] / sqrt(S)
       return mul(cat({sin(wx), cos(wx)}, -1), mul(exp(mul(sq_norm(x), 0.5)), inv_sqrt_s));
   }
-  LINEA_FAIL("performer_features: bad kernel");
+  LINEA_FAIL("performer_features: bad feature map");
 }
 
 // ---- PerformerAttention -------------------------------------------------------------------------
-PerformerAttention::PerformerAttention(int64_t heads, int64_t head_dim, int64_t features, PerformerKernel kernel,
+PerformerAttention::PerformerAttention(int64_t heads, int64_t head_dim, int64_t features, FeatureMap feature_map,
                                        int64_t redraw, int64_t chunk, bool orthogonal)
-    : nn::AttentionKernel("PerformerAttention", heads, head_dim),
+    : AttentionMechanism("PerformerAttention", heads, head_dim),
       features_(features),
-      kernel_(kernel),
-      redraw_(redraw),
+      feature_map_(feature_map),
       chunk_(chunk),
       orthogonal_(orthogonal) {
   LINEA_CHECK(heads > 0 && head_dim > 0, "performer: heads and head_dim must be positive, got ", heads, " and ",
@@ -121,6 +109,7 @@ PerformerAttention::PerformerAttention(int64_t heads, int64_t head_dim, int64_t 
   LINEA_CHECK(features > 0, "performer: features must be positive, got ", features);
   LINEA_CHECK(redraw >= 0, "performer: redraw must be >= 0 (0 = never), got ", redraw);
   LINEA_CHECK(chunk > 0, "performer: chunk must be positive, got ", chunk);
+  init_redraw(redraw);
   // A buffer, so W is saved in the state dict and moved with the model; drawn now so that an
   // eval-only model (never trained) has features too.
   omega_ = register_buffer("omega", zeros({heads, features, head_dim}, TensorOptions(DType::Float32)));
@@ -135,124 +124,216 @@ void PerformerAttention::redraw_features() {
 }
 
 Tensor PerformerAttention::current_omega(const Tensor& like) {
+  const bool due = redraw_due();
   return sample("omega", {heads(), features_, head_dim()}, like, [&] {
-    if (is_training()) {
-      // A new W on training draws 0, N, 2N, ... (redraw=N); eval never redraws.
-      if (redraw_ > 0 && training_draws_ % redraw_ == 0) redraw_features();
-      ++training_draws_;
-    }
+    if (due) redraw_features();
     // A copy, so last_samples()/frozen values keep this W when the buffer is redrawn later.
     return raw::clone(omega_).to(like.device()).to(like.dtype());
   });
 }
 
-std::pair<Tensor, Tensor> PerformerAttention::features_of(const Tensor& q, const Tensor& k,
-                                                          const nn::AttentionOptions& opts) {
-  const Tensor omega = current_omega(q);  // [H, S, D]
-  const Tensor qs = scaled(q), ks = scaled(k);
-  const int64_t B = k.size(0), M = k.size(2);
+Tensor PerformerAttention::query_features(const Tensor& q, const Tensor& omega) const {
+  const Tensor qs = scaled(q);
   const double inv_sqrt_s = 1.0 / std::sqrt(static_cast<double>(features_));
-  Tensor pad = nn::key_padding_bool(opts);
-  if (pad.defined()) pad = raw::reshape(pad, {B, 1, M, 1});
-  Tensor phi_q, phi_k;
-  switch (kernel_) {
-    case PerformerKernel::Softmax: {
-      // log phi = W x~ - |x~|^2/2 (- log sqrt(S)); queries: minus their row max over features.
-      Tensor lq = sub(projections(qs, omega), mul(sq_norm(qs), 0.5));                 // [B, H, N, S]
+  switch (feature_map_) {
+    case FeatureMap::Softmax: {
+      // log phi = W q~ - |q~|^2/2 (- log sqrt(S)), minus the row's max over features.
+      Tensor lq = projections(qs, omega) - sq_norm(qs) * 0.5;                         // [B, H, N, S]
       Tensor cq = raw::reduce(ReduceOp::Max, lq.detach(), {-1}, /*keepdim=*/true);  // [B, H, N, 1]
-      phi_q = mul(exp(sub(lq, cq)), inv_sqrt_s);
-      Tensor lk = sub(projections(ks, omega), mul(sq_norm(ks), 0.5));  // [B, H, M, S]
-      phi_k = mul(stabilized_key_exp(lk, pad), inv_sqrt_s);
-      break;
+      return exp(lq - cq) * inv_sqrt_s;
     }
-    case PerformerKernel::Relu:  // bounded, no stabilizer needed
-      phi_q = add(relu(projections(qs, omega)), kReluFloor);
-      phi_k = add(relu(projections(ks, omega)), kReluFloor);
-      break;
-    case PerformerKernel::Trf: {
-      // phi = exp(|x~|^2/2) [sin, cos] / sqrt(S). For a query, exp(|q~|^2/2) is one factor for
-      // the whole row, i.e. exactly its stabilizer: it cancels, so it is left out. For keys it is
-      // exp(|k~_m|^2/2 - max_m' |k~_m'|^2/2).
-      Tensor wq = projections(qs, omega), wk = projections(ks, omega);  // [B, H, L, S]
-      phi_q = mul(cat({sin(wq), cos(wq)}, -1), inv_sqrt_s);             // [B, H, N, 2S]
-      Tensor scale_k = stabilized_key_exp(mul(sq_norm(ks), 0.5), pad);  // [B, H, M, 1]
-      phi_k = mul(cat({sin(wk), cos(wk)}, -1), mul(scale_k, inv_sqrt_s));
-      break;
+    case FeatureMap::Relu:  // bounded, no stabilizer needed
+      return relu(projections(qs, omega)) + kReluFloor;
+    case FeatureMap::Trf: {
+      // phi = exp(|q~|^2/2) [sin, cos] / sqrt(S): the exp is one factor for the whole row, i.e.
+      // exactly its stabilizer, so it cancels and is left out.
+      Tensor wq = projections(qs, omega);                // [B, H, N, S]
+      return cat({sin(wq), cos(wq)}, -1) * inv_sqrt_s;  // [B, H, N, 2S]
     }
   }
-  if (pad.defined()) {
-    // Padded keys add to neither sum: their feature rows are zero.
-    Tensor keep = raw::to_dtype(raw::binary(BinaryOp::Eq, pad, scalar_tensor(0.0, pad.options())), q.dtype());
-    phi_k = mul(phi_k, keep);  // keep [B, 1, M, 1]
-  }
-  return {phi_q, phi_k};
+  LINEA_FAIL("performer: bad feature map");
 }
 
-Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const nn::AttentionOptions& opts) {
+PerformerAttention::KeyParts PerformerAttention::key_parts(const Tensor& k, const Tensor& omega) const {
+  const Tensor ks = scaled(k);
+  switch (feature_map_) {
+    case FeatureMap::Softmax:
+      return {projections(ks, omega) - sq_norm(ks) * 0.5, Tensor()};  // log phi [B, H, M, S]
+    case FeatureMap::Relu:
+      return {Tensor(), relu(projections(ks, omega)) + kReluFloor};
+    case FeatureMap::Trf: {
+      Tensor wk = projections(ks, omega);
+      return {sq_norm(ks) * 0.5, cat({sin(wk), cos(wk)}, -1)};  // exp(|k~|^2/2) [sin, cos]
+    }
+  }
+  LINEA_FAIL("performer: bad feature map");
+}
+
+Tensor PerformerAttention::stabilized_keys(const KeyParts& p, const Tensor& c, const Tensor& pad) const {
+  const double inv_sqrt_s = 1.0 / std::sqrt(static_cast<double>(features_));
+  Tensor phi;
+  if (p.log_scale.defined()) {
+    // Padded entries at the lowest finite value: exp(...) = 0, they cannot overflow.
+    Tensor l = pad.defined() ? masked_fill(p.log_scale, pad, lowest(p.log_scale.dtype())) : p.log_scale;
+    Tensor scale = exp(l - c);
+    phi = p.base.defined() ? p.base * (scale * inv_sqrt_s) : scale * inv_sqrt_s;
+  } else {
+    phi = p.base;
+  }
+  // Padded keys add to neither sum: their feature rows are zero.
+  if (pad.defined()) phi = phi * eq(pad, 0.0).to(phi.dtype());  // keep [B, 1, M, 1]
+  return phi;
+}
+
+std::pair<Tensor, Tensor> PerformerAttention::features_of(const Tensor& q, const Tensor& k,
+                                                          const AttentionOptions& opts) {
+  const Tensor omega = current_omega(q);  // [H, S, D]
+  const int64_t B = k.size(0), M = k.size(2);
+  Tensor pad = key_padding_bool(opts);
+  if (pad.defined()) pad = reshape(pad, {B, 1, M, 1});
+  KeyParts parts = key_parts(k, omega);
+  Tensor c = parts.log_scale.defined() ? key_stabilizer(parts.log_scale, pad) : Tensor();
+  return {query_features(q, omega), stabilized_keys(parts, c, pad)};
+}
+
+namespace {
+// out_n = num / den from [num, den] [.., Dv+1], den guarded (0/0 of a row with no visible key -> 0).
+Tensor ratio(const Tensor& out, int64_t Dv) {
+  return narrow(out, -1, 0, Dv) / guard_denominator(narrow(out, -1, Dv, 1));
+}
+// Float 0/1 [T, T]: 1 where key j is visible to query i of the same chunk (j <= i).
+Tensor chunk_triangle(int64_t T, const Tensor& like) {
+  return eq(causal_hidden(T, T, 0, like.device()), 0.0).to(like.dtype());
+}
+}  // namespace
+
+Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   check_inputs("performer", *this, q, k, v, opts);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
   auto [phi_q, phi_k] = features_of(q, k, opts);  // [B, H, N, F], [B, H, M, F]
   // v with a column of ones [B, H, M, Dv+1]: one product gives numerator and denominator.
-  Tensor v1 = cat({v, ones({B, H, M, 1}, TensorOptions(v.dtype(), v.device()))}, -1);
-  Tensor out;  // [B, H, N, Dv+1]
+  Tensor v1 = cat({v, ones({B, H, M, 1}, v.options())}, -1);
   if (!opts.causal) {
     // sum_m phi(k_m) [v_m, 1]^T [B, H, F, Dv+1], then phi(q_n) times it.
-    out = matmul(phi_q, matmul(transpose(phi_k, -2, -1), v1));
-  } else {
-    // Chunks of T queries [c0, c0+T): keys before c0 come through the carried state
-    // sum_{m < c0} phi(k_m) [v_m, 1]^T [B, H, F, Dv+1]; keys inside the chunk through the masked
-    // quadratic phi(q_c) phi(k_c)^T (lower triangle, diagonal included). Keys m >= N are never
-    // visible (top-left alignment), so only the first min(M, N) keys take part.
-    const int64_t T = std::min(chunk_, N), Mv = std::min(M, N);
-    const Tensor tri = causal_keep(T, T, q);  // [T, T]
-    std::vector<Tensor> outs;
-    Tensor state;
-    for (int64_t c0 = 0; c0 < N; c0 += T) {
-      const int64_t Tc = std::min(T, N - c0);
-      Tensor qc = narrow(phi_q, 2, c0, Tc);  // [B, H, Tc, F]
-      Tensor oc = state.defined() ? matmul(qc, state) : Tensor();
-      if (c0 < Mv) {
-        const int64_t Tk = std::min(c0 + Tc, Mv) - c0;
-        Tensor kc = narrow(phi_k, 2, c0, Tk), vc = narrow(v1, 2, c0, Tk);  // [B, H, Tk, F], [B, H, Tk, Dv+1]
-        Tensor a = mul(matmul(qc, transpose(kc, -2, -1)), narrow(narrow(tri, 0, 0, Tc), 1, 0, Tk));
-        Tensor intra = matmul(a, vc);  // [B, H, Tc, Dv+1]
-        oc = oc.defined() ? add(oc, intra) : intra;
-        if (c0 + Tc < N) {
-          Tensor kv = matmul(transpose(kc, -2, -1), vc);  // [B, H, F, Dv+1]
-          state = state.defined() ? add(state, kv) : kv;
-        }
-      }
-      outs.push_back(oc);
-    }
-    out = outs.size() == 1 ? outs[0] : cat(outs, 2);
+    return ratio(matmul(phi_q, matmul(transpose(phi_k, -2, -1), v1)), Dv);
   }
-  // out_n = num / den, den = phi(q_n).sum_m phi(k_m) guarded (0/0 of a row with no visible key -> 0).
-  return div(narrow(out, -1, 0, Dv), guard_denominator(narrow(out, -1, Dv, 1)));
+  // Chunks of T queries [c0, c0+T), at positions o+c0.. among the keys (o = query_offset): keys
+  // before o+c0 come through the carried state sum_m phi(k_m) [v_m, 1]^T [B, H, F, Dv+1]; the
+  // chunk's own keys [o+c0, o+c0+T) through the masked quadratic phi(q_c) phi(k_c)^T (lower
+  // triangle, diagonal included). Keys past the last query's position are never visible.
+  const int64_t o = opts.query_offset, T = std::min(chunk_, N), Mv = std::min(M, N + o);
+  const Tensor tri = chunk_triangle(T, q);  // [T, T]
+  std::vector<Tensor> outs;
+  Tensor state;
+  if (o > 0) {
+    const int64_t m0 = std::min(o, M);
+    state = matmul(transpose(narrow(phi_k, 2, 0, m0), -2, -1), narrow(v1, 2, 0, m0));
+  }
+  for (int64_t c0 = 0; c0 < N; c0 += T) {
+    const int64_t Tc = std::min(T, N - c0), k0 = c0 + o;
+    Tensor qc = narrow(phi_q, 2, c0, Tc);  // [B, H, Tc, F]
+    Tensor oc = state.defined() ? matmul(qc, state) : Tensor();
+    if (k0 < Mv) {
+      const int64_t Tk = std::min(k0 + Tc, Mv) - k0;
+      Tensor kc = narrow(phi_k, 2, k0, Tk), vc = narrow(v1, 2, k0, Tk);  // [B, H, Tk, F], [B, H, Tk, Dv+1]
+      Tensor a = matmul(qc, transpose(kc, -2, -1)) * narrow(narrow(tri, 0, 0, Tc), 1, 0, Tk);
+      Tensor intra = matmul(a, vc);  // [B, H, Tc, Dv+1]
+      oc = oc.defined() ? oc + intra : intra;
+      if (c0 + Tc < N) {
+        Tensor kv = matmul(transpose(kc, -2, -1), vc);  // [B, H, F, Dv+1]
+        state = state.defined() ? state + kv : kv;
+      }
+    }
+    outs.push_back(oc);
+  }
+  return ratio(outs.size() == 1 ? outs[0] : cat(outs, 2), Dv);
 }
 
-Tensor PerformerAttention::attention_matrix(const Tensor& q, const Tensor& k, const nn::AttentionOptions& opts) {
+Tensor PerformerAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
   check_inputs("performer attention_matrix", *this, q, k, k, opts);
   auto [phi_q, phi_k] = features_of(q, k, opts);
-  Tensor a = matmul(phi_q, transpose(phi_k, -2, -1));                // [B, H, N, M]
-  if (opts.causal) a = mul(a, causal_keep(q.size(2), k.size(2), q));  // m <= n
-  return div(a, guard_denominator(sum(a, {-1}, /*keepdim=*/true)));
+  Tensor a = matmul(phi_q, transpose(phi_k, -2, -1));  // [B, H, N, M]
+  if (opts.causal) a = masked_fill(a, causal_hidden(q.size(2), k.size(2), opts.query_offset, q.device()), 0.0);
+  return a / guard_denominator(sum(a, {-1}, /*keepdim=*/true));
+}
+
+// ---- decoding ------------------------------------------------------------------------------------
+namespace {
+// The recurrent state of causal performer: per (b, h) the running sums over the keys so far,
+// sums = sum_m phi~(k_m) [v_m, 1]^T [B, H, F, Dv+1], where phi~ carries the stabilizer exp(-c) of
+// the largest key log-factor seen so far (c [B, H, 1, 1]; undefined for the relu map), and the
+// features W used from the first step on.
+class PerformerState : public DecodeState {
+ public:
+  Tensor sums, c, omega;
+  void reorder(const Tensor& index) override {
+    if (!sums.defined()) return;
+    const Tensor i = index.to(sums.device());
+    sums = index_select(sums, 0, i);
+    if (c.defined()) c = index_select(c, 0, i);
+  }
+};
+}  // namespace
+
+std::unique_ptr<DecodeState> PerformerAttention::start_decoding() const { return std::make_unique<PerformerState>(); }
+
+Tensor PerformerAttention::decode_step(const Tensor& q, const Tensor& k, const Tensor& v, DecodeState& state_in,
+                                       const Tensor& key_padding) {
+  auto* st = dynamic_cast<PerformerState*>(&state_in);
+  LINEA_CHECK(st != nullptr, "performer decode_step: the state was not made by this mechanism's start_decoding");
+  check_step(q, k, v, state_in);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dv = v.size(3);
+  if (st->sums.defined())
+    LINEA_CHECK(st->sums.size(0) == B && st->sums.size(3) == Dv + 1, "performer decode_step: q ",
+                shape_str(q.shape()), ", v ", shape_str(v.shape()), " do not continue the state's ", st->sums.size(0),
+                " rows of value dim ", st->sums.size(3) - 1);
+  if (!st->omega.defined())  // the features of the whole sequence: no redraw while decoding
+    st->omega = sample("omega", {heads(), features_, head_dim()}, q,
+                       [&] { return raw::clone(omega_).to(q.device()).to(q.dtype()); });
+  Tensor pad = key_padding_bool(key_padding);
+  if (pad.defined()) {
+    LINEA_CHECK(pad.dim() == 2 && pad.size(0) == B && pad.size(1) == T, "performer decode_step: key_padding must be [",
+                B, ", ", T, "], got ", shape_str(pad.shape()));
+    pad = reshape(pad, {B, 1, T, 1});
+  }
+  Tensor phi_q = query_features(q, st->omega);  // [B, H, T, F]
+  KeyParts parts = key_parts(k, st->omega);
+  Tensor c = st->c;
+  if (parts.log_scale.defined()) {
+    // A larger key than any before: raise the stabilizer and rescale the sums to it.
+    Tensor c_new = key_stabilizer(parts.log_scale, pad);
+    if (c.defined()) {
+      c_new = maximum(c, c_new);
+      st->sums = st->sums * exp(c - c_new);
+    }
+    c = c_new;
+  }
+  Tensor phi_k = stabilized_keys(parts, c, pad);  // [B, H, T, F]
+  Tensor v1 = cat({v, ones({B, H, T, 1}, v.options())}, -1);
+  // Earlier keys through the sums, the step's own keys through the masked quadratic product.
+  Tensor out = matmul(matmul(phi_q, transpose(phi_k, -2, -1)) * chunk_triangle(T, q), v1);  // [B, H, T, Dv+1]
+  if (st->sums.defined()) out = matmul(phi_q, st->sums) + out;
+  Tensor kv = matmul(transpose(phi_k, -2, -1), v1);  // [B, H, F, Dv+1]
+  st->sums = st->sums.defined() ? st->sums + kv : kv;
+  st->c = c;
+  advance(*st, T);
+  return ratio(out, Dv);
 }
 
 std::string PerformerAttention::extra_repr() const {
   return "heads=" + std::to_string(heads()) + ", head_dim=" + std::to_string(head_dim()) +
-         ", features=" + std::to_string(features_) + ", kernel=" + performer_kernel_name(kernel_) +
-         ", redraw=" + std::to_string(redraw_) + ", chunk=" + std::to_string(chunk_) +
+         ", features=" + std::to_string(features_) + ", feature_map=" + feature_map_name(feature_map_) +
+         ", redraw=" + std::to_string(redraw_every()) + ", chunk=" + std::to_string(chunk_) +
          ", orthogonal=" + (orthogonal_ ? "1" : "0");
 }
 
-std::shared_ptr<nn::AttentionKernel> make_performer(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
+std::shared_ptr<AttentionMechanism> make_performer(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
   const int64_t features = spec.get_int("features", 128);
-  const PerformerKernel kernel = parse_performer_kernel(spec.get_string("kernel", "softmax"));
+  const FeatureMap feature_map = parse_feature_map(spec.get_string("feature_map", "softmax"));
   const int64_t redraw = spec.get_int("redraw", 1);
   const int64_t chunk = spec.get_int("chunk", 64);
   const bool orthogonal = spec.get_bool("orthogonal", true);
-  return std::make_shared<PerformerAttention>(heads, head_dim, features, kernel, redraw, chunk, orthogonal);
+  return std::make_shared<PerformerAttention>(heads, head_dim, features, feature_map, redraw, chunk, orthogonal);
 }
 
 }  // namespace linea::attn

@@ -5,7 +5,7 @@
 namespace linea::attn {
 
 RandomizedAttention::RandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples, bool biased)
-    : AttentionKernel("RandomizedAttention", heads, head_dim), samples_(samples), biased_(biased) {
+    : AttentionMechanism("RandomizedAttention", heads, head_dim), samples_(samples), biased_(biased) {
   LINEA_CHECK(samples > 0, "ra: samples must be positive, got ", samples);
 }
 
@@ -38,14 +38,14 @@ Tensor RandomizedAttention::draw_index(const Tensor& pi, int64_t S) {
 }
 
 Tensor RandomizedAttention::weights(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who) {
-  nn::check_attention_inputs(who, q, k, k, opts);
+  check_attention_inputs(who, q, k, k, opts);
   LINEA_CHECK(!opts.causal, "ra: causal attention is not supported (randomized attention is bidirectional)");
   LINEA_CHECK(is_floating(q.dtype()), who, ": expected float32/float64 inputs, got ", dtype_name(q.dtype()));
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), M = k.size(2), S = samples_;
   Tensor pad = padded_keys(opts);         // Bool [B, 1, 1, M] (true = padded) or undefined
   Tensor qs = scaled(q), ks = scaled(k);  // q~ [B, H, N, D], k~ [B, H, M, D]
   // pi_n = softmax_m(q~_n.k~_m), padded keys excluded: [B, H, N, M]
-  Tensor pi = nn::masked_softmax(matmul(qs, transpose(ks, -2, -1)), pad, -1);
+  Tensor pi = masked_softmax(matmul(qs, transpose(ks, -2, -1)), pad, -1);
 
   // The component means of w_ns: [B, H, N, S, D] (unbiased) or [B, H, N, 1, D] (biased).
   Tensor centre;
@@ -81,12 +81,12 @@ Tensor RandomizedAttention::weights(const Tensor& q, const Tensor& k, const Atte
 
   // softmax_m(log xi(k~_m, w_ns)), padded keys excluded: [B, H, N*Sw, M] -> average over s.
   Tensor logits = log_xi(reshape(w, {B, H, N * Sw, D}), ks);
-  Tensor p = nn::masked_softmax(logits, pad, -1);
+  Tensor p = masked_softmax(logits, pad, -1);
   return mean(reshape(p, {B, H, N, Sw, M}), {3});  // [B, H, N, M]
 }
 
 Tensor RandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
-  nn::check_attention_inputs("ra", q, k, v, opts);
+  check_attention_inputs("ra", q, k, v, opts);
   return matmul(weights(q, k, opts, "ra"), v);  // [B, H, N, M] @ [B, H, M, Dv]
 }
 
@@ -94,7 +94,7 @@ Tensor RandomizedAttention::attention_matrix(const Tensor& q, const Tensor& k, c
   return weights(q, k, opts, "ra attention_matrix");
 }
 
-std::shared_ptr<nn::AttentionKernel> make_ra(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
+std::shared_ptr<AttentionMechanism> make_ra(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
   const int64_t samples = spec.get_int("samples", 1);
   LINEA_CHECK(samples > 0, "attention spec '", spec.str(), "': ra: samples must be positive, got ", samples);
   return std::make_shared<RandomizedAttention>(heads, head_dim, samples, spec.get_bool("biased", false));

@@ -12,7 +12,7 @@
 // the error of the average over S samples falls like 1/sqrt(S). Biased RA replaces the mixture
 // by one Gaussian at its mean: lower variance, but it keeps a bias.
 //
-// Random quantities (AttentionKernel::sample): "ra_index" Int64 [B, H, N, S] (unbiased only),
+// Random quantities (AttentionMechanism::sample): "ra_index" Int64 [B, H, N, S] (unbiased only),
 // drawn on the inputs' device by inverse CDF (cumsum of pi_n and comparisons with uniforms; a
 // padded key is never drawn, and a query whose keys are all padded gets index 0, which cannot
 // matter: its output is zero), and "eps" [B, H, N, S, D].
@@ -34,7 +34,7 @@
 
 namespace linea::attn {
 
-class RandomizedAttention : public nn::AttentionKernel {
+class RandomizedAttention : public AttentionMechanism {
  public:
   RandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples = 1, bool biased = false);
 
@@ -42,6 +42,9 @@ class RandomizedAttention : public nn::AttentionKernel {
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
   // (1/S) sum_s softmax_m(log xi(k~_m, w_ns)) [B, H, N, M], drawn like forward.
   Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
+  // Not causal (an estimator of bidirectional softmax attention); each query is on its own, so
+  // cross-attention works.
+  AttentionSupport support() const override { return {false, true, false, false}; }
   std::vector<std::string> sample_names() const override;
   std::string extra_repr() const override;
 
@@ -59,6 +62,6 @@ class RandomizedAttention : public nn::AttentionKernel {
 };
 
 // Spec "ra[:samples=S][,biased=0|1]" (S > 0, default 1; biased default 0).
-std::shared_ptr<nn::AttentionKernel> make_ra(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+std::shared_ptr<AttentionMechanism> make_ra(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
 
 }  // namespace linea::attn

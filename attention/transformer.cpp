@@ -1,7 +1,7 @@
 // Pre-LN transformer layers and stacks (see transformer.h).
-#include "nn/transformer.h"
+#include "attention/transformer.h"
 
-namespace linea::nn {
+namespace linea::attn {
 
 namespace {
 void check_sizes(const char* who, int64_t dim, int64_t heads, int64_t mlp_hidden) {
@@ -20,13 +20,13 @@ void check_tokens(const char* who, const char* name, const Tensor& x, int64_t di
 // ---- encoder layer ----------------------------------------------------------------------------
 TransformerEncoderLayer::TransformerEncoderLayer(int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
                                                  const std::string& spec)
-    : Module("TransformerEncoderLayer") {
+    : nn::Module("TransformerEncoderLayer") {
   check_sizes("TransformerEncoderLayer", dim, heads, mlp_hidden);
-  ln1_ = register_module("ln1", std::make_shared<LayerNorm>(dim));
+  ln1_ = register_module("ln1", std::make_shared<nn::LayerNorm>(dim));
   attn_ = register_module("attn", std::make_shared<MultiHeadAttention>(dim, heads, spec));
-  ln2_ = register_module("ln2", std::make_shared<LayerNorm>(dim));
-  mlp_ = register_module("mlp", std::make_shared<FeedForward>(dim, mlp_hidden, dropout));
-  drop_ = register_module("drop", std::make_shared<Dropout>(dropout));
+  ln2_ = register_module("ln2", std::make_shared<nn::LayerNorm>(dim));
+  mlp_ = register_module("mlp", std::make_shared<nn::FeedForward>(dim, mlp_hidden, dropout));
+  drop_ = register_module("drop", std::make_shared<nn::Dropout>(dropout));
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& x, const AttentionOptions& opts) {
@@ -39,16 +39,18 @@ Tensor TransformerEncoderLayer::forward(const Tensor& x, const AttentionOptions&
 // ---- decoder layer ----------------------------------------------------------------------------
 TransformerDecoderLayer::TransformerDecoderLayer(int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
                                                  const std::string& spec, const std::string& cross_spec)
-    : Module("TransformerDecoderLayer") {
+    : nn::Module("TransformerDecoderLayer") {
   check_sizes("TransformerDecoderLayer", dim, heads, mlp_hidden);
-  ln1_ = register_module("ln1", std::make_shared<LayerNorm>(dim));
-  self_attn_ = register_module("self_attn", std::make_shared<MultiHeadAttention>(dim, heads, spec));
-  ln2_ = register_module("ln2", std::make_shared<LayerNorm>(dim));
+  ln1_ = register_module("ln1", std::make_shared<nn::LayerNorm>(dim));
+  self_attn_ = register_module("self_attn",
+                               std::make_shared<MultiHeadAttention>(dim, heads, spec, MultiHeadOptions{AttentionUse::CausalSelf}));
+  ln2_ = register_module("ln2", std::make_shared<nn::LayerNorm>(dim));
   cross_attn_ = register_module(
-      "cross_attn", std::make_shared<MultiHeadAttention>(dim, heads, cross_spec.empty() ? spec : cross_spec));
-  ln3_ = register_module("ln3", std::make_shared<LayerNorm>(dim));
-  mlp_ = register_module("mlp", std::make_shared<FeedForward>(dim, mlp_hidden, dropout));
-  drop_ = register_module("drop", std::make_shared<Dropout>(dropout));
+      "cross_attn", std::make_shared<MultiHeadAttention>(dim, heads, cross_spec.empty() ? spec : cross_spec,
+                                                         MultiHeadOptions{AttentionUse::Cross}));
+  ln3_ = register_module("ln3", std::make_shared<nn::LayerNorm>(dim));
+  mlp_ = register_module("mlp", std::make_shared<nn::FeedForward>(dim, mlp_hidden, dropout));
+  drop_ = register_module("drop", std::make_shared<nn::Dropout>(dropout));
 }
 
 Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& memory_key_padding_mask,
@@ -69,15 +71,23 @@ Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, c
   return add(y, drop_->forward(mlp_->forward(ln3_->forward(y))));
 }
 
+Tensor TransformerDecoderLayer::step(const Tensor& x, AttentionCache& self_cache, AttentionCache& cross_cache,
+                                     const Tensor& key_padding) {
+  check_tokens("TransformerDecoderLayer::step", "x", x, self_attn_->dim());
+  Tensor y = x + drop_->forward(self_attn_->step(ln1_->forward(x), self_cache, key_padding));
+  y = y + drop_->forward(cross_attn_->step(ln2_->forward(y), cross_cache));
+  return y + drop_->forward(mlp_->forward(ln3_->forward(y)));
+}
+
 // ---- stacks -----------------------------------------------------------------------------------
 TransformerEncoder::TransformerEncoder(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
                                        const std::string& spec)
-    : Module("TransformerEncoder") {
+    : nn::Module("TransformerEncoder") {
   LINEA_CHECK(depth > 0, "TransformerEncoder: depth must be positive, got ", depth);
-  layers_ = register_module("layers", std::make_shared<ModuleList>());
+  layers_ = register_module("layers", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < depth; ++i)
     layers_->push_back(std::make_shared<TransformerEncoderLayer>(dim, heads, mlp_hidden, dropout, spec));
-  norm_ = register_module("norm", std::make_shared<LayerNorm>(dim));
+  norm_ = register_module("norm", std::make_shared<nn::LayerNorm>(dim));
 }
 
 Tensor TransformerEncoder::forward(const Tensor& x, const AttentionOptions& opts) {
@@ -88,12 +98,12 @@ Tensor TransformerEncoder::forward(const Tensor& x, const AttentionOptions& opts
 
 TransformerDecoder::TransformerDecoder(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
                                        const std::string& spec, const std::string& cross_spec)
-    : Module("TransformerDecoder") {
+    : nn::Module("TransformerDecoder") {
   LINEA_CHECK(depth > 0, "TransformerDecoder: depth must be positive, got ", depth);
-  layers_ = register_module("layers", std::make_shared<ModuleList>());
+  layers_ = register_module("layers", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < depth; ++i)
     layers_->push_back(std::make_shared<TransformerDecoderLayer>(dim, heads, mlp_hidden, dropout, spec, cross_spec));
-  norm_ = register_module("norm", std::make_shared<LayerNorm>(dim));
+  norm_ = register_module("norm", std::make_shared<nn::LayerNorm>(dim));
 }
 
 Tensor TransformerDecoder::forward(const Tensor& x, const Tensor& memory, const Tensor& memory_key_padding_mask,
@@ -104,4 +114,21 @@ Tensor TransformerDecoder::forward(const Tensor& x, const Tensor& memory, const 
   return norm_->forward(h);
 }
 
-}  // namespace linea::nn
+DecoderState TransformerDecoder::start(const Tensor& memory, const Tensor& memory_key_padding_mask) {
+  DecoderState s;
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    s.self_.push_back(layer(i)->self_attn()->start_self());
+    s.cross_.push_back(layer(i)->cross_attn()->start_cross(memory, memory_key_padding_mask));
+  }
+  return s;
+}
+
+Tensor TransformerDecoder::step(const Tensor& x, DecoderState& state, const Tensor& key_padding) {
+  LINEA_CHECK(state.self_.size() == layers_->size(), "TransformerDecoder::step: the state was made for ",
+              state.self_.size(), " layers, this decoder has ", layers_->size(), " (use start())");
+  Tensor h = x;
+  for (size_t i = 0; i < layers_->size(); ++i) h = layer(i)->step(h, state.self_[i], state.cross_[i], key_padding);
+  return norm_->forward(h);
+}
+
+}  // namespace linea::attn

@@ -7,19 +7,24 @@
 // residual branch. Stacks hold their layers in a ModuleList "layers" and end with a LayerNorm
 // "norm" (pre-LN blocks leave the residual stream unnormalized). Parameter names follow, e.g.
 // "layers.0.attn.q_proj.weight", "layers.1.mlp.fc2.bias", "norm.weight".
+// Decoding: TransformerDecoder::start(memory) makes a DecoderState (one self-attention and one
+// cross-attention cache per layer, attention/multihead.h), and step() runs the next positions
+// through every layer, as the full causal forward would compute them.
 // Not here: embeddings and heads (the apps build their models from these blocks), attention
 // dropout (a spec option: "softmax:dropout=0.1").
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "nn/attention.h"
+#include "attention/multihead.h"
 #include "nn/layers.h"
 
-namespace linea::nn {
+namespace linea::attn {
 
-class TransformerEncoderLayer : public Module {
+
+class TransformerEncoderLayer : public nn::Module {
  public:
   TransformerEncoderLayer(int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout = 0.0,
                           const std::string& spec = "softmax");
@@ -28,18 +33,19 @@ class TransformerEncoderLayer : public Module {
   Tensor operator()(const Tensor& x, const AttentionOptions& opts = {}) { return forward(x, opts); }
 
   const std::shared_ptr<MultiHeadAttention>& attn() const { return attn_; }
-  const std::shared_ptr<FeedForward>& mlp() const { return mlp_; }
+  const std::shared_ptr<nn::FeedForward>& mlp() const { return mlp_; }
 
  private:
-  std::shared_ptr<LayerNorm> ln1_, ln2_;
+  std::shared_ptr<nn::LayerNorm> ln1_, ln2_;
   std::shared_ptr<MultiHeadAttention> attn_;
-  std::shared_ptr<FeedForward> mlp_;
-  std::shared_ptr<Dropout> drop_;
+  std::shared_ptr<nn::FeedForward> mlp_;
+  std::shared_ptr<nn::Dropout> drop_;
 };
 
-class TransformerDecoderLayer : public Module {
+class TransformerDecoderLayer : public nn::Module {
  public:
-  // cross_spec: the cross-attention's mechanism ("" = the same as spec).
+  // spec: the causal self-attention (softmax, performer, nprf_rpe); cross_spec: the
+  // cross-attention ("" = the same as spec). An unsupported use fails here.
   TransformerDecoderLayer(int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout = 0.0,
                           const std::string& spec = "softmax", const std::string& cross_spec = "");
   // x [B, N, dim] (targets), memory [B, M, dim] (encoder output) -> [B, N, dim].
@@ -51,35 +57,54 @@ class TransformerDecoderLayer : public Module {
                     const Tensor& tgt_key_padding_mask = Tensor()) {
     return forward(x, memory, memory_key_padding_mask, tgt_key_padding_mask);
   }
+  // The next positions x [B, T, dim] -> [B, T, dim] given the layer's caches (start_self() of
+  // self_attn(), start_cross(memory) of cross_attn()); key_padding [B, T] or undefined.
+  Tensor step(const Tensor& x, AttentionCache& self_cache, AttentionCache& cross_cache,
+              const Tensor& key_padding = Tensor());
 
   const std::shared_ptr<MultiHeadAttention>& self_attn() const { return self_attn_; }
   const std::shared_ptr<MultiHeadAttention>& cross_attn() const { return cross_attn_; }
-  const std::shared_ptr<FeedForward>& mlp() const { return mlp_; }
+  const std::shared_ptr<nn::FeedForward>& mlp() const { return mlp_; }
 
  private:
-  std::shared_ptr<LayerNorm> ln1_, ln2_, ln3_;
+  std::shared_ptr<nn::LayerNorm> ln1_, ln2_, ln3_;
   std::shared_ptr<MultiHeadAttention> self_attn_, cross_attn_;
-  std::shared_ptr<FeedForward> mlp_;
-  std::shared_ptr<Dropout> drop_;
+  std::shared_ptr<nn::FeedForward> mlp_;
+  std::shared_ptr<nn::Dropout> drop_;
 };
 
-class TransformerEncoder : public Module {
+class TransformerEncoder : public nn::Module {
  public:
   TransformerEncoder(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout = 0.0,
                      const std::string& spec = "softmax");
   Tensor forward(const Tensor& x, const AttentionOptions& opts = {});  // [B, N, dim] -> [B, N, dim]
   Tensor operator()(const Tensor& x, const AttentionOptions& opts = {}) { return forward(x, opts); }
 
-  const std::shared_ptr<ModuleList>& layers() const { return layers_; }
+  const std::shared_ptr<nn::ModuleList>& layers() const { return layers_; }
   std::shared_ptr<TransformerEncoderLayer> layer(size_t i) const { return layers_->at<TransformerEncoderLayer>(i); }
-  const std::shared_ptr<LayerNorm>& norm() const { return norm_; }
+  const std::shared_ptr<nn::LayerNorm>& norm() const { return norm_; }
 
  private:
-  std::shared_ptr<ModuleList> layers_;
-  std::shared_ptr<LayerNorm> norm_;
+  std::shared_ptr<nn::ModuleList> layers_;
+  std::shared_ptr<nn::LayerNorm> norm_;
 };
 
-class TransformerDecoder : public Module {
+// What a TransformerDecoder keeps between decoding steps: one self- and one cross-attention
+// cache per layer. reorder() keeps the decoder rows `index` (beam search; see AttentionCache).
+class DecoderState {
+ public:
+  int64_t length() const { return self_.empty() ? 0 : self_.front().length(); }
+  void reorder(const Tensor& index) {
+    for (auto& c : self_) c.reorder(index);
+    for (auto& c : cross_) c.reorder(index);
+  }
+
+ private:
+  friend class TransformerDecoder;
+  std::vector<AttentionCache> self_, cross_;
+};
+
+class TransformerDecoder : public nn::Module {
  public:
   TransformerDecoder(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout = 0.0,
                      const std::string& spec = "softmax", const std::string& cross_spec = "");
@@ -90,14 +115,19 @@ class TransformerDecoder : public Module {
                     const Tensor& tgt_key_padding_mask = Tensor()) {
     return forward(x, memory, memory_key_padding_mask, tgt_key_padding_mask);
   }
+  // Decoding: the memory [Bm, M, dim] projected once per layer; then step() with the next
+  // positions x [B, T, dim] (B = Bm * beams, rows [sentence][beam]) -> [B, T, dim], normalized
+  // like forward's output.
+  DecoderState start(const Tensor& memory, const Tensor& memory_key_padding_mask = Tensor());
+  Tensor step(const Tensor& x, DecoderState& state, const Tensor& key_padding = Tensor());
 
-  const std::shared_ptr<ModuleList>& layers() const { return layers_; }
+  const std::shared_ptr<nn::ModuleList>& layers() const { return layers_; }
   std::shared_ptr<TransformerDecoderLayer> layer(size_t i) const { return layers_->at<TransformerDecoderLayer>(i); }
-  const std::shared_ptr<LayerNorm>& norm() const { return norm_; }
+  const std::shared_ptr<nn::LayerNorm>& norm() const { return norm_; }
 
  private:
-  std::shared_ptr<ModuleList> layers_;
-  std::shared_ptr<LayerNorm> norm_;
+  std::shared_ptr<nn::ModuleList> layers_;
+  std::shared_ptr<nn::LayerNorm> norm_;
 };
 
-}  // namespace linea::nn
+}  // namespace linea::attn

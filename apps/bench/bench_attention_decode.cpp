@@ -1,0 +1,166 @@
+// attention-decode: the time of one incremental decoding step against the length already
+// decoded, for the causal mechanisms (softmax: a key/value cache, so a step grows with the prefix;
+// performer: a constant-size recurrent state, so it should stay flat; nprf_rpe: exact over its
+// key/value cache). Not a test: it asserts nothing, it measures.
+//
+// One run per spec: q, k, v [B, H, 1, D] ~ N(0, 1) fed one position at a time through
+// decode_step in eval mode without a graph, up to --length positions. At each reported prefix
+// length P the time is the median of the --window steps that end at P. Ratios: each step time
+// against the same spec's at the first reported length (flat = 1.0x), and against softmax at
+// the same length, both from this run.
+//
+// Usage:
+//   attention-decode [--specs softmax,performer,nprf_rpe] [--length 2048] [--report 128,512,2048]
+//                    [--batch 1] [--heads 4] [--dim 64] [--window 16] [--device cpu|cuda|auto]
+//                    [--threads T] [--max-seconds S] [--seed 0] [--json FILE]
+// nprf_rpe gets max_len=--length unless its spec sets max_len.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/bench/bench_common.h"
+#include "attention/registry.h"
+#include "core/cuda_interface.h"
+#include "linea.h"
+#include "nn/io_util.h"
+
+namespace {
+
+using namespace linea::bench;
+using linea::Device;
+using linea::Tensor;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void synchronize(const Device& d) {
+#ifdef LINEA_WITH_CUDA
+  if (d.is_cuda()) linea::cuda::synchronize();
+#endif
+  (void)d;
+}
+
+struct Options {
+  std::string specs = "softmax,performer,nprf_rpe", report = "128,512,2048", device = "auto", json_path;
+  int64_t length = 2048, batch = 1, heads = 4, dim = 64, window = 16;
+  int threads = 0;
+  double max_seconds = 120;
+  uint64_t seed = 0;
+};
+
+// Per-step milliseconds at each reported prefix length (missing: the run was cut short).
+std::map<int64_t, double> run(const std::string& spec_in, const Options& o, const std::vector<int64_t>& report,
+                              const Device& device, std::string* note) {
+  linea::attn::AttentionSpec spec = linea::attn::AttentionSpec::parse(spec_in);
+  if (spec.name == "nprf_rpe" && !spec.options.count("max_len")) spec.options["max_len"] = std::to_string(o.length);
+  auto m = linea::attn::make_attention(spec, o.heads, o.dim, linea::attn::AttentionUse::CausalSelf);
+  m->to(device);
+  m->eval();
+  linea::NoGradGuard ng;
+  linea::manual_seed(o.seed);
+  auto state = m->start_decoding();
+  const linea::TensorOptions opts(linea::DType::Float32, device);
+  std::vector<double> steps_ms;
+  std::map<int64_t, double> out;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t t = 1; t <= o.length; ++t) {
+    Tensor q = linea::randn({o.batch, o.heads, 1, o.dim}, opts), k = linea::randn({o.batch, o.heads, 1, o.dim}, opts),
+           v = linea::randn({o.batch, o.heads, 1, o.dim}, opts);
+    synchronize(device);
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor y = m->decode_step(q, k, v, *state);
+    synchronize(device);
+    steps_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (std::find(report.begin(), report.end(), t) != report.end()) {
+      const int64_t w = std::min<int64_t>(o.window, t);
+      out[t] = median(std::vector<double>(steps_ms.end() - w, steps_ms.end()));
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > o.max_seconds) {
+      *note = "stopped after " + std::to_string(t) + " steps (--max-seconds)";
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"attention-decode: time of one incremental decoding step against the decoded length"};
+  app.add_option("--specs", o.specs, "causal mechanisms to run")->capture_default_str();
+  app.add_option("--length", o.length, "positions to decode")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--report", o.report, "prefix lengths to report")->capture_default_str();
+  app.add_option("--batch", o.batch, "sequences decoded together")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads, "heads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--dim", o.dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--window", o.window, "steps whose median is reported")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--device", o.device, "cpu, cuda or auto")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str();
+  app.add_option("--max-seconds", o.max_seconds, "stop a spec's run after this long")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed")->capture_default_str();
+  app.add_option("--json", o.json_path, "also write one JSON line per (spec, length) here");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    set_threads(o.threads);
+    const Device device = resolve_device("attention-decode", o.device);
+    std::vector<int64_t> report;
+    for (const std::string& s : split_specs(o.report)) report.push_back(std::stoll(s));
+    std::sort(report.begin(), report.end());
+    report.erase(std::remove_if(report.begin(), report.end(), [&](int64_t p) { return p < 1 || p > o.length; }),
+                 report.end());
+    LINEA_CHECK(!report.empty(), "attention-decode: no --report length within 1..--length ", o.length);
+    std::printf("attention-decode on %s: batch %lld, heads %lld, head dim %lld, float32; ms per step (median of %lld)\n",
+                device_name(device).c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.heads),
+                static_cast<long long>(o.dim), static_cast<long long>(o.window));
+    std::map<std::string, std::map<int64_t, double>> results;
+    std::vector<std::string> specs = split_specs(o.specs), notes;
+    for (const std::string& spec : specs) {
+      std::string note;
+      results[spec] = run(spec, o, report, device, &note);
+      if (!note.empty()) notes.push_back(spec + ": " + note);
+    }
+    std::printf("\n%-28s", "spec \\ decoded length");
+    for (int64_t p : report) std::printf(" %22lld", static_cast<long long>(p));
+    std::printf("\n");
+    const auto& base = results.count("softmax") ? results.at("softmax") : std::map<int64_t, double>{};
+    std::string lines;
+    for (const std::string& spec : specs) {
+      const auto& r = results.at(spec);
+      std::printf("%-28s", spec.c_str());
+      const double first = r.count(report.front()) ? r.at(report.front()) : 0.0;
+      for (int64_t p : report) {
+        if (!r.count(p)) {
+          std::printf(" %22s", "n/a");
+          continue;
+        }
+        char cell[64];
+        std::snprintf(cell, sizeof cell, "%.3f (%.2fx)", r.at(p), first > 0 ? r.at(p) / first : 0.0);
+        std::printf(" %22s", cell);
+        nlohmann::json j = {{"bench", "attention-decode"}, {"device", device_name(device)}, {"spec", spec},
+                            {"decoded_length", p},       {"ms_per_step", r.at(p)},         {"vs_first_length", r.at(p) / first},
+                            {"batch", o.batch},          {"heads", o.heads},               {"head_dim", o.dim}};
+        if (base.count(p)) j["vs_softmax"] = r.at(p) / base.at(p);
+        lines += j.dump() + "\n";
+      }
+      std::printf("\n");
+    }
+    std::printf("(cell: ms per step, and in brackets against the same spec at length %lld)\n",
+                static_cast<long long>(report.front()));
+    for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
+    if (!o.json_path.empty()) linea::nn::write_text_file_atomic(o.json_path, lines);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,49 @@
+// The softmax mechanism (see softmax.h), composed from differentiable ops.
+#include "attention/softmax/softmax.h"
+
+#include <cmath>
+
+#include "nn/layers.h"
+
+namespace linea::attn {
+
+Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                         double dropout_p, bool training) {
+  check_attention_inputs("softmax attention", q, k, v, opts);
+  LINEA_CHECK(is_floating(q.dtype()), "softmax attention: expected float32/float64 inputs, got ",
+              dtype_name(q.dtype()));
+  LINEA_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "softmax attention: dropout must be in [0, 1), got ", dropout_p);
+  const int64_t N = q.size(2), M = k.size(2), D = q.size(3);
+  // scores [B, H, N, M] = (q / sqrt(D)) k^T (k^T a transposed view: no copy)
+  Tensor scores = matmul(q * (1.0 / std::sqrt(static_cast<double>(D))), transpose(k, -2, -1));
+  Tensor attn = masked_softmax(scores, attention_mask(opts, N, M, q.device()), -1);  // mask [B|1, 1, N, M]
+  if (training && dropout_p > 0.0) attn = dropout(attn, dropout_p, true);
+  return matmul(attn, v);  // [B, H, N, M] @ [B, H, M, Dv] -> [B, H, N, Dv]
+}
+
+SoftmaxAttention::SoftmaxAttention(int64_t heads, int64_t head_dim, double dropout)
+    : AttentionMechanism("SoftmaxAttention", heads, head_dim), dropout_(dropout) {
+  LINEA_CHECK(dropout >= 0.0 && dropout < 1.0, "SoftmaxAttention: dropout must be in [0, 1), got ", dropout);
+}
+
+Tensor SoftmaxAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+  return softmax_attention(q, k, v, opts, dropout_, is_training());
+}
+
+Tensor SoftmaxAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
+  check_attention_inputs("softmax attention_matrix", q, k, k, opts);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  return masked_softmax(matmul(q * scale, transpose(k, -2, -1)), attention_mask(opts, q.size(2), k.size(2), q.device()),
+                        -1);
+}
+
+std::string SoftmaxAttention::extra_repr() const {
+  return "heads=" + std::to_string(heads()) + ", head_dim=" + std::to_string(head_dim()) +
+         ", dropout=" + nn::detail::fmt_double(dropout_);
+}
+
+std::shared_ptr<AttentionMechanism> make_softmax(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {
+  return std::make_shared<SoftmaxAttention>(heads, head_dim, spec.get_double("dropout", 0.0));
+}
+
+}  // namespace linea::attn

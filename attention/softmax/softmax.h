@@ -1,0 +1,34 @@
+// The `softmax` mechanism: exact scaled dot-product attention, softmax(q k^T / sqrt(D) + mask) v,
+// with causal masks (and a query offset), key padding, cross-attention and incremental decoding
+// over a key/value cache. Spec options: dropout=p (on the attention weights, training only).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "attention/registry.h"
+
+namespace linea::attn {
+
+// Exact scaled dot-product attention with dropout p on the attention weights when training.
+// Differentiable in q, k, v.
+Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {},
+                         double dropout = 0.0, bool training = false);
+
+class SoftmaxAttention : public AttentionMechanism {
+ public:
+  SoftmaxAttention(int64_t heads, int64_t head_dim, double dropout = 0.0);
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
+  Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;
+  AttentionSupport support() const override { return {true, true, true, false}; }
+  std::string extra_repr() const override;
+  double dropout() const { return dropout_; }
+
+ private:
+  double dropout_;
+};
+
+// The factory registered as "softmax".
+std::shared_ptr<AttentionMechanism> make_softmax(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+
+}  // namespace linea::attn
