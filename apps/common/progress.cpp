@@ -73,6 +73,11 @@ bool ProgressBar::is_terminal(std::FILE* out) { return out != nullptr && ::isatt
 
 void ProgressBar::set_terminal(bool on) { terminal_ = on; }
 
+void ProgressBar::set_total(int64_t total) {
+  LINEA_CHECK(total >= 0, "ProgressBar: total must be >= 0 (0 = unknown), got ", total, " for '", label_, "'");
+  total_ = total;
+}
+
 double ProgressBar::elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
 double ProgressBar::rate() const {

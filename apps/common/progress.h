@@ -31,6 +31,8 @@ class ProgressBar {
 
   // done: units completed so far (cumulative); extra: text appended after the rate/ETA, e.g. "loss 0.512  lr 1.0e-03".
   void update(int64_t done, const std::string& extra = "");
+  // Changes the total (e.g. once the first step tells how many units an epoch holds).
+  void set_total(int64_t total);
   // Prints the final line (with the last `done` passed to update) and a newline; later calls do nothing.
   void finish(const std::string& extra = "");
   double elapsed_s() const;  // since construction (steady clock)
