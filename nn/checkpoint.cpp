@@ -23,6 +23,16 @@ constexpr const char* kFormatKey = "linea_checkpoint";
 constexpr const char* kFormat = "training/1";
 constexpr const char* kSaveIdKey = "linea_save_id";
 constexpr const char* kOptimPrefix = "optim.";
+constexpr const char* kFilePrefix = "linea_file.";
+
+// "<size>:<FNV-1a 64 hex>" of a file's contents: ties an extra file to its save.
+std::string file_tag(const std::string& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%zu:%016llx", bytes.size(), static_cast<unsigned long long>(h));
+  return buf;
+}
 
 std::string join_path(const std::string& dir, const char* file) { return (std::filesystem::path(dir) / file).string(); }
 
@@ -67,6 +77,14 @@ void save_checkpoint(const std::string& dir, const Module& model, const Optimize
   LINEA_CHECK(!dir.empty(), "save_checkpoint: empty checkpoint directory");
   for (const char* key : {kFormatKey, kSaveIdKey})
     LINEA_CHECK(!state.extra.count(key), "save_checkpoint: TrainState::extra key '", key, "' is reserved");
+  for (const auto& kv : state.extra)
+    LINEA_CHECK(kv.first.rfind(kFilePrefix, 0) != 0, "save_checkpoint: TrainState::extra keys starting with '",
+                kFilePrefix, "' are reserved, got '", kv.first, "'");
+  for (const auto& kv : state.files)
+    LINEA_CHECK(!kv.first.empty() && kv.first.find('/') == std::string::npos && kv.first != "." && kv.first != ".." &&
+                    kv.first != "model.safetensors" && kv.first != "training.safetensors",
+                "save_checkpoint: bad extra file name '", kv.first,
+                "' (a plain file name other than model.safetensors and training.safetensors)");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   LINEA_CHECK(!ec && std::filesystem::is_directory(dir), "save_checkpoint: cannot create directory '", dir,
@@ -94,21 +112,34 @@ void save_checkpoint(const std::string& dir, const Module& model, const Optimize
   Metadata train_md = state.extra;
   train_md[kFormatKey] = kFormat;
   train_md[kSaveIdKey] = save_id;
+  for (const auto& [name, bytes] : state.files) train_md[kFilePrefix + name] = file_tag(bytes);
 
-  // Both files are written in full before either replaces its predecessor: a failure here leaves
-  // the previous checkpoint as it was.
-  const std::string model_path = join_path(dir, "model.safetensors");
-  const std::string train_path = join_path(dir, "training.safetensors");
-  std::string model_tmp = detail::write_safetensors_temp(model_path, model.state_dict(), model_md);
-  std::string train_tmp;
+  // Every file is written in full before any replaces its predecessor: a failure here leaves
+  // the previous checkpoint as it was. The model file goes last: its save id marks a complete save.
+  std::vector<std::pair<std::string, std::string>> temps;  // {temp, final path}
   try {
-    train_tmp = detail::write_safetensors_temp(train_path, train, train_md);
-    detail::commit_temp_file(train_tmp, train_path, "save_checkpoint");
+    for (const auto& [name, bytes] : state.files) {
+      const std::string path = join_path(dir, name.c_str());
+      temps.emplace_back(detail::write_temp_file(path, {detail::ByteSpan{bytes.data(), bytes.size()}},
+                                                 "save_checkpoint"),
+                         path);
+    }
+    const std::string train_path = join_path(dir, "training.safetensors");
+    temps.emplace_back(detail::write_safetensors_temp(train_path, train, train_md), train_path);
+    const std::string model_path = join_path(dir, "model.safetensors");
+    temps.emplace_back(detail::write_safetensors_temp(model_path, model.state_dict(), model_md), model_path);
   } catch (...) {
-    std::remove(model_tmp.c_str());
+    for (const auto& t : temps) std::remove(t.first.c_str());
     throw;
   }
-  detail::commit_temp_file(model_tmp, model_path, "save_checkpoint");
+  for (size_t i = 0; i < temps.size(); ++i) {
+    try {
+      detail::commit_temp_file(temps[i].first, temps[i].second, "save_checkpoint");
+    } catch (...) {
+      for (size_t j = i + 1; j < temps.size(); ++j) std::remove(temps[j].first.c_str());
+      throw;
+    }
+  }
 }
 
 TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt) {
@@ -142,6 +173,17 @@ TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt
   std::vector<double> wds =
       require(tf, train_path, "optim_groups.weight_decay", DType::Float64, {ngroups}).to_vector<double>();
   std::vector<uint64_t> rng_cpu = rng_from_tensor(require(tf, train_path, "rng.cpu", DType::Int64, {2}));
+  std::map<std::string, std::string> files;
+  for (const auto& [key, tag] : tf.metadata) {
+    if (key.rfind(kFilePrefix, 0) != 0) continue;
+    const std::string name = key.substr(std::string(kFilePrefix).size());
+    const std::string path = join_path(dir, name.c_str());
+    std::vector<char> bytes = detail::read_file_bytes(path, "load_checkpoint");
+    std::string text(bytes.begin(), bytes.end());
+    LINEA_CHECK(file_tag(text) == tag, "load_checkpoint: '", path, "' and '", train_path,
+                "' come from different saves (was a save interrupted?)");
+    files[name] = std::move(text);
+  }
   std::vector<uint64_t> rng_cuda;
   if (tf.tensors.count("rng.cuda")) rng_cuda = rng_from_tensor(require(tf, train_path, "rng.cuda", DType::Int64, {2}));
 
@@ -176,6 +218,9 @@ TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt
   state.extra = tf.metadata;
   state.extra.erase(kFormatKey);
   state.extra.erase(kSaveIdKey);
+  for (auto it = state.extra.begin(); it != state.extra.end();)
+    it = it->first.rfind(kFilePrefix, 0) == 0 ? state.extra.erase(it) : std::next(it);
+  state.files = std::move(files);
   return state;
 }
 

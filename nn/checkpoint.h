@@ -2,6 +2,7 @@
 // of two safetensors files (nn/safetensors.h), so the model opens anywhere on its own:
 //
 //   <dir>/model.safetensors     the model's state_dict(); __metadata__ {"step", "epoch", "save_id"}
+//   <dir>/<name>                TrainState::files: other files of the save (e.g. config.json)
 //   <dir>/training.safetensors  "optim.<key>"            the optimizer's state_dict() (moments, "optim.step")
 //                               "optim_groups.lr"         F64 [groups]: each group's lr and
 //                               "optim_groups.weight_decay"  weight decay (restored, as PyTorch does)
@@ -10,12 +11,13 @@
 //                               "train.step", "train.epoch"  I64 0-d
 //                               __metadata__: TrainState::extra (e.g. schedule name, app flags)
 //                                             plus "linea_checkpoint": "training/1" and
-//                                             "linea_save_id" (equal to model's "save_id")
+//                                             "linea_save_id" (equal to model's "save_id"),
+//                                             "linea_file.<name>": size and FNV-1a hash of each extra file
 //
-// Saving writes both files completely (temp files, fsync'ed) before renaming either over the
-// old ones, so a failed save (full disk, unwritable directory) leaves the previous checkpoint
-// intact. Only a crash between the two renames can mix two saves, and loading detects that
-// (both files record the same save id) with a clear error. Loading restores model, optimizer,
+// Saving writes every file completely (temp files, fsync'ed) before renaming any over the old
+// ones, so a failed save (full disk, unwritable directory) leaves the previous checkpoint intact.
+// Only a crash between the renames can mix two saves, and loading detects that (the model file
+// records the save id, the training file the save id and each extra file's hash) with a clear error. Loading restores model, optimizer,
 // RNG states and returns the TrainState; on CPU a resumed run is bit-for-bit the uninterrupted
 // one (data order comes from DataLoader's own (seed, epoch) permutation, not the global RNG).
 // Not here: the file format itself (nn/safetensors.h), learning-rate schedules (pure functions
@@ -37,13 +39,17 @@ struct TrainState {
   // Free-form strings: schedule name, app flags, ... (keys "linea_checkpoint" and
   // "linea_save_id" are reserved).
   std::map<std::string, std::string> extra;
+  // Whole files saved beside the safetensors in the same atomic save and loaded back, by plain
+  // file name (no '/'; not model.safetensors or training.safetensors): an app's config.json, a
+  // tokenizer model, ...
+  std::map<std::string, std::string> files;
 };
 
-// Writes <dir>/model.safetensors and <dir>/training.safetensors (creating dir as needed).
+// Writes <dir>/model.safetensors, <dir>/training.safetensors and state.files (creating dir as needed).
 void save_checkpoint(const std::string& dir, const Module& model, const Optimizer& opt, const TrainState& state);
 
 // Restores model (strict state_dict), optimizer state and learning rates, and the RNG states
-// from dir; returns the saved TrainState. The model and optimizer must be built the same way
+// from dir; returns the saved TrainState (with its files). The model and optimizer must be built the same way
 // as when saving (same names, shapes and parameter groups); any mismatch throws linea::Error
 // naming the file and listing the bad keys, and leaves model and optimizer unchanged.
 TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt);

@@ -264,3 +264,38 @@ TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
   EXPECT_LINEA_ERROR(load_checkpoint(dir.file("c"), *fresh, *one_group_opt),
                      "': the checkpoint has 2 parameter groups, the optimizer has 1");
 }
+
+TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
+  TempDir dir;
+  manual_seed(4);
+  auto net = std::make_shared<Mlp>();
+  auto opt = make_opt(*net);
+  Task task;
+  train_steps(*net, *opt, task, 0, 1);
+  const std::string ck = dir.file("ck");
+  TrainState st{1, 0, {{"k", "v"}}, {{"config.json", "{\"a\": 1}\n"}, {"vocab.txt", "x\ny\n"}}};
+  save_checkpoint(ck, *net, *opt, st);
+  EXPECT_EQ(read_all(ck + "/config.json"), "{\"a\": 1}\n");
+  auto fresh = std::make_shared<Mlp>();
+  auto opt2 = make_opt(*fresh);
+  TrainState back = load_checkpoint(ck, *fresh, *opt2);
+  EXPECT_EQ(back.files, st.files);
+  EXPECT_EQ(back.extra, st.extra);  // the file tags are not extras
+
+  // A failed save (config.json's temp file blocked) changes none of the files.
+  const std::string model_before = read_all(ck + "/model.safetensors");
+  st.step = 2;
+  st.files["config.json"] = "{\"a\": 2}\n";
+  const std::string blocker = ck + "/config.json.tmp." + std::to_string(::getpid());
+  fs::create_directory(blocker);
+  EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, st), "was not modified");
+  fs::remove(blocker);
+  EXPECT_EQ(read_all(ck + "/config.json"), "{\"a\": 1}\n");
+  EXPECT_EQ(read_all(ck + "/model.safetensors"), model_before);
+
+  // A config.json of another save is detected.
+  std::ofstream(ck + "/config.json") << "{\"a\": 3}\n";
+  EXPECT_LINEA_ERROR(load_checkpoint(ck, *fresh, *opt2), "config.json' and '" + ck +
+                                                             "/training.safetensors' come from different saves");
+  EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {}, {{"a/b", ""}}}), "bad extra file name 'a/b'");
+}

@@ -1,310 +1,22 @@
-// Data loading: the IDX, FASTA and image-folder readers on files generated here (gzip written
-// with zlib, PNG/JPEG with stb_image_write) including their error messages, and the DataLoader:
-// every index once per epoch, reproducible (seed, epoch) order independent of the global RNG,
-// drop_last, prefetch on/off giving identical batches, resuming mid-epoch, worker exceptions
-// reaching the consumer, and clean shutdown.
-// Not here: safetensors/checkpoints (test_safetensors.cpp, test_checkpoint.cpp).
-#include <stb/stb_image_write.h>
-#include <unistd.h>
-#include <zlib.h>
-
+// Data loading: the DataLoader (every index once per epoch, reproducible (seed, epoch) order
+// independent of the global RNG, drop_last, prefetch on/off giving identical batches, resuming
+// mid-epoch, worker exceptions reaching the consumer, clean shutdown), named batches, and the batch
+// samplers (fixed size; token budget: coverage, budget, determinism, mid-epoch resume).
+// Not here: the file readers (test_readers.cpp), safetensors/checkpoints (test_checkpoint.cpp).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
+#include <map>
 #include <numeric>
 #include <set>
 #include <thread>
 
+#include "core/random.h"
 #include "nn/data.h"
 #include "test_util.h"
 
 using namespace linea;
 using namespace linea::nn;
-namespace fs = std::filesystem;
-using linea::test::read_all;
-using linea::test::TempDir;
-using linea::test::write_all;
-
-namespace {
-
-void write_gz(const std::string& path, const std::string& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
-}
-
-void put_be32(std::string& s, uint32_t v) {
-  for (int i = 3; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-// An IDX file: magic, big-endian dims, bytes.
-std::string idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
-  std::string s;
-  put_be32(s, magic);
-  for (uint32_t d : dims) put_be32(s, d);
-  s.append(data.begin(), data.end());
-  return s;
-}
-
-}  // namespace
-
-// ---- IDX --------------------------------------------------------------------------------------
-
-TEST(IdxReader, ReadsGzipImagesAndLabels) {
-  TempDir dir;
-  std::vector<uint8_t> pix(3 * 2 * 3);
-  for (size_t i = 0; i < pix.size(); ++i) pix[i] = static_cast<uint8_t>(i * 15);
-  write_gz(dir.file("images.gz"), idx_bytes(0x00000803, {3, 2, 3}, pix));
-  write_gz(dir.file("labels.gz"), idx_bytes(0x00000801, {3}, {7, 0, 9}));
-
-  Tensor x = read_idx_images(dir.file("images.gz"));
-  EXPECT_EQ(x.shape(), (Shape{3, 1, 2, 3}));
-  EXPECT_EQ(x.dtype(), DType::Float32);
-  std::vector<float> v = x.to_vector<float>();
-  for (size_t i = 0; i < pix.size(); ++i) EXPECT_EQ(v[i], static_cast<float>(pix[i]) * (1.0f / 255.0f)) << i;
-  EXPECT_EQ(v.back(), 1.0f);  // 255 -> 1
-  Tensor raw255 = read_idx_images(dir.file("images.gz"), /*scale=*/false, /*add_channel=*/false);
-  EXPECT_EQ(raw255.shape(), (Shape{3, 2, 3}));
-  EXPECT_EQ(raw255.to_vector<float>()[5], 75.0f);
-
-  Tensor y = read_idx_labels(dir.file("labels.gz"));
-  EXPECT_EQ(y.dtype(), DType::Int64);
-  EXPECT_EQ(y.to_vector<int64_t>(), (std::vector<int64_t>{7, 0, 9}));
-
-  IdxArray a = read_idx_gz(dir.file("images.gz"));
-  EXPECT_EQ(a.dims, (std::vector<int64_t>{3, 2, 3}));
-  EXPECT_EQ(a.data, pix);
-
-  // Plain (uncompressed) files read the same.
-  write_all(dir.file("labels"), idx_bytes(0x00000801, {3}, {7, 0, 9}));
-  EXPECT_EQ(read_idx_labels(dir.file("labels")).to_vector<int64_t>(), (std::vector<int64_t>{7, 0, 9}));
-
-  auto ds = load_idx_dataset(dir.file("images.gz"), dir.file("labels.gz"));
-  EXPECT_EQ(ds->size(), 3);
-  EXPECT_EQ(ds->get(2).target.item<int64_t>(), 9);
-}
-
-TEST(IdxReader, RejectsBadFiles) {
-  TempDir dir;
-  std::string p = dir.file("f.gz");
-  EXPECT_LINEA_ERROR(read_idx_images(dir.file("missing.gz")),
-                     "read_idx_images: cannot open '" + dir.file("missing.gz") + "': No such file or directory");
-  write_gz(p, idx_bytes(0x00000801, {3}, {1, 2, 3}));
-  EXPECT_LINEA_ERROR(read_idx_images(p), "read_idx_images: '" + p +
-                                             "': bad magic number 0x00000801 (expected 0x00000803, an IDX image file)");
-  write_gz(p, idx_bytes(0x00000803, {3, 2, 3}, std::vector<uint8_t>(17)));
-  EXPECT_LINEA_ERROR(read_idx_images(p),
-                     "': truncated: dims [3, 2, 3] need more bytes of data than the 17 the file has");
-  write_gz(p, idx_bytes(0x00000801, {3}, std::vector<uint8_t>(5)));
-  EXPECT_LINEA_ERROR(read_idx_labels(p), "': 2 unexpected bytes after the [3] data");
-  write_gz(p, std::string("\x00\x00\x08", 3));
-  EXPECT_LINEA_ERROR(read_idx_labels(p), "': file is 3 bytes, too short for an IDX header (truncated?)");
-  write_gz(p, idx_bytes(0x00000803, {3, 2, 3}, {}).substr(0, 10));
-  EXPECT_LINEA_ERROR(read_idx_images(p), "file is 10 bytes, too short for the 3-dimension IDX header (truncated?)");
-  write_gz(p, idx_bytes(0x00000D01, {1}, {0, 0, 0, 0}));
-  EXPECT_LINEA_ERROR(read_idx_gz(p), "IDX element type 0x0D is not supported (only unsigned bytes, 0x08)");
-  write_gz(p, idx_bytes(0x01000801, {1}, {0}));
-  EXPECT_LINEA_ERROR(read_idx_gz(p), "bad magic number 0x01000801 (not an IDX file: the first two bytes must be zero)");
-  // A gzip stream cut short (e.g. an interrupted download).
-  std::vector<uint8_t> big(20000);
-  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>((i * 7919) % 251);
-  write_gz(p, idx_bytes(0x00000803, {20, 25, 40}, big));
-  std::string gz = read_all(p);
-  write_all(p, gz.substr(0, gz.size() / 2));
-  EXPECT_LINEA_ERROR(read_idx_images(p), "read_idx_images: '" + p + "': truncated gzip data");
-  // Corrupted compressed bytes.
-  std::string bad = gz;
-  for (size_t i = 20; i < 60; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
-  write_all(p, bad);
-  EXPECT_LINEA_ERROR(read_idx_images(p), "read_idx_images: '" + p + "': ");
-  // Images and labels of different counts.
-  write_gz(dir.file("i.gz"), idx_bytes(0x00000803, {2, 1, 1}, {1, 2}));
-  write_gz(dir.file("l.gz"), idx_bytes(0x00000801, {3}, {1, 2, 3}));
-  EXPECT_LINEA_ERROR(
-      load_idx_dataset(dir.file("i.gz"), dir.file("l.gz")),
-      "load_idx_dataset: '" + dir.file("i.gz") + "' has 2 images but '" + dir.file("l.gz") + "' has 3 labels");
-  EXPECT_LINEA_ERROR(read_idx_gz(dir.path.string()), "is a directory, not a file");
-}
-
-// ---- FASTA ------------------------------------------------------------------------------------
-
-TEST(Fasta, ReadsPlainAndGzipWithMultiLineSequences) {
-  const std::string text =
-      ";an old-style comment\n"
-      ">sp|P1|ONE first protein  OS=Test\n"
-      "MKTAYIAK\n"
-      "QRQISFVK\n"
-      "\n"
-      "SHF\n"
-      ">P2\r\n"
-      "ACDEFGHIKLMNPQRSTVWY*\r\n"
-      "\r\n"
-      ">P3 empty sequence\n"
-      ">P4 last\n"
-      "mk-ta.x\n"
-      "  \n";
-  TempDir dir;
-  write_all(dir.file("a.fasta"), text);
-  write_gz(dir.file("a.fasta.gz"), text);
-  for (const std::string& path : {dir.file("a.fasta"), dir.file("a.fasta.gz")}) {
-    SCOPED_TRACE(path);
-    std::vector<FastaRecord> r = read_fasta(path);
-    ASSERT_EQ(r.size(), 4u);
-    EXPECT_EQ(r[0].id, "sp|P1|ONE");
-    EXPECT_EQ(r[0].description, "first protein  OS=Test");
-    EXPECT_EQ(r[0].sequence, "MKTAYIAKQRQISFVKSHF");
-    EXPECT_EQ(r[1].id, "P2");
-    EXPECT_EQ(r[1].description, "");
-    EXPECT_EQ(r[1].sequence, "ACDEFGHIKLMNPQRSTVWY*");
-    EXPECT_EQ(r[2].id, "P3");
-    EXPECT_EQ(r[2].sequence, "");
-    EXPECT_EQ(r[3].description, "last");
-    EXPECT_EQ(r[3].sequence, "mk-ta.x");
-  }
-  // No trailing newline.
-  write_all(dir.file("b.fa"), ">x\nAC\nGT");
-  EXPECT_EQ(read_fasta(dir.file("b.fa"))[0].sequence, "ACGT");
-}
-
-TEST(Fasta, RejectsBadFiles) {
-  TempDir dir;
-  std::string p = dir.file("x.fa");
-  EXPECT_LINEA_ERROR(read_fasta(dir.file("nope.fa")), "read_fasta: cannot open '" + dir.file("nope.fa") + "'");
-  write_all(p, "");
-  EXPECT_LINEA_ERROR(read_fasta(p),
-                     "read_fasta: '" + p + "' contains no FASTA records (expected lines starting with '>')");
-  write_all(p, "\n\nMKV\n>a\nMK\n");
-  EXPECT_LINEA_ERROR(read_fasta(p), "read_fasta: '" + p + "' line 3: sequence data before the first '>' header");
-  write_all(p, ">a\nMK1V\n");
-  EXPECT_LINEA_ERROR(read_fasta(p), "line 2: unexpected character '1' in the sequence of record 'a'");
-  write_all(p, ">a\nMK\x01V\n");
-  EXPECT_LINEA_ERROR(read_fasta(p), "line 2: unexpected character 0x01 in the sequence of record 'a'");
-  write_all(p, ">  \nMK\n");
-  EXPECT_LINEA_ERROR(read_fasta(p), "line 1: empty header");
-  std::string seqs;
-  for (int i = 0; i < 500; ++i)
-    seqs +=
-        ">s" + std::to_string(i) + "\nMKTAYIAKQRQISFVKSHFSRQ" + std::string(1, static_cast<char>('A' + i % 7)) + "\n";
-  write_gz(p, seqs);
-  std::string gz = read_all(p);
-  write_all(p, gz.substr(0, gz.size() - 20));
-  EXPECT_LINEA_ERROR(read_fasta(p), "truncated gzip data");
-}
-
-// ---- image folders ----------------------------------------------------------------------------
-
-namespace {
-
-void write_png(const std::string& path, int w, int h, int comp, const std::vector<uint8_t>& px) {
-  ASSERT_EQ(px.size(), static_cast<size_t>(w * h * comp));
-  ASSERT_NE(stbi_write_png(path.c_str(), w, h, comp, px.data(), w * comp), 0) << path;
-}
-
-}  // namespace
-
-TEST(ImageFolderReader, ReadsClassFoldersOfPngs) {
-  TempDir dir;
-  fs::create_directories(dir.path / "zebra");
-  fs::create_directories(dir.path / "ant");
-  fs::create_directories(dir.path / ".hidden");
-  // 3x2 (w x h) grayscale images with known pixels.
-  std::vector<uint8_t> a0 = {0, 10, 20, 30, 40, 255}, a1 = {1, 2, 3, 4, 5, 6}, z0 = {9, 9, 9, 9, 9, 9};
-  write_png(dir.file("ant/b.png"), 3, 2, 1, a1);
-  write_png(dir.file("ant/a.png"), 3, 2, 1, a0);
-  write_png(dir.file("zebra/only.PNG"), 3, 2, 1, z0);
-  write_all(dir.file("ant/notes.txt"), "ignored");
-  write_png(dir.file(".hidden/x.png"), 5, 5, 1, std::vector<uint8_t>(25));
-
-  ImageFolder f = read_image_folder(dir.path.string());
-  EXPECT_EQ(f.classes, (std::vector<std::string>{"ant", "zebra"}));
-  EXPECT_EQ(f.images.shape(), (Shape{3, 1, 2, 3}));
-  EXPECT_EQ(f.labels.to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 1}));
-  EXPECT_EQ(f.files[0], dir.file("ant/a.png"));
-  std::vector<float> v = f.images.to_vector<float>();
-  for (size_t i = 0; i < 6; ++i) {
-    EXPECT_EQ(v[i], static_cast<float>(a0[i] / 255.0));
-    EXPECT_EQ(v[6 + i], static_cast<float>(a1[i] / 255.0));
-  }
-
-  // Gray forced to RGB: three equal planes.
-  ImageFolderOptions rgb;
-  rgb.channels = 3;
-  ImageFolder g = read_image_folder(dir.path.string(), rgb);
-  EXPECT_EQ(g.images.shape(), (Shape{3, 3, 2, 3}));
-  std::vector<float> gv = g.images.to_vector<float>();
-  for (size_t c = 0; c < 3; ++c)
-    for (size_t i = 0; i < 6; ++i) EXPECT_EQ(gv[c * 6 + i], v[i]);
-}
-
-TEST(ImageFolderReader, RgbChannelsJpegAndResizing) {
-  TempDir dir;
-  fs::create_directories(dir.path / "c");
-  // A 2x1 RGB image: red, blue. Auto channels -> 3, CHW layout.
-  write_png(dir.file("c/rgb.png"), 2, 1, 3, {255, 0, 0, 0, 0, 255});
-  ImageFolder f = read_image_folder(dir.path.string());
-  EXPECT_EQ(f.images.shape(), (Shape{1, 3, 1, 2}));
-  EXPECT_EQ(f.images.to_vector<float>(), (std::vector<float>{1, 0, 0, 0, 0, 1}));
-
-  // Resize 1x2 gray [0, 255] to 1x4: bilinear with half-pixel centers, and nearest.
-  TempDir d2;
-  fs::create_directories(d2.path / "k");
-  write_png(d2.file("k/g.png"), 2, 1, 1, {0, 255});
-  write_png(d2.file("k/h.png"), 3, 3, 1, std::vector<uint8_t>(9, 51));  // another size: resized too
-  ImageFolderOptions o;
-  o.height = 1;
-  o.width = 4;
-  ImageFolder r = read_image_folder(d2.path.string(), o);
-  EXPECT_EQ(r.images.shape(), (Shape{2, 1, 1, 4}));
-  EXPECT_TRUE(
-      test::all_close(r.images.narrow(0, 0, 1).reshape({4}), tensor<float>({0.f, 0.25f, 0.75f, 1.f}, {4}), 1e-6, 0));
-  EXPECT_TRUE(test::all_close(r.images.narrow(0, 1, 1).reshape({4}), full({4}, 0.2), 1e-6, 0));
-  o.bilinear = false;
-  ImageFolder n = read_image_folder(d2.path.string(), o);
-  EXPECT_EQ(n.images.narrow(0, 0, 1).reshape({4}).to_vector<float>(), (std::vector<float>{0, 0, 1, 1}));
-
-  // JPEG (lossy: a flat color comes back close).
-  TempDir d3;
-  fs::create_directories(d3.path / "j");
-  std::vector<uint8_t> flat(8 * 8 * 3);
-  for (size_t i = 0; i < flat.size(); i += 3) flat[i] = 200, flat[i + 1] = 100, flat[i + 2] = 50;
-  ASSERT_NE(stbi_write_jpg(d3.file("j/a.jpg").c_str(), 8, 8, 3, flat.data(), 95), 0);
-  ImageFolder j = read_image_folder(d3.path.string());
-  EXPECT_EQ(j.images.shape(), (Shape{1, 3, 8, 8}));
-  EXPECT_TRUE(test::all_close(j.images.mean({2, 3}).reshape({3}),
-                              tensor<float>({200 / 255.f, 100 / 255.f, 50 / 255.f}, {3}), 0.03, 0));
-}
-
-TEST(ImageFolderReader, RejectsBadFolders) {
-  TempDir dir;
-  EXPECT_LINEA_ERROR(read_image_folder(dir.file("nope")),
-                     "read_image_folder: '" + dir.file("nope") + "' does not exist");
-  write_all(dir.file("file"), "x");
-  EXPECT_LINEA_ERROR(read_image_folder(dir.file("file")), "is not a directory");
-  EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()),
-                     "read_image_folder: '" + dir.path.string() + "' has no class sub-folders");
-  fs::create_directories(dir.path / "a");
-  fs::create_directories(dir.path / "b");
-  write_png(dir.file("a/1.png"), 4, 4, 1, std::vector<uint8_t>(16));
-  EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()),
-                     "read_image_folder: class folder '" + dir.file("b") + "' contains no PNG or JPEG images");
-  write_png(dir.file("b/2.png"), 7, 5, 1, std::vector<uint8_t>(35));
-  EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()), "read_image_folder: '" + dir.file("b/2.png") +
-                                                               "' is 5x7 (HxW) but '" + dir.file("a/1.png") +
-                                                               "' is 4x4; images must share one size");
-  write_all(dir.file("b/2.png"), "not a png at all");
-  EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()),
-                     "read_image_folder: cannot decode '" + dir.file("b/2.png") + "'");
-  ImageFolderOptions o;
-  o.channels = 2;
-  EXPECT_LINEA_ERROR(read_image_folder(dir.path.string(), o), "channels must be 0 (auto), 1 or 3, got 2");
-  o.channels = 0;
-  o.height = 4;
-  EXPECT_LINEA_ERROR(read_image_folder(dir.path.string(), o), "height and width must both be 0");
-}
 
 // ---- DataLoader -------------------------------------------------------------------------------
 
@@ -336,10 +48,10 @@ DataLoaderOptions opts(int64_t bs, bool shuffle, uint64_t seed, bool drop_last, 
 std::vector<std::vector<int64_t>> epoch_targets(DataLoader& dl, int64_t e, int64_t first_batch = 0) {
   std::vector<std::vector<int64_t>> out;
   for (Batch& b : dl.epoch(e, first_batch)) {
-    EXPECT_EQ(b.input.size(0), b.target.size(0));
+    EXPECT_EQ(b.at("input").size(0), b.at("target").size(0));
     // The inputs belong to the targets: input row k is (t, -t).
-    std::vector<float> x = b.input.to_vector<float>();
-    std::vector<int64_t> t = b.target.to_vector<int64_t>();
+    std::vector<float> x = b.at("input").to_vector<float>();
+    std::vector<int64_t> t = b.at("target").to_vector<int64_t>();
     for (size_t k = 0; k < t.size(); ++k) EXPECT_EQ(x[2 * k], static_cast<float>(t[k]));
     out.push_back(t);
   }
@@ -383,7 +95,7 @@ TEST(DataLoader, OrderDependsOnlyOnSeedAndEpoch) {
   manual_seed(12345);  // the global generator plays no part
   auto b0 = flat(epoch_targets(b, 0));
   EXPECT_EQ(a0, b0);
-  EXPECT_EQ(a0, a.epoch_order(0));
+  EXPECT_EQ(a0, FixedSizeBatchSampler(50, 8, true, 42).order(0));
   EXPECT_NE(a0, flat(epoch_targets(a, 1)));  // another epoch, another order
   EXPECT_NE(a0, flat(epoch_targets(c, 0)));  // another seed, another order
   std::vector<int64_t> identity(50);
@@ -396,9 +108,9 @@ TEST(DataLoader, OrderDependsOnlyOnSeedAndEpoch) {
   EXPECT_EQ(get_rng_state(), rng_before);
   // Known values: the permutation is part of the reproducibility contract (a change would
   // change the data order of existing runs and their resumes), so pin it.
-  DataLoader d(index_dataset(10), opts(10, true, 0, false, false));
-  EXPECT_EQ(d.epoch_order(0), (std::vector<int64_t>{4, 3, 0, 5, 7, 2, 8, 9, 6, 1}));
-  EXPECT_EQ(d.epoch_order(1), (std::vector<int64_t>{5, 7, 2, 0, 6, 8, 1, 4, 9, 3}));
+  FixedSizeBatchSampler d(10, 10, true, 0);
+  EXPECT_EQ(d.order(0), (std::vector<int64_t>{4, 3, 0, 5, 7, 2, 8, 9, 6, 1}));
+  EXPECT_EQ(d.order(1), (std::vector<int64_t>{5, 7, 2, 0, 6, 8, 1, 4, 9, 3}));
   // Without shuffling the order is the identity.
   DataLoader s(ds, opts(8, false, 42, false, true));
   EXPECT_EQ(flat(epoch_targets(s, 5)), identity);
@@ -430,9 +142,9 @@ TEST(DataLoader, PrefetchOnAndOffGiveIdenticalBatches) {
     for (Batch& b : off.epoch(e)) y.push_back(b);
     ASSERT_EQ(x.size(), y.size());
     for (size_t i = 0; i < x.size(); ++i) {
-      EXPECT_EQ(x[i].input.to_vector<float>(), y[i].input.to_vector<float>());
-      EXPECT_EQ(x[i].target.to_vector<int64_t>(), y[i].target.to_vector<int64_t>());
-      EXPECT_TRUE(x[i].input.is_cpu());
+      EXPECT_EQ(x[i].at("input").to_vector<float>(), y[i].at("input").to_vector<float>());
+      EXPECT_EQ(x[i].at("target").to_vector<int64_t>(), y[i].at("target").to_vector<int64_t>());
+      EXPECT_TRUE(x[i].at("input").is_cpu());
     }
   }
 }
@@ -448,14 +160,14 @@ TEST(DataLoader, ResumeMidEpochAndNextApi) {
   DataLoader m(ds, opts(4, true, 5, false, true));
   Batch b;
   ASSERT_TRUE(m.next(b));
-  EXPECT_EQ(b.target.to_vector<int64_t>(), epoch_targets(dl, 0)[0]);
+  EXPECT_EQ(b.at("target").to_vector<int64_t>(), epoch_targets(dl, 0)[0]);
   int count = 1;
   while (m.next(b)) ++count;
   EXPECT_EQ(count, 8);
   EXPECT_FALSE(m.next(b));  // stays at the end
   m.reset(2, 7);
   ASSERT_TRUE(m.next(b));
-  EXPECT_EQ(b.target.to_vector<int64_t>(), full[7]);
+  EXPECT_EQ(b.at("target").to_vector<int64_t>(), full[7]);
   EXPECT_FALSE(m.next(b));
   EXPECT_LINEA_ERROR(m.reset(0, 9), "DataLoader::reset: first_batch 9 is outside [0, 8]");
   EXPECT_LINEA_ERROR(m.reset(-1), "DataLoader: epoch must be >= 0, got -1");
@@ -475,8 +187,8 @@ class CustomDataset : public Dataset {
     calls++;
     if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
     LINEA_CHECK(i != bad_, "CustomDataset: example ", i, " is corrupt");
-    return {tensor<double>({static_cast<double>(i), 2.0 * i}, {2}),
-            scalar_tensor(static_cast<double>(i), TensorOptions(DType::Int64))};
+    return {{"input", tensor<double>({static_cast<double>(i), 2.0 * i}, {2})},
+            {"target", scalar_tensor(static_cast<double>(i), TensorOptions(DType::Int64))}};
   }
   mutable std::atomic<int> calls{0};
 
@@ -493,16 +205,16 @@ TEST(DataLoader, DefaultCollateStacksExamples) {
   std::vector<Batch> bs;
   for (Batch& b : dl.epoch(0)) bs.push_back(b);
   ASSERT_EQ(bs.size(), 3u);
-  EXPECT_EQ(bs[0].input.shape(), (Shape{3, 2}));
-  EXPECT_EQ(bs[0].input.dtype(), DType::Float64);
-  EXPECT_EQ(bs[0].input.to_vector<double>(), (std::vector<double>{0, 0, 1, 2, 2, 4}));
-  EXPECT_EQ(bs[2].target.shape(), (Shape{1}));
-  EXPECT_EQ(bs[2].target.to_vector<int64_t>(), (std::vector<int64_t>{6}));
+  EXPECT_EQ(bs[0].at("input").shape(), (Shape{3, 2}));
+  EXPECT_EQ(bs[0].at("input").dtype(), DType::Float64);
+  EXPECT_EQ(bs[0].at("input").to_vector<double>(), (std::vector<double>{0, 0, 1, 2, 2, 4}));
+  EXPECT_EQ(bs[2].at("target").shape(), (Shape{1}));
+  EXPECT_EQ(bs[2].at("target").to_vector<int64_t>(), (std::vector<int64_t>{6}));
 
   class Ragged : public Dataset {
    public:
     int64_t size() const override { return 2; }
-    Example get(int64_t i) const override { return {zeros({i + 1}), Tensor()}; }
+    Example get(int64_t i) const override { return {{"input", zeros({i + 1})}}; }
   };
   EXPECT_LINEA_ERROR(Ragged().get_batch({0, 1}),
                      "Dataset::get_batch: example 1 has input [2] float32 but example 0 has [1] float32");
@@ -516,13 +228,13 @@ TEST(DataLoader, WorkerExceptionReachesTheConsumer) {
     Batch b;
     // Batches 0..2 (examples 0..11) come out first, then the error of batch 3 (example 13).
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(dl.next(b));
-    EXPECT_EQ(b.target.to_vector<int64_t>(), (std::vector<int64_t>{8, 9, 10, 11}));
+    EXPECT_EQ(b.at("target").to_vector<int64_t>(), (std::vector<int64_t>{8, 9, 10, 11}));
     EXPECT_LINEA_ERROR(dl.next(b), "CustomDataset: example 13 is corrupt");
     EXPECT_FALSE(dl.next(b));  // the epoch ended
     // A new epoch works again up to the same point.
     dl.reset(1);
     ASSERT_TRUE(dl.next(b));
-    EXPECT_EQ(b.target.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3}));
+    EXPECT_EQ(b.at("target").to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3}));
   }
 }
 
@@ -543,4 +255,128 @@ TEST(DataLoader, StopsCleanlyMidEpoch) {
     ASSERT_TRUE(dl.next(b));
   }  // destroyed with the worker mid-epoch
   EXPECT_LT(ds->calls.load(), 40);
+}
+
+// ---- named batches ------------------------------------------------------------------------------
+
+TEST(Batch, NamedTensorsAndClearErrors) {
+  Batch b{{"input", zeros({2, 3})}, {"mask", Tensor()}};
+  EXPECT_TRUE(b.has("input"));
+  EXPECT_FALSE(b.has("mask"));  // undefined tensors are not stored
+  b.set("lengths", from_vector<int64_t>({3, 1}, {2}));
+  EXPECT_EQ(b.names(), "input, lengths");
+  EXPECT_LINEA_ERROR(b.at("target"), "Batch: no tensor named 'target' (the batch has input, lengths)");
+  EXPECT_LINEA_ERROR(Batch().at("x"), "Batch: no tensor named 'x' (the batch has none)");
+}
+
+// ---- samplers -----------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<int64_t> sorted_flat(const std::vector<std::vector<int64_t>>& v) {
+  std::vector<int64_t> out;
+  for (auto& b : v) out.insert(out.end(), b.begin(), b.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int64_t> some_lengths(int64_t n) {
+  std::vector<int64_t> len;
+  for (int64_t i = 0; i < n; ++i) len.push_back(1 + (i * 37 + (i * i) % 11) % 50);
+  return len;
+}
+
+}  // namespace
+
+TEST(FixedSizeBatchSampler, SameBatchesAsTheOrderCutIntoPieces) {
+  FixedSizeBatchSampler s(23, 5, true, 7, false);
+  EXPECT_EQ(s.num_batches(0), 5);
+  auto b = s.batches(3);
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ(b[4].size(), 3u);
+  std::vector<int64_t> order = s.order(3), joined;
+  for (auto& x : b) joined.insert(joined.end(), x.begin(), x.end());
+  EXPECT_EQ(joined, order);
+  EXPECT_EQ(FixedSizeBatchSampler(23, 5, true, 7, true).num_batches(0), 4);
+  EXPECT_LINEA_ERROR(FixedSizeBatchSampler(3, 0), "FixedSizeBatchSampler: batch_size must be >= 1, got 0");
+}
+
+TEST(TokenBudgetBatchSampler, EveryExampleOncePerEpochWithinTheBudget) {
+  const std::vector<int64_t> len = some_lengths(300);
+  TokenBudgetOptions o;
+  o.max_tokens = 200;
+  o.seed = 3;
+  TokenBudgetBatchSampler s(len, o);
+  std::vector<int64_t> all(300);
+  std::iota(all.begin(), all.end(), 0);
+  for (int64_t e = 0; e < 3; ++e) {
+    auto batches = s.batches(e);
+    EXPECT_EQ(sorted_flat(batches), all) << "epoch " << e;
+    for (auto& b : batches) {
+      ASSERT_FALSE(b.empty());
+      int64_t longest = 0;
+      for (int64_t i : b) longest = std::max(longest, len[i]);
+      EXPECT_LE(longest * static_cast<int64_t>(b.size()), 200);
+    }
+    // Bucketing: a batch holds similar lengths, so padding wastes little overall.
+    int64_t padded = 0, real = 0;
+    for (auto& b : batches) {
+      int64_t longest = 0;
+      for (int64_t i : b) longest = std::max(longest, len[i]), real += len[i];
+      padded += longest * static_cast<int64_t>(b.size());
+    }
+    EXPECT_LT(padded, 1.2 * real);
+  }
+  o.max_batch_size = 3;
+  for (auto& b : TokenBudgetBatchSampler(len, o).batches(0)) EXPECT_LE(b.size(), 3u);
+}
+
+TEST(TokenBudgetBatchSampler, DeterministicInSeedAndEpoch) {
+  const std::vector<int64_t> len = some_lengths(120);
+  TokenBudgetOptions o;
+  o.max_tokens = 150;
+  o.seed = 11;
+  TokenBudgetBatchSampler a(len, o), b(len, o);
+  manual_seed(1);
+  auto a0 = a.batches(0);
+  manual_seed(999);  // the global generator plays no part
+  EXPECT_EQ(a0, b.batches(0));
+  EXPECT_NE(a0, a.batches(1));
+  o.seed = 12;
+  EXPECT_NE(a0, TokenBudgetBatchSampler(len, o).batches(0));
+  o.shuffle = false;  // by length, ties in index order
+  auto sorted = TokenBudgetBatchSampler(len, o).batches(0);
+  for (size_t k = 1; k < sorted.size(); ++k) EXPECT_LE(len[sorted[k - 1].back()], len[sorted[k].front()]);
+}
+
+TEST(TokenBudgetBatchSampler, LoaderResumesMidEpoch) {
+  const int64_t n = 90;
+  std::vector<float> x(n);
+  std::vector<int64_t> y(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i), y[i] = i;
+  auto ds = std::make_shared<TensorDataset>(from_vector<float>(x, {n}), from_vector<int64_t>(y, {n}));
+  TokenBudgetOptions o;
+  o.max_tokens = 120;
+  o.seed = 5;
+  auto sampler = std::make_shared<TokenBudgetBatchSampler>(some_lengths(n), o);
+  DataLoader dl(ds, sampler);
+  const int64_t nb = dl.num_batches(2);
+  ASSERT_GT(nb, 4);
+  std::vector<std::vector<int64_t>> full, tail;
+  for (Batch& b : dl.epoch(2)) full.push_back(b.at("target").to_vector<int64_t>());
+  EXPECT_EQ(full, sampler->batches(2));
+  DataLoader resumed(ds, sampler);
+  for (Batch& b : resumed.epoch(2, 3)) tail.push_back(b.at("target").to_vector<int64_t>());
+  EXPECT_EQ(tail, std::vector<std::vector<int64_t>>(full.begin() + 3, full.end()));
+}
+
+TEST(TokenBudgetBatchSampler, Errors) {
+  TokenBudgetOptions o;
+  o.max_tokens = 10;
+  EXPECT_LINEA_ERROR(TokenBudgetBatchSampler({3, 11}, o),
+                     "TokenBudgetBatchSampler: example 1 has length 11, more than the budget of 10 tokens");
+  EXPECT_LINEA_ERROR(TokenBudgetBatchSampler({0}, o), "example 0 has length 0");
+  auto ds = std::make_shared<TensorDataset>(zeros({4}));
+  EXPECT_LINEA_ERROR(DataLoader(ds, std::make_shared<TokenBudgetBatchSampler>(std::vector<int64_t>{1, 2}, o)),
+                     "DataLoader: the batch sampler is for 2 examples, the dataset has 4");
 }

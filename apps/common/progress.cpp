@@ -54,7 +54,8 @@ ProgressBar::ProgressBar(std::string label, int64_t total, std::string unit, std
       out_(out),
       plain_interval_s_(plain_interval_s),
       terminal_(false),
-      start_(Clock::now()) {
+      now_([] { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }),
+      start_(now_()) {
   LINEA_CHECK(out_ != nullptr, "ProgressBar: null output stream for '", label_, "'");
   LINEA_CHECK(total_ >= 0, "ProgressBar: total must be >= 0 (0 = unknown), got ", total_, " for '", label_, "'");
   LINEA_CHECK(std::isfinite(plain_interval_s_) && plain_interval_s_ >= 0,
@@ -73,7 +74,17 @@ bool ProgressBar::is_terminal(std::FILE* out) { return out != nullptr && ::isatt
 
 void ProgressBar::set_terminal(bool on) { terminal_ = on; }
 
-double ProgressBar::elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+void ProgressBar::set_total(int64_t total) {
+  LINEA_CHECK(total >= 0, "ProgressBar: total must be >= 0 (0 = unknown), got ", total, " for '", label_, "'");
+  total_ = total;
+}
+
+double ProgressBar::elapsed_s() const { return now_() - start_; }
+
+void ProgressBar::set_clock(std::function<double()> now) {
+  now_ = std::move(now);
+  start_ = now_();
+}
 
 double ProgressBar::rate() const {
   const double t = elapsed_s();

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 namespace linea::apps {
@@ -31,6 +32,8 @@ class ProgressBar {
 
   // done: units completed so far (cumulative); extra: text appended after the rate/ETA, e.g. "loss 0.512  lr 1.0e-03".
   void update(int64_t done, const std::string& extra = "");
+  // Changes the total (e.g. once the first step tells how many units an epoch holds).
+  void set_total(int64_t total);
   // Prints the final line (with the last `done` passed to update) and a newline; later calls do nothing.
   void finish(const std::string& extra = "");
   double elapsed_s() const;  // since construction (steady clock)
@@ -38,6 +41,9 @@ class ProgressBar {
   static bool is_terminal(std::FILE* out);
   // Forces the terminal/plain mode (for tests); default: detected from `out`.
   void set_terminal(bool on);
+  // Replaces the steady clock (seconds, any origin) by `now`, restarting elapsed_s() from it
+  // (for tests: rate limits and rates without sleeping).
+  void set_clock(std::function<double()> now);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -50,7 +56,8 @@ class ProgressBar {
   std::FILE* out_;
   double plain_interval_s_;
   bool terminal_;
-  Clock::time_point start_;
+  std::function<double()> now_;  // seconds; the steady clock unless set_clock
+  double start_;
   double last_output_s_ = -1e300;  // elapsed_s() of the last draw/print (-inf: nothing yet)
   int64_t done_ = 0;
   size_t bar_width_ = 0;   // chosen at the first terminal draw (0: not yet)

@@ -153,7 +153,7 @@ nn::Example AugmentedImages::get(int64_t i) const {
   LINEA_CHECK(i >= 0 && i < size(), "vit: example ", i, " out of range for ", size(), " images");
   Tensor out = empty({images_.size(1), images_.size(2), images_.size(3)});
   augment_into(i, out.data<float>());
-  return {out, select(labels_, 0, i)};
+  return {{"input", out}, {"target", select(labels_, 0, i)}};
 }
 
 nn::Batch AugmentedImages::get_batch(const std::vector<int64_t>& indices) const {
@@ -166,7 +166,7 @@ nn::Batch AugmentedImages::get_batch(const std::vector<int64_t>& indices) const 
     augment_into(indices[b], out.data<float>() + b * per);
   }
   std::vector<int64_t> idx(indices.begin(), indices.end());
-  return {out, index_select(labels_, 0, from_vector<int64_t>(idx, {B}))};
+  return {{"input", out}, {"target", index_select(labels_, 0, from_vector<int64_t>(idx, {B}))}};
 }
 
 }  // namespace vit

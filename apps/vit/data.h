@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nn/data.h"
+#include "nn/readers.h"
 
 namespace vit {
 

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 
+#include "apps/common/run_options.h"
 #include "core/error.h"
 #include "data.h"
 #include "train.h"
@@ -74,39 +75,20 @@ int main(int argc, char** argv) {
   app.add_option("--crop-padding", o.crop_padding, "augmentation: random crop of the image zero-padded by N pixels (0: off)")
       ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--flip,!--no-flip", o.flip, "augmentation: random horizontal flips")->group(train)->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for initialization, data order, augmentation and attention samples")
-      ->group(train)->capture_default_str();
-  app.add_option("--max-steps", o.max_steps, "stop after this many steps in total (0: all epochs); the schedule "
-                 "still spans --epochs, so --resume continues the same run")->group(train)->check(CLI::NonNegativeNumber);
-
-  auto* run = "Running";
-  app.add_option("--device", o.device, "cpu, cuda or auto (cuda when a GPU is usable)")
-      ->group(run)->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--threads", o.threads, "CPU threads for OpenMP and OpenBLAS (0: all cores)")
-      ->group(run)->capture_default_str()->check(CLI::Range(0, 1024));
-  app.add_option("--out", o.out_dir, "output folder: metrics.jsonl, summary.json, curves.png, checkpoint/")
-      ->group(run)->capture_default_str();
-  app.add_option("--checkpoint", o.checkpoint_dir, "checkpoint folder (default OUT/checkpoint); with --predict, "
-                 "the checkpoint to classify with")->group(run);
-  app.add_flag("--resume", o.resume, "continue from the checkpoint (same flags; starts fresh when there is none)")->group(run);
-  app.add_flag("--eval-only", o.eval_only, "evaluate the checkpoint on the test set and exit")->group(run);
-  app.add_option("--log-every", o.log_every, "steps between metrics.jsonl step records (0: epochs only)")
-      ->group(run)->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints, besides every epoch end (0: epoch ends only)")
-      ->group(run)->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_flag("!--no-progress", o.progress, "no progress bar or periodic progress lines")->group(run);
-  app.add_flag("!--no-plot", o.plot, "do not draw curves.png")->group(run);
+  linea::apps::add_run_flags(app, o.run, train, "Running");
+  app.get_option("--checkpoint")
+      ->description("checkpoint folder (default OUT/checkpoint); with --predict, the checkpoint to classify with");
   app.add_option("--predict", predict_images, "classify these PNG/JPEG images with --checkpoint DIR "
-                 "(top-3 classes and probabilities) instead of training")->group(run);
+                 "(top-3 classes and probabilities) instead of training")->group("Running");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (!predict_images.empty()) {
-      if (o.checkpoint_dir.empty()) {
+      if (o.run.checkpoint_dir.empty()) {
         std::fprintf(stderr, "vit: --predict needs --checkpoint DIR (the checkpoint folder of a training run)\n");
         return 2;
       }
-      vit::predict(predict_images, o.checkpoint_dir, o.device);
+      vit::predict(predict_images, o.run.checkpoint_dir, o.run.device);
       return 0;
     }
     vit::run_training(o);

@@ -77,7 +77,7 @@ void write_fake_fashion_mnist(const std::string& dir, int n_train, int n_test, u
 vit::TrainOptions small_run(const std::string& data, const std::string& out, const std::string& spec) {
   vit::TrainOptions o;
   o.data_dir = data;
-  o.out_dir = out;
+  o.run.out_dir = out;
   o.model.attention = spec;
   o.model.patch = 7;
   o.model.dim = 32;
@@ -87,11 +87,11 @@ vit::TrainOptions small_run(const std::string& data, const std::string& out, con
   o.epochs = 4;
   o.lr = 3e-3;
   o.warmup_epochs = 0.25;
-  o.device = "cpu";
-  o.progress = false;
-  o.plot = false;
-  o.log_every = 4;
-  o.checkpoint_every = 0;
+  o.run.device = "cpu";
+  o.run.progress = false;
+  o.run.plot = false;
+  o.run.log_every = 4;
+  o.run.checkpoint_every = 0;
   o.crop_padding = 0;  // the classes' bars are 2 rows apart: a shift would change the class
   return o;
 }
@@ -148,7 +148,7 @@ TEST(VitRun, WritesMetricsSummaryCurvesAndCheckpoint) {
   write_fake_fashion_mnist(data, 256, 64);
   vit::TrainOptions o = small_run(data, out, "softmax");
   o.epochs = 2;
-  o.plot = true;
+  o.run.plot = true;
   vit::TrainResult r = vit::run_training(o);
 
   std::vector<json> records = linea::apps::MetricsLog::read(out + "/metrics.jsonl");
@@ -189,7 +189,7 @@ TEST(VitRun, WritesMetricsSummaryCurvesAndCheckpoint) {
   // --eval-only reproduces the final evaluation, with the checkpoint's normalization even when
   // the training images it would compute one from differ.
   vit::TrainOptions e = o;
-  e.eval_only = true;
+  e.run.eval_only = true;
   e.train_limit = 100;
   vit::TrainResult ev = vit::run_training(e);
   EXPECT_EQ(ev.test_accuracy, r.test_accuracy);
@@ -207,12 +207,12 @@ TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
   vit::TrainResult a = vit::run_training(full);
 
   vit::TrainOptions part = full;
-  part.out_dir = (dir.path / "part").string();
-  part.max_steps = 6;         // stops mid-epoch 2 (4 steps per epoch)...
-  part.checkpoint_every = 2;  // ...after a checkpoint at step 6
+  part.run.out_dir = (dir.path / "part").string();
+  part.run.max_steps = 6;         // stops mid-epoch 2 (4 steps per epoch)...
+  part.run.checkpoint_every = 2;  // ...after a checkpoint at step 6
   vit::run_training(part);
-  part.max_steps = 0;
-  part.resume = true;
+  part.run.max_steps = 0;
+  part.run.resume = true;
   vit::TrainResult b = vit::run_training(part);
   EXPECT_EQ(b.steps, 12 - 6);
   ASSERT_EQ(b.step_losses.size(), 6u);
@@ -222,7 +222,7 @@ TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
 
   // metrics.jsonl holds each step record once, as if the run had not been interrupted.
   std::vector<int64_t> logged;
-  for (const json& j : linea::apps::MetricsLog::read(part.out_dir + "/metrics.jsonl")) {
+  for (const json& j : linea::apps::MetricsLog::read(part.run.out_dir + "/metrics.jsonl")) {
     if (j.at("type") == "step") logged.push_back(j.at("step").get<int64_t>());
   }
   EXPECT_EQ(logged, (std::vector<int64_t>{4, 8, 12}));
@@ -269,14 +269,14 @@ TEST(VitData, AugmentationShiftsFlipsAndIsReproducible) {
   Tensor images = arange(0.0, 2.0 * 1 * 5 * 5).reshape({2, 1, 5, 5}).to(DType::Float32);
   Tensor labels = from_vector<int64_t>({3, 4}, {2});
   vit::AugmentedImages none(images, labels, 0, false, 7, {-1.0f});
-  EXPECT_EQ(none.get_batch({1, 0}).input.to_vector<float>(),
+  EXPECT_EQ(none.get_batch({1, 0}).at("input").to_vector<float>(),
             index_select(images, 0, from_vector<int64_t>({1, 0}, {2})).to_vector<float>());
   vit::AugmentedImages aug(images, labels, 2, true, 7, {-1.0f});
   std::set<std::vector<float>> seen;
   for (int64_t epoch = 0; epoch < 40; ++epoch) {
     aug.set_epoch(epoch);
-    auto a = aug.get(0).input.to_vector<float>();
-    EXPECT_EQ(a, aug.get(0).input.to_vector<float>());  // a pure function of (seed, epoch, index)
+    auto a = aug.get(0).at("input").to_vector<float>();
+    EXPECT_EQ(a, aug.get(0).at("input").to_vector<float>());  // a pure function of (seed, epoch, index)
     // Every output pixel is an input pixel of the same image or the fill value.
     for (float v : a) EXPECT_TRUE(v == -1.0f || (v >= 0 && v < 25 && v == std::floor(v))) << v;
     seen.insert(a);

@@ -1,15 +1,18 @@
 // Training, evaluation and prediction for the vit app; main.cpp maps flags onto TrainOptions.
 // One run: load data -> build the ViT -> AdamW (no decay on biases, norms, positional
 // embedding and CLS token) with linear warmup + cosine decay, label smoothing and gradient
-// clipping -> evaluate on the test set after every epoch -> write <out>/metrics.jsonl,
-// <out>/summary.json, <out>/curves.png and a checkpoint (<checkpoint>/model.safetensors,
-// training.safetensors, config.json) that --resume continues from and --predict reads.
+// clipping -> the shared training loop (apps/common/train_loop.h), which evaluates on the test
+// set after every epoch and writes <out>/metrics.jsonl, <out>/summary.json, <out>/curves.png and a
+// checkpoint (<checkpoint>/model.safetensors, training.safetensors, config.json) that --resume
+// continues from and --predict reads. This file holds what is about images: the data, the
+// loss/accuracy step, the evaluation with per-class accuracy and confusion matrix, prediction.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "apps/common/run_options.h"
 #include "model.h"
 
 namespace vit {
@@ -27,7 +30,6 @@ struct TrainOptions {
   // optimization
   int64_t batch_size = 128;
   int64_t epochs = 10;
-  int64_t max_steps = 0;  // stop after this many steps in total (0: run all epochs)
   double lr = 2e-3;
   double min_lr = 1e-5;
   double weight_decay = 0.05;
@@ -36,18 +38,14 @@ struct TrainOptions {
   double clip = 1.0;  // max global gradient norm (0: off)
   int64_t crop_padding = 0;  // off by default: at a 10-epoch budget it cost accuracy (README)
   bool flip = true;
-  uint64_t seed = 0;
-  // running
-  std::string device = "auto";
-  int threads = 0;
-  std::string out_dir = "runs/vit";
-  std::string checkpoint_dir;  // default <out_dir>/checkpoint
-  bool resume = false;
-  bool eval_only = false;          // evaluate the checkpoint on the test set, no training
-  int64_t log_every = 50;          // steps between metrics.jsonl "step" records
-  int64_t checkpoint_every = 200;  // steps between checkpoints (also at every epoch end; 0: epoch ends only)
-  bool progress = true;            // progress bar / periodic lines
-  bool plot = true;
+  // running: device, threads, out, checkpoint, resume, eval-only, logging, --max-steps, seed, ...
+  linea::apps::RunOptions run = default_run();
+
+  static linea::apps::RunOptions default_run() {
+    linea::apps::RunOptions r;
+    r.out_dir = "runs/vit";
+    return r;
+  }
 };
 
 struct TrainResult {

@@ -1,0 +1,44 @@
+// The run flags every app shares (--device --threads --out --checkpoint --resume --eval-only
+// --log-every --checkpoint-every --max-steps --seed --no-progress --no-plot --skip-nonfinite),
+// added to a CLI11 app by one call, into the RunOptions the training loop (train_loop.h) takes.
+//
+//   apps::RunOptions run;
+//   run.out_dir = "runs/vit";                       // the app's defaults, before add_run_flags
+//   apps::add_run_flags(app, run, "Training", "Running");
+// Not here: the app's own flags, or what a run does with them (train_loop.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace linea::apps {
+
+struct RunOptions {
+  std::string device = "auto";     // cpu, cuda or auto
+  int threads = 0;                 // CPU threads for OpenMP and OpenBLAS (0: keep the defaults)
+  std::string out_dir = "runs";    // metrics.jsonl, summary.json, curves.png, checkpoint/
+  std::string checkpoint_dir;      // default <out_dir>/checkpoint
+  bool resume = false;             // continue from the checkpoint (same run-defining flags)
+  bool eval_only = false;          // evaluate the checkpoint and exit (the app does this)
+  int64_t log_every = 50;          // steps between metrics.jsonl "step" records (0: epochs only)
+  int64_t checkpoint_every = 200;  // steps between checkpoints, besides every epoch end (0: epoch ends only)
+  int64_t max_steps = 0;           // stop after this many steps in total (0: all epochs)
+  uint64_t seed = 0;
+  bool progress = true;            // progress bar / periodic progress lines
+  bool plot = true;                // draw curves.png
+  int64_t skip_nonfinite = 0;      // steps with a non-finite loss or gradient norm to skip before stopping
+
+  std::string checkpoint() const { return checkpoint_dir.empty() ? out_dir + "/checkpoint" : checkpoint_dir; }
+};
+
+// Adds the flags above to `app`, showing the values `options` holds as defaults: --seed and
+// --max-steps in `train_group`, the others in `run_group`. An app may reword a description
+// afterwards (app.get_option("--seed")->description(...)).
+void add_run_flags(CLI::App& app, RunOptions& options, const std::string& train_group = "Training",
+                   const std::string& run_group = "Running");
+
+}  // namespace linea::apps

@@ -1,0 +1,227 @@
+// The shared training loop (train_loop.h) on a tiny classifier (a Linear layer on generated
+// points): it trains and writes metrics.jsonl, summary.json and checkpoints (config.json inside);
+// a mid-epoch resume continues bit for bit; a resume with another run-defining setting is refused
+// listing the difference; a non-finite loss stops the run naming the step and leaves the last
+// checkpoint as it was; --skip-nonfinite skips such steps and logs them; the token-budget sampler
+// drives epoch lengths and throughput in its own unit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "apps/common/metrics.h"
+#include "apps/common/train_loop.h"
+#include "autograd/ops.h"
+#include "core/random.h"
+#include "nn/checkpoint.h"
+#include "nn/layers.h"
+
+using namespace linea;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("linea_loop_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+};
+
+// 3 classes of 2-d points around three centres.
+std::shared_ptr<nn::TensorDataset> points(int64_t n) {
+  std::vector<float> x;
+  std::vector<int64_t> y;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = i % 3;
+    const double a = 2.0944 * c, r = 0.3 * std::sin(i * 1.7);
+    x.push_back(static_cast<float>(std::cos(a) + r));
+    x.push_back(static_cast<float>(std::sin(a) - r));
+    y.push_back(c);
+  }
+  return std::make_shared<nn::TensorDataset>(from_vector<float>(x, {n, 2}), from_vector<int64_t>(y, {n}));
+}
+
+struct LoopRun {
+  std::vector<float> weights;
+  apps::TrainResult result;
+};
+
+// Softmax regression Linear(2, 3) on 60 points, batches of 8 (7 per epoch, last dropped), with
+// input noise from the global RNG (so a resume must restore it). nan_at_step > 0: that step's loss is NaN.
+LoopRun train_points(const apps::RunOptions& o, double lr = 0.1, int64_t nan_at_step = 0, int64_t epochs = 3) {
+  manual_seed(o.seed);
+  auto data = points(60);
+  auto model = std::make_shared<nn::Linear>(2, 3);
+  nn::AdamW opt({nn::ParamGroup{model->parameters(), lr, 0.0}});
+  nn::DataLoader loader(data, std::make_shared<nn::FixedSizeBatchSampler>(60, 8, true, o.seed, true));
+  apps::TrainSetup s;
+  s.app = "points";
+  s.unit = "points";
+  s.model = model.get();
+  s.optimizer = &opt;
+  s.schedule = nn::WarmupCosine(lr, 2, apps::planned_steps(loader, epochs));
+  s.clip = 1.0;
+  s.loader = &loader;
+  s.epochs = epochs;
+  s.config = {{"run", {{"lr", lr}, {"epochs", epochs}}}, {"note", "free"}};
+  s.resume_keys = {"run"};
+  s.files["labels.txt"] = "a\nb\nc\n";
+  int64_t steps_seen = 0;
+  apps::TrainHooks h;
+  h.step = [&](const nn::Batch& b) {
+    Tensor x = b.at("input") + 0.01 * randn({b.at("input").size(0), 2});
+    Tensor logits = (*model)(x);
+    apps::StepResult r;
+    r.loss = cross_entropy(logits, b.at("target"));
+    if (++steps_seen == nan_at_step) r.loss = r.loss * std::numeric_limits<double>::quiet_NaN();
+    r.units = x.size(0);
+    r.stats["accuracy"] = sum(eq(argmax(logits.detach(), 1), b.at("target")).to(DType::Int64));
+    return r;
+  };
+  h.evaluate = [&](const std::string&) {
+    Tensor logits = (*model)(data->inputs());
+    const double acc = mean(eq(argmax(logits, 1), data->targets()).to(DType::Float64)).item();
+    return apps::Metrics{{{"test_accuracy", acc}}, "acc " + std::to_string(acc)};
+  };
+  h.summary = [](json& j) { j["app_field"] = 1; };
+  LoopRun run;
+  run.result = apps::train(s, h, o);
+  run.weights = model->parameters()[0].to_vector<float>();
+  return run;
+}
+
+apps::RunOptions options(const fs::path& out) {
+  apps::RunOptions o;
+  o.device = "cpu";
+  o.out_dir = out.string();
+  o.progress = false;
+  o.plot = false;
+  o.log_every = 2;
+  o.checkpoint_every = 0;
+  o.seed = 7;
+  return o;
+}
+
+std::vector<json> records(const fs::path& out, const std::string& type) {
+  std::vector<json> r;
+  for (const json& j : apps::MetricsLog::read((out / "metrics.jsonl").string()))
+    if (j.value("type", "") == type) r.push_back(j);
+  return r;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST(TrainLoop, TrainsAndWritesRecordsSummaryAndCheckpoint) {
+  TempDir dir;
+  LoopRun r = train_points(options(dir.path / "out"));
+  ASSERT_EQ(r.result.step_losses.size(), 21u);  // 3 epochs x 7 batches
+  EXPECT_LT(r.result.step_losses.back(), r.result.step_losses.front());
+  EXPECT_EQ(r.result.final_step, 21);
+  EXPECT_GT(r.result.last_eval.values.at("test_accuracy").get<double>(), 0.9);
+  auto steps = records(dir.path / "out", "step");
+  ASSERT_EQ(steps.size(), 10u);  // every 2 steps
+  for (const char* k : {"step", "epoch", "epoch_progress", "lr", "loss", "accuracy", "points_per_s"})
+    EXPECT_TRUE(steps[0].contains(k)) << k;
+  EXPECT_DOUBLE_EQ(steps[0].at("epoch_progress").get<double>(), 2.0 / 7);
+  auto epochs = records(dir.path / "out", "epoch");
+  ASSERT_EQ(epochs.size(), 3u);
+  for (const char* k : {"train_loss", "train_accuracy", "test_accuracy", "points_per_s", "elapsed_s"})
+    EXPECT_TRUE(epochs[2].contains(k)) << k;
+  EXPECT_EQ(epochs[2].at("epoch").get<double>(), 3.0);
+  json summary = json::parse(read_text(dir.path / "out/summary.json"));
+  for (const char* k : {"test_accuracy", "steps", "epochs_completed", "train_points_per_s", "device", "app_field"})
+    EXPECT_TRUE(summary.contains(k)) << k;
+  EXPECT_EQ(summary.at("steps"), 21);
+  const fs::path ck = dir.path / "out/checkpoint";
+  for (const char* f : {"model.safetensors", "training.safetensors", "config.json", "labels.txt"})
+    EXPECT_TRUE(fs::is_regular_file(ck / f)) << f;
+  EXPECT_EQ(json::parse(read_text(ck / "config.json")).at("note"), "free");
+}
+
+TEST(TrainLoop, ResumeMidEpochContinuesBitForBit) {
+  TempDir dir;
+  LoopRun uninterrupted = train_points(options(dir.path / "full"));
+  apps::RunOptions part = options(dir.path / "part");
+  part.max_steps = 10;  // stops in epoch 2 (7 batches per epoch)
+  part.checkpoint_every = 3;
+  train_points(part);
+  part.max_steps = 0;
+  part.resume = true;
+  LoopRun resumed = train_points(part);
+  EXPECT_EQ(resumed.result.start_step, 10);
+  ASSERT_EQ(resumed.result.step_losses.size(), 11u);
+  for (size_t i = 0; i < 11; ++i) EXPECT_EQ(resumed.result.step_losses[i], uninterrupted.result.step_losses[10 + i]) << i;
+  EXPECT_EQ(resumed.weights, uninterrupted.weights);
+  std::vector<int64_t> logged;
+  for (const json& j : records(dir.path / "part", "step")) logged.push_back(j.at("step"));
+  EXPECT_EQ(logged, (std::vector<int64_t>{2, 4, 6, 8, 10, 12, 14, 16, 18, 20}));
+}
+
+TEST(TrainLoop, ResumeWithOtherSettingsIsRefusedListingThem) {
+  TempDir dir;
+  apps::RunOptions o = options(dir.path / "out");
+  o.max_steps = 4;
+  train_points(o);
+  o.resume = true;
+  try {
+    train_points(o, /*lr=*/0.5);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was made with other settings"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("run.lr: checkpoint 0.1, now 0.5"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainLoop, NonFiniteLossStopsAndKeepsTheLastCheckpoint) {
+  TempDir dir;
+  apps::RunOptions o = options(dir.path / "out");
+  o.checkpoint_every = 4;
+  try {
+    train_points(o, 0.1, /*nan_at_step=*/6);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("points: step 6: non-finite loss (nan)"), std::string::npos) << e.what();
+  }
+  nn::Linear m(2, 3);
+  nn::AdamW opt({nn::ParamGroup{m.parameters(), 0.1, 0.0}});
+  EXPECT_EQ(nn::load_checkpoint((dir.path / "out/checkpoint").string(), m, opt).step, 4);
+  for (const float w : m.parameters()[0].to_vector<float>()) EXPECT_TRUE(std::isfinite(w));
+}
+
+TEST(TrainLoop, SkipNonFiniteSkipsAndLogs) {
+  TempDir dir;
+  apps::RunOptions o = options(dir.path / "out");
+  o.skip_nonfinite = 1;
+  LoopRun r = train_points(o, 0.1, /*nan_at_step=*/6);
+  EXPECT_EQ(r.result.skipped_steps, 1);
+  EXPECT_EQ(r.result.final_step, 21);
+  for (const float w : r.weights) EXPECT_TRUE(std::isfinite(w));
+  auto skipped = records(dir.path / "out", "skipped");
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].at("step"), 6);
+  EXPECT_EQ(json::parse(read_text(dir.path / "out/summary.json")).at("skipped_steps"), 1);
+}
+
+TEST(TrainLoop, ConfigDiffListsNestedDifferences) {
+  json saved = {{"model", {{"dim", 64}, {"heads", 4}}}, {"run", {{"lr", 0.1}}}};
+  json now = {{"model", {{"dim", 32}, {"heads", 4}}}, {"run", {{"lr", 0.1}, {"seed", 1}}}};
+  EXPECT_EQ(apps::config_diff(saved, now, {"model", "run"}),
+            "\n  model.dim: checkpoint 64, now 32\n  run.seed: checkpoint (absent), now 1");
+  EXPECT_EQ(apps::config_diff(saved, saved, {}), "");
+}

@@ -1,0 +1,343 @@
+// The shared training loop (see train_loop.h): train() reads top to bottom; the helpers above it
+// keep the running sums, the checkpoint and resume logic, the records and the curves.
+#include "apps/common/train_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "apps/common/device.h"
+#include "apps/common/metrics.h"
+#include "apps/common/plot.h"
+#include "apps/common/progress.h"
+#include "core/random.h"
+#include "nn/checkpoint.h"
+#include "nn/io_util.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace linea::apps {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// Loss and stats summed on the device over some steps; read back (one sync) by means().
+class RunningSums {
+ public:
+  explicit RunningSums(Device d) : device_(d) {}
+  void add(const Tensor& loss, const StepResult& r) {
+    Tensor l = loss.to(DType::Float64);
+    loss_ = loss_.defined() ? loss_ + l : l;
+    for (const auto& [name, t] : r.stats) {
+      Tensor& s = stats_[name];
+      s = s.defined() ? s + t.detach() : t.detach();
+    }
+    units_ += r.units;
+    ++steps_;
+  }
+  int64_t steps() const { return steps_; }
+  int64_t units() const { return units_; }
+  double mean_loss() const { return steps_ ? loss_.item() / static_cast<double>(steps_) : 0.0; }
+  std::map<std::string, double> stat_means() const {
+    std::map<std::string, double> out;
+    for (const auto& [name, t] : stats_) out[name] = t.to(DType::Float64).item() / std::max<double>(units_, 1.0);
+    return out;
+  }
+
+ private:
+  Device device_;
+  Tensor loss_;
+  std::map<std::string, Tensor> stats_;
+  int64_t steps_ = 0, units_ = 0;
+};
+
+std::string stats_text(const TrainHooks& hooks, const std::map<std::string, double>& stats) {
+  if (hooks.format_stats) return hooks.format_stats(stats);
+  std::string out;
+  for (const auto& [name, v] : stats) out += (out.empty() ? "" : "  ") + name + " " + fmt("%.4g", v);
+  return out;
+}
+
+// (epoch * n + batch) / n: the epoch count as a fraction, n = the epoch's batches.
+double epoch_position(const nn::DataLoader& loader, int64_t epoch, int64_t batch) {
+  const int64_t n = std::max<int64_t>(loader.num_batches(epoch), 1);
+  return static_cast<double>(epoch * n + batch) / static_cast<double>(n);
+}
+
+void flatten_diff(const std::string& path, const json& saved, const json& now, std::string& out) {
+  if (now.is_object() && saved.is_object()) {
+    for (auto it = now.begin(); it != now.end(); ++it)
+      flatten_diff(path.empty() ? it.key() : path + "." + it.key(),
+                   saved.contains(it.key()) ? saved.at(it.key()) : json(), it.value(), out);
+    return;
+  }
+  const std::string s = saved.is_null() ? "(absent)" : saved.dump();
+  if (s != now.dump()) out += "\n  " + path + ": checkpoint " + s + ", now " + now.dump();
+}
+
+json read_json_file(const std::string& path, const std::string& who) {
+  std::ifstream f(path);
+  LINEA_CHECK(f.good(), who, ": cannot read '", path, "'");
+  try {
+    return json::parse(f);
+  } catch (const std::exception& e) {
+    LINEA_FAIL(who, ": '", path, "' is not valid JSON: ", e.what());
+  }
+}
+
+struct Position {
+  int64_t step = 0, epoch = 0, batch = 0;  // batch: batches of `epoch` already done
+};
+
+// --resume: refuses other run-defining settings (before changing anything), then loads.
+Position resume(const TrainSetup& s, const std::string& dir) {
+  const std::string cfg_path = dir + "/config.json";
+  LINEA_CHECK(fs::is_regular_file(cfg_path), s.app, ": --resume: '", dir, "' holds no config.json");
+  const std::string diff = config_diff(read_json_file(cfg_path, s.app), s.config, s.resume_keys);
+  LINEA_CHECK(diff.empty(), s.app, ": --resume: the checkpoint in '", dir,
+              "' was made with other settings; use the same flags (or another --checkpoint/--out):", diff);
+  nn::TrainState st = nn::load_checkpoint(dir, *s.model, *s.optimizer);
+  Position p{st.step, st.epoch, 0};
+  auto it = st.extra.find("epoch_batch");
+  p.batch = it != st.extra.end() ? std::stoll(it->second) : st.step - st.epoch * s.loader->num_batches(st.epoch);
+  return p;
+}
+
+void save(const TrainSetup& s, const std::string& dir, const Position& p) {
+  nn::TrainState st;
+  st.step = p.step;
+  st.epoch = p.epoch;
+  st.extra["epoch_batch"] = std::to_string(p.batch);
+  st.extra["schedule"] = nn::schedule_name(s.schedule);
+  st.files = s.files;
+  st.files["config.json"] = s.config.dump(2) + "\n";
+  nn::save_checkpoint(dir, *s.model, *s.optimizer, st);
+}
+
+void draw_curves(const TrainSetup& s, const std::string& out_dir) {
+  const CurveOptions& c = s.curves;
+  Series step_loss{c.train_loss + " (logged steps)", {}, {}}, epoch_train{c.train_loss + " (epoch mean)", {}, {}};
+  Series eval_loss{c.eval_loss, {}, {}}, metric{c.metric + " (right axis)", {}, {}};
+  epoch_train.points = eval_loss.points = metric.points = true;
+  metric.right_axis = true;
+  for (const json& r : MetricsLog::read(out_dir + "/metrics.jsonl")) {
+    const std::string type = r.value("type", "");
+    if (type == "step") {
+      step_loss.x.push_back(r.at("epoch_progress").get<double>());
+      step_loss.y.push_back(r.at("loss").get<double>());
+    } else if (type == "epoch") {
+      const double e = r.at("epoch").get<double>();
+      epoch_train.x.push_back(e);
+      epoch_train.y.push_back(r.at("train_loss").get<double>());
+      if (!c.eval_loss_key.empty() && r.contains(c.eval_loss_key)) {
+        eval_loss.x.push_back(e);
+        eval_loss.y.push_back(r.at(c.eval_loss_key).get<double>());
+      }
+      if (!c.metric_key.empty() && r.contains(c.metric_key)) {
+        metric.x.push_back(e);
+        metric.y.push_back(c.metric_scale * r.at(c.metric_key).get<double>());
+      }
+    }
+  }
+  Figure fig;
+  fig.title = c.title.empty() ? s.app + ": training" : c.title;
+  fig.xlabel = "epoch";
+  fig.ylabel = c.ylabel;
+  fig.y2label = c.y2label;
+  fig.series = {step_loss, epoch_train};
+  if (!c.eval_loss_key.empty()) fig.series.push_back(eval_loss);
+  if (!c.metric_key.empty()) fig.series.push_back(metric);
+  std::string err;
+  if (!plot_png(out_dir + "/curves.png", fig, &err))
+    std::fprintf(stderr, "%s: warning: curves.png not drawn: %s\n", s.app.c_str(), err.c_str());
+}
+
+}  // namespace
+
+int64_t planned_steps(const nn::DataLoader& loader, int64_t epochs) {
+  int64_t n = 0;
+  for (int64_t e = 0; e < epochs; ++e) n += loader.num_batches(e);
+  return n;
+}
+
+std::string config_diff(const json& saved, const json& now, const std::vector<std::string>& keys) {
+  std::string out;
+  if (keys.empty()) {
+    flatten_diff("", saved, now, out);
+    return out;
+  }
+  for (const std::string& k : keys)
+    flatten_diff(k, saved.contains(k) ? saved.at(k) : json(), now.contains(k) ? now.at(k) : json(), out);
+  return out;
+}
+
+Metrics evaluate_forked(nn::Module& model, Device device, const std::function<Metrics()>& evaluate) {
+  NoGradGuard no_grad;
+  model.eval();
+  // Evaluation may sample (e.g. unbiased RA in eval): on a fork, so the training run's random
+  // stream is the same with or without evaluations, and a resume matches wherever they happened.
+  const std::vector<uint64_t> rng_cpu = get_rng_state(kCPU);
+  const std::vector<uint64_t> rng_dev = device.is_cuda() ? get_rng_state(device) : std::vector<uint64_t>{};
+  Metrics m = evaluate();
+  set_rng_state(rng_cpu, kCPU);
+  if (device.is_cuda()) set_rng_state(rng_dev, device);
+  model.train();
+  return m;
+}
+
+TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions& o) {
+  const auto t_start = Clock::now();
+  LINEA_CHECK(s.model && s.optimizer && s.loader && hooks.step && hooks.evaluate, s.app,
+              ": train() needs a model, an optimizer, a loader and the step and evaluate hooks");
+  const std::string ckpt = o.checkpoint(), app = s.app, per_s = s.unit + "_per_s";
+  const std::vector<Tensor> params = s.model->parameters();
+  TrainResult result;
+  Position pos;
+  if (o.resume && nn::checkpoint_exists(ckpt)) {
+    pos = resume(s, ckpt);
+    result.resumed = true;
+    std::printf("%s: resumed from '%s' at step %lld\n", app.c_str(), ckpt.c_str(), static_cast<long long>(pos.step));
+  } else if (o.resume) {
+    std::printf("%s: --resume: no checkpoint in '%s' yet, starting from scratch\n", app.c_str(), ckpt.c_str());
+  }
+  std::fflush(stdout);
+  fs::create_directories(o.out_dir);
+  MetricsLog metrics(o.out_dir + "/metrics.jsonl", result.resumed ? pos.step : -1);
+  const int64_t total = planned_steps(*s.loader, s.epochs);
+  const int64_t stop = o.max_steps > 0 ? std::min(total, o.max_steps) : total;
+  const auto eval = [&](const std::string& label) {
+    return evaluate_forked(*s.model, s.device, [&] { return hooks.evaluate(label); });
+  };
+  result.start_step = pos.step;
+  double train_s = 0;
+  int64_t train_units = 0;
+  bool have_eval = false;
+  s.model->train();
+
+  while (pos.epoch < s.epochs && pos.step < stop) {
+    const int64_t n = s.loader->num_batches(pos.epoch), first = pos.batch;
+    const int64_t last = std::min(n, first + (stop - pos.step));  // this epoch runs batches [first, last)
+    if (s.on_epoch) s.on_epoch(pos.epoch);
+    s.loader->reset(pos.epoch, first);
+    const std::string label = "epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(s.epochs);
+    std::unique_ptr<ProgressBar> bar;
+    if (o.progress) bar = std::make_unique<ProgressBar>(label + " train", 0, s.unit_short);
+    RunningSums epoch_sums(s.device), log_sums(s.device);
+    double lr = 0;
+    int64_t first_units = 0;
+    const auto t_epoch = Clock::now();
+    nn::Batch batch;
+    while (pos.batch < last && s.loader->next(batch)) {
+      // ---- one step ----
+      lr = nn::apply_schedule(*s.optimizer, s.schedule, pos.step);
+      StepResult r = hooks.step(batch);
+      s.optimizer->zero_grad();
+      r.loss.backward();
+      const Tensor norm = nn::clip_grad_norm_(params, s.clip > 0 ? s.clip : 3e38);
+      const double loss = r.loss.item(), gnorm = norm.item();  // the non-finite guard's host read
+      ++pos.step, ++pos.batch;
+      result.step_losses.push_back(loss);
+      if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+        const std::string what = "step " + std::to_string(pos.step) + ": non-finite loss (" + fmt("%g", loss) +
+                                 ") or gradient norm (" + fmt("%g", gnorm) + ")";
+        LINEA_CHECK(result.skipped_steps < o.skip_nonfinite, app, ": ", what, "; stopped (the checkpoint in '", ckpt,
+                    "' is the last good one; --skip-nonfinite N skips up to N such steps)");
+        ++result.skipped_steps;
+        std::fprintf(stderr, "%s: %s: skipped (%lld of --skip-nonfinite %lld)\n", app.c_str(), what.c_str(),
+                     static_cast<long long>(result.skipped_steps), static_cast<long long>(o.skip_nonfinite));
+        metrics.write({{"type", "skipped"}, {"step", pos.step}, {"epoch", pos.epoch + 1}, {"loss", loss},
+                       {"grad_norm", gnorm}});
+        s.optimizer->zero_grad();
+      } else {
+        s.optimizer->step();
+        const Tensor l = r.loss.detach();
+        epoch_sums.add(l, r);
+        log_sums.add(l, r);
+      }
+      if (first_units == 0 && r.units > 0 && bar) {
+        first_units = r.units;
+        bar->set_total(r.units * last);
+      }
+      // ---- logging and checkpoints ----
+      const bool log_now = o.log_every > 0 && pos.step % o.log_every == 0;
+      if (log_now || (bar && (pos.batch - first) % 10 == 0) || pos.batch == last) {
+        const double secs = seconds_since(t_epoch);
+        if (bar)
+          bar->update(first * first_units + epoch_sums.units(),
+                      "loss " + fmt("%.4f", epoch_sums.mean_loss()) + "  " + stats_text(hooks, epoch_sums.stat_means()) +
+                          "  lr " + fmt("%.2e", lr));
+        if (log_now && log_sums.steps() > 0) {
+          json rec = {{"type", "step"}, {"step", pos.step}, {"epoch", pos.epoch + 1},
+                      {"epoch_progress", epoch_position(*s.loader, pos.epoch, pos.batch)}, {"lr", lr},
+                      {"loss", log_sums.mean_loss()}, {per_s, epoch_sums.units() / std::max(secs, 1e-9)}};
+          for (const auto& [name, v] : log_sums.stat_means()) rec[name] = v;
+          metrics.write(rec);
+          log_sums = RunningSums(s.device);
+        }
+      }
+      // Mid-epoch checkpoints; the one at the epoch's end is saved after its evaluation.
+      if (o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0 && pos.batch != n && pos.step < stop)
+        save(s, ckpt, pos);
+    }
+    // ---- end of the epoch (or of --max-steps) ----
+    const double epoch_s = seconds_since(t_epoch), rate = epoch_sums.units() / std::max(epoch_s, 1e-9);
+    train_s += epoch_s;
+    train_units += epoch_sums.units();
+    const double train_loss = epoch_sums.mean_loss();
+    const std::map<std::string, double> train_stats = epoch_sums.stat_means();
+    if (bar) bar->finish("loss " + fmt("%.4f", train_loss) + "  " + stats_text(hooks, train_stats));
+    result.last_eval = eval(label + " test");
+    have_eval = true;
+    const bool epoch_done = pos.batch == n;
+    const double epoch_pos = epoch_position(*s.loader, pos.epoch, pos.batch);
+    if (epoch_done) pos.epoch += 1, pos.batch = 0;
+    std::printf("%s  train loss %.4f %s  %s  %.0f %s/s  lr %.2e  [%s]%s\n", label.c_str(), train_loss,
+                stats_text(hooks, train_stats).c_str(), result.last_eval.text.c_str(), rate, s.unit_short.c_str(), lr,
+                format_duration(seconds_since(t_start)).c_str(), epoch_done ? "" : "  (partial epoch)");
+    std::fflush(stdout);
+    json rec = {{"type", "epoch"}, {"step", pos.step}, {"epoch", epoch_pos}, {"lr", lr}, {"train_loss", train_loss},
+                {per_s, rate}, {"elapsed_s", seconds_since(t_start)}};
+    for (const auto& [name, v] : train_stats) rec["train_" + name] = v;
+    rec.update(result.last_eval.values);
+    metrics.write(rec);
+    save(s, ckpt, pos);
+    if (o.plot) draw_curves(s, o.out_dir);
+  }
+  if (!have_eval) {  // resumed after the last step: evaluate the final model once more for the summary
+    result.last_eval = eval("test");
+    if (o.plot) draw_curves(s, o.out_dir);
+  }
+
+  // ---- summary ----
+  result.final_step = pos.step;
+  result.units_per_s = train_units / std::max(train_s, 1e-9);
+  result.wall_s = seconds_since(t_start);
+  json summary = result.last_eval.values;
+  summary.update({{"parameters", s.model->num_parameters()},
+                  {"device", device_name(s.device)},
+                  {"steps", pos.step},
+                  {"epochs_completed", epoch_position(*s.loader, pos.epoch, pos.batch)},
+                  {"resumed_from_step", result.resumed ? json(result.start_step) : json(nullptr)},
+                  {"wall_time_s", result.wall_s},
+                  {"train_" + per_s, result.units_per_s},
+                  {"checkpoint", ckpt}});
+  if (result.skipped_steps > 0) summary["skipped_steps"] = result.skipped_steps;
+  if (hooks.summary) hooks.summary(summary);
+  nn::write_text_file_atomic(o.out_dir + "/summary.json", summary.dump(2) + "\n");
+  return result;
+}
+
+}  // namespace linea::apps

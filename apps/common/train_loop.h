@@ -1,0 +1,134 @@
+// The training loop every app runs: one function, train(), with hooks. The app supplies its
+// model, optimizer, schedule, data loader and two hooks, step(batch) and evaluate(label); the
+// loop owns the rest:
+//
+//   for each epoch (its length: the batches the loader's sampler yields for it):
+//     for each batch:  lr = schedule(step); r = hooks.step(batch); zero_grad; r.loss.backward();
+//                      norm = clip_grad_norm_; non-finite guard; opt.step(); running stats;
+//                      metrics.jsonl "step" record every log_every steps; progress bar;
+//                      checkpoint every checkpoint_every steps
+//     evaluate (eval mode, no graph, on a fork of the RNG); "epoch" record; checkpoint; curves.png
+//   summary.json
+//
+// Checkpoints (nn/checkpoint.h) hold the model, optimizer, RNG, step, the position in the epoch,
+// config.json (TrainSetup::config) and the app's extra files, all in one atomic save. --resume
+// refuses a checkpoint whose run-defining settings (TrainSetup::config's resume_keys) differ,
+// listing the differences, and otherwise continues bit for bit on CPU (mid-epoch too: the loader
+// restarts the epoch's batches at the saved index). A non-finite loss or gradient norm stops the
+// run with an error naming the step, before anything is written over the last good checkpoint;
+// RunOptions::skip_nonfinite skips up to N such steps instead (no optimizer step; a "skipped"
+// record). The guard reads the loss and the norm on the host every step: free on CPU, one
+// synchronization per step on CUDA. The running stats stay on the device and are read back only
+// at log points.
+//
+// metrics.jsonl records (x = TrainSetup::unit, e.g. "images"):
+//   step:  step, epoch (1-based), epoch_progress, lr, loss and each stat (means since the last
+//          record: loss per step, stats per unit), x_per_s (this epoch so far)
+//   epoch: step, epoch (fractional for a partial epoch), lr, train_loss, train_<stat>, the
+//          evaluation's values, x_per_s, elapsed_s
+// summary.json: the last evaluation's values, parameters, device, steps, epochs_completed,
+// resumed_from_step, wall_time_s, train_x_per_s, checkpoint, then whatever hooks.summary adds.
+// Not here: anything about the app's data, model or metrics; data parallelism.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/common/run_options.h"
+#include "core/tensor.h"
+#include "nn/data.h"
+#include "nn/module.h"
+#include "nn/optim.h"
+#include "nn/schedule.h"
+
+namespace linea::apps {
+
+// What hooks.step returns for one batch.
+struct StepResult {
+  Tensor loss;        // 0-d, on the device: the loss backward() runs from
+  int64_t units = 0;  // what the step processed (images, tokens): throughput and per-unit means
+  // 0-d device tensors summed over steps (e.g. "accuracy": the number of correct predictions),
+  // reported divided by the units; read back only at log points.
+  std::map<std::string, Tensor> stats;
+};
+
+// What hooks.evaluate returns.
+struct Metrics {
+  nlohmann::json values = nlohmann::json::object();  // into epoch records and summary.json
+  std::string text;  // for the console, e.g. "test loss 0.4123 acc 85.12%"
+};
+
+struct TrainHooks {
+  // Forward and loss of one batch (the loop moves nothing to the device; the hook does).
+  std::function<StepResult(const nn::Batch&)> step;
+  // Evaluates the model; the loop has already put it in eval mode under a NoGradGuard on a
+  // fork of the RNG (restored afterwards, so evaluations never change the training run).
+  std::function<Metrics(const std::string& label)> evaluate;
+  // Optional: the running stats (per unit) as console text; default "name 0.1234 ...".
+  std::function<std::string(const std::map<std::string, double>&)> format_stats;
+  // Optional: adds the app's fields to summary.json.
+  std::function<void(nlohmann::json& summary)> summary;
+};
+
+// curves.png: the logged steps' loss and the epochs' train loss, evaluation loss and main metric.
+struct CurveOptions {
+  std::string title;                         // e.g. "vit: softmax attention, training loss and test accuracy"
+  std::string train_loss = "train loss";     // label of the training loss
+  std::string eval_loss_key, eval_loss;      // e.g. "test_loss", "test loss" (empty key: none)
+  std::string metric_key, metric;            // e.g. "test_accuracy", "test accuracy" (right axis)
+  double metric_scale = 1.0;                 // e.g. 100 to plot a fraction in percent
+  std::string ylabel = "loss", y2label;      // axis labels
+};
+
+struct TrainSetup {
+  std::string app;                    // message prefix, e.g. "vit"
+  std::string unit = "examples";      // "images" -> "images_per_s"
+  std::string unit_short = "ex";      // for the progress bar and console, e.g. "img"
+  nn::Module* model = nullptr;
+  nn::Optimizer* optimizer = nullptr;
+  nn::Schedule schedule = nn::ConstantLR(1e-3);  // the learning rate of every step (nn/schedule.h)
+  double clip = 0;                    // max global gradient norm (0: off)
+  nn::DataLoader* loader = nullptr;   // training batches; the epoch length is its sampler's
+  int64_t epochs = 1;
+  Device device = kCPU;
+  // config.json of every checkpoint; its resume_keys (e.g. {"model", "run"}) must match on --resume.
+  nlohmann::json config = nlohmann::json::object();
+  std::vector<std::string> resume_keys;
+  std::map<std::string, std::string> files;  // more files saved with every checkpoint (e.g. a tokenizer)
+  // Called when the epoch starts (e.g. to set an augmenting dataset's epoch before the loader resets).
+  std::function<void(int64_t epoch)> on_epoch;
+  CurveOptions curves;
+};
+
+struct TrainResult {
+  Metrics last_eval;
+  std::vector<double> step_losses;  // the loss of every step this process ran (skipped ones too)
+  int64_t start_step = 0;           // where this process started (> 0 after a resume)
+  int64_t final_step = 0;
+  bool resumed = false;
+  int64_t skipped_steps = 0;
+  double units_per_s = 0;           // training throughput of this process
+  double wall_s = 0;
+};
+
+// Steps of epochs 0..epochs-1 (the sum of the sampler's batch counts): a schedule's length.
+int64_t planned_steps(const nn::DataLoader& loader, int64_t epochs);
+
+// "key.sub: checkpoint X, now Y" lines for every differing value under `keys` (all keys when
+// empty), or "" when equal.
+std::string config_diff(const nlohmann::json& saved, const nlohmann::json& now, const std::vector<std::string>& keys);
+
+// Runs (or resumes) training as above; throws linea::Error on bad input, a refused resume or a
+// non-finite step.
+TrainResult train(const TrainSetup& setup, const TrainHooks& hooks, const RunOptions& options);
+
+// Runs hooks-style evaluation code in eval mode, without a graph, on a fork of the CPU (and
+// `device`'s) generator, restoring train mode and the generators afterwards.
+Metrics evaluate_forked(nn::Module& model, Device device, const std::function<Metrics()>& evaluate);
+
+}  // namespace linea::apps

@@ -1,0 +1,313 @@
+// The IDX / FASTA / image-folder readers (see nn/readers.h). Files are read whole (gzip through
+// zlib's gz* functions, which read plain files as they are), then parsed with every size checked
+// against the bytes actually present.
+// Not here: app-specific vocabularies or preprocessing.
+#include "nn/readers.h"
+
+#include <stb/stb_image.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "core/ops.h"
+
+namespace linea::nn {
+
+namespace fs = std::filesystem;
+
+// ---- file helpers ---------------------------------------------------------------------------
+
+namespace {
+
+void check_readable_file(const std::string& path, const char* op) {
+  struct stat st;
+  LINEA_CHECK(::stat(path.c_str(), &st) == 0, op, ": cannot open '", path, "': ", std::strerror(errno));
+  LINEA_CHECK(!S_ISDIR(st.st_mode), op, ": '", path, "' is a directory, not a file");
+}
+
+// The whole (decompressed) contents of a gzip or plain file.
+std::string read_maybe_gz(const std::string& path, const char* op) {
+  check_readable_file(path, op);
+  gzFile f = gzopen(path.c_str(), "rb");
+  LINEA_CHECK(f != nullptr, op, ": cannot open '", path, "': ", std::strerror(errno));
+  std::string out;
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    int n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()));
+    if (n < 0) {
+      int errnum = 0;
+      std::string msg = gzerror(f, &errnum);
+      gzclose(f);
+      LINEA_FAIL(op, ": '", path, "': corrupted gzip data (", msg, ")");
+    }
+    if (n == 0) break;
+    out.append(buf.data(), static_cast<size_t>(n));
+  }
+  int errnum = 0;
+  std::string msg = gzerror(f, &errnum);
+  gzclose(f);
+  LINEA_CHECK(errnum == Z_OK || errnum == Z_STREAM_END, op, ": '", path,
+              errnum == Z_BUF_ERROR ? "': truncated gzip data (" : "': gzip error (", msg, ")");
+  return out;
+}
+
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08X", v);
+  return b;
+}
+
+uint32_t be32(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16 | static_cast<uint32_t>(p[2]) << 8 |
+         static_cast<uint32_t>(p[3]);
+}
+
+IdxArray parse_idx(const std::string& bytes, const std::string& path, const char* op, uint32_t expect_magic) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t size = bytes.size();
+  LINEA_CHECK(size >= 4, op, ": '", path, "': file is ", size, " bytes, too short for an IDX header (truncated?)");
+  const uint32_t magic = be32(p);
+  if (expect_magic != 0)
+    LINEA_CHECK(magic == expect_magic, op, ": '", path, "': bad magic number ", hex32(magic), " (expected ",
+                hex32(expect_magic), expect_magic == 0x803 ? ", an IDX image file)" : ", an IDX label file)");
+  LINEA_CHECK(p[0] == 0 && p[1] == 0, op, ": '", path, "': bad magic number ", hex32(magic),
+              " (not an IDX file: the first two bytes must be zero)");
+  LINEA_CHECK(p[2] == 0x08, op, ": '", path, "': IDX element type ", hex32(p[2]).replace(2, 6, ""),
+              " is not supported (only unsigned bytes, 0x08)");
+  const size_t ndim = p[3];
+  const size_t header = 4 + 4 * ndim;
+  LINEA_CHECK(size >= header, op, ": '", path, "': file is ", size, " bytes, too short for the ", ndim,
+              "-dimension IDX header (truncated?)");
+  IdxArray a;
+  for (size_t d = 0; d < ndim; ++d) a.dims.push_back(be32(p + 4 + 4 * d));
+  const uint64_t avail = size - header;
+  const std::string dims_str = shape_str(a.dims);
+  // numel, checked factor by factor against the bytes present (so it cannot overflow).
+  uint64_t numel = 1;
+  if (std::find(a.dims.begin(), a.dims.end(), 0) != a.dims.end()) {
+    numel = 0;
+  } else {
+    for (int64_t n : a.dims) {
+      LINEA_CHECK(numel <= avail / static_cast<uint64_t>(n), op, ": '", path, "': truncated: dims ", dims_str,
+                  " need more bytes of data than the ", avail, " the file has");
+      numel *= static_cast<uint64_t>(n);
+    }
+  }
+  LINEA_CHECK(numel == avail, op, ": '", path, "': ", avail - numel, " unexpected bytes after the ", dims_str, " data");
+  a.data.assign(p + header, p + size);
+  return a;
+}
+
+}  // namespace
+
+// ---- IDX ------------------------------------------------------------------------------------
+
+IdxArray read_idx_gz(const std::string& path) {
+  return parse_idx(read_maybe_gz(path, "read_idx_gz"), path, "read_idx_gz", 0);
+}
+
+Tensor read_idx_images(const std::string& path, bool scale, bool add_channel) {
+  IdxArray a = parse_idx(read_maybe_gz(path, "read_idx_images"), path, "read_idx_images", 0x00000803);
+  Shape shape = add_channel ? Shape{a.dims[0], 1, a.dims[1], a.dims[2]} : a.dims;
+  std::vector<float> v(a.data.size());
+  const float k = scale ? 1.0f / 255.0f : 1.0f;
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(a.data[i]) * k;
+  return from_vector<float>(v, shape);
+}
+
+Tensor read_idx_labels(const std::string& path) {
+  IdxArray a = parse_idx(read_maybe_gz(path, "read_idx_labels"), path, "read_idx_labels", 0x00000801);
+  std::vector<int64_t> v(a.data.begin(), a.data.end());
+  return from_vector<int64_t>(v, a.dims);
+}
+
+std::shared_ptr<TensorDataset> load_idx_dataset(const std::string& images_path, const std::string& labels_path) {
+  Tensor x = read_idx_images(images_path);
+  Tensor y = read_idx_labels(labels_path);
+  LINEA_CHECK(x.size(0) == y.size(0), "load_idx_dataset: '", images_path, "' has ", x.size(0), " images but '",
+              labels_path, "' has ", y.size(0), " labels");
+  return std::make_shared<TensorDataset>(x, y);
+}
+
+// ---- FASTA ----------------------------------------------------------------------------------
+
+std::vector<FastaRecord> read_fasta(const std::string& path) {
+  const std::string text = read_maybe_gz(path, "read_fasta");
+  std::vector<FastaRecord> out;
+  size_t pos = 0;
+  int64_t line_no = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    std::string line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    size_t first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line[first] == ';') continue;  // blank or comment line
+    if (line[0] == '>') {
+      FastaRecord r;
+      size_t b = line.find_first_not_of(" \t", 1);
+      if (b != std::string::npos) {
+        size_t e = line.find_first_of(" \t", b);
+        r.id = line.substr(b, e == std::string::npos ? std::string::npos : e - b);
+        if (e != std::string::npos) {
+          size_t d = line.find_first_not_of(" \t", e);
+          if (d != std::string::npos) r.description = line.substr(d);
+        }
+      }
+      LINEA_CHECK(!r.id.empty(), "read_fasta: '", path, "' line ", line_no, ": empty header (expected '>id ...')");
+      out.push_back(std::move(r));
+      continue;
+    }
+    LINEA_CHECK(!out.empty(), "read_fasta: '", path, "' line ", line_no,
+                ": sequence data before the first '>' header (is this a FASTA file?)");
+    std::string& seq = out.back().sequence;
+    for (char c : line) {
+      if (c == ' ' || c == '\t') continue;
+      LINEA_CHECK(std::isalpha(static_cast<unsigned char>(c)) || c == '*' || c == '-' || c == '.', "read_fasta: '",
+                  path, "' line ", line_no, ": unexpected character ",
+                  std::isprint(static_cast<unsigned char>(c)) ? std::string("'") + c + "'"
+                                                              : "0x" + hex32(static_cast<unsigned char>(c)).substr(8),
+                  " in the sequence of record '", out.back().id, "'");
+      seq.push_back(c);
+    }
+  }
+  LINEA_CHECK(!out.empty(), "read_fasta: '", path, "' contains no FASTA records (expected lines starting with '>')");
+  return out;
+}
+
+// ---- image folders --------------------------------------------------------------------------
+
+namespace {
+
+bool is_image_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+}
+
+bool hidden(const fs::path& p) {
+  std::string n = p.filename().string();
+  return !n.empty() && n[0] == '.';
+}
+
+// src: h x w x c bytes (HWC) -> dst: c x H x W floats in [0, 1] (CHW).
+void resize_into(const unsigned char* src, int64_t h, int64_t w, int64_t c, float* dst, int64_t H, int64_t W,
+                 bool bilinear) {
+  const double sy = static_cast<double>(h) / H, sx = static_cast<double>(w) / W;
+  for (int64_t y = 0; y < H; ++y) {
+    for (int64_t x = 0; x < W; ++x) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        double v;
+        if (!bilinear || (h == H && w == W)) {
+          int64_t iy = std::min<int64_t>(h - 1, static_cast<int64_t>((y + 0.5) * sy));
+          int64_t ix = std::min<int64_t>(w - 1, static_cast<int64_t>((x + 0.5) * sx));
+          v = src[(iy * w + ix) * c + ch];
+        } else {
+          // Half-pixel centers (as PIL / torch align_corners=False), clamped at the borders.
+          double fy = std::clamp((y + 0.5) * sy - 0.5, 0.0, static_cast<double>(h - 1));
+          double fx = std::clamp((x + 0.5) * sx - 0.5, 0.0, static_cast<double>(w - 1));
+          int64_t y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
+          int64_t y1 = std::min(y0 + 1, h - 1), x1 = std::min(x0 + 1, w - 1);
+          double ty = fy - y0, tx = fx - x0;
+          auto at = [&](int64_t yy, int64_t xx) { return static_cast<double>(src[(yy * w + xx) * c + ch]); };
+          v = (1 - ty) * ((1 - tx) * at(y0, x0) + tx * at(y0, x1)) + ty * ((1 - tx) * at(y1, x0) + tx * at(y1, x1));
+        }
+        dst[(ch * H + y) * W + x] = static_cast<float>(v / 255.0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+ImageFolder read_image_folder(const std::string& dir, const ImageFolderOptions& o) {
+  const char* op = "read_image_folder";
+  LINEA_CHECK(o.channels == 0 || o.channels == 1 || o.channels == 3, op, ": channels must be 0 (auto), 1 or 3, got ",
+              o.channels);
+  LINEA_CHECK((o.height == 0) == (o.width == 0) && o.height >= 0 && o.width >= 0, op,
+              ": height and width must both be 0 (keep sizes) or both positive, got ", o.height, "x", o.width);
+  std::error_code ec;
+  LINEA_CHECK(fs::exists(dir, ec), op, ": '", dir, "' does not exist");
+  LINEA_CHECK(fs::is_directory(dir, ec), op, ": '", dir, "' is not a directory");
+
+  ImageFolder out;
+  std::vector<std::pair<std::string, int64_t>> files;  // path, label
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory() && !hidden(e.path())) out.classes.push_back(e.path().filename().string());
+  LINEA_CHECK(!ec, op, ": cannot list '", dir, "': ", ec.message());
+  std::sort(out.classes.begin(), out.classes.end());
+  LINEA_CHECK(!out.classes.empty(), op, ": '", dir, "' has no class sub-folders (expected ", dir,
+              "/<class>/<image>.png or .jpg)");
+  for (size_t k = 0; k < out.classes.size(); ++k) {
+    fs::path cdir = fs::path(dir) / out.classes[k];
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(cdir, ec))
+      if (e.is_regular_file() && !hidden(e.path()) && is_image_file(e.path())) names.push_back(e.path().string());
+    LINEA_CHECK(!ec, op, ": cannot list '", cdir.string(), "': ", ec.message());
+    LINEA_CHECK(!names.empty(), op, ": class folder '", cdir.string(), "' contains no PNG or JPEG images");
+    std::sort(names.begin(), names.end());
+    for (auto& n : names) files.emplace_back(n, static_cast<int64_t>(k));
+  }
+
+  // Channels and (unless resizing) the size come from the first image.
+  const std::string& first = files[0].first;
+  int fw = 0, fh = 0, fc = 0;
+  LINEA_CHECK(stbi_info(first.c_str(), &fw, &fh, &fc) == 1, op, ": cannot decode '", first,
+              "': ", stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
+  const int64_t C = o.channels != 0 ? o.channels : (fc <= 2 ? 1 : 3);
+  const bool resize = o.height > 0;
+  const int64_t H = resize ? o.height : fh, W = resize ? o.width : fw;
+
+  const int64_t N = static_cast<int64_t>(files.size());
+  std::vector<float> pixels(static_cast<size_t>(N * C * H * W));
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < N; ++i) {
+    const std::string& path = files[i].first;
+    int w = 0, h = 0, comp = 0;
+    unsigned char* img = stbi_load(path.c_str(), &w, &h, &comp, static_cast<int>(C));
+    LINEA_CHECK(img != nullptr, op, ": cannot decode '", path,
+                "': ", stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
+    if (!resize && (h != H || w != W)) {
+      stbi_image_free(img);
+      LINEA_FAIL(op, ": '", path, "' is ", h, "x", w, " (HxW) but '", first, "' is ", H, "x", W,
+                 "; images must share one size, or set ImageFolderOptions height/width to resize them");
+    }
+    resize_into(img, h, w, C, pixels.data() + i * C * H * W, H, W, o.bilinear);
+    stbi_image_free(img);
+    labels.push_back(files[i].second);
+    out.files.push_back(path);
+  }
+  out.images = from_vector<float>(pixels, {N, C, H, W});
+  out.labels = from_vector<int64_t>(labels, {N});
+  return out;
+}
+
+Tensor read_image(const std::string& path, int channels, int64_t height, int64_t width) {
+  const char* op = "read_image";
+  LINEA_CHECK(channels == 1 || channels == 3, op, ": channels must be 1 or 3, got ", channels);
+  LINEA_CHECK(height >= 0 && width >= 0 && (height == 0) == (width == 0), op,
+              ": height and width must both be 0 (keep the size) or both positive, got ", height, "x", width);
+  std::error_code ec;
+  LINEA_CHECK(fs::is_regular_file(path, ec), op, ": '", path, "' is not a readable file");
+  int w = 0, h = 0, comp = 0;
+  unsigned char* img = stbi_load(path.c_str(), &w, &h, &comp, channels);
+  LINEA_CHECK(img != nullptr, op, ": cannot decode '", path,
+              "': ", stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
+  const int64_t H = height > 0 ? height : h, W = width > 0 ? width : w;
+  std::vector<float> pixels(static_cast<size_t>(channels * H * W));
+  resize_into(img, h, w, channels, pixels.data(), H, W, /*bilinear=*/true);
+  stbi_image_free(img);
+  return from_vector<float>(pixels, {channels, H, W});
+}
+
+}  // namespace linea::nn
