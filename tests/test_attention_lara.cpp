@@ -1,5 +1,5 @@
 // Linear randomized attention (`lara`, attention/lara): values against a naive float64 loop
-// implementation of the formulas given explicit samples (proposals qk and mixed,
+// implementation of lara.h's formulas given explicit samples (proposals qk and mixed,
 // adaptive, N % C != 0, N <= C, padding with an all-padded segment and a fully padded batch,
 // eval with w = mu, beta and noise other than 1), float64 gradchecks with frozen samples (inputs
 // and the adaptive proposal's parameters), padding invariance, train/eval/freeze behaviour,
@@ -38,7 +38,7 @@ struct NaiveLara {
   Tensor out;  // [B, H, N, Dv]
 };
 
-// LARA by loops in float64, written from the formulas (segments, q-_c, k-_c, mu_c, w_c,
+// LARA by loops in float64, written from lara.h's formulas (segments, q-_c, k-_c, mu_c, w_c,
 // l_cc', f_c, t_nc, alpha_nc, log u_nc); a batch with every key padded gives zeros.
 NaiveLara naive_lara(const Tensor& q, const Tensor& k, const Tensor& v, const NaiveOpts& o) {
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);

@@ -21,7 +21,7 @@ using test::f64;
 using test::randn64;
 
 // ---- the naive reference ------------------------------------------------------------------------
-// RA by loops in float64, from the formulas: for each (b, h, n) and sample s,
+// RA by loops in float64, from the formulas of ra.h: for each (b, h, n) and sample s,
 //   w = q~ + k~[index] + eps (unbiased) or q~ + sum_m pi_m k~_m + eps (biased), eps = 0 if absent,
 //   a_s(m) = exp(w.k~_m - |k~_m|^2/2) / sum over visible m' (padded keys invisible),
 // A[n, m] = mean_s a_s(m); out = A v. A query with no visible key gets zeros.

@@ -18,7 +18,7 @@
 //
 // --max-seconds bounds the run: once a case of a spec takes longer (its warm-up or its median),
 // that spec is skipped at every longer length, and the output says so. A case that fails (out of
-// memory, a mechanism not implemented yet) is reported as n/a with the error and the spec is
+// memory, a shape a mechanism refuses) is reported as n/a with the error and the spec is
 // skipped at longer lengths too.
 //
 // Usage:

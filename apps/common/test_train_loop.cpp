@@ -3,7 +3,8 @@
 // a mid-epoch resume continues bit for bit; a resume with another run-defining setting is refused
 // listing the difference; a non-finite loss stops the run naming the step and leaves the last
 // checkpoint as it was; --skip-nonfinite skips such steps and logs them; the token-budget sampler
-// drives epoch lengths and throughput in its own unit.
+// drives epoch lengths and throughput in its own unit; attention mechanisms that redraw their
+// features on a schedule (performer, nprf_rpe with redraw=3) resume bit for bit too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "apps/common/metrics.h"
 #include "apps/common/train_loop.h"
+#include "attention/multihead.h"
 #include "autograd/ops.h"
 #include "core/random.h"
 #include "nn/checkpoint.h"
@@ -101,6 +103,58 @@ LoopRun train_points(const apps::RunOptions& o, double lr = 0.1, int64_t nan_at_
   return run;
 }
 
+// A sequence classifier with one attention layer: 5 noisy points of a class -> Linear(2, 8) ->
+// MultiHeadAttention(8, 2, spec) -> mean over the points -> Linear(8, 3).
+class SeqClassifier : public nn::Module {
+ public:
+  explicit SeqClassifier(const std::string& spec) : Module("SeqClassifier") {
+    in_ = register_module("in", std::make_shared<nn::Linear>(2, 8));
+    attn_ = register_module("attn", std::make_shared<attn::MultiHeadAttention>(8, 2, spec));
+    out_ = register_module("out", std::make_shared<nn::Linear>(8, 3));
+  }
+  Tensor forward(const Tensor& x) {  // [B, 5, 2] -> [B, 3]
+    Tensor h = in_->forward(x);
+    return out_->forward(mean(attn_->forward(h, h), {1}));
+  }
+
+ private:
+  std::shared_ptr<nn::Linear> in_, out_;
+  std::shared_ptr<attn::MultiHeadAttention> attn_;
+};
+
+LoopRun train_sequences(const apps::RunOptions& o, const std::string& spec) {
+  manual_seed(o.seed);
+  auto flat = points(300);  // 60 sequences of 5 points of one class
+  Tensor x = reshape(flat->inputs(), {60, 5, 2}), y = contiguous(slice(flat->targets(), 0, 0, 300, 5));
+  auto data = std::make_shared<nn::TensorDataset>(contiguous(x), y);
+  auto model = std::make_shared<SeqClassifier>(spec);
+  nn::AdamW opt({nn::ParamGroup{model->parameters(), 0.01, 0.0}});
+  nn::DataLoader loader(data, std::make_shared<nn::FixedSizeBatchSampler>(60, 8, true, o.seed, true));
+  apps::TrainSetup s;
+  s.app = "seq";
+  s.model = model.get();
+  s.optimizer = &opt;
+  s.schedule = nn::ConstantLR(0.01);
+  s.loader = &loader;
+  s.epochs = 3;
+  apps::TrainHooks h;
+  h.step = [&](const nn::Batch& b) {
+    apps::StepResult r;
+    r.loss = cross_entropy(model->forward(b.at("input")), b.at("target"));
+    r.units = b.at("input").size(0);
+    return r;
+  };
+  h.evaluate = [&](const std::string&) {
+    const double loss = cross_entropy(model->forward(data->inputs()), data->targets()).item();
+    return apps::Metrics{{{"test_loss", loss}}, ""};
+  };
+  LoopRun run;
+  run.result = apps::train(s, h, o);
+  for (const Tensor& p : model->parameters())
+    for (float v : p.to_vector<float>()) run.weights.push_back(v);
+  return run;
+}
+
 apps::RunOptions options(const fs::path& out) {
   apps::RunOptions o;
   o.device = "cpu";
@@ -171,6 +225,26 @@ TEST(TrainLoop, ResumeMidEpochContinuesBitForBit) {
   std::vector<int64_t> logged;
   for (const json& j : records(dir.path / "part", "step")) logged.push_back(j.at("step"));
   EXPECT_EQ(logged, (std::vector<int64_t>{2, 4, 6, 8, 10, 12, 14, 16, 18, 20}));
+}
+
+TEST(TrainLoop, RedrawingMechanismsResumeBitForBit) {
+  // redraw=3: new features at training calls 0, 3, 6, ...; the run stops after call 9, so only a
+  // restored call counter redraws at call 12 (and not at the first call after the resume).
+  for (const std::string spec : {"performer:features=4,redraw=3", "nprf_rpe:features=4,max_len=8,redraw=3"}) {
+    SCOPED_TRACE(spec);
+    TempDir dir;
+    LoopRun uninterrupted = train_sequences(options(dir.path / "full"), spec);
+    apps::RunOptions part = options(dir.path / "part");
+    part.max_steps = 10;
+    train_sequences(part, spec);
+    part.max_steps = 0;
+    part.resume = true;
+    LoopRun resumed = train_sequences(part, spec);
+    ASSERT_EQ(resumed.result.step_losses.size(), 11u);
+    for (size_t i = 0; i < 11; ++i)
+      EXPECT_EQ(resumed.result.step_losses[i], uninterrupted.result.step_losses[10 + i]) << i;
+    EXPECT_EQ(resumed.weights, uninterrupted.weights);
+  }
 }
 
 TEST(TrainLoop, ResumeWithOtherSettingsIsRefusedListingThem) {

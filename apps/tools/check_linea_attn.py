@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks linea-attn against an independent PyTorch float64 implementation of the formulas of
-Linea issue #4 (the table "spec | definition"), written from the issue text alone.
+"""Checks linea-attn against an independent PyTorch float64 implementation of the five mechanisms'
+formulas (the papers', as the README's attention section states them), written without Linea's C++.
 
 For every spec x variant (bidirectional, causal where supported, key padding, cross-attention
 where supported, eval; float64 and float32) it draws inputs and every random quantity (omega,
@@ -15,7 +15,7 @@ the tool fails.
 Needs PyTorch (Debian: apt-get install python3-torch; use /usr/bin/python3 if another python3
 comes first on PATH). A manual check, not a ctest: CI has no PyTorch.
 
-Conventions taken from the issue (where it leaves a choice, the choice is named here):
+Conventions (where the formulas leave a choice, the choice is named here):
   x~ = D^-1/4 x; log xi(x, w) = w.x - |x|^2/2; key padding: a padded key contributes to neither
   numerator nor denominator; causal: key m visible to query n iff m <= n; a query that sees no
   key gets 0.
@@ -23,7 +23,7 @@ Conventions taken from the issue (where it leaves a choice, the choice is named 
     exp(|x~|^2/2)/sqrt(S) [sin(W x~), cos(W x~)] (trigonometric features of the softmax kernel).
   lara: segments of sizes floor(N/C) then (N mod C) of size +1 at the end; with N <= C every
     token is its own segment (C' = N landmarks, eps [B, H, N, D]); key segment means k-_c are over
-    the segment's non-padded keys (CHOICE: the issue does not say whether padded keys count).
+    the segment's non-padded keys (CHOICE: the formulas do not say whether padded keys count).
   nprf_rpe: rpe [H, 2L-1], offset t = j - i at index t + L - 1.
 """
 import argparse
@@ -258,7 +258,7 @@ def features(spec):
 
 
 def make_inputs(spec, kw, variant, gen):
-    """All float64; random quantities drawn from the issue's distributions (valid by construction)."""
+    """All float64; random quantities drawn from the mechanisms' distributions (valid by construction)."""
     N, M, causal, padded, ev = V[variant]
     name = spec.split(":")[0]
     t = {

@@ -5,8 +5,7 @@
 // deterministic and equals the in-process mechanism with the same samples; a run without
 // samples writes the ones it drew and replaying them reproduces it; bad inputs and flags exit
 // with status 1 and a message naming the problem.
-// The tool's path comes from CMake (LINEA_ATTN_TOOL). Mechanisms that are not implemented yet
-// ("not implemented yet") skip their cases.
+// The tool's path comes from CMake (LINEA_ATTN_TOOL).
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -228,7 +227,7 @@ Problem variant(int64_t N, int64_t M, bool causal, int mask_kind, bool eval, DTy
   return p;
 }
 
-// Every spec x variant the issue asks for: causal where supported (performer, nprf_rpe),
+// Every spec x variant: causal where supported (performer, nprf_rpe),
 // padding, cross-attention (M != N) where supported (not ra, lara), eval, F64 and F32.
 std::vector<SpecCase> spec_cases() {
   const DType f32 = DType::Float32;
@@ -261,16 +260,6 @@ std::vector<SpecCase> spec_cases() {
   return cs;
 }
 
-// make_attention, or a skip while the mechanism is still a stub.
-#define MAKE_OR_SKIP(mech, spec, H, D)                                                 \
-  std::shared_ptr<attn::AttentionMechanism> mech;                                           \
-  try {                                                                                \
-    mech = attn::make_attention(spec, H, D);                                             \
-  } catch (const Error& e) {                                                           \
-    if (std::string(e.what()).find("not implemented yet") == std::string::npos) throw; \
-    GTEST_SKIP() << e.what();                                                          \
-  }
-
 class LineaAttnSpec : public ::testing::TestWithParam<std::string> {};
 
 // For each case: the in-process mechanism draws its samples (train or eval mode as the case
@@ -286,7 +275,7 @@ TEST_P(LineaAttnSpec, GivenSamplesDeterministicAndEqualInProcess) {
     const bool rpe = name == "nprf_rpe";
     const int64_t L = std::max(p.N, p.M) + 1;  // longer than needed: offsets beyond max(N, M) unused
     const std::string spec = rpe ? c.spec + ",max_len=" + std::to_string(L) : c.spec;
-    MAKE_OR_SKIP(mech, spec, p.H, p.D);
+    auto mech = attn::make_attention(spec, p.H, p.D);
     mech->to(p.dtype);
     mech->train(!p.eval);
     Inputs in = make_inputs(p, 11 + ran);
@@ -338,7 +327,8 @@ TEST_P(LineaAttnSpec, DrawnSamplesAreWrittenAndReplay) {
     if (attn::AttentionSpec::parse(c.spec).name != name || c.p.eval) continue;
     SCOPED_TRACE(c.spec + " / " + c.what);
     const Problem& p = c.p;
-    MAKE_OR_SKIP(mech, c.spec + (name == "nprf_rpe" ? ",max_len=" + std::to_string(std::max(p.N, p.M)) : ""), p.H, p.D);
+    auto mech =
+        attn::make_attention(c.spec + (name == "nprf_rpe" ? ",max_len=" + std::to_string(std::max(p.N, p.M)) : ""), p.H, p.D);
     const std::vector<std::string> draws = mech->sample_names();
     ASSERT_FALSE(draws.empty()) << c.spec << " draws no random quantities";
     TempDir dir;

@@ -1,6 +1,6 @@
 // The vit app's tests, on a small synthetic Fashion-MNIST-like dataset written here as gzip IDX
-// files (each class is a bright bar at its own row, plus noise): the smoke test the issue asks
-// for (512 images, every attention spec, the loss falls and stays finite), the run's outputs,
+// files (each class is a bright bar at its own row, plus noise): a smoke test
+// (512 images, every attention spec, the loss falls and stays finite), the run's outputs,
 // an interrupted and resumed run equal to an uninterrupted one, --predict, the augmentation,
 // and clear errors for bad data paths, malformed files and bad flags (through the executable).
 // Not here: the IDX reader itself (tests/test_data.cpp), the attention mechanisms (tests/).

@@ -1,7 +1,7 @@
 // Pieces shared by the attention mechanisms of attention/: the scaled space of the
 // random-feature math, log xi, masked log-sum-exp, and orthogonal Gaussian feature rows.
 //
-// Notation (the issue's): x~ = D^-1/4 x, so q~.k~ = q.k / sqrt(D), and the positive map
+// Notation: x~ = D^-1/4 x, so q~.k~ = q.k / sqrt(D), and the positive map
 // xi(x, w) = exp(w.x - |x|^2 / 2); E_w~N(mu, I)[...] identities make xi the building block of
 // performer, ra and lara.
 #pragma once
