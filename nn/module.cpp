@@ -106,7 +106,7 @@ void Module::train(bool on) {
 void Module::to(Device device) {
   NoGradGuard ng;
   for (auto* list : {&params_, &buffers_})
-    for (auto& [_, t] : *list) replace_data(t, raw::contiguous(raw::to_device(t, device)));
+    for (auto& [_, t] : *list) replace_data(t, t.to(device).contiguous());
   for (auto& [_, c] : children_) c->to(device);
 }
 
@@ -115,7 +115,7 @@ void Module::to(DType dtype) {
   NoGradGuard ng;
   for (auto* list : {&params_, &buffers_})
     for (auto& [_, t] : *list)
-      if (is_floating(t.dtype())) replace_data(t, raw::to_dtype(t, dtype));
+      if (is_floating(t.dtype())) replace_data(t, t.to(dtype));
   for (auto& [_, c] : children_) c->to(dtype);
 }
 
@@ -144,11 +144,6 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   }
   for (auto& [n, _] : state)
     if (!mine.count(n)) unexpected.push_back(n);
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-    return s;
-  };
   bool bad = !misshaped.empty() || (strict && (!missing.empty() || !unexpected.empty()));
   if (bad) {
     std::ostringstream os;
@@ -165,7 +160,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
     Tensor src = it->second;
     LINEA_CHECK(is_floating(t.dtype()) == is_floating(src.dtype()), "load_state_dict: '", n, "' has dtype ",
                 dtype_name(src.dtype()), ", the module expects ", dtype_name(t.dtype()));
-    raw::copy_(t, src);
+    t.copy_(src);
   }
 }
 
