@@ -111,8 +111,7 @@ Tensor extremum(BinaryOp op, const char* name, const Tensor& a, const Tensor& b)
 Tensor scalar_like(const Tensor& a, double s, const char* op) {
   raw::check_defined(op, a, "a");
   if (a.dtype() == DType::Bool && s != 0.0 && s != 1.0) return Tensor();
-  if (a.dtype() == DType::Int64 &&
-      !(s == std::trunc(s) && s >= -9.2233720368547758e18 && s < 9.2233720368547758e18))
+  if (a.dtype() == DType::Int64 && !(s == std::trunc(s) && s >= -9.2233720368547758e18 && s < 9.2233720368547758e18))
     return Tensor();
   return full({}, s, a.options());
 }
@@ -168,11 +167,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = raw::where(cond, a, b);
   if (!needs_grad({&a, &b})) return out;
   const bool ga = a.requires_grad(), gb = b.requires_grad();
-  return attach(out, "where", {cond, a, b},
-                [c = cond.detach(), sa = a.shape(), sb = b.shape(), ga, gb](const Tensor& g) -> std::vector<Tensor> {
-                  return {Tensor(), ga ? sum_to(where(c, g, 0.0), sa) : Tensor(),
-                          gb ? sum_to(where(c, 0.0, g), sb) : Tensor()};
-                });
+  return attach(
+      out, "where", {cond, a, b},
+      [c = cond.detach(), sa = a.shape(), sb = b.shape(), ga, gb](const Tensor& g) -> std::vector<Tensor> {
+        return {Tensor(), ga ? sum_to(where(c, g, 0.0), sa) : Tensor(), gb ? sum_to(where(c, 0.0, g), sb) : Tensor()};
+      });
 }
 Tensor where(const Tensor& cond, const Tensor& a, double b) {
   raw::check_defined("where", a, "a");

@@ -82,9 +82,9 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   LINEA_CHECK(index.dtype() == DType::Int64, "embedding: index must have dtype int64, got ", dtype_name(index.dtype()),
               " (index shape ", shape_str(index.shape()), ")");
   Shape out_shape = index.shape();
-  out_shape.push_back(weight.size(1));                          // [index.shape..., D]
+  out_shape.push_back(weight.size(1));                    // [index.shape..., D]
   Tensor flat = index.detach().reshape({index.numel()});  // [N]
-  Tensor rows = linea::index_select(weight, 0, flat);           // [N, D]
+  Tensor rows = linea::index_select(weight, 0, flat);     // [N, D]
   return linea::reshape(rows, out_shape);
 }
 
@@ -225,8 +225,8 @@ Tensor rfft(const Tensor& x, int64_t n, int64_t dim) {
     //   dx_n = n * irfft(w * G) with w = 1 at DC/Nyquist, 1/2 elsewhere.
     // Padding's adjoint truncates (and truncation's adjoint zero-pads) dx_n back to L.
     Tensor w = spectrum_weights(g, n, d, double(n), double(n), double(n) / 2.0);  // [1, .., F, .., 2]
-    Tensor dxn = irfft(g * w, n, d);                         // [.., n at d, ..]
-    return {contiguous(resize_dim(dxn, d, L))};              // [.., L at d, ..]
+    Tensor dxn = irfft(g * w, n, d);                                              // [.., n at d, ..]
+    return {contiguous(resize_dim(dxn, d, L))};                                   // [.., L at d, ..]
   });
 }
 

@@ -155,8 +155,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   raw::check_defined("cross_entropy", target, "target");
   LINEA_CHECK(target.dtype() == DType::Int64, "cross_entropy: target must be int64 class indices, got ",
               dtype_name(target.dtype()), " (shape ", shape_str(target.shape()), ")");
-  LINEA_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "cross_entropy: label smoothing must be in [0, 1], got ",
-              label_smoothing);
+  LINEA_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0,
+              "cross_entropy: label smoothing must be in [0, 1], got ", label_smoothing);
   LINEA_CHECK(logits.dim() >= 1 && target.dim() == logits.dim() - 1, "cross_entropy: logits ",
               shape_str(logits.shape()), " need a target with one dim fewer (a 0-d target for [C] logits), got target ",
               shape_str(target.shape()));
@@ -166,8 +166,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   if (logits.dim() == 2) return cross_entropy_rows(logits, target, ignore_index, label_smoothing, reduction);
   // [..., C] -> [N, C] and [...] -> [N] (a [C] row becomes [1, C]; reshape is differentiable)
   const int64_t C = logits.size(-1);
-  Tensor loss = cross_entropy_rows(reshape(logits, {-1, C}), reshape(target, {-1}), ignore_index, label_smoothing,
-                                   reduction);
+  Tensor loss =
+      cross_entropy_rows(reshape(logits, {-1, C}), reshape(target, {-1}), ignore_index, label_smoothing, reduction);
   return reduction == Reduction::None ? reshape(loss, target.shape()) : loss;
 }
 

@@ -90,8 +90,7 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   Tensor y = raw::sum_to(x, shape);
   if (!needs_grad({&x}) || y.same(x)) return y;
-  return attach(y, "sum_to", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {expand(g, s)}; });
+  return attach(y, "sum_to", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {expand(g, s)}; });
 }
 
 namespace {

@@ -19,15 +19,13 @@ template <typename SubView> Tensor scatter_into_zeros(const Tensor& g, const Sha
 Tensor reshape(const Tensor& x, const Shape& shape) {
   Tensor y = raw::reshape(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "reshape", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
+  return attach(y, "reshape", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
 }
 
 Tensor view(const Tensor& x, const Shape& shape) {
   Tensor y = raw::view(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "view", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
+  return attach(y, "view", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
 }
 
 Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
@@ -96,8 +94,7 @@ Tensor unsqueeze(const Tensor& x, int64_t dim) {
 Tensor squeeze(const Tensor& x, int64_t dim) {
   Tensor y = raw::squeeze(x, dim);
   if (!needs_grad({&x})) return y;
-  return attach(y, "squeeze", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
+  return attach(y, "squeeze", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
 }
 
 Tensor squeeze(const Tensor& x) {
@@ -111,8 +108,7 @@ Tensor squeeze(const Tensor& x) {
 Tensor expand(const Tensor& x, const Shape& shape) {
   Tensor y = raw::expand(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "expand", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {sum_to(g, s)}; });
+  return attach(y, "expand", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {sum_to(g, s)}; });
 }
 
 Tensor contiguous(const Tensor& x) {
@@ -130,15 +126,13 @@ Tensor clone(const Tensor& x) {
 Tensor to(const Tensor& x, Device device) {
   Tensor y = raw::to_device(x, device);
   if (y.same(x) || !needs_grad({&x})) return y;
-  return attach(y, "to_device", {x},
-                [d = x.device()](const Tensor& g) -> std::vector<Tensor> { return {to(g, d)}; });
+  return attach(y, "to_device", {x}, [d = x.device()](const Tensor& g) -> std::vector<Tensor> { return {to(g, d)}; });
 }
 
 Tensor to(const Tensor& x, DType dtype) {
   Tensor y = raw::to_dtype(x, dtype);
   if (y.same(x) || !needs_grad({&x}) || !is_floating(dtype)) return y;
-  return attach(y, "to_dtype", {x},
-                [t = x.dtype()](const Tensor& g) -> std::vector<Tensor> { return {to(g, t)}; });
+  return attach(y, "to_dtype", {x}, [t = x.dtype()](const Tensor& g) -> std::vector<Tensor> { return {to(g, t)}; });
 }
 
 // ---- Tensor member conveniences -----------------------------------------------------------------

@@ -24,24 +24,24 @@ namespace linea {
 // Unary: X(Enum, "name", Functor, supports Int64). Parameters a, b: Pow (a = exponent), Clamp
 // (a = lo, b = hi; +-inf when absent), AddScalar (a), MulScalar (a). GeluTanh/GeluErf: the two
 // GELU forms.
-#define LINEA_UNARY_OPS(X)                  \
-  X(Neg, "neg", NegOp, true)                \
-  X(Exp, "exp", ExpOp, false)               \
-  X(Log, "log", LogOp, false)               \
-  X(Sqrt, "sqrt", SqrtOp, false)            \
-  X(Rsqrt, "rsqrt", RsqrtOp, false)         \
-  X(Abs, "abs", AbsOp, true)                \
-  X(Tanh, "tanh", TanhOp, false)            \
-  X(Sigmoid, "sigmoid", SigmoidOp, false)   \
-  X(Relu, "relu", ReluOp, false)            \
+#define LINEA_UNARY_OPS(X)                     \
+  X(Neg, "neg", NegOp, true)                   \
+  X(Exp, "exp", ExpOp, false)                  \
+  X(Log, "log", LogOp, false)                  \
+  X(Sqrt, "sqrt", SqrtOp, false)               \
+  X(Rsqrt, "rsqrt", RsqrtOp, false)            \
+  X(Abs, "abs", AbsOp, true)                   \
+  X(Tanh, "tanh", TanhOp, false)               \
+  X(Sigmoid, "sigmoid", SigmoidOp, false)      \
+  X(Relu, "relu", ReluOp, false)               \
   X(GeluTanh, "gelu(tanh)", GeluTanhOp, false) \
-  X(GeluErf, "gelu", GeluErfOp, false)      \
-  X(Sin, "sin", SinOp, false)               \
-  X(Cos, "cos", CosOp, false)               \
-  X(Pow, "pow", PowOp, false)               \
-  X(Clamp, "clamp", ClampOp, true)          \
-  X(AddScalar, "add", AddScalarOp, true)    \
-  X(MulScalar, "mul", MulScalarOp, true)    \
+  X(GeluErf, "gelu", GeluErfOp, false)         \
+  X(Sin, "sin", SinOp, false)                  \
+  X(Cos, "cos", CosOp, false)                  \
+  X(Pow, "pow", PowOp, false)                  \
+  X(Clamp, "clamp", ClampOp, true)             \
+  X(AddScalar, "add", AddScalarOp, true)       \
+  X(MulScalar, "mul", MulScalarOp, true)       \
   X(Sign, "sign", SignOp, true)
 
 // Which dtypes a binary op accepts (a mask of these bits).
@@ -118,7 +118,7 @@ inline bool is_comparison(BinaryOp op) {
   return false;
 }
 inline bool binary_supports(BinaryOp op, DType t) {
-  const unsigned bit = is_floating(t) ? binary_dtypes::kFloat
+  const unsigned bit = is_floating(t)      ? binary_dtypes::kFloat
                        : t == DType::Int64 ? binary_dtypes::kInt
                                            : binary_dtypes::kBool;
   switch (op) {

@@ -292,9 +292,8 @@ void arange_(const Tensor& out, double start, double step) {
 // ---- elementwise -----------------------------------------------------------------------------
 Tensor unary(UnaryOp op, const Tensor& x, double a, double b) {
   check_defined(unary_op_name(op), x, "x");
-  LINEA_CHECK(is_floating(x.dtype()) || (x.dtype() == DType::Int64 && unary_supports_integers(op)),
-              unary_op_name(op), ": expected a floating dtype, got ", dtype_name(x.dtype()), " (shape ",
-              shape_str(x.shape()), ")");
+  LINEA_CHECK(is_floating(x.dtype()) || (x.dtype() == DType::Int64 && unary_supports_integers(op)), unary_op_name(op),
+              ": expected a floating dtype, got ", dtype_name(x.dtype()), " (shape ", shape_str(x.shape()), ")");
   Tensor out = empty(x.shape(), x.options());
   if (out.numel() > 0) LINEA_BACKEND(x.device(), unary, op, x, out, a, b);
   return out;
@@ -317,10 +316,10 @@ void check_binary_dtypes(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (a.dtype() == DType::Int64)
     LINEA_CHECK(op != BinaryOp::Div, "div: integer division is not supported (shape ", shape_str(a.shape()),
                 "); convert to a floating dtype first");
-  LINEA_CHECK(binary_supports(op, a.dtype()), name, ": not defined for ", dtype_name(a.dtype()), " tensors (shapes ",
-              shape_str(a.shape()), " and ", shape_str(b.shape()), ")",
-              a.dtype() == DType::Bool ? "; on bool: eq, ne, logical_and/or, mul = and, maximum = or, minimum = and"
-                                       : "");
+  LINEA_CHECK(
+      binary_supports(op, a.dtype()), name, ": not defined for ", dtype_name(a.dtype()), " tensors (shapes ",
+      shape_str(a.shape()), " and ", shape_str(b.shape()), ")",
+      a.dtype() == DType::Bool ? "; on bool: eq, ne, logical_and/or, mul = and, maximum = or, minimum = and" : "");
 }
 }  // namespace
 

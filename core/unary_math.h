@@ -143,10 +143,12 @@ template <typename Body> inline void with_unary_op(UnaryOp op, Body&& body) {
 // the launcher checks unary_supports_integers).
 template <typename T> LINEA_HD T unary_forward_switch(UnaryOp op, T x, T a, T b) {
   switch (op) {
-#define LINEA_UNARY_CASE(name, str, functor, ints)           \
-  case UnaryOp::name:                                        \
-    if constexpr (std::is_integral_v<T> && !(ints)) break;   \
-    else return functor{}.forward(x, a, b);
+#define LINEA_UNARY_CASE(name, str, functor, ints)  \
+  case UnaryOp::name:                               \
+    if constexpr (std::is_integral_v<T> && !(ints)) \
+      break;                                        \
+    else                                            \
+      return functor{}.forward(x, a, b);
     LINEA_UNARY_OPS(LINEA_UNARY_CASE)
 #undef LINEA_UNARY_CASE
   }

@@ -13,8 +13,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/kernels.h"
 #include "core/binary_math.h"
+#include "core/kernels.h"
 #include "core/unary_math.h"
 #include "cuda/common.cuh"
 
@@ -77,7 +77,9 @@ template <typename T> struct UnaryF {  // operands: out, x
   const T* x;
   UnaryOp op;
   T a, b;
-  __device__ void operator()(const int64_t (&off)[2]) const { out[off[0]] = linea::detail::unary_forward_switch(op, x[off[1]], a, b); }
+  __device__ void operator()(const int64_t (&off)[2]) const {
+    out[off[0]] = linea::detail::unary_forward_switch(op, x[off[1]], a, b);
+  }
 };
 
 struct UnaryIntF {
@@ -85,7 +87,9 @@ struct UnaryIntF {
   const int64_t* x;
   UnaryOp op;
   int64_t a, b;
-  __device__ void operator()(const int64_t (&off)[2]) const { out[off[0]] = linea::detail::unary_forward_switch(op, x[off[1]], a, b); }
+  __device__ void operator()(const int64_t (&off)[2]) const {
+    out[off[0]] = linea::detail::unary_forward_switch(op, x[off[1]], a, b);
+  }
 };
 
 template <typename T> struct UnaryBackwardF {  // operands: dx, grad, x, y
@@ -107,7 +111,9 @@ template <typename T> struct BinaryF {  // operands: out, a, b
   const T* a;
   const T* b;
   BinaryOp op;
-  __device__ void operator()(const int64_t (&off)[3]) const { out[off[0]] = linea::detail::binary_apply<T>(op, a[off[1]], b[off[2]]); }
+  __device__ void operator()(const int64_t (&off)[3]) const {
+    out[off[0]] = linea::detail::binary_apply<T>(op, a[off[1]], b[off[2]]);
+  }
 };
 
 template <typename T> struct CompareF {
@@ -115,7 +121,9 @@ template <typename T> struct CompareF {
   const T* a;
   const T* b;
   BinaryOp op;
-  __device__ void operator()(const int64_t (&off)[3]) const { out[off[0]] = linea::detail::binary_apply<uint8_t>(op, a[off[1]], b[off[2]]); }
+  __device__ void operator()(const int64_t (&off)[3]) const {
+    out[off[0]] = linea::detail::binary_apply<uint8_t>(op, a[off[1]], b[off[2]]);
+  }
 };
 
 // ---- where ---------------------------------------------------------------------------------------
@@ -184,8 +192,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b) {
   LINEA_CHECK(x.shape() == out.shape(), unary_op_name(op), ": shapes differ: x ", shape_str(x.shape()), ", out ",
               shape_str(out.shape()));
   if (x.dtype() == DType::Int64) {
-    LINEA_CHECK(unary_supports_integers(op), unary_op_name(op),
-                ": expected a floating dtype, got int64");
+    LINEA_CHECK(unary_supports_integers(op), unary_op_name(op), ": expected a floating dtype, got int64");
     UnaryIntF f{ptr<int64_t>(out), cptr<int64_t>(x), op, linea::detail::scalar_param<int64_t>(a),
                 linea::detail::scalar_param<int64_t>(b)};
     launch_elementwise<2>(unary_op_name(op), out.shape(), {&out.strides(), &x.strides()}, f);

@@ -137,7 +137,8 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   std::vector<std::string> missing, unexpected, misshaped;
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
-    if (it == state.end()) missing.push_back(n);
+    if (it == state.end())
+      missing.push_back(n);
     else if (!it->second.defined() || it->second.shape() != t.shape())
       misshaped.push_back(n + " (expected " + shape_str(t.shape()) + ", got " +
                           (it->second.defined() ? shape_str(it->second.shape()) : "undefined") + ")");

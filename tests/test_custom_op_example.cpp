@@ -5,10 +5,11 @@
 namespace linea {
 
 Tensor softplus(const Tensor& x) {
+  // Forward, stable for large |x|; under NoGradGuard its ops record nothing (softplus is one node).
   Tensor y;
   {
-    NoGradGuard no_grad;  // the forward's own ops record nothing: softplus is one node
-    y = relu(x) + log(1.0 + exp(-abs(x)));  // stable for large |x|
+    NoGradGuard no_grad;
+    y = relu(x) + log(1.0 + exp(-abs(x)));
   }
   if (!needs_grad({&x})) return y;
   // Backward: d softplus / dx = sigmoid(x). Save x detached (never the output: no cycles).

@@ -215,9 +215,7 @@ TEST(GradCheck, CrossEntropyLoss) {
   for (double s : {0.0, 0.1}) {
     const Fn f = [&](const std::vector<Tensor>& x) { return cross_entropy(x[0], target, -100, s); };
     EXPECT_GRADCHECK(f, {randn64({2, 3, 5})}) << "smoothing " << s;
-    const Fn none = [&](const std::vector<Tensor>& x) {
-      return cross_entropy(x[0], target, -100, s, Reduction::None);
-    };
+    const Fn none = [&](const std::vector<Tensor>& x) { return cross_entropy(x[0], target, -100, s, Reduction::None); };
     EXPECT_GRADCHECK(none, {randn64({2, 3, 5})});
   }
   const Fn rows = [](const std::vector<Tensor>& x) {

@@ -486,8 +486,8 @@ TEST(Loss, CrossEntropyFlattensSequences) {
     EXPECT_NEAR(cross_entropy(logits, target, -100, s, Reduction::Sum).item(), total, 1e-12);
   }
   // [N, C] rows and [C] with a 0-d target pass straight through.
-  EXPECT_NEAR(cross_entropy(logits.reshape({6, 5}), target.reshape({6})).item(),
-              cross_entropy(logits, target).item(), 1e-12);
+  EXPECT_NEAR(cross_entropy(logits.reshape({6, 5}), target.reshape({6})).item(), cross_entropy(logits, target).item(),
+              1e-12);
   EXPECT_NEAR(cross_entropy(logits.select(0, 0).select(0, 0), tensor<int64_t>({1}, {})).item(),
               cross_entropy(logits, target, -100, 0, Reduction::None).to_vector<double>()[0], 1e-12);
 }

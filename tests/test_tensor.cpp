@@ -142,7 +142,7 @@ TEST(Tensor, ComparisonOperators) {
 
 TEST(Tensor, LogicalOpsAndAnyAll) {
   Tensor a = tensor<double>({1, -2, 3, -4, 5, -6}, {2, 3}) > 0.0;  // [[1 0 1] [0 1 0]]
-  Tensor b = tensor<double>({1, 1, 0}, {3}) > 0.5;               // [1 1 0], broadcast
+  Tensor b = tensor<double>({1, 1, 0}, {3}) > 0.5;                 // [1 1 0], broadcast
   EXPECT_EQ((a & b).to_vector<int>(), (std::vector<int>{1, 0, 0, 0, 1, 0}));
   EXPECT_EQ((a | b).to_vector<int>(), (std::vector<int>{1, 1, 1, 1, 1, 0}));
   EXPECT_EQ((~a).to_vector<int>(), (std::vector<int>{0, 1, 0, 1, 0, 1}));

@@ -8,10 +8,10 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/binary_math.h"
 #include "core/cpu/strided.h"
 #include "core/cpu/vec_math.h"
 #include "core/kernels.h"
-#include "core/binary_math.h"
 #include "core/unary_math.h"
 
 namespace linea::cpu {
@@ -202,9 +202,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   dispatch_all(a.dtype(), "binary", [&](auto tag_) {
     using T = decltype(tag_);
     // The functor's result type is the output's: T, or uint8_t (Bool) for comparisons.
-    linea::detail::with_binary_op(op, [&](auto f) {
-      binary_loop<T, decltype(f(T(), T()))>(a, b, out, f);
-    });
+    linea::detail::with_binary_op(op, [&](auto f) { binary_loop<T, decltype(f(T(), T()))>(a, b, out, f); });
   });
 }
 
