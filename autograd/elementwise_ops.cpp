@@ -1,5 +1,8 @@
 // Differentiable elementwise ops: unary (backward through the fused unary_backward kernel),
-// binary with broadcasting (gradients reduced back with sum_to), where, masked_fill.
+// binary with broadcasting (gradients reduced back with sum_to), where, masked_fill; and the
+// ones without a gradient: comparisons, logical ops on Bool, in-place arithmetic (+=, ...).
+#include <cmath>
+
 #include "autograd/ops.h"
 
 namespace linea {
@@ -21,7 +24,6 @@ Tensor unary_op(UnaryOp op, const Tensor& x, double a = 0.0, double b = 0.0) {
   });
 }
 
-Tensor zero_like_scalar(const Tensor& g) { return full({}, 0.0, g.options()); }
 }  // namespace
 
 Tensor neg(const Tensor& x) { return unary_op(UnaryOp::Neg, x); }
@@ -47,11 +49,12 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
 Tensor sign(const Tensor& x) { return raw::unary(UnaryOp::Sign, x); }
 
 // ---- binary ------------------------------------------------------------------------------------
+// Backward functions run under NoGradGuard, so the ops they call record nothing.
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = raw::binary(BinaryOp::Add, a, b);
   if (!needs_grad({&a, &b})) return out;
   return attach(out, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
-    return {raw::sum_to(g, sa), raw::sum_to(g, sb)};
+    return {sum_to(g, sa), sum_to(g, sb)};
   });
 }
 
@@ -60,7 +63,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   if (!needs_grad({&a, &b})) return out;
   bool gb = b.requires_grad();
   return attach(out, "sub", {a, b}, [sa = a.shape(), sb = b.shape(), gb](const Tensor& g) -> std::vector<Tensor> {
-    return {raw::sum_to(g, sa), gb ? raw::sum_to(raw::unary(UnaryOp::Neg, g), sb) : Tensor()};
+    return {sum_to(g, sa), gb ? sum_to(-g, sb) : Tensor()};
   });
 }
 
@@ -71,8 +74,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   // d(ab)/da = b, d(ab)/db = a; save only what the other side needs.
   Tensor sa = gb ? a.detach() : Tensor(), sb = ga ? b.detach() : Tensor();
   return attach(out, "mul", {a, b}, [sa, sb, sha = a.shape(), shb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
-    return {sb.defined() ? raw::sum_to(raw::binary(BinaryOp::Mul, g, sb), sha) : Tensor(),
-            sa.defined() ? raw::sum_to(raw::binary(BinaryOp::Mul, g, sa), shb) : Tensor()};
+    return {sb.defined() ? sum_to(g * sb, sha) : Tensor(), sa.defined() ? sum_to(g * sa, shb) : Tensor()};
   });
 }
 
@@ -83,10 +85,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   Tensor sb = b.detach(), so = gb ? out.detach() : Tensor();
   // d(a/b)/da = 1/b; d(a/b)/db = -a/b^2 = -out/b
   return attach(out, "div", {a, b}, [sb, so, sha = a.shape(), shb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
-    Tensor g_over_b = raw::binary(BinaryOp::Div, g, sb);
-    Tensor gb =
-        so.defined() ? raw::sum_to(raw::unary(UnaryOp::Neg, raw::binary(BinaryOp::Mul, g_over_b, so)), shb) : Tensor();
-    return {raw::sum_to(g_over_b, sha), gb};
+    Tensor g_over_b = g / sb;
+    return {sum_to(g_over_b, sha), so.defined() ? sum_to(-(g_over_b * so), shb) : Tensor()};
   });
 }
 
@@ -95,20 +95,31 @@ namespace {
 Tensor extremum(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   Tensor out = raw::binary(op, a, b);
   if (!needs_grad({&a, &b})) return out;
-  return attach(out, name, {a, b}, [op, sa = a.detach(), sb = b.detach()](const Tensor& g) -> std::vector<Tensor> {
-    Tensor a_wins = raw::binary(op == BinaryOp::Maximum ? BinaryOp::Gt : BinaryOp::Lt, sa, sb);
-    Tensor tie = raw::binary(BinaryOp::Eq, sa, sb);
-    Tensor half = raw::unary(UnaryOp::MulScalar, g, 0.5);
-    Tensor z = zero_like_scalar(g);
-    Tensor ga = raw::where(a_wins, g, raw::where(tie, half, z));
-    Tensor b_wins = raw::binary(op == BinaryOp::Maximum ? BinaryOp::Lt : BinaryOp::Gt, sa, sb);
-    Tensor gb = raw::where(b_wins, g, raw::where(tie, half, z));
-    return {raw::sum_to(ga, sa.shape()), raw::sum_to(gb, sb.shape())};
+  const bool is_max = op == BinaryOp::Maximum;
+  return attach(out, name, {a, b}, [is_max, sa = a.detach(), sb = b.detach()](const Tensor& g) -> std::vector<Tensor> {
+    Tensor tie = sa == sb;
+    Tensor half = g * 0.5;
+    Tensor ga = where(is_max ? sa > sb : sa < sb, g, where(tie, half, 0.0));
+    Tensor gb = where(is_max ? sa < sb : sa > sb, g, where(tie, half, 0.0));
+    return {sum_to(ga, sa.shape()), sum_to(gb, sb.shape())};
   });
 }
-Tensor scalar_like(const Tensor& a, double s) {
-  raw::check_defined("scalar op", a, "a");
+
+// s as a 0-d tensor of a's dtype and device, for a comparison or an in-place op with a. When
+// a's dtype cannot hold s exactly (0.5 for an Int64 tensor), the comparison would be wrong:
+// returns an undefined tensor then, and the caller compares in float64.
+Tensor scalar_like(const Tensor& a, double s, const char* op) {
+  raw::check_defined(op, a, "a");
+  if (a.dtype() == DType::Bool && s != 0.0 && s != 1.0) return Tensor();
+  if (a.dtype() == DType::Int64 && !(s == std::trunc(s) && s >= -9.2233720368547758e18 && s < 9.2233720368547758e18))
+    return Tensor();
   return full({}, s, a.options());
+}
+
+Tensor compare(BinaryOp op, const Tensor& a, double s) {
+  Tensor t = scalar_like(a, s, binary_op_name(op));
+  if (t.defined()) return raw::binary(op, a, t);
+  return raw::binary(op, raw::to_dtype(a, DType::Float64), full({}, s, TensorOptions(DType::Float64, a.device())));
 }
 }  // namespace
 
@@ -128,30 +139,90 @@ Tensor lt(const Tensor& a, const Tensor& b) { return raw::binary(BinaryOp::Lt, a
 Tensor le(const Tensor& a, const Tensor& b) { return raw::binary(BinaryOp::Le, a, b); }
 Tensor gt(const Tensor& a, const Tensor& b) { return raw::binary(BinaryOp::Gt, a, b); }
 Tensor ge(const Tensor& a, const Tensor& b) { return raw::binary(BinaryOp::Ge, a, b); }
-Tensor eq(const Tensor& a, double s) { return eq(a, scalar_like(a, s)); }
-Tensor ne(const Tensor& a, double s) { return ne(a, scalar_like(a, s)); }
-Tensor lt(const Tensor& a, double s) { return lt(a, scalar_like(a, s)); }
-Tensor le(const Tensor& a, double s) { return le(a, scalar_like(a, s)); }
-Tensor gt(const Tensor& a, double s) { return gt(a, scalar_like(a, s)); }
-Tensor ge(const Tensor& a, double s) { return ge(a, scalar_like(a, s)); }
+Tensor eq(const Tensor& a, double s) { return compare(BinaryOp::Eq, a, s); }
+Tensor ne(const Tensor& a, double s) { return compare(BinaryOp::Ne, a, s); }
+Tensor lt(const Tensor& a, double s) { return compare(BinaryOp::Lt, a, s); }
+Tensor le(const Tensor& a, double s) { return compare(BinaryOp::Le, a, s); }
+Tensor gt(const Tensor& a, double s) { return compare(BinaryOp::Gt, a, s); }
+Tensor ge(const Tensor& a, double s) { return compare(BinaryOp::Ge, a, s); }
 
+// ---- logical (Bool) ----------------------------------------------------------------------------
+namespace {
+void check_bool(const char* op, const Tensor& x) {
+  raw::check_defined(op, x, "x");
+  LINEA_CHECK(x.dtype() == DType::Bool, op, ": expected a bool tensor, got ", dtype_name(x.dtype()), " (shape ",
+              shape_str(x.shape()), "); compare first, e.g. x > 0");
+}
+}  // namespace
+
+Tensor logical_and(const Tensor& a, const Tensor& b) { return raw::binary(BinaryOp::And, a, b); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return raw::binary(BinaryOp::Or, a, b); }
+Tensor logical_not(const Tensor& x) {
+  check_bool("logical_not", x);
+  return raw::binary(BinaryOp::Eq, x, full({}, 0.0, x.options()));
+}
+
+// ---- where, masked_fill ------------------------------------------------------------------------
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = raw::where(cond, a, b);
   if (!needs_grad({&a, &b})) return out;
-  return attach(out, "where", {cond, a, b},
-                [c = cond.detach(), sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
-                  Tensor z = zero_like_scalar(g);
-                  return {Tensor(), raw::sum_to(raw::where(c, g, z), sa), raw::sum_to(raw::where(c, z, g), sb)};
-                });
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
+  return attach(
+      out, "where", {cond, a, b},
+      [c = cond.detach(), sa = a.shape(), sb = b.shape(), ga, gb](const Tensor& g) -> std::vector<Tensor> {
+        return {Tensor(), ga ? sum_to(where(c, g, 0.0), sa) : Tensor(), gb ? sum_to(where(c, 0.0, g), sb) : Tensor()};
+      });
+}
+Tensor where(const Tensor& cond, const Tensor& a, double b) {
+  raw::check_defined("where", a, "a");
+  return where(cond, a, full({}, b, a.options()));
+}
+Tensor where(const Tensor& cond, double a, const Tensor& b) {
+  raw::check_defined("where", b, "b");
+  return where(cond, full({}, a, b.options()), b);
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   Tensor out = raw::masked_fill(x, mask, value);
   if (!needs_grad({&x})) return out;
   return attach(out, "masked_fill", {x, mask}, [m = mask.detach()](const Tensor& g) -> std::vector<Tensor> {
-    return {raw::masked_fill(g, m, 0.0), Tensor()};
+    return {masked_fill(g, m, 0.0), Tensor()};
   });
 }
+
+// ---- in-place arithmetic -------------------------------------------------------------------------
+namespace {
+// In-place ops are not recorded by autograd: refused where a graph would need them.
+void check_inplace(const char* op, const Tensor& a, const Tensor& b) {
+  raw::check_defined(op, a, "a");
+  const bool grad = GradMode::is_enabled() && (a.requires_grad() || (b.defined() && b.requires_grad()));
+  LINEA_CHECK(!grad, op, ": in-place arithmetic on a tensor that requires grad (", a.requires_grad() ? "a" : "b",
+              ", shape ", shape_str(a.requires_grad() ? a.shape() : b.shape()),
+              ") is not recorded by autograd; write a = a op b, or run it under NoGradGuard");
+}
+const Tensor& inplace(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  check_inplace(name, a, b);
+  raw::binary_(op, a, b);  // bumps a's storage version
+  return a;
+}
+const Tensor& inplace(BinaryOp op, const char* name, const Tensor& a, double s) {
+  check_inplace(name, a, Tensor());
+  Tensor t = scalar_like(a, s, name);
+  LINEA_CHECK(t.defined(), name, ": ", s, " cannot be written into a ", dtype_name(a.dtype()), " tensor (shape ",
+              shape_str(a.shape()), ")");
+  raw::binary_(op, a, t);
+  return a;
+}
+}  // namespace
+
+const Tensor& operator+=(const Tensor& a, const Tensor& b) { return inplace(BinaryOp::Add, "operator+=", a, b); }
+const Tensor& operator-=(const Tensor& a, const Tensor& b) { return inplace(BinaryOp::Sub, "operator-=", a, b); }
+const Tensor& operator*=(const Tensor& a, const Tensor& b) { return inplace(BinaryOp::Mul, "operator*=", a, b); }
+const Tensor& operator/=(const Tensor& a, const Tensor& b) { return inplace(BinaryOp::Div, "operator/=", a, b); }
+const Tensor& operator+=(const Tensor& a, double s) { return inplace(BinaryOp::Add, "operator+=", a, s); }
+const Tensor& operator-=(const Tensor& a, double s) { return inplace(BinaryOp::Sub, "operator-=", a, s); }
+const Tensor& operator*=(const Tensor& a, double s) { return inplace(BinaryOp::Mul, "operator*=", a, s); }
+const Tensor& operator/=(const Tensor& a, double s) { return inplace(BinaryOp::Div, "operator/=", a, s); }
 
 // ---- operators ---------------------------------------------------------------------------------
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
@@ -167,9 +238,26 @@ Tensor operator-(double s, const Tensor& a) { return sub(s, a); }
 Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
 Tensor operator/(double s, const Tensor& a) { return div(s, a); }
 Tensor operator-(const Tensor& a) { return neg(a); }
+Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
+Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
 Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
 Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
 Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
 Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+Tensor operator==(const Tensor& a, double s) { return eq(a, s); }
+Tensor operator!=(const Tensor& a, double s) { return ne(a, s); }
+Tensor operator<(const Tensor& a, double s) { return lt(a, s); }
+Tensor operator<=(const Tensor& a, double s) { return le(a, s); }
+Tensor operator>(const Tensor& a, double s) { return gt(a, s); }
+Tensor operator>=(const Tensor& a, double s) { return ge(a, s); }
+Tensor operator==(double s, const Tensor& a) { return eq(a, s); }
+Tensor operator!=(double s, const Tensor& a) { return ne(a, s); }
+Tensor operator<(double s, const Tensor& a) { return gt(a, s); }
+Tensor operator<=(double s, const Tensor& a) { return ge(a, s); }
+Tensor operator>(double s, const Tensor& a) { return lt(a, s); }
+Tensor operator>=(double s, const Tensor& a) { return le(a, s); }
+Tensor operator&(const Tensor& a, const Tensor& b) { return logical_and(a, b); }
+Tensor operator|(const Tensor& a, const Tensor& b) { return logical_or(a, b); }
+Tensor operator~(const Tensor& a) { return logical_not(a); }
 
 }  // namespace linea

@@ -28,15 +28,15 @@ void check_index_no_grad(const char* op, const Tensor& index) {
   LINEA_CHECK(!index.defined() || !index.requires_grad(), op, ": the index tensor cannot require grad");
 }
 
-// x zero-padded or truncated to `len` along dim (raw, no graph).
+// x zero-padded or truncated to `len` along dim (used by backward functions: no graph).
 Tensor resize_dim(const Tensor& x, int64_t dim, int64_t len) {
   const int64_t cur = x.size(dim);
   if (len == cur) return x;
-  if (len < cur) return raw::narrow(x, dim, 0, len);
+  if (len < cur) return narrow(x, dim, 0, len);
   Shape s = x.shape();
   s[static_cast<size_t>(dim)] = len;
   Tensor out = zeros(s, x.options());
-  if (cur > 0) raw::copy_(raw::narrow(out, dim, 0, cur), x);
+  if (cur > 0) narrow(out, dim, 0, cur).copy_(x);
   return out;
 }
 
@@ -56,7 +56,7 @@ Tensor spectrum_weights(const Tensor& like, int64_t n, int64_t dim, double edge_
   s[static_cast<size_t>(dim)] = F;
   s.back() = 2;
   Tensor t = from_vector<double>(w, s, TensorOptions(like.dtype()));
-  return raw::to_device(t, like.device());
+  return t.to(like.device());
 }
 
 }  // namespace
@@ -82,9 +82,9 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   LINEA_CHECK(index.dtype() == DType::Int64, "embedding: index must have dtype int64, got ", dtype_name(index.dtype()),
               " (index shape ", shape_str(index.shape()), ")");
   Shape out_shape = index.shape();
-  out_shape.push_back(weight.size(1));                          // [index.shape..., D]
-  Tensor flat = raw::reshape(index.detach(), {index.numel()});  // [N]
-  Tensor rows = linea::index_select(weight, 0, flat);           // [N, D]
+  out_shape.push_back(weight.size(1));                    // [index.shape..., D]
+  Tensor flat = index.detach().reshape({index.numel()});  // [N]
+  Tensor rows = linea::index_select(weight, 0, flat);     // [N, D]
   return linea::reshape(rows, out_shape);
 }
 
@@ -100,7 +100,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   return attach(out, "gather", {x, index}, [xs, d, idx](const Tensor& g) -> std::vector<Tensor> {
     // g [index.shape] -> dx [x.shape]: each gathered element's gradient added back where it came from
     Tensor base = zeros(xs, g.options());
-    return {raw::scatter_add(base, d, idx, g), Tensor()};
+    return {scatter_add(base, d, idx, g), Tensor()};
   });
 }
 
@@ -112,7 +112,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   Tensor idx = index.detach();
   return attach(out, "scatter_add", {x, index, src}, [d, idx](const Tensor& g) -> std::vector<Tensor> {
     // g [x.shape]: out = x + S(src) with S linear, so dx = g and dsrc = S^T(g) = gather(g) [index.shape]
-    return {g, Tensor(), raw::gather(g, d, idx)};
+    return {g, Tensor(), gather(g, d, idx)};
   });
 }
 
@@ -129,7 +129,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
     std::vector<Tensor> grads;
     int64_t off = 0;
     for (int64_t s : sizes) {
-      grads.push_back(raw::narrow(g, d, off, s));
+      grads.push_back(g.narrow(d, off, s));
       off += s;
     }
     return grads;
@@ -204,7 +204,7 @@ Tensor cumsum(const Tensor& x, int64_t dim) {
   return attach(out, "cumsum", {x}, [d, scalar](const Tensor& g) -> std::vector<Tensor> {
     // y_k = sum_{j<=k} x_j  =>  dx_j = sum_{k>=j} g_k: the reverse cumsum of g [x.shape]
     if (scalar) return {g};
-    return {raw::cumsum(g, d, true)};
+    return {raw::cumsum(g, d, true)};  // kernel-level: no differentiable reverse cumsum
   });
 }
 
@@ -225,8 +225,8 @@ Tensor rfft(const Tensor& x, int64_t n, int64_t dim) {
     //   dx_n = n * irfft(w * G) with w = 1 at DC/Nyquist, 1/2 elsewhere.
     // Padding's adjoint truncates (and truncation's adjoint zero-pads) dx_n back to L.
     Tensor w = spectrum_weights(g, n, d, double(n), double(n), double(n) / 2.0);  // [1, .., F, .., 2]
-    Tensor dxn = raw::irfft(raw::binary(BinaryOp::Mul, g, w), n, d);              // [.., n at d, ..]
-    return {raw::contiguous(resize_dim(dxn, d, L))};                              // [.., L at d, ..]
+    Tensor dxn = irfft(g * w, n, d);                                              // [.., n at d, ..]
+    return {contiguous(resize_dim(dxn, d, L))};                                   // [.., L at d, ..]
   });
 }
 
@@ -240,9 +240,9 @@ Tensor irfft(const Tensor& spec, int64_t n, int64_t dim) {
     // With R = rfft(g, n): Re R_k = sum_t g_t cos(2 pi k t/n), Im R_k = -sum_t g_t sin(2 pi k t/n), so
     //   da_k = (2/n) Re R_k, db_k = (2/n) Im R_k  (1 <= k <= M);
     //   da_0 = (1/n) Re R_0, da_{n/2} = (1/n) Re R_{n/2} (n even); db_0 = db_{n/2} = 0 (ignored by c2r).
-    Tensor r = raw::rfft(g, n, d);                                                // [.., F at d, .., 2]
+    Tensor r = rfft(g, n, d);                                                     // [.., F at d, .., 2]
     Tensor v = spectrum_weights(r, n, d, 1.0 / double(n), 0.0, 2.0 / double(n));  // [1, .., F, .., 2]
-    return {raw::binary(BinaryOp::Mul, r, v)};
+    return {r * v};
   });
 }
 

@@ -26,35 +26,35 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return attach(out, "matmul", {a, b},
                 [ad = a.detach(), bd = b.detach(), need_a, need_b](const Tensor& g) -> std::vector<Tensor> {
                   // Promoted views: a2 [.., M, K], b2 [.., K, N], g2 [batch.., M, N].
-                  const Tensor a2 = ad.dim() == 1 ? raw::unsqueeze(ad, 0) : ad;
-                  const Tensor b2 = bd.dim() == 1 ? raw::unsqueeze(bd, 1) : bd;
+                  const Tensor a2 = ad.dim() == 1 ? ad.unsqueeze(0) : ad;
+                  const Tensor b2 = bd.dim() == 1 ? bd.unsqueeze(1) : bd;
                   Tensor g2 = g;
                   if (ad.dim() == 1 && bd.dim() == 1)
-                    g2 = raw::reshape(g, {1, 1});
+                    g2 = g.reshape({1, 1});
                   else if (ad.dim() == 1)
-                    g2 = raw::unsqueeze(g, -2);
+                    g2 = g.unsqueeze(-2);
                   else if (bd.dim() == 1)
-                    g2 = raw::unsqueeze(g, -1);
+                    g2 = g.unsqueeze(-1);
                   const int64_t K = a2.size(-1), N = b2.size(-1);
                   Tensor da, db;
                   if (need_a) {
                     // dA2 [batch.., M, K] = g2 [batch.., M, N] @ b2^T [.., N, K]
-                    da = raw::sum_to(raw::matmul(g2, raw::transpose(b2, -1, -2)), a2.shape());
-                    if (ad.dim() == 1) da = raw::reshape(da, ad.shape());
+                    da = sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape());
+                    if (ad.dim() == 1) da = da.reshape(ad.shape());
                   }
                   if (need_b) {
                     if (b2.dim() == 2 && a2.dim() > 2 && K > 0) {
                       // b shared by the batch: one GEMM over the folded batch instead of a batch of
                       // products and a reduction. dB [K, N] = a_flat^T [K, BM] @ g_flat [BM, N]
                       const int64_t BM = a2.numel() / K;
-                      const Tensor af = raw::reshape(a2, {BM, K});
-                      const Tensor gf = raw::reshape(g2, {BM, N});
-                      db = raw::matmul(raw::transpose(af, 0, 1), gf);
+                      const Tensor af = a2.reshape({BM, K});
+                      const Tensor gf = g2.reshape({BM, N});
+                      db = matmul(af.transpose(0, 1), gf);
                     } else {
                       // dB2 [batch.., K, N] = a2^T [.., K, M] @ g2 [batch.., M, N]
-                      db = raw::sum_to(raw::matmul(raw::transpose(a2, -1, -2), g2), b2.shape());
+                      db = sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape());
                     }
-                    if (bd.dim() == 1) db = raw::reshape(db, bd.shape());
+                    if (bd.dim() == 1) db = db.reshape(bd.shape());
                   }
                   return {da, db};
                 });
@@ -117,21 +117,10 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 }
 
 // ---- cross-entropy ------------------------------------------------------------------------------
-// logits [N, C] with target Int64 [N], or logits [C] with a 0-d target
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                     Reduction reduction) {
-  raw::check_defined("cross_entropy", logits, "logits");
-  raw::check_defined("cross_entropy", target, "target");
-  const bool single = logits.dim() == 1;
-  Tensor l2 = logits, t2 = target;  // [N, C], [N]
-  if (single) {
-    LINEA_CHECK(target.dim() == 0, "cross_entropy: logits ", shape_str(logits.shape()),
-                " need a 0-d target, got target ", shape_str(target.shape()));
-    l2 = unsqueeze(logits, 0);  // differentiable: the gradient flows back to the [C] logits
-    t2 = raw::reshape(target, {1});
-  } else {
-    LINEA_CHECK(logits.dim() == 2, "cross_entropy: expected logits [N, C] or [C], got ", shape_str(logits.shape()));
-  }
+namespace {
+// logits [N, C], target Int64 [N]: the fused per-row kernel, then the reduction.
+Tensor cross_entropy_rows(const Tensor& l2, const Tensor& t2, int64_t ignore_index, double label_smoothing,
+                          Reduction reduction) {
   std::vector<Tensor> rows = raw::cross_entropy_rows(l2, t2, ignore_index, label_smoothing);  // {loss, lse} [N]
   Tensor loss = rows[0];
   if (needs_grad({&l2})) {
@@ -144,21 +133,42 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   }
   switch (reduction) {
     case Reduction::None:
-      return single ? reshape(loss, {}) : loss;
+      return loss;
     case Reduction::Sum:
       return sum(loss);
     case Reduction::Mean: {
       // Divide by the number of non-ignored rows, computed on the device (no host sync);
       // max(count, 1) makes an all-ignored batch give 0 rather than NaN.
-      const TensorOptions opts(l2.dtype(), l2.device());
-      const Tensor ii = full({}, static_cast<double>(ignore_index), TensorOptions(DType::Int64, t2.device()));
-      Tensor count = raw::to_dtype(raw::binary(BinaryOp::Ne, t2, ii), l2.dtype());
-      count = raw::reduce(ReduceOp::Sum, count, {}, false);
-      count = raw::binary(BinaryOp::Maximum, count, full({}, 1.0, opts));
+      Tensor count = sum((t2 != static_cast<double>(ignore_index)).to(l2.dtype()));
+      count = maximum(count, full({}, 1.0, TensorOptions(l2.dtype(), l2.device())));
       return div(sum(loss), count);
     }
   }
   LINEA_FAIL("cross_entropy: unknown reduction");
+}
+}  // namespace
+
+// logits [..., C] with target Int64 [...] (any leading dims, flattened to rows), or [C] with a 0-d target
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     Reduction reduction) {
+  raw::check_defined("cross_entropy", logits, "logits");
+  raw::check_defined("cross_entropy", target, "target");
+  LINEA_CHECK(target.dtype() == DType::Int64, "cross_entropy: target must be int64 class indices, got ",
+              dtype_name(target.dtype()), " (shape ", shape_str(target.shape()), ")");
+  LINEA_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0,
+              "cross_entropy: label smoothing must be in [0, 1], got ", label_smoothing);
+  LINEA_CHECK(logits.dim() >= 1 && target.dim() == logits.dim() - 1, "cross_entropy: logits ",
+              shape_str(logits.shape()), " need a target with one dim fewer (a 0-d target for [C] logits), got target ",
+              shape_str(target.shape()));
+  const Shape lead(logits.shape().begin(), logits.shape().end() - 1);
+  LINEA_CHECK(lead == target.shape(), "cross_entropy: target ", shape_str(target.shape()), " does not match logits ",
+              shape_str(logits.shape()), " (expected target ", shape_str(lead), ")");
+  if (logits.dim() == 2) return cross_entropy_rows(logits, target, ignore_index, label_smoothing, reduction);
+  // [..., C] -> [N, C] and [...] -> [N] (a [C] row becomes [1, C]; reshape is differentiable)
+  const int64_t C = logits.size(-1);
+  Tensor loss =
+      cross_entropy_rows(reshape(logits, {-1, C}), reshape(target, {-1}), ignore_index, label_smoothing, reduction);
+  return reduction == Reduction::None ? reshape(loss, target.shape()) : loss;
 }
 
 // ---- dropout ------------------------------------------------------------------------------------
@@ -169,13 +179,12 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   LINEA_CHECK(is_floating(x.dtype()), "dropout: expected a float32 or float64 input, got ", x.dtype());
   // mask [x's shape]: 0 with probability p, else 1 / (1 - p)
   const Tensor mask =
-      p == 1.0 ? zeros(x.shape(), x.options())
-               : raw::unary(UnaryOp::MulScalar, raw::bernoulli(x.shape(), 1.0 - p, x.options()), 1.0 / (1.0 - p));
+      p == 1.0 ? zeros(x.shape(), x.options()) : bernoulli(x.shape(), 1.0 - p, x.options()) * (1.0 / (1.0 - p));
   Tensor out = raw::binary(BinaryOp::Mul, x, mask);
   if (!needs_grad({&x})) return out;
   return attach(out, "dropout", {x}, [mask](const Tensor& g) -> std::vector<Tensor> {
     // g, dx [x's shape]
-    return {raw::binary(BinaryOp::Mul, g, mask)};
+    return {g * mask};
   });
 }
 

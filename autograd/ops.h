@@ -76,8 +76,15 @@ Tensor lt(const Tensor& a, double s);
 Tensor le(const Tensor& a, double s);
 Tensor gt(const Tensor& a, double s);
 Tensor ge(const Tensor& a, double s);
-// cond (Bool) ? a : b, all three broadcast together.
+// Logical ops on Bool tensors (broadcasting); also the operators &, |, ~ below.
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& x);
+// cond (Bool) ? a : b, all three broadcast together; differentiable in a and b. A scalar side
+// takes the other side's dtype.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, double b);
+Tensor where(const Tensor& cond, double a, const Tensor& b);
 // x with `value` where mask (Bool, broadcast to x) is true.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
@@ -94,10 +101,44 @@ Tensor operator-(double s, const Tensor& a);
 Tensor operator*(double s, const Tensor& a);
 Tensor operator/(double s, const Tensor& a);
 Tensor operator-(const Tensor& a);
+// Comparisons give Bool masks, as eq/ne/lt/... above. Tensor handles are compared with
+// Tensor::same(), never with ==. A scalar the tensor's dtype cannot hold exactly (0.5 against
+// Int64) is compared in float64.
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
 Tensor operator<(const Tensor& a, const Tensor& b);
 Tensor operator<=(const Tensor& a, const Tensor& b);
 Tensor operator>(const Tensor& a, const Tensor& b);
 Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator==(const Tensor& a, double s);
+Tensor operator!=(const Tensor& a, double s);
+Tensor operator<(const Tensor& a, double s);
+Tensor operator<=(const Tensor& a, double s);
+Tensor operator>(const Tensor& a, double s);
+Tensor operator>=(const Tensor& a, double s);
+Tensor operator==(double s, const Tensor& a);
+Tensor operator!=(double s, const Tensor& a);
+Tensor operator<(double s, const Tensor& a);
+Tensor operator<=(double s, const Tensor& a);
+Tensor operator>(double s, const Tensor& a);
+Tensor operator>=(double s, const Tensor& a);
+// Logical and/or/not of Bool tensors (as PyTorch's &, |, ~ on bool tensors).
+Tensor operator&(const Tensor& a, const Tensor& b);
+Tensor operator|(const Tensor& a, const Tensor& b);
+Tensor operator~(const Tensor& a);
+
+// In-place arithmetic: a op= b writes into a's storage (b broadcast to a's shape, same dtype;
+// a scalar must be exact in a's dtype), bumping its version. Not recorded by autograd: throws
+// linea::Error when grad mode is on and a or b requires grad (use it under NoGradGuard, e.g.
+// in optimizer updates, or write a = a + b). Returns a (the same handle).
+const Tensor& operator+=(const Tensor& a, const Tensor& b);
+const Tensor& operator-=(const Tensor& a, const Tensor& b);
+const Tensor& operator*=(const Tensor& a, const Tensor& b);
+const Tensor& operator/=(const Tensor& a, const Tensor& b);
+const Tensor& operator+=(const Tensor& a, double s);
+const Tensor& operator-=(const Tensor& a, double s);
+const Tensor& operator*=(const Tensor& a, double s);
+const Tensor& operator/=(const Tensor& a, double s);
 
 // ---- reductions (dims empty = all) ----------------------------------------------------------
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
@@ -110,6 +151,10 @@ Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 // Variance with Bessel's correction by default (correction = 1), as torch.var.
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+// Whether any / all elements over dims are true; x Bool, result Bool (no gradient). Over an
+// empty set any is false and all is true.
+Tensor any(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor all(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Sums a broadcast gradient back to `shape` (differentiable; its backward is expand).
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
@@ -124,7 +169,11 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 enum class Reduction { None, Mean, Sum };
-// logits [N, C] (or [C]), target Int64 [N]: mean over non-ignored rows by default.
+// logits [N, C] with target Int64 [N], or [B, L, C] (any leading dims) with target [B, L]
+// (flattened to rows), or [C] with a 0-d target. Rows whose target == ignore_index count
+// neither in the loss nor in the mean (mean over non-ignored rows; 0 if all are ignored).
+// label_smoothing s: the target distribution is (1 - s) * onehot + s / C.
+// Reduction::None returns the per-row loss shaped like target.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      double label_smoothing = 0.0, Reduction reduction = Reduction::Mean);
 // Inverted dropout: zeroes with probability p and scales the rest by 1/(1-p); identity when !training.

@@ -1,5 +1,5 @@
 // Differentiable reductions: sum, mean, max/min (amax semantics), logsumexp, var (composed),
-// sum_to; argmax/argmin (no gradient).
+// sum_to; argmax/argmin, any/all (no gradient).
 #include <algorithm>
 #include <cmath>
 
@@ -12,7 +12,7 @@ namespace {
 Tensor expand_back(const Tensor& g, const Shape& in_shape, const std::vector<int64_t>& rd) {
   Shape keep = in_shape;
   for (int64_t d : rd) keep[d] = 1;
-  return raw::expand(raw::reshape(g, keep), in_shape);
+  return expand(reshape(g, keep), in_shape);
 }
 
 int64_t reduced_count(const Shape& s, const std::vector<int64_t>& rd) {
@@ -46,12 +46,12 @@ Tensor extremum(ReduceOp op, const char* name, const Tensor& x, const std::vecto
   auto rd = raw::reduction_dims(dims, x.dim(), name);
   return attach(y, name, {x}, [sx = x.detach(), sy = y.detach(), rd](const Tensor& g) -> std::vector<Tensor> {
     // Gradient split evenly among the elements equal to the extremum.
-    Tensor hit = raw::binary(BinaryOp::Eq, sx, expand_back(sy, sx.shape(), rd));
-    Tensor count = raw::reduce(ReduceOp::Sum, raw::to_dtype(hit, sx.dtype()), rd, true);
+    Tensor hit = sx == expand_back(sy, sx.shape(), rd);
+    Tensor count = sum(hit.to(sx.dtype()), rd, true);
     Shape keep = sx.shape();
     for (int64_t d : rd) keep[d] = 1;
-    Tensor share = raw::binary(BinaryOp::Div, raw::reshape(g, keep), count);
-    return {raw::where(hit, raw::expand(share, sx.shape()), full({}, 0.0, g.options()))};
+    Tensor share = g.reshape(keep) / count;
+    return {where(hit, share.expand(sx.shape()), 0.0)};
   });
 }
 }  // namespace
@@ -72,8 +72,8 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
   auto rd = raw::reduction_dims(dims, x.dim(), "logsumexp");
   // d lse / d x = softmax = exp(x - lse)
   return attach(y, "logsumexp", {x}, [sx = x.detach(), sy = y.detach(), rd](const Tensor& g) -> std::vector<Tensor> {
-    Tensor p = raw::unary(UnaryOp::Exp, raw::binary(BinaryOp::Sub, sx, expand_back(sy, sx.shape(), rd)));
-    return {raw::binary(BinaryOp::Mul, p, expand_back(g, sx.shape(), rd))};
+    Tensor p = exp(sx - expand_back(sy, sx.shape(), rd));
+    return {p * expand_back(g, sx.shape(), rd)};
   });
 }
 
@@ -90,8 +90,24 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   Tensor y = raw::sum_to(x, shape);
   if (!needs_grad({&x}) || y.same(x)) return y;
-  return attach(y, "sum_to", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::expand(g, s)}; });
+  return attach(y, "sum_to", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {expand(g, s)}; });
+}
+
+namespace {
+// The number of true elements of a Bool x over dims, as Int64.
+Tensor count_true(const char* op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  raw::check_defined(op, x, "x");
+  LINEA_CHECK(x.dtype() == DType::Bool, op, ": expected a bool tensor, got ", dtype_name(x.dtype()), " (shape ",
+              shape_str(x.shape()), "); compare first, e.g. any(x > 0)");
+  return sum(x.to(DType::Int64), dims, keepdim);
+}
+}  // namespace
+
+Tensor any(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return count_true("any", x, dims, keepdim) > 0.0;
+}
+Tensor all(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return count_true("all", logical_not(x), dims, keepdim) == 0.0;
 }
 
 }  // namespace linea

@@ -11,7 +11,7 @@ namespace {
 // same sub-block, described by `sub` (a function taking the zeros and returning the view).
 template <typename SubView> Tensor scatter_into_zeros(const Tensor& g, const Shape& shape, SubView sub) {
   Tensor z = zeros(shape, g.options());
-  raw::copy_(sub(z), g);
+  sub(z).copy_(g);
   return z;
 }
 }  // namespace
@@ -19,15 +19,13 @@ template <typename SubView> Tensor scatter_into_zeros(const Tensor& g, const Sha
 Tensor reshape(const Tensor& x, const Shape& shape) {
   Tensor y = raw::reshape(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "reshape", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
+  return attach(y, "reshape", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
 }
 
 Tensor view(const Tensor& x, const Shape& shape) {
   Tensor y = raw::view(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "view", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
+  return attach(y, "view", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
 }
 
 Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
@@ -50,21 +48,21 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   if (!needs_grad({&x})) return y;
   std::vector<int64_t> inv(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) inv[wrap_dim(dims[i], x.dim(), "permute")] = static_cast<int64_t>(i);
-  return attach(y, "permute", {x}, [inv](const Tensor& g) -> std::vector<Tensor> { return {raw::permute(g, inv)}; });
+  return attach(y, "permute", {x}, [inv](const Tensor& g) -> std::vector<Tensor> { return {permute(g, inv)}; });
 }
 
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   Tensor y = raw::transpose(x, d0, d1);
   if (!needs_grad({&x})) return y;
   return attach(y, "transpose", {x},
-                [d0, d1](const Tensor& g) -> std::vector<Tensor> { return {raw::transpose(g, d0, d1)}; });
+                [d0, d1](const Tensor& g) -> std::vector<Tensor> { return {transpose(g, d0, d1)}; });
 }
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   Tensor y = raw::narrow(x, dim, start, length);
   if (!needs_grad({&x})) return y;
   return attach(y, "narrow", {x}, [s = x.shape(), dim, start, length](const Tensor& g) -> std::vector<Tensor> {
-    return {scatter_into_zeros(g, s, [&](const Tensor& z) { return raw::narrow(z, dim, start, length); })};
+    return {scatter_into_zeros(g, s, [&](const Tensor& z) { return narrow(z, dim, start, length); })};
   });
 }
 
@@ -72,7 +70,7 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   Tensor y = raw::slice(x, dim, start, end, step);
   if (!needs_grad({&x})) return y;
   return attach(y, "slice", {x}, [s = x.shape(), dim, start, end, step](const Tensor& g) -> std::vector<Tensor> {
-    return {scatter_into_zeros(g, s, [&](const Tensor& z) { return raw::slice(z, dim, start, end, step); })};
+    return {scatter_into_zeros(g, s, [&](const Tensor& z) { return slice(z, dim, start, end, step); })};
   });
 }
 
@@ -90,14 +88,13 @@ Tensor unsqueeze(const Tensor& x, int64_t dim) {
   Tensor y = raw::unsqueeze(x, dim);
   if (!needs_grad({&x})) return y;
   return attach(y, "unsqueeze", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
+                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
   Tensor y = raw::squeeze(x, dim);
   if (!needs_grad({&x})) return y;
-  return attach(y, "squeeze", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::reshape(g, s)}; });
+  return attach(y, "squeeze", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {reshape(g, s)}; });
 }
 
 Tensor squeeze(const Tensor& x) {
@@ -111,8 +108,7 @@ Tensor squeeze(const Tensor& x) {
 Tensor expand(const Tensor& x, const Shape& shape) {
   Tensor y = raw::expand(x, shape);
   if (!needs_grad({&x})) return y;
-  return attach(y, "expand", {x},
-                [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {raw::sum_to(g, s)}; });
+  return attach(y, "expand", {x}, [s = x.shape()](const Tensor& g) -> std::vector<Tensor> { return {sum_to(g, s)}; });
 }
 
 Tensor contiguous(const Tensor& x) {
@@ -130,15 +126,13 @@ Tensor clone(const Tensor& x) {
 Tensor to(const Tensor& x, Device device) {
   Tensor y = raw::to_device(x, device);
   if (y.same(x) || !needs_grad({&x})) return y;
-  return attach(y, "to_device", {x},
-                [d = x.device()](const Tensor& g) -> std::vector<Tensor> { return {raw::to_device(g, d)}; });
+  return attach(y, "to_device", {x}, [d = x.device()](const Tensor& g) -> std::vector<Tensor> { return {to(g, d)}; });
 }
 
 Tensor to(const Tensor& x, DType dtype) {
   Tensor y = raw::to_dtype(x, dtype);
   if (y.same(x) || !needs_grad({&x}) || !is_floating(dtype)) return y;
-  return attach(y, "to_dtype", {x},
-                [t = x.dtype()](const Tensor& g) -> std::vector<Tensor> { return {raw::to_dtype(g, t)}; });
+  return attach(y, "to_dtype", {x}, [t = x.dtype()](const Tensor& g) -> std::vector<Tensor> { return {to(g, t)}; });
 }
 
 // ---- Tensor member conveniences -----------------------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <string>
 
@@ -42,6 +43,14 @@ inline const char* dtype_name(DType t) {
 }
 
 inline bool is_floating(DType t) { return t == DType::Float32 || t == DType::Float64; }
+
+// The lowest finite value of a floating dtype (e.g. a mask's fill before a softmax: it stays
+// finite, so a fully masked row gives a uniform result instead of NaN).
+inline double dtype_lowest(DType t) {
+  LINEA_CHECK(is_floating(t), "dtype_lowest: expected a floating dtype, got ", dtype_name(t));
+  return t == DType::Float32 ? static_cast<double>(std::numeric_limits<float>::lowest())
+                             : std::numeric_limits<double>::lowest();
+}
 
 inline std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
 

@@ -1,10 +1,12 @@
 // linea::Error and the checking macros used for every user-facing argument check.
-// Not for internal invariants of a kernel (those are bugs, not user errors).
+// Not for internal invariants of a kernel (those are bugs, not user errors). Also join(), for
+// messages that list names.
 #pragma once
 
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace linea {
 
@@ -27,6 +29,13 @@ template <typename... Args> std::string concat(const Args&... args) {
   return os.str();
 }
 }  // namespace detail
+
+// "a, b, c": the parts of a message listing names (keys, options, files).
+inline std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? sep : std::string()) + parts[i];
+  return s;
+}
 
 }  // namespace linea
 

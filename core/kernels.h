@@ -15,34 +15,121 @@
 
 namespace linea {
 
-// Elementwise unary ops. Parameters a, b: Pow (a = exponent), Clamp (a = lo, b = hi; +-inf
-// when absent), AddScalar (a), MulScalar (a). GeluTanh/GeluErf: the two GELU forms.
-enum class UnaryOp {
-  Neg,
-  Exp,
-  Log,
-  Sqrt,
-  Rsqrt,
-  Abs,
-  Tanh,
-  Sigmoid,
-  Relu,
-  GeluTanh,
-  GeluErf,
-  Sin,
-  Cos,
-  Pow,
-  Clamp,
-  AddScalar,
-  MulScalar,
-  Sign
-};
-const char* unary_op_name(UnaryOp op);
+// ---- op tables ---------------------------------------------------------------------------------
+// One line per elementwise op; the enum, the op's name, the dtypes it accepts and the dispatch
+// to its math (core/unary_math.h, core/binary_math.h: one functor per op, shared by the CPU and
+// CUDA kernels) are all generated from these lists. A new elementwise op is one line here plus
+// its functor.
 
-// Elementwise binary ops; comparisons produce Bool.
-enum class BinaryOp { Add, Sub, Mul, Div, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge };
-const char* binary_op_name(BinaryOp op);
-inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
+// Unary: X(Enum, "name", Functor, supports Int64). Parameters a, b: Pow (a = exponent), Clamp
+// (a = lo, b = hi; +-inf when absent), AddScalar (a), MulScalar (a). GeluTanh/GeluErf: the two
+// GELU forms.
+#define LINEA_UNARY_OPS(X)                     \
+  X(Neg, "neg", NegOp, true)                   \
+  X(Exp, "exp", ExpOp, false)                  \
+  X(Log, "log", LogOp, false)                  \
+  X(Sqrt, "sqrt", SqrtOp, false)               \
+  X(Rsqrt, "rsqrt", RsqrtOp, false)            \
+  X(Abs, "abs", AbsOp, true)                   \
+  X(Tanh, "tanh", TanhOp, false)               \
+  X(Sigmoid, "sigmoid", SigmoidOp, false)      \
+  X(Relu, "relu", ReluOp, false)               \
+  X(GeluTanh, "gelu(tanh)", GeluTanhOp, false) \
+  X(GeluErf, "gelu", GeluErfOp, false)         \
+  X(Sin, "sin", SinOp, false)                  \
+  X(Cos, "cos", CosOp, false)                  \
+  X(Pow, "pow", PowOp, false)                  \
+  X(Clamp, "clamp", ClampOp, true)             \
+  X(AddScalar, "add", AddScalarOp, true)       \
+  X(MulScalar, "mul", MulScalarOp, true)       \
+  X(Sign, "sign", SignOp, true)
+
+// Which dtypes a binary op accepts (a mask of these bits).
+namespace binary_dtypes {
+constexpr unsigned kFloat = 1, kInt = 2, kBool = 4, kNumeric = kFloat | kInt, kAll = kNumeric | kBool;
+}  // namespace binary_dtypes
+
+// Binary: X(Enum, "name", Functor, comparison (Bool output), accepted dtypes). On Bool, mul is
+// "and", maximum "or", minimum "and"; and/or are the logical ops of Bool masks.
+#define LINEA_BINARY_OPS(X)                                    \
+  X(Add, "add", AddOp, false, binary_dtypes::kNumeric)         \
+  X(Sub, "sub", SubOp, false, binary_dtypes::kNumeric)         \
+  X(Mul, "mul", MulOp, false, binary_dtypes::kAll)             \
+  X(Div, "div", DivOp, false, binary_dtypes::kFloat)           \
+  X(Maximum, "maximum", MaximumOp, false, binary_dtypes::kAll) \
+  X(Minimum, "minimum", MinimumOp, false, binary_dtypes::kAll) \
+  X(Eq, "eq", EqOp, true, binary_dtypes::kAll)                 \
+  X(Ne, "ne", NeOp, true, binary_dtypes::kAll)                 \
+  X(Lt, "lt", LtOp, true, binary_dtypes::kNumeric)             \
+  X(Le, "le", LeOp, true, binary_dtypes::kNumeric)             \
+  X(Gt, "gt", GtOp, true, binary_dtypes::kNumeric)             \
+  X(Ge, "ge", GeOp, true, binary_dtypes::kNumeric)             \
+  X(And, "logical_and", AndOp, false, binary_dtypes::kBool)    \
+  X(Or, "logical_or", OrOp, false, binary_dtypes::kBool)
+
+enum class UnaryOp {
+#define LINEA_OP_ENUM(name, ...) name,
+  LINEA_UNARY_OPS(LINEA_OP_ENUM)
+};
+enum class BinaryOp { LINEA_BINARY_OPS(LINEA_OP_ENUM) };
+#undef LINEA_OP_ENUM
+
+inline const char* unary_op_name(UnaryOp op) {
+  switch (op) {
+#define LINEA_OP_NAME(name, str, ...) \
+  case UnaryOp::name:                 \
+    return str;
+    LINEA_UNARY_OPS(LINEA_OP_NAME)
+#undef LINEA_OP_NAME
+  }
+  return "unary";
+}
+// Ops defined on Int64 too; the others need a floating dtype.
+inline bool unary_supports_integers(UnaryOp op) {
+  switch (op) {
+#define LINEA_OP_INTS(name, str, functor, ints) \
+  case UnaryOp::name:                           \
+    return ints;
+    LINEA_UNARY_OPS(LINEA_OP_INTS)
+#undef LINEA_OP_INTS
+  }
+  return false;
+}
+
+inline const char* binary_op_name(BinaryOp op) {
+  switch (op) {
+#define LINEA_OP_NAME(name, str, ...) \
+  case BinaryOp::name:                \
+    return str;
+    LINEA_BINARY_OPS(LINEA_OP_NAME)
+#undef LINEA_OP_NAME
+  }
+  return "binary";
+}
+// Comparisons produce Bool whatever their inputs' dtype.
+inline bool is_comparison(BinaryOp op) {
+  switch (op) {
+#define LINEA_OP_CMP(name, str, functor, cmp, dtypes) \
+  case BinaryOp::name:                                \
+    return cmp;
+    LINEA_BINARY_OPS(LINEA_OP_CMP)
+#undef LINEA_OP_CMP
+  }
+  return false;
+}
+inline bool binary_supports(BinaryOp op, DType t) {
+  const unsigned bit = is_floating(t)      ? binary_dtypes::kFloat
+                       : t == DType::Int64 ? binary_dtypes::kInt
+                                           : binary_dtypes::kBool;
+  switch (op) {
+#define LINEA_OP_DTYPES(name, str, functor, cmp, dtypes) \
+  case BinaryOp::name:                                   \
+    return (dtypes & bit) != 0;
+    LINEA_BINARY_OPS(LINEA_OP_DTYPES)
+#undef LINEA_OP_DTYPES
+  }
+  return false;
+}
 
 enum class ReduceOp { Sum, Max, Min, LogSumExp };
 

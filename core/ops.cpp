@@ -292,9 +292,8 @@ void arange_(const Tensor& out, double start, double step) {
 // ---- elementwise -----------------------------------------------------------------------------
 Tensor unary(UnaryOp op, const Tensor& x, double a, double b) {
   check_defined(unary_op_name(op), x, "x");
-  LINEA_CHECK(is_floating(x.dtype()) || (x.dtype() == DType::Int64 && detail::unary_supports_integers(op)),
-              unary_op_name(op), ": expected a floating dtype, got ", dtype_name(x.dtype()), " (shape ",
-              shape_str(x.shape()), ")");
+  LINEA_CHECK(is_floating(x.dtype()) || (x.dtype() == DType::Int64 && unary_supports_integers(op)), unary_op_name(op),
+              ": expected a floating dtype, got ", dtype_name(x.dtype()), " (shape ", shape_str(x.shape()), ")");
   Tensor out = empty(x.shape(), x.options());
   if (out.numel() > 0) LINEA_BACKEND(x.device(), unary, op, x, out, a, b);
   return out;
@@ -317,10 +316,10 @@ void check_binary_dtypes(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (a.dtype() == DType::Int64)
     LINEA_CHECK(op != BinaryOp::Div, "div: integer division is not supported (shape ", shape_str(a.shape()),
                 "); convert to a floating dtype first");
-  if (a.dtype() == DType::Bool)
-    LINEA_CHECK(op == BinaryOp::Eq || op == BinaryOp::Ne || op == BinaryOp::Mul || op == BinaryOp::Maximum ||
-                    op == BinaryOp::Minimum,
-                name, ": not defined for bool tensors (only eq, ne, mul = and, maximum = or, minimum = and)");
+  LINEA_CHECK(
+      binary_supports(op, a.dtype()), name, ": not defined for ", dtype_name(a.dtype()), " tensors (shapes ",
+      shape_str(a.shape()), " and ", shape_str(b.shape()), ")",
+      a.dtype() == DType::Bool ? "; on bool: eq, ne, logical_and/or, mul = and, maximum = or, minimum = and" : "");
 }
 }  // namespace
 
@@ -497,77 +496,3 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 }
 
 }  // namespace linea::raw
-
-namespace linea {
-const char* unary_op_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::Neg:
-      return "neg";
-    case UnaryOp::Exp:
-      return "exp";
-    case UnaryOp::Log:
-      return "log";
-    case UnaryOp::Sqrt:
-      return "sqrt";
-    case UnaryOp::Rsqrt:
-      return "rsqrt";
-    case UnaryOp::Abs:
-      return "abs";
-    case UnaryOp::Tanh:
-      return "tanh";
-    case UnaryOp::Sigmoid:
-      return "sigmoid";
-    case UnaryOp::Relu:
-      return "relu";
-    case UnaryOp::GeluTanh:
-      return "gelu(tanh)";
-    case UnaryOp::GeluErf:
-      return "gelu";
-    case UnaryOp::Sin:
-      return "sin";
-    case UnaryOp::Cos:
-      return "cos";
-    case UnaryOp::Pow:
-      return "pow";
-    case UnaryOp::Clamp:
-      return "clamp";
-    case UnaryOp::AddScalar:
-      return "add";
-    case UnaryOp::MulScalar:
-      return "mul";
-    case UnaryOp::Sign:
-      return "sign";
-  }
-  return "unary";
-}
-
-const char* binary_op_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::Add:
-      return "add";
-    case BinaryOp::Sub:
-      return "sub";
-    case BinaryOp::Mul:
-      return "mul";
-    case BinaryOp::Div:
-      return "div";
-    case BinaryOp::Maximum:
-      return "maximum";
-    case BinaryOp::Minimum:
-      return "minimum";
-    case BinaryOp::Eq:
-      return "eq";
-    case BinaryOp::Ne:
-      return "ne";
-    case BinaryOp::Lt:
-      return "lt";
-    case BinaryOp::Le:
-      return "le";
-    case BinaryOp::Gt:
-      return "gt";
-    case BinaryOp::Ge:
-      return "ge";
-  }
-  return "binary";
-}
-}  // namespace linea

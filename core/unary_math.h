@@ -1,7 +1,8 @@
 // The math of every UnaryOp: forward f(x) and backward g * f'(x), one functor per op,
 // usable from host and device code (the CPU kernels are the reference; the CUDA kernels
 // include this same file, so both compute the same formulas).
-// with_unary_op(op, body) calls body with the functor of op (a runtime-to-compile-time switch).
+// with_unary_op(op, body) calls body with the functor of op (a runtime-to-compile-time switch);
+// the op list itself (enum, names, Int64 support) is the table LINEA_UNARY_OPS in core/kernels.h.
 #pragma once
 
 #include <cmath>
@@ -10,10 +11,12 @@
 
 #include "core/kernels.h"
 
+#if !defined(LINEA_HD)
 #if defined(__CUDACC__)
 #define LINEA_HD __host__ __device__ __forceinline__
 #else
 #define LINEA_HD inline
+#endif
 #endif
 
 namespace linea::detail {
@@ -124,45 +127,42 @@ struct SignOp {
   template <typename T> LINEA_HD T backward(T, T, T, T, T) const { return T(0); }
 };
 
+// The op switches, generated from the table LINEA_UNARY_OPS (core/kernels.h).
 template <typename Body> inline void with_unary_op(UnaryOp op, Body&& body) {
   switch (op) {
-    case UnaryOp::Neg:
-      return body(NegOp{});
-    case UnaryOp::Exp:
-      return body(ExpOp{});
-    case UnaryOp::Log:
-      return body(LogOp{});
-    case UnaryOp::Sqrt:
-      return body(SqrtOp{});
-    case UnaryOp::Rsqrt:
-      return body(RsqrtOp{});
-    case UnaryOp::Abs:
-      return body(AbsOp{});
-    case UnaryOp::Tanh:
-      return body(TanhOp{});
-    case UnaryOp::Sigmoid:
-      return body(SigmoidOp{});
-    case UnaryOp::Relu:
-      return body(ReluOp{});
-    case UnaryOp::GeluTanh:
-      return body(GeluTanhOp{});
-    case UnaryOp::GeluErf:
-      return body(GeluErfOp{});
-    case UnaryOp::Sin:
-      return body(SinOp{});
-    case UnaryOp::Cos:
-      return body(CosOp{});
-    case UnaryOp::Pow:
-      return body(PowOp{});
-    case UnaryOp::Clamp:
-      return body(ClampOp{});
-    case UnaryOp::AddScalar:
-      return body(AddScalarOp{});
-    case UnaryOp::MulScalar:
-      return body(MulScalarOp{});
-    case UnaryOp::Sign:
-      return body(SignOp{});
+#define LINEA_UNARY_CASE(name, str, functor, ints) \
+  case UnaryOp::name:                              \
+    return body(functor{});
+    LINEA_UNARY_OPS(LINEA_UNARY_CASE)
+#undef LINEA_UNARY_CASE
   }
+}
+
+// Runtime-switch forms for device kernels (one kernel for all ops). For integer T only the
+// ops marked for Int64 in the table are instantiated; the others return x (never reached:
+// the launcher checks unary_supports_integers).
+template <typename T> LINEA_HD T unary_forward_switch(UnaryOp op, T x, T a, T b) {
+  switch (op) {
+#define LINEA_UNARY_CASE(name, str, functor, ints)  \
+  case UnaryOp::name:                               \
+    if constexpr (std::is_integral_v<T> && !(ints)) \
+      break;                                        \
+    else                                            \
+      return functor{}.forward(x, a, b);
+    LINEA_UNARY_OPS(LINEA_UNARY_CASE)
+#undef LINEA_UNARY_CASE
+  }
+  return x;
+}
+template <typename T> LINEA_HD T unary_backward_switch(UnaryOp op, T g, T x, T y, T a, T b) {
+  switch (op) {
+#define LINEA_UNARY_CASE(name, str, functor, ints) \
+  case UnaryOp::name:                              \
+    return functor{}.backward(g, x, y, a, b);
+    LINEA_UNARY_OPS(LINEA_UNARY_CASE)
+#undef LINEA_UNARY_CASE
+  }
+  return g;
 }
 
 // A double op parameter as T; for integer T saturated to T's range (a one-sided clamp passes
@@ -173,12 +173,6 @@ template <typename T> LINEA_HD T scalar_param(double v) {
     if (!(v > -9.2233720368547748e18)) return T(INT64_MIN);
   }
   return static_cast<T>(v);
-}
-
-// Ops defined on Int64 too; the others need a floating dtype.
-inline bool unary_supports_integers(UnaryOp op) {
-  return op == UnaryOp::Neg || op == UnaryOp::Abs || op == UnaryOp::Clamp || op == UnaryOp::AddScalar ||
-         op == UnaryOp::MulScalar || op == UnaryOp::Sign;
 }
 
 }  // namespace linea::detail

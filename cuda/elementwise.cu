@@ -1,7 +1,8 @@
 // CUDA elementwise kernels: fill, copy (with dtype conversion), arange, unary ops and their
 // derivatives, binary ops, where (namespace linea::cuda, contracts in core/kernels.h).
-// The math is the CPU reference's: unary ops call the functors of core/unary_math.h, binary
-// ops and conversions are written exactly as in core/cpu/elementwise.cpp.
+// The math is the CPU reference's: unary and binary ops call the functors of core/unary_math.h
+// and core/binary_math.h (generated switches over the op tables of core/kernels.h);
+// conversions are written exactly as in core/cpu/elementwise.cpp.
 //
 // Every kernel goes through launch_elementwise (cuda/common.cuh): operands of any layout are
 // addressed by a strided offset calculator; when all are contiguous a plain-index kernel runs.
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/binary_math.h"
 #include "core/kernels.h"
 #include "core/unary_math.h"
 #include "cuda/common.cuh"
@@ -69,120 +71,15 @@ template <typename T> __global__ void arange_kernel(T* out, int64_t n, double st
 }
 
 // ---- unary ---------------------------------------------------------------------------------------
-// The op switch for floating T; the formulas are core/unary_math.h's.
-template <typename T> __device__ __forceinline__ T unary_forward(UnaryOp op, T x, T a, T b) {
-  using namespace linea::detail;
-  switch (op) {
-    case UnaryOp::Neg:
-      return NegOp{}.forward(x, a, b);
-    case UnaryOp::Exp:
-      return ExpOp{}.forward(x, a, b);
-    case UnaryOp::Log:
-      return LogOp{}.forward(x, a, b);
-    case UnaryOp::Sqrt:
-      return SqrtOp{}.forward(x, a, b);
-    case UnaryOp::Rsqrt:
-      return RsqrtOp{}.forward(x, a, b);
-    case UnaryOp::Abs:
-      return AbsOp{}.forward(x, a, b);
-    case UnaryOp::Tanh:
-      return TanhOp{}.forward(x, a, b);
-    case UnaryOp::Sigmoid:
-      return SigmoidOp{}.forward(x, a, b);
-    case UnaryOp::Relu:
-      return ReluOp{}.forward(x, a, b);
-    case UnaryOp::GeluTanh:
-      return GeluTanhOp{}.forward(x, a, b);
-    case UnaryOp::GeluErf:
-      return GeluErfOp{}.forward(x, a, b);
-    case UnaryOp::Sin:
-      return SinOp{}.forward(x, a, b);
-    case UnaryOp::Cos:
-      return CosOp{}.forward(x, a, b);
-    case UnaryOp::Pow:
-      return PowOp{}.forward(x, a, b);
-    case UnaryOp::Clamp:
-      return ClampOp{}.forward(x, a, b);
-    case UnaryOp::AddScalar:
-      return AddScalarOp{}.forward(x, a, b);
-    case UnaryOp::MulScalar:
-      return MulScalarOp{}.forward(x, a, b);
-    case UnaryOp::Sign:
-      return SignOp{}.forward(x, a, b);
-  }
-  return x;
-}
-
-// Int64: only the ops of detail::unary_supports_integers (checked by the launcher).
-__device__ __forceinline__ int64_t unary_forward_int(UnaryOp op, int64_t x, int64_t a, int64_t b) {
-  using namespace linea::detail;
-  switch (op) {
-    case UnaryOp::Neg:
-      return NegOp{}.forward(x, a, b);
-    case UnaryOp::Abs:
-      return AbsOp{}.forward(x, a, b);
-    case UnaryOp::Clamp:
-      return ClampOp{}.forward(x, a, b);
-    case UnaryOp::AddScalar:
-      return AddScalarOp{}.forward(x, a, b);
-    case UnaryOp::MulScalar:
-      return MulScalarOp{}.forward(x, a, b);
-    case UnaryOp::Sign:
-      return SignOp{}.forward(x, a, b);
-    default:
-      return x;
-  }
-}
-
-template <typename T> __device__ __forceinline__ T unary_backward_math(UnaryOp op, T g, T x, T y, T a, T b) {
-  using namespace linea::detail;
-  switch (op) {
-    case UnaryOp::Neg:
-      return NegOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Exp:
-      return ExpOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Log:
-      return LogOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Sqrt:
-      return SqrtOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Rsqrt:
-      return RsqrtOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Abs:
-      return AbsOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Tanh:
-      return TanhOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Sigmoid:
-      return SigmoidOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Relu:
-      return ReluOp{}.backward(g, x, y, a, b);
-    case UnaryOp::GeluTanh:
-      return GeluTanhOp{}.backward(g, x, y, a, b);
-    case UnaryOp::GeluErf:
-      return GeluErfOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Sin:
-      return SinOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Cos:
-      return CosOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Pow:
-      return PowOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Clamp:
-      return ClampOp{}.backward(g, x, y, a, b);
-    case UnaryOp::AddScalar:
-      return AddScalarOp{}.backward(g, x, y, a, b);
-    case UnaryOp::MulScalar:
-      return MulScalarOp{}.backward(g, x, y, a, b);
-    case UnaryOp::Sign:
-      return SignOp{}.backward(g, x, y, a, b);
-  }
-  return g;
-}
-
+// The op switches are core/unary_math.h's, generated from the op table.
 template <typename T> struct UnaryF {  // operands: out, x
   T* out;
   const T* x;
   UnaryOp op;
   T a, b;
-  __device__ void operator()(const int64_t (&off)[2]) const { out[off[0]] = unary_forward(op, x[off[1]], a, b); }
+  __device__ void operator()(const int64_t (&off)[2]) const {
+    out[off[0]] = linea::detail::unary_forward_switch(op, x[off[1]], a, b);
+  }
 };
 
 struct UnaryIntF {
@@ -190,7 +87,9 @@ struct UnaryIntF {
   const int64_t* x;
   UnaryOp op;
   int64_t a, b;
-  __device__ void operator()(const int64_t (&off)[2]) const { out[off[0]] = unary_forward_int(op, x[off[1]], a, b); }
+  __device__ void operator()(const int64_t (&off)[2]) const {
+    out[off[0]] = linea::detail::unary_forward_switch(op, x[off[1]], a, b);
+  }
 };
 
 template <typename T> struct UnaryBackwardF {  // operands: dx, grad, x, y
@@ -201,55 +100,20 @@ template <typename T> struct UnaryBackwardF {  // operands: dx, grad, x, y
   UnaryOp op;
   T a, b;
   __device__ void operator()(const int64_t (&off)[4]) const {
-    dx[off[0]] = unary_backward_math(op, g[off[1]], x[off[2]], y[off[3]], a, b);
+    dx[off[0]] = linea::detail::unary_backward_switch(op, g[off[1]], x[off[2]], y[off[3]], a, b);
   }
 };
 
 // ---- binary ------------------------------------------------------------------------------------
-template <typename T> __device__ __forceinline__ T binary_math(BinaryOp op, T x, T y) {
-  switch (op) {
-    case BinaryOp::Add:
-      return static_cast<T>(x + y);
-    case BinaryOp::Sub:
-      return static_cast<T>(x - y);
-    case BinaryOp::Mul:
-      return static_cast<T>(x * y);
-    case BinaryOp::Div:
-      return static_cast<T>(x / y);
-    case BinaryOp::Maximum:
-      return (x != x || x > y) ? x : y;
-    case BinaryOp::Minimum:
-      return (x != x || x < y) ? x : y;
-    default:
-      return x;  // comparisons go through compare_math
-  }
-}
-
-template <typename T> __device__ __forceinline__ uint8_t compare_math(BinaryOp op, T x, T y) {
-  switch (op) {
-    case BinaryOp::Eq:
-      return uint8_t(x == y);
-    case BinaryOp::Ne:
-      return uint8_t(x != y);
-    case BinaryOp::Lt:
-      return uint8_t(x < y);
-    case BinaryOp::Le:
-      return uint8_t(x <= y);
-    case BinaryOp::Gt:
-      return uint8_t(x > y);
-    case BinaryOp::Ge:
-      return uint8_t(x >= y);
-    default:
-      return 0;
-  }
-}
-
+// The math is core/binary_math.h's (binary_apply: a runtime switch generated from the op table).
 template <typename T> struct BinaryF {  // operands: out, a, b
   T* out;
   const T* a;
   const T* b;
   BinaryOp op;
-  __device__ void operator()(const int64_t (&off)[3]) const { out[off[0]] = binary_math(op, a[off[1]], b[off[2]]); }
+  __device__ void operator()(const int64_t (&off)[3]) const {
+    out[off[0]] = linea::detail::binary_apply<T>(op, a[off[1]], b[off[2]]);
+  }
 };
 
 template <typename T> struct CompareF {
@@ -257,7 +121,9 @@ template <typename T> struct CompareF {
   const T* a;
   const T* b;
   BinaryOp op;
-  __device__ void operator()(const int64_t (&off)[3]) const { out[off[0]] = compare_math(op, a[off[1]], b[off[2]]); }
+  __device__ void operator()(const int64_t (&off)[3]) const {
+    out[off[0]] = linea::detail::binary_apply<uint8_t>(op, a[off[1]], b[off[2]]);
+  }
 };
 
 // ---- where ---------------------------------------------------------------------------------------
@@ -326,8 +192,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b) {
   LINEA_CHECK(x.shape() == out.shape(), unary_op_name(op), ": shapes differ: x ", shape_str(x.shape()), ", out ",
               shape_str(out.shape()));
   if (x.dtype() == DType::Int64) {
-    LINEA_CHECK(linea::detail::unary_supports_integers(op), unary_op_name(op),
-                ": expected a floating dtype, got int64");
+    LINEA_CHECK(unary_supports_integers(op), unary_op_name(op), ": expected a floating dtype, got int64");
     UnaryIntF f{ptr<int64_t>(out), cptr<int64_t>(x), op, linea::detail::scalar_param<int64_t>(a),
                 linea::detail::scalar_param<int64_t>(b)};
     launch_elementwise<2>(unary_op_name(op), out.shape(), {&out.strides(), &x.strides()}, f);

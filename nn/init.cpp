@@ -40,14 +40,14 @@ Tensor ones_(const Tensor& t) { return constant_(t, 1.0); }
 Tensor uniform_(const Tensor& t, double lo, double hi) {
   check_target("init::uniform_", t);
   LINEA_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "init::uniform_: invalid range [", lo, ", ", hi, ")");
-  return assign(t, raw::uniform(t.shape(), lo, hi, kHost));
+  return assign(t, uniform(t.shape(), lo, hi, kHost));
 }
 
 Tensor normal_(const Tensor& t, double mean, double std) {
   check_target("init::normal_", t);
   LINEA_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0, "init::normal_: invalid mean ", mean, " / std ",
               std);
-  return assign(t, raw::normal(t.shape(), mean, std, kHost));
+  return assign(t, normal(t.shape(), mean, std, kHost));
 }
 
 Tensor trunc_normal_(const Tensor& t, double std, double mean, double a, double b) {
@@ -66,7 +66,7 @@ Tensor trunc_normal_(const Tensor& t, double std, double mean, double a, double 
   while (static_cast<int64_t>(out.size()) < n) {
     const int64_t missing = n - static_cast<int64_t>(out.size());
     const int64_t draw = static_cast<int64_t>(static_cast<double>(missing) / accept) + 16;
-    std::vector<double> z = raw::normal({draw}, 0.0, 1.0, kHost).to_vector<double>();
+    std::vector<double> z = normal({draw}, 0.0, 1.0, kHost).to_vector<double>();
     for (double v : z) {
       if (v < a || v > b) continue;
       out.push_back(mean + std * v);

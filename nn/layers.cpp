@@ -74,7 +74,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
               " out of range for ", num_embeddings, " embeddings (-1 = none)");
   weight_ = register_parameter("weight", empty({num_, dim_}));
   init::trunc_normal_(weight_, 0.02);
-  if (padding_idx_ >= 0) init::zeros_(raw::narrow(weight_, 0, padding_idx_, 1));
+  if (padding_idx_ >= 0) init::zeros_(weight_.detach().narrow(0, padding_idx_, 1));  // a view: no graph
 }
 
 Tensor Embedding::forward(const Tensor& index) {
@@ -84,8 +84,7 @@ Tensor Embedding::forward(const Tensor& index) {
   Tensor out = embedding(weight_, index);  // [..., dim]
   if (padding_idx_ < 0 || !needs_grad({&out})) return out;
   // Same values, but positions holding padding_idx pass no gradient back to the table.
-  Tensor is_pad = raw::unsqueeze(raw::binary(BinaryOp::Eq, index, scalar_tensor(double(padding_idx_), index.options())),
-                                 -1);  // [..., 1]
+  Tensor is_pad = (index == double(padding_idx_)).unsqueeze(-1);  // [..., 1]
   return where(is_pad, out.detach(), out);
 }
 

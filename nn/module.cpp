@@ -112,10 +112,10 @@ void Module::train(bool on) {
 
 void Module::to(Device device) {
   NoGradGuard ng;
-  for (auto& [_, t] : params_) replace_data(t, raw::contiguous(raw::to_device(t, device)));
+  for (auto& [_, t] : params_) replace_data(t, t.to(device).contiguous());
   for (auto& [n, t] : buffers_)
     if (std::find(host_buffers_.begin(), host_buffers_.end(), n) == host_buffers_.end())
-      replace_data(t, raw::contiguous(raw::to_device(t, device)));
+      replace_data(t, t.to(device).contiguous());
   for (auto& [_, c] : children_) c->to(device);
 }
 
@@ -124,7 +124,7 @@ void Module::to(DType dtype) {
   NoGradGuard ng;
   for (auto* list : {&params_, &buffers_})
     for (auto& [_, t] : *list)
-      if (is_floating(t.dtype())) replace_data(t, raw::to_dtype(t, dtype));
+      if (is_floating(t.dtype())) replace_data(t, t.to(dtype));
   for (auto& [_, c] : children_) c->to(dtype);
 }
 
@@ -146,18 +146,14 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   std::vector<std::string> missing, unexpected, misshaped;
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
-    if (it == state.end()) missing.push_back(n);
+    if (it == state.end())
+      missing.push_back(n);
     else if (!it->second.defined() || it->second.shape() != t.shape())
       misshaped.push_back(n + " (expected " + shape_str(t.shape()) + ", got " +
                           (it->second.defined() ? shape_str(it->second.shape()) : "undefined") + ")");
   }
   for (auto& [n, _] : state)
     if (!mine.count(n)) unexpected.push_back(n);
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-    return s;
-  };
   bool bad = !misshaped.empty() || (strict && (!missing.empty() || !unexpected.empty()));
   if (bad) {
     std::ostringstream os;
@@ -174,7 +170,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
     Tensor src = it->second;
     LINEA_CHECK(is_floating(t.dtype()) == is_floating(src.dtype()), "load_state_dict: '", n, "' has dtype ",
                 dtype_name(src.dtype()), ", the module expects ", dtype_name(t.dtype()));
-    raw::copy_(t, src);
+    t.copy_(src);
   }
 }
 

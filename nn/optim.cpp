@@ -39,7 +39,7 @@ Tensor& slot_for(Tensor& slot, const Tensor& p, bool* fresh) {
     slot = zeros(p.shape(), TensorOptions(p.dtype(), p.device()));
     if (fresh) *fresh = true;
   } else if (slot.device() != p.device() || slot.dtype() != p.dtype()) {
-    slot = raw::contiguous(raw::to_dtype(raw::to_device(slot, p.device()), p.dtype()));
+    slot = slot.to(p.device()).to(p.dtype()).contiguous();
   }
   return slot;
 }
@@ -61,18 +61,12 @@ StateDict export_state(const std::vector<ParamGroup>& groups, const std::vector<
     for (size_t g = 0; g < nt.table->size() && g < groups.size(); ++g) {
       for (size_t i = 0; i < (*nt.table)[g].size(); ++i) {
         const Tensor& t = (*nt.table)[g][i];
-        if (t.defined()) out[state_key(g, i, nt.name)] = raw::clone(t);
+        if (t.defined()) out[state_key(g, i, nt.name)] = clone(t);
       }
     }
   }
   out["step"] = scalar_tensor(static_cast<double>(step), TensorOptions(DType::Int64));
   return out;
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-  return s;
 }
 
 // Checks `state` against the parameters and the optimizer's state names (every key known, each
@@ -133,7 +127,7 @@ void import_state(const char* opt, const std::vector<ParamGroup>& groups, const 
         auto it = state.find(state_key(g, i, nt.name));
         if (it == state.end()) continue;
         const Tensor& p = groups[g].params[i];
-        fresh[g][i] = raw::clone(raw::to_dtype(raw::to_device(it->second, p.device()), p.dtype()));
+        fresh[g][i] = clone(it->second.to(p.device()).to(p.dtype()));
       }
     }
     *nt.table = std::move(fresh);
@@ -308,22 +302,19 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   const Device dev = grads[0].device();
   Tensor total;  // [] sum of squares
   for (const Tensor& g : grads) {
-    Tensor sq = raw::reduce(ReduceOp::Sum, raw::binary(BinaryOp::Mul, g, g), {}, false);
-    if (sq.dtype() != dt) sq = raw::to_dtype(sq, dt);
-    total = total.defined() ? raw::binary(BinaryOp::Add, total, sq) : sq;
+    Tensor sq = sum(g * g);
+    if (sq.dtype() != dt) sq = sq.to(dt);
+    total = total.defined() ? total + sq : sq;
   }
-  Tensor norm = raw::unary(UnaryOp::Sqrt, total);
-  Tensor coef = raw::unary(UnaryOp::Clamp,
-                           raw::binary(BinaryOp::Div, scalar_tensor(max_norm, TensorOptions(dt, dev)),
-                                       raw::unary(UnaryOp::AddScalar, norm, 1e-6)),
-                           -INFINITY, 1.0);
+  Tensor norm = sqrt(total);
+  Tensor coef = clamp(scalar_tensor(max_norm, TensorOptions(dt, dev)) / (norm + 1e-6), -INFINITY, 1.0);
   Tensor coef_other;  // coef in the other floating dtype, made when needed
   for (const Tensor& g : grads) {
     if (g.dtype() == dt) {
-      raw::binary_(BinaryOp::Mul, g, coef);
+      g *= coef;
     } else {
-      if (!coef_other.defined()) coef_other = raw::to_dtype(coef, g.dtype());
-      raw::binary_(BinaryOp::Mul, g, coef_other);
+      if (!coef_other.defined()) coef_other = coef.to(g.dtype());
+      g *= coef_other;
     }
   }
   return norm;

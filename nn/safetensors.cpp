@@ -186,7 +186,7 @@ Prepared prepare(const StateDict& tensors, const Metadata& metadata, const char*
   Prepared p;
   uint64_t offset = 0;
   for (auto& [name, t] : items) {
-    Tensor c = raw::contiguous(raw::to_device(t.detach(), kCPU));
+    Tensor c = t.detach().to(kCPU).contiguous();
     uint64_t nbytes = static_cast<uint64_t>(c.numel()) * c.element_size();
     ordered_json entry = ordered_json::object();
     entry["dtype"] = st_dtype_name(c.dtype());
@@ -371,7 +371,7 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
   std::vector<char> bytes = detail::read_file_bytes(path, "load_safetensors");
   SafetensorsFile f = detail::parse_safetensors(bytes.data(), bytes.size(), path);
   if (!device.is_cpu())
-    for (auto& [_, t] : f.tensors) t = raw::to_device(t, device);
+    for (auto& [_, t] : f.tensors) t = t.to(device);
   return f;
 }
 

@@ -240,6 +240,56 @@ TEST(CudaParity, Comparisons) {
   expect_parity("int64 maximum", [](const std::vector<Tensor>& v) { return maximum(v[0], v[1]); }, {a, b});
 }
 
+TEST(CudaParity, LogicalOpsAndScalarComparisons) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(4);
+  const Tensor a = gt(randn({3, 5}), 0.0), b = gt(randn({5}), 0.0), at = gt(randn({5, 3}), 0.0);
+  expect_parity(
+      "logical_and", [](const std::vector<Tensor>& v) { return v[0] & v[1]; }, {a, b}, 1.0, false);
+  expect_parity(
+      "logical_or", [](const std::vector<Tensor>& v) { return v[0] | v[1]; }, {a, b}, 1.0, false);
+  expect_parity(
+      "logical_not", [](const std::vector<Tensor>& v) { return ~v[0]; }, {a}, 1.0, false);
+  expect_parity(
+      "logical_and transposed", [](const std::vector<Tensor>& v) { return v[0].t() & v[1]; }, {at, b}, 1.0, false);
+  expect_parity(
+      "logical_or transposed", [](const std::vector<Tensor>& v) { return v[0].t() | v[1].t().t(); }, {at, a}, 1.0,
+      false);
+  expect_parity(
+      "any / all", [](const std::vector<Tensor>& v) { return any(v[0], {1}) & ~all(v[0].t(), {0}); }, {a}, 1.0, false);
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int64}) {
+    const Tensor x = ints({0, 1, 2, 1, 0, -1, 2, 2, 1, 0, -1, -2}, {3, 4}).to(dt);
+    expect_parity(
+        tag("scalar comparisons", dt),
+        [](const std::vector<Tensor>& v) { return ((v[0] > 0.5) | (1.0 == v[0])) & (v[0].t().t() <= 2.0); }, {x}, 1.0,
+        false);
+  }
+  for (DType dt : kFloatTypes)
+    expect_parity(
+        tag("where scalar", dt),
+        [](const std::vector<Tensor>& v) { return where(v[0] > 0.0, v[0], 0.0) + where(v[0] < 0.5, 1.5, v[0]); },
+        {rnd({4, 6}, dt)});
+}
+
+TEST(CudaParity, CompoundAssignment) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(5);
+  for (DType dt : kFloatTypes) {
+    const Tensor x = rnd({4, 6}, dt), r = rnd({6}, dt), y = rnd({6, 4}, dt);
+    expect_parity(
+        tag("compound assignment", dt),
+        [](const std::vector<Tensor>& v) {
+          Tensor out = clone(v[0]);
+          out += v[1];
+          out *= 2.0;
+          out.t() -= v[2];  // into a transposed view
+          out /= 3.0;
+          return out;
+        },
+        {x, r, y}, 1.0, false);
+  }
+}
+
 TEST(CudaParity, WhereAndMaskedFill) {
   LINEA_REQUIRE_CUDA();
   manual_seed(3);

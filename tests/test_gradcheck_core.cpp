@@ -136,6 +136,19 @@ TEST(GradCheck, Where) {
   EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return where(cond, in[0], in[1]); }, {at, b2});
 }
 
+TEST(GradCheck, WhereScalar) {
+  manual_seed(3);
+  Tensor cond = gt(randn({3, 4}, f64()), 0.0);
+  Tensor a = randn64({3, 4});
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return where(cond, in[0], 0.5); }, {a});
+  Tensor at = randn64_transposed({3, 4});
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return where(cond, -1.0, in[0]); }, {at});
+  Tensor row = randn64({4});  // broadcast against cond
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return where(cond.t().t(), in[0], 2.0); }, {row});
+  // A mask from a scalar comparison of the input itself (the mask gets no gradient).
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return where(in[0] > 0.1, in[0], 0.0) * in[0]; }, {at});
+}
+
 TEST(GradCheck, MaskedFill) {
   manual_seed(4);
   Tensor x = randn64_transposed({3, 5});

@@ -213,15 +213,13 @@ TEST(GradCheck, CrossEntropyLoss) {
   manual_seed(23);
   Tensor target = tensor<int64_t>({0, 4, -100, 2, 1, 3}, {2, 3});
   for (double s : {0.0, 0.1}) {
-    const Fn f = [&](const std::vector<Tensor>& x) { return nn::cross_entropy_loss(x[0], target, -100, s); };
+    const Fn f = [&](const std::vector<Tensor>& x) { return cross_entropy(x[0], target, -100, s); };
     EXPECT_GRADCHECK(f, {randn64({2, 3, 5})}) << "smoothing " << s;
-    const Fn none = [&](const std::vector<Tensor>& x) {
-      return nn::cross_entropy_loss(x[0], target, -100, s, Reduction::None);
-    };
+    const Fn none = [&](const std::vector<Tensor>& x) { return cross_entropy(x[0], target, -100, s, Reduction::None); };
     EXPECT_GRADCHECK(none, {randn64({2, 3, 5})});
   }
   const Fn rows = [](const std::vector<Tensor>& x) {
-    return nn::cross_entropy_loss(x[0], tensor<int64_t>({1, 0, 2}, {3}), -100, 0.0, Reduction::Sum);
+    return cross_entropy(x[0], tensor<int64_t>({1, 0, 2}, {3}), -100, 0.0, Reduction::Sum);
   };
   EXPECT_GRADCHECK(rows, {test::randn64_transposed({3, 4})});
 }

@@ -479,17 +479,17 @@ TEST(Loss, CrossEntropyFlattensSequences) {
       total += rows[r];
       ++count;
     }
-    EXPECT_NEAR(nn::cross_entropy_loss(logits, target, -100, s).item(), total / count, 1e-12) << s;
-    Tensor none = nn::cross_entropy_loss(logits, target, -100, s, Reduction::None);
+    EXPECT_NEAR(cross_entropy(logits, target, -100, s).item(), total / count, 1e-12) << s;
+    Tensor none = cross_entropy(logits, target, -100, s, Reduction::None);
     EXPECT_EQ(none.shape(), Shape({2, 3}));
     EXPECT_TRUE(all_close(none, from_vector<double>(rows, {2, 3}), 1e-12, 1e-12));
-    EXPECT_NEAR(nn::cross_entropy_loss(logits, target, -100, s, Reduction::Sum).item(), total, 1e-12);
+    EXPECT_NEAR(cross_entropy(logits, target, -100, s, Reduction::Sum).item(), total, 1e-12);
   }
   // [N, C] rows and [C] with a 0-d target pass straight through.
-  EXPECT_NEAR(nn::cross_entropy_loss(logits.reshape({6, 5}), target.reshape({6})).item(),
-              nn::cross_entropy_loss(logits, target).item(), 1e-12);
-  EXPECT_NEAR(nn::cross_entropy_loss(logits.select(0, 0).select(0, 0), tensor<int64_t>({1}, {})).item(),
-              nn::cross_entropy_loss(logits, target, -100, 0, Reduction::None).to_vector<double>()[0], 1e-12);
+  EXPECT_NEAR(cross_entropy(logits.reshape({6, 5}), target.reshape({6})).item(), cross_entropy(logits, target).item(),
+              1e-12);
+  EXPECT_NEAR(cross_entropy(logits.select(0, 0).select(0, 0), tensor<int64_t>({1}, {})).item(),
+              cross_entropy(logits, target, -100, 0, Reduction::None).to_vector<double>()[0], 1e-12);
 }
 
 TEST(Loss, MseValues) {
@@ -500,10 +500,10 @@ TEST(Loss, MseValues) {
 }
 
 TEST(Loss, BadInputsThrow) {
-  EXPECT_LINEA_ERROR(nn::cross_entropy_loss(zeros({2, 3, 5}), zeros({2, 4}, TensorOptions(DType::Int64))),
-                     "cross_entropy_loss: logits [2, 3, 5] and target [2, 4] do not match (expected target [2, 3])");
-  EXPECT_LINEA_ERROR(nn::cross_entropy_loss(zeros({2, 5}), zeros({2})), "target must be int64");
-  EXPECT_LINEA_ERROR(nn::cross_entropy_loss(zeros({2, 5}), zeros({2, 5}, TensorOptions(DType::Int64))),
+  EXPECT_LINEA_ERROR(cross_entropy(zeros({2, 3, 5}), zeros({2, 4}, TensorOptions(DType::Int64))),
+                     "cross_entropy: target [2, 4] does not match logits [2, 3, 5] (expected target [2, 3])");
+  EXPECT_LINEA_ERROR(cross_entropy(zeros({2, 5}), zeros({2})), "target must be int64");
+  EXPECT_LINEA_ERROR(cross_entropy(zeros({2, 5}), zeros({2, 5}, TensorOptions(DType::Int64))),
                      "need a target with one dim fewer");
   EXPECT_LINEA_ERROR(nn::mse_loss(zeros({2, 3}), zeros({3, 2})), "mse_loss: pred [2, 3] and target [3, 2]");
 }

@@ -1,6 +1,7 @@
 // Tensor data model: creation, views and strides, copies and dtype conversion, elementwise
 // and reduction values against direct computation, printing, random generators, bad input.
 #include <cmath>
+#include <limits>
 
 #include "test_util.h"
 
@@ -103,6 +104,127 @@ TEST(Tensor, BinaryBroadcastValues) {
     for (int j = 0; j < 257; j += 31) EXPECT_EQ(r[i * 257 + j], vb[i * 257 + j] - vc[i]);
 }
 
+TEST(Tensor, ComparisonOperators) {
+  Tensor a = tensor<double>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = tensor<double>({3, 2, 1}, {3});
+  auto v = [](const Tensor& t) {
+    EXPECT_EQ(t.dtype(), DType::Bool);
+    return t.to_vector<int>();
+  };
+  EXPECT_EQ(v(a == b), (std::vector<int>{0, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(v(a != b), (std::vector<int>{1, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(v(a < b), (std::vector<int>{1, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(v(a >= b), (std::vector<int>{0, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(v(a == 2.0), (std::vector<int>{0, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(v(a != 2.0), (std::vector<int>{1, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(v(a < 2.0), (std::vector<int>{1, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(v(a <= 2.0), (std::vector<int>{1, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(v(a > 4.0), (std::vector<int>{0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(v(a >= 4.0), (std::vector<int>{0, 0, 0, 1, 1, 1}));
+  // Scalar on the left: 2 < a is a > 2.
+  EXPECT_EQ(v(2.0 < a), v(a > 2.0));
+  EXPECT_EQ(v(2.0 <= a), v(a >= 2.0));
+  EXPECT_EQ(v(2.0 > a), v(a < 2.0));
+  EXPECT_EQ(v(2.0 >= a), v(a <= 2.0));
+  EXPECT_EQ(v(2.0 == a), v(a == 2.0));
+  EXPECT_EQ(v(2.0 != a), v(a != 2.0));
+  // Non-contiguous operand.
+  EXPECT_EQ(v(a.t() > 2.0), (std::vector<int>{0, 1, 0, 1, 1, 1}));
+  // Int64 against a scalar it cannot hold: compared exactly (in float64), not truncated.
+  Tensor i = tensor<int64_t>({0, 1, 2}, {3});
+  EXPECT_EQ(v(i > 0.5), (std::vector<int>{0, 1, 1}));
+  EXPECT_EQ(v(i == 1.0), (std::vector<int>{0, 1, 0}));
+  EXPECT_EQ(v(i == 0.5), (std::vector<int>{0, 0, 0}));
+  Tensor bl = i > 0.0;
+  EXPECT_EQ(v(bl == 0.5), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(v(bl == 1.0), (std::vector<int>{0, 1, 1}));
+}
+
+TEST(Tensor, LogicalOpsAndAnyAll) {
+  Tensor a = tensor<double>({1, -2, 3, -4, 5, -6}, {2, 3}) > 0.0;  // [[1 0 1] [0 1 0]]
+  Tensor b = tensor<double>({1, 1, 0}, {3}) > 0.5;                 // [1 1 0], broadcast
+  EXPECT_EQ((a & b).to_vector<int>(), (std::vector<int>{1, 0, 0, 0, 1, 0}));
+  EXPECT_EQ((a | b).to_vector<int>(), (std::vector<int>{1, 1, 1, 1, 1, 0}));
+  EXPECT_EQ((~a).to_vector<int>(), (std::vector<int>{0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(logical_and(a, b).dtype(), DType::Bool);
+  EXPECT_EQ(logical_or(a.t(), b.reshape({3, 1})).to_vector<int>(), (std::vector<int>{1, 1, 1, 1, 1, 0}));
+  EXPECT_EQ((~a.t()).to_vector<int>(), (std::vector<int>{0, 1, 1, 0, 0, 1}));
+  EXPECT_EQ(any(a).item(), 1.0);
+  EXPECT_EQ(all(a).item(), 0.0);
+  EXPECT_EQ(any(a, {1}).to_vector<int>(), (std::vector<int>{1, 1}));
+  EXPECT_EQ(all(a | b, {1}).to_vector<int>(), (std::vector<int>{1, 0}));
+  EXPECT_EQ(all(a.t(), {1}, true).shape(), Shape({3, 1}));
+  EXPECT_EQ(all(a.t(), {1}, true).to_vector<int>(), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(any(a, {0}).dtype(), DType::Bool);
+  Tensor empty_mask = zeros({0}, TensorOptions(DType::Bool));
+  EXPECT_EQ(any(empty_mask).item(), 0.0);  // as PyTorch: any of nothing is false, all is true
+  EXPECT_EQ(all(empty_mask).item(), 1.0);
+  EXPECT_LINEA_ERROR(logical_and(zeros({2}), zeros({2})), "logical_and: not defined for float32");
+  EXPECT_LINEA_ERROR(~zeros({2, 3}), "logical_not: expected a bool tensor, got float32 (shape [2, 3])");
+  EXPECT_LINEA_ERROR(any(zeros({2})), "any: expected a bool tensor");
+  EXPECT_LINEA_ERROR(a & zeros({3}), "logical_and");
+}
+
+TEST(Tensor, WhereWithScalars) {
+  Tensor a = tensor<double>({1, 2, 3, 4}, {2, 2});
+  Tensor m = a > 2.5;
+  EXPECT_EQ(where(m, a, 0.0).to_vector<double>(), (std::vector<double>{0, 0, 3, 4}));
+  EXPECT_EQ(where(m, -1.0, a).to_vector<double>(), (std::vector<double>{1, 2, -1, -1}));
+  EXPECT_EQ(where(m.t(), a, 0.0).to_vector<double>(), (std::vector<double>{0, 2, 0, 4}));
+  EXPECT_EQ(where(m, a.to(DType::Float32), 0.5).dtype(), DType::Float32);
+}
+
+TEST(Tensor, CompoundAssignment) {
+  Tensor a = tensor<double>({1, 2, 3, 4}, {2, 2});
+  const Tensor alias = a;  // a handle: both see the write
+  a += tensor<double>({10, 20}, {2});
+  EXPECT_EQ(alias.to_vector<double>(), (std::vector<double>{11, 22, 13, 24}));
+  a -= 1.0;
+  EXPECT_EQ(a.to_vector<double>(), (std::vector<double>{10, 21, 12, 23}));
+  a *= 2.0;
+  EXPECT_EQ(a.to_vector<double>(), (std::vector<double>{20, 42, 24, 46}));
+  a /= tensor<double>({2, 4}, {2, 1});
+  EXPECT_EQ(a.to_vector<double>(), (std::vector<double>{10, 21, 6, 11.5}));
+  a /= 4.0;  // a true division, not a multiplication by 0.25 rounded
+  EXPECT_EQ(a.to_vector<double>(), (std::vector<double>{2.5, 5.25, 1.5, 2.875}));
+  // Into a non-contiguous view writes through to the base.
+  Tensor b = tensor<double>({1, 2, 3, 4, 5, 6}, {2, 3});
+  b.t().narrow(0, 1, 1) *= tensor<double>({10, 100}, {2});
+  EXPECT_EQ(b.to_vector<double>(), (std::vector<double>{1, 20, 3, 4, 500, 6}));
+  b.t() -= b.t();
+  EXPECT_EQ(b.to_vector<double>(), (std::vector<double>(6, 0.0)));
+  Tensor i = tensor<int64_t>({1, 2}, {2});
+  i *= 3.0;
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{3, 6}));
+  EXPECT_LINEA_ERROR(i *= 0.5, "operator*=: 0.5 cannot be written into a int64 tensor (shape [2])");
+  EXPECT_LINEA_ERROR(i /= 2.0, "integer division");
+  EXPECT_LINEA_ERROR(a += tensor<double>({1, 2, 3}, {3}), "[2, 2]");
+  EXPECT_LINEA_ERROR(a += ones({2, 2}), "float32");
+}
+
+TEST(Tensor, CompoundAssignmentRefusedUnderAutograd) {
+  Tensor w = tensor<double>({1, 2}, {2});
+  w.requires_grad_();
+  Tensor c = tensor<double>({1, 1}, {2});
+  EXPECT_LINEA_ERROR(w += c, "operator+=: in-place arithmetic on a tensor that requires grad (a, shape [2])");
+  EXPECT_LINEA_ERROR(w *= 2.0, "operator*=");
+  EXPECT_LINEA_ERROR(c -= w, "operator-=: in-place arithmetic on a tensor that requires grad (b, shape [2])");
+  EXPECT_EQ(w.to_vector<double>(), (std::vector<double>{1, 2}));  // nothing written
+  {
+    NoGradGuard no_grad;  // optimizer-style update: allowed, and it bumps the version
+    w -= c * 0.5;
+  }
+  EXPECT_EQ(w.to_vector<double>(), (std::vector<double>{0.5, 1.5}));
+  Tensor x = tensor<double>({1, 2}, {2});
+  x.requires_grad_();
+  Tensor y = x * 2.0, z = y * y;
+  {
+    NoGradGuard no_grad;
+    y += 1.0;  // y was saved by z's backward
+  }
+  EXPECT_LINEA_ERROR(sum(z).backward(), "in-place");
+}
+
 TEST(Tensor, ReductionValues) {
   Tensor x = arange(24.0, f64()).reshape({2, 3, 4});
   EXPECT_DOUBLE_EQ(sum(x).item(), 276.0);
@@ -190,6 +312,17 @@ TEST(Errors, DeviceMismatchAndMissingCuda) {
     EXPECT_THROW(zeros({2}, Device("cuda")), linea::Error);
     EXPECT_THROW(zeros({2}).to(Device("cuda")), linea::Error);
   }
+}
+
+TEST(Helpers, DtypeLowestAndJoin) {
+  EXPECT_EQ(dtype_lowest(DType::Float32), static_cast<double>(std::numeric_limits<float>::lowest()));
+  EXPECT_EQ(dtype_lowest(DType::Float64), std::numeric_limits<double>::lowest());
+  EXPECT_TRUE(std::isfinite(static_cast<float>(dtype_lowest(DType::Float32))));
+  EXPECT_LINEA_ERROR(dtype_lowest(DType::Int64), "dtype_lowest: expected a floating dtype, got int64");
+  EXPECT_EQ(join({"a", "b", "c"}), "a, b, c");
+  EXPECT_EQ(join({"x"}, " | "), "x");
+  EXPECT_EQ(join({"x", "y"}, "/"), "x/y");
+  EXPECT_EQ(join({}), "");
 }
 
 TEST(Tensor, EmptyTensorsAreContiguous) {

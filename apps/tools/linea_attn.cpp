@@ -44,12 +44,6 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-  return s;
-}
-
 const char* st_dtype(DType dt) { return dt == DType::Float32 ? "F32" : dt == DType::Float64 ? "F64" : "I64"; }
 
 Device parse_device(const std::string& s) {

@@ -1,5 +1,6 @@
 // CPU elementwise kernels: fill, copy (with dtype conversion), arange, unary ops and their
-// derivatives, binary ops, where. The math here is the reference the CUDA kernels reproduce,
+// derivatives, binary ops, where. The op math is core/unary_math.h's and core/binary_math.h's
+// (shared with the CUDA kernels); this is the reference the CUDA kernels reproduce,
 // except for the float32 forms of Exp, Sigmoid and the two GELUs, which use the vectorizable
 // exp/erf of core/cpu/vec_math.h instead of libm (same formulas, within a few float ulps).
 #include <omp.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/binary_math.h"
 #include "core/cpu/strided.h"
 #include "core/cpu/vec_math.h"
 #include "core/kernels.h"
@@ -198,34 +200,9 @@ void binary_loop(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
 
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   dispatch_all(a.dtype(), "binary", [&](auto tag_) {
-    using scalar_t = decltype(tag_);
-    using T = scalar_t;
-    switch (op) {
-      case BinaryOp::Add:
-        return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x + y); });
-      case BinaryOp::Sub:
-        return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x - y); });
-      case BinaryOp::Mul:
-        return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x * y); });
-      case BinaryOp::Div:
-        return binary_loop<T, T>(a, b, out, [](T x, T y) { return static_cast<T>(x / y); });
-      case BinaryOp::Maximum:
-        return binary_loop<T, T>(a, b, out, [](T x, T y) { return (x != x || x > y) ? x : y; });
-      case BinaryOp::Minimum:
-        return binary_loop<T, T>(a, b, out, [](T x, T y) { return (x != x || x < y) ? x : y; });
-      case BinaryOp::Eq:
-        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x == y); });
-      case BinaryOp::Ne:
-        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x != y); });
-      case BinaryOp::Lt:
-        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x < y); });
-      case BinaryOp::Le:
-        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x <= y); });
-      case BinaryOp::Gt:
-        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x > y); });
-      case BinaryOp::Ge:
-        return binary_loop<T, uint8_t>(a, b, out, [](T x, T y) { return uint8_t(x >= y); });
-    }
+    using T = decltype(tag_);
+    // The functor's result type is the output's: T, or uint8_t (Bool) for comparisons.
+    linea::detail::with_binary_op(op, [&](auto f) { binary_loop<T, decltype(f(T(), T()))>(a, b, out, f); });
   });
 }
 
