@@ -4,7 +4,6 @@
 #include "attention/mechanism.h"
 
 #include <algorithm>
-#include <cfloat>
 
 namespace linea::attn {
 
@@ -192,14 +191,14 @@ Tensor key_padding_bool(const Tensor& m) {
   if (!m.defined()) return Tensor();
   if (m.dtype() == DType::Bool) return m.detach();
   LINEA_CHECK(m.dtype() == DType::Int64, "key_padding_mask: must be bool or int64, got ", dtype_name(m.dtype()));
-  return ne(m.detach(), 0.0);
+  return m.detach() != 0.0;
 }
 
 Tensor causal_hidden(int64_t N, int64_t M, int64_t offset, Device device) {
   const TensorOptions io(DType::Int64, device);
   Tensor rows = reshape(arange(static_cast<double>(offset), static_cast<double>(offset + N), 1.0, io), {N, 1});
   Tensor cols = reshape(arange(0.0, static_cast<double>(M), 1.0, io), {1, M});
-  return gt(cols, rows);  // key m after query n's position n + offset
+  return cols > rows;  // key m after query n's position n + offset
 }
 
 Tensor attention_mask(const AttentionOptions& opts, int64_t N, int64_t M, Device device) {
@@ -210,7 +209,7 @@ Tensor attention_mask(const AttentionOptions& opts, int64_t N, int64_t M, Device
     LINEA_CHECK(pad.dim() == 2 && pad.size(1) == M, "attention_mask: key_padding_mask must be [B, ", M, "], got ",
                 shape_str(pad.shape()));
     pad = reshape(pad, {pad.size(0), 1, 1, M});            // [B, 1, 1, M]
-    masked = masked.defined() ? maximum(masked, pad) : pad;  // or
+    masked = masked.defined() ? (masked | pad) : pad;
   }
   return masked;
 }
@@ -221,10 +220,8 @@ Tensor masked_softmax(const Tensor& logits, const Tensor& hidden, int64_t dim) {
               dtype_name(hidden.dtype()));
   // The dtype's lowest finite value, not -inf: a fully hidden slice stays finite (uniform) and is
   // zeroed below instead of turning into NaN; hidden entries of other slices get exactly 0.
-  const double lowest = logits.dtype() == DType::Float32 ? -static_cast<double>(FLT_MAX) : -DBL_MAX;
-  Tensor p = softmax(masked_fill(logits, hidden, lowest), dim);
-  Tensor all_hidden = raw::reduce(ReduceOp::Min, hidden, {dim}, /*keepdim=*/true);  // 1 = all hidden
-  return where(eq(all_hidden, 0.0), p, scalar_tensor(0.0, p.options()));
+  Tensor p = softmax(masked_fill(logits, hidden, dtype_lowest(logits.dtype())), dim);
+  return where(all(hidden, {dim}, /*keepdim=*/true), 0.0, p);
 }
 
 }  // namespace linea::attn

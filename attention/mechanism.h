@@ -27,13 +27,6 @@
 
 namespace linea::attn {
 
-// "a, b, c" (until the core's join lands).
-inline std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
-  std::string s;
-  for (size_t i = 0; i < parts.size(); ++i) s += (i ? sep : "") + parts[i];
-  return s;
-}
-
 struct AttentionOptions {
   bool causal = false;
   int64_t query_offset = 0;  // position of query 0 among the keys (>= 0)

@@ -148,11 +148,8 @@ Tensor MultiHeadAttention::step(const Tensor& x, AttentionCache& cache, const Te
     } else {
       // Position-aware mechanisms read one copy of the memory per beam, made once per batch size.
       if (!cache.rep_k_.defined() || cache.rep_k_.size(0) != B) {
-        Tensor rows = raw::reshape(
-            raw::expand(raw::reshape(arange(0.0, static_cast<double>(Bm), 1.0, TensorOptions(DType::Int64, x.device())),
-                                     {Bm, 1}),
-                        {Bm, beams}),
-            {B});
+        const TensorOptions io(DType::Int64, x.device());
+        Tensor rows = reshape(expand(reshape(arange(0.0, static_cast<double>(Bm), 1.0, io), {Bm, 1}), {Bm, beams}), {B});
         cache.rep_k_ = index_select(cache.mem_k_, 0, rows);
         cache.rep_v_ = index_select(cache.mem_v_, 0, rows);
         if (cache.mem_pad_.defined()) cache.rep_pad_ = index_select(cache.mem_pad_, 0, rows);

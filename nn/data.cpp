@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "core/ops.h"
+#include "autograd/ops.h"
 
 namespace linea::nn {
 
@@ -56,7 +56,7 @@ Batch Dataset::get_batch(const std::vector<int64_t>& indices) const {
     }
   }
   Batch b;
-  for (auto& [name, ts] : parts) b.set(name, raw::stack(ts, 0));
+  for (auto& [name, ts] : parts) b.set(name, stack(ts, 0));
   return b;
 }
 
@@ -77,8 +77,8 @@ TensorDataset::TensorDataset(Tensor inputs, Tensor targets) : inputs_(std::move(
 Example TensorDataset::get(int64_t i) const {
   LINEA_CHECK(i >= 0 && i < n_, "TensorDataset::get: index ", i, " out of range for ", n_, " examples");
   Example e;
-  e.set("input", raw::squeeze(raw::narrow(inputs_, 0, i, 1), 0));
-  if (targets_.defined()) e.set("target", raw::squeeze(raw::narrow(targets_, 0, i, 1), 0));
+  e.set("input", select(inputs_, 0, i));
+  if (targets_.defined()) e.set("target", select(targets_, 0, i));
   return e;
 }
 
@@ -88,8 +88,8 @@ Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
     LINEA_CHECK(i >= 0 && i < n_, "TensorDataset::get_batch: index ", i, " out of range for ", n_, " examples");
   Tensor idx = from_vector<int64_t>(indices, {static_cast<int64_t>(indices.size())});
   Batch b;
-  b.set("input", raw::index_select(inputs_, 0, idx));
-  if (targets_.defined()) b.set("target", raw::index_select(targets_, 0, idx));
+  b.set("input", index_select(inputs_, 0, idx));
+  if (targets_.defined()) b.set("target", index_select(targets_, 0, idx));
   return b;
 }
 

@@ -280,33 +280,54 @@ void Adam::load_state_dict(const StateDict& state) {
 }
 
 // ---- clipping ----------------------------------------------------------------------------------
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
-  LINEA_CHECK(std::isfinite(max_norm) && max_norm > 0.0, "clip_grad_norm_: max_norm must be finite and > 0, got ",
-              max_norm);
+namespace {
+// The parameters' defined gradients, checked to share one device; `who` names the caller.
+std::vector<Tensor> gradients_of(const std::vector<Tensor>& params, const char* who) {
   std::vector<Tensor> grads;
   for (size_t i = 0; i < params.size(); ++i) {
-    LINEA_CHECK(params[i].defined(), "clip_grad_norm_: parameter ", i, " is undefined");
+    LINEA_CHECK(params[i].defined(), who, ": parameter ", i, " is undefined");
     Tensor g = params[i].grad();
     if (!g.defined()) continue;
-    LINEA_CHECK(grads.empty() || g.device() == grads[0].device(), "clip_grad_norm_: gradients on different devices (",
+    LINEA_CHECK(grads.empty() || g.device() == grads[0].device(), who, ": gradients on different devices (",
                 grads.empty() ? "" : grads[0].device().str(), " and ", g.device().str(), " for parameter ", i,
                 ", shape ", shape_str(g.shape()), ")");
     grads.push_back(g);
   }
+  return grads;
+}
+
+// sqrt(sum of squares) over grads, in the first one's dtype.
+Tensor total_norm(const std::vector<Tensor>& grads) {
   NoGradGuard no_grad;
-  if (grads.empty()) {
-    TensorOptions o = params.empty() ? TensorOptions() : TensorOptions(params[0].dtype(), params[0].device());
-    return scalar_tensor(0.0, o);
-  }
   const DType dt = grads[0].dtype();
-  const Device dev = grads[0].device();
   Tensor total;  // [] sum of squares
   for (const Tensor& g : grads) {
     Tensor sq = sum(g * g);
     if (sq.dtype() != dt) sq = sq.to(dt);
     total = total.defined() ? total + sq : sq;
   }
-  Tensor norm = sqrt(total);
+  return sqrt(total);
+}
+
+Tensor zero_norm(const std::vector<Tensor>& params) {
+  return scalar_tensor(0.0, params.empty() ? TensorOptions() : TensorOptions(params[0].dtype(), params[0].device()));
+}
+}  // namespace
+
+Tensor grad_norm(const std::vector<Tensor>& params) {
+  const std::vector<Tensor> grads = gradients_of(params, "grad_norm");
+  return grads.empty() ? zero_norm(params) : total_norm(grads);
+}
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  LINEA_CHECK(std::isfinite(max_norm) && max_norm > 0.0, "clip_grad_norm_: max_norm must be finite and > 0, got ",
+              max_norm);
+  const std::vector<Tensor> grads = gradients_of(params, "clip_grad_norm_");
+  if (grads.empty()) return zero_norm(params);
+  NoGradGuard no_grad;
+  const DType dt = grads[0].dtype();
+  const Device dev = grads[0].device();
+  Tensor norm = total_norm(grads);
   Tensor coef = clamp(scalar_tensor(max_norm, TensorOptions(dt, dev)) / (norm + 1e-6), -INFINITY, 1.0);
   Tensor coef_other;  // coef in the other floating dtype, made when needed
   for (const Tensor& g : grads) {

@@ -124,5 +124,7 @@ class AdamW : public Adam {
 // with .item() only when you need it). Parameters without a gradient are skipped; all gradients
 // must be on one device. A non-finite norm makes every gradient non-finite (as PyTorch's default).
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+// The same total norm without clipping (0-d, on the gradients' device; 0 when no gradient).
+Tensor grad_norm(const std::vector<Tensor>& params);
 
 }  // namespace linea::nn

@@ -477,6 +477,18 @@ TEST(ClipGradNorm, ScalesToMaxNorm) {
   EXPECT_NEAR(nn::clip_grad_norm_({a, b}, 100.0).item(), 6.5, 1e-6);
 }
 
+TEST(ClipGradNorm, GradNormMeasuresWithoutScaling) {
+  Tensor a = param64({0.0, 0.0}), b = param64({0.0}), c = param64({0.0});
+  set_grad64(a, {3.0, 4.0});
+  set_grad64(b, {12.0});
+  Tensor before = raw::clone(a.grad());
+  EXPECT_NEAR(nn::grad_norm({a, b, c}).item(), 13.0, kTol);
+  EXPECT_TRUE(same_bits(a.grad(), before));  // untouched
+  EXPECT_EQ(nn::grad_norm({c}).item(), 0.0);
+  // The same norm clip_grad_norm_ reports.
+  EXPECT_EQ(nn::grad_norm({a, b}).item(), nn::clip_grad_norm_({a, b}, 100.0).item());
+}
+
 TEST(ClipGradNorm, NoOpBelowMax) {
   Tensor a = from_vector<float>({0.1f, -0.2f, 0.3f}, {3});
   a.requires_grad_(true);

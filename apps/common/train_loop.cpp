@@ -246,7 +246,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
       StepResult r = hooks.step(batch);
       s.optimizer->zero_grad();
       r.loss.backward();
-      const Tensor norm = nn::clip_grad_norm_(params, s.clip > 0 ? s.clip : 3e38);
+      const Tensor norm = s.clip > 0 ? nn::clip_grad_norm_(params, s.clip) : nn::grad_norm(params);
       const double loss = r.loss.item(), gnorm = norm.item();  // the non-finite guard's host read
       ++pos.step, ++pos.batch;
       result.step_losses.push_back(loss);

@@ -4,7 +4,7 @@
 //
 //   for each epoch (its length: the batches the loader's sampler yields for it):
 //     for each batch:  lr = schedule(step); r = hooks.step(batch); zero_grad; r.loss.backward();
-//                      norm = clip_grad_norm_; non-finite guard; opt.step(); running stats;
+//                      norm = clip_grad_norm_ (or grad_norm); non-finite guard; opt.step(); stats;
 //                      metrics.jsonl "step" record every log_every steps; progress bar;
 //                      checkpoint every checkpoint_every steps
 //     evaluate (eval mode, no graph, on a fork of the RNG); "epoch" record; checkpoint; curves.png

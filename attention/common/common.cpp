@@ -1,7 +1,6 @@
 // Shared attention helpers (see common.h).
 #include "attention/common/common.h"
 
-#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -16,13 +15,11 @@ Tensor log_xi(const Tensor& w, const Tensor& x) {
   return sub(matmul(w, transpose(x, -2, -1)), mul(transpose(sq_norm(x), -2, -1), 0.5));
 }
 
-double lowest(DType dt) { return dt == DType::Float32 ? -static_cast<double>(FLT_MAX) : -DBL_MAX; }
-
 Tensor masked_logsumexp(const Tensor& logits, const Tensor& hidden, int64_t dim, bool keepdim) {
   if (!hidden.defined()) return logsumexp(logits, {dim}, keepdim);
   // Hidden entries at half the lowest value: exp() of them underflows to 0 next to any visible
   // entry, and a fully hidden slice gives lowest/2 + log(n), still finite.
-  return logsumexp(masked_fill(logits, hidden, 0.5 * lowest(logits.dtype())), {dim}, keepdim);
+  return logsumexp(masked_fill(logits, hidden, 0.5 * dtype_lowest(logits.dtype())), {dim}, keepdim);
 }
 
 Tensor orthogonal_gaussian(int64_t heads, int64_t S, int64_t D) {
@@ -64,7 +61,7 @@ Tensor orthogonal_gaussian(int64_t heads, int64_t S, int64_t D) {
 Tensor padded_keys(const AttentionOptions& opts) {
   Tensor pad = key_padding_bool(opts);
   if (!pad.defined()) return pad;
-  return raw::reshape(pad, {pad.size(0), 1, 1, pad.size(1)});
+  return reshape(pad, {pad.size(0), 1, 1, pad.size(1)});
 }
 
 }  // namespace linea::attn

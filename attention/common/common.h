@@ -25,8 +25,6 @@ Tensor sq_norm(const Tensor& x);
 // every entry hidden gives the dtype's lowest finite value (so exp() of it is 0), not -inf/NaN.
 Tensor masked_logsumexp(const Tensor& logits, const Tensor& hidden, int64_t dim, bool keepdim);
 
-// The lowest finite value of a float dtype (stands in for -inf where a NaN must not appear).
-double lowest(DType dt);
 
 // Orthogonal Gaussian feature rows, [heads, S, D] float64 on the CPU from the CPU generator:
 // per head, ceil(S/D) blocks, each the Q factor of a Gaussian D x D matrix (Gram-Schmidt, so

@@ -69,17 +69,15 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   // Segment means. member [C, N] is 0/1; dividing each row by its size gives the averaging matrix.
   Tensor member = membership(N, q.options());
   const int64_t C = member.size(0);
-  Tensor avg = raw::binary(BinaryOp::Div, member, raw::reduce(ReduceOp::Sum, member, {-1}, true));
+  Tensor avg = member / sum(member, {-1}, true);
   Tensor qbar = matmul(avg, qs);  // q-_c [B, H, C, D]
   Tensor kbar;                    // k-_c [B, H, C, D], padded keys left out
   if (!pad.defined()) {
     kbar = matmul(avg, ks);
   } else {
-    Tensor keep = raw::where(pad, scalar_tensor(0.0, q.options()), scalar_tensor(1.0, q.options()));  // [B,1,1,N]
-    Tensor wk = raw::binary(BinaryOp::Mul, member, keep);                                             // [B,1,C,N]
-    Tensor cnt = raw::reduce(ReduceOp::Sum, wk, {-1}, true);                                          // [B,1,C,1]
-    cnt = raw::binary(BinaryOp::Maximum, cnt, scalar_tensor(1.0, q.options()));  // all padded: 0 / 1 = 0
-    kbar = matmul(raw::binary(BinaryOp::Div, wk, cnt), ks);                      // [B,1,C,N] @ [B,H,N,D]
+    Tensor wk = member * (~pad).to(q.dtype());             // [B,1,C,N]
+    Tensor cnt = clamp(sum(wk, {-1}, true), 1.0, INFINITY);  // [B,1,C,1]; all padded: 0 / 1 = 0
+    kbar = matmul(wk / cnt, ks);                             // [B,1,C,N] @ [B,H,N,D]
   }
 
   // Proposal means mu_c [B, H, C, D].

@@ -29,7 +29,7 @@ Tensor log_features(const Tensor& x, const Tensor& omega) {
 
 // Max over dims, kept, outside the graph: a stabilizer that cancels in the ratio.
 Tensor detached_max(const Tensor& x, const std::vector<int64_t>& dims) {
-  return raw::reduce(ReduceOp::Max, x.detach(), dims, /*keepdim=*/true);
+  return max(x.detach(), dims, /*keepdim=*/true);
 }
 
 // What the FFT and the dense paths share, all stabilized (the stabilizers cancel in out_i).
@@ -63,7 +63,7 @@ void check_tables(const Tensor& q, const Tensor& k, const Tensor& omega, const T
 Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tensor& rpe_in, const AttentionOptions& opts) {
   const int64_t B = q.size(0), N = q.size(2), M = k.size(2), o = opts.query_offset;
   const int64_t L = (rpe_in.size(1) + 1) / 2;
-  const double lo = 0.5 * lowest(q.dtype());  // stands in for -inf (exp gives 0, no inf - inf)
+  const double lo = 0.5 * dtype_lowest(q.dtype());  // stands in for -inf (exp gives 0, no inf - inf)
   Tensor omega = to(to(omega_in, q.device()), q.dtype());
   Tensor rpe = to(to(rpe_in, q.device()), q.dtype());
   const double inv_sqrt_s = 1.0 / std::sqrt(static_cast<double>(omega.size(1)));
@@ -76,11 +76,10 @@ Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tens
   // Key features, stabilized per (b, h) over the unpadded keys; padded keys get log phi = "-inf".
   Tensor lk = log_features(unit(k), omega);  // [B, H, M, S]
   Tensor pad = key_padding_bool(opts);   // Bool [B, M] or undefined
-  if (pad.defined()) lk = masked_fill(lk, raw::reshape(pad, {B, 1, M, 1}), lo);
+  if (pad.defined()) lk = masked_fill(lk, reshape(pad, {B, 1, M, 1}), lo);
   Tensor mk = detached_max(lk, {2, 3});  // [B, H, 1, 1]
   // Every key of (b, h) padded: any finite stabilizer will do, 0 keeps exp(lo - mk) = 0.
-  if (pad.defined()) mk = raw::where(raw::binary(BinaryOp::Gt, mk, scalar_tensor(0.5 * lo, mk.options())), mk,
-                                     scalar_tensor(0.0, mk.options()));
+  if (pad.defined()) mk = where(mk > 0.5 * lo, mk, 0.0);
   t.phi_k = mul(exp(sub(lk, mk)), inv_sqrt_s);  // [B, H, M, S], exactly 0 at padded keys
 
   // Bias of the relative positions j - (n + o) for j - n = -(N-1)..(M-1), i.e. rpe indices
@@ -96,18 +95,18 @@ Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tens
   // Which queries see a key at all (only padding can leave one without): an exact mask, since
   // the FFT leaves rounding noise where the true sums are 0.
   if (pad.defined()) {
-    Tensor keep = raw::to_dtype(raw::binary(BinaryOp::Eq, pad, scalar_tensor(0.0, pad.options())), q.dtype());  // [B, M]
+    Tensor keep = (~pad).to(q.dtype());  // [B, M]
     Tensor seen;
     if (opts.causal) {
       // keys 0..min(i + o, M-1) are visible to query i: count the unpadded ones by a prefix sum.
       const TensorOptions io(DType::Int64, q.device());
-      Tensor last = raw::binary(BinaryOp::Minimum, arange(static_cast<double>(o), static_cast<double>(o + N), 1.0, io),
-                                scalar_tensor(static_cast<double>(M - 1), io));
-      seen = raw::reshape(raw::index_select(raw::cumsum(keep, 1), 1, last), {B, 1, N, 1});
+      Tensor last = clamp(arange(static_cast<double>(o), static_cast<double>(o + N), 1.0, io), 0.0,
+                          static_cast<double>(M - 1));
+      seen = reshape(index_select(cumsum(keep, 1), 1, last), {B, 1, N, 1});
     } else {
-      seen = raw::reshape(raw::reduce(ReduceOp::Max, keep, {1}, false), {B, 1, 1, 1});
+      seen = reshape(max(keep, {1}), {B, 1, 1, 1});
     }
-    t.visible = raw::binary(BinaryOp::Gt, seen, scalar_tensor(0.0, seen.options()));
+    t.visible = seen > 0.0;
   }
   return t;
 }
@@ -199,7 +198,7 @@ NprfRpeAttention::NprfRpeAttention(int64_t heads, int64_t head_dim, int64_t feat
   LINEA_CHECK(redraw >= 0, kWho, ": redraw must be >= 0 (0 = never), got ", redraw);
   init_redraw(redraw);
   rpe_ = register_parameter("rpe", zeros({heads, 2 * max_len - 1}, TensorOptions(DType::Float32)));
-  omega_ = register_buffer("omega", raw::to_dtype(orthogonal_gaussian(heads, features, head_dim), DType::Float32));
+  omega_ = register_buffer("omega", orthogonal_gaussian(heads, features, head_dim).to(DType::Float32));
 }
 
 Tensor NprfRpeAttention::features_for(const Tensor& like) {
@@ -208,9 +207,9 @@ Tensor NprfRpeAttention::features_for(const Tensor& like) {
     if (due) {
       NoGradGuard ng;
       Tensor fresh = orthogonal_gaussian(heads(), features_, head_dim());  // float64, CPU generator
-      nn::replace_data(omega_, raw::to_device(raw::to_dtype(fresh, omega_.dtype()), omega_.device()));
+      nn::replace_data(omega_, fresh.to(omega_.dtype()).to(omega_.device()));
     }
-    return raw::to_dtype(raw::to_device(omega_, like.device()), like.dtype());
+    return omega_.to(like.device()).to(like.dtype());
   });
 }
 

@@ -47,9 +47,9 @@ Tensor toeplitz_matrix(const Tensor& c, int64_t N, int64_t M) {
               " must hold the ", N + M - 1, " offsets -(N-1)..(M-1) for N = ", N, ", M = ", M);
   // index[i, j] = (j - i) + (N - 1), gathered from c's last dim.
   const TensorOptions io(DType::Int64, c.device());
-  Tensor rows = raw::reshape(arange(0.0, static_cast<double>(N), 1.0, io), {N, 1});
-  Tensor cols = raw::reshape(arange(static_cast<double>(N - 1), static_cast<double>(N - 1 + M), 1.0, io), {1, M});
-  Tensor index = raw::reshape(raw::binary(BinaryOp::Sub, cols, rows), {N * M});
+  Tensor rows = reshape(arange(0.0, static_cast<double>(N), 1.0, io), {N, 1});
+  Tensor cols = reshape(arange(static_cast<double>(N - 1), static_cast<double>(N - 1 + M), 1.0, io), {1, M});
+  Tensor index = reshape(cols - rows, {N * M});
   Shape out = c.shape();
   out.back() = N;
   out.push_back(M);

@@ -29,21 +29,17 @@ Tensor projections(const Tensor& x, const Tensor& omega) { return matmul(x, tran
 // Keeps |den| >= kDenGuard with den's sign (sign of 0 taken as +), so the trf map's signed
 // denominators are not flipped; for the positive maps this is max(den, guard).
 Tensor guard_denominator(const Tensor& den) {
-  const TensorOptions o(den.dtype(), den.device());
-  Tensor d = den.detach();
-  Tensor small = raw::binary(BinaryOp::Lt, raw::unary(UnaryOp::Abs, d), scalar_tensor(kDenGuard, o));
-  Tensor signed_guard =
-      raw::where(raw::binary(BinaryOp::Ge, d, scalar_tensor(0.0, o)), scalar_tensor(kDenGuard, o),
-                 scalar_tensor(-kDenGuard, o));
-  return where(small, signed_guard, den);
+  const Tensor d = den.detach();
+  const Tensor signed_guard = where(d >= 0.0, scalar_tensor(kDenGuard, d.options()), -kDenGuard);
+  return where(abs(d) < kDenGuard, signed_guard, den);
 }
 
 // The detached per-(b, h) stabilizer of key log-factors l [B, H, M, X]: the max over the unpadded
 // keys and X (pad Bool [B, 1, M, 1] or undefined). Padded entries count as the lowest finite
 // value; a (b, h) with every key padded gets that value (its rows are zeroed anyway).
 Tensor key_stabilizer(const Tensor& l, const Tensor& pad) {
-  Tensor lf = pad.defined() ? masked_fill(l.detach(), pad, lowest(l.dtype())) : l.detach();
-  return raw::reduce(ReduceOp::Max, lf, {2, 3}, /*keepdim=*/true);  // [B, H, 1, 1]
+  Tensor lf = pad.defined() ? masked_fill(l.detach(), pad, dtype_lowest(l.dtype())) : l.detach();
+  return max(lf, {2, 3}, /*keepdim=*/true);  // [B, H, 1, 1]
 }
 
 void check_inputs(const char* who, const AttentionMechanism& self, const Tensor& q, const Tensor& k,
@@ -128,7 +124,7 @@ Tensor PerformerAttention::current_omega(const Tensor& like) {
   return sample("omega", {heads(), features_, head_dim()}, like, [&] {
     if (due) redraw_features();
     // A copy, so last_samples()/frozen values keep this W when the buffer is redrawn later.
-    return raw::clone(omega_).to(like.device()).to(like.dtype());
+    return clone(omega_).to(like.device()).to(like.dtype());
   });
 }
 
@@ -139,7 +135,7 @@ Tensor PerformerAttention::query_features(const Tensor& q, const Tensor& omega) 
     case FeatureMap::Softmax: {
       // log phi = W q~ - |q~|^2/2 (- log sqrt(S)), minus the row's max over features.
       Tensor lq = projections(qs, omega) - sq_norm(qs) * 0.5;                         // [B, H, N, S]
-      Tensor cq = raw::reduce(ReduceOp::Max, lq.detach(), {-1}, /*keepdim=*/true);  // [B, H, N, 1]
+      Tensor cq = max(lq.detach(), {-1}, /*keepdim=*/true);  // [B, H, N, 1]
       return exp(lq - cq) * inv_sqrt_s;
     }
     case FeatureMap::Relu:  // bounded, no stabilizer needed
@@ -174,14 +170,14 @@ Tensor PerformerAttention::stabilized_keys(const KeyParts& p, const Tensor& c, c
   Tensor phi;
   if (p.log_scale.defined()) {
     // Padded entries at the lowest finite value: exp(...) = 0, they cannot overflow.
-    Tensor l = pad.defined() ? masked_fill(p.log_scale, pad, lowest(p.log_scale.dtype())) : p.log_scale;
+    Tensor l = pad.defined() ? masked_fill(p.log_scale, pad, dtype_lowest(p.log_scale.dtype())) : p.log_scale;
     Tensor scale = exp(l - c);
     phi = p.base.defined() ? p.base * (scale * inv_sqrt_s) : scale * inv_sqrt_s;
   } else {
     phi = p.base;
   }
   // Padded keys add to neither sum: their feature rows are zero.
-  if (pad.defined()) phi = phi * eq(pad, 0.0).to(phi.dtype());  // keep [B, 1, M, 1]
+  if (pad.defined()) phi = phi * (~pad).to(phi.dtype());  // keep [B, 1, M, 1]
   return phi;
 }
 
@@ -203,7 +199,7 @@ Tensor ratio(const Tensor& out, int64_t Dv) {
 }
 // Float 0/1 [T, T]: 1 where key j is visible to query i of the same chunk (j <= i).
 Tensor chunk_triangle(int64_t T, const Tensor& like) {
-  return eq(causal_hidden(T, T, 0, like.device()), 0.0).to(like.dtype());
+  return (~causal_hidden(T, T, 0, like.device())).to(like.dtype());
 }
 }  // namespace
 
@@ -289,7 +285,7 @@ Tensor PerformerAttention::decode_step(const Tensor& q, const Tensor& k, const T
                 " rows of value dim ", st->sums.size(3) - 1);
   if (!st->omega.defined())  // the features of the whole sequence: no redraw while decoding
     st->omega = sample("omega", {heads(), features_, head_dim()}, q,
-                       [&] { return raw::clone(omega_).to(q.device()).to(q.dtype()); });
+                       [&] { return clone(omega_).to(q.device()).to(q.dtype()); });
   Tensor pad = key_padding_bool(key_padding);
   if (pad.defined()) {
     LINEA_CHECK(pad.dim() == 2 && pad.size(0) == B && pad.size(1) == T, "performer decode_step: key_padding must be [",

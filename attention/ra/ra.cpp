@@ -25,16 +25,15 @@ Tensor RandomizedAttention::draw_index(const Tensor& pi, int64_t S) {
   // Inverse CDF: m = #{m' : cdf_m' <= u * total}, the first m with cdf_m > u * total. A padded
   // key has pi = 0 exactly, so its cdf equals its predecessor's and it is never that first m
   // (the cumsum runs in order on every device). total (not 1) keeps rounding out of it.
-  Tensor cdf = raw::cumsum(pi, -1);              // [B, H, N, M]
-  Tensor total = raw::narrow(cdf, 3, M - 1, 1);  // [B, H, N, 1]
-  Tensor x = raw::binary(BinaryOp::Mul, raw::uniform({B, H, N, S}, 0.0, 1.0, pi.options()), total);
-  Tensor below = raw::binary(BinaryOp::Le, raw::unsqueeze(cdf, 3), raw::unsqueeze(x, 4));  // [B, H, N, S, M]
-  Tensor count = raw::reduce(ReduceOp::Sum, below, {-1}, false);                           // Int64 [B, H, N, S]
+  Tensor cdf = cumsum(pi, -1);              // [B, H, N, M]
+  Tensor total = narrow(cdf, 3, M - 1, 1);  // [B, H, N, 1]
+  Tensor x = raw::uniform({B, H, N, S}, 0.0, 1.0, pi.options()) * total;
+  Tensor below = unsqueeze(cdf, 3) <= unsqueeze(x, 4);  // [B, H, N, S, M]
+  Tensor count = sum(below, {-1});                      // Int64 [B, H, N, S]
   // u * total may round up to total: clamp to the last key with pi > 0 (0 if there is none).
-  Tensor pos = raw::reshape(arange(0.0, static_cast<double>(M), 1.0, i64), {1, 1, 1, M});
-  Tensor live = raw::binary(BinaryOp::Gt, pi, scalar_tensor(0.0, pi.options()));
-  Tensor last = raw::reduce(ReduceOp::Max, raw::where(live, pos, scalar_tensor(0.0, i64)), {-1}, true);
-  return raw::binary(BinaryOp::Minimum, count, last);
+  Tensor pos = reshape(arange(0.0, static_cast<double>(M), 1.0, i64), {1, 1, 1, M});
+  Tensor last = max(where(pi > 0.0, pos, 0.0), {-1}, true);
+  return minimum(count, last);
 }
 
 Tensor RandomizedAttention::weights(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who) {
@@ -60,13 +59,12 @@ Tensor RandomizedAttention::weights(const Tensor& q, const Tensor& k, const Atte
     if (!drew) {  // explicit or frozen values: check them once here (a host sync, but not in training draws)
       LINEA_CHECK(index.dtype() == DType::Int64, "ra: sample 'ra_index' must be int64, got ",
                   dtype_name(index.dtype()));
-      const double lo = raw::reduce(ReduceOp::Min, index, {}, false).item();
-      const double hi = raw::reduce(ReduceOp::Max, index, {}, false).item();
+      const double lo = min(index).item(), hi = max(index).item();
       LINEA_CHECK(lo >= 0 && hi < static_cast<double>(M), "ra: sample 'ra_index' values must lie in [0, M = ", M,
                   "), got values in [", lo, ", ", hi, "]");
     }
     // k~_{m_ns}: gather rows of k~ (gradients flow to the chosen rows; the index is constant).
-    Tensor idx = raw::contiguous(raw::expand(raw::reshape(index, {B, H, N * S, 1}), {B, H, N * S, D}));
+    Tensor idx = contiguous(expand(reshape(index, {B, H, N * S, 1}), {B, H, N * S, D}));
     Tensor k_sel = reshape(gather(ks, 2, idx), {B, H, N, S, D});
     centre = add(unsqueeze(qs, 3), k_sel);
   }
