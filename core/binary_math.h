@@ -10,15 +10,9 @@
 
 #include <cstdint>
 
+#include "core/host_device.h"
 #include "core/kernels.h"
 
-#if !defined(LINEA_HD)
-#if defined(__CUDACC__)
-#define LINEA_HD __host__ __device__ __forceinline__
-#else
-#define LINEA_HD inline
-#endif
-#endif
 
 namespace linea::detail {
 

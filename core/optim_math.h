@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "core/ops_optim.h"
-#include "core/unary_math.h"  // LINEA_HD
+#include "core/host_device.h"
 
 namespace linea::detail {
 

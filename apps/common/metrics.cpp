@@ -4,6 +4,7 @@
 #include "apps/common/metrics.h"
 
 #include <cerrno>
+#include <fstream>
 #include <cstring>
 #include <sys/stat.h>
 
@@ -81,6 +82,16 @@ std::vector<nlohmann::json> MetricsLog::read(const std::string& path) {
   std::vector<nlohmann::json> out;
   for_each_record(read_text(path, "MetricsLog::read"), [&](nlohmann::json j) { out.push_back(std::move(j)); });
   return out;
+}
+
+nlohmann::json read_json_file(const std::string& path, const std::string& who) {
+  std::ifstream f(path);
+  LINEA_CHECK(f.good(), who, ": cannot read '", path, "'");
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    LINEA_FAIL(who, ": '", path, "' is not valid JSON: ", e.what());
+  }
 }
 
 }  // namespace linea::apps

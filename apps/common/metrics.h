@@ -41,4 +41,8 @@ class MetricsLog {
   std::FILE* file_ = nullptr;
 };
 
+// A whole JSON file (config.json, summary.json); throws linea::Error naming `who` and the path
+// when it cannot be read or parsed.
+nlohmann::json read_json_file(const std::string& path, const std::string& who);
+
 }  // namespace linea::apps

@@ -184,4 +184,10 @@ void ProgressBar::print_plain(bool final, const std::string& extra) {
   std::fflush(out_);
 }
 
+std::string format_number(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
 }  // namespace linea::apps

@@ -69,4 +69,12 @@ class ProgressBar {
 // "0:07", "1:02", "1:02:03" (seconds rounded down); "--:--" for negative or non-finite input.
 std::string format_duration(double seconds);
 
+// One number through a printf format, e.g. format_number("%.2f%%", 12.345) == "12.35%".
+std::string format_number(const char* format, double v);
+
+// Seconds on the steady clock since t.
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 }  // namespace linea::apps

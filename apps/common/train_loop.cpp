@@ -26,13 +26,7 @@ namespace linea::apps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
+std::string fmt(const char* f, double v) { return format_number(f, v); }
 
 // Loss and stats summed on the device over some steps; read back (one sync) by means().
 class RunningSums {
@@ -86,16 +80,6 @@ void flatten_diff(const std::string& path, const json& saved, const json& now, s
   }
   const std::string s = saved.is_null() ? "(absent)" : saved.dump();
   if (s != now.dump()) out += "\n  " + path + ": checkpoint " + s + ", now " + now.dump();
-}
-
-json read_json_file(const std::string& path, const std::string& who) {
-  std::ifstream f(path);
-  LINEA_CHECK(f.good(), who, ": cannot read '", path, "'");
-  try {
-    return json::parse(f);
-  } catch (const std::exception& e) {
-    LINEA_FAIL(who, ": '", path, "' is not valid JSON: ", e.what());
-  }
 }
 
 struct Position {

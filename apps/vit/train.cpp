@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common/device.h"
+#include "apps/common/metrics.h"
 #include "apps/common/progress.h"
 #include "apps/common/train_loop.h"
 #include "autograd/ops.h"
@@ -29,13 +30,8 @@ namespace vit {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
+using apps::seconds_since;
+std::string fmt(const char* f, double v) { return apps::format_number(f, v); }
 
 json model_json(const VitConfig& c) {
   return {{"image_size", c.image_size}, {"channels", c.channels}, {"classes", c.classes},    {"patch", c.patch},
@@ -78,16 +74,6 @@ json run_json(const TrainOptions& o, const ImageData& d) {
           {"seed", o.run.seed}};
 }
 
-json read_json_file(const std::string& path) {
-  std::ifstream f(path);
-  LINEA_CHECK(f.good(), "vit: cannot read '", path, "'");
-  try {
-    return json::parse(f);
-  } catch (const std::exception& e) {
-    LINEA_FAIL("vit: '", path, "' is not valid JSON: ", e.what());
-  }
-}
-
 // What --predict needs besides the weights: the model, the class names and the normalization.
 struct CheckpointConfig {
   VitConfig model;
@@ -105,7 +91,7 @@ CheckpointConfig read_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   LINEA_CHECK(fs::is_regular_file(path), "vit: '", dir,
               "' is not a vit checkpoint (no config.json; pass the --checkpoint directory of a training run)");
-  json j = read_json_file(path);
+  json j = apps::read_json_file(path, "vit");
   try {
     LINEA_CHECK(j.at("format") == "linea-vit/1", "unknown format ", j.at("format").dump());
     CheckpointConfig c;
