@@ -61,22 +61,20 @@ std::unique_ptr<DecodeState> AttentionMechanism::start_decoding() const {
   return std::make_unique<KeyValueCache>();
 }
 
-void AttentionMechanism::check_step(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const DecodeState& state) const {
+void AttentionMechanism::check_step(const Tensor& q, const Tensor& k, const Tensor& v) const {
   const std::string who = type_name() + " decode_step";
   check_attention_inputs(who, q, k, v, {});
   LINEA_CHECK(q.size(2) == k.size(2), who, ": expected as many new queries as new keys, got q ",
               shape_str(q.shape()), " and k ", shape_str(k.shape()));
   LINEA_CHECK(q.size(1) == heads() && q.size(3) == head_dim(), who, ": built for ", heads(), " heads of dim ",
               head_dim(), ", got q ", shape_str(q.shape()));
-  (void)state;
 }
 
 Tensor AttentionMechanism::decode_step(const Tensor& q, const Tensor& k, const Tensor& v, DecodeState& state,
                                        const Tensor& key_padding) {
   auto* cache = dynamic_cast<KeyValueCache*>(&state);
   LINEA_CHECK(cache != nullptr, type_name(), " decode_step: the state was not made by this mechanism's start_decoding");
-  check_step(q, k, v, state);
+  check_step(q, k, v);
   const int64_t offset = cache->length();
   if (cache->keys().defined())
     LINEA_CHECK(cache->keys().size(0) == k.size(0), type_name(), " decode_step: batch of ", k.size(0),

@@ -156,8 +156,9 @@ class AttentionMechanism : public nn::Module {
   // One call of the schedule: in training mode counts it and returns whether the features are
   // due for a redraw; in eval mode returns false and counts nothing.
   bool redraw_due();
-  // For decode_step overrides: checks a step's inputs against the state and the mechanism.
-  void check_step(const Tensor& q, const Tensor& k, const Tensor& v, const DecodeState& state) const;
+  // For decode_step overrides: checks a step's inputs (as many new queries as keys, this
+  // mechanism's heads and head dim).
+  void check_step(const Tensor& q, const Tensor& k, const Tensor& v) const;
   static void advance(DecodeState& state, int64_t steps) { state.length_ += steps; }
 
  private:

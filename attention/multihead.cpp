@@ -133,7 +133,7 @@ Tensor MultiHeadAttention::step(const Tensor& x, AttentionCache& cache, const Te
     Tensor k = heads_of(k_proj_->forward(x), T), v = heads_of(v_proj_->forward(x), T);
     o = mechanism_->decode_step(q, k, v, *cache.self_, key_padding);
   } else {
-    const int64_t Bm = cache.mem_k_.size(0), M = cache.mem_k_.size(2);
+    const int64_t Bm = cache.mem_k_.size(0);
     LINEA_CHECK(B % Bm == 0, "MultiHeadAttention::step: ", B, " decoder rows are not a whole number of beams for the ",
                 Bm, " sentences of the memory");
     const int64_t beams = B / Bm;
@@ -157,7 +157,6 @@ Tensor MultiHeadAttention::step(const Tensor& x, AttentionCache& cache, const Te
       opts.key_padding_mask = cache.rep_pad_;
       o = mechanism_->forward(q, cache.rep_k_, cache.rep_v_, opts);
     }
-    (void)M;
   }
   cache.length_ += T;
   return out_proj_->forward(merge_heads(o));

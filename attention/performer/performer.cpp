@@ -277,7 +277,7 @@ Tensor PerformerAttention::decode_step(const Tensor& q, const Tensor& k, const T
                                        const Tensor& key_padding) {
   auto* st = dynamic_cast<PerformerState*>(&state_in);
   LINEA_CHECK(st != nullptr, "performer decode_step: the state was not made by this mechanism's start_decoding");
-  check_step(q, k, v, state_in);
+  check_step(q, k, v);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dv = v.size(3);
   if (st->sums.defined())
     LINEA_CHECK(st->sums.size(0) == B && st->sums.size(3) == Dv + 1, "performer decode_step: q ",
