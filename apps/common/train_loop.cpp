@@ -14,6 +14,8 @@
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
+#include "autograd/autograd.h"
+#include "autograd/ops.h"
 #include "core/random.h"
 #include "nn/checkpoint.h"
 #include "nn/io_util.h"
@@ -63,6 +65,20 @@ class RunningSums {
   std::map<std::string, Tensor> stats_;
   int64_t steps_ = 0, units_ = 0;
 };
+
+// The gradients' global L2 norm, as clip_grad_norm_ computes it, without rescaling them: the
+// non-finite guard's input when clipping is off (clip_grad_norm_ would multiply every gradient by 1).
+Tensor grad_norm(const std::vector<Tensor>& params) {
+  NoGradGuard no_grad;
+  Tensor total;  // [] sum of squares
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const Tensor sq = sum(square(g));
+    total = total.defined() ? total + sq : sq;
+  }
+  return total.defined() ? sqrt(total) : zeros({});
+}
 
 std::string stats_text(const TrainHooks& hooks, const std::map<std::string, double>& stats) {
   if (hooks.format_stats) return hooks.format_stats(stats);
@@ -246,7 +262,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
       StepResult r = hooks.step(batch);
       s.optimizer->zero_grad();
       r.loss.backward();
-      const Tensor norm = nn::clip_grad_norm_(params, s.clip > 0 ? s.clip : 3e38);
+      const Tensor norm = s.clip > 0 ? nn::clip_grad_norm_(params, s.clip) : grad_norm(params);
       const double loss = r.loss.item(), gnorm = norm.item();  // the non-finite guard's host read
       ++pos.step, ++pos.batch;
       result.step_losses.push_back(loss);
