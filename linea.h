@@ -1,7 +1,8 @@
 // Umbrella header: everything a program built on Linea uses — tensors, the differentiable op
-// set, randomness, gradcheck (core/, autograd/), modules, layers, losses, optimizers,
-// schedules, checkpoints and data (nn/), and the attention mechanisms with the layers built on
-// them (attention/). Include single headers instead to keep a translation unit lean.
+// set, randomness, threads and device names, gradcheck (core/, autograd/), modules, layers,
+// losses, optimizers, schedules, checkpoints and data (nn/), and the attention mechanisms with
+// the layers built on them (attention/). Include single headers instead to keep a translation
+// unit lean.
 #pragma once
 
 #include "attention/registry.h"
@@ -10,6 +11,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "core/random.h"
+#include "core/runtime.h"
 #include "core/tensor.h"
 #include "nn/checkpoint.h"
 #include "nn/data.h"

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -14,6 +15,9 @@ namespace linea::cuda {
 
 bool is_available();  // never throws
 int device_count();   // 0 without a driver or GPU
+// cudaDeviceProp::name of device `index`; throws linea::Error without a usable device or for
+// an index outside [0, device_count()).
+std::string device_name(int index);
 void* raw_alloc(size_t nbytes);
 void raw_free(void* ptr);
 CachingAllocator& allocator();

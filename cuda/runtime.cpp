@@ -178,6 +178,16 @@ int device_count() {
   }
 }
 
+std::string device_name(int index) {
+  require_device("cuda_device_name");
+  const int count = probe().count;
+  LINEA_CHECK(index >= 0 && index < count, "cuda_device_name: no CUDA device ", index, " (this machine has ", count,
+              " device", count == 1 ? "" : "s", ", indices 0..", count - 1, ")");
+  cudaDeviceProp prop{};
+  LINEA_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
+}
+
 // ---- context: stream, cuBLAS, scratch buffers ----------------------------------------------------
 namespace detail {
 

@@ -6,6 +6,7 @@
 // Not here: kernel parity against the CPU (tests/test_cuda_parity.cpp, needs a GPU).
 #include <string>
 
+#include "core/runtime.h"
 #include "tests/test_util.h"
 
 #ifdef LINEA_WITH_CUDA
@@ -91,6 +92,18 @@ TEST(CudaBasics, NoDeviceAllocationAndSyncAreSafe) {
   EXPECT_EQ(cuda::device_count(), 0);
   EXPECT_NO_THROW(cuda::synchronize());  // nothing can be pending
   EXPECT_LINEA_ERROR(cuda::raw_alloc(64), "no usable CUDA device");
+}
+
+TEST(CudaBasics, DeviceNameOrAClearError) {
+  if (!cuda::is_available()) {
+    EXPECT_LINEA_ERROR(cuda::device_name(0), "no usable CUDA device");
+    return;
+  }
+  const std::string name = cuda_device_name(0);  // through core/runtime.h
+  EXPECT_FALSE(name.empty());
+  EXPECT_EQ(cuda::device_name(0), name);
+  EXPECT_LINEA_ERROR(cuda::device_name(cuda::device_count()), "no CUDA device");
+  EXPECT_LINEA_ERROR(cuda::device_name(-1), "no CUDA device -1");
 }
 
 #endif  // LINEA_WITH_CUDA

@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
 
   try {
     using namespace linea;
-    set_threads(threads);
+    linea::set_num_threads(threads);
     const Device device = resolve_device("attention-mse", device_arg);
     const std::vector<std::string> specs = split_specs(specs_arg);
     LINEA_CHECK(!specs.empty(), "attention-mse: --specs is empty");

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
 
   try {
     using namespace linea;
-    set_threads(threads);
+    linea::set_num_threads(threads);
     const Device device = resolve_device("attention-scaling", device_arg);
     if (lengths.empty())
       for (int64_t L = 256; L <= (device.is_cuda() ? 65536 : 8192); L *= 2) lengths.push_back(L);

@@ -1,9 +1,6 @@
 // Helpers the benchmarks share: splitting --specs lists and formatting error cells (device
-// naming and thread setup come from apps/common/device.h). Header-only (each benchmark is one executable).
+// naming and --device come from apps/common/device.h, threads from core/runtime.h). Header-only (each benchmark is one executable).
 #pragma once
-
-#include <cblas.h>
-#include <omp.h>
 
 #include <cstdio>
 #include <fstream>
@@ -14,6 +11,7 @@
 #include "apps/common/device.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/runtime.h"
 
 namespace linea::bench {
 
@@ -33,11 +31,8 @@ inline std::vector<std::string> split_specs(const std::string& s) {
   return out;
 }
 
-using apps::cpu_model;  // the device helpers live in apps/common/device.h, shared with the apps
-using apps::device_name;
-using apps::gpu_model;
+using apps::device_name;  // the device helpers live in apps/common/device.h, shared with the apps
 using apps::resolve_device;
-using apps::set_threads;
 
 // The first line of an error message, for a table cell.
 inline std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }

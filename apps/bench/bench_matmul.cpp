@@ -5,8 +5,7 @@
 // linea/direct, the largest difference of the results) and writes one JSON object per case.
 // Not a test: it asserts nothing about speed. Usage:
 //   bench_matmul [--json FILE] [--reps N] [--warmup N]
-#include <cblas.h>
-#include <omp.h>
+#include <cblas.h>  // the baseline: direct cblas_sgemm calls
 
 #include <algorithm>
 #include <chrono>
@@ -104,15 +103,6 @@ Options parse(int argc, char** argv) {
 
 }  // namespace
 
-// The processor's model name, for naming the device in the report.
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
   linea::NoGradGuard no_grad;
@@ -130,11 +120,11 @@ int main(int argc, char** argv) try {
       {"square_512", 1, 512, 512, 512, false, false, false},       // [512, 512] @ [512, 512]
   };
 
-  const std::string cpu = cpu_model();
+  const std::string cpu = linea::cpu_name();
   std::printf(
       "linea matmul vs direct cblas_sgemm, float32, device cpu (%s), %d OpenMP threads, %d OpenBLAS threads, "
       "median of %d\n",
-      cpu.c_str(), omp_get_max_threads(), openblas_get_num_threads(), opt.reps);
+      cpu.c_str(), linea::num_threads(), linea::blas_num_threads(), opt.reps);
   std::printf("%-18s %-34s %10s %10s %10s %10s %7s %9s\n", "case", "a @ b", "linea ms", "direct ms", "linea GF/s",
               "direct GF/s", "ratio", "max diff");
 
@@ -194,7 +184,7 @@ int main(int argc, char** argv) try {
           << ",\"gflop\":" << gflop << ",\"linea_ms\":" << linea_ms << ",\"direct_ms\":" << direct_ms
           << ",\"linea_gflops\":" << linea_gfs << ",\"direct_gflops\":" << direct_gfs << ",\"ratio\":" << ratio
           << ",\"max_abs_diff\":" << max_diff << ",\"reps\":" << opt.reps
-          << ",\"omp_threads\":" << omp_get_max_threads() << "}\n";
+          << ",\"omp_threads\":" << linea::num_threads() << "}\n";
   }
 
   // Written atomically: a temp file renamed over the target.

@@ -1,59 +1,48 @@
 // What the apps share about the machine they run on: naming the device in reports and
-// summaries, setting the thread counts, and resolving --device cpu|cuda|auto. Header-only.
+// summaries, and resolving --device cpu|cuda|auto. Thread counts, the CPU's and the GPU's
+// names come from the library (core/runtime.h). Header-only.
 #pragma once
 
-#include <cblas.h>
-#include <omp.h>
-
-#include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/runtime.h"
 
 namespace linea::apps {
 
-// The processor's model name from /proc/cpuinfo.
-inline std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
-// The GPU's name from nvidia-smi (the apps link no CUDA runtime of their own).
-inline std::string gpu_model() {
-  std::string name;
-  if (FILE* p = popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null", "r")) {
-    char buf[256];
-    if (std::fgets(buf, sizeof buf, p)) name = buf;
-    pclose(p);
-  }
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  return name.empty() ? "unknown GPU" : name;
-}
-
 // "cuda:0 (NVIDIA H100 ...)" or "cpu (<model>, 2 OpenMP threads, 2 OpenBLAS threads)".
 inline std::string device_name(const Device& d) {
-  if (d.is_cuda()) return d.str() + " (" + gpu_model() + ")";
-  return "cpu (" + cpu_model() + ", " + std::to_string(omp_get_max_threads()) + " OpenMP threads, " +
-         std::to_string(openblas_get_num_threads()) + " OpenBLAS threads)";
+  if (d.is_cuda()) {
+    std::string gpu;
+    try {
+      gpu = cuda_device_name(d.index);
+    } catch (const Error&) {
+      gpu = "unknown GPU";  // a name in a report is not worth failing a run for
+    }
+    return d.str() + " (" + gpu + ")";
+  }
+  return "cpu (" + cpu_name() + ", " + std::to_string(num_threads()) + " OpenMP threads, " +
+         std::to_string(blas_num_threads()) + " OpenBLAS threads)";
 }
 
-// Sets the OpenMP and OpenBLAS thread counts (0 keeps their defaults).
-inline void set_threads(int threads) {
-  if (threads <= 0) return;
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
-}
-
-// --device cpu|cuda|auto as a Device; throws (naming `who`) when CUDA is asked for but unusable.
+// --device cpu|cuda|cuda:N|auto as a Device. Throws linea::Error when the spec does not parse
+// or when CUDA is asked for but unusable; the message starts with "who: " (nothing when who is
+// empty, for a tool that prefixes its errors itself).
 inline Device resolve_device(const std::string& who, const std::string& arg) {
-  const Device device = arg == "auto" ? (cuda_available() ? Device("cuda") : kCPU) : Device(arg);
-  LINEA_CHECK(!device.is_cuda() || cuda_available(), who, ": --device ", arg,
-              " but no usable CUDA device (built with CUDA: ", cuda_built() ? "yes" : "no", ")");
+  const std::string at = who.empty() ? "--device " : who + ": --device ";
+  if (arg == "auto") return cuda_available() ? Device("cuda") : kCPU;
+  Device device;
+  try {
+    device = Device(arg);
+  } catch (const Error&) {
+    LINEA_FAIL(at, "'", arg, "' is not a device (expected cpu, cuda, cuda:N or auto)");
+  }
+  if (device.is_cpu()) return device;
+  LINEA_CHECK(cuda_available(), at, arg, ": no usable CUDA device (",
+              cuda_built() ? "no GPU or driver found" : "this build of Linea has no CUDA backend", ")");
+  const int count = cuda_device_count();
+  LINEA_CHECK(device.index < count, at, arg, ": this machine has ", count, " CUDA device", count == 1 ? "" : "s");
   return device;
 }
 

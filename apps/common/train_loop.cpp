@@ -14,6 +14,8 @@
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
+#include "autograd/autograd.h"
+#include "autograd/ops.h"
 #include "core/random.h"
 #include "nn/checkpoint.h"
 #include "nn/io_util.h"

@@ -3,7 +3,7 @@
 // user can check Linea against their own implementation of the same formulas
 // (apps/tools/check_linea_attn.py does that with PyTorch; usage in apps/tools/README.md).
 //
-//   linea-attn --spec SPEC --in IN.safetensors --out OUT.safetensors [--causal] [--eval] [--device cpu|cuda]
+//   linea-attn --spec SPEC --in IN.safetensors --out OUT.safetensors [--causal] [--eval] [--device cpu|cuda|auto]
 //
 // IN holds q [B,H,N,D], k [B,H,M,D], v [B,H,M,Dv] (F32 or F64, one dtype: the computation runs in
 // it) and optionally dout [B,H,N,Dv], key_padding_mask (I64/U8/BOOL [B,M], nonzero = padding),
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/device.h"
 #include "linea.h"
 #include "attention/softmax/softmax.h"
 #include "attention/transformer.h"
@@ -46,15 +47,6 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 
 const char* st_dtype(DType dt) { return dt == DType::Float32 ? "F32" : dt == DType::Float64 ? "F64" : "I64"; }
 
-Device parse_device(const std::string& s) {
-  LINEA_CHECK(s == "cpu" || s == "cuda" || s.rfind("cuda:", 0) == 0, "--device must be cpu or cuda (or cuda:N), got '",
-              s, "'");
-  Device d(s);
-  LINEA_CHECK(d.is_cpu() || cuda_available(), "--device ", s, ": no usable CUDA device (",
-              cuda_built() ? "no GPU or driver found" : "this build of Linea has no CUDA backend", ")");
-  return d;
-}
-
 // rpe [H, 2L-1] -> L, checking that it covers every offset j - i of an N x M attention.
 int64_t rpe_length(const Tensor& rpe, int64_t H, int64_t N, int64_t M) {
   LINEA_CHECK(rpe.dim() == 2 && rpe.size(0) == H && rpe.size(1) % 2 == 1, "rpe must be [H, 2L-1] = [", H,
@@ -67,7 +59,7 @@ int64_t rpe_length(const Tensor& rpe, int64_t H, int64_t N, int64_t M) {
 }
 
 int run(const Args& a) {
-  const Device device = parse_device(a.device);
+  const Device device = apps::resolve_device("", a.device);  // errors get our prefix in main
   nn::SafetensorsFile file = nn::load_safetensors(a.in);  // on the CPU; moved below
   nn::StateDict& in = file.tensors;
   for (auto& [name, _] : in)
@@ -205,7 +197,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", a.out, "output safetensors: out, dq, dk, dv, drpe, the samples used, metadata")->required();
   app.add_flag("--causal", a.causal, "key m visible to query n iff m <= n");
   app.add_flag("--eval", a.eval, "eval mode (default: train mode)");
-  app.add_option("--device", a.device, "cpu or cuda (default cpu)");
+  app.add_option("--device", a.device, "cpu, cuda, cuda:N or auto (default cpu)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -430,7 +430,7 @@ TEST_F(LineaAttnErrors, SamplesAndRpeTheSpecDoesNotUse) {
 TEST_F(LineaAttnErrors, BadFlagsAndFiles) {
   nn::save_safetensors(in_path, qkv());
   expect_error(run_tool(dir, tool_args("softmax", in_path, out_path) + " --device tpu"),
-               "--device must be cpu or cuda");
+               "--device 'tpu' is not a device (expected cpu, cuda, cuda:N or auto)");
   expect_error(run_tool(dir, "--in '" + in_path + "' --out '" + out_path + "'"), "--spec");
   expect_error(run_tool(dir, tool_args("softmax", in_path, out_path) + " --frobnicate"), "frobnicate");
   expect_error(run_tool(dir, tool_args("softmax", dir.file("nope.safetensors"), out_path)), "nope.safetensors");

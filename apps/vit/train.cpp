@@ -156,7 +156,7 @@ apps::Metrics metrics_of(const EvalResult& r) {
 
 TrainResult run_training(const TrainOptions& o) {
   const apps::RunOptions& run = o.run;
-  apps::set_threads(run.threads);
+  set_num_threads(run.threads);  // 0 keeps the defaults
   const Device device = apps::resolve_device("vit", run.device);
   LINEA_CHECK(o.batch_size >= 1 && o.epochs >= 1, "vit: --batch-size ", o.batch_size, " and --epochs ", o.epochs,
               " must be positive");

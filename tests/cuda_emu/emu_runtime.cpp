@@ -135,6 +135,19 @@ cudaError_t cudaGetDeviceCount(int* n) {
   *n = g_device_present ? 1 : 0;
   return cudaSuccess;
 }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (!g_device_present || device != 0) return g_last_error = cudaErrorInvalidDevice;
+  std::memset(prop, 0, sizeof *prop);
+  std::snprintf(prop->name, sizeof prop->name, "%s", "Linea CUDA emulator");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 1;
+  prop->totalGlobalMem = size_t(1) << 30;
+  prop->sharedMemPerBlock = 48 * 1024;
+  prop->maxThreadsPerBlock = 1024;
+  prop->warpSize = 32;
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError() {
   cudaError_t e = g_last_error;
   g_last_error = cudaSuccess;
