@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", o.json_path, "also write one JSON line per (spec, length) here");
   CLI11_PARSE(app, argc, argv);
   try {
-    set_threads(o.threads);
+    linea::set_num_threads(o.threads);
     const Device device = resolve_device("attention-decode", o.device);
     std::vector<int64_t> report;
     for (const std::string& s : split_specs(o.report)) report.push_back(std::stoll(s));
