@@ -4,7 +4,7 @@
 // `forward` and an operator() that calls it; every forward checks its input's shape first and
 // throws linea::Error naming the layer and the shape. Initialization is documented in nn/init.h.
 // Layers are built on the CPU in float32; move/convert them with Module::to(device / dtype).
-// Not here: attention (nn/attention.h), transformer blocks (nn/transformer.h), losses (nn/loss.h).
+// Not here: attention and transformer blocks (attention/), losses (nn/loss.h).
 #pragma once
 
 #include <memory>

@@ -7,7 +7,7 @@
 //
 // IN holds q [B,H,N,D], k [B,H,M,D], v [B,H,M,Dv] (F32 or F64, one dtype: the computation runs in
 // it) and optionally dout [B,H,N,Dv], key_padding_mask (I64/U8/BOOL [B,M], nonzero = padding),
-// the random quantities omega / eps / ra_index (shapes in nn/attention.h; floats are converted to
+// the random quantities omega / eps / ra_index (shapes in attention/mechanism.h; floats are converted to
 // the computation's dtype) and rpe [H, 2L-1] (nprf_rpe's relative-position bias). Any other name
 // is an error, as is a random quantity the spec does not draw or an rpe for a spec without one.
 // OUT holds out [B,H,N,Dv]; with dout also dq, dk, dv (= d<out . dout>/d{q,k,v}) and drpe; the
