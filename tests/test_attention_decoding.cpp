@@ -108,6 +108,18 @@ TEST(AttentionDecoding, QueryOffsetPlacesTheQueriesAmongTheKeys) {
                      "query_offset must be >= 0, got -1");
 }
 
+TEST(GradCheck, CausalMechanismsWithAQueryOffset) {
+  for (const std::string& spec : kCausalSpecs) {
+    SCOPED_TRACE(spec);
+    auto m = mechanism(spec, 8);
+    Tensor q = randn64({1, 2, 3, 4}), k = randn64({1, 2, 6, 4}), v = randn64({1, 2, 6, 3});
+    Tensor pad = zeros({1, 6}, TensorOptions(DType::Bool));
+    pad.narrow(1, 1, 1).fill_(1.0);
+    EXPECT_GRADCHECK([&](const std::vector<Tensor>& x) { return m->forward(x[0], x[1], x[2], causal(pad, 2)); },
+                     {q, k, v});
+  }
+}
+
 TEST(AttentionDecoding, BeamReorderContinuesFromTheChosenRows) {
   for (const std::string& spec : kCausalSpecs) {
     SCOPED_TRACE(spec);
