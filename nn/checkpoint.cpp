@@ -23,6 +23,7 @@ constexpr const char* kFormatKey = "linea_checkpoint";
 constexpr const char* kFormat = "training/1";
 constexpr const char* kSaveIdKey = "linea_save_id";
 constexpr const char* kOptimPrefix = "optim.";
+constexpr const char* kStatePrefix = "state.";
 constexpr const char* kFilePrefix = "linea_file.";
 
 // "<size>:<FNV-1a 64 hex>" of a file's contents: ties an extra file to its save.
@@ -109,6 +110,7 @@ void save_checkpoint(const std::string& dir, const Module& model, const Optimize
   if (cuda_available()) train["rng.cuda"] = rng_tensor(Device(DeviceType::CUDA));
   train["train.step"] = scalar_tensor(static_cast<double>(state.step), TensorOptions(DType::Int64));
   train["train.epoch"] = scalar_tensor(static_cast<double>(state.epoch), TensorOptions(DType::Int64));
+  for (const auto& [name, t] : state.tensors) train[kStatePrefix + name] = t;
   Metadata train_md = state.extra;
   train_md[kFormatKey] = kFormat;
   train_md[kSaveIdKey] = save_id;
@@ -188,9 +190,11 @@ TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt
   if (tf.tensors.count("rng.cuda")) rng_cuda = rng_from_tensor(require(tf, train_path, "rng.cuda", DType::Int64, {2}));
 
   StateDict optim_sd;
-  const std::string prefix = kOptimPrefix;
-  for (auto& [k, t] : tf.tensors)
+  const std::string prefix = kOptimPrefix, state_prefix = kStatePrefix;
+  for (auto& [k, t] : tf.tensors) {
     if (k.compare(0, prefix.size(), prefix) == 0) optim_sd[k.substr(prefix.size())] = t;
+    if (k.compare(0, state_prefix.size(), state_prefix) == 0) state.tensors[k.substr(state_prefix.size())] = t;
+  }
 
   // ---- apply: optimizer, then model (restoring the optimizer if the model rejects its file) ------
   // Both load_state_dict calls validate fully before they modify anything.

@@ -9,6 +9,7 @@
 //                               "rng.cpu", "rng.cuda"     I64 [2]: {seed, offset} of the CPU / CUDA
 //                                                         generator (CUDA only when available)
 //                               "train.step", "train.epoch"  I64 0-d
+//                               "state.<name>"            TrainState::tensors (e.g. an EMA of the weights)
 //                               __metadata__: TrainState::extra (e.g. schedule name, app flags)
 //                                             plus "linea_checkpoint": "training/1" and
 //                                             "linea_save_id" (equal to model's "save_id"),
@@ -43,6 +44,9 @@ struct TrainState {
   // file name (no '/'; not model.safetensors or training.safetensors): an app's config.json, a
   // tokenizer model, ...
   std::map<std::string, std::string> files;
+  // More tensors of the training state (e.g. "ema.<param>": a moving average of the weights),
+  // saved in training.safetensors as "state.<name>" and loaded back on the CPU.
+  std::map<std::string, Tensor> tensors;
 };
 
 // Writes <dir>/model.safetensors, <dir>/training.safetensors and state.files (creating dir as needed).

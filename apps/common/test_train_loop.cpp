@@ -4,11 +4,14 @@
 // listing the difference; a non-finite loss stops the run naming the step and leaves the last
 // checkpoint as it was; --skip-nonfinite skips such steps and logs them; the token-budget sampler
 // drives epoch lengths and throughput in its own unit; attention mechanisms that redraw their
-// features on a schedule (performer, nprf_rpe with redraw=3) resume bit for bit too.
+// features on a schedule (performer, nprf_rpe with redraw=3) resume bit for bit too; the moving
+// average of the weights and model selection (best folder, early stopping, the finish hook) work
+// and resume exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 
@@ -61,7 +64,10 @@ struct LoopRun {
 
 // Softmax regression Linear(2, 3) on 60 points, batches of 8 (7 per epoch, last dropped), with
 // input noise from the global RNG (so a resume must restore it). nan_at_step > 0: that step's loss is NaN.
-LoopRun train_points(const apps::RunOptions& o, double lr = 0.1, int64_t nan_at_step = 0, int64_t epochs = 3) {
+// tweak: changes the setup and hooks before training (moving average, model selection, ...).
+using Tweak = std::function<void(apps::TrainSetup&, apps::TrainHooks&, nn::Module& model)>;
+LoopRun train_points(const apps::RunOptions& o, double lr = 0.1, int64_t nan_at_step = 0, int64_t epochs = 3,
+                     const Tweak& tweak = nullptr) {
   manual_seed(o.seed);
   auto data = points(60);
   auto model = std::make_shared<nn::Linear>(2, 3);
@@ -97,6 +103,7 @@ LoopRun train_points(const apps::RunOptions& o, double lr = 0.1, int64_t nan_at_
     return apps::Metrics{{{"test_accuracy", acc}}, "acc " + std::to_string(acc)};
   };
   h.summary = [](json& j) { j["app_field"] = 1; };
+  if (tweak) tweak(s, h, *model);
   LoopRun run;
   run.result = apps::train(s, h, o);
   run.weights = model->parameters()[0].to_vector<float>();
@@ -298,4 +305,90 @@ TEST(TrainLoop, ConfigDiffListsNestedDifferences) {
   EXPECT_EQ(apps::config_diff(saved, now, {"model", "run"}),
             "\n  model.dim: checkpoint 64, now 32\n  run.seed: checkpoint (absent), now 1");
   EXPECT_EQ(apps::config_diff(saved, saved, {}), "");
+}
+
+// Model selection on the mean training-set loss (lower is better) with a moving average.
+Tweak select_loss(double ema, int64_t patience, std::vector<double>* evals, std::vector<double>* finished) {
+  return [=](apps::TrainSetup& s, apps::TrainHooks& h, nn::Module& model) {
+    s.ema_decay = ema;
+    s.select = {"eval_loss", false, patience};
+    auto data = points(60);
+    auto loss_of = [data, &model] {
+      Tensor logits = static_cast<nn::Linear&>(model)(data->inputs());
+      return cross_entropy(logits, data->targets()).item();
+    };
+    h.evaluate = [=](const std::string&) {
+      const double l = loss_of();
+      if (evals) evals->push_back(l);
+      return apps::Metrics{{{"eval_loss", l}}, "loss"};
+    };
+    h.finish = [=] {
+      const double l = loss_of();
+      if (finished) finished->push_back(l);
+      return apps::Metrics{{{"final_loss", l}}, "final"};
+    };
+  };
+}
+
+TEST(TrainLoop, MovingAverageAndModelSelection) {
+  TempDir dir;
+  apps::RunOptions o = options(dir.path / "out");
+  std::vector<double> evals, finished, plain_evals;
+  LoopRun r = train_points(o, 0.1, 0, 4, select_loss(0.9, 0, &evals, &finished));
+  ASSERT_EQ(evals.size(), 4u);
+  ASSERT_EQ(finished.size(), 1u);
+  const double best = *std::min_element(evals.begin(), evals.end());
+  EXPECT_EQ(r.result.best_value, best);
+  EXPECT_EQ(finished[0], best);  // finish() ran on the best weights
+  for (const char* f : {"model.safetensors", "config.json", "labels.txt"})
+    EXPECT_TRUE(fs::exists(dir.path / "out" / "checkpoint" / "best" / f)) << f;
+  const json summary = json::parse(read_text(dir.path / "out" / "summary.json"));
+  EXPECT_EQ(summary.at("best_eval_loss").get<double>(), best);
+  EXPECT_EQ(summary.at("final_loss").get<double>(), best);
+  EXPECT_EQ(summary.at("stopped_early").get<bool>(), false);
+  EXPECT_EQ(summary.at("ema_decay").get<double>(), 0.9);
+  // The evaluations saw the average, not the weights: without it they differ.
+  TempDir dir2;
+  train_points(options(dir2.path / "out"), 0.1, 0, 4, select_loss(0.0, 0, &plain_evals, nullptr));
+  ASSERT_EQ(plain_evals.size(), 4u);
+  EXPECT_NE(plain_evals[3], evals[3]);
+}
+
+TEST(TrainLoop, EarlyStoppingAfterPatience) {
+  TempDir dir;
+  int64_t n = 0;
+  auto tweak = [&n](apps::TrainSetup& s, apps::TrainHooks& h, nn::Module&) {
+    s.select = {"score", true, 2};
+    // The score improves at the 2nd evaluation, then never again: stop after the 4th.
+    h.evaluate = [&n](const std::string&) {
+      ++n;
+      return apps::Metrics{{{"score", n == 2 ? 1.0 : 0.0}}, ""};
+    };
+  };
+  LoopRun r = train_points(options(dir.path / "out"), 0.1, 0, 8, tweak);
+  EXPECT_EQ(n, 4);
+  EXPECT_TRUE(r.result.stopped_early);
+  EXPECT_EQ(r.result.final_step, 4 * 7);
+  EXPECT_EQ(r.result.best_step, 2 * 7);
+  EXPECT_EQ(r.result.best_value, 1.0);
+}
+
+TEST(TrainLoop, MovingAverageAndSelectionResumeExactly) {
+  TempDir a, b;
+  std::vector<double> evals_a, fin_a, evals_b, fin_b;
+  LoopRun full = train_points(options(a.path / "out"), 0.1, 0, 3, select_loss(0.8, 0, &evals_a, &fin_a));
+  apps::RunOptions o = options(b.path / "out");
+  o.max_steps = 10;  // stops mid-epoch 2, after one evaluation
+  train_points(o, 0.1, 0, 3, select_loss(0.8, 0, &evals_b, &fin_b));
+  o.max_steps = 0;
+  o.resume = true;
+  evals_b.clear();
+  fin_b.clear();
+  LoopRun resumed = train_points(o, 0.1, 0, 3, select_loss(0.8, 0, &evals_b, &fin_b));
+  EXPECT_EQ(resumed.weights, full.weights);
+  ASSERT_EQ(evals_b.size(), 2u);  // the evaluations of epochs 2 and 3
+  EXPECT_EQ(evals_b[1], evals_a[2]);
+  ASSERT_EQ(fin_b.size(), 1u);
+  EXPECT_EQ(fin_b[0], fin_a[0]);
+  EXPECT_EQ(resumed.result.best_step, full.result.best_step);
 }

@@ -19,6 +19,7 @@
 #include "core/random.h"
 #include "nn/checkpoint.h"
 #include "nn/io_util.h"
+#include "nn/safetensors.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -88,8 +89,96 @@ struct Position {
   int64_t step = 0, epoch = 0, batch = 0;  // batch: batches of `epoch` already done
 };
 
+// The moving average of the weights (TrainSetup::ema_decay). Its n-th update uses the decay
+// min(d, (1 + n) / (10 + n)), so the early average is not held back by the initial weights.
+class WeightAverage {
+ public:
+  WeightAverage(const nn::Module& model, double decay) : decay_(decay) {
+    LINEA_CHECK(decay >= 0 && decay < 1, "train: ema_decay must be in [0, 1), got ", decay);
+    if (decay == 0) return;
+    NoGradGuard ng;
+    for (auto& [name, p] : model.named_parameters()) {
+      names_.push_back(name);
+      params_.push_back(p);
+      avg_.push_back(clone(p.detach()));
+    }
+  }
+  bool on() const { return decay_ > 0; }
+  void update() {
+    if (!on()) return;
+    NoGradGuard ng;
+    const double n = static_cast<double>(updates_++), d = std::min(decay_, (1 + n) / (10 + n));
+    for (size_t i = 0; i < avg_.size(); ++i) avg_[i].copy_(avg_[i] * d + params_[i].detach() * (1 - d));
+  }
+  // Exchanges the average and the weights (twice: back as before).
+  void swap() {
+    if (!on()) return;
+    NoGradGuard ng;
+    for (size_t i = 0; i < avg_.size(); ++i) {
+      Tensor w = clone(params_[i].detach());
+      params_[i].copy_(avg_[i]);
+      avg_[i].copy_(w);
+    }
+  }
+  void save_to(nn::TrainState& st) const {
+    if (!on()) return;
+    for (size_t i = 0; i < avg_.size(); ++i) st.tensors["ema." + names_[i]] = avg_[i].to(kCPU);
+    st.extra["ema_updates"] = std::to_string(updates_);
+  }
+  void load_from(const nn::TrainState& st, const std::string& app) {
+    if (!on()) return;
+    for (size_t i = 0; i < avg_.size(); ++i) {
+      auto it = st.tensors.find("ema." + names_[i]);
+      LINEA_CHECK(it != st.tensors.end() && it->second.shape() == avg_[i].shape(), app,
+                  ": --resume: the checkpoint has no moving average of '", names_[i], "' (saved without ema?)");
+      avg_[i].copy_(it->second);
+    }
+    updates_ = std::stoll(st.extra.at("ema_updates"));
+  }
+
+ private:
+  double decay_;
+  int64_t updates_ = 0;
+  std::vector<std::string> names_;
+  std::vector<Tensor> params_, avg_;
+};
+
+// Model selection (TrainSetup::select): the best evaluation so far and the evaluations since.
+struct Selection {
+  bool have = false;
+  double best = 0;
+  int64_t best_step = -1, since = 0;
+  void save_to(nn::TrainState& st) const {
+    if (!have) return;
+    st.extra["select_best"] = format_number("%.17g", best);
+    st.extra["select_best_step"] = std::to_string(best_step);
+    st.extra["select_since"] = std::to_string(since);
+  }
+  void load_from(const nn::TrainState& st) {
+    auto it = st.extra.find("select_best");
+    if (it == st.extra.end()) return;
+    have = true;
+    best = std::stod(it->second);
+    best_step = std::stoll(st.extra.at("select_best_step"));
+    since = std::stoll(st.extra.at("select_since"));
+  }
+};
+
+// <checkpoint>/best: the evaluated weights with config.json and the app's files (each file
+// written atomically; model.safetensors last, so its presence marks a complete folder).
+void save_best(const TrainSetup& s, const std::string& dir, int64_t step, double value) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  LINEA_CHECK(!ec, s.app, ": cannot create '", dir, "': ", ec.message());
+  std::map<std::string, std::string> files = s.files;
+  files["config.json"] = s.config.dump(2) + "\n";
+  for (const auto& [name, bytes] : files) nn::write_text_file_atomic(dir + "/" + name, bytes);
+  nn::save_module(dir + "/model.safetensors", *s.model,
+                  {{"step", std::to_string(step)}, {s.select.metric, format_number("%.17g", value)}});
+}
+
 // --resume: refuses other run-defining settings (before changing anything), then loads.
-Position resume(const TrainSetup& s, const std::string& dir) {
+Position resume(const TrainSetup& s, const std::string& dir, WeightAverage& ema, Selection& sel) {
   const std::string cfg_path = dir + "/config.json";
   LINEA_CHECK(fs::is_regular_file(cfg_path), s.app, ": --resume: '", dir, "' holds no config.json");
   const std::string diff = config_diff(read_json_file(cfg_path, s.app), s.config, s.resume_keys);
@@ -97,13 +186,18 @@ Position resume(const TrainSetup& s, const std::string& dir) {
               "' was made with other settings; use the same flags (or another --checkpoint/--out):", diff);
   nn::TrainState st = nn::load_checkpoint(dir, *s.model, *s.optimizer);
   Position p{st.step, st.epoch, 0};
+  ema.load_from(st, s.app);
+  sel.load_from(st);
   auto it = st.extra.find("epoch_batch");
   p.batch = it != st.extra.end() ? std::stoll(it->second) : st.step - st.epoch * s.loader->num_batches(st.epoch);
   return p;
 }
 
-void save(const TrainSetup& s, const std::string& dir, const Position& p) {
+void save(const TrainSetup& s, const std::string& dir, const Position& p, const WeightAverage& ema,
+          const Selection& sel) {
   nn::TrainState st;
+  ema.save_to(st);
+  sel.save_to(st);
   st.step = p.step;
   st.epoch = p.epoch;
   st.extra["epoch_batch"] = std::to_string(p.batch);
@@ -192,8 +286,10 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   const std::vector<Tensor> params = s.model->parameters();
   TrainResult result;
   Position pos;
+  WeightAverage ema(*s.model, s.ema_decay);
+  Selection sel;
   if (o.resume && nn::checkpoint_exists(ckpt)) {
-    pos = resume(s, ckpt);
+    pos = resume(s, ckpt, ema, sel);
     result.resumed = true;
     std::printf("%s: resumed from '%s' at step %lld\n", app.c_str(), ckpt.c_str(), static_cast<long long>(pos.step));
   } else if (o.resume) {
@@ -204,8 +300,21 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   MetricsLog metrics(o.out_dir + "/metrics.jsonl", result.resumed ? pos.step : -1);
   const int64_t total = planned_steps(*s.loader, s.epochs);
   const int64_t stop = o.max_steps > 0 ? std::min(total, o.max_steps) : total;
+  // Evaluations see the moving average when there is one.
   const auto eval = [&](const std::string& label) {
-    return evaluate_forked(*s.model, s.device, [&] { return hooks.evaluate(label); });
+    ema.swap();
+    Metrics m = evaluate_forked(*s.model, s.device, [&] { return hooks.evaluate(label); });
+    if (!s.select.metric.empty() && m.values.contains(s.select.metric)) {
+      const double v = m.values.at(s.select.metric).get<double>();
+      if (!sel.have || (s.select.maximize ? v > sel.best : v < sel.best)) {
+        sel = Selection{true, v, pos.step, 0};
+        save_best(s, ckpt + "/best", pos.step, v);
+      } else {
+        ++sel.since;
+      }
+    }
+    ema.swap();
+    return m;
   };
   result.start_step = pos.step;
   double train_s = 0;
@@ -213,7 +322,8 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   bool have_eval = false;
   s.model->train();
 
-  while (pos.epoch < s.epochs && pos.step < stop) {
+  const auto patience_out = [&] { return s.select.patience > 0 && sel.since >= s.select.patience; };
+  while (pos.epoch < s.epochs && pos.step < stop && !patience_out()) {
     const int64_t n = s.loader->num_batches(pos.epoch), first = pos.batch;
     const int64_t last = std::min(n, first + (stop - pos.step));  // this epoch runs batches [first, last)
     if (s.on_epoch) s.on_epoch(pos.epoch);
@@ -249,6 +359,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
         s.optimizer->zero_grad();
       } else {
         s.optimizer->step();
+        ema.update();
         const Tensor l = r.loss.detach();
         epoch_sums.add(l, r);
         log_sums.add(l, r);
@@ -276,7 +387,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
       }
       // Mid-epoch checkpoints; the one at the epoch's end is saved after its evaluation.
       if (o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0 && pos.batch != n && pos.step < stop)
-        save(s, ckpt, pos);
+        save(s, ckpt, pos, ema, sel);
     }
     // ---- end of the epoch (or of --max-steps) ----
     const double epoch_s = seconds_since(t_epoch), rate = epoch_sums.units() / std::max(epoch_s, 1e-9);
@@ -299,12 +410,31 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     for (const auto& [name, v] : train_stats) rec["train_" + name] = v;
     rec.update(result.last_eval.values);
     metrics.write(rec);
-    save(s, ckpt, pos);
+    save(s, ckpt, pos, ema, sel);
     if (o.plot) draw_curves(s, o.out_dir);
   }
+  result.stopped_early = patience_out() && pos.step < stop && pos.epoch < s.epochs;
+  if (result.stopped_early)
+    std::printf("%s: stopped early: no better %s in %lld evaluations (best %s at step %lld)\n", app.c_str(),
+                s.select.metric.c_str(), static_cast<long long>(sel.since), fmt("%.4g", sel.best).c_str(),
+                static_cast<long long>(sel.best_step));
   if (!have_eval) {  // resumed after the last step: evaluate the final model once more for the summary
     result.last_eval = eval("test");
     if (o.plot) draw_curves(s, o.out_dir);
+  }
+
+  // ---- the final evaluation, with the selected weights ----
+  if (sel.have) result.best_value = sel.best, result.best_step = sel.best_step;
+  if (hooks.finish) {
+    if (sel.have) {
+      NoGradGuard ng;
+      nn::load_module(ckpt + "/best/model.safetensors", *s.model);
+    } else {
+      ema.swap();
+    }
+    result.final_eval = evaluate_forked(*s.model, s.device, hooks.finish);
+    if (!result.final_eval.text.empty()) std::printf("%s: %s\n", app.c_str(), result.final_eval.text.c_str());
+    std::fflush(stdout);
   }
 
   // ---- summary ----
@@ -321,6 +451,14 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
                   {"train_" + per_s, result.units_per_s},
                   {"checkpoint", ckpt}});
   if (result.skipped_steps > 0) summary["skipped_steps"] = result.skipped_steps;
+  if (sel.have) {
+    summary["best_" + s.select.metric] = sel.best;
+    summary["best_step"] = sel.best_step;
+    summary["best_checkpoint"] = ckpt + "/best";
+    summary["stopped_early"] = result.stopped_early;
+  }
+  if (s.ema_decay > 0) summary["ema_decay"] = s.ema_decay;
+  summary.update(result.final_eval.values);
   if (hooks.summary) hooks.summary(summary);
   nn::write_text_file_atomic(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   return result;

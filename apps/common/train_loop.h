@@ -27,7 +27,19 @@
 //   epoch: step, epoch (fractional for a partial epoch), lr, train_loss, train_<stat>, the
 //          evaluation's values, x_per_s, elapsed_s
 // summary.json: the last evaluation's values, parameters, device, steps, epochs_completed,
-// resumed_from_step, wall_time_s, train_x_per_s, checkpoint, then whatever hooks.summary adds.
+// resumed_from_step, wall_time_s, train_x_per_s, checkpoint, then the model selection's best_*
+// and stopped_early, hooks.finish's values and whatever hooks.summary adds.
+//
+// Optional, for the apps that want them:
+//   ema_decay     an exponential moving average of the weights, updated after every optimizer
+//                 step; evaluations, the best weights and hooks.finish use the average (it is
+//                 saved with every checkpoint, so a resume continues it exactly)
+//   select        model selection on an evaluation metric: the evaluated weights of the best
+//                 evaluation so far go to <checkpoint>/best (model.safetensors, config.json and
+//                 the app's files: a folder the app's decoder/predictor can load), and training
+//                 stops early after `patience` evaluations without improvement
+//   hooks.finish  runs once after training, with the selected weights loaded (the best, else
+//                 the average, else the last): the final evaluation, e.g. on the test set
 // Not here: anything about the app's data, model or metrics; data parallelism.
 #pragma once
 
@@ -71,8 +83,17 @@ struct TrainHooks {
   std::function<Metrics(const std::string& label)> evaluate;
   // Optional: the running stats (per unit) as console text; default "name 0.1234 ...".
   std::function<std::string(const std::map<std::string, double>&)> format_stats;
+  // Optional: the final evaluation (see the top of this file); its values go into summary.json.
+  std::function<Metrics()> finish;
   // Optional: adds the app's fields to summary.json.
   std::function<void(nlohmann::json& summary)> summary;
+};
+
+// Model selection on an evaluation metric (TrainSetup::select; see the top of this file).
+struct SelectOptions {
+  std::string metric;     // a key of Metrics::values, e.g. "valid_bleu" ("": off)
+  bool maximize = true;   // higher is better (false: lower, e.g. a loss)
+  int64_t patience = 0;   // evaluations without improvement before stopping early (0: never)
 };
 
 // curves.png: the logged steps' loss and the epochs' train loss, evaluation loss and main metric.
@@ -103,6 +124,8 @@ struct TrainSetup {
   // Called when the epoch starts (e.g. to set an augmenting dataset's epoch before the loader resets).
   std::function<void(int64_t epoch)> on_epoch;
   CurveOptions curves;
+  double ema_decay = 0;  // 0: no moving average of the weights; else e.g. 0.999
+  SelectOptions select;
 };
 
 struct TrainResult {
@@ -114,6 +137,10 @@ struct TrainResult {
   int64_t skipped_steps = 0;
   double units_per_s = 0;           // training throughput of this process
   double wall_s = 0;
+  double best_value = 0;            // select: the best evaluation's metric, at best_step (-1: none)
+  int64_t best_step = -1;
+  bool stopped_early = false;
+  Metrics final_eval;               // what hooks.finish returned
 };
 
 // Steps of epochs 0..epochs-1 (the sum of the sampler's batch counts): a schedule's length.
