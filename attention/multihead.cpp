@@ -31,6 +31,29 @@ void AttentionCache::reorder(const Tensor& index) {
   self_->reorder(index);
 }
 
+void AttentionCache::keep_sentences(const Tensor& sentences, int64_t beams) {
+  raw::check_defined("AttentionCache::keep_sentences", sentences, "sentences");
+  LINEA_CHECK(sentences.dtype() == DType::Int64 && sentences.dim() == 1 && beams > 0,
+              "AttentionCache::keep_sentences: sentences must be Int64 [Bm] and beams positive, got ",
+              dtype_name(sentences.dtype()), " ", shape_str(sentences.shape()), " and ", beams);
+  NoGradGuard ng;
+  if (cross_) {
+    if (!mem_k_.defined()) return;
+    const Tensor s = sentences.to(mem_k_.device());
+    mem_k_ = index_select(mem_k_, 0, s);
+    mem_v_ = index_select(mem_v_, 0, s);
+    if (mem_pad_.defined()) mem_pad_ = index_select(mem_pad_, 0, s);
+    rep_k_ = rep_v_ = rep_pad_ = Tensor();  // rebuilt for the new batch by the next step
+    return;
+  }
+  if (!self_) return;
+  // Row b of sentence s is s * beams + b (a small index, made on the host).
+  std::vector<int64_t> rows;
+  for (int64_t sent : sentences.to_vector<int64_t>())
+    for (int64_t b = 0; b < beams; ++b) rows.push_back(sent * beams + b);
+  self_->reorder(from_vector<int64_t>(rows, {static_cast<int64_t>(rows.size())}).to(sentences.device()));
+}
+
 // ---- MultiHeadAttention ---------------------------------------------------------------------------
 MultiHeadAttention::MultiHeadAttention(int64_t dim, int64_t heads, const std::string& spec, MultiHeadOptions options)
     : Module("MultiHeadAttention"), dim_(dim), heads_(heads) {

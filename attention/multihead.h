@@ -36,6 +36,9 @@ class AttentionCache {
   // caches change nothing (their memory is shared by a sentence's beams); with a CPU index they
   // check that every row stays within its sentence.
   void reorder(const Tensor& index);
+  // Keeps the sentences `sentences` (Int64 [Bm'], indices of the current sentences, in that
+  // order) with their `beams` rows each: beam search drops the sentences it has finished.
+  void keep_sentences(const Tensor& sentences, int64_t beams);
 
  private:
   friend class MultiHeadAttention;

@@ -98,6 +98,12 @@ class DecoderState {
     for (auto& c : self_) c.reorder(index);
     for (auto& c : cross_) c.reorder(index);
   }
+  // Keeps the sentences `sentences` (Int64 [Bm']) with their `beams` rows (beam search drops
+  // finished sentences; see AttentionCache::keep_sentences).
+  void keep_sentences(const Tensor& sentences, int64_t beams) {
+    for (auto& c : self_) c.keep_sentences(sentences, beams);
+    for (auto& c : cross_) c.keep_sentences(sentences, beams);
+  }
 
  private:
   friend class TransformerDecoder;
