@@ -101,6 +101,53 @@ std::vector<Hypothesis> greedy_search(Seq2Seq& model, const Tensor& src, const T
   return out;
 }
 
+std::vector<Hypothesis> greedy_search_recompute(Seq2Seq& model, const Tensor& src, const Tensor& src_pad,
+                                                const SearchOptions& o) {
+  check_inputs(model, src, src_pad, o);
+  const ModelConfig& c = model.config();
+  const int64_t B = src.size(0), V = c.tgt_vocab;
+  const std::vector<int64_t> src_len = source_lengths(src_pad);
+  std::vector<Hypothesis> out(B);
+  Tensor memory = model.encode(src, src_pad), pad = src_pad;
+  std::vector<int64_t> active(B);
+  std::vector<std::vector<int64_t>> prefix(B, {c.bos_id});
+  for (int64_t i = 0; i < B; ++i) active[i] = i;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; !active.empty(); ++t) {
+    const int64_t n = static_cast<int64_t>(active.size());
+    std::vector<int64_t> ids;
+    for (int64_t a : active) ids.insert(ids.end(), prefix[a].begin(), prefix[a].end());
+    Tensor logits = model.decode(from_vector<int64_t>(ids, {n, t + 1}).to(src.device()), memory, pad);
+    const std::vector<float> lp = log_softmax(select(logits, 1, t), 1).to(kCPU).to_vector<float>();
+    std::vector<int64_t> keep, next_active;
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<float> row(lp.begin() + r * V, lp.begin() + (r + 1) * V);
+      row[c.pad_id] = row[c.bos_id] = ninf;
+      if (t + 1 >= max_output_length(c, o, src_len[active[r]]))
+        for (int64_t v = 0; v < V; ++v)
+          if (v != c.eos_id) row[v] = ninf;
+      const int64_t best = std::max_element(row.begin(), row.end()) - row.begin();
+      Hypothesis& h = out[active[r]];
+      h.log_prob += row[best];
+      if (best == c.eos_id) {
+        h.score = h.log_prob / std::pow(static_cast<double>(t + 1), o.len_penalty);
+        continue;
+      }
+      h.tokens.push_back(best);
+      prefix[active[r]].push_back(best);
+      keep.push_back(r);
+      next_active.push_back(active[r]);
+    }
+    if (!next_active.empty() && next_active.size() < active.size()) {
+      const Tensor k = index_tensor(keep, src.device());
+      memory = index_select(memory, 0, k);
+      pad = index_select(pad, 0, k);
+    }
+    active = std::move(next_active);
+  }
+  return out;
+}
+
 std::vector<std::vector<Hypothesis>> beam_search(Seq2Seq& model, const Tensor& src, const Tensor& src_pad,
                                                  const SearchOptions& o) {
   check_inputs(model, src, src_pad, o);

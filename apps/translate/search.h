@@ -37,6 +37,10 @@ int64_t max_output_length(const ModelConfig& cfg, const SearchOptions& o, int64_
 // a NoGradGuard. Greedy: the most probable token each step; one hypothesis per sentence.
 std::vector<Hypothesis> greedy_search(Seq2Seq& model, const linea::Tensor& src, const linea::Tensor& src_pad,
                                       const SearchOptions& o);
+// Greedy search without the incremental caches: every step runs the decoder over the whole prefix
+// (what decoding costs without them; the same hypotheses up to rounding; for tests and benchmarks).
+std::vector<Hypothesis> greedy_search_recompute(Seq2Seq& model, const linea::Tensor& src,
+                                                const linea::Tensor& src_pad, const SearchOptions& o);
 // Beam search: the nbest hypotheses of each sentence, best first.
 std::vector<std::vector<Hypothesis>> beam_search(Seq2Seq& model, const linea::Tensor& src,
                                                  const linea::Tensor& src_pad, const SearchOptions& o);

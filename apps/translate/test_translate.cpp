@@ -174,4 +174,10 @@ TEST(TranslateSearch, BatchDecodesAsEachSentenceAlone) {
     }
     EXPECT_EQ(greedy[i].tokens, greedy_search(model, s1, p1, o)[0].tokens);
   }
+  // Without the caches: the same hypotheses.
+  auto recomputed = greedy_search_recompute(model, src, pad, o);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    EXPECT_EQ(recomputed[i].tokens, greedy[i].tokens);
+    EXPECT_NEAR(recomputed[i].log_prob, greedy[i].log_prob, 1e-4);
+  }
 }
