@@ -8,7 +8,7 @@ Each case writes 1-3 reference files and a hypothesis (a mutation of the first r
 words from several scripts, ASCII and Unicode punctuation, numbers with . , -, HTML entities,
 <skipped>, Unicode whitespace of every kind Python knows (and some it does not, like U+200B),
 '\\r', tabs, a BOM, empty and blank lines, a missing final newline; then runs both tools with the
-same random flags (-m bleu/chrf/both, -w, -b, -f text, stdin or -i) and requires the same exit
+same random flags (-m bleu/chrf/both, -w, -b, -f text, chrF options, stdin or -i) and requires the same exit
 status and, on success, byte-identical stdout. Prints "N passed, M failed" and exits 1 on any
 failure. Needs sacreBLEU 2.x (pip install sacrebleu; its version string differs from 2.3.1
 unless that release is installed, so the version field is masked before comparing); a manual
@@ -128,6 +128,9 @@ def main():
                 flags.append("-b")
             if rng.random() < 0.15:
                 flags += ["-f", "text"]
+            if rng.random() < 0.2:
+                flags += rng.choice([["--chrf-eps-smoothing"], ["--chrf-whitespace"], ["--chrf-beta", "3"],
+                                     ["--chrf-char-order", "4"], ["--chrf-beta", "1", "--chrf-eps-smoothing"]])
             io_flags = [] if use_stdin else ["-i", hyp_path]
             args = paths + io_flags + flags
             lc, lo = run([a.linea_bleu] + args, hyp_path if use_stdin else None)

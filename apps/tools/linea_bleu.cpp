@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -47,6 +48,7 @@ struct Args {
 };
 
 std::string read_file(const std::string& path) {
+  LINEA_CHECK(!std::filesystem::is_directory(path), "cannot read '", path, "': it is a directory");
   std::string data;
   if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) {
     gzFile f = gzopen(path.c_str(), "rb");

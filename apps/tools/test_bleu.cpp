@@ -484,6 +484,7 @@ TEST_F(BleuTool, EmptyInput) {
 TEST_F(BleuTool, Errors) {
   expect_error(run_tool(d, "ref1 -i missing.txt"), "cannot open 'missing.txt'");
   expect_error(run_tool(d, "nothere -i hyp"), "cannot open 'nothere'");
+  expect_error(run_tool(d, "ref1 -i ."), "cannot read '.': it is a directory");
   d.write("short", "only one line\nand two\n");
   expect_error(run_tool(d, "ref1 short -i hyp"), "('hyp') has 3 lines but reference 'short' has 2");
   expect_error(run_tool(d, "-i hyp"), "no reference files");
