@@ -20,16 +20,14 @@ std::u32string utf8_decode(std::string_view s) {
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    int len = 0;
-    char32_t cp = 0, min = 0;
-    if (c < 0x80)
-      len = 1, cp = c;
-    else if (c >= 0xC2 && c < 0xE0)
-      len = 2, cp = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c < 0xF0)
-      len = 3, cp = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c < 0xF5)
-      len = 4, cp = c & 0x07, min = 0x10000;
+    // lead bytes: 0xxxxxxx, 110xxxxx (C0, C1 would be overlong), 1110xxxx, 11110xxx (up to F4)
+    const int len = c < 0x80                ? 1
+                    : c >= 0xC2 && c < 0xE0 ? 2
+                    : c >= 0xE0 && c < 0xF0 ? 3
+                    : c >= 0xF0 && c < 0xF5 ? 4
+                                            : 0;
+    static const char32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};  // smallest code point of each length
+    char32_t cp = len == 1 ? c : c & (0x7F >> len);
     LINEA_CHECK(len > 0 && i + len <= s.size(), "invalid UTF-8: byte 0x", std::hex, int(c), std::dec, " at offset ", i);
     for (int k = 1; k < len; ++k) {
       const unsigned char cc = static_cast<unsigned char>(s[i + k]);
@@ -37,7 +35,7 @@ std::u32string utf8_decode(std::string_view s) {
       cp = (cp << 6) | (cc & 0x3F);
     }
     // Python's codec refuses overlong forms, UTF-16 surrogates and code points past U+10FFFF.
-    LINEA_CHECK(cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF),
+    LINEA_CHECK(cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF),
                 "invalid UTF-8: bad sequence at offset ", i);
     out += cp;
     i += len;
