@@ -1,0 +1,137 @@
+// translate-bench-decode: incremental decoding (the decoder's caches: the memory projected once per
+// sentence, keys/values or a recurrent state per layer) against recomputing the whole prefix at
+// every step, on the same sentences with the same model, in one run. Not a test: it measures.
+//
+//   translate-bench-decode --checkpoint runs/translate/checkpoint --input data/translate/test.en
+//                          [--sentences 200] [--batch 32] [--beam 5] [--threads T] [--json FILE]
+//
+// Rows: greedy with caches, greedy recomputing the prefix (the baseline), beam search with caches.
+// Ratios are against the baseline's time; the hypotheses of the two greedy searches are compared.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "apps/common/device.h"
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "core/runtime.h"
+#include "translator.h"
+
+using namespace linea;
+
+namespace {
+
+// The sentences padded into batches, longest first.
+struct Batches {
+  std::vector<std::pair<Tensor, Tensor>> batches;  // src, src_pad
+};
+
+Batches make_batches(translate::Translator& tr, const std::vector<std::string>& lines, int64_t batch, Device d) {
+  std::vector<std::vector<int64_t>> ids;
+  for (size_t i = 0; i < lines.size(); ++i) ids.push_back(tr.encode_source(lines[i], "line " + std::to_string(i + 1)));
+  std::stable_sort(ids.begin(), ids.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  Batches out;
+  const int64_t pad_id = tr.model().config().pad_id;
+  for (size_t first = 0; first < ids.size(); first += batch) {
+    const int64_t B = std::min<int64_t>(batch, static_cast<int64_t>(ids.size() - first));
+    const int64_t S = static_cast<int64_t>(ids[first].size());
+    std::vector<int64_t> src(B * S, pad_id), pad(B * S, 1);
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy(ids[first + b].begin(), ids[first + b].end(), src.begin() + b * S);
+      std::fill(pad.begin() + b * S, pad.begin() + b * S + static_cast<int64_t>(ids[first + b].size()), 0);
+    }
+    out.batches.emplace_back(from_vector<int64_t>(src, {B, S}).to(d), (from_vector<int64_t>(pad, {B, S}) != 0.0).to(d));
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string checkpoint, input, json_path, device_arg = "auto";
+  int64_t sentences = 200, batch = 32;
+  int threads = 0;
+  translate::SearchOptions beam;
+  CLI::App app{"translate-bench-decode: incremental decoding against recomputing the prefix"};
+  app.add_option("--checkpoint", checkpoint, "translate checkpoint folder (its best/ weights when present)")->required();
+  app.add_option("--input", input, "source sentences, one per line")->required();
+  app.add_option("--sentences", sentences, "the first N lines")->capture_default_str()->check(CLI::Range(1, 1000000));
+  app.add_option("--batch", batch, "sentences per batch")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--beam", beam.beam, "beam size of the beam-search row")->capture_default_str()->check(CLI::Range(1, 1000));
+  app.add_option("--device", device_arg, "cpu, cuda or auto")->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads (0: all cores)");
+  app.add_option("--json", json_path, "append the rows as JSON lines here");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    set_num_threads(threads);
+    const Device device = apps::resolve_device("translate-bench-decode", device_arg);
+    std::string dir = checkpoint;
+    if (std::ifstream(dir + "/best/model.safetensors").good()) dir += "/best";
+    translate::Translator tr = translate::Translator::load(dir, device);
+    tr.model().eval();
+    NoGradGuard ng;
+    std::ifstream in(input);
+    LINEA_CHECK(in.good(), "translate-bench-decode: cannot read --input '", input, "'");
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l) && static_cast<int64_t>(lines.size()) < sentences;)
+      if (!l.empty()) lines.push_back(l);
+    const Batches data = make_batches(tr, lines, batch, device);
+    translate::SearchOptions greedy = beam;
+    greedy.beam = 1;
+
+    struct Row {
+      std::string name;
+      double seconds = 0;
+      int64_t tokens = 0;
+      std::vector<std::vector<int64_t>> outputs;
+    };
+    auto run = [&](const std::string& name, auto&& search) {
+      Row r{name};
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const auto& [src, pad] : data.batches)
+        for (const translate::Hypothesis& h : search(src, pad)) {
+          r.tokens += static_cast<int64_t>(h.tokens.size()) + 1;
+          r.outputs.push_back(h.tokens);
+        }
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return r;
+    };
+    Row cached = run("greedy, incremental", [&](const Tensor& s, const Tensor& p) {
+      return translate::greedy_search(tr.model(), s, p, greedy);
+    });
+    Row recompute = run("greedy, recompute prefix", [&](const Tensor& s, const Tensor& p) {
+      return translate::greedy_search_recompute(tr.model(), s, p, greedy);
+    });
+    Row beamed = run("beam " + std::to_string(beam.beam) + ", incremental", [&](const Tensor& s, const Tensor& p) {
+      std::vector<translate::Hypothesis> best;
+      for (auto& n : translate::beam_search(tr.model(), s, p, beam)) best.push_back(n.front());
+      return best;
+    });
+    int64_t same = 0;
+    for (size_t i = 0; i < cached.outputs.size(); ++i) same += cached.outputs[i] == recompute.outputs[i];
+
+    const std::string dev = apps::device_name(device);
+    std::printf("translate-bench-decode: %zu sentences, batches of %lld, on %s\n", lines.size(),
+                static_cast<long long>(batch), dev.c_str());
+    std::printf("%-28s %10s %12s %12s %18s\n", "search", "seconds", "sentences/s", "tokens/s", "speed-up vs recompute");
+    std::FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
+    for (const Row* r : {&recompute, &cached, &beamed}) {
+      const double sps = lines.size() / r->seconds, tps = r->tokens / r->seconds;
+      std::printf("%-28s %10.2f %12.1f %12.0f %17.2fx\n", r->name.c_str(), r->seconds, sps, tps,
+                  recompute.seconds / r->seconds);
+      if (js)
+        std::fprintf(js, "{\"bench\": \"translate-decode\", \"search\": \"%s\", \"seconds\": %.4f, \"sentences\": %zu, "
+                     "\"sentences_per_s\": %.3f, \"tokens_per_s\": %.1f, \"speedup_vs_recompute\": %.3f, \"device\": \"%s\"}\n",
+                     r->name.c_str(), r->seconds, lines.size(), sps, tps, recompute.seconds / r->seconds, dev.c_str());
+    }
+    if (js) std::fclose(js);
+    std::printf("greedy hypotheses identical with and without the caches: %lld of %zu\n", static_cast<long long>(same),
+                cached.outputs.size());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
