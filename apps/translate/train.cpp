@@ -75,26 +75,30 @@ TrainReport run_training(const TrainOptions& o) {
   const std::string ckpt_dir = run.checkpoint();
 
   // ---- data and tokenizers ----
-  const PreparedData data = load_prepared(o.data_dir);
-  const ParallelSplit train_text = read_split(o.data_dir, "train");
-  const ParallelSplit valid_text = read_split(o.data_dir, "valid");
-  const ParallelSplit test_text = read_split(o.data_dir, "test");
+  const Manifest data = read_manifest(o.data_dir);
+  auto src_tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(data.src_model));
+  auto tgt_tok = data.tgt_model == data.src_model ? src_tok
+                                                  : std::make_shared<const Tokenizer>(Tokenizer::from_file(data.tgt_model));
+  const std::string src_file = fs::path(data.src_model).filename().string();
+  const std::string tgt_file = fs::path(data.tgt_model).filename().string();
   ModelConfig mc = o.model;
-  mc.src_vocab = data.src_tokenizer->vocab_size();
-  mc.tgt_vocab = data.tgt_tokenizer->vocab_size();
-  mc.joint_vocab = data.joint_vocab;
-  mc.pad_id = data.tgt_tokenizer->pad_id();
-  mc.bos_id = data.tgt_tokenizer->bos_id();
-  mc.eos_id = data.tgt_tokenizer->eos_id();
-  auto train_set = std::make_shared<TranslationDataset>(train_text, *data.src_tokenizer, *data.tgt_tokenizer, mc.max_len);
-  auto valid_set = std::make_shared<TranslationDataset>(valid_text, *data.src_tokenizer, *data.tgt_tokenizer, mc.max_len);
-  auto test_set = std::make_shared<TranslationDataset>(test_text, *data.src_tokenizer, *data.tgt_tokenizer, mc.max_len);
+  mc.src_vocab = src_tok->vocab_size();
+  mc.tgt_vocab = tgt_tok->vocab_size();
+  mc.joint_vocab = data.vocab == "joint";
+  mc.pad_id = tgt_tok->pad_id();
+  mc.bos_id = tgt_tok->bos_id();
+  mc.eos_id = tgt_tok->eos_id();
+  auto train_set = std::make_shared<TranslationDataset>(read_split(o.data_dir, "train"), *src_tok, *tgt_tok, mc.max_len);
+  auto valid_set = std::make_shared<TranslationDataset>(read_split(o.data_dir, "valid"), *src_tok, *tgt_tok, mc.max_len);
+  auto test_set = std::make_shared<TranslationDataset>(read_split(o.data_dir, "test"), *src_tok, *tgt_tok, mc.max_len);
+  const ParallelSplit& valid_text = valid_set->text();
+  const ParallelSplit& test_text = test_set->text();
   LINEA_CHECK(train_set->size() > 0, "translate: '", o.data_dir, "' has no training pairs");
 
   // ---- the checkpoint's config: the model, the tokenizers (their files travel with it), the run ----
   std::map<std::string, std::string> files;
-  files[data.src_model_file] = data.src_tokenizer->bytes();
-  files[data.tgt_model_file] = data.tgt_tokenizer->bytes();
+  files[src_file] = src_tok->bytes();
+  files[tgt_file] = tgt_tok->bytes();
   json run_cfg = {{"data", fs::absolute(o.data_dir).lexically_normal().string()},
                   {"train_pairs", train_set->size()},
                   {"max_tokens", o.max_tokens},
@@ -109,9 +113,9 @@ TrainReport run_training(const TrainOptions& o) {
                   {"seed", run.seed}};
   json config = {{"format", kConfigFormat},
                  {"model", model_json(mc)},
-                 {"tokenizers", {{"source", data.src_model_file}, {"target", data.tgt_model_file}}},
+                 {"tokenizers", {{"source", src_file}, {"target", tgt_file}}},
                  {"languages", {{"source", data.src_lang}, {"target", data.tgt_lang}}},
-                 {"data", data.manifest},
+                 {"data", data.json},
                  {"run", run_cfg}};
 
   // ---- model and optimizer ----
@@ -119,7 +123,7 @@ TrainReport run_training(const TrainOptions& o) {
   auto model = std::make_shared<Seq2Seq>(mc);
   model->to(device);
   nn::AdamW opt(nn::decay_groups(*model, o.lr, o.weight_decay), 0.9, 0.98, 1e-8);
-  Translator translator(model, data.src_tokenizer, data.tgt_tokenizer, device);
+  Translator translator(model, src_tok, tgt_tok, device);
 
   std::printf("translate: %s -> %s, %lld train / %lld valid / %lld test pairs from %s\n", data.src_lang.c_str(),
               data.tgt_lang.c_str(), static_cast<long long>(train_set->size()),
@@ -189,6 +193,10 @@ TrainReport run_training(const TrainOptions& o) {
     const std::string best = ckpt_dir + "/best";
     const std::string dir = fs::exists(best + "/model.safetensors") ? best : ckpt_dir;
     Translator loaded = Translator::load(dir, device);
+    LINEA_CHECK(loaded.source_tokenizer().bytes() == src_tok->bytes() &&
+                    loaded.target_tokenizer().bytes() == tgt_tok->bytes(),
+                "translate: --eval-only: the checkpoint in '", dir, "' was trained with other tokenizers than the "
+                "data in '", o.data_dir, "' (pass the --data it was trained on)");
     const apps::Metrics m = apps::evaluate_forked(loaded.model(), device, [&] { return test_of(loaded); });
     std::printf("translate: %s (weights from %s)\n", m.text.c_str(), dir.c_str());
     fs::create_directories(run.out_dir);
@@ -244,7 +252,7 @@ TrainReport run_training(const TrainOptions& o) {
   };
   hooks.finish = [&] { return test_of(translator); };
   hooks.summary = [&](json& summary) {
-    summary.update({{"model", model_json(mc)}, {"run", run_cfg}, {"data", data.manifest}});
+    summary.update({{"model", model_json(mc)}, {"run", run_cfg}, {"data", data.json}});
   };
   const apps::TrainResult tr = apps::train(setup, hooks, run);
 
