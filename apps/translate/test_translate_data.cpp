@@ -1,0 +1,169 @@
+// The translate app's data: the Bible reader on the installed SWORD modules (counts, cleaning,
+// the NRSVA -> KJV mapping, RV's renumbered chapters), `prepare` on small generated files
+// (deterministic and disjoint splits, dropped lines, byte-identical reruns, clear errors) and on
+// the Bible with a books split, the tokenizer (round trip, loading from bytes, special ids) and
+// the dataset's padded, shifted batches.
+// Not here: the model, training and BLEU.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "bible.h"
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using linea::test::TempDir;
+using namespace translate;
+
+namespace {
+
+// EXPECT_THROW with a check of the message.
+#define EXPECT_ERROR_HAS(stmt, ...)                                                     \
+  do {                                                                                  \
+    try {                                                                               \
+      stmt;                                                                             \
+      ADD_FAILURE() << #stmt " did not throw";                                          \
+    } catch (const linea::Error& e) {                                                   \
+      for (const std::string& part : std::vector<std::string>{__VA_ARGS__})             \
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();     \
+    }                                                                                   \
+  } while (0)
+
+// ---- the Bible ---------------------------------------------------------------------------------
+
+class Bible : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    corpus_ = new BibleCorpus(read_bible());
+    for (const VersePair& p : corpus_->pairs) by_ref_[p.ref] = &p;
+  }
+  static void TearDownTestSuite() {
+    delete corpus_;
+    by_ref_.clear();
+  }
+  static const VersePair& pair(const std::string& ref) {
+    auto it = by_ref_.find(ref);
+    if (it == by_ref_.end()) throw std::runtime_error("no pair " + ref);
+    return *it->second;
+  }
+  static BibleCorpus* corpus_;
+  static std::map<std::string, const VersePair*> by_ref_;
+};
+BibleCorpus* Bible::corpus_ = nullptr;
+std::map<std::string, const VersePair*> Bible::by_ref_;
+
+TEST_F(Bible, CountsMatchTheModules) {
+  const BibleStats& st = corpus_->stats;
+  EXPECT_EQ(st.src_versification, "NRSVA");
+  EXPECT_EQ(st.tgt_versification, "KJV");
+  EXPECT_EQ(st.src_verses, 37791);
+  EXPECT_EQ(st.tgt_verses, 31102);
+  // 17 deuterocanonical books; their 6,687 verses never reach the Spanish side.
+  EXPECT_EQ(st.missing_books.size(), 17u);
+  EXPECT_EQ(st.dropped.at("book_missing_in_tgt"), 6687);
+  EXPECT_EQ(st.missing_books.at("Tob"), 242);
+  // NRSVA splits two KJV verses (3John.1.14-15, Rev.12.17-18): the second maps onto the first.
+  EXPECT_EQ(st.dropped.at("duplicate_mapping"), 2);
+  // WEB leaves 7 verses empty (Luke.17.36, Acts.8.37, ...; Rom.16.25-27 sit at 14.23).
+  EXPECT_EQ(st.dropped.at("src_empty"), 7);
+  EXPECT_EQ(st.titles_restored, 139);  // 138 psalm titles + Ps 151's (deuterocanonical)
+  EXPECT_GT(st.recased, 1100);         // RV capitalizes the first word of (almost) every chapter
+  EXPECT_GT(st.realigned, 150);        // RV's renumbered chapters (Num 13, Job 39-40, Jonah 2, ...)
+  EXPECT_GE(st.pairs, 31000);
+  EXPECT_LE(st.pairs, 31077);
+  int64_t dropped = 0;
+  for (const auto& kv : st.dropped) dropped += kv.second;
+  EXPECT_EQ(dropped + st.pairs, st.src_verses);  // every source verse is paired or counted
+}
+
+TEST_F(Bible, GenesisOneOneInBothLanguages) {
+  const VersePair& p = pair("Gen.1.1");
+  EXPECT_EQ(corpus_->pairs.front().ref, "Gen.1.1");
+  // WEB's footnote after "God" used to glue it to "created"; RV's "EN el principio" is re-cased.
+  EXPECT_EQ(p.src, "In the beginning, God created the heavens and the earth.");
+  EXPECT_EQ(p.tgt, "En el principio crió Dios los cielos y la tierra.");
+  EXPECT_EQ(corpus_->pairs.back().ref, "Rev.22.21");
+  EXPECT_EQ(pair("Rev.22.21").src, "The grace of the Lord Jesus Christ be with all the saints. Amen.");  // no glossary
+}
+
+TEST_F(Bible, CleanText) {
+  std::set<std::string> refs;
+  for (const VersePair& p : corpus_->pairs) {
+    for (const std::string* s : {&p.src, &p.tgt}) {
+      ASSERT_FALSE(s->empty()) << p.ref;
+      EXPECT_EQ(*s, normalize_space(*s)) << p.ref;  // no line breaks, double or edge spaces
+      EXPECT_EQ(s->find_first_of("<>&"), std::string::npos) << p.ref << ": " << *s;
+    }
+    EXPECT_TRUE(refs.insert(p.ref).second) << p.ref;
+  }
+  // Poetry: line breaks collapsed; WEB's psalm title restored in front of verse 1, as RV has it.
+  EXPECT_EQ(pair("Ps.23.1").src, "A Psalm by David. Yahweh is my shepherd; I shall lack nothing.");
+  EXPECT_EQ(pair("Ps.23.1").tgt, "Salmo de David. Jehová es mi pastor; nada me faltará.");
+  // RV's added words (<transChange>) no longer stick to their neighbours; enclitics still do.
+  EXPECT_EQ(pair("Ezek.1.1").tgt.rfind("Y fué que á los treinta años, en el mes cuarto,", 0), 0u) << pair("Ezek.1.1").tgt;
+  EXPECT_NE(pair("Gen.19.12").tgt.find("sácalo de este lugar"), std::string::npos) << pair("Gen.19.12").tgt;
+  EXPECT_NE(pair("Gen.25.33").tgt.find("Júramelo en este día"), std::string::npos) << pair("Gen.25.33").tgt;
+  // Two Strong's numbers in one lemma no longer leak "<G5547>" (3John.1.14 "verte <G4571>").
+  EXPECT_NE(pair("3John.1.14").tgt.find("espero verte en breve"), std::string::npos);
+  // A chapter opening after a one-letter word: "Y YO me paré" -> "Y yo me paré".
+  EXPECT_EQ(pair("Rev.13.1").tgt.rfind("Y yo me paré sobre la arena del mar", 0), 0u) << pair("Rev.13.1").tgt;
+}
+
+TEST_F(Bible, VersificationMapping) {
+  EXPECT_EQ(map_reference("Gen.1.1", "NRSVA", "KJV"), "Gen.1.1");
+  EXPECT_EQ(map_reference("3John.1.15", "NRSVA", "KJV"), "3John.1.14");
+  EXPECT_EQ(map_reference("Rev.12.18", "NRSVA", "KJV"), "Rev.12.17");
+  // A book KJV lacks: a VerseKey would silently land on Gen.1.1.
+  EXPECT_EQ(map_reference("Tob.1.1", "NRSVA", "KJV"), "");
+  EXPECT_THROW(map_reference("Gen.51.1", "NRSVA", "KJV"), linea::Error);
+  // The split verses pair once; the second half (empty in WEB) is not paired with Jude.1.1.
+  EXPECT_NE(pair("3John.1.14").src.find("Peace be to you"), std::string::npos);
+  EXPECT_EQ(by_ref_.count("3John.1.15"), 0u);
+  EXPECT_NE(pair("Jude.1.1").tgt.find("Judas, siervo de Jesucristo"), std::string::npos);
+  for (const VersePair& p : corpus_->pairs) EXPECT_NE(book_of(p.ref), "Tob");
+}
+
+TEST_F(Bible, RenumberedChaptersAreRealigned) {
+  // RV numbers Num 12:16 as 13:1, so the module's Num.13.N holds KJV's 13:N-1.
+  EXPECT_EQ(pair("Num.12.16").tgt.rfind("Y después movió el pueblo de Haseroth", 0), 0u) << pair("Num.12.16").tgt;
+  EXPECT_EQ(pair("Num.13.1").tgt, "Y Jehová habló á Moisés, diciendo:");
+  EXPECT_NE(pair("Num.13.10").tgt.find("Zabulón"), std::string::npos) << pair("Num.13.10").tgt;
+  // Jonah 1:17 is RV's 2:1; Job 40:6 is RV's 40:1.
+  EXPECT_EQ(pair("Jonah.1.17").tgt.rfind("Mas Jehová había prevenido un gran pez", 0), 0u) << pair("Jonah.1.17").tgt;
+  EXPECT_EQ(pair("Job.40.6").tgt.rfind("Entonces respondió Jehová á Job desde la oscuridad", 0), 0u);
+  // The module's last Job 39 slot holds nine RV verses: those English verses stay unpaired.
+  EXPECT_EQ(by_ref_.count("Job.40.1"), 0u);
+  EXPECT_EQ(pair("Exod.20.13").tgt, "No matarás.");  // short verses keep their pairs
+}
+
+TEST(BibleErrors, MissingModuleNamesThePackage) {
+  BibleOptions o;
+  o.tgt_module = "spaNoSuchModule";
+  EXPECT_ERROR_HAS(read_bible(o), "spaNoSuchModule", "not installed");
+  TempDir empty;  // a SWORD library without modules
+  o = BibleOptions();
+  o.sword_path = empty.path.string();
+  EXPECT_ERROR_HAS(read_bible(o), "engWEB2015eb", "apt-get install sword-text-web", empty.path.string());
+}
+
+// ---- text helpers -----------------------------------------------------------------------------
+
+TEST(Text, NormalizeSpaceAndUtf8) {
+  EXPECT_EQ(normalize_space("  a\tb\n\n c\xC2\xA0" "d\r\n"), "a b c d");  // NBSP is a space too
+  EXPECT_EQ(normalize_space(""), "");
+  EXPECT_EQ(invalid_utf8_at("plain ñ “quotes”"), -1);
+  EXPECT_EQ(invalid_utf8_at("ab\xC3"), 2);         // truncated sequence
+  EXPECT_EQ(invalid_utf8_at("a\xC0\xAF"), 1);      // overlong
+  EXPECT_EQ(invalid_utf8_at("\xED\xA0\x80"), 0);   // surrogate
+  EXPECT_EQ(utf8_length("año"), 3);
+}
+
+}  // namespace
