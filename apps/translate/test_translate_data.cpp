@@ -17,10 +17,12 @@
 #include "bible.h"
 #include "core/error.h"
 #include "tests/test_util.h"
+#include "tokenizer.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using linea::test::TempDir;
+using linea::test::write_all;
 using namespace translate;
 
 namespace {
@@ -164,6 +166,82 @@ TEST(Text, NormalizeSpaceAndUtf8) {
   EXPECT_EQ(invalid_utf8_at("a\xC0\xAF"), 1);      // overlong
   EXPECT_EQ(invalid_utf8_at("\xED\xA0\x80"), 0);   // surrogate
   EXPECT_EQ(utf8_length("año"), 3);
+}
+
+// ---- generated user data -------------------------------------------------------------------------
+
+// n line pairs of a toy English/Spanish word-for-word "translation"; every 10th line empty on one
+// side (or both at 50, 100, ...).
+void write_pairs(const std::string& src, const std::string& tgt, int n, uint32_t seed = 7) {
+  const std::vector<std::pair<std::string, std::string>> words = {
+      {"the", "el"},     {"house", "casa"}, {"water", "agua"}, {"king", "rey"},      {"god", "dios"},
+      {"said", "dijo"},  {"and", "y"},      {"good", "bueno"}, {"great", "grande"},  {"land", "tierra"},
+      {"people", "pueblo"}, {"son", "hijo"}, {"day", "día"},   {"night", "noche"},   {"light", "luz"},
+      {"heaven", "cielo"}, {"man", "hombre"}, {"woman", "mujer"}, {"bread", "pan"},  {"word", "palabra"}};
+  std::mt19937 rng(seed);
+  std::string a, b;
+  for (int i = 1; i <= n; ++i) {
+    std::string s, t;
+    const int len = 3 + static_cast<int>(rng() % 10);
+    for (int k = 0; k < len; ++k) {
+      const auto& w = words[rng() % words.size()];
+      s += (k ? " " : "") + w.first;
+      t += (k ? " " : "") + w.second;
+    }
+    if (i % 10 == 0) (i % 50 == 0 ? s = t = "  " : (i % 20 == 0 ? s : t) = " \t");
+    a += s + "\n";
+    b += t + "\r\n";  // CRLF on one side: line ends are not part of the text
+  }
+  write_all(src, a);
+  write_all(tgt, b);
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream f(path);
+  for (std::string l; std::getline(f, l);) lines.push_back(l);
+  return lines;
+}
+
+// ---- tokenizer ----------------------------------------------------------------------------------
+
+TEST(Tokenizer, RoundTripBytesAndSpecialIds) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 200);
+  std::vector<std::string> text = lines_of(dir.file("in.en"));
+  text.push_back("Ñandú, “quotes” — and año");
+  std::vector<const std::string*> ptrs;
+  for (const std::string& s : text) ptrs.push_back(&s);
+  TokenizerTraining t;
+  t.vocab_size = 50;
+  const std::string bytes = train_tokenizer(ptrs, t);
+  EXPECT_EQ(bytes, train_tokenizer(ptrs, t));  // deterministic
+  write_all(dir.file("m.model"), bytes);
+  const Tokenizer a = Tokenizer::from_file(dir.file("m.model")), b = Tokenizer::from_bytes(bytes);
+  EXPECT_EQ(a.bytes(), bytes);
+  EXPECT_EQ(a.vocab_size(), 50);
+  EXPECT_EQ(a.piece(0), "<pad>");
+  EXPECT_EQ(a.piece(1), "<unk>");
+  EXPECT_EQ(a.piece(2), "<s>");
+  EXPECT_EQ(a.piece(3), "</s>");
+  const std::string s = "the king said good bread and año";
+  const std::vector<int64_t> ids = a.encode(s);
+  EXPECT_EQ(ids, b.encode(s));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), kBosId) + std::count(ids.begin(), ids.end(), kEosId), 0);
+  EXPECT_EQ(a.decode(ids), s);  // character_coverage 1.0: ñ has a piece
+  std::vector<int64_t> framed = {kBosId};
+  framed.insert(framed.end(), ids.begin(), ids.end());
+  framed.insert(framed.end(), {kEosId, kPadId, kPadId});
+  EXPECT_EQ(a.decode(framed), s);
+  EXPECT_THROW(a.decode({50}), linea::Error);
+  EXPECT_THROW(a.piece(-1), linea::Error);
+  EXPECT_THROW(Tokenizer::from_bytes("not a model"), linea::Error);
+  EXPECT_ERROR_HAS(Tokenizer().encode("x"), "before a model was loaded");
+  EXPECT_ERROR_HAS(Tokenizer::from_file(dir.file("nope.model")), "nope.model");
+  t.model_type = "bpe";
+  EXPECT_NE(train_tokenizer(ptrs, t), bytes);
+  t.vocab_size = 100000;
+  EXPECT_ERROR_HAS(train_tokenizer(ptrs, t), "--vocab-size");
 }
 
 }  // namespace
