@@ -16,11 +16,14 @@
 
 #include "bible.h"
 #include "core/error.h"
+#include "dataset.h"
+#include "prepare.h"
 #include "tests/test_util.h"
 #include "tokenizer.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using linea::test::read_all;
 using linea::test::TempDir;
 using linea::test::write_all;
 using namespace translate;
@@ -196,11 +199,180 @@ void write_pairs(const std::string& src, const std::string& tgt, int n, uint32_t
   write_all(tgt, b);
 }
 
+PrepareOptions small(const TempDir& dir, const std::string& out = "out") {
+  PrepareOptions o;
+  o.src_file = dir.file("in.en");
+  o.tgt_file = dir.file("in.es");
+  o.out = dir.file(out);
+  o.valid_size = 30;
+  o.test_size = 40;
+  o.vocab_size = 60;
+  return o;
+}
+
 std::vector<std::string> lines_of(const std::string& path) {
   std::vector<std::string> lines;
   std::ifstream f(path);
   for (std::string l; std::getline(f, l);) lines.push_back(l);
   return lines;
+}
+
+TEST(Prepare, UserFilesSplitsAndStats) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 400);
+  PrepareOptions o = small(dir);
+  const PrepareResult r = prepare(o);
+  // 40 lines have an empty side: 8 both (every 50th), 16 source (20th), 16 target (other 10th).
+  EXPECT_EQ(r.stats["dropped"], json({{"both_empty", 8}, {"src_empty", 16}, {"tgt_empty", 16}}));
+  EXPECT_EQ(r.stats["pairs"], 360);
+  EXPECT_EQ(r.valid, 30);
+  EXPECT_EQ(r.test, 40);
+  EXPECT_EQ(r.train, 290);
+  for (const char* f : {"train.en", "train.es", "train.ref", "valid.en", "valid.es", "valid.ref", "test.en", "test.es",
+                        "test.ref", "spm.model", "stats.json", "data.json"})
+    EXPECT_TRUE(fs::is_regular_file(fs::path(o.out) / f)) << f;
+  // The splits are disjoint and cover every non-empty line, named by line number.
+  std::set<int> seen;
+  for (const char* s : {"train", "valid", "test"}) {
+    const ParallelSplit p = read_split(o.out, s);
+    for (size_t i = 0; i < p.refs.size(); ++i) {
+      const int line = std::stoi(p.refs[i]);
+      EXPECT_TRUE(seen.insert(line).second) << "line " << line << " in two splits";
+      EXPECT_NE(line % 10, 0);
+      EXPECT_FALSE(p.src[i].empty());
+      EXPECT_EQ(p.tgt[i].find('\r'), std::string::npos);
+    }
+  }
+  EXPECT_EQ(seen.size(), 360u);
+  const json manifest = json::parse(read_all(o.out + "/data.json"));
+  EXPECT_EQ(manifest["files"]["valid"]["src"], "valid.en");
+  EXPECT_EQ(manifest["vocab"]["src_model"], "spm.model");
+  EXPECT_EQ(manifest["vocab"]["pad_id"], 0);
+  EXPECT_EQ(manifest["vocab"]["eos_id"], 3);
+  const json stats = json::parse(read_all(o.out + "/stats.json"));
+  EXPECT_EQ(stats["splits"]["valid"]["pairs"], 30);
+  EXPECT_GT(stats["splits"]["train"]["src"]["tokens"]["mean"].get<double>(), 3.0);
+  EXPECT_GE(stats["splits"]["train"]["tgt"]["chars"]["max"].get<int>(), stats["splits"]["train"]["tgt"]["chars"]["p90"].get<int>());
+  EXPECT_EQ(stats["splits"]["test"]["tgt"]["unk_rate"], 0.0);
+  EXPECT_FALSE(fs::exists(o.out + ".tmp." + std::to_string(::getpid())));
+}
+
+TEST(Prepare, SeedDecidesTheSplitAndRerunsAreByteIdentical) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 300);
+  PrepareOptions a = small(dir, "a"), b = small(dir, "b"), c = small(dir, "c");
+  c.seed = 1;
+  prepare(a);
+  prepare(b);
+  prepare(c);
+  for (const auto& entry : fs::directory_iterator(a.out)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(read_all(entry.path().string()), read_all(b.out + "/" + name)) << name << " differs between two runs";
+  }
+  EXPECT_NE(read_all(a.out + "/valid.ref"), read_all(c.out + "/valid.ref"));
+  // Rerunning into an existing prepared folder replaces it.
+  a.valid_size = 10;
+  prepare(a);
+  EXPECT_EQ(lines_of(a.out + "/valid.ref").size(), 10u);
+}
+
+TEST(Prepare, SeparateVocabulariesAndLengthFilter) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 300);
+  PrepareOptions o = small(dir);
+  o.vocab = "separate";
+  o.src_lang = "xx";
+  o.tgt_lang = "yy";
+  o.vocab_size = 40;  // per language now
+  o.max_length = 6;   // drops the longer training pairs; valid and test keep theirs
+  const PrepareResult r = prepare(o);
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/spm.xx.model"));
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/spm.yy.model"));
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/train.xx"));
+  const Manifest m = read_manifest(o.out);
+  EXPECT_EQ(m.src_model, o.out + "/spm.xx.model");
+  EXPECT_EQ(m.tgt_model, o.out + "/spm.yy.model");
+  const int64_t too_long = r.stats["length_filter"]["dropped"]["too_long"];
+  EXPECT_GT(too_long, 20);
+  EXPECT_EQ(r.train + r.valid + r.test + too_long, r.stats["pairs"].get<int64_t>());
+  EXPECT_EQ(r.valid, 30);
+  const Tokenizer src = Tokenizer::from_file(m.src_model);
+  for (const std::string& s : read_split(o.out, "train").src) EXPECT_LE(src.encode(s).size(), 6u) << s;
+  int64_t longest_valid = 0;
+  for (const std::string& s : read_split(o.out, "valid").src)
+    longest_valid = std::max<int64_t>(longest_valid, src.encode(s).size());
+  EXPECT_GT(longest_valid, 6);
+}
+
+TEST(Prepare, ClearErrors) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 50);
+  write_pairs(dir.file("short.en"), dir.file("short.es"), 49);
+  PrepareOptions o = small(dir);
+  o.valid_size = o.test_size = 5;
+  o.tgt_file = dir.file("short.es");
+  EXPECT_ERROR_HAS(prepare(o), "50 lines", "49", "in.en", "short.es");
+  o.tgt_file = dir.file("missing.es");
+  EXPECT_ERROR_HAS(prepare(o), "missing.es");
+  write_all(dir.file("bad.es"), "uno\ndos\xff\n");
+  write_all(dir.file("two.en"), "one\ntwo\n");
+  o.src_file = dir.file("two.en");
+  o.tgt_file = dir.file("bad.es");
+  EXPECT_ERROR_HAS(prepare(o), "bad.es", "line 2", "UTF-8");
+  o = small(dir);
+  o.split = "books";
+  EXPECT_ERROR_HAS(prepare(o), "needs the Bible");
+  o = small(dir);
+  o.valid_size = 40;
+  o.test_size = 20;
+  EXPECT_ERROR_HAS(prepare(o), "leaves no training pairs");
+  o = small(dir);
+  o.tgt_file.clear();
+  EXPECT_ERROR_HAS(prepare(o), "--src and --tgt");
+  o = small(dir, "not_data");
+  fs::create_directories(o.out);
+  write_all(o.out + "/precious.txt", "x");
+  o.valid_size = o.test_size = 5;
+  EXPECT_ERROR_HAS(prepare(o), "refusing to replace");
+  EXPECT_TRUE(fs::exists(o.out + "/precious.txt"));
+  o = small(dir);
+  o.valid_size = o.test_size = 5;
+  o.vocab_size = 5000;
+  EXPECT_ERROR_HAS(prepare(o), "--vocab-size");
+  EXPECT_FALSE(fs::exists(o.out));  // a failed prepare leaves no folder behind
+  EXPECT_ERROR_HAS(read_split(dir.file("nowhere"), "train"), "translate prepare");
+}
+
+// ---- the Bible through prepare: whole books held out ---------------------------------------------
+
+TEST(Prepare, BibleBooksSplit) {
+  TempDir dir;
+  PrepareOptions o;
+  o.out = dir.file("bible");
+  o.split = "books";
+  o.test_books = "Jonah, Mal";
+  o.valid_books = "Ruth";
+  o.vocab_size = 500;  // quick SentencePiece training (BPE is faster than unigram at small sizes)
+  o.spm_type = "bpe";
+  const PrepareResult r = prepare(o);
+  EXPECT_EQ(r.valid, 85);
+  EXPECT_EQ(r.test, 47 + 55);
+  const std::map<std::string, std::set<std::string>> allowed = {{"valid", {"Ruth"}}, {"test", {"Jonah", "Mal"}}};
+  for (const char* s : {"train", "valid", "test"})
+    for (const std::string& ref : read_split(o.out, s).refs) {
+      const std::string book = book_of(ref);
+      if (std::string(s) == "train")
+        EXPECT_TRUE(book != "Ruth" && book != "Jonah" && book != "Mal") << ref;
+      else
+        EXPECT_TRUE(allowed.at(s).count(book)) << s << ": " << ref;
+    }
+  const json stats = json::parse(read_all(o.out + "/stats.json"));
+  EXPECT_EQ(stats["source"]["src"]["module"], "engWEB2015eb");
+  EXPECT_EQ(stats["split"]["test_books"], json({"Jonah", "Mal"}));
+  EXPECT_EQ(stats["read"]["src_verses"], 37791);
+  EXPECT_EQ(lines_of(o.out + "/valid.ref").front(), "Ruth.1.1");
+  o.test_books = "Jonah,Tobit";
+  EXPECT_ERROR_HAS(prepare(o), "unknown book 'Tobit'", "Gen, Exod,", "Rev");
 }
 
 // ---- tokenizer ----------------------------------------------------------------------------------
@@ -242,6 +414,62 @@ TEST(Tokenizer, RoundTripBytesAndSpecialIds) {
   EXPECT_NE(train_tokenizer(ptrs, t), bytes);
   t.vocab_size = 100000;
   EXPECT_ERROR_HAS(train_tokenizer(ptrs, t), "--vocab-size");
+}
+
+// ---- dataset -------------------------------------------------------------------------------------
+
+TEST(Dataset, PaddedShiftedBatches) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 120);
+  PrepareOptions o = small(dir);
+  o.valid_size = o.test_size = 10;
+  prepare(o);
+  const Manifest m = read_manifest(o.out);
+  const Tokenizer src_tok = Tokenizer::from_file(m.src_model), tgt_tok = Tokenizer::from_file(m.tgt_model);
+  const ParallelSplit split = read_split(o.out, "valid");
+  TranslationDataset ds(split, src_tok, tgt_tok);
+  ASSERT_EQ(ds.size(), 10);
+  const std::vector<int64_t> idx = {3, 0, 7};
+  const linea::nn::Batch b = ds.get_batch(idx);
+  int64_t S = 0, T = 0;
+  for (int64_t i : idx) {
+    S = std::max<int64_t>(S, ds.src_ids(i).size() + 1);
+    T = std::max<int64_t>(T, ds.tgt_ids(i).size() + 1);
+  }
+  EXPECT_EQ(b.at("src").shape(), linea::Shape({3, S}));
+  EXPECT_EQ(b.at("tgt_in").shape(), linea::Shape({3, T}));
+  EXPECT_EQ(b.at("tgt_out").shape(), linea::Shape({3, T}));
+  EXPECT_EQ(b.at("src_pad").dtype(), linea::DType::Bool);
+  EXPECT_EQ(b.at("tgt_pad").shape(), linea::Shape({3, T}));
+  EXPECT_EQ(b.at("index").to_vector<int64_t>(), idx);
+  const auto src = b.at("src").to_vector<int64_t>(), tin = b.at("tgt_in").to_vector<int64_t>(),
+             tout = b.at("tgt_out").to_vector<int64_t>();
+  const auto spad = b.at("src_pad").to_vector<int64_t>(), tpad = b.at("tgt_pad").to_vector<int64_t>();
+  for (int64_t r = 0; r < 3; ++r) {
+    const std::vector<int64_t>& s = ds.src_ids(idx[r]);
+    const std::vector<int64_t>& t = ds.tgt_ids(idx[r]);
+    EXPECT_EQ(src_tok.decode(s), split.src[idx[r]]);
+    for (int64_t k = 0; k < S; ++k) {
+      const int64_t n = static_cast<int64_t>(s.size());
+      EXPECT_EQ(src[r * S + k], k < n ? s[k] : k == n ? kEosId : kPadId);
+      EXPECT_EQ(spad[r * S + k], k > n);
+    }
+    for (int64_t k = 0; k < T; ++k) {
+      const int64_t n = static_cast<int64_t>(t.size());
+      EXPECT_EQ(tin[r * T + k], k == 0 ? kBosId : k <= n ? t[k - 1] : kPadId);
+      EXPECT_EQ(tout[r * T + k], k < n ? t[k] : k == n ? kEosId : kPadId);
+      EXPECT_EQ(tpad[r * T + k], k > n);
+    }
+  }
+  const std::vector<int64_t> len = ds.lengths();
+  for (int64_t i = 0; i < ds.size(); ++i)
+    EXPECT_EQ(len[i], static_cast<int64_t>(std::max(ds.src_ids(i).size(), ds.tgt_ids(i).size())) + 1);
+  const linea::nn::Example e = ds.get(3);
+  EXPECT_EQ(e.at("src").shape(), linea::Shape({static_cast<int64_t>(ds.src_ids(3).size()) + 1}));  // unpadded
+  EXPECT_EQ(e.at("index").item<int64_t>(), 3);
+  const int64_t longest = *std::max_element(len.begin(), len.end());
+  EXPECT_ERROR_HAS(TranslationDataset(split, src_tok, tgt_tok, longest - 1), "max_len");
+  EXPECT_NO_THROW(TranslationDataset(split, src_tok, tgt_tok, longest));
 }
 
 }  // namespace
