@@ -27,7 +27,8 @@ count_ctest() {
 
 JOBS=$(nproc)
 PACKAGES=(cmake ninja-build g++ make pkg-config python3 libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev
-  nlohmann-json3-dev libstb-dev libcli11-dev libopenblas-openmp-dev gnuplot-nox)
+  nlohmann-json3-dev libstb-dev libcli11-dev libopenblas-openmp-dev gnuplot-nox
+  libsword-dev sword-text-web sword-text-sparv libsentencepiece-dev)
 
 # ---- packages -------------------------------------------------------------------------------
 bash tests/install_packages.sh "${PACKAGES[@]}"

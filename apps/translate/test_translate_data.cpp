@@ -1,0 +1,475 @@
+// The translate app's data: the Bible reader on the installed SWORD modules (counts, cleaning,
+// the NRSVA -> KJV mapping, RV's renumbered chapters), `prepare` on small generated files
+// (deterministic and disjoint splits, dropped lines, byte-identical reruns, clear errors) and on
+// the Bible with a books split, the tokenizer (round trip, loading from bytes, special ids) and
+// the dataset's padded, shifted batches.
+// Not here: the model, training and BLEU.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "bible.h"
+#include "core/error.h"
+#include "dataset.h"
+#include "prepare.h"
+#include "tests/test_util.h"
+#include "tokenizer.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using linea::test::read_all;
+using linea::test::TempDir;
+using linea::test::write_all;
+using namespace translate;
+
+namespace {
+
+// EXPECT_THROW with a check of the message.
+#define EXPECT_ERROR_HAS(stmt, ...)                                                     \
+  do {                                                                                  \
+    try {                                                                               \
+      stmt;                                                                             \
+      ADD_FAILURE() << #stmt " did not throw";                                          \
+    } catch (const linea::Error& e) {                                                   \
+      for (const std::string& part : std::vector<std::string>{__VA_ARGS__})             \
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();     \
+    }                                                                                   \
+  } while (0)
+
+// ---- the Bible ---------------------------------------------------------------------------------
+
+class Bible : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    corpus_ = new BibleCorpus(read_bible());
+    for (const VersePair& p : corpus_->pairs) by_ref_[p.ref] = &p;
+  }
+  static void TearDownTestSuite() {
+    delete corpus_;
+    by_ref_.clear();
+  }
+  static const VersePair& pair(const std::string& ref) {
+    auto it = by_ref_.find(ref);
+    if (it == by_ref_.end()) throw std::runtime_error("no pair " + ref);
+    return *it->second;
+  }
+  static BibleCorpus* corpus_;
+  static std::map<std::string, const VersePair*> by_ref_;
+};
+BibleCorpus* Bible::corpus_ = nullptr;
+std::map<std::string, const VersePair*> Bible::by_ref_;
+
+TEST_F(Bible, CountsMatchTheModules) {
+  const BibleStats& st = corpus_->stats;
+  EXPECT_EQ(st.src_versification, "NRSVA");
+  EXPECT_EQ(st.tgt_versification, "KJV");
+  EXPECT_EQ(st.src_verses, 37791);
+  EXPECT_EQ(st.tgt_verses, 31102);
+  // 17 deuterocanonical books; their 6,687 verses never reach the Spanish side.
+  EXPECT_EQ(st.missing_books.size(), 17u);
+  EXPECT_EQ(st.dropped.at("book_missing_in_tgt"), 6687);
+  EXPECT_EQ(st.missing_books.at("Tob"), 242);
+  // NRSVA splits two KJV verses (3John.1.14-15, Rev.12.17-18): the second maps onto the first.
+  EXPECT_EQ(st.dropped.at("duplicate_mapping"), 2);
+  // WEB leaves 7 verses empty (Luke.17.36, Acts.8.37, ...; Rom.16.25-27 sit at 14.23).
+  EXPECT_EQ(st.dropped.at("src_empty"), 7);
+  EXPECT_EQ(st.titles_restored, 139);  // 138 psalm titles + Ps 151's (deuterocanonical)
+  EXPECT_GT(st.recased, 1100);         // RV capitalizes the first word of (almost) every chapter
+  EXPECT_GT(st.realigned, 150);        // RV's renumbered chapters (Num 13, Job 39-40, Jonah 2, ...)
+  EXPECT_GE(st.pairs, 31000);
+  EXPECT_LE(st.pairs, 31077);
+  int64_t dropped = 0;
+  for (const auto& kv : st.dropped) dropped += kv.second;
+  EXPECT_EQ(dropped + st.pairs, st.src_verses);  // every source verse is paired or counted
+}
+
+TEST_F(Bible, GenesisOneOneInBothLanguages) {
+  const VersePair& p = pair("Gen.1.1");
+  EXPECT_EQ(corpus_->pairs.front().ref, "Gen.1.1");
+  // WEB's footnote after "God" used to glue it to "created"; RV's "EN el principio" is re-cased.
+  EXPECT_EQ(p.src, "In the beginning, God created the heavens and the earth.");
+  EXPECT_EQ(p.tgt, "En el principio crió Dios los cielos y la tierra.");
+  EXPECT_EQ(corpus_->pairs.back().ref, "Rev.22.21");
+  EXPECT_EQ(pair("Rev.22.21").src, "The grace of the Lord Jesus Christ be with all the saints. Amen.");  // no glossary
+}
+
+TEST_F(Bible, CleanText) {
+  std::set<std::string> refs;
+  for (const VersePair& p : corpus_->pairs) {
+    for (const std::string* s : {&p.src, &p.tgt}) {
+      ASSERT_FALSE(s->empty()) << p.ref;
+      EXPECT_EQ(*s, normalize_space(*s)) << p.ref;  // no line breaks, double or edge spaces
+      EXPECT_EQ(s->find_first_of("<>&"), std::string::npos) << p.ref << ": " << *s;
+    }
+    EXPECT_TRUE(refs.insert(p.ref).second) << p.ref;
+  }
+  // Poetry: line breaks collapsed; WEB's psalm title restored in front of verse 1, as RV has it.
+  EXPECT_EQ(pair("Ps.23.1").src, "A Psalm by David. Yahweh is my shepherd; I shall lack nothing.");
+  EXPECT_EQ(pair("Ps.23.1").tgt, "Salmo de David. Jehová es mi pastor; nada me faltará.");
+  // RV's added words (<transChange>) no longer stick to their neighbours; enclitics still do.
+  EXPECT_EQ(pair("Ezek.1.1").tgt.rfind("Y fué que á los treinta años, en el mes cuarto,", 0), 0u) << pair("Ezek.1.1").tgt;
+  EXPECT_NE(pair("Gen.19.12").tgt.find("sácalo de este lugar"), std::string::npos) << pair("Gen.19.12").tgt;
+  EXPECT_NE(pair("Gen.25.33").tgt.find("Júramelo en este día"), std::string::npos) << pair("Gen.25.33").tgt;
+  // Two Strong's numbers in one lemma no longer leak "<G5547>" (3John.1.14 "verte <G4571>").
+  EXPECT_NE(pair("3John.1.14").tgt.find("espero verte en breve"), std::string::npos);
+  // A chapter opening after a one-letter word: "Y YO me paré" -> "Y yo me paré".
+  EXPECT_EQ(pair("Rev.13.1").tgt.rfind("Y yo me paré sobre la arena del mar", 0), 0u) << pair("Rev.13.1").tgt;
+}
+
+TEST_F(Bible, VersificationMapping) {
+  EXPECT_EQ(map_reference("Gen.1.1", "NRSVA", "KJV"), "Gen.1.1");
+  EXPECT_EQ(map_reference("3John.1.15", "NRSVA", "KJV"), "3John.1.14");
+  EXPECT_EQ(map_reference("Rev.12.18", "NRSVA", "KJV"), "Rev.12.17");
+  // A book KJV lacks: a VerseKey would silently land on Gen.1.1.
+  EXPECT_EQ(map_reference("Tob.1.1", "NRSVA", "KJV"), "");
+  EXPECT_THROW(map_reference("Gen.51.1", "NRSVA", "KJV"), linea::Error);
+  // The split verses pair once; the second half (empty in WEB) is not paired with Jude.1.1.
+  EXPECT_NE(pair("3John.1.14").src.find("Peace be to you"), std::string::npos);
+  EXPECT_EQ(by_ref_.count("3John.1.15"), 0u);
+  EXPECT_NE(pair("Jude.1.1").tgt.find("Judas, siervo de Jesucristo"), std::string::npos);
+  for (const VersePair& p : corpus_->pairs) EXPECT_NE(book_of(p.ref), "Tob");
+}
+
+TEST_F(Bible, RenumberedChaptersAreRealigned) {
+  // RV numbers Num 12:16 as 13:1, so the module's Num.13.N holds KJV's 13:N-1.
+  EXPECT_EQ(pair("Num.12.16").tgt.rfind("Y después movió el pueblo de Haseroth", 0), 0u) << pair("Num.12.16").tgt;
+  EXPECT_EQ(pair("Num.13.1").tgt, "Y Jehová habló á Moisés, diciendo:");
+  EXPECT_NE(pair("Num.13.10").tgt.find("Zabulón"), std::string::npos) << pair("Num.13.10").tgt;
+  // Jonah 1:17 is RV's 2:1; Job 40:6 is RV's 40:1.
+  EXPECT_EQ(pair("Jonah.1.17").tgt.rfind("Mas Jehová había prevenido un gran pez", 0), 0u) << pair("Jonah.1.17").tgt;
+  EXPECT_EQ(pair("Job.40.6").tgt.rfind("Entonces respondió Jehová á Job desde la oscuridad", 0), 0u);
+  // The module's last Job 39 slot holds nine RV verses: those English verses stay unpaired.
+  EXPECT_EQ(by_ref_.count("Job.40.1"), 0u);
+  EXPECT_EQ(pair("Exod.20.13").tgt, "No matarás.");  // short verses keep their pairs
+}
+
+TEST(BibleErrors, MissingModuleNamesThePackage) {
+  BibleOptions o;
+  o.tgt_module = "spaNoSuchModule";
+  EXPECT_ERROR_HAS(read_bible(o), "spaNoSuchModule", "not installed");
+  TempDir empty;  // a SWORD library without modules
+  o = BibleOptions();
+  o.sword_path = empty.path.string();
+  EXPECT_ERROR_HAS(read_bible(o), "engWEB2015eb", "apt-get install sword-text-web", empty.path.string());
+}
+
+// ---- text helpers -----------------------------------------------------------------------------
+
+TEST(Text, NormalizeSpaceAndUtf8) {
+  EXPECT_EQ(normalize_space("  a\tb\n\n c\xC2\xA0" "d\r\n"), "a b c d");  // NBSP is a space too
+  EXPECT_EQ(normalize_space(""), "");
+  EXPECT_EQ(invalid_utf8_at("plain ñ “quotes”"), -1);
+  EXPECT_EQ(invalid_utf8_at("ab\xC3"), 2);         // truncated sequence
+  EXPECT_EQ(invalid_utf8_at("a\xC0\xAF"), 1);      // overlong
+  EXPECT_EQ(invalid_utf8_at("\xED\xA0\x80"), 0);   // surrogate
+  EXPECT_EQ(utf8_length("año"), 3);
+}
+
+// ---- generated user data -------------------------------------------------------------------------
+
+// n line pairs of a toy English/Spanish word-for-word "translation"; every 10th line empty on one
+// side (or both at 50, 100, ...).
+void write_pairs(const std::string& src, const std::string& tgt, int n, uint32_t seed = 7) {
+  const std::vector<std::pair<std::string, std::string>> words = {
+      {"the", "el"},     {"house", "casa"}, {"water", "agua"}, {"king", "rey"},      {"god", "dios"},
+      {"said", "dijo"},  {"and", "y"},      {"good", "bueno"}, {"great", "grande"},  {"land", "tierra"},
+      {"people", "pueblo"}, {"son", "hijo"}, {"day", "día"},   {"night", "noche"},   {"light", "luz"},
+      {"heaven", "cielo"}, {"man", "hombre"}, {"woman", "mujer"}, {"bread", "pan"},  {"word", "palabra"}};
+  std::mt19937 rng(seed);
+  std::string a, b;
+  for (int i = 1; i <= n; ++i) {
+    std::string s, t;
+    const int len = 3 + static_cast<int>(rng() % 10);
+    for (int k = 0; k < len; ++k) {
+      const auto& w = words[rng() % words.size()];
+      s += (k ? " " : "") + w.first;
+      t += (k ? " " : "") + w.second;
+    }
+    if (i % 10 == 0) (i % 50 == 0 ? s = t = "  " : (i % 20 == 0 ? s : t) = " \t");
+    a += s + "\n";
+    b += t + "\r\n";  // CRLF on one side: line ends are not part of the text
+  }
+  write_all(src, a);
+  write_all(tgt, b);
+}
+
+PrepareOptions small(const TempDir& dir, const std::string& out = "out") {
+  PrepareOptions o;
+  o.src_file = dir.file("in.en");
+  o.tgt_file = dir.file("in.es");
+  o.out = dir.file(out);
+  o.valid_size = 30;
+  o.test_size = 40;
+  o.vocab_size = 60;
+  return o;
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream f(path);
+  for (std::string l; std::getline(f, l);) lines.push_back(l);
+  return lines;
+}
+
+TEST(Prepare, UserFilesSplitsAndStats) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 400);
+  PrepareOptions o = small(dir);
+  const PrepareResult r = prepare(o);
+  // 40 lines have an empty side: 8 both (every 50th), 16 source (20th), 16 target (other 10th).
+  EXPECT_EQ(r.stats["dropped"], json({{"both_empty", 8}, {"src_empty", 16}, {"tgt_empty", 16}}));
+  EXPECT_EQ(r.stats["pairs"], 360);
+  EXPECT_EQ(r.valid, 30);
+  EXPECT_EQ(r.test, 40);
+  EXPECT_EQ(r.train, 290);
+  for (const char* f : {"train.en", "train.es", "train.ref", "valid.en", "valid.es", "valid.ref", "test.en", "test.es",
+                        "test.ref", "spm.model", "stats.json", "data.json"})
+    EXPECT_TRUE(fs::is_regular_file(fs::path(o.out) / f)) << f;
+  // The splits are disjoint and cover every non-empty line, named by line number.
+  std::set<int> seen;
+  for (const char* s : {"train", "valid", "test"}) {
+    const ParallelSplit p = read_split(o.out, s);
+    for (size_t i = 0; i < p.refs.size(); ++i) {
+      const int line = std::stoi(p.refs[i]);
+      EXPECT_TRUE(seen.insert(line).second) << "line " << line << " in two splits";
+      EXPECT_NE(line % 10, 0);
+      EXPECT_FALSE(p.src[i].empty());
+      EXPECT_EQ(p.tgt[i].find('\r'), std::string::npos);
+    }
+  }
+  EXPECT_EQ(seen.size(), 360u);
+  const json manifest = json::parse(read_all(o.out + "/data.json"));
+  EXPECT_EQ(manifest["files"]["valid"]["src"], "valid.en");
+  EXPECT_EQ(manifest["vocab"]["src_model"], "spm.model");
+  EXPECT_EQ(manifest["vocab"]["pad_id"], 0);
+  EXPECT_EQ(manifest["vocab"]["eos_id"], 3);
+  const json stats = json::parse(read_all(o.out + "/stats.json"));
+  EXPECT_EQ(stats["splits"]["valid"]["pairs"], 30);
+  EXPECT_GT(stats["splits"]["train"]["src"]["tokens"]["mean"].get<double>(), 3.0);
+  EXPECT_GE(stats["splits"]["train"]["tgt"]["chars"]["max"].get<int>(), stats["splits"]["train"]["tgt"]["chars"]["p90"].get<int>());
+  EXPECT_EQ(stats["splits"]["test"]["tgt"]["unk_rate"], 0.0);
+  EXPECT_FALSE(fs::exists(o.out + ".tmp." + std::to_string(::getpid())));
+}
+
+TEST(Prepare, SeedDecidesTheSplitAndRerunsAreByteIdentical) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 300);
+  PrepareOptions a = small(dir, "a"), b = small(dir, "b"), c = small(dir, "c");
+  c.seed = 1;
+  prepare(a);
+  prepare(b);
+  prepare(c);
+  for (const auto& entry : fs::directory_iterator(a.out)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(read_all(entry.path().string()), read_all(b.out + "/" + name)) << name << " differs between two runs";
+  }
+  EXPECT_NE(read_all(a.out + "/valid.ref"), read_all(c.out + "/valid.ref"));
+  // Rerunning into an existing prepared folder replaces it.
+  a.valid_size = 10;
+  prepare(a);
+  EXPECT_EQ(lines_of(a.out + "/valid.ref").size(), 10u);
+}
+
+TEST(Prepare, SeparateVocabulariesAndLengthFilter) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 300);
+  PrepareOptions o = small(dir);
+  o.vocab = "separate";
+  o.src_lang = "xx";
+  o.tgt_lang = "yy";
+  o.vocab_size = 40;  // per language now
+  o.max_length = 6;   // drops the longer training pairs; valid and test keep theirs
+  const PrepareResult r = prepare(o);
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/spm.xx.model"));
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/spm.yy.model"));
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/train.xx"));
+  const Manifest m = read_manifest(o.out);
+  EXPECT_EQ(m.src_model, o.out + "/spm.xx.model");
+  EXPECT_EQ(m.tgt_model, o.out + "/spm.yy.model");
+  const int64_t too_long = r.stats["length_filter"]["dropped"]["too_long"];
+  EXPECT_GT(too_long, 20);
+  EXPECT_EQ(r.train + r.valid + r.test + too_long, r.stats["pairs"].get<int64_t>());
+  EXPECT_EQ(r.valid, 30);
+  const Tokenizer src = Tokenizer::from_file(m.src_model);
+  for (const std::string& s : read_split(o.out, "train").src) EXPECT_LE(src.encode(s).size(), 6u) << s;
+  int64_t longest_valid = 0;
+  for (const std::string& s : read_split(o.out, "valid").src)
+    longest_valid = std::max<int64_t>(longest_valid, src.encode(s).size());
+  EXPECT_GT(longest_valid, 6);
+}
+
+TEST(Prepare, ClearErrors) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 50);
+  write_pairs(dir.file("short.en"), dir.file("short.es"), 49);
+  PrepareOptions o = small(dir);
+  o.valid_size = o.test_size = 5;
+  o.tgt_file = dir.file("short.es");
+  EXPECT_ERROR_HAS(prepare(o), "50 lines", "49", "in.en", "short.es");
+  o.tgt_file = dir.file("missing.es");
+  EXPECT_ERROR_HAS(prepare(o), "missing.es");
+  write_all(dir.file("bad.es"), "uno\ndos\xff\n");
+  write_all(dir.file("two.en"), "one\ntwo\n");
+  o.src_file = dir.file("two.en");
+  o.tgt_file = dir.file("bad.es");
+  EXPECT_ERROR_HAS(prepare(o), "bad.es", "line 2", "UTF-8");
+  o = small(dir);
+  o.split = "books";
+  EXPECT_ERROR_HAS(prepare(o), "needs the Bible");
+  o = small(dir);
+  o.valid_size = 40;
+  o.test_size = 20;
+  EXPECT_ERROR_HAS(prepare(o), "leaves no training pairs");
+  o = small(dir);
+  o.tgt_file.clear();
+  EXPECT_ERROR_HAS(prepare(o), "--src and --tgt");
+  o = small(dir, "not_data");
+  fs::create_directories(o.out);
+  write_all(o.out + "/precious.txt", "x");
+  o.valid_size = o.test_size = 5;
+  EXPECT_ERROR_HAS(prepare(o), "refusing to replace");
+  EXPECT_TRUE(fs::exists(o.out + "/precious.txt"));
+  o = small(dir);
+  o.valid_size = o.test_size = 5;
+  o.vocab_size = 5000;
+  EXPECT_ERROR_HAS(prepare(o), "--vocab-size");
+  EXPECT_FALSE(fs::exists(o.out));  // a failed prepare leaves no folder behind
+  EXPECT_ERROR_HAS(read_split(dir.file("nowhere"), "train"), "translate prepare");
+}
+
+// ---- the Bible through prepare: whole books held out ---------------------------------------------
+
+TEST(Prepare, BibleBooksSplit) {
+  TempDir dir;
+  PrepareOptions o;
+  o.out = dir.file("bible");
+  o.split = "books";
+  o.test_books = "Jonah, Mal";
+  o.valid_books = "Ruth";
+  o.vocab_size = 500;  // quick SentencePiece training (BPE is faster than unigram at small sizes)
+  o.spm_type = "bpe";
+  const PrepareResult r = prepare(o);
+  EXPECT_EQ(r.valid, 85);
+  EXPECT_EQ(r.test, 47 + 55);
+  const std::map<std::string, std::set<std::string>> allowed = {{"valid", {"Ruth"}}, {"test", {"Jonah", "Mal"}}};
+  for (const char* s : {"train", "valid", "test"})
+    for (const std::string& ref : read_split(o.out, s).refs) {
+      const std::string book = book_of(ref);
+      if (std::string(s) == "train")
+        EXPECT_TRUE(book != "Ruth" && book != "Jonah" && book != "Mal") << ref;
+      else
+        EXPECT_TRUE(allowed.at(s).count(book)) << s << ": " << ref;
+    }
+  const json stats = json::parse(read_all(o.out + "/stats.json"));
+  EXPECT_EQ(stats["source"]["src"]["module"], "engWEB2015eb");
+  EXPECT_EQ(stats["split"]["test_books"], json({"Jonah", "Mal"}));
+  EXPECT_EQ(stats["read"]["src_verses"], 37791);
+  EXPECT_EQ(lines_of(o.out + "/valid.ref").front(), "Ruth.1.1");
+  o.test_books = "Jonah,Tobit";
+  EXPECT_ERROR_HAS(prepare(o), "unknown book 'Tobit'", "Gen, Exod,", "Rev");
+}
+
+// ---- tokenizer ----------------------------------------------------------------------------------
+
+TEST(Tokenizer, RoundTripBytesAndSpecialIds) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 200);
+  std::vector<std::string> text = lines_of(dir.file("in.en"));
+  text.push_back("Ñandú, “quotes” — and año");
+  std::vector<const std::string*> ptrs;
+  for (const std::string& s : text) ptrs.push_back(&s);
+  TokenizerTraining t;
+  t.vocab_size = 50;
+  const std::string bytes = train_tokenizer(ptrs, t);
+  EXPECT_EQ(bytes, train_tokenizer(ptrs, t));  // deterministic
+  write_all(dir.file("m.model"), bytes);
+  const Tokenizer a = Tokenizer::from_file(dir.file("m.model")), b = Tokenizer::from_bytes(bytes);
+  EXPECT_EQ(a.bytes(), bytes);
+  EXPECT_EQ(a.vocab_size(), 50);
+  EXPECT_EQ(a.piece(0), "<pad>");
+  EXPECT_EQ(a.piece(1), "<unk>");
+  EXPECT_EQ(a.piece(2), "<s>");
+  EXPECT_EQ(a.piece(3), "</s>");
+  const std::string s = "the king said good bread and año";
+  const std::vector<int64_t> ids = a.encode(s);
+  EXPECT_EQ(ids, b.encode(s));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), kBosId) + std::count(ids.begin(), ids.end(), kEosId), 0);
+  EXPECT_EQ(a.decode(ids), s);  // character_coverage 1.0: ñ has a piece
+  std::vector<int64_t> framed = {kBosId};
+  framed.insert(framed.end(), ids.begin(), ids.end());
+  framed.insert(framed.end(), {kEosId, kPadId, kPadId});
+  EXPECT_EQ(a.decode(framed), s);
+  EXPECT_THROW(a.decode({50}), linea::Error);
+  EXPECT_THROW(a.piece(-1), linea::Error);
+  EXPECT_THROW(Tokenizer::from_bytes("not a model"), linea::Error);
+  EXPECT_ERROR_HAS(Tokenizer().encode("x"), "before a model was loaded");
+  EXPECT_ERROR_HAS(Tokenizer::from_file(dir.file("nope.model")), "nope.model");
+  t.model_type = "bpe";
+  EXPECT_NE(train_tokenizer(ptrs, t), bytes);
+  t.vocab_size = 100000;
+  EXPECT_ERROR_HAS(train_tokenizer(ptrs, t), "--vocab-size");
+}
+
+// ---- dataset -------------------------------------------------------------------------------------
+
+TEST(Dataset, PaddedShiftedBatches) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 120);
+  PrepareOptions o = small(dir);
+  o.valid_size = o.test_size = 10;
+  prepare(o);
+  const Manifest m = read_manifest(o.out);
+  const Tokenizer src_tok = Tokenizer::from_file(m.src_model), tgt_tok = Tokenizer::from_file(m.tgt_model);
+  const ParallelSplit split = read_split(o.out, "valid");
+  TranslationDataset ds(split, src_tok, tgt_tok);
+  ASSERT_EQ(ds.size(), 10);
+  const std::vector<int64_t> idx = {3, 0, 7};
+  const linea::nn::Batch b = ds.get_batch(idx);
+  int64_t S = 0, T = 0;
+  for (int64_t i : idx) {
+    S = std::max<int64_t>(S, ds.src_ids(i).size() + 1);
+    T = std::max<int64_t>(T, ds.tgt_ids(i).size() + 1);
+  }
+  EXPECT_EQ(b.at("src").shape(), linea::Shape({3, S}));
+  EXPECT_EQ(b.at("tgt_in").shape(), linea::Shape({3, T}));
+  EXPECT_EQ(b.at("tgt_out").shape(), linea::Shape({3, T}));
+  EXPECT_EQ(b.at("src_pad").dtype(), linea::DType::Bool);
+  EXPECT_EQ(b.at("tgt_pad").shape(), linea::Shape({3, T}));
+  EXPECT_EQ(b.at("index").to_vector<int64_t>(), idx);
+  const auto src = b.at("src").to_vector<int64_t>(), tin = b.at("tgt_in").to_vector<int64_t>(),
+             tout = b.at("tgt_out").to_vector<int64_t>();
+  const auto spad = b.at("src_pad").to_vector<int64_t>(), tpad = b.at("tgt_pad").to_vector<int64_t>();
+  for (int64_t r = 0; r < 3; ++r) {
+    const std::vector<int64_t>& s = ds.src_ids(idx[r]);
+    const std::vector<int64_t>& t = ds.tgt_ids(idx[r]);
+    EXPECT_EQ(src_tok.decode(s), split.src[idx[r]]);
+    for (int64_t k = 0; k < S; ++k) {
+      const int64_t n = static_cast<int64_t>(s.size());
+      EXPECT_EQ(src[r * S + k], k < n ? s[k] : k == n ? kEosId : kPadId);
+      EXPECT_EQ(spad[r * S + k], k > n);
+    }
+    for (int64_t k = 0; k < T; ++k) {
+      const int64_t n = static_cast<int64_t>(t.size());
+      EXPECT_EQ(tin[r * T + k], k == 0 ? kBosId : k <= n ? t[k - 1] : kPadId);
+      EXPECT_EQ(tout[r * T + k], k < n ? t[k] : k == n ? kEosId : kPadId);
+      EXPECT_EQ(tpad[r * T + k], k > n);
+    }
+  }
+  const std::vector<int64_t> len = ds.lengths();
+  for (int64_t i = 0; i < ds.size(); ++i)
+    EXPECT_EQ(len[i], static_cast<int64_t>(std::max(ds.src_ids(i).size(), ds.tgt_ids(i).size())) + 1);
+  const linea::nn::Example e = ds.get(3);
+  EXPECT_EQ(e.at("src").shape(), linea::Shape({static_cast<int64_t>(ds.src_ids(3).size()) + 1}));  // unpadded
+  EXPECT_EQ(e.at("index").item<int64_t>(), 3);
+  const int64_t longest = *std::max_element(len.begin(), len.end());
+  EXPECT_ERROR_HAS(TranslationDataset(split, src_tok, tgt_tok, longest - 1), "max_len");
+  EXPECT_NO_THROW(TranslationDataset(split, src_tok, tgt_tok, longest));
+}
+
+}  // namespace
