@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
       std::vector<std::vector<int64_t>> outputs;
     };
     auto run = [&](const std::string& name, auto&& search) {
-      Row r{name};
+      Row r;
+      r.name = name;
       const auto t0 = std::chrono::steady_clock::now();
       for (const auto& [src, pad] : data.batches)
         for (const translate::Hypothesis& h : search(src, pad)) {

@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (*prepare_cmd) translate::prepare(prep);
+    if (*prepare_cmd) std::printf("%s\n", translate::describe(translate::prepare(prep, &std::cout)).c_str());
     if (*train_cmd) translate::run_training(t);
     if (*decode_cmd) {
       LINEA_CHECK(d.search.nbest <= d.search.beam, "translate decode: --nbest ", d.search.nbest,

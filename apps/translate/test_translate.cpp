@@ -2,17 +2,31 @@
 // incremental decoding gives the full forward's logits (every decoder mechanism, after beams are
 // reordered and sentences dropped); beam search with one beam is greedy search; a beam wide
 // enough to keep every hypothesis finds the exhaustive search's best; a batch of sentences of
-// different lengths decodes as each sentence alone.
+// different lengths decodes as each sentence alone. End to end on generated data (a toy language
+// pair: a word-for-word mapping): training learns it (test BLEU), writes its outputs and best
+// checkpoint, resumes exactly; `translate decode` gives the training run's own test hypotheses,
+// reads stdin, writes n-best lists; bad input gets a clear error.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <set>
 
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "apps/common/metrics.h"
 #include "autograd/ops.h"
 #include "core/random.h"
 #include "model.h"
+#include "prepare.h"
 #include "search.h"
+#include "tests/test_util.h"
+#include "train.h"
+#include "translator.h"
 
 using namespace linea;
 using namespace translate;
@@ -180,4 +194,230 @@ TEST(TranslateSearch, BatchDecodesAsEachSentenceAlone) {
     EXPECT_EQ(recomputed[i].tokens, greedy[i].tokens);
     EXPECT_NEAR(recomputed[i].log_prob, greedy[i].log_prob, 1e-4);
   }
+}
+
+// ---- end to end on a toy language pair ------------------------------------------------------------
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using linea::test::TempDir;
+
+// 800 sentences of 2..7 words from 20, and their word-for-word "translations".
+void write_toy_pair(const std::string& src_path, const std::string& tgt_path) {
+  const std::vector<std::string> src_w{"sun", "moon", "star", "tree", "river", "stone", "bird", "fish", "house", "road",
+                                       "king", "bread", "water", "fire", "wind", "light", "night", "day", "hand", "eye"};
+  const std::vector<std::string> tgt_w{"sol", "luna", "estrella", "arbol", "rio", "piedra", "pajaro",
+                                       "pez", "casa", "camino", "rey", "pan", "agua", "fuego",
+                                       "viento", "luz", "noche", "dia", "mano", "ojo"};
+  std::ofstream s(src_path), t(tgt_path);
+  uint64_t x = 12345;
+  auto next = [&x](uint64_t n) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (x >> 33) % n;
+  };
+  for (int i = 0; i < 800; ++i) {
+    const uint64_t n = 2 + next(6);
+    for (uint64_t k = 0; k < n; ++k) {
+      const uint64_t w = next(20);
+      s << (k ? " " : "") << src_w[w];
+      t << (k ? " " : "") << tgt_w[w];
+    }
+    s << "\n";
+    t << "\n";
+  }
+}
+
+// The toy data, prepared once for every test of this file.
+const std::string& toy_data() {
+  static TempDir* dir = new TempDir();  // lives until the process ends
+  static const std::string data = [] {
+    write_toy_pair(dir->file("src.txt"), dir->file("tgt.txt"));
+    PrepareOptions p;
+    p.src_file = dir->file("src.txt");
+    p.tgt_file = dir->file("tgt.txt");
+    p.out = dir->file("data");
+    p.valid_size = p.test_size = 50;
+    p.vocab_size = 64;
+    prepare(p);
+    return p.out;
+  }();
+  return data;
+}
+
+TrainOptions toy_options(const std::string& out, int64_t epochs) {
+  TrainOptions o;
+  o.data_dir = toy_data();
+  o.model.dim = 32;
+  o.model.heads = 2;
+  o.model.enc_layers = o.model.dec_layers = 1;
+  o.model.mlp_hidden = 64;
+  o.model.dropout = 0.1;
+  o.model.max_len = 64;
+  o.max_tokens = 256;
+  o.epochs = epochs;
+  o.lr = 3e-3;
+  o.warmup = 100;
+  o.patience = 0;
+  o.search.beam = 3;
+  o.run.out_dir = out;
+  o.run.device = "cpu";
+  o.run.progress = false;
+  o.run.plot = true;
+  o.run.log_every = 20;
+  return o;
+}
+
+struct Shell {
+  int code;
+  std::string output;
+};
+Shell run_translate(const std::string& args, const TempDir& dir) {
+  const std::string log = dir.file("translate_output.txt");
+  const int rc = std::system((std::string(TRANSLATE_EXE) + " " + args + " > " + log + " 2>&1").c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, linea::test::read_all(log)};
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(f, l);) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
+  TempDir run;
+  TrainOptions o = toy_options(run.file("run"), 50);
+  o.ema = 0.99;
+  run_training(o);
+  const std::string out = o.run.out_dir;
+  const json summary = linea::apps::read_json_file(out + "/summary.json", "test");
+  // The toy pair is learnable: a word-for-word mapping (a broken model or search stays near 0).
+  EXPECT_GT(summary.at("test_bleu").get<double>(), 50.0);
+  EXPECT_GT(summary.at("test_bleu_greedy").get<double>(), 50.0);
+  for (const char* k : {"test_loss", "test_ppl", "test_chrf", "best_valid_bleu", "best_step", "bleu_signature",
+                        "train_tokens_per_s", "decode_beam_sentences_per_s", "decode_greedy_sentences_per_s"})
+    EXPECT_TRUE(summary.contains(k)) << k;
+  EXPECT_EQ(summary.at("bleu_signature").get<std::string>(), "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.3.1");
+  EXPECT_EQ(lines_of(out + "/test.beam.es").size(), 50u);
+  EXPECT_EQ(lines_of(out + "/test.greedy.es").size(), 50u);
+  int epochs = 0;
+  for (const json& r : linea::apps::MetricsLog::read(out + "/metrics.jsonl"))
+    if (r.at("type") == "epoch") {
+      ++epochs;
+      for (const char* k : {"valid_loss", "valid_ppl", "valid_bleu", "tokens_per_s"}) EXPECT_TRUE(r.contains(k)) << k;
+    }
+  EXPECT_EQ(epochs, 50);
+  EXPECT_EQ(linea::test::read_all(out + "/curves.png").substr(1, 3), "PNG");
+  for (const char* f : {"model.safetensors", "config.json", "spm.model"})
+    EXPECT_TRUE(fs::exists(out + "/checkpoint/best/" + std::string(f))) << f;
+  // The best checkpoint is the one with the best valid BLEU of the epoch records.
+  double best = -1;
+  for (const json& r : linea::apps::MetricsLog::read(out + "/metrics.jsonl"))
+    if (r.at("type") == "epoch") best = std::max(best, r.at("valid_bleu").get<double>());
+  EXPECT_EQ(summary.at("best_valid_bleu").get<double>(), best);
+
+  // `translate decode` with the checkpoint gives the run's own test hypotheses.
+  TempDir dir;
+  const std::string test_src = toy_data() + "/test.en";
+  Shell r = run_translate("decode --checkpoint " + out + "/checkpoint --beam 3 --input " + test_src + " --output " +
+                              dir.file("hyp.txt") + " --device cpu",
+                          dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(lines_of(dir.file("hyp.txt")), lines_of(out + "/test.beam.es"));
+  EXPECT_NE(r.output.find("sentences/s"), std::string::npos) << r.output;
+  // stdin, greedy; n-best lists.
+  r = run_translate("decode --checkpoint " + out + "/checkpoint --beam 1 --device cpu < " + test_src, dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(lines_of(out + "/test.greedy.es")[0]), std::string::npos) << r.output;
+  r = run_translate("decode --checkpoint " + out + "/checkpoint --beam 3 --nbest 2 --device cpu --input " + test_src +
+                        " --output " + dir.file("nbest.txt"),
+                    dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto nbest = lines_of(dir.file("nbest.txt"));
+  ASSERT_EQ(nbest.size(), 100u);
+  EXPECT_EQ(nbest[0].rfind("1 ||| ", 0), 0u) << nbest[0];
+  EXPECT_EQ(nbest[3].rfind("2 ||| ", 0), 0u) << nbest[3];
+}
+
+TEST(TranslateApp, ResumeContinuesExactly) {
+  TempDir a, b;
+  TrainOptions full = toy_options(a.file("run"), 3);
+  full.search.beam = 1;
+  const TrainReport r_full = run_training(full);
+  TrainOptions part = toy_options(b.file("run"), 3);
+  part.search.beam = 1;
+  part.run.max_steps = 40;  // mid-epoch 2
+  run_training(part);
+  part.run.max_steps = 0;
+  part.run.resume = true;
+  const TrainReport r_resumed = run_training(part);
+  EXPECT_EQ(r_resumed.steps, r_full.steps);
+  std::vector<double> la, lb;
+  for (const json& r : linea::apps::MetricsLog::read(a.file("run/metrics.jsonl")))
+    if (r.at("type") == "step" && r.at("step").get<int64_t>() > 40) la.push_back(r.at("loss").get<double>());
+  for (const json& r : linea::apps::MetricsLog::read(b.file("run/metrics.jsonl")))
+    if (r.at("type") == "step" && r.at("step").get<int64_t>() > 40) lb.push_back(r.at("loss").get<double>());
+  ASSERT_FALSE(la.empty());
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(linea::test::read_all(a.file("run/test.greedy.es")), linea::test::read_all(b.file("run/test.greedy.es")));
+  // Another learning rate is refused, naming it.
+  part.lr = 1e-3;
+  try {
+    run_training(part);
+    ADD_FAILURE() << "a resume with another --lr was accepted";
+  } catch (const linea::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TranslateApp, BadInputGetsAClearError) {
+  TempDir dir;
+  TrainOptions o = toy_options(dir.file("run"), 1);  // a checkpoint to decode with
+  o.search.beam = 1;
+  run_training(o);
+  const std::string out = o.run.out_dir;
+  linea::test::write_all(dir.file("in.txt"), "sun moon\n\nstar\n");
+  Shell r = run_translate("decode --checkpoint " + out + "/checkpoint --input " + dir.file("in.txt"), dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("error: translate: line 2 is empty"), std::string::npos) << r.output;
+  std::string long_line;
+  for (int i = 0; i < 80; ++i) long_line += "sun ";
+  linea::test::write_all(dir.file("long.txt"), "sun\n" + long_line + "\n");
+  r = run_translate("decode --checkpoint " + out + "/checkpoint --input " + dir.file("long.txt"), dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("line 2 has"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("maximum of 64"), std::string::npos) << r.output;
+  // A checkpoint of another app, a folder that is no checkpoint, a missing one.
+  fs::create_directories(dir.file("vit"));
+  linea::test::write_all(dir.file("vit/config.json"), R"({"format": "linea-vit/1"})");
+  r = run_translate("decode --checkpoint " + dir.file("vit") + " --input " + dir.file("in.txt"), dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("is not a translate checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("linea-vit/1"), std::string::npos) << r.output;
+  r = run_translate("decode --checkpoint " + dir.path.string() + " --input " + dir.file("in.txt"), dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("no config.json"), std::string::npos) << r.output;
+  r = run_translate("decode --checkpoint " + dir.file("missing") + " --input " + dir.file("in.txt"), dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  // Flags: an unknown attention, a decoder mechanism that cannot be causal, --nbest > --beam, no data.
+  r = run_translate("train --data " + toy_data() + " --out " + dir.file("x") + " --enc-attention bogus", dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("bogus"), std::string::npos) << r.output;
+  r = run_translate("train --data " + toy_data() + " --out " + dir.file("x") + " --dec-attention lara", dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("lara"), std::string::npos) << r.output;
+  r = run_translate("decode --checkpoint " + out + "/checkpoint --beam 2 --nbest 3 --input " + dir.file("in.txt"), dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--nbest 3"), std::string::npos) << r.output;
+  r = run_translate("train --data " + dir.file("nodata") + " --out " + dir.file("x"), dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("nodata"), std::string::npos) << r.output;
+  r = run_translate("--help", dir);
+  EXPECT_EQ(r.code, 0);
+  for (const char* cmd : {"prepare", "train", "decode"}) EXPECT_NE(r.output.find(cmd), std::string::npos) << cmd;
 }
