@@ -100,7 +100,7 @@ TEST(Checkpoint, ResumeTenStepsEqualsFivePlusFiveBitwiseOnCpu) {
   auto opt_first = make_opt(*first);
   train_steps(*first, *opt_first, task, 0, 5);
   const std::vector<uint64_t> rng_at_save = get_rng_state();
-  save_checkpoint(dir.file("ckpt"), *first, *opt_first, {5, 1, {{"schedule", "inverse_decay"}, {"flag", "x y"}}, {}});
+  save_checkpoint(dir.file("ckpt"), *first, *opt_first, {5, 1, {{"schedule", "inverse_decay"}, {"flag", "x y"}}, {}, {}});
   EXPECT_TRUE(checkpoint_exists(dir.file("ckpt")));
 
   manual_seed(999);
@@ -148,7 +148,7 @@ TEST(Checkpoint, FilesOpenAsPlainSafetensors) {
   auto opt = make_opt(*net);
   Task task;
   train_steps(*net, *opt, task, 0, 2);
-  save_checkpoint(dir.file("c"), *net, *opt, {2, 0, {}, {}});
+  save_checkpoint(dir.file("c"), *net, *opt, {2, 0, {}, {}, {}});
   SafetensorsFile model = load_safetensors(dir.file("c/model.safetensors"));
   EXPECT_EQ(model.tensors.size(), 4u);
   EXPECT_EQ(model.metadata.at("step"), "2");
@@ -170,7 +170,7 @@ TEST(Checkpoint, FailedSaveLeavesPreviousCheckpointIntact) {
   Task task;
   train_steps(*net, *opt, task, 0, 3);
   std::string ck = dir.file("ck");
-  save_checkpoint(ck, *net, *opt, {3, 0, {}, {}});
+  save_checkpoint(ck, *net, *opt, {3, 0, {}, {}, {}});
   std::string model_before = read_all(ck + "/model.safetensors");
   std::string train_before = read_all(ck + "/training.safetensors");
   train_steps(*net, *opt, task, 3, 2);
@@ -181,7 +181,7 @@ TEST(Checkpoint, FailedSaveLeavesPreviousCheckpointIntact) {
     SCOPED_TRACE(file);
     std::string blocker = ck + "/" + file + ".tmp." + std::to_string(::getpid());
     fs::create_directory(blocker);
-    EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {5, 0, {}, {}}), "was not modified");
+    EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {5, 0, {}, {}, {}}), "was not modified");
     fs::remove(blocker);
     EXPECT_EQ(read_all(ck + "/model.safetensors"), model_before);
     EXPECT_EQ(read_all(ck + "/training.safetensors"), train_before);
@@ -195,10 +195,10 @@ TEST(Checkpoint, FailedSaveLeavesPreviousCheckpointIntact) {
 
   // A checkpoint "directory" that is a file.
   std::ofstream(dir.file("file")) << "x";
-  EXPECT_LINEA_ERROR(save_checkpoint(dir.file("file"), *net, *opt, {0, 0, {}, {}}),
+  EXPECT_LINEA_ERROR(save_checkpoint(dir.file("file"), *net, *opt, {0, 0, {}, {}, {}}),
                      "save_checkpoint: cannot create directory '" + dir.file("file") + "'");
   // Reserved extra keys.
-  EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {{"linea_checkpoint", "x"}}, {}}),
+  EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {{"linea_checkpoint", "x"}}, {}, {}}),
                      "save_checkpoint: TrainState::extra key 'linea_checkpoint' is reserved");
 }
 
@@ -209,9 +209,9 @@ TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
   auto opt = make_opt(*net);
   Task task;
   train_steps(*net, *opt, task, 0, 1);
-  save_checkpoint(dir.file("a"), *net, *opt, {1, 0, {}, {}});
+  save_checkpoint(dir.file("a"), *net, *opt, {1, 0, {}, {}, {}});
   train_steps(*net, *opt, task, 1, 1);
-  save_checkpoint(dir.file("b"), *net, *opt, {2, 0, {}, {}});
+  save_checkpoint(dir.file("b"), *net, *opt, {2, 0, {}, {}, {}});
 
   auto fresh = std::make_shared<Mlp>();
   auto fresh_opt = make_opt(*fresh);
@@ -232,7 +232,7 @@ TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
                      "is not a Linea training checkpoint (metadata 'linea_checkpoint' is missing");
 
   // A model of another shape: nothing is changed (model, optimizer), the error names the file.
-  save_checkpoint(dir.file("c"), *net, *opt, {2, 0, {}, {}});
+  save_checkpoint(dir.file("c"), *net, *opt, {2, 0, {}, {}, {}});
   class Other : public Module {
    public:
     Other() : Module("Other") {
@@ -273,7 +273,8 @@ TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
   Task task;
   train_steps(*net, *opt, task, 0, 1);
   const std::string ck = dir.file("ck");
-  TrainState st{1, 0, {{"k", "v"}}, {{"config.json", "{\"a\": 1}\n"}, {"vocab.txt", "x\ny\n"}}};
+  TrainState st{1, 0, {{"k", "v"}}, {{"config.json", "{\"a\": 1}\n"}, {"vocab.txt", "x\ny\n"}},
+                {{"ema.w", from_vector<float>({1.5f, -2.0f}, {2})}}};
   save_checkpoint(ck, *net, *opt, st);
   EXPECT_EQ(read_all(ck + "/config.json"), "{\"a\": 1}\n");
   auto fresh = std::make_shared<Mlp>();
@@ -281,6 +282,8 @@ TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
   TrainState back = load_checkpoint(ck, *fresh, *opt2);
   EXPECT_EQ(back.files, st.files);
   EXPECT_EQ(back.extra, st.extra);  // the file tags are not extras
+  ASSERT_EQ(back.tensors.size(), 1u);  // the state tensors come back by name
+  EXPECT_EQ(back.tensors.at("ema.w").to_vector<float>(), (std::vector<float>{1.5f, -2.0f}));
 
   // A failed save (config.json's temp file blocked) changes none of the files.
   const std::string model_before = read_all(ck + "/model.safetensors");
@@ -297,5 +300,5 @@ TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
   std::ofstream(ck + "/config.json") << "{\"a\": 3}\n";
   EXPECT_LINEA_ERROR(load_checkpoint(ck, *fresh, *opt2), "config.json' and '" + ck +
                                                              "/training.safetensors' come from different saves");
-  EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {}, {{"a/b", ""}}}), "bad extra file name 'a/b'");
+  EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {}, {{"a/b", ""}}, {}}), "bad extra file name 'a/b'");
 }
