@@ -22,16 +22,11 @@ std::vector<int64_t> source_lengths(const Tensor& src_pad) {
   return len;
 }
 
-// Log-probabilities of the next token [rows, V] on the host, with padding and bos banned and,
-// for rows at their last position, only eos allowed.
-std::vector<float> next_log_probs(Seq2Seq& model, const std::vector<int64_t>& tokens, attn::DecoderState& state,
-                                  Device device, const std::vector<bool>& force_eos) {
-  const ModelConfig& c = model.config();
-  const int64_t rows = static_cast<int64_t>(tokens.size()), V = c.tgt_vocab;
-  Tensor t = from_vector<int64_t>(tokens, {rows}).to(device);
-  std::vector<float> lp = log_softmax(model.step(t, state), 1).to(kCPU).to_vector<float>();
+// Bans padding and bos in log-probabilities [rows, V]; rows at their last position may only end.
+void restrict_rows(std::vector<float>& lp, const ModelConfig& c, const std::vector<bool>& force_eos) {
+  const int64_t V = c.tgt_vocab;
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t r = 0; r < rows; ++r) {
+  for (size_t r = 0; r < force_eos.size(); ++r) {
     float* row = lp.data() + r * V;
     row[c.pad_id] = row[c.bos_id] = ninf;
     if (force_eos[r]) {
@@ -40,7 +35,28 @@ std::vector<float> next_log_probs(Seq2Seq& model, const std::vector<int64_t>& to
       row[c.eos_id] = eos;
     }
   }
+}
+
+// Log-probabilities of the next token [rows, V] on the host, restricted as above.
+std::vector<float> next_log_probs(Seq2Seq& model, const std::vector<int64_t>& tokens, attn::DecoderState& state,
+                                  Device device, const std::vector<bool>& force_eos) {
+  const int64_t rows = static_cast<int64_t>(tokens.size());
+  Tensor t = from_vector<int64_t>(tokens, {rows}).to(device);
+  std::vector<float> lp = log_softmax(model.step(t, state), 1).to(kCPU).to_vector<float>();
+  restrict_rows(lp, model.config(), force_eos);
   return lp;
+}
+
+// Greedy search's step for one row at position t: the most probable token goes into h; returns
+// it (eos: h is finished and scored).
+int64_t greedy_pick(const float* row, const ModelConfig& c, double len_penalty, int64_t t, Hypothesis& h) {
+  const int64_t best = std::max_element(row, row + c.tgt_vocab) - row;
+  h.log_prob += row[best];
+  if (best == c.eos_id)
+    h.score = h.log_prob / std::pow(static_cast<double>(t + 1), len_penalty);
+  else
+    h.tokens.push_back(best);
+  return best;
 }
 
 Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
@@ -80,15 +96,8 @@ std::vector<Hypothesis> greedy_search(Seq2Seq& model, const Tensor& src, const T
     const std::vector<float> lp = next_log_probs(model, tokens, state, src.device(), force);
     std::vector<int64_t> keep, next_active, next_tokens;
     for (size_t r = 0; r < active.size(); ++r) {
-      const float* row = lp.data() + r * V;
-      const int64_t best = std::max_element(row, row + V) - row;
-      Hypothesis& h = out[active[r]];
-      h.log_prob += row[best];
-      if (best == c.eos_id) {
-        h.score = h.log_prob / std::pow(static_cast<double>(t + 1), o.len_penalty);
-        continue;
-      }
-      h.tokens.push_back(best);
+      const int64_t best = greedy_pick(lp.data() + r * V, c, o.len_penalty, t, out[active[r]]);
+      if (best == c.eos_id) continue;
       keep.push_back(static_cast<int64_t>(r));
       next_active.push_back(active[r]);
       next_tokens.push_back(best);
@@ -112,28 +121,19 @@ std::vector<Hypothesis> greedy_search_recompute(Seq2Seq& model, const Tensor& sr
   std::vector<int64_t> active(B);
   std::vector<std::vector<int64_t>> prefix(B, {c.bos_id});
   for (int64_t i = 0; i < B; ++i) active[i] = i;
-  const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; !active.empty(); ++t) {
     const int64_t n = static_cast<int64_t>(active.size());
     std::vector<int64_t> ids;
     for (int64_t a : active) ids.insert(ids.end(), prefix[a].begin(), prefix[a].end());
     Tensor logits = model.decode(from_vector<int64_t>(ids, {n, t + 1}).to(src.device()), memory, pad);
-    const std::vector<float> lp = log_softmax(select(logits, 1, t), 1).to(kCPU).to_vector<float>();
+    std::vector<float> lp = log_softmax(select(logits, 1, t), 1).to(kCPU).to_vector<float>();
+    std::vector<bool> force(n);
+    for (int64_t r = 0; r < n; ++r) force[r] = t + 1 >= max_output_length(c, o, src_len[active[r]]);
+    restrict_rows(lp, c, force);
     std::vector<int64_t> keep, next_active;
     for (int64_t r = 0; r < n; ++r) {
-      std::vector<float> row(lp.begin() + r * V, lp.begin() + (r + 1) * V);
-      row[c.pad_id] = row[c.bos_id] = ninf;
-      if (t + 1 >= max_output_length(c, o, src_len[active[r]]))
-        for (int64_t v = 0; v < V; ++v)
-          if (v != c.eos_id) row[v] = ninf;
-      const int64_t best = std::max_element(row.begin(), row.end()) - row.begin();
-      Hypothesis& h = out[active[r]];
-      h.log_prob += row[best];
-      if (best == c.eos_id) {
-        h.score = h.log_prob / std::pow(static_cast<double>(t + 1), o.len_penalty);
-        continue;
-      }
-      h.tokens.push_back(best);
+      const int64_t best = greedy_pick(lp.data() + r * V, c, o.len_penalty, t, out[active[r]]);
+      if (best == c.eos_id) continue;
       prefix[active[r]].push_back(best);
       keep.push_back(r);
       next_active.push_back(active[r]);
