@@ -320,6 +320,18 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
     if (r.at("type") == "epoch") best = std::max(best, r.at("valid_bleu").get<double>());
   EXPECT_EQ(summary.at("best_valid_bleu").get<double>(), best);
 
+  // --eval-only into a new folder scores the best weights again: the same test BLEU.
+  TempDir again;
+  TrainOptions e = o;
+  e.run.eval_only = true;
+  e.run.checkpoint_dir = out + "/checkpoint";
+  e.run.out_dir = again.file("eval");  // does not exist yet
+  const TrainReport re = run_training(e);
+  EXPECT_EQ(re.test_bleu, summary.at("test_bleu").get<double>());
+  EXPECT_EQ(linea::apps::read_json_file(e.run.out_dir + "/eval.json", "test").at("test_bleu").get<double>(),
+            re.test_bleu);
+  EXPECT_EQ(lines_of(e.run.out_dir + "/test.beam.es"), lines_of(out + "/test.beam.es"));
+
   // `translate decode` with the checkpoint gives the run's own test hypotheses.
   TempDir dir;
   const std::string test_src = toy_data() + "/test.en";

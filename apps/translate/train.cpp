@@ -197,9 +197,9 @@ TrainReport run_training(const TrainOptions& o) {
                     loaded.target_tokenizer().bytes() == tgt_tok->bytes(),
                 "translate: --eval-only: the checkpoint in '", dir, "' was trained with other tokenizers than the "
                 "data in '", o.data_dir, "' (pass the --data it was trained on)");
+    fs::create_directories(run.out_dir);  // the hypotheses files go there first
     const apps::Metrics m = apps::evaluate_forked(loaded.model(), device, [&] { return test_of(loaded); });
     std::printf("translate: %s (weights from %s)\n", m.text.c_str(), dir.c_str());
-    fs::create_directories(run.out_dir);
     nn::write_text_file_atomic(run.out_dir + "/eval.json", m.values.dump(2) + "\n");
     report.test_bleu = m.values["test_bleu"];
     report.test_bleu_greedy = m.values["test_bleu_greedy"];
