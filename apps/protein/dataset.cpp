@@ -1,0 +1,1 @@
+// placeholder: written on the protein branch
