@@ -1,7 +1,7 @@
 // Training and evaluation for the protein app; main.cpp maps flags onto TrainOptions.
 // One run: the prepared data (protein prepare) -> masked windows (dataset.h) in token-budget
 // batches bucketed by length (or packed windows) -> the ProteinLM (model.h) -> AdamW with linear
-// warmup and inverse-square-root decay, cross-entropy on the masked positions, gradient clipping
+// warmup and cosine decay, cross-entropy on the masked positions, gradient clipping
 // -> the shared training loop (apps/common/train_loop.h). After every epoch: valid masked
 // accuracy and perplexity; the weights with the best valid perplexity go to <checkpoint>/best
 // (early stopping after --patience epochs without a better one). At the end, with those weights:
@@ -36,6 +36,7 @@ struct TrainOptions {
   int64_t max_tokens = 16384;    // padded tokens per batch
   int64_t epochs = 4;
   double lr = 1e-3;              // peak, after the warmup
+  std::string schedule = "cosine";  // cosine (to 0 at the last planned step) | inverse_sqrt | constant
   int64_t warmup = 500;
   double weight_decay = 0.01;    // AdamW, not on biases, norms and embeddings
   double clip = 1.0;
