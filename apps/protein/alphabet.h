@@ -39,8 +39,8 @@ std::vector<int8_t> encode_residues(const std::string& sequence, const std::stri
 // The inverse: residue ids -> characters (a special id is written as its text, e.g. "<mask>").
 std::string decode(const std::vector<int64_t>& ids);
 // Text with residues and bracketed special tokens, as `protein fill` takes it:
-// "MKT<mask>LL<mask>A" -> ids (no <cls>/<eos> added). An unknown "<...>" or a bad character is an
-// error naming the position.
+// "MKT<mask>LL<mask>A" -> ids (no <cls>/<eos> added). Whitespace is skipped (text pasted over
+// several lines). An unknown "<...>" or a bad character is an error naming the 1-based position.
 std::vector<int64_t> parse_tokens(const std::string& text);
 
 }  // namespace protein

@@ -16,7 +16,12 @@
 //   pack = L          the split's sequences concatenated as <cls> s1 <eos> <cls> s2 <eos> ... (in
 //                     a (seed) random order for train, in file order for eval) and cut into windows
 //                     of L tokens; train windows start at an offset drawn from (seed, epoch), so
-//                     the cuts move every epoch; the count of windows is the same every epoch
+//                     the cuts move every epoch; the count of windows is the same every epoch.
+//                     With S stream tokens: train has floor((S+1)/L) - 1 windows of exactly L
+//                     tokens from an offset in [0, S - count*L] (so up to 2L-2 tokens at the ends
+//                     of the stream sit out an epoch); eval has ceil(S/L), the last one shorter,
+//                     and covers every residue once. A window may start or end inside a sequence:
+//                     only a sequence's true start has <cls>, only its true end <eos>.
 // Masking (BERT/ESM): each residue position is chosen with probability `prob` (0.15); a chosen
 // one becomes <mask> with probability 0.8, a random standard residue (never a special token)
 // with 0.1, and stays with 0.1. Every draw is a pure function of (seed, stream, sequence index,
@@ -55,6 +60,7 @@ struct Sequences {
   int64_t total_residues() const;
 };
 // A FASTA or FASTA.gz file, every record encoded (errors name the file, the record and position).
+// An empty file (an empty split, e.g. prepare --test-size 0) gives no sequences.
 Sequences read_sequences(const std::string& fasta_path);
 
 struct MaskingOptions {
@@ -123,10 +129,14 @@ class MaskedLMDataset : public linea::nn::Dataset {
   DatasetOptions opts_;
   std::vector<int64_t> lengths_;
   std::atomic<int64_t> epoch_{0};
-  // what window() needs: eval windows, or the pack order and the stream's prefix sums (helper's choice)
-  std::vector<Window> fixed_windows_;
+  std::vector<Window> fixed_windows_;  // eval without packing: every example's window
+  // Packing: the sequences in stream order, where each one's <cls> sits in the stream
+  // (pack_starts_[k], plus the total at the end), and the stream's length in tokens.
   std::vector<int64_t> pack_order_, pack_starts_;
   int64_t pack_total_ = 0;
+
+  Window window_at(int64_t i, int64_t epoch) const;
+  int64_t pack_offset(int64_t epoch) const;  // training: where window 0 starts in the stream
 };
 
 }  // namespace protein

@@ -6,14 +6,16 @@
 //   protein prepare --split random --out data/protein-random
 //   protein prepare --fasta my.fasta.gz --query other.fasta --out data/mine
 //
-// Clustering runs Debian's `mmseqs easy-cluster FASTA <tmp>/clu <tmp>/work --min-seq-id 0.5
-// -c 0.8` (flags --min-seq-id, --coverage) and reads its <tmp>/clu_cluster.tsv (representative,
-// member). Splits, deterministic by --seed:
+// Clustering runs Debian's `mmseqs easy-cluster input.fasta clu tmp --min-seq-id 0.5 -c 0.8`
+// (flags --min-seq-id, --coverage, --threads) as a subprocess in a temporary folder beside --out
+// (removed afterwards), on the checked records with their headers replaced by 0-based indices, and
+// reads its clu_cluster.tsv (representative, member). Splits, deterministic by --seed:
 //   cluster  whole clusters, in a (seed) random order, go to test until it holds --test-size
 //            sequences, then to valid until --valid-size, the rest to train
 //   random   sequences drawn at random (the clusters are still computed, to count how many valid
 //            and test sequences have a cluster-mate in train: what a random split leaks)
-// Every sequence is checked against the alphabet (alphabet.h) before anything is written.
+// Every sequence is checked against the alphabet (alphabet.h) before anything is written, and
+// ids (the first word of a header) must be unique.
 //
 // The folder (--out, default data/protein), written to a temporary sibling folder and renamed
 // into place only when complete (an existing folder is replaced only if it holds a data.json):
@@ -21,13 +23,20 @@
 //                                          (sequence on one line), in input order
 //   query.fasta                            --query's records (default QUERY.fasta.gz; none if "")
 //   clusters.tsv                           "representative<TAB>member" per input sequence (ids)
-//   data.json                              the manifest: format "linea-protein-data/1", inputs,
-//                                          split method and seed, mmseqs command and version,
-//                                          clusters (count, largest, singletons), per split:
-//                                          sequences, residues, clusters, length mean/median/p90/max,
-//                                          and (random split) sequences with a cluster-mate in
-//                                          train; residue_counts of the train split (for the
-//                                          unigram baseline), seconds
+//   data.json                              the manifest:
+//     format          "linea-protein-data/1"
+//     inputs          fasta, sequences, residues, query, query_sequences
+//     split           method, seed, valid_size, test_size
+//     mmseqs          command, version, min_seq_id, coverage, threads
+//     clusters        count, largest, singletons
+//     files           train, valid, test, (query,) clusters: file names in the folder
+//     splits          train, valid, test (and query): sequences, residues, clusters (not query),
+//                     length {mean, median, p90, max}; valid, test and query: identical_in_train
+//                     (the very same sequence is in train); valid, test: with_cluster_mate_in_train
+//                     (0 for the cluster split; what a random split leaks)
+//     residue_counts  {"L": n, "A": n, ...}: every residue character, counted over train (for the
+//                     unigram baseline)
+//     seconds         how long prepare took (the one field that differs between identical runs)
 // Not here: reading the folder back, masking, batching (dataset.h).
 #pragma once
 
