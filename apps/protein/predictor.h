@@ -20,6 +20,7 @@
 #include "core/tensor.h"
 #include "dataset.h"
 #include "model.h"
+#include "nn/safetensors.h"
 
 namespace protein {
 
@@ -42,15 +43,26 @@ struct Embeddings {
   std::vector<linea::Tensor> residues;  // per_residue: Float32 [length_i, dim] each
 };
 
+inline const char* kEmbeddingsFormat = "linea-protein-embeddings/1";
+
+// Writes `e` as a safetensors file, atomically: tensors "mean" [N, dim] and, when e.residues is
+// filled, "residues.<i>" [length_i, dim] (i = 0-based index into e.names); metadata "format"
+// (kEmbeddingsFormat), "dim", "names" (a JSON array of the ids, in order), plus `extra` (e.g.
+// the checkpoint and input files; a key of its own is an error). Opens in Python with
+// safetensors.torch.load_file; json.loads(metadata["names"]) gives the ids.
+void save_embeddings(const std::string& path, const Embeddings& e, const linea::nn::Metadata& extra = {});
+
 class Predictor {
  public:
+  // Moves the model to `device` when it is elsewhere.
   Predictor(std::shared_ptr<ProteinLM> model, linea::Device device);
   static Predictor load(const std::string& dir, linea::Device device = linea::kCPU);
 
   // Every <mask> of `text` (parse_tokens): the k most probable residues (ids 4..30) there.
   // Text without <mask> is a linea::Error.
   std::vector<Fill> fill(const std::string& text, int64_t k = 5);
-  // batch_tokens: tokens per forward batch (windows are grouped up to this).
+  // batch_tokens: tokens per forward batch (windows are grouped up to this, longest first; a
+  // window longer than it goes alone). The model runs in eval mode without a graph.
   Embeddings embed(const Sequences& seqs, bool per_residue = false, int64_t batch_tokens = 16384);
 
   ProteinLM& model() { return *model_; }
