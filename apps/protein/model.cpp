@@ -87,8 +87,13 @@ ProteinLM::ProteinLM(const ModelConfig& c) : nn::Module("ProteinLM"), cfg_(c) {
   embed_ = register_module("embed", std::make_shared<nn::Embedding>(kVocabSize, c.dim, kPad));
   nn::init::normal_(embed_->weight(), 0.0, 1.0 / std::sqrt(static_cast<double>(c.dim)));
   nn::init::zeros_(embed_->weight().detach().narrow(0, kPad, 1));
-  if (c.positions == "learned")
+  // Learned positions at the scale of the scaled token embeddings (unit-size coordinates): the
+  // layer's own ViT-style init (std 0.02) is 50 times weaker than the tokens here, and a toy
+  // model then never learned that a residue follows from its left neighbour (test_protein).
+  if (c.positions == "learned") {
     pos_ = register_module("pos", std::make_shared<nn::LearnedPositionalEmbedding>(c.max_len, c.dim));
+    nn::init::normal_(pos_->weight(), 0.0, 1.0);
+  }
   drop_ = register_module("drop", std::make_shared<nn::Dropout>(c.dropout));
   encoder_ = register_module(
       "encoder", std::make_shared<attn::TransformerEncoder>(c.layers, c.dim, c.heads, c.mlp_hidden, c.dropout, spec));

@@ -140,6 +140,7 @@ TrainReport run_training(const TrainOptions& o) {
               "' needs sequences in train, valid and test; it has ", train_seqs->size(), ", ", valid_seqs->size(),
               " and ", test_seqs->size());
   const Unigram unigram(*train_seqs);
+  const std::string split_method = data.json.at("split").value("method", std::string("?"));
 
   ModelConfig mc = o.model;
   if (o.pack > 0) mc.max_len = o.pack;  // packed windows are the model's context
@@ -153,7 +154,7 @@ TrainReport run_training(const TrainOptions& o) {
   // scored on the same positions.
   DatasetOptions eval_opts = train_opts;
   eval_opts.train = false;
-  eval_opts.seed = data.json.value("seed", uint64_t{0});
+  eval_opts.seed = data.json.at("split").value("seed", uint64_t{0});
   if (run.eval_only) {  // the checkpoint's windows: its positions decide them, not the flags
     const json saved = read_checkpoint_config(ckpt_dir);
     eval_opts.max_len = saved.at("model").at("max_len");
@@ -194,7 +195,7 @@ TrainReport run_training(const TrainOptions& o) {
               static_cast<long long>(train_seqs->size()), static_cast<long long>(valid_seqs->size()),
               static_cast<long long>(test_seqs->size()),
               query_seqs ? (" / " + std::to_string(query_seqs->size()) + " query").c_str() : "", o.data_dir.c_str(),
-              data.json.value("split", std::string("?")).c_str(),
+              split_method.c_str(),
               o.pack > 0 ? ("packed into windows of " + std::to_string(o.pack) + " tokens").c_str()
                          : ("windows of at most " + std::to_string(mc.max_len) + " tokens").c_str());
   std::printf("protein: transformer %lld layers, dim %lld, %lld heads, mlp %lld, %s attention, %s positions: %lld "
@@ -270,7 +271,8 @@ TrainReport run_training(const TrainOptions& o) {
   setup.unit_short = "res";
   setup.model = model.get();
   setup.optimizer = &opt;
-  setup.schedule = nn::make_schedule(o.schedule, o.lr, o.warmup, total_steps);
+  // A run shorter than the warmup warms up over all of its steps.
+  setup.schedule = nn::make_schedule(o.schedule, o.lr, std::min(o.warmup, total_steps), total_steps);
   setup.clip = o.clip;
   setup.loader = &loader;
   setup.epochs = o.epochs;
@@ -310,7 +312,7 @@ TrainReport run_training(const TrainOptions& o) {
     r.loss = nll / static_cast<double>(std::max<int64_t>(chosen, 1));
     r.units = residues;
     r.stats["nll"] = nll.detach();
-    r.stats["chosen"] = full({}, static_cast<double>(chosen), TensorOptions().device(device));
+    r.stats["chosen"] = full({}, static_cast<double>(chosen), TensorOptions(device));
     r.stats["correct"] = sum((argmax(logits.detach(), -1) == tgt).to(DType::Float32));
     return r;
   };
