@@ -1,7 +1,9 @@
 // The caching allocator and the CPU instance of it.
 #include "core/allocator.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <new>
 
 #include "core/error.h"
@@ -23,8 +25,15 @@ CachingAllocator::~CachingAllocator() {
 }
 
 void* CachingAllocator::allocate(size_t nbytes) {
-  size_t size = round_size(nbytes);
+  const size_t size = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
+  // The limit is checked before anything changes: a refused request leaves every list and
+  // counter as it was (only the cache is handed back, which the limit wants anyway).
+  if (limit_ != 0 && (size > limit_ || stats_.allocated_bytes > limit_ - size)) {
+    release_cached_locked();
+    LINEA_FAIL("out of memory: allocating ", format_bytes(size), " would exceed the limit of ", format_bytes(limit_),
+               " (", format_bytes(stats_.allocated_bytes), " in use)");
+  }
   stats_.num_allocs++;
   void* ptr = nullptr;
   auto it = free_.find(size);
@@ -33,15 +42,15 @@ void* CachingAllocator::allocate(size_t nbytes) {
     free_.erase(it);
     stats_.cached_bytes -= size;
   } else {
+    // A new block: under a limit, make room in what the allocator holds (live + cached) first.
+    if (limit_ != 0) release_cached_until_locked(size);
     try {
       ptr = raw_alloc_(size);
     } catch (const Error&) {
       ptr = nullptr;
     }
     if (!ptr) {  // out of memory: give the cache back and try once more (this one may throw)
-      for (auto& kv : free_) raw_free_(kv.second);
-      free_.clear();
-      stats_.cached_bytes = 0;
+      release_cached_locked();
       ptr = raw_alloc_(size);
     }
     LINEA_CHECK(ptr != nullptr, "allocate: out of memory allocating ", size, " bytes (", stats_.allocated_bytes,
@@ -68,9 +77,34 @@ void CachingAllocator::deallocate(void* ptr) {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
+  release_cached_locked();
+}
+
+void CachingAllocator::release_cached_locked() {
   for (auto& kv : free_) raw_free_(kv.second);
   free_.clear();
   stats_.cached_bytes = 0;
+}
+
+void CachingAllocator::release_cached_until_locked(size_t need) {
+  while (!free_.empty() && stats_.allocated_bytes + stats_.cached_bytes + need > limit_) {
+    auto largest = std::prev(free_.end());
+    raw_free_(largest->second);
+    stats_.cached_bytes -= largest->first;
+    free_.erase(largest);
+  }
+}
+
+void CachingAllocator::set_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+  // Keep the cache within the new limit too (live blocks stay: they belong to tensors).
+  if (limit_ != 0) release_cached_until_locked(0);
+}
+
+size_t CachingAllocator::limit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_;
 }
 
 AllocatorStats CachingAllocator::stats() const {
@@ -81,6 +115,20 @@ AllocatorStats CachingAllocator::stats() const {
 void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+}
+
+std::string format_bytes(size_t bytes) {
+  char buf[48];
+  const double b = static_cast<double>(bytes);
+  if (bytes < 1024)
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  else if (bytes < (size_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else if (bytes < (size_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024.0));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  return buf;
 }
 
 namespace {

@@ -2,12 +2,21 @@
 // going to malloc/cudaMalloc each time costs more than many kernels. Freed blocks are kept
 // in size-class free lists and handed out again. With one CUDA stream, device work is
 // stream-ordered, so a block freed on the host can be reused by the next launch at once.
+//
+// A memory limit (set_limit) caps the bytes the allocator holds: live blocks plus the cache.
+// A new block that would not fit first returns cached blocks to the system (largest first);
+// one that would take the live bytes past the limit empties the cache and throws linea::Error
+// "out of memory: allocating 1.50 GiB would exceed the limit of 16.0 GiB (15.2 GiB in use)",
+// leaving the allocator as it was (the failed request is not counted anywhere), so the caller
+// can free its tensors and go on. Benchmarks use it to tell "does not fit" on a shared machine
+// without the OS killing the process.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace linea {
@@ -35,6 +44,10 @@ class CachingAllocator {
   void empty_cache();
   AllocatorStats stats() const;
   void reset_peak();
+  // Caps allocated_bytes + cached_bytes at `bytes` (0: no limit, the default); see the top of
+  // this file. A limit below what is already live only affects later allocations.
+  void set_limit(size_t bytes);
+  size_t limit() const;
 
   // Size classes: round up to 512 bytes below 1 MiB, to 1/8 of the power of two above.
   static size_t round_size(size_t nbytes);
@@ -46,8 +59,15 @@ class CachingAllocator {
   std::multimap<size_t, void*> free_;  // size -> block
   std::map<void*, size_t> live_;       // block -> size
   AllocatorStats stats_;
+  size_t limit_ = 0;  // 0: none
+
+  void release_cached_locked();                 // every free block back to raw_free_
+  void release_cached_until_locked(size_t need);  // largest first, until held + need <= limit_
 };
 
 CachingAllocator& cpu_allocator();
+
+// A byte count for people: "512 B", "3.0 KiB", "12.5 MiB", "1.50 GiB".
+std::string format_bytes(size_t bytes);
 
 }  // namespace linea

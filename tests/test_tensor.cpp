@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/allocator.h"
 #include "test_util.h"
 
 using namespace linea;
@@ -329,4 +330,110 @@ TEST(Tensor, EmptyTensorsAreContiguous) {
   EXPECT_TRUE(zeros({4, 0}).is_contiguous());
   EXPECT_TRUE(zeros({0, 3}).t().is_contiguous());
   EXPECT_EQ(zeros({4, 0}).reshape({0, 4}).numel(), 0);
+}
+
+// ---- the CPU caching allocator's memory limit ----------------------------------------------------
+
+namespace {
+constexpr size_t kMiB = size_t{1} << 20;
+// Sets the CPU allocator's limit for one test and restores the previous one (the allocator is
+// shared by every test of this executable).
+struct CpuLimit {
+  size_t prev = cpu_allocator().limit();
+  explicit CpuLimit(size_t bytes) { cpu_allocator().set_limit(bytes); }
+  ~CpuLimit() { cpu_allocator().set_limit(prev); }
+};
+size_t live_bytes() { return cpu_allocator().stats().allocated_bytes; }
+}  // namespace
+
+TEST(Allocator, FormatBytes) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(3 * 1024), "3.0 KiB");
+  EXPECT_EQ(format_bytes(12 * kMiB + kMiB / 2), "12.5 MiB");
+  EXPECT_EQ(format_bytes(3 * (size_t{1} << 29)), "1.50 GiB");
+}
+
+TEST(Allocator, LimitRefusesABigTensorAndKeepsTheStats) {
+  NoGradGuard ng;
+  const size_t base = live_bytes();
+  CpuLimit limit(base + 64 * kMiB);
+  EXPECT_EQ(cpu_allocator().limit(), base + 64 * kMiB);
+  Tensor keep = ones({4 * static_cast<int64_t>(kMiB) / 4});  // 4 MiB live
+  const AllocatorStats before = cpu_allocator().stats();
+  // 128 MiB of float32: over the limit whatever else is live.
+  EXPECT_LINEA_ERROR(empty({32 * static_cast<int64_t>(kMiB)}),
+                     "out of memory: allocating 128.0 MiB would exceed the limit of ");
+  EXPECT_LINEA_ERROR(empty({32 * static_cast<int64_t>(kMiB)}), " in use)");
+  const AllocatorStats after = cpu_allocator().stats();
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);  // nothing half-allocated
+  EXPECT_EQ(after.num_allocs, before.num_allocs);            // the refused request is not counted
+  EXPECT_EQ(after.cached_bytes, 0u);                         // the cache went back to the system first
+  // Smaller ones still work, and the live bytes never pass the limit.
+  cpu_allocator().reset_peak();
+  for (int i = 0; i < 3; ++i) {
+    Tensor t = full({4 * static_cast<int64_t>(kMiB)}, 1.0);  // 16 MiB
+    EXPECT_EQ(t.sum().item(), 4.0 * kMiB);
+  }
+  EXPECT_LE(cpu_allocator().stats().peak_allocated_bytes, cpu_allocator().limit());
+  EXPECT_EQ(keep.sum().item(), static_cast<double>(kMiB));
+}
+
+TEST(Allocator, LimitCoversTheCache) {
+  // Blocks freed into the cache count against the limit: a new block of another size first
+  // returns cached blocks to the system, so live + cached never exceeds the limit.
+  NoGradGuard ng;
+  cpu_allocator().empty_cache();
+  const size_t base = live_bytes();
+  CpuLimit limit(base + 40 * kMiB);
+  for (int64_t mib : {8, 12, 16, 24, 20, 32}) {
+    { Tensor t = zeros({mib * static_cast<int64_t>(kMiB) / 4}); }  // freed into the cache at once
+    const AllocatorStats s = cpu_allocator().stats();
+    EXPECT_LE(s.allocated_bytes + s.cached_bytes, cpu_allocator().limit()) << mib << " MiB";
+    EXPECT_GE(s.cached_bytes, static_cast<size_t>(mib) * kMiB) << "the last block stays cached";
+  }
+  // Lowering the limit trims the cache too; 0 removes the limit.
+  cpu_allocator().set_limit(live_bytes() + kMiB);
+  EXPECT_LE(cpu_allocator().stats().cached_bytes, kMiB);
+  cpu_allocator().set_limit(0);
+  EXPECT_EQ(cpu_allocator().limit(), 0u);
+  Tensor big = zeros({16 * static_cast<int64_t>(kMiB)});  // 64 MiB: fine without a limit
+  EXPECT_EQ(big.numel(), 16 * static_cast<int64_t>(kMiB));
+}
+
+TEST(Allocator, FailedOpsLeakNothing) {
+  {  // the ops below once without a limit, so that any state built at first use is not counted
+    Tensor x = ones({4, 4});
+    x.requires_grad_(true);
+    sum(exp(x) * x).backward();
+    Tensor y = exp(x.detach()) * 2.0 + 1.0;
+    Tensor z = matmul(ones({4, 1}), ones({1, 4}));
+  }
+  const size_t base = live_bytes();
+  {
+    // A chain of ops whose third output does not fit: the first two are freed on the way out.
+    CpuLimit limit(base + 10 * kMiB);
+    auto chain = [] {
+      NoGradGuard ng;
+      Tensor x = ones({1024, 1024});  // 4 MiB
+      Tensor y = exp(x);              // 4 MiB
+      return y * 2.0 + 1.0;           // another 4 MiB: over
+    };
+    EXPECT_LINEA_ERROR(chain(), "out of memory");
+    EXPECT_EQ(live_bytes(), base);
+    // matmul's output alone is over the limit.
+    EXPECT_LINEA_ERROR(matmul(ones({2048, 1}), ones({1, 2048})), "out of memory");
+    EXPECT_EQ(live_bytes(), base);
+  }
+  {
+    // Backward running out of memory: the forward fits, the first gradient buffer does not.
+    Tensor x = ones({1024, 1024});
+    x.requires_grad_(true);
+    Tensor loss = sum(exp(x) * x);
+    CpuLimit limit(live_bytes() + kMiB);
+    EXPECT_LINEA_ERROR(loss.backward(), "out of memory");
+  }
+  EXPECT_EQ(live_bytes(), base);  // the graph, its saved tensors and any partial gradient are gone
+  // And the allocator still works.
+  Tensor t = full({256, 256}, 2.0);
+  EXPECT_EQ(t.sum().item(), 2.0 * 256 * 256);
 }

@@ -1,0 +1,526 @@
+// The protein model and its predictor on toy models (random weights, dim 16): shapes and
+// parameter names; the output layer is the token embedding (tied); a sequence padded in a batch
+// gives the hidden states it gives alone (softmax, performer, nprf_rpe); positions none makes
+// the model blind to residue order, learned does not; the config's JSON round trip and the
+// errors for bad settings; gradients of the head path and of the tied matrix in float64.
+// Predictor: a checkpoint folder saved and loaded; fill's top residues are the full softmax's,
+// from the window holding each mask; embed's per-residue rows are the per-window forwards put
+// together, its mean their mean; another app's checkpoint is refused; the embeddings file
+// round trips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "alphabet.h"
+#include "autograd/ops.h"
+#include "core/random.h"
+#include "model.h"
+#include "nn/safetensors.h"
+#include "predictor.h"
+#include "tests/test_util.h"
+
+using namespace linea;
+using namespace linea::test;
+using namespace protein;
+using json = nlohmann::json;
+
+namespace {
+
+ModelConfig toy_config(const std::string& attention = "softmax", int64_t max_len = 16) {
+  ModelConfig c;
+  c.dim = 16;
+  c.heads = 2;
+  c.layers = 2;
+  c.mlp_hidden = 32;
+  c.dropout = 0.0;
+  c.attention = attention;
+  c.positions = "learned";
+  c.max_len = max_len;
+  return c;
+}
+
+std::shared_ptr<ProteinLM> toy_model(const ModelConfig& c, uint64_t seed = 1) {
+  manual_seed(seed);
+  auto m = std::make_shared<ProteinLM>(c);
+  m->eval();
+  return m;
+}
+
+// <cls> + residue ids from a string of residue characters + <eos>.
+std::vector<int64_t> framed(const std::string& residues) {
+  std::vector<int64_t> ids{kCls};
+  for (char ch : residues) ids.push_back(residue_id(ch));
+  ids.push_back(kEos);
+  return ids;
+}
+
+Tensor row_tokens(const std::vector<int64_t>& ids) {
+  return from_vector<int64_t>(ids, {1, static_cast<int64_t>(ids.size())});
+}
+
+// hidden [1, T, dim] of one unpadded window.
+Tensor hidden_alone(ProteinLM& m, const std::vector<int64_t>& ids) {
+  NoGradGuard ng;
+  return m.hidden(row_tokens(ids), Tensor());
+}
+
+// The model's parameter `name` (the registered handle: its grad() is the parameter's).
+Tensor param(const ProteinLM& m, const std::string& name) {
+  for (const auto& [n, t] : m.named_parameters())
+    if (n == name) return t;
+  ADD_FAILURE() << "no parameter " << name;
+  return Tensor();
+}
+
+std::string random_residues(int64_t n, uint64_t seed) {
+  std::string s;
+  uint64_t x = seed * 2654435761u + 12345;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    s += kResidueChars[(x >> 33) % kNumStandard];
+  }
+  return s;
+}
+
+}  // namespace
+
+// ---- the model --------------------------------------------------------------------------------
+
+TEST(ProteinModel, ShapesAndParameterNames) {
+  auto m = toy_model(toy_config());
+  NoGradGuard ng;
+  Tensor tokens = from_vector<int64_t>(std::vector<int64_t>(3 * 7, 5), {3, 7});
+  Tensor h = m->hidden(tokens, Tensor());
+  EXPECT_EQ(h.shape(), (Shape{3, 7, 16}));
+  EXPECT_EQ(m->logits(h).shape(), (Shape{3, 7, kVocabSize}));
+  EXPECT_EQ(m->forward(tokens, Tensor()).shape(), (Shape{3, 7, kVocabSize}));
+
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, t] : m->named_parameters()) shapes[name] = t.shape();
+  EXPECT_EQ(shapes.at("embed.weight"), (Shape{kVocabSize, 16}));
+  EXPECT_EQ(shapes.at("pos.weight"), (Shape{16, 16}));
+  EXPECT_EQ(shapes.at("head.dense.weight"), (Shape{16, 16}));
+  EXPECT_EQ(shapes.at("head.dense.bias"), (Shape{16}));
+  EXPECT_EQ(shapes.at("head.norm.weight"), (Shape{16}));
+  EXPECT_EQ(shapes.at("head.norm.bias"), (Shape{16}));
+  EXPECT_EQ(shapes.at("head.bias"), (Shape{kVocabSize}));
+  EXPECT_EQ(shapes.at("encoder.norm.weight"), (Shape{16}));
+  EXPECT_TRUE(shapes.count("encoder.layers.1.attn.q_proj.weight")) << "two encoder layers";
+  EXPECT_FALSE(shapes.count("encoder.layers.2.attn.q_proj.weight"));
+  for (const auto& [name, shape] : shapes) {
+    const bool known = name.rfind("embed.", 0) == 0 || name.rfind("pos.", 0) == 0 ||
+                       name.rfind("encoder.layers.", 0) == 0 || name.rfind("encoder.norm.", 0) == 0 ||
+                       name.rfind("head.dense.", 0) == 0 || name.rfind("head.norm.", 0) == 0 || name == "head.bias";
+    EXPECT_TRUE(known) << name;
+    // The only [33, dim] matrix is the embedding: there is no separate output layer.
+    if (name != "embed.weight") {
+      EXPECT_NE(shape, (Shape{kVocabSize, 16})) << name;
+    }
+  }
+  // The <pad> row starts at zero, the others do not.
+  EXPECT_EQ(sum(abs(select(m->state_dict().at("embed.weight"), 0, kPad))).item(), 0.0);
+  EXPECT_GT(sum(abs(select(m->state_dict().at("embed.weight"), 0, kCls))).item(), 0.0);
+}
+
+TEST(ProteinModel, OutputLayerIsTheEmbedding) {
+  auto m = toy_model(toy_config());
+  const Tensor tokens = row_tokens(framed("MKTAYIAK"));  // no 'W' (id 22)
+  const int64_t w = residue_id('W');
+  Tensor h0, l0;
+  {
+    NoGradGuard ng;
+    h0 = m->hidden(tokens, Tensor());
+    l0 = m->logits(h0);
+  }
+  // Moving the row of a token the input does not hold changes that token's logits only.
+  const Tensor E = param(*m, "embed.weight");
+  {
+    NoGradGuard ng;
+    // (not a constant shift: the head's LayerNorm output sums to zero at initialization)
+    manual_seed(11);
+    E.narrow(0, w, 1).copy_(E.narrow(0, w, 1) + randn({1, 16}));
+  }
+  NoGradGuard ng;
+  const Tensor h1 = m->hidden(tokens, Tensor()), l1 = m->logits(h1);
+  EXPECT_TRUE(all_close(h1, h0, 0, 0));
+  EXPECT_GT(max(abs(sub(select(l1, 2, w), select(l0, 2, w)))).item(), 1e-3);
+  for (int64_t c = 0; c < kVocabSize; ++c) {
+    if (c != w) {
+      EXPECT_TRUE(all_close(select(l1, 2, c), select(l0, 2, c), 1e-6, 1e-6)) << "logit " << c;
+    }
+  }
+}
+
+TEST(ProteinModel, TiedMatrixGetsBothGradients) {
+  // float64 central differences of a loss through the whole model against backward, for
+  // entries of embed.weight in rows the input holds (input and output use) and rows it does
+  // not (output use only).
+  ModelConfig c = toy_config();
+  c.dim = 8;
+  c.layers = 1;
+  c.mlp_hidden = 16;
+  auto m = toy_model(c, 3);
+  m->to(DType::Float64);
+  const Tensor tokens = row_tokens(framed("MKTAYIAK"));
+  manual_seed(4);
+  const Tensor g = randn({1, 10, kVocabSize}, TensorOptions(DType::Float64));
+  auto loss = [&] { return sum(m->forward(tokens, Tensor()) * g); };
+  Tensor E = param(*m, "embed.weight");
+  m->zero_grad();
+  loss().backward();
+  const Tensor grad = E.grad();
+  ASSERT_TRUE(grad.defined());
+  double* p = E.data<double>();
+  const std::vector<double> analytic = grad.to_vector<double>();
+  int checked = 0;
+  for (int64_t row : {residue_id('M'), residue_id('A'), residue_id('W'), kMask, kEos})
+    for (int64_t d : {0, 3, 7}) {
+      const int64_t i = row * c.dim + d;
+      NoGradGuard ng;
+      const double orig = p[i];
+      p[i] = orig + 1e-6;
+      const double up = loss().item();
+      p[i] = orig - 1e-6;
+      const double down = loss().item();
+      p[i] = orig;
+      const double numeric = (up - down) / 2e-6;
+      EXPECT_NEAR(analytic[i], numeric, 1e-5 + 1e-3 * std::fabs(numeric)) << "row " << row << " dim " << d;
+      ++checked;
+    }
+  EXPECT_EQ(checked, 15);
+}
+
+TEST(ProteinModel, HeadGradcheck) {
+  ModelConfig c = toy_config();
+  c.dim = 4;
+  c.heads = 1;
+  c.layers = 1;
+  c.mlp_hidden = 8;
+  auto m = toy_model(c, 5);
+  m->to(DType::Float64);
+  manual_seed(6);
+  Tensor h = randn64({2, 3, 4});
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return m->logits(in[0]); }, {h});
+}
+
+TEST(ProteinModel, PaddedInABatchAsAlone) {
+  for (const std::string spec : {"softmax", "performer:features=16", "nprf_rpe:features=16"}) {
+    SCOPED_TRACE(spec);
+    auto m = toy_model(toy_config(spec));
+    const std::vector<int64_t> a = framed("MKTAY"), b = framed("GLSDGEWQQVLNV");
+    const int64_t T = static_cast<int64_t>(b.size()), La = static_cast<int64_t>(a.size());
+    std::vector<int64_t> ids(2 * T, kPad), pad(2 * T, 0);
+    std::copy(a.begin(), a.end(), ids.begin());
+    std::fill(pad.begin() + La, pad.begin() + T, 1);
+    std::copy(b.begin(), b.end(), ids.begin() + T);
+    Tensor hb;
+    {
+      NoGradGuard ng;
+      hb = m->hidden(from_vector<int64_t>(ids, {2, T}), from_vector<int64_t>(pad, {2, T}) != 0.0);
+    }
+    EXPECT_TRUE(all_close(select(hb, 0, 0).narrow(0, 0, La), select(hidden_alone(*m, a), 0, 0), 2e-5, 1e-4));
+    EXPECT_TRUE(all_close(select(hb, 0, 1), select(hidden_alone(*m, b), 0, 0), 2e-5, 1e-4));
+    // Without the mask the padding is seen (the test can tell).
+    NoGradGuard ng;
+    Tensor unmasked = m->hidden(from_vector<int64_t>(ids, {2, T}), Tensor());
+    EXPECT_FALSE(all_close(select(unmasked, 0, 0).narrow(0, 0, La), select(hidden_alone(*m, a), 0, 0), 2e-5, 1e-4));
+  }
+}
+
+TEST(ProteinModel, PositionsNoneSeesABagOfResidues) {
+  // Without positions, softmax attention is permutation-equivariant: reversing the residues
+  // reverses the hidden states. Learned positions break that.
+  const std::vector<int64_t> fwd = framed("MKTAYIAKQR");
+  std::vector<int64_t> rev = fwd;
+  std::reverse(rev.begin() + 1, rev.end() - 1);
+  for (const std::string positions : {"none", "learned"}) {
+    ModelConfig c = toy_config();
+    c.positions = positions;
+    auto m = toy_model(c);
+    bool has_pos = false;
+    for (const auto& [name, t] : m->named_parameters()) has_pos = has_pos || name == "pos.weight";
+    EXPECT_EQ(has_pos, positions == "learned");
+    const Tensor hf = select(hidden_alone(*m, fwd), 0, 0), hr = select(hidden_alone(*m, rev), 0, 0);
+    const int64_t n = static_cast<int64_t>(fwd.size()) - 2;
+    std::vector<int64_t> back(n);
+    for (int64_t i = 0; i < n; ++i) back[i] = n - i;  // position 1 + i of rev holds residue n - i
+    const Tensor hr_back = index_select(hr, 0, from_vector<int64_t>(back, {n}));
+    const bool equivariant = all_close(hf.narrow(0, 1, n), hr_back, 1e-5, 1e-4);
+    EXPECT_EQ(equivariant, positions == "none") << positions;
+  }
+}
+
+TEST(ProteinModel, ConfigJsonRoundTripAndErrors) {
+  ModelConfig c = toy_config("performer:features=8", 40);
+  c.dropout = 0.25;
+  c.positions = "none";
+  const json j = model_json(c);
+  const ModelConfig r = model_from_json(json::parse(j.dump()));
+  EXPECT_EQ(r.dim, c.dim);
+  EXPECT_EQ(r.heads, c.heads);
+  EXPECT_EQ(r.layers, c.layers);
+  EXPECT_EQ(r.mlp_hidden, c.mlp_hidden);
+  EXPECT_EQ(r.dropout, c.dropout);
+  EXPECT_EQ(r.attention, c.attention);
+  EXPECT_EQ(r.positions, c.positions);
+  EXPECT_EQ(r.max_len, c.max_len);
+  EXPECT_EQ(model_json(r), j);
+  for (const char* key : {"dim", "heads", "layers", "mlp_hidden", "dropout", "attention", "positions", "max_len"}) {
+    json missing = j;
+    missing.erase(std::string(key));
+    EXPECT_LINEA_ERROR(model_from_json(missing), std::string("\"") + key + "\"");
+  }
+  json wrong = j;
+  wrong["heads"] = "four";
+  EXPECT_LINEA_ERROR(model_from_json(wrong), "\"heads\" has the wrong type");
+  EXPECT_LINEA_ERROR(model_from_json(json::array()), "JSON object");
+
+  auto bad = [](auto edit) {
+    ModelConfig b = toy_config();
+    edit(b);
+    ProteinLM m(b);
+  };
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.heads = 3; }), "--dim 16 must be a positive multiple of --heads 3");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.positions = "sinusoidal"; }), "--positions must be learned or none");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.max_len = 2; }), "--max-len must be at least 3");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.attention = "nonesuch"; }), "unknown attention 'nonesuch'");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.attention = "performer:feature=8"; }), "feature");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.attention = "nprf_rpe:max_len=8"; }), "--max-len 16");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.dropout = 1.0; }), "--dropout");
+  // nprf_rpe reaches across a whole window of max_len tokens by default.
+  manual_seed(2);
+  ProteinLM nprf(toy_config("nprf_rpe:features=8", 40));
+  nprf.eval();
+  NoGradGuard ng;
+  EXPECT_EQ(nprf.hidden(from_vector<int64_t>(std::vector<int64_t>(40, 5), {1, 40}), Tensor()).shape(),
+            (Shape{1, 40, 16}));
+}
+
+TEST(ProteinModel, LongerThanMaxLenIsAnError) {
+  auto m = toy_model(toy_config());
+  NoGradGuard ng;
+  EXPECT_LINEA_ERROR(m->hidden(from_vector<int64_t>(std::vector<int64_t>(17, 5), {1, 17}), Tensor()), "--max-len");
+  EXPECT_LINEA_ERROR(m->hidden(from_vector<int64_t>(std::vector<int64_t>(16, 5), {16}), Tensor()), "[B, T]");
+  EXPECT_LINEA_ERROR(m->hidden(from_vector<int64_t>(std::vector<int64_t>(4, 5), {2, 2}), zeros({2, 3})), "padding");
+  EXPECT_EQ(m->hidden(from_vector<int64_t>(std::vector<int64_t>(16, 5), {1, 16}), Tensor()).size(1), 16);
+}
+
+// ---- the predictor ------------------------------------------------------------------------------
+
+namespace {
+// A checkpoint folder as a training run leaves it: config.json and model.safetensors.
+void save_checkpoint(const std::string& dir, const ProteinLM& m, const std::string& format = kConfigFormat) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << json{{"format", format}, {"model", model_json(m.config())}}.dump(2);
+  nn::save_module(dir + "/model.safetensors", m);
+}
+
+// The k most probable residues (ids 4..30) of a probability row [33], best first.
+std::vector<std::pair<std::string, double>> top_k(const std::vector<double>& p, int64_t k) {
+  std::vector<int64_t> ids;
+  for (int64_t i = kFirstResidue; i < kFirstResidue + kNumResidueTokens; ++i) ids.push_back(i);
+  std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+  std::vector<std::pair<std::string, double>> out;
+  for (int64_t j = 0; j < k; ++j) out.emplace_back(token_text(ids[j]), p[ids[j]]);
+  return out;
+}
+
+// Softmax row of position `pos` of an unpadded window.
+std::vector<double> probs_at(ProteinLM& m, const std::vector<int64_t>& window, int64_t pos) {
+  NoGradGuard ng;
+  Tensor p = softmax(m.forward(row_tokens(window), Tensor()), -1);
+  return select(select(p, 0, 0), 0, pos).to_vector<double>();
+}
+}  // namespace
+
+TEST(ProteinPredictor, LoadAndFill) {
+  TempDir tmp;
+  auto m = toy_model(toy_config("softmax", 12), 7);
+  save_checkpoint(tmp.file("ckpt"), *m);
+  Predictor p = Predictor::load(tmp.file("ckpt"));
+  EXPECT_FALSE(p.model().is_training());
+
+  const std::string text = "MKT<mask>LLA<mask>";
+  const std::vector<Fill> fills = p.fill(text, 5);
+  ASSERT_EQ(fills.size(), 2u);
+  EXPECT_EQ(fills[0].position, 4);
+  EXPECT_EQ(fills[1].position, 8);
+  const std::vector<int64_t> window = {kCls,
+                                       residue_id('M'),
+                                       residue_id('K'),
+                                       residue_id('T'),
+                                       kMask,
+                                       residue_id('L'),
+                                       residue_id('L'),
+                                       residue_id('A'),
+                                       kMask,
+                                       kEos};
+  for (const Fill& f : fills) {
+    ASSERT_EQ(f.top.size(), 5u);
+    double total = 0;
+    for (size_t j = 0; j < f.top.size(); ++j) {
+      total += f.top[j].second;
+      if (j > 0) {
+        EXPECT_GE(f.top[j - 1].second, f.top[j].second);
+      }
+      EXPECT_EQ(f.top[j].first.size(), 1u) << "a residue character";
+    }
+    EXPECT_LE(total, 1.0 + 1e-6);
+    // The full softmax's probabilities, computed from the model directly (the loaded copy and
+    // the original have the same weights).
+    const auto want = top_k(probs_at(*m, window, f.position), 5);
+    for (size_t j = 0; j < 5; ++j) {
+      EXPECT_EQ(f.top[j].first, want[j].first);
+      EXPECT_NEAR(f.top[j].second, want[j].second, 1e-6);
+    }
+  }
+  EXPECT_EQ(p.fill(text, 27)[0].top.size(), 27u);
+  EXPECT_LINEA_ERROR(p.fill("MKTLL", 5), "no <mask>");
+  EXPECT_LINEA_ERROR(p.fill(text, 0), "[1, 27]");
+  EXPECT_LINEA_ERROR(p.fill(text, 28), "[1, 27]");
+}
+
+TEST(ProteinPredictor, FillLongerThanMaxLenUsesTheMasksWindow) {
+  auto m = toy_model(toy_config("softmax", 12), 8);  // windows of at most 10 residues
+  Predictor p(m, kCPU);
+  m->train();
+  std::string residues = random_residues(27, 1);
+  std::string text;
+  const std::vector<int64_t> masks = {2, 13, 25};  // 0-based residue positions
+  for (int64_t i = 0; i < 27; ++i)
+    text += std::find(masks.begin(), masks.end(), i) != masks.end() ? std::string("<mask>") : residues.substr(i, 1);
+  const std::vector<Fill> fills = p.fill(text, 3);
+  EXPECT_TRUE(m->is_training()) << "fill restores the model's mode";
+  m->eval();
+  ASSERT_EQ(fills.size(), 3u);
+  const std::vector<int64_t> ids = parse_tokens(text);
+  const auto windows = sequence_windows(27, 10);
+  ASSERT_EQ(windows.size(), 3u);
+  for (size_t f = 0; f < fills.size(); ++f) {
+    const int64_t pos = masks[f];
+    EXPECT_EQ(fills[f].position, pos + 1);
+    for (const auto& [b, e] : windows) {
+      if (pos < b || pos >= e) continue;
+      std::vector<int64_t> window{kCls};
+      window.insert(window.end(), ids.begin() + b, ids.begin() + e);
+      window.push_back(kEos);
+      const auto want = top_k(probs_at(*m, window, 1 + pos - b), 3);
+      for (size_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(fills[f].top[j].first, want[j].first);
+        EXPECT_NEAR(fills[f].top[j].second, want[j].second, 1e-6);
+      }
+    }
+  }
+}
+
+TEST(ProteinPredictor, EmbedWindowsAndMeans) {
+  auto m = toy_model(toy_config("softmax", 12), 9);  // windows of at most 10 residues
+  Predictor p(m, kCPU);
+  Sequences seqs;
+  const std::vector<std::string> text = {random_residues(5, 2), random_residues(25, 3), random_residues(10, 4),
+                                         random_residues(1, 5)};
+  for (size_t i = 0; i < text.size(); ++i) {
+    seqs.names.push_back("seq" + std::to_string(i));
+    std::vector<int8_t> r;
+    for (char ch : text[i]) r.push_back(static_cast<int8_t>(residue_id(ch)));
+    seqs.residues.push_back(r);
+  }
+  // A small token budget: several batches, with padding in some.
+  const Embeddings e = p.embed(seqs, /*per_residue=*/true, /*batch_tokens=*/30);
+  EXPECT_EQ(e.names, seqs.names);
+  ASSERT_EQ(e.mean.shape(), (Shape{4, 16}));
+  ASSERT_EQ(e.residues.size(), 4u);
+  for (size_t i = 0; i < text.size(); ++i) {
+    SCOPED_TRACE(seqs.names[i]);
+    const int64_t len = static_cast<int64_t>(text[i].size());
+    ASSERT_EQ(e.residues[i].shape(), (Shape{len, 16}));
+    // Each window's rows are that window's own forward (framed <cls> ... <eos>, unpadded).
+    const auto windows = sequence_windows(len, 10);
+    EXPECT_EQ(static_cast<int64_t>(windows.size()), (len + 9) / 10);
+    for (const auto& [b, en] : windows) {
+      const Tensor h = select(hidden_alone(*m, framed(text[i].substr(b, en - b))), 0, 0);
+      EXPECT_TRUE(all_close(e.residues[i].narrow(0, b, en - b), h.narrow(0, 1, en - b), 2e-5, 1e-4));
+    }
+    // The mean is the mean of the residue rows (not <cls>/<eos>).
+    EXPECT_TRUE(all_close(select(e.mean, 0, i), mean(e.residues[i], {0}), 1e-6, 1e-5));
+  }
+  // Without per-residue output, and one window per batch, the means are the same.
+  const Embeddings e1 = p.embed(seqs, /*per_residue=*/false, /*batch_tokens=*/1);
+  EXPECT_TRUE(e1.residues.empty());
+  EXPECT_TRUE(all_close(e1.mean, e.mean, 2e-5, 1e-4));
+  // The mean differs from the <cls> state and from a mean including <cls>/<eos>.
+  const Tensor h0 = select(hidden_alone(*m, framed(text[0])), 0, 0);
+  EXPECT_TRUE(all_close(select(e.mean, 0, 0), mean(h0.narrow(0, 1, 5), {0}), 2e-5, 1e-4));
+  EXPECT_FALSE(all_close(select(e.mean, 0, 0), mean(h0, {0}), 2e-5, 1e-4));
+
+  Sequences empty_seq;
+  empty_seq.names = {"empty"};
+  empty_seq.residues = {{}};
+  EXPECT_LINEA_ERROR(p.embed(empty_seq), "'empty' is empty");
+  EXPECT_LINEA_ERROR(p.embed(seqs, false, 0), "at least one token");
+}
+
+TEST(ProteinPredictor, RefusesOtherCheckpoints) {
+  TempDir tmp;
+  auto m = toy_model(toy_config());
+  const std::string dir = tmp.file("translate_ckpt");
+  save_checkpoint(dir, *m, "linea-translate/1");
+  EXPECT_LINEA_ERROR(Predictor::load(dir), dir);
+  EXPECT_LINEA_ERROR(Predictor::load(dir), "format 'linea-translate/1'");
+  EXPECT_LINEA_ERROR(Predictor::load(tmp.file("nowhere")), "does not exist");
+  std::filesystem::create_directories(tmp.file("no_config"));
+  EXPECT_LINEA_ERROR(Predictor::load(tmp.file("no_config")), "no config.json");
+  // A protein config without a model key, and one whose model lacks a key.
+  const std::string d2 = tmp.file("broken");
+  save_checkpoint(d2, *m);
+  std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}}.dump();
+  EXPECT_LINEA_ERROR(Predictor::load(d2), "has no \"model\"");
+  json mj = model_json(m->config());
+  mj.erase("max_len");
+  std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}, {"model", mj}}.dump();
+  EXPECT_LINEA_ERROR(Predictor::load(d2), "\"max_len\"");
+  // Weights of another shape.
+  ModelConfig other = m->config();
+  other.dim = 8;
+  std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}, {"model", model_json(other)}}.dump();
+  EXPECT_THROW(Predictor::load(d2), linea::Error);
+}
+
+TEST(ProteinPredictor, SaveEmbeddingsRoundTrip) {
+  TempDir tmp;
+  auto m = toy_model(toy_config("softmax", 12), 10);
+  Predictor p(m, kCPU);
+  Sequences seqs;
+  seqs.names = {"sp|P1|A", "tr|Q2|B", "c"};
+  for (int64_t len : {4, 13, 2}) {
+    std::vector<int8_t> r;
+    for (char ch : random_residues(len, static_cast<uint64_t>(len))) r.push_back(static_cast<int8_t>(residue_id(ch)));
+    seqs.residues.push_back(r);
+  }
+  const Embeddings e = p.embed(seqs, true);
+  const std::string path = tmp.file("emb.safetensors");
+  save_embeddings(path, e, {{"checkpoint", "runs/x"}});
+  const nn::SafetensorsFile f = nn::load_safetensors(path);
+  EXPECT_EQ(f.metadata.at("format"), kEmbeddingsFormat);
+  EXPECT_EQ(f.metadata.at("dim"), "16");
+  EXPECT_EQ(f.metadata.at("checkpoint"), "runs/x");
+  EXPECT_EQ(json::parse(f.metadata.at("names")).get<std::vector<std::string>>(), seqs.names);
+  EXPECT_EQ(f.tensors.size(), 4u);
+  EXPECT_TRUE(all_close(f.tensors.at("mean"), e.mean, 0, 0));
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_TRUE(all_close(f.tensors.at("residues." + std::to_string(i)), e.residues[i], 0, 0));
+  // Means only; and nothing but the file in the folder (no temporary left behind).
+  save_embeddings(tmp.file("mean.safetensors"), p.embed(seqs, false));
+  EXPECT_EQ(nn::load_safetensors(tmp.file("mean.safetensors")).tensors.size(), 1u);
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp.path)) files += entry.is_regular_file();
+  EXPECT_EQ(files, 2);
+  EXPECT_LINEA_ERROR(save_embeddings(tmp.file("x.safetensors"), e, {{"format", "mine"}}), "'format'");
+  Embeddings wrong = e;
+  wrong.names.pop_back();
+  EXPECT_LINEA_ERROR(save_embeddings(tmp.file("x.safetensors"), wrong), "save_embeddings");
+}

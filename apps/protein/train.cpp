@@ -1,0 +1,346 @@
+// The protein app's training run (see train.h): what is about proteins lives here (the splits,
+// the masked loss, accuracy, perplexity and the unigram baseline); the loop is
+// apps/common/train_loop.
+#include "train.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "alphabet.h"
+#include "apps/common/device.h"
+#include "apps/common/metrics.h"
+#include "apps/common/progress.h"
+#include "apps/common/train_loop.h"
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "core/random.h"
+#include "core/runtime.h"
+#include "nn/io_util.h"
+#include "nn/optim.h"
+#include "nn/sampler.h"
+#include "predictor.h"
+
+using namespace linea;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace protein {
+
+namespace {
+
+std::string fmt(const char* f, double v) { return apps::format_number(f, v); }
+
+// The empirical baseline: the training split's residue frequencies, add-one smoothed over the
+// residue tokens (a residue the training split never holds, e.g. 'O', still gets a probability).
+struct Unigram {
+  std::vector<double> p = std::vector<double>(kVocabSize, 0.0);  // by token id; 0 for specials
+  int64_t argmax = kFirstResidue;
+
+  explicit Unigram(const Sequences& train) {
+    std::vector<double> count(kVocabSize, 0.0);
+    for (const auto& s : train.residues)
+      for (int8_t r : s) count[r] += 1;
+    double total = 0;
+    for (int64_t id = kFirstResidue; id < kFirstResidue + kNumResidueTokens; ++id) total += count[id] + 1;
+    for (int64_t id = kFirstResidue; id < kFirstResidue + kNumResidueTokens; ++id) {
+      p[id] = (count[id] + 1) / total;
+      if (p[id] > p[argmax]) argmax = id;
+    }
+  }
+};
+
+// What an evaluation pass over a split adds up, for the model and the baseline on the same
+// chosen positions.
+struct Tally {
+  int64_t masked = 0, correct = 0, baseline_correct = 0;
+  double nll = 0, baseline_nll = 0;  // nats, summed over the chosen positions
+  std::vector<int64_t> by_residue = std::vector<int64_t>(kVocabSize, 0), correct_by_residue = by_residue;
+
+  double accuracy() const { return masked ? static_cast<double>(correct) / masked : 0.0; }
+  double loss() const { return masked ? nll / masked : 0.0; }
+  double perplexity() const { return std::exp(loss()); }
+  double baseline_accuracy() const { return masked ? static_cast<double>(baseline_correct) / masked : 0.0; }
+  double baseline_perplexity() const { return std::exp(masked ? baseline_nll / masked : 0.0); }
+};
+
+// Scores every chosen position of `data` (evaluation masks, fixed by seed): the model's
+// log-probabilities come to the host and are tallied there.
+Tally evaluate_split(ProteinLM& model, const MaskedLMDataset& data, const Unigram& unigram, int64_t max_tokens,
+                     Device device) {
+  nn::TokenBudgetBatchSampler sampler(data.lengths(), {max_tokens, 0, /*shuffle=*/false, 0});
+  Tally t;
+  for (const auto& idx : sampler.batches(0)) {
+    const nn::Batch b = data.get_batch(idx);
+    const Tensor lp = log_softmax(model.forward(b.at("tokens").to(device), b.at("pad").to(device)), -1)
+                          .to(kCPU).contiguous();
+    const Tensor targets = b.at("targets").contiguous();
+    const float* logp = lp.data<float>();
+    const int64_t* tgt = targets.data<int64_t>();
+    for (int64_t i = 0, n = targets.numel(); i < n; ++i) {
+      if (tgt[i] == kPad) continue;
+      const float* row = logp + i * kVocabSize;
+      const int64_t pred = std::max_element(row, row + kVocabSize) - row;
+      ++t.masked;
+      ++t.by_residue[tgt[i]];
+      t.nll -= row[tgt[i]];
+      if (pred == tgt[i]) {
+        ++t.correct;
+        ++t.correct_by_residue[tgt[i]];
+      }
+      t.baseline_nll -= std::log(unigram.p[tgt[i]]);
+      if (unigram.argmax == tgt[i]) ++t.baseline_correct;
+    }
+  }
+  return t;
+}
+
+// "<prefix>_masked_accuracy", ... of a tally; with `detail`, the baseline's and per-residue ones.
+json tally_json(const std::string& prefix, const Tally& t, bool detail) {
+  json j = {{prefix + "_masked_accuracy", t.accuracy()},
+            {prefix + "_perplexity", t.perplexity()},
+            {prefix + "_loss", t.loss()},
+            {prefix + "_masked_positions", t.masked}};
+  if (!detail) return j;
+  j["baseline_" + prefix + "_masked_accuracy"] = t.baseline_accuracy();
+  j["baseline_" + prefix + "_perplexity"] = t.baseline_perplexity();
+  json per = json::object();
+  for (int64_t id = kFirstResidue; id < kFirstResidue + kNumResidueTokens; ++id)
+    if (t.by_residue[id] > 0)
+      per[token_text(id)] = {{"accuracy", static_cast<double>(t.correct_by_residue[id]) / t.by_residue[id]},
+                             {"positions", t.by_residue[id]}};
+  j[prefix + "_per_residue_accuracy"] = per;
+  return j;
+}
+
+std::string tally_text(const std::string& name, const Tally& t) {
+  return name + " acc " + fmt("%.2f%%", 100 * t.accuracy()) + " ppl " + fmt("%.3f", t.perplexity()) +
+         " (baseline " + fmt("%.2f%%", 100 * t.baseline_accuracy()) + ", " + fmt("%.3f", t.baseline_perplexity()) +
+         ")";
+}
+
+}  // namespace
+
+TrainReport run_training(const TrainOptions& o) {
+  const apps::RunOptions& run = o.run;
+  set_num_threads(run.threads);  // 0 keeps the defaults
+  const Device device = apps::resolve_device("protein", run.device);
+  const std::string ckpt_dir = run.checkpoint();
+  LINEA_CHECK(o.pack == 0 || o.pack >= 3, "protein: --pack ", o.pack, " must be 0 (off) or at least 3 tokens");
+
+  // ---- data ----
+  const Manifest data = read_manifest(o.data_dir);
+  auto train_seqs = std::make_shared<const Sequences>(read_sequences(split_path(data, "train")));
+  auto valid_seqs = std::make_shared<const Sequences>(read_sequences(split_path(data, "valid")));
+  auto test_seqs = std::make_shared<const Sequences>(read_sequences(split_path(data, "test")));
+  const std::string query_path = split_path(data, "query");
+  auto query_seqs = query_path.empty() ? nullptr : std::make_shared<const Sequences>(read_sequences(query_path));
+  LINEA_CHECK(train_seqs->size() > 0 && valid_seqs->size() > 0 && test_seqs->size() > 0, "protein: '", o.data_dir,
+              "' needs sequences in train, valid and test; it has ", train_seqs->size(), ", ", valid_seqs->size(),
+              " and ", test_seqs->size());
+  const Unigram unigram(*train_seqs);
+  const std::string split_method = data.json.at("split").value("method", std::string("?"));
+
+  ModelConfig mc = o.model;
+  if (o.pack > 0) mc.max_len = o.pack;  // packed windows are the model's context
+  DatasetOptions train_opts;
+  train_opts.max_len = mc.max_len;
+  train_opts.pack = o.pack;
+  train_opts.train = true;
+  train_opts.masking = o.masking;
+  train_opts.seed = run.seed;
+  // Evaluation masks come from the data's seed, not the run's: every run on the same data is
+  // scored on the same positions.
+  DatasetOptions eval_opts = train_opts;
+  eval_opts.train = false;
+  eval_opts.seed = data.json.at("split").value("seed", uint64_t{0});
+  if (run.eval_only) {  // the checkpoint's windows: its positions decide them, not the flags
+    const json saved = read_checkpoint_config(ckpt_dir);
+    eval_opts.max_len = saved.at("model").at("max_len");
+    eval_opts.pack = saved.at("run").value("pack", int64_t{0});
+  }
+  auto train_set = std::make_shared<MaskedLMDataset>(train_seqs, train_opts);
+  const MaskedLMDataset valid_set(valid_seqs, eval_opts), test_set(test_seqs, eval_opts);
+  std::unique_ptr<MaskedLMDataset> query_set;
+  if (query_seqs) query_set = std::make_unique<MaskedLMDataset>(query_seqs, eval_opts);
+
+  // ---- the checkpoint's config ----
+  json run_cfg = {{"data", fs::absolute(o.data_dir).lexically_normal().string()},
+                  {"train_sequences", train_seqs->size()},
+                  {"pack", o.pack},
+                  {"mask_prob", o.masking.prob},
+                  {"mask_token", o.masking.mask_token},
+                  {"random_token", o.masking.random_token},
+                  {"max_tokens", o.max_tokens},
+                  {"epochs", o.epochs},
+                  {"lr", o.lr},
+                  {"schedule", o.schedule},
+                  {"warmup", o.warmup},
+                  {"weight_decay", o.weight_decay},
+                  {"clip", o.clip},
+                  {"ema", o.ema},
+                  {"patience", o.patience},
+                  {"seed", run.seed}};
+  json config = {{"format", kConfigFormat}, {"model", model_json(mc)}, {"data", data.json}, {"run", run_cfg}};
+
+  // ---- model and optimizer ----
+  manual_seed(run.seed);
+  auto model = std::make_shared<ProteinLM>(mc);
+  model->to(device);
+  // No decay on embeddings and positions, as on biases and norms.
+  nn::AdamW opt(nn::decay_groups(*model, o.lr, o.weight_decay, {"embed", "pos"}), 0.9, 0.98, 1e-8);
+
+  std::printf("protein: %lld train / %lld valid / %lld test%s sequences from %s (%s split), %s\n",
+              static_cast<long long>(train_seqs->size()), static_cast<long long>(valid_seqs->size()),
+              static_cast<long long>(test_seqs->size()),
+              query_seqs ? (" / " + std::to_string(query_seqs->size()) + " query").c_str() : "", o.data_dir.c_str(),
+              split_method.c_str(),
+              o.pack > 0 ? ("packed into windows of " + std::to_string(o.pack) + " tokens").c_str()
+                         : ("windows of at most " + std::to_string(mc.max_len) + " tokens").c_str());
+  std::printf("protein: transformer %lld layers, dim %lld, %lld heads, mlp %lld, %s attention, %s positions: %lld "
+              "parameters\n",
+              static_cast<long long>(mc.layers), static_cast<long long>(mc.dim), static_cast<long long>(mc.heads),
+              static_cast<long long>(mc.mlp_hidden), mc.attention.c_str(), mc.positions.c_str(),
+              static_cast<long long>(model->num_parameters()));
+  std::printf("protein: device %s\n", apps::device_name(device).c_str());
+  std::fflush(stdout);
+
+  // ---- evaluations ----
+  auto validate = [&](const std::string&) {
+    const Tally t = evaluate_split(*model, valid_set, unigram, o.eval_max_tokens, device);
+    apps::Metrics m;
+    m.values = tally_json("valid", t, false);
+    m.text = tally_text("valid", t);
+    return m;
+  };
+  // The final evaluation of `m`: test and query beside the baseline on the same positions.
+  auto final_eval = [&](ProteinLM& m) {
+    apps::Metrics r;
+    const Tally vt = evaluate_split(m, valid_set, unigram, o.eval_max_tokens, device);
+    const Tally tt = evaluate_split(m, test_set, unigram, o.eval_max_tokens, device);
+    r.values = tally_json("valid", vt, true);
+    r.values.update(tally_json("test", tt, true));
+    r.values["baseline_masked_accuracy"] = tt.baseline_accuracy();
+    r.values["baseline_perplexity"] = tt.baseline_perplexity();
+    r.values["test_accuracy_over_baseline"] = tt.accuracy() / std::max(tt.baseline_accuracy(), 1e-12);
+    r.values["test_perplexity_below_baseline"] = tt.baseline_perplexity() - tt.perplexity();
+    r.text = tally_text("test", tt);
+    if (query_set) {
+      const Tally qt = evaluate_split(m, *query_set, unigram, o.eval_max_tokens, device);
+      r.values.update(tally_json("query", qt, true));
+      r.text += "; " + tally_text("query", qt);
+    }
+    return r;
+  };
+
+  TrainReport report;
+  auto fill_report = [&](const json& v) {
+    report.test_masked_accuracy = v.value("test_masked_accuracy", 0.0);
+    report.test_perplexity = v.value("test_perplexity", 0.0);
+    report.baseline_masked_accuracy = v.value("baseline_masked_accuracy", 0.0);
+    report.baseline_perplexity = v.value("baseline_perplexity", 0.0);
+  };
+  if (run.eval_only) {  // the best weights of the checkpoint (else its last)
+    const std::string best = ckpt_dir + "/best";
+    const std::string dir = fs::exists(best + "/model.safetensors") ? best : ckpt_dir;
+    Predictor loaded = Predictor::load(dir, device);
+    const apps::Metrics m = apps::evaluate_forked(loaded.model(), device, [&] { return final_eval(loaded.model()); });
+    std::printf("protein: %s (weights from %s)\n", m.text.c_str(), dir.c_str());
+    fs::create_directories(run.out_dir);
+    nn::write_text_file_atomic(run.out_dir + "/eval.json", m.values.dump(2) + "\n");
+    fill_report(m.values);
+    return report;
+  }
+
+  // ---- the shared loop ----
+  std::shared_ptr<nn::BatchSampler> sampler;
+  if (o.pack > 0) {  // equal-length windows: a fixed number per batch
+    sampler = std::make_shared<nn::FixedSizeBatchSampler>(train_set->size(), std::max<int64_t>(1, o.max_tokens / o.pack),
+                                                          true, run.seed);
+  } else {
+    sampler = std::make_shared<nn::TokenBudgetBatchSampler>(train_set->lengths(),
+                                                            nn::TokenBudgetOptions{o.max_tokens, 0, true, run.seed});
+  }
+  nn::DataLoader loader(train_set, sampler);
+  const int64_t total_steps = apps::planned_steps(loader, o.epochs);
+
+  apps::TrainSetup setup;
+  setup.app = "protein";
+  setup.unit = "residues";
+  setup.unit_short = "res";
+  setup.model = model.get();
+  setup.optimizer = &opt;
+  // A run shorter than the warmup warms up over all of its steps.
+  setup.schedule = nn::make_schedule(o.schedule, o.lr, std::min(o.warmup, total_steps), total_steps);
+  setup.clip = o.clip;
+  setup.loader = &loader;
+  setup.epochs = o.epochs;
+  setup.device = device;
+  setup.config = config;
+  setup.resume_keys = {"model", "run"};
+  setup.on_epoch = [&](int64_t epoch) { train_set->set_epoch(epoch); };
+  setup.ema_decay = o.ema;
+  setup.select = {"valid_perplexity", false, o.patience};
+  setup.curves.title = "protein: " + mc.attention + " attention, masked-LM loss and valid accuracy";
+  setup.curves.train_loss = "train loss (masked positions)";
+  setup.curves.eval_loss_key = "valid_loss";
+  setup.curves.eval_loss = "valid loss";
+  setup.curves.metric_key = "valid_masked_accuracy";
+  setup.curves.metric = "valid masked accuracy (%)";
+  setup.curves.metric_scale = 100;
+  setup.curves.ylabel = "loss (nats per masked residue)";
+  setup.curves.y2label = "valid masked accuracy (%)";
+
+  apps::TrainHooks hooks;
+  hooks.step = [&](const nn::Batch& b) {
+    const Tensor& tokens = b.at("tokens");
+    const Tensor& targets = b.at("targets");
+    // Residues in the batch (the throughput unit) and chosen positions (the loss's denominator),
+    // counted on the host where the batch was made.
+    const int64_t residues = static_cast<int64_t>(
+        sum(logical_and(logical_and(tokens != static_cast<double>(kPad), tokens != static_cast<double>(kCls)),
+                        tokens != static_cast<double>(kEos))
+                .to(DType::Int64))
+            .item());
+    const int64_t chosen = static_cast<int64_t>(sum((targets != static_cast<double>(kPad)).to(DType::Int64)).item());
+    const Tensor tgt = targets.to(device);
+    const Tensor logits = model->forward(tokens.to(device), b.at("pad").to(device));
+    const Tensor nll = cross_entropy(logits, tgt, kPad, 0.0, Reduction::Sum);
+    apps::StepResult r;
+    // The mean over chosen positions (a batch without any, possible with tiny sequences, adds 0).
+    r.loss = nll / static_cast<double>(std::max<int64_t>(chosen, 1));
+    r.units = residues;
+    r.stats["nll"] = nll.detach();
+    r.stats["chosen"] = full({}, static_cast<double>(chosen), TensorOptions(device));
+    r.stats["correct"] = sum((argmax(logits.detach(), -1) == tgt).to(DType::Float32));
+    return r;
+  };
+  hooks.evaluate = validate;
+  // The stats are sums per residue; their ratios are per chosen position.
+  hooks.format_stats = [](const std::map<std::string, double>& s) {
+    const double chosen = std::max(s.at("chosen"), 1e-12);
+    return "acc " + fmt("%.2f%%", 100 * s.at("correct") / chosen) + " ppl " + fmt("%.3f", std::exp(s.at("nll") / chosen));
+  };
+  hooks.finish = [&] { return final_eval(*model); };
+  hooks.summary = [&](json& summary) {
+    summary.update({{"model", model_json(mc)}, {"run", run_cfg}, {"data", data.json}});
+  };
+  const apps::TrainResult tr = apps::train(setup, hooks, run);
+
+  fill_report(tr.final_eval.values);
+  report.steps = tr.final_step;
+  report.train_residues_per_s = tr.units_per_s;
+  std::printf("\nprotein: test masked accuracy %.2f%%, perplexity %.3f; baseline %.2f%%, %.3f; best valid perplexity "
+              "%.3f at step %lld; %s wall, %.0f train residues/s on %s\n",
+              100 * report.test_masked_accuracy, report.test_perplexity, 100 * report.baseline_masked_accuracy,
+              report.baseline_perplexity, tr.best_value, static_cast<long long>(tr.best_step),
+              apps::format_duration(tr.wall_s).c_str(), tr.units_per_s, apps::device_name(device).c_str());
+  std::printf("protein: outputs in %s: metrics.jsonl, summary.json, curves.png; checkpoint %s (best weights in "
+              "%s/best)\n",
+              run.out_dir.c_str(), ckpt_dir.c_str(), ckpt_dir.c_str());
+  std::fflush(stdout);
+  return report;
+}
+
+}  // namespace protein
