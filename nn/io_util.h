@@ -1,6 +1,7 @@
 // File helpers shared by the nn/ readers and writers: atomic writes (temp file in the same
 // directory, fsync, rename over the target, fsync the directory) and whole-file reads, both
 // throwing linea::Error that names the operation, the path and the OS error.
+// StagingDir builds a whole folder beside its destination and renames it into place.
 // Not here: any file format (nn/safetensors.h, nn/data.h parse their own bytes).
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -121,4 +123,37 @@ namespace linea::nn {
 inline void write_text_file_atomic(const std::string& path, const std::string& text) {
   detail::write_file_atomic(path, text, "write_text_file_atomic");
 }
+
+// A folder written in full before it appears: created empty at `path` (e.g. "<out>.tmp.<pid>",
+// a sibling of the destination, so the rename stays on one filesystem), removed with its
+// contents at scope exit unless install() moved it into place.
+class StagingDir {
+ public:
+  explicit StagingDir(std::filesystem::path path) : path_(std::move(path)) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directory(path_);
+  }
+  ~StagingDir() {
+    std::error_code ec;
+    if (!installed_) std::filesystem::remove_all(path_, ec);
+  }
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+  // Renames the finished folder to `out`; an existing `out` is moved aside first and removed
+  // after, so `out` is always the old folder, absent, or the new complete one.
+  void install(const std::filesystem::path& out) {
+    const std::filesystem::path old = out.string() + ".old." + std::to_string(static_cast<long>(::getpid()));
+    const bool exists = std::filesystem::exists(out);
+    if (exists) std::filesystem::rename(out, old);
+    std::filesystem::rename(path_, out);
+    installed_ = true;
+    if (exists) std::filesystem::remove_all(old);
+  }
+
+ private:
+  std::filesystem::path path_;
+  bool installed_ = false;
+};
 }  // namespace linea::nn

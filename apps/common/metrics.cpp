@@ -3,7 +3,9 @@
 // failure that matters for a training run; surviving a power cut is the checkpoint's job.
 #include "apps/common/metrics.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <fstream>
 #include <cstring>
 #include <sys/stat.h>
@@ -92,6 +94,15 @@ nlohmann::json read_json_file(const std::string& path, const std::string& who) {
   } catch (const std::exception& e) {
     LINEA_FAIL(who, ": '", path, "' is not valid JSON: ", e.what());
   }
+}
+
+nlohmann::json length_summary(std::vector<int64_t> v) {
+  if (v.empty()) return {{"mean", 0}, {"median", 0}, {"p90", 0}, {"max", 0}};
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (int64_t x : v) sum += static_cast<double>(x);
+  const auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+  return {{"mean", std::round(sum / v.size() * 100) / 100}, {"median", at(0.5)}, {"p90", at(0.9)}, {"max", v.back()}};
 }
 
 }  // namespace linea::apps

@@ -45,4 +45,8 @@ class MetricsLog {
 // when it cannot be read or parsed.
 nlohmann::json read_json_file(const std::string& path, const std::string& who);
 
+// Mean (2 decimals), median, p90 and max of a list of lengths, as {"mean", "median", "p90", "max"}
+// (all 0 for an empty list): the data statistics the apps' prepare steps write.
+nlohmann::json length_summary(std::vector<int64_t> lengths);
+
 }  // namespace linea::apps

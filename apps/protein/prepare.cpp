@@ -22,6 +22,7 @@
 
 #include "alphabet.h"
 #include "core/error.h"
+#include "apps/common/metrics.h"
 #include "nn/io_util.h"
 #include "nn/readers.h"
 #include "nn/sampler.h"
@@ -86,34 +87,6 @@ Records read_records(const std::string& path, const char* flag, const char* pack
                 "(ids, the first word of a header, must be unique)");
   }
   return r;
-}
-
-// A folder removed with its contents at scope exit, unless `keep`.
-// (translate's prepare.cpp has the same guard and install(); a shared home would be nn/io_util.h.)
-struct TempDir {
-  fs::path path;
-  bool keep = false;
-  explicit TempDir(fs::path p) : path(std::move(p)) {
-    fs::remove_all(path);
-    fs::create_directory(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!keep) fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
-
-// Puts the finished folder at `out`: an existing prepared folder is moved aside first and removed
-// after, so `out` is always the old folder, absent, or the new complete one.
-void install(TempDir& tmp, const fs::path& out) {
-  const fs::path old = out.string() + ".old." + std::to_string(::getpid());
-  const bool exists = fs::exists(out);
-  if (exists) fs::rename(out, old);
-  fs::rename(tmp.path, out);
-  tmp.keep = true;
-  if (exists) fs::remove_all(old);
 }
 
 void write_file(const fs::path& path, const std::string& bytes) {
@@ -248,16 +221,6 @@ Clustering run_mmseqs(const Records& in, const PrepareOptions& o, const fs::path
   return c;
 }
 
-// mean (2 decimals), median, p90, max of `v`.
-json length_summary(std::vector<int64_t> v) {
-  if (v.empty()) return {{"mean", 0}, {"median", 0}, {"p90", 0}, {"max", 0}};
-  std::sort(v.begin(), v.end());
-  double sum = 0;
-  for (int64_t x : v) sum += static_cast<double>(x);
-  const auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
-  return {{"mean", std::round(sum / v.size() * 100) / 100}, {"median", at(0.5)}, {"p90", at(0.9)}, {"max", v.back()}};
-}
-
 std::string fasta_text(const Records& r, const std::vector<int64_t>& which) {
   std::string s;
   for (int64_t i : which) {
@@ -333,8 +296,8 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
   Clustering clu;
   {
-    TempDir work(out_str + ".mmseqs." + std::to_string(::getpid()));
-    clu = run_mmseqs(in, o, work.path, log);
+    linea::nn::StagingDir work(out_str + ".mmseqs." + std::to_string(::getpid()));
+    clu = run_mmseqs(in, o, work.path(), log);
   }
 
   // Clusters numbered by their representative's position in the input.
@@ -361,7 +324,7 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
   }
 
   say("writing " + out_str + " ...");
-  TempDir tmp(out_str + ".tmp." + std::to_string(::getpid()));
+  linea::nn::StagingDir tmp(out_str + ".tmp." + std::to_string(::getpid()));
   const char* names[3] = {"train", "valid", "test"};
   json splits, files;
   int64_t sizes[3] = {0, 0, 0};
@@ -379,14 +342,14 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
     }
     sizes[s] = static_cast<int64_t>(idx.size());
     json st = {{"sequences", sizes[s]}, {"residues", residues}, {"clusters", clusters.size()},
-               {"length", length_summary(lengths)}};
+               {"length", linea::apps::length_summary(lengths)}};
     if (s > 0) {
       st["with_cluster_mate_in_train"] = mates;
       st["identical_in_train"] = identical;
     }
     splits[names[s]] = st;
     files[names[s]] = std::string(names[s]) + ".fasta";
-    write_file(tmp.path / (std::string(names[s]) + ".fasta"), fasta_text(in, idx));
+    write_file(tmp.path() / (std::string(names[s]) + ".fasta"), fasta_text(in, idx));
   }
   const int64_t nq = static_cast<int64_t>(query.fasta.size());
   if (!o.query.empty()) {
@@ -398,14 +361,14 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
       residues += lengths.back();
       identical += train_seqs.count(sequence_key(query.residues[i])) > 0;
     }
-    splits["query"] = {{"sequences", nq}, {"residues", residues}, {"length", length_summary(lengths)},
+    splits["query"] = {{"sequences", nq}, {"residues", residues}, {"length", linea::apps::length_summary(lengths)},
                        {"identical_in_train", identical}};
     files["query"] = "query.fasta";
-    write_file(tmp.path / "query.fasta", fasta_text(query, idx));
+    write_file(tmp.path() / "query.fasta", fasta_text(query, idx));
   }
   std::string tsv;
   for (int64_t i = 0; i < n; ++i) tsv += in.fasta[clu.rep[i]].id + "\t" + in.fasta[i].id + "\n";
-  write_file(tmp.path / "clusters.tsv", tsv);
+  write_file(tmp.path() / "clusters.tsv", tsv);
   files["clusters"] = "clusters.tsv";
 
   // The training split's residue frequencies, for the unigram baseline.
@@ -430,8 +393,8 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
                {"splits", splits},
                {"residue_counts", residue_counts},
                {"seconds", std::round(seconds * 10) / 10}};
-  write_file(tmp.path / "data.json", data.dump(2) + "\n");  // last: a folder with data.json is complete
-  install(tmp, out);
+  write_file(tmp.path() / "data.json", data.dump(2) + "\n");  // last: a folder with data.json is complete
+  tmp.install(out);
 
   PrepareResult r;
   r.out = out_str;

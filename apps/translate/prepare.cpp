@@ -16,6 +16,7 @@
 
 #include "bible.h"
 #include "core/error.h"
+#include "apps/common/metrics.h"
 #include "nn/io_util.h"
 #include "nn/sampler.h"
 #include "tokenizer.h"
@@ -187,16 +188,6 @@ std::vector<std::vector<int64_t>> make_splits(const Corpus& c, const PrepareOpti
   return s;
 }
 
-// mean, median, p90, max of `v`.
-json summary(std::vector<int64_t> v) {
-  if (v.empty()) return {{"mean", 0}, {"median", 0}, {"p90", 0}, {"max", 0}};
-  std::sort(v.begin(), v.end());
-  double sum = 0;
-  for (int64_t x : v) sum += static_cast<double>(x);
-  const auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
-  return {{"mean", std::round(sum / v.size() * 100) / 100}, {"median", at(0.5)}, {"p90", at(0.9)}, {"max", v.back()}};
-}
-
 json side_stats(const std::vector<std::string>& text, const std::vector<std::vector<int64_t>>& ids) {
   std::vector<int64_t> chars, tokens;
   int64_t unk = 0, total = 0;
@@ -206,7 +197,7 @@ json side_stats(const std::vector<std::string>& text, const std::vector<std::vec
     unk += std::count(ids[i].begin(), ids[i].end(), kUnkId);
     total += static_cast<int64_t>(ids[i].size());
   }
-  return {{"chars", summary(chars)}, {"tokens", summary(tokens)},
+  return {{"chars", linea::apps::length_summary(chars)}, {"tokens", linea::apps::length_summary(tokens)},
           {"unk_rate", total ? std::round(1e6 * double(unk) / double(total)) / 1e6 : 0.0}};
 }
 
@@ -228,27 +219,6 @@ bool safe_lang(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
   });
-}
-
-// Removes the temporary folder unless it was renamed into place.
-struct TempDir {
-  fs::path path;
-  bool keep = false;
-  ~TempDir() {
-    std::error_code ec;
-    if (!keep) fs::remove_all(path, ec);
-  }
-};
-
-// Puts the finished folder `tmp` at `out`: an existing prepared folder is moved aside first and
-// removed after, so `out` is always either the old folder, absent, or the new complete one.
-void install(TempDir& tmp, const fs::path& out) {
-  const fs::path old = out.string() + ".old." + std::to_string(::getpid());
-  const bool exists = fs::exists(out);
-  if (exists) fs::rename(out, old);
-  fs::rename(tmp.path, out);
-  tmp.keep = true;
-  if (exists) fs::remove_all(old);
 }
 
 PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
@@ -309,9 +279,7 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
   // Tokenize, filter the training pairs, and write everything into a temporary folder.
   say("tokenizing and writing " + out_str + " ...");
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
-  TempDir tmp{out_str + ".tmp." + std::to_string(::getpid())};
-  fs::remove_all(tmp.path);
-  fs::create_directory(tmp.path);
+  linea::nn::StagingDir tmp(out_str + ".tmp." + std::to_string(::getpid()));
   const char* names[3] = {"train", "valid", "test"};
   json splits_json, files_json;
   std::map<std::string, int64_t> filtered;
@@ -338,15 +306,15 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
       tgt_ids.push_back(std::move(b));
     }
     const std::string base = names[s];
-    write_lines(tmp.path / (base + "." + o.src_lang), src);
-    write_lines(tmp.path / (base + "." + o.tgt_lang), tgt);
-    write_lines(tmp.path / (base + ".ref"), refs);
+    write_lines(tmp.path() / (base + "." + o.src_lang), src);
+    write_lines(tmp.path() / (base + "." + o.tgt_lang), tgt);
+    write_lines(tmp.path() / (base + ".ref"), refs);
     sizes[s] = static_cast<int64_t>(src.size());
     splits_json[base] = {{"pairs", sizes[s]}, {"src", side_stats(src, src_ids)}, {"tgt", side_stats(tgt, tgt_ids)}};
     files_json[base] = {{"src", base + "." + o.src_lang}, {"tgt", base + "." + o.tgt_lang}, {"ref", base + ".ref"},
                         {"pairs", sizes[s]}};
   }
-  for (const auto& [name, bytes] : models) write_file(tmp.path / name, bytes);
+  for (const auto& [name, bytes] : models) write_file(tmp.path() / name, bytes);
 
   json split_json = {{"method", o.split}, {"seed", o.seed}};
   if (o.split == "random") {
@@ -381,9 +349,9 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
                          {"split", split_json},
                          {"length_filter", filter_json},
                          {"seed", o.seed}};
-  write_file(tmp.path / "stats.json", stats.dump(2) + "\n");
-  write_file(tmp.path / "data.json", manifest.dump(2) + "\n");  // last: a folder with data.json is complete
-  install(tmp, out);
+  write_file(tmp.path() / "stats.json", stats.dump(2) + "\n");
+  write_file(tmp.path() / "data.json", manifest.dump(2) + "\n");  // last: a folder with data.json is complete
+  tmp.install(out);
 
   PrepareResult r;
   r.out = out_str;
