@@ -26,7 +26,7 @@ struct ModelConfig {
   double dropout = 0.0;
   std::string attention = "softmax";  // any of the five mechanisms' specs
   std::string positions = "learned";  // learned | none
-  int64_t max_len = 512;              // tokens per window, with <cls>/<eos>
+  int64_t max_len = 256;              // tokens per window, with <cls>/<eos>
 };
 
 nlohmann::json model_json(const ModelConfig& c);

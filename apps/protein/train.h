@@ -33,11 +33,11 @@ struct TrainOptions {
   ModelConfig model;
   MaskingOptions masking;
   int64_t pack = 0;              // > 0: windows of this many tokens from the concatenated sequences
-  int64_t max_tokens = 16384;    // padded tokens per batch
-  int64_t epochs = 4;
+  int64_t max_tokens = 8192;     // padded tokens per batch
+  int64_t epochs = 3;
   double lr = 1e-3;              // peak, after the warmup
   std::string schedule = "cosine";  // cosine (to 0 at the last planned step) | inverse_sqrt | constant
-  int64_t warmup = 500;
+  int64_t warmup = 150;
   double weight_decay = 0.01;    // AdamW, not on biases, norms and embeddings
   double clip = 1.0;
   double ema = 0.0;
