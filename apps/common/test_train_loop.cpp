@@ -307,6 +307,28 @@ TEST(TrainLoop, ConfigDiffListsNestedDifferences) {
   EXPECT_EQ(apps::config_diff(saved, saved, {}), "");
 }
 
+TEST(TrainLoop, ReadCheckpointConfigChecksTheFolderAndTheFormat) {
+  TempDir dir;
+  const std::string ck = (dir.path / "ck").string();
+  auto error_of = [&] {
+    try {
+      apps::read_checkpoint_config(ck, "toy", "linea-toy/1");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_of().find("toy: checkpoint folder '" + ck + "' does not exist"), std::string::npos) << error_of();
+  fs::create_directories(ck);
+  EXPECT_NE(error_of().find("is not a toy checkpoint (no config.json"), std::string::npos) << error_of();
+  std::ofstream(ck + "/config.json") << R"({"format": "linea-other/1", "model": {}})";
+  EXPECT_NE(error_of().find("its config.json has format 'linea-other/1', expected 'linea-toy/1'"), std::string::npos)
+      << error_of();
+  std::ofstream(ck + "/config.json") << R"({"format": "linea-toy/1", "model": {"dim": 3}})";
+  EXPECT_EQ(error_of(), "(no error)");
+  EXPECT_EQ(apps::read_checkpoint_config(ck, "toy", "linea-toy/1").at("model").at("dim"), 3);
+}
+
 // Model selection on the mean training-set loss (lower is better) with a moving average.
 Tweak select_loss(double ema, int64_t patience, std::vector<double>* evals, std::vector<double>* finished) {
   return [=](apps::TrainSetup& s, apps::TrainHooks& h, nn::Module& model) {

@@ -247,6 +247,18 @@ void draw_curves(const TrainSetup& s, const std::string& out_dir) {
 
 }  // namespace
 
+json read_checkpoint_config(const std::string& dir, const std::string& app, const std::string& format) {
+  const std::string path = dir + "/config.json";
+  LINEA_CHECK(fs::is_directory(dir), app, ": checkpoint folder '", dir, "' does not exist");
+  LINEA_CHECK(fs::is_regular_file(path), app, ": '", dir, "' is not a ", app,
+              " checkpoint (no config.json; pass the checkpoint folder of a training run)");
+  json j = read_json_file(path, app);
+  const std::string found = j.is_object() && j.contains("format") && j["format"].is_string() ? j["format"].get<std::string>() : "";
+  LINEA_CHECK(found == format, app, ": '", dir, "' is not a ", app, " checkpoint (its config.json has format '",
+              found.empty() ? std::string("none") : found, "', expected '", format, "')");
+  return j;
+}
+
 int64_t planned_steps(const nn::DataLoader& loader, int64_t epochs) {
   int64_t n = 0;
   for (int64_t e = 0; e < epochs; ++e) n += loader.num_batches(e);

@@ -150,6 +150,11 @@ int64_t planned_steps(const nn::DataLoader& loader, int64_t epochs);
 // empty), or "" when equal.
 std::string config_diff(const nlohmann::json& saved, const nlohmann::json& now, const std::vector<std::string>& keys);
 
+// <dir>/config.json of a checkpoint folder this loop wrote for app `app` (its "format" must be
+// `format`); a missing folder or file, or another app's checkpoint, is a linea::Error naming the
+// folder.
+nlohmann::json read_checkpoint_config(const std::string& dir, const std::string& app, const std::string& format);
+
 // Runs (or resumes) training as above; throws linea::Error on bad input, a refused resume or a
 // non-finite step.
 TrainResult train(const TrainSetup& setup, const TrainHooks& hooks, const RunOptions& options);

@@ -4,33 +4,19 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <numeric>
 
 #include "alphabet.h"
 #include "apps/common/metrics.h"
+#include "apps/common/train_loop.h"
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 
 using namespace linea;
 using json = nlohmann::json;
-namespace fs = std::filesystem;
 
 namespace protein {
-
-json read_checkpoint_config(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  LINEA_CHECK(fs::is_directory(dir), "protein: checkpoint folder '", dir, "' does not exist");
-  LINEA_CHECK(fs::is_regular_file(path), "protein: '", dir,
-              "' is not a protein checkpoint (no config.json; pass the checkpoint folder of a training run)");
-  json j = linea::apps::read_json_file(path, "protein");
-  const std::string format =
-      j.is_object() && j.contains("format") && j["format"].is_string() ? j["format"].get<std::string>() : "";
-  LINEA_CHECK(format == kConfigFormat, "protein: '", dir, "' is not a protein checkpoint (its config.json has format '",
-              format.empty() ? std::string("none") : format, "', expected '", kConfigFormat, "')");
-  return j;
-}
 
 namespace {
 // Eval mode and no graph for a scope; the model's mode is restored on the way out, also when a
@@ -58,7 +44,7 @@ Predictor::Predictor(std::shared_ptr<ProteinLM> model, Device device) : model_(s
 }
 
 Predictor Predictor::load(const std::string& dir, Device device) {
-  const json cfg = read_checkpoint_config(dir);
+  const json cfg = linea::apps::read_checkpoint_config(dir, "protein", kConfigFormat);
   LINEA_CHECK(cfg.contains("model"), "protein: '", dir, "/config.json' has no \"model\" (the model's settings)");
   ModelConfig mc;
   try {

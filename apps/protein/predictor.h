@@ -26,9 +26,6 @@ namespace protein {
 
 inline const char* kConfigFormat = "linea-protein/1";
 
-// config.json of a checkpoint folder; another app's checkpoint (another "format") or a missing
-// file is a linea::Error naming the folder.
-nlohmann::json read_checkpoint_config(const std::string& dir);
 
 struct Fill {
   int64_t position = 0;  // 1-based position of the <mask> in the input tokens

@@ -156,7 +156,7 @@ TrainReport run_training(const TrainOptions& o) {
   eval_opts.train = false;
   eval_opts.seed = data.json.at("split").value("seed", uint64_t{0});
   if (run.eval_only) {  // the checkpoint's windows: its positions decide them, not the flags
-    const json saved = read_checkpoint_config(ckpt_dir);
+    const json saved = linea::apps::read_checkpoint_config(ckpt_dir, "protein", kConfigFormat);
     eval_opts.max_len = saved.at("model").at("max_len");
     eval_opts.pack = saved.at("run").value("pack", int64_t{0});
   }

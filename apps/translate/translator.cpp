@@ -2,38 +2,25 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <numeric>
 
 #include "apps/common/metrics.h"
+#include "apps/common/train_loop.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "nn/safetensors.h"
 
 using namespace linea;
 using json = nlohmann::json;
-namespace fs = std::filesystem;
 
 namespace translate {
-
-json read_checkpoint_config(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  LINEA_CHECK(fs::is_directory(dir), "translate: checkpoint folder '", dir, "' does not exist");
-  LINEA_CHECK(fs::is_regular_file(path), "translate: '", dir,
-              "' is not a translate checkpoint (no config.json; pass the checkpoint folder of a training run)");
-  json j = linea::apps::read_json_file(path, "translate");
-  const std::string format = j.is_object() && j.contains("format") && j["format"].is_string() ? j["format"].get<std::string>() : "";
-  LINEA_CHECK(format == kConfigFormat, "translate: '", dir, "' is not a translate checkpoint (its config.json has format '",
-              format.empty() ? std::string("none") : format, "', expected '", kConfigFormat, "')");
-  return j;
-}
 
 Translator::Translator(std::shared_ptr<Seq2Seq> model, std::shared_ptr<const Tokenizer> src_tok,
                        std::shared_ptr<const Tokenizer> tgt_tok, Device device)
     : model_(std::move(model)), src_(std::move(src_tok)), tgt_(std::move(tgt_tok)), device_(device) {}
 
 Translator Translator::load(const std::string& dir, Device device) {
-  const json cfg = read_checkpoint_config(dir);
+  const json cfg = linea::apps::read_checkpoint_config(dir, "translate", kConfigFormat);
   ModelConfig mc;
   std::string src_file, tgt_file;
   try {

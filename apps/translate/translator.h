@@ -19,8 +19,6 @@ namespace translate {
 // config.json of a translate checkpoint: {"format": kConfigFormat, "model": model_json(...),
 // "tokenizers": {"source": file, "target": file} (files of the same folder), "data": ..., "run": ...}.
 inline constexpr const char* kConfigFormat = "linea-translate/1";
-// Reads and checks <dir>/config.json; a missing file or another app's checkpoint is a linea::Error.
-nlohmann::json read_checkpoint_config(const std::string& dir);
 
 struct DecodeStats {
   int64_t sentences = 0, tokens = 0;  // tokens: output tokens with their eos

@@ -82,18 +82,17 @@ struct CheckpointConfig {
   json run;
 };
 
+constexpr const char* kConfigFormat = "linea-vit/1";
+
 json config_json(const CheckpointConfig& c) {
-  return {{"format", "linea-vit/1"}, {"model", model_json(c.model)}, {"classes", c.classes},
+  return {{"format", kConfigFormat}, {"model", model_json(c.model)}, {"classes", c.classes},
           {"normalize", {{"mean", c.mean}, {"std", c.std}}}, {"run", c.run}};
 }
 
 CheckpointConfig read_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  LINEA_CHECK(fs::is_regular_file(path), "vit: '", dir,
-              "' is not a vit checkpoint (no config.json; pass the --checkpoint directory of a training run)");
-  json j = apps::read_json_file(path, "vit");
+  const json j = apps::read_checkpoint_config(dir, "vit", kConfigFormat);
   try {
-    LINEA_CHECK(j.at("format") == "linea-vit/1", "unknown format ", j.at("format").dump());
     CheckpointConfig c;
     c.model = model_from_json(j.at("model"));
     c.classes = j.at("classes").get<std::vector<std::string>>();
