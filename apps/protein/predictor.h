@@ -26,7 +26,6 @@ namespace protein {
 
 inline const char* kConfigFormat = "linea-protein/1";
 
-
 struct Fill {
   int64_t position = 0;  // 1-based position of the <mask> in the input tokens
   std::vector<std::pair<std::string, double>> top;  // residue character, probability (the full softmax's)
