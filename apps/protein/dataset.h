@@ -3,7 +3,7 @@
 //
 //   Manifest m = read_manifest("data/protein");
 //   auto train = std::make_shared<const Sequences>(read_sequences(split_path(m, "train")));
-//   MaskedLMDataset data(train, {.max_len = 512, .train = true, .seed = seed});
+//   MaskedLMDataset data(train, {.max_len = 256, .train = true, .seed = seed});
 //   nn::TokenBudgetBatchSampler sampler(data.lengths(), {16384, 0, true, seed});
 //
 // Examples are windows: a list of pieces, each residues [begin, end) of one sequence, framed by
@@ -93,7 +93,7 @@ struct Piece {
 using Window = std::vector<Piece>;
 
 struct DatasetOptions {
-  int64_t max_len = 512;  // tokens per example with <cls>/<eos> (>= 3); the model's positions
+  int64_t max_len = 256;  // tokens per example with <cls>/<eos> (>= 3); the model's positions
   int64_t pack = 0;       // > 0: windows of this many tokens from the concatenated split (max_len unused)
   bool train = true;      // random crops and per-epoch masks; else whole sequences and fixed masks
   MaskingOptions masking;
