@@ -253,7 +253,8 @@ json read_checkpoint_config(const std::string& dir, const std::string& app, cons
   LINEA_CHECK(fs::is_regular_file(path), app, ": '", dir, "' is not a ", app,
               " checkpoint (no config.json; pass the checkpoint folder of a training run)");
   json j = read_json_file(path, app);
-  const std::string found = j.is_object() && j.contains("format") && j["format"].is_string() ? j["format"].get<std::string>() : "";
+  const std::string found =
+      j.is_object() && j.contains("format") && j["format"].is_string() ? j["format"].get<std::string>() : "";
   LINEA_CHECK(found == format, app, ": '", dir, "' is not a ", app, " checkpoint (its config.json has format '",
               found.empty() ? std::string("none") : found, "', expected '", format, "')");
   return j;
