@@ -41,7 +41,7 @@ Tensor gelu(const Tensor& x, bool approximate) {
 Tensor sin(const Tensor& x) { return unary_op(UnaryOp::Sin, x); }
 Tensor cos(const Tensor& x) { return unary_op(UnaryOp::Cos, x); }
 Tensor pow(const Tensor& x, double e) { return unary_op(UnaryOp::Pow, x, e); }
-Tensor square(const Tensor& x) { return unary_op(UnaryOp::Pow, x, 2.0); }
+Tensor square(const Tensor& x) { return unary_op(UnaryOp::Square, x); }
 Tensor clamp(const Tensor& x, double lo, double hi) {
   LINEA_CHECK(!(lo > hi), "clamp: lo ", lo, " is greater than hi ", hi);
   return unary_op(UnaryOp::Clamp, x, lo, hi);

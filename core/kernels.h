@@ -39,6 +39,7 @@ namespace linea {
   X(Sin, "sin", SinOp, false)                  \
   X(Cos, "cos", CosOp, false)                  \
   X(Pow, "pow", PowOp, false)                  \
+  X(Square, "square", SquareOp, true)          \
   X(Clamp, "clamp", ClampOp, true)             \
   X(AddScalar, "add", AddScalarOp, true)       \
   X(MulScalar, "mul", MulScalarOp, true)       \

@@ -104,6 +104,10 @@ struct PowOp {  // x^a
     return a == T(0) ? T(0) : g * a * std::pow(x, a - T(1));
   }
 };
+struct SquareOp {  // x^2 as x * x: pow(x, 2) goes through powf, ~20x slower per element on a CPU
+  template <typename T> LINEA_HD T forward(T x, T, T) const { return x * x; }
+  template <typename T> LINEA_HD T backward(T g, T x, T, T, T) const { return g * T(2) * x; }
+};
 struct ClampOp {  // min(max(x, lo), hi); gradient passes where lo <= x <= hi
   template <typename T> LINEA_HD T forward(T x, T lo, T hi) const { return x < lo ? lo : (x > hi ? hi : x); }
   template <typename T> LINEA_HD T backward(T g, T x, T, T lo, T hi) const { return (x >= lo && x <= hi) ? g : T(0); }

@@ -82,6 +82,9 @@ TEST(GradCheck, PowScalar) {
   check_unary([](const Tensor& x) { return pow(x, -1.5); }, true);
   check_unary([](const Tensor& x) { return pow(x, 3.0); }, false);
 }
+TEST(GradCheck, Square) {
+  check_unary([](const Tensor& x) { return square(x); }, false);
+}
 TEST(GradCheck, Clamp) {
   check_unary([](const Tensor& x) { return clamp(x, -0.8, 0.9); }, false);
 }
