@@ -8,6 +8,11 @@
 //                             dw = sum_rows g * xhat, db = sum_rows g
 //   cross_entropy (per row)   dx = (softmax(x) - (1 - s) onehot(t) - s / C) * g_row, 0 for ignored rows
 //   dropout  y = x * m        dx = g * m, m = bernoulli(1 - p) / (1 - p)
+//   scaled_dot_product_attention  O = P V, P = softmax(scale Q K^T): dV = P^T g,
+//                             dS = P * (g V^T - rowsum(g * O)), dQ = scale dS K, dK = scale dS^T Q
+//   toeplitz_attention        y = T(c) o (Pq Pk^T) V: dPq = (g V^T o T) Pk, dPk = (g V^T o T)^T Pq,
+//                             dV = (T o Pq Pk^T)^T g, dc_t = sum over j - i = t of (g V^T o Pq Pk^T)_ij
+//                             (all by FFT, one feature at a time)
 // Not here: kernels (core/cpu/, cuda/) and the raw argument checks they share (core/ops_nn.cpp).
 #include <cstdint>
 #include <vector>
@@ -19,6 +24,20 @@ namespace linea {
 
 // ---- matmul -----------------------------------------------------------------------------------
 // a [..., M, K] or [K], b [..., K, N] or [K] -> [batch..., M, N] minus promoted dims
+namespace {
+// A transposed view: its last two dims are stored column by column (a matrix of at least 2x2).
+bool column_major(const Tensor& t) {
+  return t.dim() >= 2 && t.size(-1) > 1 && t.size(-2) > 1 && t.stride(-2) == 1 && t.stride(-1) >= t.size(-2);
+}
+// t's matrix shape behind g's batch dims: the shape t's gradient has before any batch sum.
+Shape batched_shape(const Tensor& g, const Tensor& t) {
+  Shape s = g.shape();
+  s[s.size() - 2] = t.size(-2);
+  s[s.size() - 1] = t.size(-1);
+  return s;
+}
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = raw::matmul(a, b);
   if (!needs_grad({&a, &b})) return out;
@@ -38,8 +57,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                   const int64_t K = a2.size(-1), N = b2.size(-1);
                   Tensor da, db;
                   if (need_a) {
-                    // dA2 [batch.., M, K] = g2 [batch.., M, N] @ b2^T [.., N, K]
-                    da = sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape());
+                    // dA2 [batch.., M, K] = g2 [batch.., M, N] @ b2^T [.., N, K], computed as
+                    // (b2 @ g2^T)^T when a2 is a transposed view, so that dA2 has a2's layout
+                    // and the transpose's backward hands on a contiguous gradient (summing
+                    // gradients of different layouts reads one of them across cache lines).
+                    if (column_major(a2) && a2.shape() == batched_shape(g2, a2))
+                      da = matmul(b2, g2.transpose(-1, -2)).transpose(-1, -2);
+                    else
+                      da = sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape());
                     if (ad.dim() == 1) da = da.reshape(ad.shape());
                   }
                   if (need_b) {
@@ -49,7 +74,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                       const int64_t BM = a2.numel() / K;
                       const Tensor af = a2.reshape({BM, K});
                       const Tensor gf = g2.reshape({BM, N});
-                      db = matmul(af.transpose(0, 1), gf);
+                      db = column_major(b2) ? matmul(gf.transpose(0, 1), af).transpose(0, 1)
+                                            : matmul(af.transpose(0, 1), gf);
+                    } else if (column_major(b2) && b2.shape() == batched_shape(g2, b2)) {
+                      // dB2 in b2's layout, as for dA2: (g2^T @ a2)^T
+                      db = matmul(g2.transpose(-1, -2), a2).transpose(-1, -2);
                     } else {
                       // dB2 [batch.., K, N] = a2^T [.., K, M] @ g2 [batch.., M, N]
                       db = sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape());
@@ -186,6 +215,30 @@ Tensor dropout(const Tensor& x, double p, bool training) {
     // g, dx [x's shape]
     return {g * mask};
   });
+}
+
+// ---- fused attention ----------------------------------------------------------------------------
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
+                                    int64_t query_offset, const Tensor& key_padding) {
+  const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
+  std::vector<Tensor> r = raw::sdpa(q, k, v, scale, causal, query_offset, pad);  // {out, lse}
+  if (!needs_grad({&q, &k, &v})) return r[0];
+  return attach(r[0], "scaled_dot_product_attention", {q, k, v},
+                [qd = q.detach(), kd = k.detach(), vd = v.detach(), out = r[0].detach(), lse = r[1], scale, causal,
+                 query_offset, pad](const Tensor& g) -> std::vector<Tensor> {
+                  return raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad);
+                });
+}
+
+Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                          int64_t fft_len) {
+  Tensor y = raw::toeplitz_attention(c, phi_q, phi_k, v, fft_len);
+  if (!needs_grad({&c, &phi_q, &phi_k, &v})) return y;
+  return attach(y, "toeplitz_attention", {c, phi_q, phi_k, v},
+                [cd = c.detach(), qd = phi_q.detach(), kd = phi_k.detach(), vd = v.detach(),
+                 fft_len](const Tensor& g) -> std::vector<Tensor> {
+                  return raw::toeplitz_attention_backward(g, cd, qd, kd, vd, fft_len);
+                });
 }
 
 }  // namespace linea

@@ -178,6 +178,19 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                      double label_smoothing = 0.0, Reduction reduction = Reduction::Mean);
 // Inverted dropout: zeroes with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training);
+// Fused softmax attention (CPU only): softmax(scale q k^T) v for q [B, H, N, D], k [B, H, M, D],
+// v [B, H, M, E], where key m is hidden from query n (probability 0) when causal and
+// m > n + query_offset, or where key_padding (Bool [B, M], true = padding) says so; a query
+// that sees no key gets 0. Keeps no [N, M] tensor: the backward recomputes the scores blockwise.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                    bool causal = false, int64_t query_offset = 0,
+                                    const Tensor& key_padding = Tensor());
+// Toeplitz-modulated linear attention (CPU only): y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m
+// for c [H or B, H, N+M-1] (c_t at index t + N - 1), phi_q [B, H, N, S], phi_k [B, H, M, S],
+// v [B, H, M, E], by real FFTs of length fft_len >= N + M - 1, one feature at a time: no
+// [S, E] products per key are kept (nprf_rpe's FFT path). Differentiable in all four.
+Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                          int64_t fft_len);
 
 // ---- indexing and joining -----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

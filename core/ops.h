@@ -69,6 +69,24 @@ std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& targe
                                        double smoothing);
 Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                                    int64_t ignore_index, double smoothing);
+// Fused softmax attention, CPU only (core/cpu/attention.h; CUDA composes it from ops):
+// q [B, H, N, D], k [B, H, M, D], v [B, H, M, E]; key m hidden from query n when causal and
+// m > n + offset, or where pad (Bool [B, M], true = padding; undefined: none) says so.
+// Returns {out [B, H, N, E], lse [B, H, N]}.
+std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
+                         const Tensor& pad);
+// Returns {dq, dk, dv} from grad [B, H, N, E] and the forward's out and lse.
+std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
+                                  const Tensor& pad);
+// Toeplitz-modulated linear attention, CPU only (core/cpu/attention.h): y_n = sum_m c_{m-n}
+// (phi_q_n . phi_k_m) v_m for c [H, N+M-1] or [B, H, N+M-1] (c_t at t + N - 1), phi_q
+// [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by real FFTs of length fft_len >= N + M - 1.
+Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                          int64_t fft_len);
+// Returns {dc, dphi_q, dphi_k, dv} from grad [B, H, N, E].
+std::vector<Tensor> toeplitz_attention_backward(const Tensor& grad, const Tensor& c, const Tensor& phi_q,
+                                                const Tensor& phi_k, const Tensor& v, int64_t fft_len);
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

@@ -4,9 +4,12 @@
 // cross-attention, padded keys); padding, fully padded rows, causality, the bias; feature
 // redraws, eval determinism, explicit and frozen samples; the choice of path under dense=auto
 // (dense for short, FFT for long sequences) and auto's output against the forced paths; parameter
-// shape and init; errors; float32 robustness; gradient checks (float64) of both paths; CUDA
-// parity (skipped without a GPU).
+// shape and init; errors; float32 robustness; gradient checks (float64) of both paths; the fused
+// toeplitz_attention kernel (the CPU FFT path) against loops and the composed path, its gradient
+// check and errors; CUDA parity (skipped without a GPU).
+#include <array>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "attention/nprf_rpe/nprf_rpe.h"
@@ -155,6 +158,66 @@ TEST(GradCheck, NprfRpeToeplitzFft) {
   EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return attn::toeplitz_matmul(in[0], in[1], 4, true); }, {c, x});
 }
 
+// The fused toeplitz_attention op (nprf_rpe's CPU FFT path) against its definition by loops,
+// with c per head and per (batch, head), and its gradient check in float64.
+Tensor naive_toeplitz_attention(const Tensor& c, const Tensor& pq, const Tensor& pk, const Tensor& v) {
+  const int64_t B = pq.size(0), H = pq.size(1), N = pq.size(2), M = pk.size(2), S = pq.size(3), E = v.size(3);
+  auto cv = c.to_vector<double>(), qv = pq.to_vector<double>(), kv = pk.to_vector<double>(), vv = v.to_vector<double>();
+  const bool per_batch = c.dim() == 3;
+  std::vector<double> y(static_cast<size_t>(B * H * N * E), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t j = 0; j < M; ++j) {
+          double dot = 0;
+          for (int64_t s = 0; s < S; ++s) dot += qv[((b * H + h) * N + i) * S + s] * kv[((b * H + h) * M + j) * S + s];
+          const double w = dot * cv[((per_batch ? b * H : 0) + h) * (N + M - 1) + (j - i + N - 1)];
+          for (int64_t e = 0; e < E; ++e) y[((b * H + h) * N + i) * E + e] += w * vv[((b * H + h) * M + j) * E + e];
+        }
+  return from_vector<double>(y, {B, H, N, E});
+}
+
+TEST(NprfRpeToeplitz, FusedAttentionMatchesNaiveLoop) {
+  manual_seed(13);
+  // B * H = 1 (features split over threads) and 6 (a (b, h) per thread); N > M, N < M, N = 1.
+  for (auto [B, H, N, M] : std::vector<std::array<int64_t, 4>>{{1, 1, 7, 4}, {2, 3, 5, 9}, {1, 2, 1, 6}}) {
+    for (bool per_batch : {false, true}) {
+      SCOPED_TRACE("B=" + std::to_string(B) + " H=" + std::to_string(H) + " N=" + std::to_string(N) +
+                   " M=" + std::to_string(M) + (per_batch ? " c per batch" : " c per head"));
+      Tensor c = per_batch ? r64({B, H, N + M - 1}) : r64({H, N + M - 1});
+      Tensor pq = exp(r64({B, H, N, 3})), pk = exp(r64({B, H, M, 3})), v = r64({B, H, M, 2});
+      Tensor ref = naive_toeplitz_attention(c, pq, pk, v);
+      EXPECT_TRUE(all_close(toeplitz_attention(c, pq, pk, v, attn::fft_length(N + M - 1)), ref, 1e-11, 1e-11));
+      // Any length >= N + M - 1 gives the same sums.
+      EXPECT_TRUE(all_close(toeplitz_attention(c, pq, pk, v, N + M + 6), ref, 1e-11, 1e-11));
+      Tensor ref32 = ref.to(DType::Float32);
+      EXPECT_TRUE(all_close(toeplitz_attention(c.to(DType::Float32), pq.to(DType::Float32), pk.to(DType::Float32),
+                                               v.to(DType::Float32), attn::fft_length(N + M - 1)),
+                            ref32, 1e-4, 1e-4));
+    }
+  }
+}
+
+TEST(GradCheck, NprfRpeFusedToeplitzAttention) {
+  manual_seed(14);
+  const std::function<Tensor(const std::vector<Tensor>&)> f = [](const std::vector<Tensor>& x) {
+    return toeplitz_attention(x[0], x[1], x[2], x[3], attn::fft_length(x[1].size(2) + x[2].size(2) - 1));
+  };
+  EXPECT_GRADCHECK(f, {test::randn64({2, 6}), test::randn64({1, 2, 4, 3}), test::randn64({1, 2, 3, 3}),
+                       test::randn64({1, 2, 3, 2})});
+  EXPECT_GRADCHECK(f, {test::randn64({2, 1, 8}), test::randn64({2, 1, 3, 2}), test::randn64({2, 1, 6, 2}),
+                       test::randn64({2, 1, 6, 3})});
+}
+
+TEST(NprfRpeToeplitz, FusedAttentionBadArgumentsThrow) {
+  Tensor c = r64({2, 8}), pq = r64({1, 2, 4, 3}), pk = r64({1, 2, 5, 3}), v = r64({1, 2, 5, 2});
+  EXPECT_LINEA_ERROR(toeplitz_attention(c, pq, pk, v, 7), "fft length 7 is below N + M - 1 = 8");
+  EXPECT_LINEA_ERROR(toeplitz_attention(r64({2, 9}), pq, pk, v, 8), "c must be [H, N+M-1] = [2, 8]");
+  EXPECT_LINEA_ERROR(toeplitz_attention(c, pq, r64({1, 2, 5, 4}), v, 8), "expected phi_q [B, H, N, S]");
+  EXPECT_LINEA_ERROR(toeplitz_attention(c, pq, pk, v.to(DType::Float32), 8), "float64");
+  EXPECT_LINEA_ERROR(toeplitz_attention(c, r64({1, 2, 0, 3}), pk, v, 8), "empty sequences");
+}
+
 // ---- the mechanism: values ------------------------------------------------------------------
 
 TEST(NprfRpe, DenseMatchesNaiveFormula) {
@@ -190,6 +253,8 @@ TEST(NprfRpe, FftMatchesDense) {
         Tensor fft = attn::nprf_rpe_attention(q, k, v, omega, rpe, o, false);
         Tensor dense = attn::nprf_rpe_attention(q, k, v, omega, rpe, o, true);
         EXPECT_TRUE(all_close(fft, dense, 1e-10, 1e-10));
+        // The fused CPU kernel and the composed FFT path (the CUDA one).
+        EXPECT_TRUE(all_close(fft, attn::nprf_rpe_attention_fft_composed(q, k, v, omega, rpe, o), 1e-10, 1e-10));
         if (N == 13) {
           std::vector<int> p = padded ? pad : std::vector<int>{};
           EXPECT_TRUE(all_close(dense, naive_nprf(q, k, v, omega, rpe, causal, p), 1e-12, 1e-10));

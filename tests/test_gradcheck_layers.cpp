@@ -5,6 +5,7 @@
 // parameters as extra inputs and, inside f, points each parameter's autograd state at its leaf:
 // perturbations reach the module through the shared storage, gradients reach the leaves.
 // Not here: forward values and errors (tests/test_nn_layers.cpp, tests/test_attention_softmax.cpp).
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -152,8 +153,16 @@ TEST(GradCheck, MultiHeadAttention) {
   EXPECT_MODULE_GRADCHECK(*nob, m, {randn64({2, 3, 4})});
 }
 
+// The fused CPU kernel (what softmax_attention runs for large scores) and the composed formula
+// (small scores, dropout, CUDA).
 Fn kAttention(attn::AttentionOptions o) {
-  return [o](const std::vector<Tensor>& x) { return attn::softmax_attention(x[0], x[1], x[2], o); };
+  return [o](const std::vector<Tensor>& x) {
+    return scaled_dot_product_attention(x[0], x[1], x[2], 1.0 / std::sqrt(static_cast<double>(x[0].size(3))),
+                                        o.causal, o.query_offset, attn::key_padding_bool(o));
+  };
+}
+Fn kAttentionComposed(attn::AttentionOptions o) {
+  return [o](const std::vector<Tensor>& x) { return attn::softmax_attention_composed(x[0], x[1], x[2], o); };
 }
 
 TEST(GradCheck, SoftmaxAttentionCausal) {
@@ -165,6 +174,10 @@ TEST(GradCheck, SoftmaxAttentionCausal) {
   EXPECT_GRADCHECK(kAttention(o), {randn64({1, 2, 2, 3}), randn64({1, 2, 4, 3}), randn64({1, 2, 4, 2})});
   EXPECT_GRADCHECK(kAttention(o),
                    {randn64({1, 1, 4, 2}), test::randn64_transposed({1, 1, 3, 2}), randn64({1, 1, 3, 2})});
+  EXPECT_GRADCHECK(kAttentionComposed(o), {randn64({2, 2, 3, 2}), randn64({2, 2, 3, 2}), randn64({2, 2, 3, 3})});
+  // More queries than the fused kernel's block of 64 rows, with a query offset.
+  o.query_offset = 2;
+  EXPECT_GRADCHECK(kAttention(o), {randn64({1, 1, 70, 2}), randn64({1, 1, 72, 2}), randn64({1, 1, 72, 1})});
 }
 
 TEST(GradCheck, SoftmaxAttentionPadded) {
@@ -177,6 +190,7 @@ TEST(GradCheck, SoftmaxAttentionPadded) {
   o.causal = true;
   o.key_padding_mask = tensor<int64_t>({1, 0, 0, 1, 0, 0, 0, 1}, {2, 4});
   EXPECT_GRADCHECK(kAttention(o), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
+  EXPECT_GRADCHECK(kAttentionComposed(o), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
 }
 
 TEST(GradCheck, TransformerEncoderLayer) {

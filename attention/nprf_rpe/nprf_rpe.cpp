@@ -126,6 +126,10 @@ Tensor dense_attention(const Terms& t, int64_t N, int64_t M) {
   return guarded_ratio(a, sum(a, {-1}, /*keepdim=*/true), t.visible);
 }
 
+// The FFT path composed from ops, on t's terms (defined below).
+Tensor fft_composed(const Terms& t, const Tensor& v, int64_t B, int64_t H, int64_t N, int64_t M, int64_t Dv,
+                    int64_t S);
+
 }  // namespace
 
 Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, const Tensor& rpe,
@@ -136,7 +140,24 @@ Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   const int64_t S = omega.size(1);
   Terms t = terms(q, k, omega, rpe, opts);
   if (dense) return matmul(dense_attention(t, N, M), v);
+  if (q.is_cuda()) return fft_composed(t, v, B, H, N, M, Dv, S);
+  // [num, den] in one product: v with a column of ones.
+  Tensor y = toeplitz_attention(t.c, t.phi_q, t.phi_k, cat({v, ones({B, H, M, 1}, v.options())}, -1),
+                                fft_length(N + M - 1));
+  return guarded_ratio(narrow(y, -1, 0, Dv), narrow(y, -1, Dv, 1), t.visible);
+}
 
+Tensor nprf_rpe_attention_fft_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
+                                       const Tensor& rpe, const AttentionOptions& opts) {
+  check_attention_inputs(kWho, q, k, v, opts);
+  check_tables(q, k, omega, rpe, opts.query_offset);
+  return fft_composed(terms(q, k, omega, rpe, opts), v, q.size(0), q.size(1), q.size(2), k.size(2), v.size(3),
+                      omega.size(1));
+}
+
+namespace {
+Tensor fft_composed(const Terms& t, const Tensor& v, int64_t B, int64_t H, int64_t N, int64_t M, int64_t Dv,
+                    int64_t S) {
   // The two sums over keys as Toeplitz products along keys, channels first (the FFT's layout):
   //   ykv_i = sum_j e^{b_{j-i}} phi(k^_j) v_j^T   (S*Dv channels: phi(k^_j)_s v_je)
   //   yk_i  = sum_j e^{b_{j-i}} phi(k^_j)         (S channels)
@@ -151,6 +172,7 @@ Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   Tensor den = transpose(sum(mul(pq, yk), {2}, /*keepdim=*/true), -2, -1);               // [B, H, N, 1]
   return guarded_ratio(num, den, t.visible);
 }
+}  // namespace
 
 Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor& omega, const Tensor& rpe,
                                  const AttentionOptions& opts) {

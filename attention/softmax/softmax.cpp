@@ -7,12 +7,35 @@
 
 namespace linea::attn {
 
-Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
-                         double dropout_p, bool training) {
+namespace {
+void check_softmax_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                          double dropout_p) {
   check_attention_inputs("softmax attention", q, k, v, opts);
   LINEA_CHECK(is_floating(q.dtype()), "softmax attention: expected float32/float64 inputs, got ",
               dtype_name(q.dtype()));
   LINEA_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "softmax attention: dropout must be in [0, 1), got ", dropout_p);
+}
+}  // namespace
+
+bool uses_fused_kernel(const Tensor& q, const Tensor& k) {
+  const double score_bytes = static_cast<double>(q.size(0)) * static_cast<double>(q.size(1)) *
+                             static_cast<double>(q.size(2)) * static_cast<double>(k.size(2)) *
+                             static_cast<double>(dtype_size(q.dtype()));
+  return q.is_cpu() && score_bytes > kFusedScoreBytes;
+}
+
+Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                         double dropout_p, bool training) {
+  check_softmax_inputs(q, k, v, opts, dropout_p);
+  if (uses_fused_kernel(q, k) && !(training && dropout_p > 0.0))
+    return scaled_dot_product_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), opts.causal,
+                                        opts.query_offset, key_padding_bool(opts));
+  return softmax_attention_composed(q, k, v, opts, dropout_p, training);
+}
+
+Tensor softmax_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                                  double dropout_p, bool training) {
+  check_softmax_inputs(q, k, v, opts, dropout_p);
   const int64_t N = q.size(2), M = k.size(2), D = q.size(3);
   // scores [B, H, N, M] = (q / sqrt(D)) k^T (k^T a transposed view: no copy)
   Tensor scores = matmul(q * (1.0 / std::sqrt(static_cast<double>(D))), transpose(k, -2, -1));

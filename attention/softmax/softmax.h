@@ -11,9 +11,21 @@
 namespace linea::attn {
 
 // Exact scaled dot-product attention with dropout p on the attention weights when training.
-// Differentiable in q, k, v.
+// Differentiable in q, k, v. Where uses_fused_kernel() says so and without dropout it runs the
+// fused CPU kernel (scaled_dot_product_attention: no [N, M] tensor kept), otherwise the composed
+// formula.
 Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {},
                          double dropout = 0.0, bool training = false);
+// The fused kernel recomputes the scores in its backward (one GEMM more) and runs smaller GEMMs,
+// so on this project's CPU it is slower than the composed formula while the scores fit in
+// memory comfortably; it is used once the [B, H, N, M] scores of one tensor would pass
+// kFusedScoreBytes (the composed path holds about three such tensors through the backward).
+constexpr double kFusedScoreBytes = 256.0 * 1024 * 1024;
+bool uses_fused_kernel(const Tensor& q, const Tensor& k);
+// The same formula composed from ops (matmul, masked softmax, dropout, matmul): the CUDA path,
+// the path with dropout, and the reference the fused kernel is tested against.
+Tensor softmax_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {},
+                                  double dropout = 0.0, bool training = false);
 
 class SoftmaxAttention : public AttentionMechanism {
  public:

@@ -50,6 +50,21 @@ void reduce_driver(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, 
   }
   (void)r;
 }
+// Sums of the rows of x [outer, r]. Eight running sums per row instead of one: a single chain of
+// dependent double additions runs at one add per 4 cycles, eight interleaved chains fill the
+// pipeline (the order is fixed, so the result is still deterministic).
+template <typename T, typename Acc> void sum_rows(const T* x, T* out, int64_t outer, int64_t r) {
+#pragma omp parallel for schedule(static) if (outer * r >= detail::kParallelGrain)
+  for (int64_t o = 0; o < outer; ++o) {
+    const T* row = x + o * r;
+    Acc acc[8] = {};
+    int64_t j = 0;
+    for (; j + 8 <= r; j += 8)
+      for (int k = 0; k < 8; ++k) acc[k] += static_cast<Acc>(row[j + k]);
+    for (; j < r; ++j) acc[0] += static_cast<Acc>(row[j]);
+    out[o] = static_cast<T>(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+  }
+}
 }  // namespace
 
 void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner) {
@@ -62,6 +77,10 @@ void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int6
     switch (op) {
       case ReduceOp::Sum: {
         using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+        if (inner == 1) {  // contiguous rows (sum over the last dim): see sum_rows
+          sum_rows<T, Acc>(px, po, outer, r);
+          break;
+        }
         reduce_driver<T, Acc>(
             px, po, outer, r, inner, [] { return Acc(0); }, [](Acc a, T v) { return a + static_cast<Acc>(v); }, none);
         break;

@@ -1,0 +1,273 @@
+// Fused CPU softmax attention (see attention.h). Work items are blocks of at most kRows query
+// rows of one (b, h); each item's scores [rows, M] live in a per-thread buffer (one workspace
+// from the allocator), GEMMs by OpenBLAS (the OpenMP build runs single-threaded inside our
+// parallel region, one GEMM per thread).
+#include "core/cpu/attention.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/cpu/vec_math.h"
+#include "core/cpu/workspace.h"
+#include "core/kernels.h"
+
+namespace linea::cpu {
+
+namespace {
+
+using detail::Workspace;
+
+// Query rows per work item: their float scores at M = 4096 (1 MiB) stay in L2/L3 between the
+// two GEMMs that read them.
+constexpr int64_t kRows = 64;
+
+// c = alpha op(a) op(b) + beta c, all row-major.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+
+// x[j] = exp(x[j] - shift): float32 through the vectorizable vm::exp, float64 through libm.
+LINEA_VEC_CLONES void exp_shifted(float* x, int64_t n, float shift) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) x[j] = vm::exp(x[j] - shift);
+}
+void exp_shifted(double* x, int64_t n, double shift) {
+  for (int64_t j = 0; j < n; ++j) x[j] = std::exp(x[j] - shift);
+}
+
+// The shapes and masks of one call.
+struct Problem {
+  int64_t B, H, N, M, D, E;
+  bool causal;
+  int64_t offset;
+  const uint8_t* pad;  // [B, M] or null
+  int64_t R;           // query rows per block: at most kRows, the blocks as even as possible
+  int64_t blocks() const { return N == 0 ? 0 : (N + R - 1) / R; }
+  // Keys [0, keys_of_block) are visible to some row of the block starting at query i0.
+  int64_t keys_of_block(int64_t i0, int64_t rows) const {
+    return causal ? std::min(M, i0 + rows + offset) : M;
+  }
+  // Keys [0, end) pass the causal test for query i (padding aside); at most mv.
+  int64_t visible_end(int64_t i, int64_t mv) const { return causal ? std::clamp<int64_t>(i + offset + 1, 0, mv) : mv; }
+};
+
+// Vectorized row helpers (the max, the sum in double, the scaling).
+template <typename T> LINEA_VEC_CLONES T row_max(const T* s, int64_t n) {
+  T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+  return mx;
+}
+template <typename T> LINEA_VEC_CLONES double row_sum(const T* s, int64_t n) {
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) sum += static_cast<double>(s[j]);
+  return sum;
+}
+template <typename T> LINEA_VEC_CLONES void row_scale(T* s, int64_t n, T a) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) s[j] *= a;
+}
+
+// Softmax of one row of scaled scores s [mv] in place over the visible keys (the first ve, minus
+// padded ones), zeros elsewhere. Returns the row's log-sum-exp, -inf (and a zero row) when no key
+// is visible.
+template <typename T> T softmax_row(T* s, int64_t mv, int64_t ve, const uint8_t* padb) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  if (padb)
+    for (int64_t j = 0; j < ve; ++j)
+      if (padb[j]) s[j] = kNegInf;  // exp gives exactly 0
+  const T mx = row_max(s, ve);
+  if (mx == kNegInf) {
+    std::fill(s, s + mv, T(0));
+    return kNegInf;
+  }
+  exp_shifted(s, ve, mx);
+  std::fill(s + ve, s + mv, T(0));
+  const double sum = row_sum(s, ve);
+  row_scale(s, ve, static_cast<T>(1.0 / sum));
+  return mx + static_cast<T>(std::log(sum));
+}
+
+// p = exp(s - lse) over the visible keys, 0 elsewhere (the forward's probabilities again).
+template <typename T> void probabilities_row(T* s, int64_t mv, int64_t ve, const uint8_t* padb, T lse) {
+  if (lse == -std::numeric_limits<T>::infinity()) {
+    std::fill(s, s + mv, T(0));
+    return;
+  }
+  exp_shifted(s, ve, lse);
+  if (padb)
+    for (int64_t j = 0; j < ve; ++j)
+      if (padb[j]) s[j] = T(0);
+  std::fill(s + ve, s + mv, T(0));
+}
+
+template <typename T>
+void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, T* out, T* lse) {
+  const int64_t nblk = p.blocks(), items = p.B * p.H * nblk, rm = p.R * p.M;
+  const int nt = omp_get_max_threads();
+  Workspace<T> ws(nt * Workspace<T>::rounded(rm));
+  std::vector<T*> scores(static_cast<size_t>(nt));
+  for (T*& t : scores) t = ws.take(rm);
+#pragma omp parallel num_threads(nt)
+  {
+    T* s = scores[static_cast<size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t bh = it / nblk, b = bh / p.H, i0 = (it % nblk) * p.R, rows = std::min(p.R, p.N - i0);
+      const int64_t mv = p.keys_of_block(i0, rows);
+      const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
+      const T* qb = q + (bh * p.N + i0) * p.D;
+      T* ob = out + (bh * p.N + i0) * p.E;
+      T* lb = lse + bh * p.N + i0;
+      if (mv == 0) {
+        std::fill(ob, ob + rows * p.E, T(0));
+        std::fill(lb, lb + rows, -std::numeric_limits<T>::infinity());
+        continue;
+      }
+      gemm(false, true, rows, mv, p.D, scale, qb, p.D, k + bh * p.M * p.D, p.D, T(0), s, mv);
+      for (int64_t r = 0; r < rows; ++r) lb[r] = softmax_row(s + r * mv, mv, p.visible_end(i0 + r, mv), padb);
+      gemm(false, false, rows, p.E, mv, T(1), s, mv, v + bh * p.M * p.E, p.E, T(0), ob, p.E);
+    }
+  }
+}
+
+// dp = p (dp - d): the softmax backward of one row.
+template <typename T> LINEA_VEC_CLONES void softmax_grad_row(const T* p, T* dp, int64_t n, T d) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - d);
+}
+
+// One block's share of the backward: dq rows written, dk and dv rows [0, mv) accumulated.
+template <typename T>
+void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* q, const T* k, const T* v, const T* out,
+                    const T* lse, const T* dout, T* dq, T* dk_bh, T* dv_bh, T* s, T* dp) {
+  const int64_t rows = std::min(p.R, p.N - i0), mv = p.keys_of_block(i0, rows), b = bh / p.H;
+  const T* qb = q + (bh * p.N + i0) * p.D;
+  const T* kb = k + bh * p.M * p.D;
+  const T* vb = v + bh * p.M * p.E;
+  const T* ob = out + (bh * p.N + i0) * p.E;
+  const T* gb = dout + (bh * p.N + i0) * p.E;
+  T* dqb = dq + (bh * p.N + i0) * p.D;
+  if (mv == 0) {
+    std::fill(dqb, dqb + rows * p.D, T(0));
+    return;
+  }
+  const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
+  gemm(false, true, rows, mv, p.D, scale, qb, p.D, kb, p.D, T(0), s, mv);  // scores
+  for (int64_t r = 0; r < rows; ++r)
+    probabilities_row(s + r * mv, mv, p.visible_end(i0 + r, mv), padb, lse[bh * p.N + i0 + r]);
+  gemm(false, true, rows, mv, p.E, T(1), gb, p.E, vb, p.E, T(0), dp, mv);  // dP = dO V^T
+  gemm(true, false, mv, p.E, rows, T(1), s, mv, gb, p.E, T(1), dv_bh, p.E);  // dV += P^T dO
+  for (int64_t r = 0; r < rows; ++r) {
+    // dS = P (dP - rowsum(dO * O)), the softmax backward
+    double dot = 0;
+    for (int64_t e = 0; e < p.E; ++e) dot += static_cast<double>(gb[r * p.E + e]) * ob[r * p.E + e];
+    const T d = static_cast<T>(dot);
+    softmax_grad_row(s + r * mv, dp + r * mv, mv, d);
+  }
+  gemm(false, false, rows, p.D, mv, scale, dp, mv, kb, p.D, T(0), dqb, p.D);  // dQ = scale dS K
+  gemm(true, false, mv, p.D, rows, scale, dp, mv, qb, p.D, T(1), dk_bh, p.D);  // dK += scale dS^T Q
+}
+
+template <typename T>
+void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* out, const T* lse,
+                   const T* dout, T* dq, T* dk, T* dv) {
+  const int64_t BH = p.B * p.H, nblk = p.blocks(), kd = p.M * p.D, ve = p.M * p.E, rm = p.R * p.M;
+  const int nt = omp_get_max_threads();
+  // Whole heads per thread when there are enough (each accumulates its own dk, dv rows); else
+  // blocks of a head on several threads, each summing into its own copy of dk and dv.
+  const bool by_head = BH >= nt;
+  const int64_t acc = by_head ? 0 : nt * (Workspace<T>::rounded(BH * kd) + Workspace<T>::rounded(BH * ve));
+  Workspace<T> ws(2 * nt * Workspace<T>::rounded(rm) + acc);
+  std::vector<T*> s(static_cast<size_t>(nt)), dp(s.size()), acc_k(s.size()), acc_v(s.size());
+  for (int t = 0; t < nt; ++t) {
+    s[static_cast<size_t>(t)] = ws.take(rm);
+    dp[static_cast<size_t>(t)] = ws.take(rm);
+    if (!by_head) {
+      acc_k[static_cast<size_t>(t)] = ws.take(BH * kd);
+      acc_v[static_cast<size_t>(t)] = ws.take(BH * ve);
+    }
+  }
+  if (by_head) {
+#pragma omp parallel num_threads(nt)
+    {
+      const size_t t = static_cast<size_t>(omp_get_thread_num());
+#pragma omp for schedule(dynamic)
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        std::fill(dk + bh * kd, dk + (bh + 1) * kd, T(0));
+        std::fill(dv + bh * ve, dv + (bh + 1) * ve, T(0));
+        for (int64_t blk = 0; blk < nblk; ++blk)
+          backward_block(p, scale, bh, blk * p.R, q, k, v, out, lse, dout, dq, dk + bh * kd, dv + bh * ve, s[t], dp[t]);
+      }
+    }
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num());
+    std::fill(acc_k[t], acc_k[t] + BH * kd, T(0));
+    std::fill(acc_v[t], acc_v[t] + BH * ve, T(0));
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < BH * nblk; ++it) {
+      const int64_t bh = it / nblk;
+      backward_block(p, scale, bh, (it % nblk) * p.R, q, k, v, out, lse, dout, dq, acc_k[t] + bh * kd,
+                     acc_v[t] + bh * ve, s[t], dp[t]);
+    }
+  }
+  const int64_t nk = BH * kd, nv = BH * ve;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < std::max(nk, nv); ++i) {
+    T sk = 0, sv = 0;
+    for (size_t t = 0; t < acc_k.size(); ++t) {
+      if (i < nk) sk += acc_k[t][i];
+      if (i < nv) sv += acc_v[t][i];
+    }
+    if (i < nk) dk[i] = sk;
+    if (i < nv) dv[i] = sv;
+  }
+}
+
+Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset, const Tensor& pad) {
+  const int64_t N = q.size(2), nblk = std::max<int64_t>((N + kRows - 1) / kRows, 1);
+  return {q.size(0), q.size(1), N,      k.size(2), q.size(3), v.size(3), causal, offset,
+          pad.defined() ? static_cast<const uint8_t*>(pad.data_ptr()) : nullptr, std::max<int64_t>((N + nblk - 1) / nblk, 1)};
+}
+
+}  // namespace
+
+void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
+                  const Tensor& pad, const Tensor& out, const Tensor& lse) {
+  const Problem p = problem_of(q, k, v, causal, offset, pad);
+  LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
+    forward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
+                           out.data<scalar_t>(), lse.data<scalar_t>());
+  });
+}
+
+void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                   const Tensor& dout, double scale, bool causal, int64_t offset, const Tensor& pad, const Tensor& dq,
+                   const Tensor& dk, const Tensor& dv) {
+  const Problem p = problem_of(q, k, v, causal, offset, pad);
+  LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
+    backward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(),
+                            v.data<scalar_t>(), out.data<scalar_t>(), lse.data<scalar_t>(), dout.data<scalar_t>(),
+                            dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>());
+  });
+}
+
+}  // namespace linea::cpu

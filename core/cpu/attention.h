@@ -1,0 +1,45 @@
+// Fused CPU attention kernels, CPU only (the CUDA backend composes the same formulas from its
+// ops); called through the raw:: functions of core/ops.h, which check the arguments.
+//
+// Softmax attention without the [N, M] score tensor in memory (raw::sdpa). Per (b, h), for a block of query rows at a time (its scores stay in cache):
+//   out_n = sum_m p_nm v_m,  p_nm = exp(scale q_n.k_m - lse_n) over the keys n may see, 0 elsewhere
+// where lse_n is the log-sum-exp of row n's visible scaled scores; a row that sees no key gets
+// out_n = 0 and lse_n = -inf (masked_softmax's convention: fully hidden rows are zero).
+// The backward recomputes each block's scores from q, k and lse instead of keeping them.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace linea::cpu {
+
+// q [B, H, N, D], k [B, H, M, D], v [B, H, M, E]: contiguous, one float dtype. Key m is hidden
+// from query n when causal and m > n + offset, or when pad (Bool [B, M] contiguous, true =
+// padding; undefined: none) marks it. Writes out [B, H, N, E] and lse [B, H, N].
+void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
+                  const Tensor& pad, const Tensor& out, const Tensor& lse);
+
+// The gradients dq, dk, dv (same shapes as q, k, v; overwritten) from dout [B, H, N, E] and the
+// forward's out and lse.
+void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                   const Tensor& dout, double scale, bool causal, int64_t offset, const Tensor& pad, const Tensor& dq,
+                   const Tensor& dk, const Tensor& dv);
+
+// Toeplitz-modulated linear attention without the [S, E] outer products in memory
+// (raw::toeplitz_attention; nprf_rpe's FFT path). Per (b, h):
+//   y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m = sum_s phi_q_ns sum_m c_{m-n} phi_k_ms v_m
+// one feature s at a time: its E channels phi_k_ms v_me are transformed together (real FFTs of
+// length fft_len >= N + M - 1, interleaved channels), multiplied by the spectrum of c's
+// circulant embedding, transformed back and weighted by phi_q_ns. The backward recomputes
+// each feature's transforms. c [H or B*H, N+M-1] holds c_t at t + N - 1 for t = m - n;
+// phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E] contiguous, one float dtype;
+// y [B, H, N, E].
+void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                                int64_t fft_len, const Tensor& y);
+// dc (c's shape; summed over the batch when c is per head), dphi_q, dphi_k, dv: overwritten.
+void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                                 const Tensor& dy, int64_t fft_len, const Tensor& dc, const Tensor& dphi_q,
+                                 const Tensor& dphi_k, const Tensor& dv);
+
+}  // namespace linea::cpu

@@ -1,0 +1,124 @@
+// linea::raw::sdpa and toeplitz_attention with their backwards: argument checks, allocation and
+// the calls of the fused CPU kernels (core/cpu/attention.h). CPU only: on CUDA, the attention
+// layers compose the same formulas from ops (attention/softmax/, attention/nprf_rpe/).
+#include <cmath>
+
+#include "core/cpu/attention.h"
+#include "core/ops.h"
+
+namespace linea::raw {
+
+namespace {
+void check_sdpa_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, double scale, int64_t offset,
+                     const Tensor& pad) {
+  check_defined(op, q, "q");
+  check_defined(op, k, "k");
+  check_defined(op, v, "v");
+  LINEA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": expected q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], got q ",
+              shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
+  LINEA_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) && v.size(0) == q.size(0) &&
+                  v.size(1) == q.size(1) && v.size(2) == k.size(2),
+              op, ": shapes do not match: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
+              shape_str(v.shape()), " (expected q [B, H, N, D], k [B, H, M, D], v [B, H, M, E])");
+  LINEA_CHECK(is_floating(q.dtype()), op, ": expected float32 or float64, got ", dtype_name(q.dtype()));
+  check_same_dtype(op, q, k);
+  check_same_dtype(op, q, v);
+  check_same_device(op, q, k);
+  check_same_device(op, q, v);
+  LINEA_CHECK(!q.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose softmax(q k^T) v from ops");
+  LINEA_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  LINEA_CHECK(offset >= 0, op, ": query offset must be >= 0, got ", offset);
+  if (pad.defined()) {
+    LINEA_CHECK(pad.dtype() == DType::Bool && pad.dim() == 2 && pad.size(0) == q.size(0) && pad.size(1) == k.size(2),
+                op, ": key padding must be bool [B, M] = [", q.size(0), ", ", k.size(2), "], got ",
+                dtype_name(pad.dtype()), " ", shape_str(pad.shape()));
+    check_same_device(op, q, pad);
+  }
+}
+}  // namespace
+
+std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
+                         const Tensor& pad) {
+  check_sdpa_args("sdpa", q, k, v, scale, offset, pad);
+  const TensorOptions opts(q.dtype(), q.device());
+  Tensor out = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
+  Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, opts);
+  if (out.numel() > 0 || lse.numel() > 0)
+    cpu::sdpa_forward(contiguous(q), contiguous(k), contiguous(v), scale, causal, offset,
+                      pad.defined() ? contiguous(pad) : Tensor(), out, lse);
+  return {out, lse};
+}
+
+std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
+                                  const Tensor& pad) {
+  check_sdpa_args("sdpa_backward", q, k, v, scale, offset, pad);
+  check_defined("sdpa_backward", grad, "grad");
+  LINEA_CHECK(grad.shape() == out.shape() && lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}),
+              "sdpa_backward: grad ", shape_str(grad.shape()), ", out ", shape_str(out.shape()), " and lse ",
+              shape_str(lse.shape()), " do not match q ", shape_str(q.shape()), " and v ", shape_str(v.shape()));
+  check_same_dtype("sdpa_backward", q, grad);
+  Tensor dq = empty(q.shape(), q.options()), dk = empty(k.shape(), k.options()), dv = empty(v.shape(), v.options());
+  if (q.numel() + k.numel() + v.numel() > 0)
+    cpu::sdpa_backward(contiguous(q), contiguous(k), contiguous(v), contiguous(out), contiguous(lse), contiguous(grad),
+                       scale, causal, offset, pad.defined() ? contiguous(pad) : Tensor(), dq, dk, dv);
+  return {dq, dk, dv};
+}
+
+namespace {
+void check_toeplitz_args(const char* op, const Tensor& c, const Tensor& pq, const Tensor& pk, const Tensor& v,
+                         int64_t fft_len) {
+  check_defined(op, c, "c");
+  check_defined(op, pq, "phi_q");
+  check_defined(op, pk, "phi_k");
+  check_defined(op, v, "v");
+  LINEA_CHECK(pq.dim() == 4 && pk.dim() == 4 && v.dim() == 4 && pk.size(0) == pq.size(0) &&
+                  pk.size(1) == pq.size(1) && pk.size(3) == pq.size(3) && v.size(0) == pq.size(0) &&
+                  v.size(1) == pq.size(1) && v.size(2) == pk.size(2),
+              op, ": expected phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], got phi_q ",
+              shape_str(pq.shape()), ", phi_k ", shape_str(pk.shape()), ", v ", shape_str(v.shape()));
+  const int64_t B = pq.size(0), H = pq.size(1), N = pq.size(2), M = pk.size(2);
+  LINEA_CHECK(N > 0 && M > 0, op, ": empty sequences: phi_q ", shape_str(pq.shape()), ", phi_k ",
+              shape_str(pk.shape()));
+  LINEA_CHECK((c.dim() == 2 && c.size(0) == H && c.size(1) == N + M - 1) ||
+                  (c.dim() == 3 && c.size(0) == B && c.size(1) == H && c.size(2) == N + M - 1),
+              op, ": c must be [H, N+M-1] = [", H, ", ", N + M - 1, "] or [B, H, N+M-1], got ", shape_str(c.shape()));
+  LINEA_CHECK(fft_len >= N + M - 1, op, ": fft length ", fft_len, " is below N + M - 1 = ", N + M - 1);
+  LINEA_CHECK(is_floating(v.dtype()), op, ": expected float32 or float64, got ", dtype_name(v.dtype()));
+  for (const Tensor* t : {&c, &pq, &pk}) {
+    check_same_dtype(op, v, *t);
+    check_same_device(op, v, *t);
+  }
+  LINEA_CHECK(!v.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose it from ops");
+}
+}  // namespace
+
+Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                          int64_t fft_len) {
+  check_toeplitz_args("toeplitz_attention", c, phi_q, phi_k, v, fft_len);
+  Tensor y = empty({phi_q.size(0), phi_q.size(1), phi_q.size(2), v.size(3)}, v.options());
+  if (y.numel() > 0)
+    cpu::toeplitz_attention_forward(contiguous(c), contiguous(phi_q), contiguous(phi_k), contiguous(v), fft_len, y);
+  return y;
+}
+
+std::vector<Tensor> toeplitz_attention_backward(const Tensor& grad, const Tensor& c, const Tensor& phi_q,
+                                                const Tensor& phi_k, const Tensor& v, int64_t fft_len) {
+  check_toeplitz_args("toeplitz_attention_backward", c, phi_q, phi_k, v, fft_len);
+  check_defined("toeplitz_attention_backward", grad, "grad");
+  LINEA_CHECK(grad.shape() == Shape({phi_q.size(0), phi_q.size(1), phi_q.size(2), v.size(3)}),
+              "toeplitz_attention_backward: grad ", shape_str(grad.shape()), " does not match phi_q ",
+              shape_str(phi_q.shape()), " and v ", shape_str(v.shape()));
+  check_same_dtype("toeplitz_attention_backward", v, grad);
+  Tensor dc = empty(c.shape(), c.options()), dpq = empty(phi_q.shape(), phi_q.options()),
+         dpk = empty(phi_k.shape(), phi_k.options()), dv = empty(v.shape(), v.options());
+  if (v.size(3) == 0) {
+    for (Tensor* t : {&dc, &dpq, &dpk}) t->zero_();
+    return {dc, dpq, dpk, dv};
+  }
+  cpu::toeplitz_attention_backward(contiguous(c), contiguous(phi_q), contiguous(phi_k), contiguous(v),
+                                   contiguous(grad), fft_len, dc, dpq, dpk, dv);
+  return {dc, dpq, dpk, dv};
+}
+
+}  // namespace linea::raw
