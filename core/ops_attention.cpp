@@ -20,6 +20,8 @@ void check_sdpa_args(const char* op, const Tensor& q, const Tensor& k, const Ten
                   v.size(1) == q.size(1) && v.size(2) == k.size(2),
               op, ": shapes do not match: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
               shape_str(v.shape()), " (expected q [B, H, N, D], k [B, H, M, D], v [B, H, M, E])");
+  LINEA_CHECK(q.size(3) > 0 && v.size(3) > 0, op, ": head dims must be positive, got q ", shape_str(q.shape()),
+              " and v ", shape_str(v.shape()));
   LINEA_CHECK(is_floating(q.dtype()), op, ": expected float32 or float64, got ", dtype_name(q.dtype()));
   check_same_dtype(op, q, k);
   check_same_dtype(op, q, v);

@@ -218,6 +218,18 @@ TEST(SoftmaxAttention, FusedKernelMatchesComposed) {
     }
 }
 
+TEST(SoftmaxAttention, FusedKernelPropagatesNaN) {
+  // A query whose scores are all NaN gets NaN, not the zeros of a query that sees no key.
+  Tensor q = test::randn64({1, 1, 3, 2}), k = test::randn64({1, 1, 4, 2}), v = test::randn64({1, 1, 4, 2});
+  std::vector<double> qv = q.to_vector<double>();
+  qv[0] = NAN;
+  Tensor qn = from_vector<double>(qv, {1, 1, 3, 2});
+  Tensor out = scaled_dot_product_attention(qn, k, v, 0.5);
+  std::vector<double> o = out.to_vector<double>();
+  EXPECT_TRUE(std::isnan(o[0]) && std::isnan(o[1]));
+  for (size_t i = 2; i < o.size(); ++i) EXPECT_TRUE(std::isfinite(o[i]));
+}
+
 TEST(SoftmaxAttention, FusedKernelIsUsedForLargeScores) {
   const Tensor small = zeros({1, 2, 64, 16}), big_q = zeros({4, 8, 2048, 16}), big_k = zeros({4, 8, 2048, 16});
   EXPECT_FALSE(attn::uses_fused_kernel(small, small));

@@ -93,8 +93,11 @@ template <typename T> T softmax_row(T* s, int64_t mv, int64_t ve, const uint8_t*
       if (padb[j]) s[j] = kNegInf;  // exp gives exactly 0
   const T mx = row_max(s, ve);
   if (mx == kNegInf) {
-    std::fill(s, s + mv, T(0));
-    return kNegInf;
+    // No key visible, unless the visible scores are NaN (row_max skips them): never hide a NaN.
+    bool nan = false;
+    for (int64_t j = 0; j < ve; ++j) nan = nan || s[j] != s[j];
+    std::fill(s, s + mv, nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+    return nan ? std::numeric_limits<T>::quiet_NaN() : kNegInf;
   }
   exp_shifted(s, ve, mx);
   std::fill(s + ve, s + mv, T(0));

@@ -2,7 +2,9 @@
 // the interface of one precision (double: fftw_, float: fftwf_), fftw_malloc'ed buffers, and
 // plans cached behind a mutex (FFTW's planner is not thread-safe; executing a plan with the
 // new-array functions is, on arrays with the planning arrays' alignment). Plans are made with
-// FFTW_ESTIMATE and live until process exit. Internal to core/cpu.
+// FFTW_ESTIMATE and live until process exit. Not FFTW_MEASURE, although it measured 1.3-1.45x
+// faster here for 65 channels of 4096 or 16384 (float): it picks algorithms by timing, so two
+// runs (or a run and its resumption) could round differently. Internal to core/cpu.
 #pragma once
 
 #include <fftw3.h>
