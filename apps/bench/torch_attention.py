@@ -1,0 +1,272 @@
+#!/usr/bin/python3
+"""attention-vs-torch: Linea's attention mechanisms against PyTorch-eager versions of the same formulas.
+
+Forward+backward time of every mechanism at every length, for Linea (the `attention-scaling`
+binary, as a subprocess) and for PyTorch eager (in this process), alternating per length
+(Linea at L, then PyTorch at L, then the next length) so that load from other processes on a
+shared machine hits both alike. Prints the speed-up of Linea over PyTorch (PyTorch's time /
+Linea's) and writes every number as JSON lines. Optional: needs PyTorch (Debian's
+`python3-torch`); the project does not depend on it otherwise.
+
+The PyTorch versions follow Linea's formulas step for step (attention/*/ *.cpp), with fixed
+random features (no redraw on either side; the draw itself is not what is compared):
+  softmax    softmax(q k^T / sqrt(D)) v
+  performer  FAVOR+ positive features exp(W q~ - |q~|^2/2) / sqrt(S), q~ = q D^-1/4, orthogonal W,
+             the detached max stabilizers, [v, 1] for numerator and denominator in one product
+  lara       segment landmarks, the qk proposal, importance weights and the mixture (LARA paper)
+  ra         randomized attention: pi = softmax(q~ k~^T), S indices drawn from pi, w = q~ + k~_m + eps
+  nprf_rpe   normalized positive random features and a relative-position bias, the two Toeplitz
+             sums over keys by real FFT (torch.fft.rfft) over the S*Dv channels of phi(k) v^T
+
+Timed work per case, on both sides: out = attention(q, k, v) with q, k, v [B, H, L, D] ~ N(0, 1)
+requiring grad, (out * g).sum(), backward; one warm-up, then the median of --repeats runs.
+
+Usage:
+  apps/bench/torch_attention.py [--linea build/release/apps/bench/attention-scaling]
+      [--lengths 1024,2048,4096,8192] [--specs softmax,performer,lara,nprf_rpe] [--features 16]
+      [--batch 1] [--heads 2] [--dim 64] [--threads 2] [--repeats 5] [--json FILE]
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--linea", default="build/release/apps/bench/attention-scaling", help="attention-scaling binary")
+    p.add_argument("--lengths", default="1024,2048,4096,8192")
+    p.add_argument("--specs", default="softmax,performer,lara,nprf_rpe",
+                   help="mechanism names (softmax, performer, lara, ra, nprf_rpe); --features sets their S")
+    p.add_argument("--features", type=int, default=16, help="random features (performer, nprf_rpe) or samples (lara, ra)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2, help="threads for both (OpenMP/OpenBLAS and torch)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default="attention_vs_torch.json")
+    return p.parse_args()
+
+
+def linea_spec(name, S, L):
+    """The attention-scaling spec of the same formula: fixed features, S of them."""
+    if name == "softmax":
+        return "softmax"
+    if name == "performer":
+        return f"performer:features={S},redraw=0"
+    if name == "lara":
+        return f"lara:samples={S}"
+    if name == "ra":
+        return f"ra:samples={S}"
+    if name == "nprf_rpe":  # the FFT path, as PyTorch's version; max_len covers L
+        return f"nprf_rpe:features={S},redraw=0,dense=0,max_len={L}"
+    raise SystemExit(f"torch_attention.py: unknown mechanism '{name}' (softmax, performer, lara, ra, nprf_rpe)")
+
+
+# ---- PyTorch-eager formulas ------------------------------------------------------------------
+
+def make_torch_mechanisms(torch, H, D, S, L, gen):
+    F = torch.nn.functional
+
+    def orthogonal_gaussian():
+        # blocks of D orthonormal rows (QR of a Gaussian), each row scaled by a chi(D) length
+        rows = []
+        for _ in range(H):
+            blocks, left = [], S
+            while left > 0:
+                q, _ = torch.linalg.qr(torch.randn(D, D, generator=gen, dtype=torch.float64))
+                n = min(D, left)
+                blocks.append(q.T[:n] * torch.randn(n, D, generator=gen, dtype=torch.float64).norm(dim=1, keepdim=True))
+                left -= n
+            rows.append(torch.cat(blocks))
+        return torch.stack(rows).float()  # [H, S, D]
+
+    def softmax(q, k, v):
+        return torch.softmax((q / math.sqrt(D)) @ k.transpose(-2, -1), -1) @ v
+
+    omega_p = orthogonal_gaussian()
+
+    def performer(q, k, v):
+        inv_sqrt_s = 1.0 / math.sqrt(S)
+        qs, ks = q * D ** -0.25, k * D ** -0.25
+        lq = qs @ omega_p.transpose(-2, -1) - 0.5 * (qs * qs).sum(-1, keepdim=True)
+        phi_q = torch.exp(lq - lq.detach().amax(-1, keepdim=True)) * inv_sqrt_s
+        lk = ks @ omega_p.transpose(-2, -1) - 0.5 * (ks * ks).sum(-1, keepdim=True)
+        phi_k = torch.exp(lk - lk.detach().amax((2, 3), keepdim=True)) * inv_sqrt_s
+        v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+        out = phi_q @ (phi_k.transpose(-2, -1) @ v1)
+        den = out[..., -1:]
+        return out[..., :-1] / torch.where(den.detach().abs() < 1e-30, torch.full_like(den, 1e-30), den)
+
+    def log_xi(w, x):  # w x^T - (|x|^2/2)^T
+        return w @ x.transpose(-2, -1) - 0.5 * (x * x).sum(-1).unsqueeze(-2)
+
+    C = min(S, L)
+    sizes = [L // C + (1 if c >= C - L % C else 0) for c in range(C)]
+    member = torch.zeros(C, L)
+    start = 0
+    for c, n in enumerate(sizes):
+        member[c, start:start + n] = 1.0
+        start += n
+    avg = member / member.sum(-1, keepdim=True)
+
+    def lara(q, k, v):
+        B = q.shape[0]
+        qs, ks = q * D ** -0.25, k * D ** -0.25
+        qbar, kbar = avg @ qs, avg @ ks
+        mu = qbar + kbar
+        w = mu + torch.randn(B, H, C, D, generator=gen)
+        l = log_xi(w, mu)
+        l_diag = (w * mu).sum(-1) - 0.5 * (mu * mu).sum(-1)
+        self_w = torch.exp(l_diag - torch.logsumexp(l, -1)).unsqueeze(2)
+        t = torch.softmax(qs @ qbar.transpose(-2, -1), 2)
+        alpha = torch.clamp(self_w + (t - t.mean(-1, keepdim=True)), min=1e-8)
+        lk = log_xi(w, ks)
+        probs = torch.softmax(lk, -1)
+        lse_k = torch.logsumexp(lk, -1)
+        lq = log_xi(w, qs).transpose(-2, -1)
+        log_u = torch.log(alpha) + lq + (lse_k - l_diag).unsqueeze(2)
+        return torch.softmax(log_u, -1) @ (probs @ v)
+
+    def ra(q, k, v):
+        B, N, M = q.shape[0], q.shape[2], k.shape[2]
+        qs, ks = q * D ** -0.25, k * D ** -0.25
+        pi = torch.softmax(qs @ ks.transpose(-2, -1), -1)
+        with torch.no_grad():
+            index = torch.multinomial(pi.reshape(-1, M), S, replacement=True, generator=gen).reshape(B, H, N * S)
+        k_sel = torch.gather(ks, 2, index.unsqueeze(-1).expand(B, H, N * S, D)).reshape(B, H, N, S, D)
+        w = qs.unsqueeze(3) + k_sel + torch.randn(B, H, N, S, D, generator=gen)
+        p = torch.softmax(log_xi(w.reshape(B, H, N * S, D), ks), -1)
+        return p.reshape(B, H, N, S, M).mean(3) @ v
+
+    omega_n = orthogonal_gaussian()
+    rpe = (0.1 * torch.randn(H, 2 * L - 1, generator=gen)).requires_grad_()
+    n_fft = fft_length(2 * L - 1)
+
+    def nprf_rpe(q, k, v):
+        B, N, M, Dv = q.shape[0], q.shape[2], k.shape[2], v.shape[3]
+        inv_sqrt_s = 1.0 / math.sqrt(S)
+        qh, kh = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        lq = qh @ omega_n.transpose(-2, -1) - 0.5 * (qh * qh).sum(-1, keepdim=True)
+        phi_q = torch.exp(lq - lq.detach().amax(-1, keepdim=True)) * inv_sqrt_s
+        lk = kh @ omega_n.transpose(-2, -1) - 0.5 * (kh * kh).sum(-1, keepdim=True)
+        phi_k = torch.exp(lk - lk.detach().amax((2, 3), keepdim=True)) * inv_sqrt_s
+        b = rpe[:, L - N:L - N + N + M - 1]
+        c = torch.exp(b - b.detach().amax(1, keepdim=True))  # [H, N+M-1], offsets -(N-1)..(M-1)
+        # circulant embedding: c_0..c_{M-1}, zeros, c_{-(N-1)}..c_{-1}; y_i = sum_j g_{(j-i) mod n} x_j
+        g = torch.cat([c[:, N - 1:], c.new_zeros(H, n_fft - (N + M - 1)), c[:, :N - 1]], -1)
+        G = torch.fft.rfft(g, n_fft).unsqueeze(1)  # [H, 1, F]
+        pk = phi_k.transpose(-2, -1)  # [B, H, S, M]
+        kv = (pk.unsqueeze(3) * v.transpose(-2, -1).unsqueeze(2)).reshape(B, H, S * Dv, M)
+        ykv = torch.fft.irfft(torch.fft.rfft(kv, n_fft) * G.conj(), n_fft)[..., :N].reshape(B, H, S, Dv, N)
+        yk = torch.fft.irfft(torch.fft.rfft(pk, n_fft) * G.conj(), n_fft)[..., :N]  # [B, H, S, N]
+        pq = phi_q.transpose(-2, -1)
+        num = (pq.unsqueeze(3) * ykv).sum(2).transpose(-2, -1)
+        den = (pq * yk).sum(2, keepdim=True).transpose(-2, -1)
+        return num / den.clamp(min=1e-18)
+
+    return {"softmax": softmax, "performer": performer, "lara": lara, "ra": ra, "nprf_rpe": nprf_rpe}
+
+
+def fft_length(n):
+    """The smallest 5-smooth length >= n (Linea's fft_length)."""
+    while True:
+        r = n
+        for p in (2, 3, 5):
+            while r % p == 0:
+                r //= p
+        if r == 1:
+            return n
+        n += 1
+
+
+def time_torch(torch, fn, B, H, L, D, repeats, gen):
+    q, k, v = (torch.randn(B, H, L, D, generator=gen).requires_grad_() for _ in range(3))
+    g = torch.randn(B, H, L, D, generator=gen)
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        (fn(q, k, v) * g).sum().backward()
+
+    step()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), times
+
+
+def time_linea(args, specs, L):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "linea.json")
+        cmd = [args.linea, "--specs", ",".join(specs), "--lengths", str(L), "--batch", str(args.batch),
+               "--heads", str(args.heads), "--dim", str(args.dim), "--threads", str(args.threads),
+               "--repeats", str(args.repeats), "--seed", str(args.seed), "--max-seconds", "1000", "--json", out]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise SystemExit(f"torch_attention.py: {' '.join(cmd)} failed:\n{run.stderr or run.stdout}")
+        rows = [json.loads(line) for line in open(out) if line.strip()]
+    by_spec = {r["spec"]: r for r in rows}
+    return by_spec, rows[0]["device"] if rows else "?"
+
+
+def main():
+    args = parse_args()
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("torch_attention.py: needs PyTorch (Debian: apt-get install python3-torch)")
+    if not os.access(args.linea, os.X_OK):
+        raise SystemExit(f"torch_attention.py: {args.linea} not found; build it first (cmake --build build/release)")
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    names = [s for s in args.specs.split(",") if s]
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    S, B, H, D = args.features, args.batch, args.heads, args.dim
+
+    results, device = [], "?"
+    with open(args.json, "w") as js:
+        for L in lengths:
+            specs = [linea_spec(n, S, L) for n in names]
+            linea, device = time_linea(args, specs, L)
+            gen = torch.Generator().manual_seed(args.seed)
+            mechs = make_torch_mechanisms(torch, H, D, S, L, gen)
+            for name, spec in zip(names, specs):
+                lr = linea[spec]
+                torch_ms, torch_times = time_torch(torch, mechs[name], B, H, L, D, args.repeats, gen)
+                ok = lr["status"] == "ok"
+                row = {"bench": "attention-vs-torch", "length": L, "mechanism": name, "linea_spec": spec,
+                       "linea_ms": lr.get("ms"), "linea_times_ms": lr.get("times_ms"), "linea_status": lr["status"],
+                       "torch_ms": torch_ms, "torch_times_ms": torch_times,
+                       "speedup": torch_ms / lr["ms"] if ok else None, "B": B, "H": H, "D": D, "S": S,
+                       "threads": args.threads, "linea_device": device, "torch": torch.__version__}
+                results.append(row)
+                js.write(json.dumps(row) + "\n")
+                js.flush()
+                print(f"  L={L:<6} {name:<10} Linea {lr.get('ms', float('nan')):9.2f} ms   "
+                      f"PyTorch {torch_ms:9.2f} ms   {row['speedup'] or float('nan'):.2f}x", flush=True)
+
+    print(f"\nspeed-up of Linea over PyTorch {torch.__version__} eager (PyTorch time / Linea time), "
+          f"forward+backward, float32, B={B}, H={H}, D={D}, {S} features/samples, {args.threads} threads, "
+          f"median of {args.repeats}; {device}\n")
+    print("| L | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for L in lengths:
+        cells = []
+        for name in names:
+            r = next(r for r in results if r["length"] == L and r["mechanism"] == name)
+            cells.append(f"{r['speedup']:.2f}x" if r["speedup"] else "n/a")
+        print(f"| {L} | " + " | ".join(cells) + " |")
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
