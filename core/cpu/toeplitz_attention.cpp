@@ -148,6 +148,16 @@ void filtered_inverse(const Dims& d, const Plans<T>& pl, const typename Fftw<T>:
   Fftw<T>::exec_c2r(pl.c2r_e, dst, y);  // destroys dst, not src
 }
 
+// Feature s of one (b, h): its columns of phi_q, phi_k into b.wq, b.wk, the spectra of
+// phi_k[:, s] v into b.xf and y_s = sum_m c_{m-n} phi_k[m, s] v_m into b.y (channels first).
+template <typename T>
+void feature_output(const Dims& d, const Plans<T>& pl, const T* pqb, const T* pkb, int64_t s, Scratch<T>& b) {
+  column(pkb, d.M, d.S, s, b.wk);
+  column(pqb, d.N, d.S, s, b.wq);
+  feature_spectrum(d, pl, b);
+  filtered_inverse<T>(d, pl, b.cx(), /*conj=*/true, b.y, b);
+}
+
 template <typename T>
 void forward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T* v, T* y) {
   const int nt = omp_get_max_threads();
@@ -171,10 +181,7 @@ void forward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T* 
       transpose_to(v + bh * d.M * d.E, d.M, d.E, b.vt);
       embed_c(d, pl, c, bh / d.H, bh % d.H, b);
       for (int64_t s = sp.s0(d, chunk); s < sp.s0(d, chunk + 1); ++s) {
-        column(pkb, d.M, d.S, s, b.wk);
-        column(pqb, d.N, d.S, s, b.wq);
-        feature_spectrum(d, pl, b);
-        filtered_inverse<T>(d, pl, b.cx(), /*conj=*/true, b.y, b);
+        feature_output(d, pl, pqb, pkb, s, b);
         for (int64_t e = 0; e < d.E; ++e) {
           const T* ye = b.y + e * d.n;
           T* oe = out + e * d.N;
@@ -228,11 +235,8 @@ void backward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T*
       transpose_to(dy + bh * d.N * d.E, d.N, d.E, b.gt);
       embed_c(d, pl, c, bh / d.H, bh % d.H, b);
       for (int64_t s = sp.s0(d, chunk); s < sp.s0(d, chunk + 1); ++s) {
-        column(pkb, d.M, d.S, s, b.wk);
-        column(pqb, d.N, d.S, s, b.wq);
         // The forward's y_s again: dphi_q[n, s] = dy_n . y_s,n
-        feature_spectrum(d, pl, b);
-        filtered_inverse<T>(d, pl, b.cx(), /*conj=*/true, b.y, b);
+        feature_output(d, pl, pqb, pkb, s, b);
         for (int64_t i = 0; i < d.N; ++i) dpqb[i * d.S + s] = T(0);
         for (int64_t e = 0; e < d.E; ++e) {
           const T* ye = b.y + e * d.n;
