@@ -219,14 +219,15 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 
 // ---- fused attention ----------------------------------------------------------------------------
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                                    int64_t query_offset, const Tensor& key_padding) {
+                                    int64_t query_offset, const Tensor& key_padding, bool keep_probs) {
   const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
-  std::vector<Tensor> r = raw::sdpa(q, k, v, scale, causal, query_offset, pad);  // {out, lse}
-  if (!needs_grad({&q, &k, &v})) return r[0];
+  const bool grad = needs_grad({&q, &k, &v});
+  std::vector<Tensor> r = raw::sdpa(q, k, v, scale, causal, query_offset, pad, grad && keep_probs);  // out, lse, probs
+  if (!grad) return r[0];
   return attach(r[0], "scaled_dot_product_attention", {q, k, v},
-                [qd = q.detach(), kd = k.detach(), vd = v.detach(), out = r[0].detach(), lse = r[1], scale, causal,
-                 query_offset, pad](const Tensor& g) -> std::vector<Tensor> {
-                  return raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad);
+                [qd = q.detach(), kd = k.detach(), vd = v.detach(), out = r[0].detach(), lse = r[1], probs = r[2],
+                 scale, causal, query_offset, pad](const Tensor& g) -> std::vector<Tensor> {
+                  return raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad, probs);
                 });
 }
 

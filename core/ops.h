@@ -72,13 +72,15 @@ Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, con
 // Fused softmax attention, CPU only (core/cpu/attention.h; CUDA composes it from ops):
 // q [B, H, N, D], k [B, H, M, D], v [B, H, M, E]; key m hidden from query n when causal and
 // m > n + offset, or where pad (Bool [B, M], true = padding; undefined: none) says so.
-// Returns {out [B, H, N, E], lse [B, H, N]}.
+// Returns {out [B, H, N, E], lse [B, H, N], probs [B, H, N, M]} (probs only with keep_probs,
+// else undefined).
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                         const Tensor& pad);
-// Returns {dq, dk, dv} from grad [B, H, N, E] and the forward's out and lse.
+                         const Tensor& pad, bool keep_probs = false);
+// Returns {dq, dk, dv} from grad [B, H, N, E] and the forward's out, lse and probs (undefined:
+// recomputed block by block).
 std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
-                                  const Tensor& pad);
+                                  const Tensor& pad, const Tensor& probs = Tensor());
 // Toeplitz-modulated linear attention, CPU only (core/cpu/attention.h): y_n = sum_m c_{m-n}
 // (phi_q_n . phi_k_m) v_m for c [H, N+M-1] or [B, H, N+M-1] (c_t at t + N - 1), phi_q
 // [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by real FFTs of length fft_len >= N + M - 1.

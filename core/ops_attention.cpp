@@ -40,29 +40,35 @@ void check_sdpa_args(const char* op, const Tensor& q, const Tensor& k, const Ten
 }  // namespace
 
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                         const Tensor& pad) {
+                         const Tensor& pad, bool keep_probs) {
   check_sdpa_args("sdpa", q, k, v, scale, offset, pad);
   const TensorOptions opts(q.dtype(), q.device());
   Tensor out = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, opts);
+  Tensor probs = keep_probs ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, opts) : Tensor();
   if (out.numel() > 0 || lse.numel() > 0)
     cpu::sdpa_forward(contiguous(q), contiguous(k), contiguous(v), scale, causal, offset,
-                      pad.defined() ? contiguous(pad) : Tensor(), out, lse);
-  return {out, lse};
+                      pad.defined() ? contiguous(pad) : Tensor(), out, lse, probs);
+  return {out, lse, probs};
 }
 
 std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
-                                  const Tensor& pad) {
+                                  const Tensor& pad, const Tensor& probs) {
   check_sdpa_args("sdpa_backward", q, k, v, scale, offset, pad);
   check_defined("sdpa_backward", grad, "grad");
   LINEA_CHECK(grad.shape() == out.shape() && lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}),
               "sdpa_backward: grad ", shape_str(grad.shape()), ", out ", shape_str(out.shape()), " and lse ",
               shape_str(lse.shape()), " do not match q ", shape_str(q.shape()), " and v ", shape_str(v.shape()));
+  LINEA_CHECK(!probs.defined() || probs.shape() == Shape({q.size(0), q.size(1), q.size(2), k.size(2)}),
+              "sdpa_backward: probs ", shape_str(probs.shape()), " do not match q ", shape_str(q.shape()), " and k ",
+              shape_str(k.shape()), " (expected [B, H, N, M])");
   check_same_dtype("sdpa_backward", q, grad);
+  if (probs.defined()) check_same_dtype("sdpa_backward", q, probs);
   Tensor dq = empty(q.shape(), q.options()), dk = empty(k.shape(), k.options()), dv = empty(v.shape(), v.options());
   if (q.numel() + k.numel() + v.numel() > 0)
-    cpu::sdpa_backward(contiguous(q), contiguous(k), contiguous(v), contiguous(out), contiguous(lse), contiguous(grad),
+    cpu::sdpa_backward(contiguous(q), contiguous(k), contiguous(v), contiguous(out), contiguous(lse),
+                       probs.defined() ? contiguous(probs) : Tensor(), contiguous(grad),
                        scale, causal, offset, pad.defined() ? contiguous(pad) : Tensor(), dq, dk, dv);
   return {dq, dk, dv};
 }

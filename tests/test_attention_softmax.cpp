@@ -167,9 +167,10 @@ TEST(SoftmaxAttention, DropoutOnWeightsOnlyWhileTraining) {
 }
 
 // The fused CPU kernel (scaled_dot_product_attention) against the composed formula, values and
-// gradients: query counts around its 64-row blocks, N != M, causal masks with offsets, padding
-// (a fully padded batch too), one head (several threads share a head's blocks) and several
-// (a head per thread), float64 and float32.
+// gradients, with the probabilities kept and recomputed: one block of query rows and several
+// (at most 256 rows a block: N = 300, 520), N != M, causal masks with offsets, padding (a fully
+// padded batch too), one head (several threads share a head's blocks) and several (a head per
+// thread), float64 and float32.
 TEST(SoftmaxAttention, FusedKernelMatchesComposed) {
   manual_seed(9);
   struct Case {
@@ -181,9 +182,11 @@ TEST(SoftmaxAttention, FusedKernelMatchesComposed) {
   const std::vector<Case> cases = {{1, 1, 1, 1, false, 0, false},   {1, 1, 65, 65, false, 0, false},
                                    {2, 3, 64, 130, false, 0, true},  {1, 1, 130, 130, true, 0, false},
                                    {2, 2, 70, 75, true, 5, true},    {1, 1, 3, 129, true, 126, false},
-                                   {1, 2, 129, 7, false, 0, true},   {2, 1, 5, 1, true, 0, false}};
+                                   {1, 2, 129, 7, false, 0, true},   {2, 1, 5, 1, true, 0, false},
+                                   {1, 2, 300, 40, false, 0, true},  {1, 1, 520, 530, true, 10, true}};
   for (const Case& c : cases)
-    for (DType dt : {DType::Float64, DType::Float32}) {
+    for (DType dt : {DType::Float64, DType::Float32})
+      for (bool keep : {false, true}) {
       const TensorOptions o(dt);
       const int64_t D = 5, E = 3;
       Tensor q = randn({c.B, c.H, c.N, D}, o), k = randn({c.B, c.H, c.M, D}, o), v = randn({c.B, c.H, c.M, E}, o);
@@ -205,14 +208,14 @@ TEST(SoftmaxAttention, FusedKernelMatchesComposed) {
                vv = v.detach().requires_grad_(true);
         outs[composed] = composed ? attn::softmax_attention_composed(qq, kk, vv, opts)
                                   : scaled_dot_product_attention(qq, kk, vv, 1.0 / std::sqrt(double(D)), c.causal,
-                                                                 c.offset, attn::key_padding_bool(opts));
+                                                                 c.offset, attn::key_padding_bool(opts), keep);
         sum(outs[composed] * g).backward();
         grads[composed] = {qq.grad(), kk.grad(), vv.grad()};
       }
       const double rtol = dt == DType::Float64 ? 1e-11 : 2e-5, atol = dt == DType::Float64 ? 1e-12 : 2e-6;
       const std::string what = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " N" + std::to_string(c.N) +
                                " M" + std::to_string(c.M) + (c.causal ? " causal" : "") + (c.pad ? " pad" : "") +
-                               " " + dtype_name(dt);
+                               " " + dtype_name(dt) + (keep ? " kept" : " recomputed");
       EXPECT_TRUE(all_close(outs[0], outs[1], rtol, atol)) << what;
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(all_close(grads[0][i], grads[1][i], rtol, atol)) << what << " grad " << i;
     }
@@ -230,10 +233,22 @@ TEST(SoftmaxAttention, FusedKernelPropagatesNaN) {
   for (size_t i = 2; i < o.size(); ++i) EXPECT_TRUE(std::isfinite(o[i]));
 }
 
-TEST(SoftmaxAttention, FusedKernelIsUsedForLargeScores) {
-  const Tensor small = zeros({1, 2, 64, 16}), big_q = zeros({4, 8, 2048, 16}), big_k = zeros({4, 8, 2048, 16});
-  EXPECT_FALSE(attn::uses_fused_kernel(small, small));
-  EXPECT_TRUE(attn::uses_fused_kernel(big_q, big_k));  // 4 * 8 * 2048^2 floats = 512 MiB of scores
+TEST(SoftmaxAttention, FusedKernelKeepsProbabilitiesUpToTheBound) {
+  const Tensor q = zeros({4, 8, 2048, 16}), k = zeros({4, 8, 2048, 16}), k_long = zeros({4, 8, 2049, 16});
+  EXPECT_TRUE(attn::fused_kernel_keeps_probs(q, k));  // 4 * 8 * 2048^2 floats = 512 MiB
+  EXPECT_FALSE(attn::fused_kernel_keeps_probs(q, k_long));
+  EXPECT_FALSE(attn::fused_kernel_keeps_probs(q.to(DType::Float64), k.to(DType::Float64)));
+}
+
+// softmax_attention on the CPU goes through the fused kernel (no dropout) and the composed
+// formula (dropout while training): both give the composed formula's values.
+TEST(SoftmaxAttention, LayerPathsAgree) {
+  manual_seed(10);
+  Tensor q = randn({2, 2, 9, 4}), k = randn({2, 2, 11, 4}), v = randn({2, 2, 11, 3});
+  const Tensor ref = attn::softmax_attention_composed(q, k, v);
+  EXPECT_TRUE(all_close(attn::softmax_attention(q, k, v), ref, 1e-5, 1e-6));
+  EXPECT_TRUE(all_close(attn::softmax_attention(q, k, v, {}, 0.5, false), ref, 1e-5, 1e-6));  // eval: no dropout
+  EXPECT_FALSE(all_close(attn::softmax_attention(q, k, v, {}, 0.5, true), ref, 1e-3, 0));
 }
 
 TEST(SoftmaxAttention, FusedKernelBadInputsThrow) {

@@ -153,12 +153,12 @@ TEST(GradCheck, MultiHeadAttention) {
   EXPECT_MODULE_GRADCHECK(*nob, m, {randn64({2, 3, 4})});
 }
 
-// The fused CPU kernel (what softmax_attention runs for large scores) and the composed formula
-// (small scores, dropout, CUDA).
-Fn kAttention(attn::AttentionOptions o) {
-  return [o](const std::vector<Tensor>& x) {
+// The fused CPU kernel (what softmax_attention runs on the CPU), with its probabilities kept
+// or recomputed in the backward, and the composed formula (dropout, CUDA).
+Fn kAttention(attn::AttentionOptions o, bool keep_probs = false) {
+  return [o, keep_probs](const std::vector<Tensor>& x) {
     return scaled_dot_product_attention(x[0], x[1], x[2], 1.0 / std::sqrt(static_cast<double>(x[0].size(3))),
-                                        o.causal, o.query_offset, attn::key_padding_bool(o));
+                                        o.causal, o.query_offset, attn::key_padding_bool(o), keep_probs);
   };
 }
 Fn kAttentionComposed(attn::AttentionOptions o) {
@@ -174,10 +174,12 @@ TEST(GradCheck, SoftmaxAttentionCausal) {
   EXPECT_GRADCHECK(kAttention(o), {randn64({1, 2, 2, 3}), randn64({1, 2, 4, 3}), randn64({1, 2, 4, 2})});
   EXPECT_GRADCHECK(kAttention(o),
                    {randn64({1, 1, 4, 2}), test::randn64_transposed({1, 1, 3, 2}), randn64({1, 1, 3, 2})});
+  EXPECT_GRADCHECK(kAttention(o, true), {randn64({1, 2, 2, 3}), randn64({1, 2, 4, 3}), randn64({1, 2, 4, 2})});
   EXPECT_GRADCHECK(kAttentionComposed(o), {randn64({2, 2, 3, 2}), randn64({2, 2, 3, 2}), randn64({2, 2, 3, 3})});
-  // More queries than the fused kernel's block of 64 rows, with a query offset.
+  // More queries than the fused kernel's block of 256 rows, with a query offset.
   o.query_offset = 2;
-  EXPECT_GRADCHECK(kAttention(o), {randn64({1, 1, 70, 2}), randn64({1, 1, 72, 2}), randn64({1, 1, 72, 1})});
+  EXPECT_GRADCHECK(kAttention(o), {randn64({1, 1, 260, 2}), randn64({1, 1, 262, 2}), randn64({1, 1, 262, 1})});
+  EXPECT_GRADCHECK(kAttention(o, true), {randn64({1, 1, 260, 2}), randn64({1, 1, 262, 2}), randn64({1, 1, 262, 1})});
 }
 
 TEST(GradCheck, SoftmaxAttentionPadded) {
@@ -190,6 +192,7 @@ TEST(GradCheck, SoftmaxAttentionPadded) {
   o.causal = true;
   o.key_padding_mask = tensor<int64_t>({1, 0, 0, 1, 0, 0, 0, 1}, {2, 4});
   EXPECT_GRADCHECK(kAttention(o), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
+  EXPECT_GRADCHECK(kAttention(o, true), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
   EXPECT_GRADCHECK(kAttentionComposed(o), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
 }
 

@@ -17,19 +17,19 @@ void check_softmax_inputs(const Tensor& q, const Tensor& k, const Tensor& v, con
 }
 }  // namespace
 
-bool uses_fused_kernel(const Tensor& q, const Tensor& k) {
-  const double score_bytes = static_cast<double>(q.size(0)) * static_cast<double>(q.size(1)) *
-                             static_cast<double>(q.size(2)) * static_cast<double>(k.size(2)) *
-                             static_cast<double>(dtype_size(q.dtype()));
-  return q.is_cpu() && score_bytes > kFusedScoreBytes;
+bool fused_kernel_keeps_probs(const Tensor& q, const Tensor& k) {
+  const double prob_bytes = static_cast<double>(q.size(0)) * static_cast<double>(q.size(1)) *
+                            static_cast<double>(q.size(2)) * static_cast<double>(k.size(2)) *
+                            static_cast<double>(dtype_size(q.dtype()));
+  return prob_bytes <= kKeepProbsBytes;
 }
 
 Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
                          double dropout_p, bool training) {
   check_softmax_inputs(q, k, v, opts, dropout_p);
-  if (uses_fused_kernel(q, k) && !(training && dropout_p > 0.0))
+  if (q.is_cpu() && !(training && dropout_p > 0.0))
     return scaled_dot_product_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), opts.causal,
-                                        opts.query_offset, key_padding_bool(opts));
+                                        opts.query_offset, key_padding_bool(opts), fused_kernel_keeps_probs(q, k));
   return softmax_attention_composed(q, k, v, opts, dropout_p, training);
 }
 

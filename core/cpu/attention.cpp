@@ -1,4 +1,4 @@
-// Fused CPU softmax attention (see attention.h). Work items are blocks of at most kRows query
+// Fused CPU softmax attention (see attention.h). Work items are blocks of at most kMaxRows query
 // rows of one (b, h); each item's scores [rows, M] live in a per-thread buffer (one workspace
 // from the allocator), GEMMs by OpenBLAS (the OpenMP build runs single-threaded inside our
 // parallel region, one GEMM per thread).
@@ -22,9 +22,11 @@ namespace {
 
 using detail::Workspace;
 
-// Query rows per work item: their float scores at M = 4096 (1 MiB) stay in L2/L3 between the
-// two GEMMs that read them.
-constexpr int64_t kRows = 64;
+// Query rows per work item: about kBlockBytes of scores (256 rows at M = 4096 in float32), which
+// stay in L2/L3 between the GEMMs that read them. Fewer rows would cost more packing: OpenBLAS
+// packs the whole of k (or v) again for every block (measured at M = 4096: 64 rows about 5% slower than 256).
+constexpr int64_t kBlockBytes = int64_t(4) << 20;
+constexpr int64_t kMinRows = 32, kMaxRows = 256;
 
 // c = alpha op(a) op(b) + beta c, all row-major.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
@@ -55,7 +57,7 @@ struct Problem {
   bool causal;
   int64_t offset;
   const uint8_t* pad;  // [B, M] or null
-  int64_t R;           // query rows per block: at most kRows, the blocks as even as possible
+  int64_t R;           // query rows per block: at most kMaxRows, the blocks as even as possible
   int64_t blocks() const { return N == 0 ? 0 : (N + R - 1) / R; }
   // Keys [0, keys_of_block) are visible to some row of the block starting at query i0.
   int64_t keys_of_block(int64_t i0, int64_t rows) const {
@@ -120,7 +122,7 @@ template <typename T> void probabilities_row(T* s, int64_t mv, int64_t ve, const
 }
 
 template <typename T>
-void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, T* out, T* lse) {
+void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, T* out, T* lse, T* probs) {
   const int64_t nblk = p.blocks(), items = p.B * p.H * nblk, rm = p.R * p.M;
   const int nt = omp_get_max_threads();
   Workspace<T> ws(nt * Workspace<T>::rounded(rm));
@@ -137,14 +139,19 @@ void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v,
       const T* qb = q + (bh * p.N + i0) * p.D;
       T* ob = out + (bh * p.N + i0) * p.E;
       T* lb = lse + bh * p.N + i0;
+      // The block's scores: in the kept probabilities when there are any, else in scratch.
+      T* sb = probs ? probs + (bh * p.N + i0) * p.M : s;
+      const int64_t ld = probs ? p.M : mv;
+      if (probs)  // keys [mv, M) are hidden from the whole block: probability 0
+        for (int64_t r = 0; r < rows; ++r) std::fill(sb + r * p.M + mv, sb + (r + 1) * p.M, T(0));
       if (mv == 0) {
         std::fill(ob, ob + rows * p.E, T(0));
         std::fill(lb, lb + rows, -std::numeric_limits<T>::infinity());
         continue;
       }
-      gemm(false, true, rows, mv, p.D, scale, qb, p.D, k + bh * p.M * p.D, p.D, T(0), s, mv);
-      for (int64_t r = 0; r < rows; ++r) lb[r] = softmax_row(s + r * mv, mv, p.visible_end(i0 + r, mv), padb);
-      gemm(false, false, rows, p.E, mv, T(1), s, mv, v + bh * p.M * p.E, p.E, T(0), ob, p.E);
+      gemm(false, true, rows, mv, p.D, scale, qb, p.D, k + bh * p.M * p.D, p.D, T(0), sb, ld);
+      for (int64_t r = 0; r < rows; ++r) lb[r] = softmax_row(sb + r * ld, mv, p.visible_end(i0 + r, mv), padb);
+      gemm(false, false, rows, p.E, mv, T(1), sb, ld, v + bh * p.M * p.E, p.E, T(0), ob, p.E);
     }
   }
 }
@@ -155,10 +162,11 @@ template <typename T> LINEA_VEC_CLONES void softmax_grad_row(const T* p, T* dp, 
   for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - d);
 }
 
-// One block's share of the backward: dq rows written, dk and dv rows [0, mv) accumulated.
+// One block's share of the backward: dq rows written, dk and dv rows [0, mv) accumulated. The
+// block's probabilities come from the forward's kept ones or are recomputed into s.
 template <typename T>
 void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* q, const T* k, const T* v, const T* out,
-                    const T* lse, const T* dout, T* dq, T* dk_bh, T* dv_bh, T* s, T* dp) {
+                    const T* lse, const T* probs, const T* dout, T* dq, T* dk_bh, T* dv_bh, T* s, T* dp) {
   const int64_t rows = std::min(p.R, p.N - i0), mv = p.keys_of_block(i0, rows), b = bh / p.H;
   const T* qb = q + (bh * p.N + i0) * p.D;
   const T* kb = k + bh * p.M * p.D;
@@ -170,18 +178,25 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
     std::fill(dqb, dqb + rows * p.D, T(0));
     return;
   }
-  const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
-  gemm(false, true, rows, mv, p.D, scale, qb, p.D, kb, p.D, T(0), s, mv);  // scores
-  for (int64_t r = 0; r < rows; ++r)
-    probabilities_row(s + r * mv, mv, p.visible_end(i0 + r, mv), padb, lse[bh * p.N + i0 + r]);
+  const T* pb = s;
+  int64_t ld = mv;
+  if (probs) {
+    pb = probs + (bh * p.N + i0) * p.M;
+    ld = p.M;
+  } else {
+    const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
+    gemm(false, true, rows, mv, p.D, scale, qb, p.D, kb, p.D, T(0), s, mv);  // scores
+    for (int64_t r = 0; r < rows; ++r)
+      probabilities_row(s + r * mv, mv, p.visible_end(i0 + r, mv), padb, lse[bh * p.N + i0 + r]);
+  }
   gemm(false, true, rows, mv, p.E, T(1), gb, p.E, vb, p.E, T(0), dp, mv);  // dP = dO V^T
-  gemm(true, false, mv, p.E, rows, T(1), s, mv, gb, p.E, T(1), dv_bh, p.E);  // dV += P^T dO
+  gemm(true, false, mv, p.E, rows, T(1), pb, ld, gb, p.E, T(1), dv_bh, p.E);  // dV += P^T dO
   for (int64_t r = 0; r < rows; ++r) {
     // dS = P (dP - rowsum(dO * O)), the softmax backward
     double dot = 0;
     for (int64_t e = 0; e < p.E; ++e) dot += static_cast<double>(gb[r * p.E + e]) * ob[r * p.E + e];
     const T d = static_cast<T>(dot);
-    softmax_grad_row(s + r * mv, dp + r * mv, mv, d);
+    softmax_grad_row(pb + r * ld, dp + r * mv, mv, d);
   }
   gemm(false, false, rows, p.D, mv, scale, dp, mv, kb, p.D, T(0), dqb, p.D);  // dQ = scale dS K
   gemm(true, false, mv, p.D, rows, scale, dp, mv, qb, p.D, T(1), dk_bh, p.D);  // dK += scale dS^T Q
@@ -189,17 +204,17 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
 
 template <typename T>
 void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* out, const T* lse,
-                   const T* dout, T* dq, T* dk, T* dv) {
+                   const T* probs, const T* dout, T* dq, T* dk, T* dv) {
   const int64_t BH = p.B * p.H, nblk = p.blocks(), kd = p.M * p.D, ve = p.M * p.E, rm = p.R * p.M;
   const int nt = omp_get_max_threads();
   // Whole heads per thread when there are enough (each accumulates its own dk, dv rows); else
   // blocks of a head on several threads, each summing into its own copy of dk and dv.
   const bool by_head = BH >= nt;
   const int64_t acc = by_head ? 0 : nt * (Workspace<T>::rounded(BH * kd) + Workspace<T>::rounded(BH * ve));
-  Workspace<T> ws(2 * nt * Workspace<T>::rounded(rm) + acc);
+  Workspace<T> ws((probs ? 1 : 2) * nt * Workspace<T>::rounded(rm) + acc);
   std::vector<T*> s(static_cast<size_t>(nt)), dp(s.size()), acc_k(s.size()), acc_v(s.size());
   for (int t = 0; t < nt; ++t) {
-    s[static_cast<size_t>(t)] = ws.take(rm);
+    s[static_cast<size_t>(t)] = probs ? nullptr : ws.take(rm);
     dp[static_cast<size_t>(t)] = ws.take(rm);
     if (!by_head) {
       acc_k[static_cast<size_t>(t)] = ws.take(BH * kd);
@@ -215,7 +230,7 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
         std::fill(dk + bh * kd, dk + (bh + 1) * kd, T(0));
         std::fill(dv + bh * ve, dv + (bh + 1) * ve, T(0));
         for (int64_t blk = 0; blk < nblk; ++blk)
-          backward_block(p, scale, bh, blk * p.R, q, k, v, out, lse, dout, dq, dk + bh * kd, dv + bh * ve, s[t], dp[t]);
+          backward_block(p, scale, bh, blk * p.R, q, k, v, out, lse, probs, dout, dq, dk + bh * kd, dv + bh * ve, s[t], dp[t]);
       }
     }
     return;
@@ -228,7 +243,7 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < BH * nblk; ++it) {
       const int64_t bh = it / nblk;
-      backward_block(p, scale, bh, (it % nblk) * p.R, q, k, v, out, lse, dout, dq, acc_k[t] + bh * kd,
+      backward_block(p, scale, bh, (it % nblk) * p.R, q, k, v, out, lse, probs, dout, dq, acc_k[t] + bh * kd,
                      acc_v[t] + bh * ve, s[t], dp[t]);
     }
   }
@@ -246,7 +261,9 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
 }
 
 Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset, const Tensor& pad) {
-  const int64_t N = q.size(2), nblk = std::max<int64_t>((N + kRows - 1) / kRows, 1);
+  const int64_t N = q.size(2), M = k.size(2);
+  const int64_t rows = std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(M * dtype_size(q.dtype()), 1), kMinRows, kMaxRows);
+  const int64_t nblk = std::max<int64_t>((N + rows - 1) / rows, 1);
   return {q.size(0), q.size(1), N,      k.size(2), q.size(3), v.size(3), causal, offset,
           pad.defined() ? static_cast<const uint8_t*>(pad.data_ptr()) : nullptr, std::max<int64_t>((N + nblk - 1) / nblk, 1)};
 }
@@ -254,21 +271,22 @@ Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
 }  // namespace
 
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                  const Tensor& pad, const Tensor& out, const Tensor& lse) {
+                  const Tensor& pad, const Tensor& out, const Tensor& lse, const Tensor& probs) {
   const Problem p = problem_of(q, k, v, causal, offset, pad);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     forward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
-                           out.data<scalar_t>(), lse.data<scalar_t>());
+                           out.data<scalar_t>(), lse.data<scalar_t>(), probs.defined() ? probs.data<scalar_t>() : nullptr);
   });
 }
 
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const Tensor& dout, double scale, bool causal, int64_t offset, const Tensor& pad, const Tensor& dq,
+                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset, const Tensor& pad, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv) {
   const Problem p = problem_of(q, k, v, causal, offset, pad);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
     backward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(),
-                            v.data<scalar_t>(), out.data<scalar_t>(), lse.data<scalar_t>(), dout.data<scalar_t>(),
+                            v.data<scalar_t>(), out.data<scalar_t>(), lse.data<scalar_t>(),
+                            probs.defined() ? probs.data<scalar_t>() : nullptr, dout.data<scalar_t>(),
                             dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>());
   });
 }

@@ -5,7 +5,8 @@
 //   out_n = sum_m p_nm v_m,  p_nm = exp(scale q_n.k_m - lse_n) over the keys n may see, 0 elsewhere
 // where lse_n is the log-sum-exp of row n's visible scaled scores; a row that sees no key gets
 // out_n = 0 and lse_n = -inf (masked_softmax's convention: fully hidden rows are zero).
-// The backward recomputes each block's scores from q, k and lse instead of keeping them.
+// The forward can keep the probabilities p [B, H, N, M] for the backward; without them the
+// backward recomputes each block's scores from q, k and lse (one more GEMM and exp per score).
 #pragma once
 
 #include <cstdint>
@@ -16,14 +17,15 @@ namespace linea::cpu {
 
 // q [B, H, N, D], k [B, H, M, D], v [B, H, M, E]: contiguous, one float dtype. Key m is hidden
 // from query n when causal and m > n + offset, or when pad (Bool [B, M] contiguous, true =
-// padding; undefined: none) marks it. Writes out [B, H, N, E] and lse [B, H, N].
+// padding; undefined: none) marks it. Writes out [B, H, N, E], lse [B, H, N] and, when defined,
+// probs [B, H, N, M].
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                  const Tensor& pad, const Tensor& out, const Tensor& lse);
+                  const Tensor& pad, const Tensor& out, const Tensor& lse, const Tensor& probs);
 
 // The gradients dq, dk, dv (same shapes as q, k, v; overwritten) from dout [B, H, N, E] and the
-// forward's out and lse.
+// forward's out, lse and probs (undefined: recompute them).
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const Tensor& dout, double scale, bool causal, int64_t offset, const Tensor& pad, const Tensor& dq,
+                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset, const Tensor& pad, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv);
 
 // Toeplitz-modulated linear attention without the [S, E] outer products in memory
