@@ -7,6 +7,7 @@
 // Not here: argument checks, 1-D promotion, broadcasting and copies of unsupported layouts
 // (raw::matmul in core/ops_nn.cpp does those), and any autograd.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -50,9 +51,16 @@ std::vector<int64_t> batch_offsets(const Tensor& t, int64_t batch) {
   return offs;
 }
 
-// The batch loop is sequential on purpose: OpenBLAS threads each GEMM itself, and calling
-// the pthread build of OpenBLAS from an OpenMP-parallel loop measured ~10x slower on batches
-// of small GEMMs (bench_matmul, attention shapes) than this plain loop.
+// With OpenBLAS's OpenMP build (what CMake links when it is installed), a batch of at least
+// as many matrices as threads runs one GEMM per thread (OpenBLAS runs single-threaded inside
+// our parallel region): GEMMs with a small side, [4096, 64] x [64, 16] say, gain nothing from
+// OpenBLAS's own threads (measured ~100 us with 1 or 2), so two heads took twice as long one
+// after the other. With the pthread build the loop stays sequential: calling it from an
+// OpenMP-parallel loop measured ~10x slower on batches of small GEMMs.
+bool blas_is_openmp() {
+  static const bool openmp = openblas_get_parallel() == 2;  // 0 sequential, 1 pthreads, 2 OpenMP
+  return openmp;
+}
 
 // One GEMM per batch entry (or one for the folded batch). a, b, c point at element 0.
 template <typename T>
@@ -69,6 +77,9 @@ void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, i
          static_cast<int>(la.ld), pb + offb[0], static_cast<int>(lb.ld), pc, static_cast<int>(N));
     return;
   }
+  const int threads = omp_get_max_threads();
+  const bool par = threads > 1 && batch >= threads && blas_is_openmp() && !omp_in_parallel();
+#pragma omp parallel for schedule(static) num_threads(threads) if (par)
   for (int64_t i = 0; i < batch; ++i) {
     gemm(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), pa + offa[i], static_cast<int>(la.ld),
          pb + offb[i], static_cast<int>(lb.ld), pc + i * M * N, static_cast<int>(N));
