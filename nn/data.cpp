@@ -2,6 +2,8 @@
 // Not here: the file readers (nn/readers.cpp) or the samplers (nn/sampler.cpp).
 #include "nn/data.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "autograd/ops.h"
@@ -146,6 +148,9 @@ void DataLoader::stop_worker() {
 }
 
 void DataLoader::worker_loop(int64_t first, int64_t last) {
+  // One thread for this thread's OpenMP regions: with all cores they would form a second team
+  // beside the training loop's, more threads than cores, for batches too small to gain from it.
+  omp_set_num_threads(1);
   for (int64_t b = first; b < last; ++b) {
     {
       std::lock_guard<std::mutex> lk(mu_);

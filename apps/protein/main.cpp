@@ -18,6 +18,7 @@
 #include <iostream>
 
 #include "apps/common/device.h"
+#include "apps/common/openmp_wait.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "core/error.h"
@@ -88,6 +89,7 @@ int run_embed(const UseOptions& o, const std::string& fasta, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  apps::shorten_openmp_spin(argv);  // first: may restart the process (openmp_wait.h)
   CLI::App app{"protein: train and use a protein masked language model with any attention mechanism"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "all flags, grouped");

@@ -17,6 +17,7 @@
 #include <iostream>
 
 #include "apps/common/device.h"
+#include "apps/common/openmp_wait.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "core/error.h"
@@ -112,6 +113,7 @@ int run_decode(const DecodeOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  apps::shorten_openmp_spin(argv);  // first: may restart the process (openmp_wait.h)
   CLI::App app{"translate: train and run an encoder-decoder transformer translator with any attention mechanism"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "all flags, grouped");

@@ -11,12 +11,14 @@
 
 #include <cstdio>
 
+#include "apps/common/openmp_wait.h"
 #include "apps/common/run_options.h"
 #include "core/error.h"
 #include "data.h"
 #include "train.h"
 
 int main(int argc, char** argv) {
+  linea::apps::shorten_openmp_spin(argv);  // first: may restart the process (openmp_wait.h)
   vit::TrainOptions o;
   o.data_dir = vit::kFashionMnistDir;
   std::vector<std::string> predict_images;
