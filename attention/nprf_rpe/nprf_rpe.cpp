@@ -183,29 +183,26 @@ Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor&
 
 // ---- the choice of path ------------------------------------------------------------------------
 
-// Both paths compute the same formula; which is faster depends on shapes only. Per (batch, head),
-// forward+backward in float32 on this project's 2-core CPU machine (one thread, process CPU time,
-// best of 3, so that the load of the shared machine does not blur it), the two costs fit
-//   FFT   ~ 27 ns * S*Dv*(N+M)          (memory-bound over the S*Dv channels; the log hardly shows)
-//   dense ~ 0.055 ns * N*M*(S+Dv+115)   (GEMMs over S and Dv, plus ~6 ns of elementwise work per entry)
-// within ~25% for N, M >= 512 (S, Dv in {16, 64, 256}); below that the dense path wins by more
-// than the fit says. Measured, ms per fwd+bwd scaled to B*H = 512, S = 64 (the default
-// features), Dv = D = 16 (the ViT app's heads):
-//      N = M     32    64    128    256    512   1024   2048   4096
-//      FFT      899  1549   3597   7090  13854  29730  56748 128177
-//      dense     36    85    219    603   1822   6304  22169  88519
-//      FFT/dense 25    18     16     12    7.6    4.7    2.6    1.45
-// Other shapes, FFT/dense: S=Dv=16: 5.7, 2.7, 0.85 at N = M = 128, 512, 2048; S=Dv=64: 27, 19,
-// 7.0; S=256, Dv=16: 31, 15, 5.2; S=Dv=16, N=1024, M=4096: 1.1. Wall-clock with 2 threads
-// (apps/bench attention-scaling, B*H = 8) agrees: 1.3 at N = M = 4096. So auto switches to FFT
-// only for long sequences (N = M ~ 5000 at the defaults, ~1700 at S = Dv = 16). The dense path is
-// also the more accurate one in float32 (nprf_rpe.h); its memory grows as N*M and passes the FFT
-// path's near N = M = 2048 at S*Dv = 1024 (both ~3.4 GB at B*H = 32), ~2x of it at the switch.
+// Both paths compute the same formula; which is faster depends on shapes only. Forward+backward
+// in float32 on this project's 2-core CPU machine, one thread, B*H = 2 (apps/bench
+// attention-scaling --threads 1, median of 3), with the fused FFT kernel (toeplitz_attention),
+// the two costs fit
+//   FFT   ~ 1.05 ns * S*Dv*(N+M)*log2(N+M)   (one feature at a time over its Dv channels)
+//   dense ~ 0.060 ns * N*M*(S+Dv+160)        (GEMMs over S and Dv, ~10 ns elementwise per entry)
+// within ~15% at N = M = 512..4096, S in {16, 64}, Dv in {16, 64}. Measured, ms (FFT / dense):
+//      N = M              512          1024          2048           4096
+//      S=64, Dv=16    22.2 / 7.6   46.1 / 30.8   103 / 125     225 / 483
+//      S=64, Dv=64    81.5 / 9.7    173 / 37.6   378 / 151     930 / 580
+//      S=16, Dv=16    6.0 / 5.8    12.4 / 23.9  26.9 / 102    58.6 / 402
+// So auto switches to FFT at N = M ~ 460 (S = Dv = 16), ~1760 (S = 64, Dv = 16: the ViT's heads
+// at the default features) and ~6900 (S = Dv = 64). With 2 threads at N = M = 8192, S = Dv = 64:
+// FFT 1434 ms, dense 1612. The dense path is also the more accurate one in float32 (nprf_rpe.h);
+// its memory grows as N*M (1 GB at N = M = 4096, B*H = 2, against 21-46 MB for FFT).
 // Not measured on CUDA: the same rule applies there.
 bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv) {
   const double n = static_cast<double>(N), m = static_cast<double>(M);
-  const double dense_cost = n * m * static_cast<double>(S + Dv + 115);
-  const double fft_cost = 490.0 * static_cast<double>(S) * static_cast<double>(Dv) * (n + m);
+  const double dense_cost = n * m * static_cast<double>(S + Dv + 160);
+  const double fft_cost = 17.5 * static_cast<double>(S) * static_cast<double>(Dv) * (n + m) * std::log2(n + m);
   return dense_cost <= fft_cost;
 }
 
