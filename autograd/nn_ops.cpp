@@ -225,11 +225,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   // The kernel reads contiguous q, k, v: copied here once (heads split off a [B, N, H*D]
   // projection are strided views) and kept so, so that the backward does not copy them again.
   const Tensor qc = raw::contiguous(q.detach()), kc = raw::contiguous(k.detach()), vc = raw::contiguous(v.detach());
-  std::vector<Tensor> r = raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, grad && keep_probs);  // out, lse, probs
+  std::vector<Tensor> r =
+      raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, grad && keep_probs);  // out, lse, probs
   if (!grad) return r[0];
   return attach(r[0], "scaled_dot_product_attention", {q, k, v},
-                [qd = qc, kd = kc, vd = vc, out = r[0].detach(), lse = r[1], probs = r[2],
-                 scale, causal, query_offset, pad](const Tensor& g) -> std::vector<Tensor> {
+                [qd = qc, kd = kc, vd = vc, out = r[0].detach(), lse = r[1], probs = r[2], scale, causal, query_offset,
+                 pad](const Tensor& g) -> std::vector<Tensor> {
                   return raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad, probs);
                 });
 }

@@ -185,8 +185,8 @@ Tensor dropout(const Tensor& x, double p, bool training);
 // probabilities [B, H, N, M] for the backward; without, it keeps no [N, M] tensor and the
 // backward recomputes the scores blockwise (one more q k^T product and exp: about 15% slower).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                                    bool causal = false, int64_t query_offset = 0,
-                                    const Tensor& key_padding = Tensor(), bool keep_probs = false);
+                                    bool causal = false, int64_t query_offset = 0, const Tensor& key_padding = Tensor(),
+                                    bool keep_probs = false);
 // Toeplitz-modulated linear attention (CPU only): y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m
 // for c [H or B, H, N+M-1] (c_t at index t + N - 1), phi_q [B, H, N, S], phi_k [B, H, M, S],
 // v [B, H, M, E], by real FFTs of length fft_len >= N + M - 1, one feature at a time: no

@@ -68,8 +68,8 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
   Tensor dq = empty(q.shape(), q.options()), dk = empty(k.shape(), k.options()), dv = empty(v.shape(), v.options());
   if (q.numel() + k.numel() + v.numel() > 0)
     cpu::sdpa_backward(contiguous(q), contiguous(k), contiguous(v), contiguous(out), contiguous(lse),
-                       probs.defined() ? contiguous(probs) : Tensor(), contiguous(grad),
-                       scale, causal, offset, pad.defined() ? contiguous(pad) : Tensor(), dq, dk, dv);
+                       probs.defined() ? contiguous(probs) : Tensor(), contiguous(grad), scale, causal, offset,
+                       pad.defined() ? contiguous(pad) : Tensor(), dq, dk, dv);
   return {dq, dk, dv};
 }
 

@@ -180,45 +180,46 @@ TEST(SoftmaxAttention, FusedKernelMatchesComposed) {
     bool pad;
   };
   const std::vector<Case> cases = {{1, 1, 1, 1, false, 0, false},   {1, 1, 65, 65, false, 0, false},
-                                   {2, 3, 64, 130, false, 0, true},  {1, 1, 130, 130, true, 0, false},
-                                   {2, 2, 70, 75, true, 5, true},    {1, 1, 3, 129, true, 126, false},
-                                   {1, 2, 129, 7, false, 0, true},   {2, 1, 5, 1, true, 0, false},
-                                   {1, 2, 300, 40, false, 0, true},  {1, 1, 520, 530, true, 10, true}};
+                                   {2, 3, 64, 130, false, 0, true}, {1, 1, 130, 130, true, 0, false},
+                                   {2, 2, 70, 75, true, 5, true},   {1, 1, 3, 129, true, 126, false},
+                                   {1, 2, 129, 7, false, 0, true},  {2, 1, 5, 1, true, 0, false},
+                                   {1, 2, 300, 40, false, 0, true}, {1, 1, 520, 530, true, 10, true}};
   for (const Case& c : cases)
     for (DType dt : {DType::Float64, DType::Float32})
       for (bool keep : {false, true}) {
-      const TensorOptions o(dt);
-      const int64_t D = 5, E = 3;
-      Tensor q = randn({c.B, c.H, c.N, D}, o), k = randn({c.B, c.H, c.M, D}, o), v = randn({c.B, c.H, c.M, E}, o);
-      Tensor g = randn({c.B, c.H, c.N, E}, o);
-      attn::AttentionOptions opts;
-      opts.causal = c.causal;
-      opts.query_offset = c.offset;
-      if (c.pad) {
-        std::vector<int64_t> pad(static_cast<size_t>(c.B * c.M), 0);
-        for (int64_t m = 0; m < c.M; m += 3) pad[static_cast<size_t>(m)] = 1;  // batch 0: every third key
-        if (c.B > 1)  // the last batch: every key
-          for (int64_t m = 0; m < c.M; ++m) pad[static_cast<size_t>((c.B - 1) * c.M + m)] = 1;
-        opts.key_padding_mask = from_vector<int64_t>(pad, {c.B, c.M});
+        const TensorOptions o(dt);
+        const int64_t D = 5, E = 3;
+        Tensor q = randn({c.B, c.H, c.N, D}, o), k = randn({c.B, c.H, c.M, D}, o), v = randn({c.B, c.H, c.M, E}, o);
+        Tensor g = randn({c.B, c.H, c.N, E}, o);
+        attn::AttentionOptions opts;
+        opts.causal = c.causal;
+        opts.query_offset = c.offset;
+        if (c.pad) {
+          std::vector<int64_t> pad(static_cast<size_t>(c.B * c.M), 0);
+          for (int64_t m = 0; m < c.M; m += 3) pad[static_cast<size_t>(m)] = 1;  // batch 0: every third key
+          if (c.B > 1)                                                           // the last batch: every key
+            for (int64_t m = 0; m < c.M; ++m) pad[static_cast<size_t>((c.B - 1) * c.M + m)] = 1;
+          opts.key_padding_mask = from_vector<int64_t>(pad, {c.B, c.M});
+        }
+        std::vector<Tensor> grads[2];
+        Tensor outs[2];
+        for (int composed = 0; composed < 2; ++composed) {
+          Tensor qq = q.detach().requires_grad_(true), kk = k.detach().requires_grad_(true),
+                 vv = v.detach().requires_grad_(true);
+          outs[composed] = composed ? attn::softmax_attention_composed(qq, kk, vv, opts)
+                                    : scaled_dot_product_attention(qq, kk, vv, 1.0 / std::sqrt(double(D)), c.causal,
+                                                                   c.offset, attn::key_padding_bool(opts), keep);
+          sum(outs[composed] * g).backward();
+          grads[composed] = {qq.grad(), kk.grad(), vv.grad()};
+        }
+        const double rtol = dt == DType::Float64 ? 1e-11 : 2e-5, atol = dt == DType::Float64 ? 1e-12 : 2e-6;
+        const std::string what = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " N" + std::to_string(c.N) +
+                                 " M" + std::to_string(c.M) + (c.causal ? " causal" : "") + (c.pad ? " pad" : "") +
+                                 " " + dtype_name(dt) + (keep ? " kept" : " recomputed");
+        EXPECT_TRUE(all_close(outs[0], outs[1], rtol, atol)) << what;
+        for (int i = 0; i < 3; ++i)
+          EXPECT_TRUE(all_close(grads[0][i], grads[1][i], rtol, atol)) << what << " grad " << i;
       }
-      std::vector<Tensor> grads[2];
-      Tensor outs[2];
-      for (int composed = 0; composed < 2; ++composed) {
-        Tensor qq = q.detach().requires_grad_(true), kk = k.detach().requires_grad_(true),
-               vv = v.detach().requires_grad_(true);
-        outs[composed] = composed ? attn::softmax_attention_composed(qq, kk, vv, opts)
-                                  : scaled_dot_product_attention(qq, kk, vv, 1.0 / std::sqrt(double(D)), c.causal,
-                                                                 c.offset, attn::key_padding_bool(opts), keep);
-        sum(outs[composed] * g).backward();
-        grads[composed] = {qq.grad(), kk.grad(), vv.grad()};
-      }
-      const double rtol = dt == DType::Float64 ? 1e-11 : 2e-5, atol = dt == DType::Float64 ? 1e-12 : 2e-6;
-      const std::string what = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " N" + std::to_string(c.N) +
-                               " M" + std::to_string(c.M) + (c.causal ? " causal" : "") + (c.pad ? " pad" : "") +
-                               " " + dtype_name(dt) + (keep ? " kept" : " recomputed");
-      EXPECT_TRUE(all_close(outs[0], outs[1], rtol, atol)) << what;
-      for (int i = 0; i < 3; ++i) EXPECT_TRUE(all_close(grads[0][i], grads[1][i], rtol, atol)) << what << " grad " << i;
-    }
 }
 
 TEST(SoftmaxAttention, FusedKernelPropagatesNaN) {

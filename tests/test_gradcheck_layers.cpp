@@ -157,8 +157,8 @@ TEST(GradCheck, MultiHeadAttention) {
 // or recomputed in the backward, and the composed formula (dropout, CUDA).
 Fn kAttention(attn::AttentionOptions o, bool keep_probs = false) {
   return [o, keep_probs](const std::vector<Tensor>& x) {
-    return scaled_dot_product_attention(x[0], x[1], x[2], 1.0 / std::sqrt(static_cast<double>(x[0].size(3))),
-                                        o.causal, o.query_offset, attn::key_padding_bool(o), keep_probs);
+    return scaled_dot_product_attention(x[0], x[1], x[2], 1.0 / std::sqrt(static_cast<double>(x[0].size(3))), o.causal,
+                                        o.query_offset, attn::key_padding_bool(o), keep_probs);
   };
 }
 Fn kAttentionComposed(attn::AttentionOptions o) {

@@ -24,7 +24,7 @@ using detail::Workspace;
 
 // Query rows per work item: about kBlockBytes of scores (256 rows at M = 4096 in float32), which
 // stay in L2/L3 between the GEMMs that read them. Fewer rows would cost more packing: OpenBLAS
-// packs the whole of k (or v) again for every block (measured at M = 4096: 64 rows about 5% slower than 256).
+// packs the whole of k (or v) again for every block (at M = 4096, 64 rows ran ~5% slower).
 constexpr int64_t kBlockBytes = int64_t(4) << 20;
 constexpr int64_t kMinRows = 32, kMaxRows = 256;
 
@@ -125,9 +125,10 @@ template <typename T>
 void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, T* out, T* lse, T* probs) {
   const int64_t nblk = p.blocks(), items = p.B * p.H * nblk, rm = p.R * p.M;
   const int nt = omp_get_max_threads();
-  Workspace<T> ws(nt * Workspace<T>::rounded(rm));
-  std::vector<T*> scores(static_cast<size_t>(nt));
-  for (T*& t : scores) t = ws.take(rm);
+  Workspace<T> ws(probs ? 0 : nt * Workspace<T>::rounded(rm));  // scratch scores unless kept
+  std::vector<T*> scores(static_cast<size_t>(nt), nullptr);
+  if (!probs)
+    for (T*& t : scores) t = ws.take(rm);
 #pragma omp parallel num_threads(nt)
   {
     T* s = scores[static_cast<size_t>(omp_get_thread_num())];
@@ -230,7 +231,8 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
         std::fill(dk + bh * kd, dk + (bh + 1) * kd, T(0));
         std::fill(dv + bh * ve, dv + (bh + 1) * ve, T(0));
         for (int64_t blk = 0; blk < nblk; ++blk)
-          backward_block(p, scale, bh, blk * p.R, q, k, v, out, lse, probs, dout, dq, dk + bh * kd, dv + bh * ve, s[t], dp[t]);
+          backward_block(p, scale, bh, blk * p.R, q, k, v, out, lse, probs, dout, dq, dk + bh * kd, dv + bh * ve, s[t],
+                         dp[t]);
       }
     }
     return;
@@ -262,7 +264,8 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
 
 Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset, const Tensor& pad) {
   const int64_t N = q.size(2), M = k.size(2);
-  const int64_t rows = std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(M * dtype_size(q.dtype()), 1), kMinRows, kMaxRows);
+  const int64_t rows =
+      std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(M * dtype_size(q.dtype()), 1), kMinRows, kMaxRows);
   const int64_t nblk = std::max<int64_t>((N + rows - 1) / rows, 1);
   return {q.size(0), q.size(1), N,      k.size(2), q.size(3), v.size(3), causal, offset,
           pad.defined() ? static_cast<const uint8_t*>(pad.data_ptr()) : nullptr, std::max<int64_t>((N + nblk - 1) / nblk, 1)};
@@ -275,17 +278,18 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
   const Problem p = problem_of(q, k, v, causal, offset, pad);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     forward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
-                           out.data<scalar_t>(), lse.data<scalar_t>(), probs.defined() ? probs.data<scalar_t>() : nullptr);
+                           out.data<scalar_t>(), lse.data<scalar_t>(),
+                           probs.defined() ? probs.data<scalar_t>() : nullptr);
   });
 }
 
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset, const Tensor& pad, const Tensor& dq,
-                   const Tensor& dk, const Tensor& dv) {
+                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
+                   const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const Problem p = problem_of(q, k, v, causal, offset, pad);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
-    backward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(),
-                            v.data<scalar_t>(), out.data<scalar_t>(), lse.data<scalar_t>(),
+    backward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
+                            out.data<scalar_t>(), lse.data<scalar_t>(),
                             probs.defined() ? probs.data<scalar_t>() : nullptr, dout.data<scalar_t>(),
                             dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>());
   });

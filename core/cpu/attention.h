@@ -1,7 +1,8 @@
 // Fused CPU attention kernels, CPU only (the CUDA backend composes the same formulas from its
 // ops); called through the raw:: functions of core/ops.h, which check the arguments.
 //
-// Softmax attention without the [N, M] score tensor in memory (raw::sdpa). Per (b, h), for a block of query rows at a time (its scores stay in cache):
+// Softmax attention (raw::sdpa), per (b, h) a block of query rows at a time, the block's scores
+// staying in cache:
 //   out_n = sum_m p_nm v_m,  p_nm = exp(scale q_n.k_m - lse_n) over the keys n may see, 0 elsewhere
 // where lse_n is the log-sum-exp of row n's visible scaled scores; a row that sees no key gets
 // out_n = 0 and lse_n = -inf (masked_softmax's convention: fully hidden rows are zero).
@@ -25,8 +26,8 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 // The gradients dq, dk, dv (same shapes as q, k, v; overwritten) from dout [B, H, N, E] and the
 // forward's out, lse and probs (undefined: recompute them).
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset, const Tensor& pad, const Tensor& dq,
-                   const Tensor& dk, const Tensor& dv);
+                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
+                   const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
 // Toeplitz-modulated linear attention without the [S, E] outer products in memory
 // (raw::toeplitz_attention; nprf_rpe's FFT path). Per (b, h):
