@@ -29,7 +29,7 @@ struct TrainOptions {
   VitConfig model;
   // optimization
   int64_t batch_size = 128;
-  int64_t epochs = 10;
+  int64_t epochs = 8;
   double lr = 2e-3;
   double min_lr = 1e-5;
   double weight_decay = 0.05;
