@@ -206,9 +206,10 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   LINEA_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p must be in [0, 1], got ", p);
   if (!training || p == 0.0) return x;
   LINEA_CHECK(is_floating(x.dtype()), "dropout: expected a float32 or float64 input, got ", x.dtype());
-  // mask [x's shape]: 0 with probability p, else 1 / (1 - p)
+  // mask [x's shape]: 0 with probability p, else 1 / (1 - p); dim 0 is the batch (per-example draw)
   const Tensor mask =
-      p == 1.0 ? zeros(x.shape(), x.options()) : bernoulli(x.shape(), 1.0 - p, x.options()) * (1.0 / (1.0 - p));
+      p == 1.0 ? zeros(x.shape(), x.options())
+               : bernoulli_per_example(x.shape(), 1.0 - p, x.options()) * (1.0 / (1.0 - p));
   Tensor out = raw::binary(BinaryOp::Mul, x, mask);
   if (!needs_grad({&x})) return out;
   return attach(out, "dropout", {x}, [mask](const Tensor& g) -> std::vector<Tensor> {

@@ -205,7 +205,11 @@ enum class ReduceOp { Sum, Max, Min, LogSumExp };
                  double beta2, double eps, double weight_decay, bool decoupled, int64_t step);                       \
   /* fills out with U[lo, hi) / N(mean, std) from the device's default generator */                                  \
   void uniform(const Tensor& out, double lo, double hi);                                                             \
-  void normal(const Tensor& out, double mean, double std);
+  void normal(const Tensor& out, double mean, double std);                                                           \
+  /* per-example draws (core/random.h): out [rows, ...]; row r holds example first_row + r of the draw reserved at */ \
+  /* counter `draw` of a generator seeded `seed` (core/random_math.h) */                                              \
+  void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row);       \
+  void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row);
 
 namespace cpu {
 LINEA_KERNEL_API

@@ -12,30 +12,17 @@
 #include "core/cuda_interface.h"
 #include "core/dispatch.h"
 #include "core/ops.h"
+#include "core/random_math.h"
 
 namespace linea {
 
 namespace detail {
 
 void Philox::block(uint64_t seed, uint64_t ctr, uint32_t out[4]) {
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  uint32_t c0 = static_cast<uint32_t>(ctr), c1 = static_cast<uint32_t>(ctr >> 32), c2 = 0, c3 = 0;
-  for (int round = 0; round < 10; ++round) {
-    uint64_t p0 = uint64_t(0xD2511F53u) * c0;
-    uint64_t p1 = uint64_t(0xCD9E8D57u) * c2;
-    uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  out[0] = c0;
-  out[1] = c1;
-  out[2] = c2;
-  out[3] = c3;
+  out[0] = static_cast<uint32_t>(ctr);
+  out[1] = static_cast<uint32_t>(ctr >> 32);
+  out[2] = out[3] = 0;
+  philox4x32_10(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), out);
 }
 
 Philox& cpu_generator() {
@@ -137,6 +124,66 @@ Tensor randperm(int64_t n, Device device) {
 }
 
 }  // namespace raw
+
+// ---- per-example draws ----
+namespace {
+thread_local int64_t t_first_row = 0;
+
+// {seed, draw}: one counter value reserved from the device's generator.
+std::pair<uint64_t, uint64_t> reserve_draw(Device device) {
+  if (device.is_cpu()) {
+    std::lock_guard<std::mutex> lock(detail::cpu_generator_mutex());
+    auto& g = detail::cpu_generator();
+    return {g.seed, g.offset++};
+  }
+#ifdef LINEA_WITH_CUDA
+  // The CUDA generator's offset counts 32-bit words in steps of 4: one counter value.
+  std::vector<uint64_t> st = cuda::rng_state();
+  cuda::set_rng_state({st[0], st[1] + 4});
+  return {st[0], st[1]};
+#else
+  LINEA_FAIL("random: this build of Linea has no CUDA backend");
+#endif
+}
+
+Tensor per_example(const char* what, const Shape& shape, TensorOptions opts, bool normal, double a, double b) {
+  LINEA_CHECK(is_floating(opts.dtype), what, ": expected a floating dtype, got ", opts.dtype);
+  LINEA_CHECK(!shape.empty(), what, ": the first dimension is the batch; got a 0-d shape");
+  Tensor out = empty(shape, opts.with_requires_grad(false));
+  auto [seed, draw] = reserve_draw(opts.device);  // even for an empty draw: the same advance on every rank
+  if (out.numel() == 0) return out;
+  if (normal)
+    LINEA_BACKEND(out.device(), normal_rows, out, a, b, seed, draw, t_first_row);
+  else
+    LINEA_BACKEND(out.device(), uniform_rows, out, a, b, seed, draw, t_first_row);
+  return out;
+}
+}  // namespace
+
+int64_t batch_first_row() { return t_first_row; }
+BatchRowsGuard::BatchRowsGuard(int64_t first_row) : prev_(t_first_row) {
+  LINEA_CHECK(first_row >= 0, "BatchRowsGuard: negative first row ", first_row);
+  t_first_row = first_row;
+}
+BatchRowsGuard::~BatchRowsGuard() { t_first_row = prev_; }
+
+Tensor uniform_per_example(const Shape& shape, double lo, double hi, TensorOptions opts) {
+  LINEA_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "uniform_per_example: invalid range [", lo, ", ",
+              hi, ")");
+  return per_example("uniform_per_example", shape, opts, false, lo, hi);
+}
+Tensor normal_per_example(const Shape& shape, double mean, double std, TensorOptions opts) {
+  LINEA_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0, "normal_per_example: invalid mean ", mean,
+              " / std ", std);
+  return per_example("normal_per_example", shape, opts, true, mean, std);
+}
+Tensor bernoulli_per_example(const Shape& shape, double p, TensorOptions opts) {
+  LINEA_CHECK(p >= 0 && p <= 1, "bernoulli_per_example: probability ", p, " is outside [0, 1]");
+  Tensor u = per_example("bernoulli_per_example", shape,
+                         TensorOptions(is_floating(opts.dtype) ? opts.dtype : DType::Float64, opts.device), false, 0.0,
+                         1.0);
+  return raw::to_dtype(raw::binary(BinaryOp::Lt, u, scalar_tensor(p, u.options())), opts.dtype);
+}
 
 Tensor rand(const Shape& shape, TensorOptions opts) { return uniform(shape, 0.0, 1.0, opts); }
 Tensor randn(const Shape& shape, TensorOptions opts) { return normal(shape, 0.0, 1.0, opts); }

@@ -25,6 +25,33 @@ Tensor bernoulli(const Shape& shape, double p, TensorOptions opts = {});  // 1 w
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device = kCPU);
 Tensor randperm(int64_t n, Device device = kCPU);
 
+// ---- per-example randomness ------------------------------------------------------------------
+// Draws whose first dimension is the batch (dropout masks, attention samples) use these: the
+// numbers of example i depend only on the generator's state and i's index in the whole batch,
+// never on the other examples or on how many there are, and every such draw advances the
+// generator by the same amount (one counter value) whatever its shape. Under data parallelism
+// a rank that runs examples [first, first + B) of the batch does so inside a
+// BatchRowsGuard(first): its examples get the numbers one process would draw for them, and the
+// ranks' generators stay equal. Within an example, element e (row-major over the other
+// dimensions) has its own numbers, so padding an example's trailing dimension keeps them where
+// the layout keeps e. CPU and CUDA give the same numbers (same Philox counters).
+Tensor uniform_per_example(const Shape& shape, double lo, double hi, TensorOptions opts = {});
+Tensor normal_per_example(const Shape& shape, double mean, double std, TensorOptions opts = {});
+Tensor bernoulli_per_example(const Shape& shape, double p, TensorOptions opts = {});
+
+// The index in the whole batch of this thread's first example (0 outside any guard).
+int64_t batch_first_row();
+class BatchRowsGuard {
+ public:
+  explicit BatchRowsGuard(int64_t first_row);
+  ~BatchRowsGuard();
+  BatchRowsGuard(const BatchRowsGuard&) = delete;
+  BatchRowsGuard& operator=(const BatchRowsGuard&) = delete;
+
+ private:
+  int64_t prev_;
+};
+
 namespace detail {
 // The CPU generator. Philox4x32-10: each 128-bit counter value gives four 32-bit words.
 struct Philox {

@@ -2,8 +2,11 @@
 // {seed, offset}, see cuda/context.h): uniform U[lo, hi) and normal N(mean, std), float32 and
 // float64. The numbers differ from the CPU generator's (same algorithm family, different
 // stream layout); a given {seed, offset} always gives the same numbers on the GPU.
+// The per-example draws (uniform_rows, normal_rows) use Linea's own Philox counters
+// (core/random_math.h), so they equal the CPU's numbers exactly.
 // Not here: bernoulli / randint / randperm (built on these by core/random.cpp).
 #include "core/kernels.h"
+#include "core/random_math.h"
 #include "cuda/common.cuh"
 
 namespace linea::cuda {
@@ -82,6 +85,63 @@ void normal(const Tensor& out, double mean, double std) {
     if (!direct)
       LINEA_CUDA_CHECK(
           cudaMemcpyAsync(out.data_ptr(), dst, sizeof(T) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream()));
+  });
+}
+
+// One thread per (row, counter block); row-major over blocks.
+template <typename T>
+__global__ void uniform_rows_kernel(T* p, int64_t rows, int64_t len, double lo, double hi, uint64_t seed,
+                                    uint64_t draw, int64_t first_row) {
+  constexpr int64_t per = linea::detail::uniforms_per_block<T>();
+  const int64_t blocks = (len + per - 1) / per, total = rows * blocks;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / blocks, b = i % blocks;
+    uint32_t w[4];
+    linea::detail::example_block(seed, draw, first_row + r, b, w);
+    for (int64_t j = 0; j < per && b * per + j < len; ++j)
+      p[r * len + b * per + j] = linea::detail::uniform_from_block<T>(w, j, lo, hi);
+  }
+}
+
+template <typename T>
+__global__ void normal_rows_kernel(T* p, int64_t rows, int64_t len, double mean, double std, uint64_t seed,
+                                   uint64_t draw, int64_t first_row) {
+  const int64_t blocks = (len + 1) / 2, total = rows * blocks;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / blocks, b = i % blocks;
+    uint32_t w[4];
+    linea::detail::example_block(seed, draw, first_row + r, b, w);
+    T x, y;
+    linea::detail::normals_from_block<T>(w, mean, std, x, y);
+    p[r * len + 2 * b] = x;
+    if (2 * b + 1 < len) p[r * len + 2 * b + 1] = y;
+  }
+}
+
+void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row) {
+  LINEA_CHECK(out.is_contiguous(), "uniform_rows: expected a contiguous output");
+  const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
+  if (out.numel() == 0) return;
+  LINEA_DISPATCH_FLOAT(out.dtype(), "uniform_rows", [&] {
+    using T = scalar_t;
+    const int64_t per = linea::detail::uniforms_per_block<T>();
+    uniform_rows_kernel<T><<<grid_for(rows * ((len + per - 1) / per)), kBlockSize, 0, stream()>>>(
+        ptr<T>(out), rows, len, lo, hi, seed, draw, first_row);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row) {
+  LINEA_CHECK(out.is_contiguous(), "normal_rows: expected a contiguous output");
+  const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
+  if (out.numel() == 0) return;
+  LINEA_DISPATCH_FLOAT(out.dtype(), "normal_rows", [&] {
+    using T = scalar_t;
+    normal_rows_kernel<T><<<grid_for(rows * ((len + 1) / 2)), kBlockSize, 0, stream()>>>(ptr<T>(out), rows, len, mean,
+                                                                                         std, seed, draw, first_row);
+    LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
 

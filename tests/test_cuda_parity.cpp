@@ -594,6 +594,27 @@ TEST(CudaParity, Dropout) {
   EXPECT_TRUE(test::all_close(x.grad().to(kCPU), y.detach().to(kCPU), 0, 0));  // grad = mask
 }
 
+// Per-example draws use Linea's own Philox counters on both devices: the same numbers, so a
+// data-parallel run's dropout masks and attention samples do not depend on the device.
+TEST(CudaParity, PerExampleDrawsEqualTheCpus) {
+  LINEA_REQUIRE_CUDA();
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (int64_t first : {0, 5}) {
+      BatchRowsGuard rows(first);
+      manual_seed(21);  // both generators: {21, 0}
+      const Tensor uc = uniform_per_example({3, 2, 7}, -1.0, 2.0, TensorOptions(dt));
+      const Tensor zc = normal_per_example({3, 2, 7}, 0.5, 2.0, TensorOptions(dt));
+      const Tensor ug = uniform_per_example({3, 2, 7}, -1.0, 2.0, TensorOptions(dt, kCuda));
+      const Tensor zg = normal_per_example({3, 2, 7}, 0.5, 2.0, TensorOptions(dt, kCuda));
+      ASSERT_TRUE(on_device(ug));
+      EXPECT_EQ(ug.to(kCPU).to_vector<double>(), uc.to_vector<double>());
+      // Box-Muller's log/cos may round differently in the last bit on the GPU.
+      EXPECT_TRUE(test::all_close(zg.to(kCPU), zc, dt == DType::Float32 ? 1e-6 : 1e-13, 1e-6));
+      EXPECT_EQ(get_rng_state(kCuda)[1], 8u);  // two draws: one counter value (4 words) each
+    }
+  }
+}
+
 // ---- indexing --------------------------------------------------------------------------------------------
 TEST(CudaParity, Indexing) {
   LINEA_REQUIRE_CUDA();

@@ -289,6 +289,53 @@ TEST(Random, Distributions) {
   EXPECT_NE(p, sorted);
 }
 
+// A rank that runs examples [first, first + B) of a batch inside BatchRowsGuard(first) gets the
+// rows one process drawing for the whole batch gets, and the generator moves the same way.
+TEST(Random, PerExampleDrawsMatchTheWholeBatchsRows) {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    manual_seed(3);
+    (void)rand({5});  // an offset that is not 0
+    const auto start = get_rng_state();
+    const Tensor u = uniform_per_example({7, 3, 5}, -1.0, 2.0, TensorOptions(dt));  // odd row length
+    const Tensor z = normal_per_example({7, 3, 5}, 0.5, 2.0, TensorOptions(dt));
+    const Tensor b = bernoulli_per_example({7, 3, 5}, 0.4, TensorOptions(DType::Bool));
+    const auto after = get_rng_state();
+    EXPECT_EQ(after[1], start[1] + 3);  // one counter value per draw, whatever the shape
+    for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 3}, {3, 4}, {6, 1}}) {
+      set_rng_state(start);
+      BatchRowsGuard rows(first);
+      EXPECT_EQ(batch_first_row(), first);
+      const Tensor us = uniform_per_example({count, 3, 5}, -1.0, 2.0, TensorOptions(dt));
+      const Tensor zs = normal_per_example({count, 3, 5}, 0.5, 2.0, TensorOptions(dt));
+      const Tensor bs = bernoulli_per_example({count, 3, 5}, 0.4, TensorOptions(DType::Bool));
+      EXPECT_EQ(get_rng_state(), after);
+      EXPECT_EQ(us.to_vector<double>(), u.narrow(0, first, count).to_vector<double>());
+      EXPECT_EQ(zs.to_vector<double>(), z.narrow(0, first, count).to_vector<double>());
+      EXPECT_EQ(bs.to_vector<double>(), b.narrow(0, first, count).to_vector<double>());
+    }
+    EXPECT_EQ(batch_first_row(), 0);
+    // An example's numbers do not depend on its row length beyond it (padding keeps them).
+    set_rng_state(start);
+    const Tensor longer = uniform_per_example({7, 20}, -1.0, 2.0, TensorOptions(dt));
+    EXPECT_EQ(longer.narrow(1, 0, 15).contiguous().to_vector<double>(),
+              u.reshape({7, 15}).to_vector<double>());
+    // Rows, draws and the plain stream differ.
+    EXPECT_NE(u.select(0, 0).to_vector<double>(), u.select(0, 1).to_vector<double>());
+    set_rng_state(start);
+    EXPECT_NE(uniform({7, 3, 5}, -1.0, 2.0, TensorOptions(dt)).to_vector<double>(), u.to_vector<double>());
+  }
+  manual_seed(11);
+  const int n = 100000;
+  Tensor z = normal_per_example({10, n / 10}, 0.0, 1.0, f64());
+  EXPECT_NEAR(mean(z).item(), 0.0, 0.015);
+  EXPECT_NEAR(var(z).item(), 1.0, 0.03);
+  Tensor u = uniform_per_example({n}, 0.0, 1.0, f64());
+  EXPECT_NEAR(mean(u).item(), 0.5, 0.01);
+  EXPECT_NEAR(mean(bernoulli_per_example({n, 1}, 0.3, f64())).item(), 0.3, 0.01);
+  EXPECT_LINEA_ERROR(uniform_per_example({}, 0.0, 1.0), "the first dimension is the batch");
+  EXPECT_LINEA_ERROR(BatchRowsGuard(-1), "negative first row");
+}
+
 TEST(Errors, MismatchesNameOpAndShapes) {
   Tensor a = zeros({2, 3}), b = zeros({4, 3}), d = zeros({2, 3}, f64());
   EXPECT_LINEA_ERROR(add(a, b), "add: shapes [2, 3] and [4, 3] cannot be broadcast");

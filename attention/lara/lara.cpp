@@ -92,7 +92,7 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   // w_c = mu_c + noise eps_c (training), mu_c (eval).
   Tensor w = mu;
   if (is_training()) {
-    Tensor eps = sample("eps", {B, H, C, D}, q, [&] { return randn({B, H, C, D}, q.options()); });
+    Tensor eps = sample("eps", {B, H, C, D}, q, [&] { return normal_per_example({B, H, C, D}, 0.0, 1.0, q.options()); });
     w = add(mu, mul(eps, noise_));
   }
 

@@ -27,7 +27,7 @@ Tensor RandomizedAttention::draw_index(const Tensor& pi, int64_t S) {
   // (the cumsum runs in order on every device). total (not 1) keeps rounding out of it.
   Tensor cdf = cumsum(pi, -1);              // [B, H, N, M]
   Tensor total = narrow(cdf, 3, M - 1, 1);  // [B, H, N, 1]
-  Tensor x = raw::uniform({B, H, N, S}, 0.0, 1.0, pi.options()) * total;
+  Tensor x = uniform_per_example({B, H, N, S}, 0.0, 1.0, pi.options()) * total;
   Tensor below = unsqueeze(cdf, 3) <= unsqueeze(x, 4);  // [B, H, N, S, M]
   Tensor count = sum(below, {-1});                      // Int64 [B, H, N, S]
   // u * total may round up to total: clamp to the last key with pi > 0 (0 if there is none).
@@ -72,7 +72,7 @@ Tensor RandomizedAttention::weights(const Tensor& q, const Tensor& k, const Atte
   // w_ns = centre + eps_ns; biased RA in eval uses eps = 0, so its S samples coincide: one suffices.
   Tensor w = centre;
   if (!(biased_ && !is_training())) {
-    Tensor eps = sample("eps", {B, H, N, S, D}, q, [&] { return randn({B, H, N, S, D}, q.options()); });
+    Tensor eps = sample("eps", {B, H, N, S, D}, q, [&] { return normal_per_example({B, H, N, S, D}, 0.0, 1.0, q.options()); });
     w = add(centre, eps);
   }
   const int64_t Sw = w.size(3);

@@ -7,6 +7,7 @@
 #include "core/cpu/strided.h"
 #include "core/kernels.h"
 #include "core/random.h"
+#include "core/random_math.h"
 
 namespace linea::detail {
 std::mutex& cpu_generator_mutex();
@@ -23,12 +24,8 @@ std::pair<uint64_t, uint64_t> reserve(uint64_t blocks) {
   g.offset += blocks;
   return {g.seed, first};
 }
-// [0, 1) with 24 (float) or 53 (double) random bits.
-inline float unit_float(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
-inline double unit_double(uint32_t a, uint32_t b) {
-  uint64_t bits = (static_cast<uint64_t>(a) << 21) ^ (b >> 11);
-  return static_cast<double>(bits & ((uint64_t(1) << 53) - 1)) * (1.0 / 9007199254740992.0);
-}
+using linea::detail::unit_double;
+using linea::detail::unit_float;
 }  // namespace
 
 void uniform(const Tensor& out, double lo, double hi) {
@@ -77,6 +74,44 @@ void normal(const Tensor& out, double mean, double std) {
       p[2 * b] = static_cast<scalar_t>(mean + std * rad * std::cos(th));
       if (2 * b + 1 < n) p[2 * b + 1] = static_cast<scalar_t>(mean + std * rad * std::sin(th));
     }
+  });
+}
+
+// Per-example draws: a loop over (row, block) pairs, each block giving its values at once.
+void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row) {
+  const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
+  dispatch_float(out.dtype(), "uniform_rows", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    constexpr int64_t per = linea::detail::uniforms_per_block<scalar_t>();
+    const int64_t blocks = (len + per - 1) / per;
+    scalar_t* p = static_cast<scalar_t*>(out.data_ptr());
+#pragma omp parallel for collapse(2) schedule(static) if (out.numel() >= detail::kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint32_t w[4];
+        linea::detail::example_block(seed, draw, first_row + r, b, w);
+        for (int64_t j = 0; j < per && b * per + j < len; ++j)
+          p[r * len + b * per + j] = linea::detail::uniform_from_block<scalar_t>(w, j, lo, hi);
+      }
+  });
+}
+
+void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row) {
+  const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
+  dispatch_float(out.dtype(), "normal_rows", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    const int64_t blocks = (len + 1) / 2;
+    scalar_t* p = static_cast<scalar_t*>(out.data_ptr());
+#pragma omp parallel for collapse(2) schedule(static) if (out.numel() >= detail::kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint32_t w[4];
+        linea::detail::example_block(seed, draw, first_row + r, b, w);
+        scalar_t x, y;
+        linea::detail::normals_from_block<scalar_t>(w, mean, std, x, y);
+        p[r * len + 2 * b] = x;
+        if (2 * b + 1 < len) p[r * len + 2 * b + 1] = y;
+      }
   });
 }
 
