@@ -45,6 +45,7 @@ struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;                    // leaves only
   std::shared_ptr<Node> grad_fn;  // interior tensors only
+  std::function<void()> grad_ready;  // leaves only: set_grad_ready_hook
 };
 
 }  // namespace detail
@@ -77,6 +78,14 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, detail::BackwardFn backward);
 
 // Computes gradients of `outputs` (weighted by `grad_outputs`) into the .grad of leaves.
+// A leaf's grad-ready hook runs as soon as its gradient of this backward is complete.
 void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph);
+
+// Calls `hook` during every backward() that reaches `leaf` (a tensor requiring grad, made by
+// no op), once its .grad holds this backward's whole contribution: every graph edge into the
+// leaf has delivered (an edge that carries no gradient counts). Data parallelism starts the
+// gradient's reduction there while the rest of the backward runs. One hook per leaf; an empty
+// function removes it.
+void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook);
 
 }  // namespace linea

@@ -213,16 +213,24 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
   for (auto& r : roots) {
     if (deps.emplace(r.get(), 0).second) stack.push_back(r.get());
   }
+  // Leaves with a grad-ready hook count their edges too: the hook runs when the count drops to 0.
+  std::unordered_map<detail::AutogradMeta*, int> leaf_deps;
   while (!stack.empty()) {
     NodePtr n = stack.back();
     stack.pop_back();
     for (auto& e : n->next) {
+      if (e.leaf && e.leaf->grad_ready) leaf_deps[e.leaf.get()]++;
       if (!e.node) continue;
       auto [it, inserted] = deps.emplace(e.node.get(), 0);
       it->second++;
       if (inserted) stack.push_back(e.node.get());
     }
   }
+  const auto leaf_delivered = [&](detail::AutogradMeta* leaf) {
+    if (leaf_deps.empty() || !leaf->grad_ready) return;
+    auto it = leaf_deps.find(leaf);
+    if (it != leaf_deps.end() && --it->second == 0) leaf->grad_ready();
+  };
 
   // Kahn's algorithm: a node runs once all its consumers have delivered their gradients.
   std::vector<NodePtr> ready;
@@ -270,23 +278,36 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
               NodePtr q = quiet.back();
               quiet.pop_back();
               pending.erase(q);
-              for (auto& qe : q->next)
+              for (auto& qe : q->next) {
+                if (qe.leaf) leaf_delivered(qe.leaf.get());
                 if (qe.node && --deps[qe.node.get()] == 0) {
                   if (pending.count(qe.node.get()) && pending[qe.node.get()].defined())
                     ready.push_back(qe.node.get());
                   else
                     quiet.push_back(qe.node.get());
                 }
+              }
             }
           }
         }
-      } else if (e.leaf && gi.defined()) {
-        LINEA_CHECK(gi.shape() == n->input_shapes[i], "backward: ", n->name, " produced a gradient of shape ",
-                    shape_str(gi.shape()), " for input ", i, " of shape ", shape_str(n->input_shapes[i]));
-        accumulate_leaf(*e.leaf, gi);
+      } else if (e.leaf) {
+        if (gi.defined()) {
+          LINEA_CHECK(gi.shape() == n->input_shapes[i], "backward: ", n->name, " produced a gradient of shape ",
+                      shape_str(gi.shape()), " for input ", i, " of shape ", shape_str(n->input_shapes[i]));
+          accumulate_leaf(*e.leaf, gi);
+        }
+        leaf_delivered(e.leaf.get());
       }
     }
   }
+}
+
+void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook) {
+  LINEA_CHECK(leaf.defined() && leaf.requires_grad(), "set_grad_ready_hook: the tensor does not require grad");
+  auto& m = meta_of(leaf);
+  LINEA_CHECK(!m.grad_fn, "set_grad_ready_hook: the tensor (shape ", shape_str(leaf.shape()),
+              ") is the output of an op, not a leaf");
+  m.grad_ready = std::move(hook);
 }
 
 }  // namespace linea

@@ -13,6 +13,36 @@ TEST(Autograd, TensorUsedTwiceAccumulates) {
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3.0, 5.0, 7.0}));
 }
 
+// The grad-ready hook (data parallelism starts a bucket's reduction from it) runs once per
+// backward, after the leaf's last contribution: a leaf used three times sees its whole gradient.
+TEST(Autograd, GradReadyHookRunsOnceAfterTheLastContribution) {
+  Tensor w = from_vector<double>({1.0, 2.0}, {2}).requires_grad_(true);
+  Tensor u = from_vector<double>({3.0, 4.0}, {2}).requires_grad_(true);
+  std::vector<std::vector<double>> seen_w;
+  int calls_u = 0;
+  set_grad_ready_hook(w, [&] { seen_w.push_back(w.grad().to_vector<double>()); });
+  set_grad_ready_hook(u, [&] { ++calls_u; });
+  // w is used three times (w*w counts twice); u once.
+  Tensor y = sum(mul(w, w)) + sum(mul(w, 3.0)) + sum(mul(u, 0.0));
+  y.backward();
+  ASSERT_EQ(seen_w.size(), 1u);
+  EXPECT_EQ(seen_w[0], (std::vector<double>{5.0, 7.0}));  // 2w + 3
+  EXPECT_EQ(calls_u, 1);
+  // Another backward through another graph: the hook runs again, with that backward's gradient.
+  w.zero_grad();
+  seen_w.clear();
+  Tensor z = sum(mul(w, 2.0)) + sum(w);
+  z.backward();
+  ASSERT_EQ(seen_w.size(), 1u);
+  EXPECT_EQ(seen_w[0], (std::vector<double>{3.0, 3.0}));
+  set_grad_ready_hook(w, nullptr);
+  w.zero_grad();
+  sum(w).backward();
+  EXPECT_EQ(seen_w.size(), 1u);  // removed
+  EXPECT_LINEA_ERROR(set_grad_ready_hook(mul(w, 2.0), [] {}), "not a leaf");
+  EXPECT_LINEA_ERROR(set_grad_ready_hook(zeros({2}), [] {}), "does not require grad");
+}
+
 TEST(Autograd, GradAccumulatesAcrossBackwardsUntilZeroGrad) {
   Tensor x = tensor<double>({1.0, -2.0}, {2});
   x.requires_grad_();
