@@ -131,7 +131,18 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<c
 
 DataLoader::~DataLoader() { stop_worker(); }
 
-Batch DataLoader::make_batch(int64_t b) const { return dataset_->get_batch(batches_[static_cast<size_t>(b)]); }
+Batch DataLoader::make_batch(int64_t b) const {
+  const std::vector<int64_t>& indices = batches_[static_cast<size_t>(b)];
+  return indices.empty() ? Batch() : dataset_->get_batch(indices);  // empty: a rank's empty shard
+}
+
+void DataLoader::shard(int rank, int world) {
+  stop_worker();
+  std::shared_ptr<const BatchSampler> whole = sampler_;
+  if (auto* sharded = dynamic_cast<const ShardedBatchSampler*>(whole.get())) whole = sharded->inner();  // re-shard
+  sampler_ = std::make_shared<ShardedBatchSampler>(whole, rank, world);
+  started_ = false;
+}
 
 void DataLoader::stop_worker() {
   {

@@ -114,6 +114,11 @@ class DataLoader {
   const DataLoaderOptions& options() const { return opts_; }
   const Dataset& dataset() const { return *dataset_; }
   const BatchSampler& sampler() const { return *sampler_; }
+  std::shared_ptr<const BatchSampler> sampler_ptr() const { return sampler_; }
+  // Data parallelism: from the next reset() on, this loader yields rank `rank`'s slice of every
+  // batch (a ShardedBatchSampler around the current sampler, or around the whole-batch sampler of
+  // an earlier shard()); an empty slice is an empty Batch.
+  void shard(int rank, int world);
   int64_t num_batches(int64_t epoch) const { return sampler_->num_batches(epoch); }
   int64_t num_batches() const { return num_batches(epoch_); }  // of the current epoch
 

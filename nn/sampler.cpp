@@ -112,4 +112,26 @@ std::vector<std::vector<int64_t>> TokenBudgetBatchSampler::batches(int64_t epoch
   return out;
 }
 
+ShardRange shard_range(int64_t n, int rank, int world) {
+  LINEA_CHECK(world >= 1 && rank >= 0 && rank < world, "shard_range: rank ", rank, " of ", world);
+  const int64_t first = n * rank / world, end = n * (rank + 1) / world;
+  return {first, end - first};
+}
+
+ShardedBatchSampler::ShardedBatchSampler(std::shared_ptr<const BatchSampler> inner, int rank, int world)
+    : inner_(std::move(inner)), rank_(rank), world_(world) {
+  LINEA_CHECK(inner_ != nullptr, "ShardedBatchSampler: the inner sampler is null");
+  LINEA_CHECK(world >= 1 && rank >= 0 && rank < world, "ShardedBatchSampler: rank ", rank, " is not a rank of ",
+              world);
+}
+
+std::vector<std::vector<int64_t>> ShardedBatchSampler::batches(int64_t epoch) const {
+  std::vector<std::vector<int64_t>> out = inner_->batches(epoch);
+  for (auto& b : out) {
+    const ShardRange r = shard_range(static_cast<int64_t>(b.size()), rank_, world_);
+    b = std::vector<int64_t>(b.begin() + r.first, b.begin() + r.first + r.count);
+  }
+  return out;
+}
+
 }  // namespace linea::nn

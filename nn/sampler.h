@@ -5,6 +5,7 @@
 //                           order), the last one smaller or dropped (drop_last)
 //   TokenBudgetBatchSampler examples grouped by length, each batch's padded size (longest
 //                           example x count) within max_tokens, batches in a (seed, epoch) order
+//   ShardedBatchSampler     data parallelism: one rank's contiguous slice of another sampler's batches
 //
 // Every sampler is a pure function of (its settings, epoch): the batches of epoch e are the same in
 // every run and after a resume, a resume mid-epoch restarts at a batch index
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace linea::nn {
@@ -70,5 +72,29 @@ class TokenBudgetBatchSampler : public BatchSampler {
   std::vector<int64_t> lengths_;
   TokenBudgetOptions opts_;
 };
+
+// Data parallelism (nn/data_parallel.h): rank r of `world` gets, of every batch of `inner`, the
+// contiguous slice shard_range(n, r, world) (sizes differ by at most one; a batch smaller than
+// the world leaves some ranks an empty slice), so the ranks together see each batch in the order
+// one process would, and every rank has the same number of batches.
+class ShardedBatchSampler : public BatchSampler {
+ public:
+  ShardedBatchSampler(std::shared_ptr<const BatchSampler> inner, int rank, int world);
+  std::vector<std::vector<int64_t>> batches(int64_t epoch) const override;
+  int64_t num_batches(int64_t epoch) const override { return inner_->num_batches(epoch); }
+  int64_t num_examples() const override { return inner_->num_examples(); }
+  const std::shared_ptr<const BatchSampler>& inner() const { return inner_; }
+
+ private:
+  std::shared_ptr<const BatchSampler> inner_;
+  int rank_, world_;
+};
+
+// [first, first + count) of a batch of n examples for rank `rank` of `world`: n * rank / world
+// .. n * (rank + 1) / world.
+struct ShardRange {
+  int64_t first = 0, count = 0;
+};
+ShardRange shard_range(int64_t n, int rank, int world);
 
 }  // namespace linea::nn
