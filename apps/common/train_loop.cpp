@@ -18,6 +18,8 @@
 #include "autograd/ops.h"
 #include "core/random.h"
 #include "nn/checkpoint.h"
+#include "nn/data_parallel.h"
+#include "nn/dist.h"
 #include "nn/io_util.h"
 #include "nn/safetensors.h"
 
@@ -32,30 +34,51 @@ using Clock = std::chrono::steady_clock;
 std::string fmt(const char* f, double v) { return format_number(f, v); }
 
 // Loss and stats summed on the device over some steps; read back (one sync) by means().
+// Under data parallelism the loss and units are already the whole batch's, and stat_means()
+// sums the stats across ranks (a collective: every rank calls it at the same points).
 class RunningSums {
  public:
-  explicit RunningSums(Device d) : device_(d) {}
-  void add(const Tensor& loss, const StepResult& r) {
+  // reduce: sum the stats across the ranks of the job (data parallelism).
+  RunningSums(Device d, bool reduce) : device_(d), reduce_(reduce) {}
+  void add(const Tensor& loss, const std::map<std::string, Tensor>& stats, int64_t units) {
     Tensor l = loss.to(DType::Float64);
     loss_ = loss_.defined() ? loss_ + l : l;
-    for (const auto& [name, t] : r.stats) {
+    for (const auto& [name, t] : stats) {
       Tensor& s = stats_[name];
       s = s.defined() ? s + t.detach() : t.detach();
     }
-    units_ += r.units;
+    units_ += units;
     ++steps_;
   }
   int64_t steps() const { return steps_; }
   int64_t units() const { return units_; }
   double mean_loss() const { return steps_ ? loss_.item() / static_cast<double>(steps_) : 0.0; }
   std::map<std::string, double> stat_means() const {
+    std::vector<double> sums;
+    for (const auto& [name, t] : stats_) sums.push_back(t.to(DType::Float64).item());
+    if (reduce_) {
+      // The same stats on every rank (a rank whose slices were all empty so far has none).
+      Tensor n = from_vector<int64_t>({static_cast<int64_t>(sums.size())}, {1});
+      Tensor lo = clone(n);
+      dist::all_reduce(n, dist::ReduceOp::Max);
+      dist::all_reduce(lo, dist::ReduceOp::Min);
+      LINEA_CHECK(n.item() == lo.item(), "train: the ranks' steps returned different stats (", lo.item(), " to ",
+                  n.item(), " names)");
+      if (!sums.empty()) {
+        Tensor t = from_vector<double>(sums, {static_cast<int64_t>(sums.size())});
+        dist::all_reduce(t);
+        sums = t.to_vector<double>();
+      }
+    }
     std::map<std::string, double> out;
-    for (const auto& [name, t] : stats_) out[name] = t.to(DType::Float64).item() / std::max<double>(units_, 1.0);
+    size_t i = 0;
+    for (const auto& [name, t] : stats_) out[name] = sums[i++] / std::max<double>(units_, 1.0);
     return out;
   }
 
  private:
   Device device_;
+  bool reduce_;
   Tensor loss_;
   std::map<std::string, Tensor> stats_;
   int64_t steps_ = 0, units_ = 0;
@@ -207,6 +230,14 @@ void save(const TrainSetup& s, const std::string& dir, const Position& p, const 
   nn::save_checkpoint(dir, *s.model, *s.optimizer, st);
 }
 
+// Rank 0's evaluation results on every rank.
+Metrics broadcast_metrics(const Metrics& m) {
+  std::string text = json{{"values", m.values}, {"text", m.text}}.dump();
+  dist::broadcast_string(text, 0);
+  const json j = json::parse(text);
+  return Metrics{j.at("values"), j.at("text").get<std::string>()};
+}
+
 void draw_curves(const TrainSetup& s, const std::string& out_dir) {
   const CurveOptions& c = s.curves;
   Series step_loss{c.train_loss + " (logged steps)", {}, {}}, epoch_train{c.train_loss + " (epoch mean)", {}, {}};
@@ -301,32 +332,66 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   Position pos;
   WeightAverage ema(*s.model, s.ema_decay);
   Selection sel;
+  const int world = s.data_parallel ? dist::world_size() : 1, rank = s.data_parallel ? dist::rank() : 0;
+  const bool main_rank = rank == 0;  // the one that prints and writes
   if (o.resume && nn::checkpoint_exists(ckpt)) {
     pos = resume(s, ckpt, ema, sel);
     result.resumed = true;
-    std::printf("%s: resumed from '%s' at step %lld\n", app.c_str(), ckpt.c_str(), static_cast<long long>(pos.step));
-  } else if (o.resume) {
+    if (main_rank)
+      std::printf("%s: resumed from '%s' at step %lld\n", app.c_str(), ckpt.c_str(), static_cast<long long>(pos.step));
+  } else if (o.resume && main_rank) {
     std::printf("%s: --resume: no checkpoint in '%s' yet, starting from scratch\n", app.c_str(), ckpt.c_str());
   }
   std::fflush(stdout);
-  fs::create_directories(o.out_dir);
-  MetricsLog metrics(o.out_dir + "/metrics.jsonl", result.resumed ? pos.step : -1);
+
+  // ---- data parallelism (see train_loop.h) ----
+  std::shared_ptr<const nn::BatchSampler> whole = s.loader->sampler_ptr();  // whole batches
+  if (auto* sharded = dynamic_cast<const nn::ShardedBatchSampler*>(whole.get())) whole = sharded->inner();
+  std::unique_ptr<nn::GradientReducer> reducer;
+  double comm_s = 0;  // waiting for collectives in the steps
+  int64_t comm_steps = 0;
+  if (world > 1) {
+    std::string model_desc;
+    for (const auto& [name, p] : s.model->named_parameters())
+      model_desc += name + " " + shape_str(p.shape()) + " " + dtype_name(p.dtype()) + "\n";
+    dist::check_same(s.config.dump() + "\n" + model_desc, app + ": data parallel: the settings or the model");
+    dist::check_same(std::to_string(pos.step),
+                     app + ": data parallel: the step each rank resumed at (the ranks must share the checkpoint folder)");
+    nn::broadcast_parameters(*s.model);
+    s.loader->shard(rank, world);
+    reducer = std::make_unique<nn::GradientReducer>(params);
+    if (main_rank)
+      std::printf("%s: data parallel over %d ranks (%s), %lld gradient buckets of up to %lld MB\n", app.c_str(), world,
+                  dist::has_nccl() && s.device.is_cuda() ? "NCCL" : "MPI", static_cast<long long>(reducer->num_buckets()),
+                  static_cast<long long>(nn::GradientReducer::kDefaultBucketBytes >> 20));
+  }
+
+  std::unique_ptr<MetricsLog> metrics;
+  if (main_rank) {
+    fs::create_directories(o.out_dir);
+    metrics = std::make_unique<MetricsLog>(o.out_dir + "/metrics.jsonl", result.resumed ? pos.step : -1);
+  }
   const int64_t total = planned_steps(*s.loader, s.epochs);
   const int64_t stop = o.max_steps > 0 ? std::min(total, o.max_steps) : total;
-  // Evaluations see the moving average when there is one.
+  // Evaluations see the moving average when there is one. Rank 0 evaluates; the others get its
+  // results, so that model selection and early stopping decide the same on every rank.
   const auto eval = [&](const std::string& label) {
-    ema.swap();
-    Metrics m = evaluate_forked(*s.model, s.device, [&] { return hooks.evaluate(label); });
+    Metrics m;
+    if (main_rank) {
+      ema.swap();
+      m = evaluate_forked(*s.model, s.device, [&] { return hooks.evaluate(label); });
+    }
+    if (world > 1) m = broadcast_metrics(m);
     if (!s.select.metric.empty() && m.values.contains(s.select.metric)) {
       const double v = m.values.at(s.select.metric).get<double>();
       if (!sel.have || (s.select.maximize ? v > sel.best : v < sel.best)) {
         sel = Selection{true, v, pos.step, 0};
-        save_best(s, ckpt + "/best", pos.step, v);
+        if (main_rank) save_best(s, ckpt + "/best", pos.step, v);
       } else {
         ++sel.since;
       }
     }
-    ema.swap();
+    if (main_rank) ema.swap();
     return m;
   };
   result.start_step = pos.step;
@@ -343,8 +408,11 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     s.loader->reset(pos.epoch, first);
     const std::string label = "epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(s.epochs);
     std::unique_ptr<ProgressBar> bar;
-    if (o.progress) bar = std::make_unique<ProgressBar>(label + " train", 0, s.unit_short);
-    RunningSums epoch_sums(s.device), log_sums(s.device);
+    if (o.progress && main_rank) bar = std::make_unique<ProgressBar>(label + " train", 0, s.unit_short);
+    std::vector<int64_t> whole_sizes;  // data parallelism: the sizes of the epoch's whole batches
+    if (world > 1)
+      for (const auto& b : whole->batches(pos.epoch)) whole_sizes.push_back(static_cast<int64_t>(b.size()));
+    RunningSums epoch_sums(s.device, world > 1), log_sums(s.device, world > 1);
     double lr = 0;
     int64_t first_units = 0;
     const auto t_epoch = Clock::now();
@@ -352,11 +420,42 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     while (pos.batch < last && s.loader->next(batch)) {
       // ---- one step ----
       lr = nn::apply_schedule(*s.optimizer, s.schedule, pos.step);
-      StepResult r = hooks.step(batch);
-      s.optimizer->zero_grad();
-      r.loss.backward();
+      StepResult r;
+      Tensor step_loss;        // 0-d: the whole batch's loss
+      int64_t step_units = 0;  // the whole batch's units
+      if (world == 1) {
+        r = hooks.step(batch);
+        s.optimizer->zero_grad();
+        r.loss.backward();
+        step_loss = r.loss.detach();
+        step_units = r.units;
+      } else {
+        // This rank's slice of the whole batch, its loss weighted by its share of the batch's terms.
+        const nn::ShardRange shard = nn::shard_range(whole_sizes.at(static_cast<size_t>(pos.batch)), rank, world);
+        double w = 0, wl = 0;
+        if (shard.count > 0) {
+          BatchRowsGuard rows(shard.first);
+          r = hooks.step(batch);
+          w = r.weight >= 0 ? r.weight : static_cast<double>(r.units);
+          wl = w > 0 ? w * r.loss.item() : 0.0;
+        }
+        const auto t0 = Clock::now();
+        Tensor sums = from_vector<double>({wl, w, static_cast<double>(r.units)}, {3});
+        dist::all_reduce(sums);
+        comm_s += seconds_since(t0);
+        const std::vector<double> total = sums.to_vector<double>();
+        s.optimizer->zero_grad();
+        reducer->reset_wait_seconds();
+        reducer->prepare(total[1] > 0 ? w / total[1] : 0.0);
+        if (shard.count > 0) r.loss.backward();
+        reducer->finish();
+        comm_s += reducer->wait_seconds();
+        ++comm_steps;
+        step_loss = scalar_tensor(total[1] > 0 ? total[0] / total[1] : 0.0, TensorOptions(DType::Float64));
+        step_units = std::llround(total[2]);
+      }
       const Tensor norm = s.clip > 0 ? nn::clip_grad_norm_(params, s.clip) : nn::grad_norm(params);
-      const double loss = r.loss.item(), gnorm = norm.item();  // the non-finite guard's host read
+      const double loss = step_loss.item(), gnorm = norm.item();  // the non-finite guard's host read
       ++pos.step, ++pos.batch;
       result.step_losses.push_back(loss);
       if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
@@ -365,41 +464,46 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
         LINEA_CHECK(result.skipped_steps < o.skip_nonfinite, app, ": ", what, "; stopped (the checkpoint in '", ckpt,
                     "' is the last good one; --skip-nonfinite N skips up to N such steps)");
         ++result.skipped_steps;
-        std::fprintf(stderr, "%s: %s: skipped (%lld of --skip-nonfinite %lld)\n", app.c_str(), what.c_str(),
-                     static_cast<long long>(result.skipped_steps), static_cast<long long>(o.skip_nonfinite));
-        metrics.write({{"type", "skipped"}, {"step", pos.step}, {"epoch", pos.epoch + 1}, {"loss", loss},
-                       {"grad_norm", gnorm}});
+        if (main_rank)
+          std::fprintf(stderr, "%s: %s: skipped (%lld of --skip-nonfinite %lld)\n", app.c_str(), what.c_str(),
+                       static_cast<long long>(result.skipped_steps), static_cast<long long>(o.skip_nonfinite));
+        if (metrics)
+          metrics->write({{"type", "skipped"}, {"step", pos.step}, {"epoch", pos.epoch + 1}, {"loss", loss},
+                          {"grad_norm", gnorm}});
         s.optimizer->zero_grad();
       } else {
         s.optimizer->step();
         ema.update();
-        const Tensor l = r.loss.detach();
-        epoch_sums.add(l, r);
-        log_sums.add(l, r);
+        epoch_sums.add(step_loss, r.stats, step_units);
+        log_sums.add(step_loss, r.stats, step_units);
       }
-      if (first_units == 0 && r.units > 0 && bar) {
-        first_units = r.units;
-        bar->set_total(r.units * last);
+      if (first_units == 0 && step_units > 0 && bar) {
+        first_units = step_units;
+        bar->set_total(step_units * last);
       }
       // ---- logging and checkpoints ----
+      // (Under data parallelism every rank reads the stats at the same steps: a collective.)
       const bool log_now = o.log_every > 0 && pos.step % o.log_every == 0;
-      if (log_now || (bar && (pos.batch - first) % 10 == 0) || pos.batch == last) {
+      if (log_now || ((bar || world > 1) && (pos.batch - first) % 10 == 0) || pos.batch == last) {
         const double secs = seconds_since(t_epoch);
-        if (bar)
-          bar->update(first * first_units + epoch_sums.units(),
-                      "loss " + fmt("%.4f", epoch_sums.mean_loss()) + "  " + stats_text(hooks, epoch_sums.stat_means()) +
-                          "  lr " + fmt("%.2e", lr));
+        if (bar || world > 1) {
+          const std::string stats = stats_text(hooks, epoch_sums.stat_means());
+          if (bar)
+            bar->update(first * first_units + epoch_sums.units(),
+                        "loss " + fmt("%.4f", epoch_sums.mean_loss()) + "  " + stats + "  lr " + fmt("%.2e", lr));
+        }
         if (log_now && log_sums.steps() > 0) {
           json rec = {{"type", "step"}, {"step", pos.step}, {"epoch", pos.epoch + 1},
                       {"epoch_progress", epoch_position(*s.loader, pos.epoch, pos.batch)}, {"lr", lr},
                       {"loss", log_sums.mean_loss()}, {per_s, epoch_sums.units() / std::max(secs, 1e-9)}};
           for (const auto& [name, v] : log_sums.stat_means()) rec[name] = v;
-          metrics.write(rec);
-          log_sums = RunningSums(s.device);
+          if (metrics) metrics->write(rec);
+          log_sums = RunningSums(s.device, world > 1);
         }
       }
       // Mid-epoch checkpoints; the one at the epoch's end is saved after its evaluation.
-      if (o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0 && pos.batch != n && pos.step < stop)
+      if (main_rank && o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0 && pos.batch != n &&
+          pos.step < stop)
         save(s, ckpt, pos, ema, sel);
     }
     // ---- end of the epoch (or of --max-steps) ----
@@ -414,40 +518,44 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     const bool epoch_done = pos.batch == n;
     const double epoch_pos = epoch_position(*s.loader, pos.epoch, pos.batch);
     if (epoch_done) pos.epoch += 1, pos.batch = 0;
-    std::printf("%s  train loss %.4f %s  %s  %.0f %s/s  lr %.2e  [%s]%s\n", label.c_str(), train_loss,
-                stats_text(hooks, train_stats).c_str(), result.last_eval.text.c_str(), rate, s.unit_short.c_str(), lr,
-                format_duration(seconds_since(t_start)).c_str(), epoch_done ? "" : "  (partial epoch)");
+    if (main_rank)
+      std::printf("%s  train loss %.4f %s  %s  %.0f %s/s  lr %.2e  [%s]%s\n", label.c_str(), train_loss,
+                  stats_text(hooks, train_stats).c_str(), result.last_eval.text.c_str(), rate, s.unit_short.c_str(), lr,
+                  format_duration(seconds_since(t_start)).c_str(), epoch_done ? "" : "  (partial epoch)");
     std::fflush(stdout);
     json rec = {{"type", "epoch"}, {"step", pos.step}, {"epoch", epoch_pos}, {"lr", lr}, {"train_loss", train_loss},
                 {per_s, rate}, {"elapsed_s", seconds_since(t_start)}};
     for (const auto& [name, v] : train_stats) rec["train_" + name] = v;
     rec.update(result.last_eval.values);
-    metrics.write(rec);
-    save(s, ckpt, pos, ema, sel);
-    if (o.plot) draw_curves(s, o.out_dir);
+    if (metrics) metrics->write(rec);
+    if (main_rank) save(s, ckpt, pos, ema, sel);
+    if (o.plot && main_rank) draw_curves(s, o.out_dir);
   }
   result.stopped_early = patience_out() && pos.step < stop && pos.epoch < s.epochs;
-  if (result.stopped_early)
+  if (result.stopped_early && main_rank)
     std::printf("%s: stopped early: no better %s in %lld evaluations (best %s at step %lld)\n", app.c_str(),
                 s.select.metric.c_str(), static_cast<long long>(sel.since), fmt("%.4g", sel.best).c_str(),
                 static_cast<long long>(sel.best_step));
   if (!have_eval) {  // resumed after the last step: evaluate the final model once more for the summary
     result.last_eval = eval("test");
-    if (o.plot) draw_curves(s, o.out_dir);
+    if (o.plot && main_rank) draw_curves(s, o.out_dir);
   }
 
   // ---- the final evaluation, with the selected weights ----
   if (sel.have) result.best_value = sel.best, result.best_step = sel.best_step;
   if (hooks.finish) {
-    if (sel.have) {
-      NoGradGuard ng;
-      nn::load_module(ckpt + "/best/model.safetensors", *s.model);
-    } else {
-      ema.swap();
+    if (main_rank) {
+      if (sel.have) {
+        NoGradGuard ng;
+        nn::load_module(ckpt + "/best/model.safetensors", *s.model);
+      } else {
+        ema.swap();
+      }
+      result.final_eval = evaluate_forked(*s.model, s.device, hooks.finish);
+      if (!result.final_eval.text.empty()) std::printf("%s: %s\n", app.c_str(), result.final_eval.text.c_str());
+      std::fflush(stdout);
     }
-    result.final_eval = evaluate_forked(*s.model, s.device, hooks.finish);
-    if (!result.final_eval.text.empty()) std::printf("%s: %s\n", app.c_str(), result.final_eval.text.c_str());
-    std::fflush(stdout);
+    if (world > 1) result.final_eval = broadcast_metrics(result.final_eval);
   }
 
   // ---- summary ----
@@ -471,9 +579,20 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     summary["stopped_early"] = result.stopped_early;
   }
   if (s.ema_decay > 0) summary["ema_decay"] = s.ema_decay;
+  if (world > 1) {
+    const double per_step = comm_s / std::max<double>(static_cast<double>(comm_steps), 1.0);
+    summary["data_parallel"] = {{"ranks", world},
+                                {"backend", dist::has_nccl() && s.device.is_cuda() ? "nccl" : "mpi"},
+                                {"gradient_bytes", reducer->bytes_per_step()},
+                                {"buckets", reducer->num_buckets()},
+                                {"comm_wait_s_per_step", per_step}};
+    if (main_rank)
+      std::printf("%s: data parallel: %d ranks; per step %.2f ms waiting for collectives (%.1f MB of gradients)\n",
+                  app.c_str(), world, 1e3 * per_step, static_cast<double>(reducer->bytes_per_step()) / 1e6);
+  }
   summary.update(result.final_eval.values);
-  if (hooks.summary) hooks.summary(summary);
-  nn::write_text_file_atomic(o.out_dir + "/summary.json", summary.dump(2) + "\n");
+  if (hooks.summary && main_rank) hooks.summary(summary);
+  if (main_rank) nn::write_text_file_atomic(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   return result;
 }
 

@@ -40,7 +40,18 @@
 //                 stops early after `patience` evaluations without improvement
 //   hooks.finish  runs once after training, with the selected weights loaded (the best, else
 //                 the average, else the last): the final evaluation, e.g. on the test set
-// Not here: anything about the app's data, model or metrics; data parallelism.
+// Data parallelism (nn/dist.h; on when the app runs under `mpirun -np N`): the ranks check that
+// their settings and parameter shapes agree, rank 0's weights are broadcast, and the loader
+// yields each rank its slice of every batch (the batch size stays the whole batch: N ranks train
+// the same run as one process, and a checkpoint resumes under any N). Per step: each rank's
+// forward runs inside a BatchRowsGuard at its slice's first example (per-example random draws
+// match one process's), the weighted losses are summed across ranks (the loss, the non-finite
+// guard and the logs see the whole batch's), and the gradients are averaged in buckets while the
+// backward runs (nn/data_parallel.h). The running stats are summed across ranks at log points.
+// Rank 0 alone evaluates (the others wait at the next step), prints, and writes metrics.jsonl,
+// checkpoints, curves and summary.json; evaluation results are broadcast so that model
+// selection and early stopping decide the same everywhere.
+// Not here: anything about the app's data, model or metrics.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +75,9 @@ namespace linea::apps {
 struct StepResult {
   Tensor loss;        // 0-d, on the device: the loss backward() runs from
   int64_t units = 0;  // what the step processed (images, tokens): throughput and per-unit means
+  // How many terms the loss is a mean over (images, target tokens, masked positions; < 0: units).
+  // Data parallelism weights each rank's gradient by its share of the batch's total weight.
+  double weight = -1;
   // 0-d device tensors summed over steps (e.g. "accuracy": the number of correct predictions),
   // reported divided by the units; read back only at log points.
   std::map<std::string, Tensor> stats;
@@ -85,7 +99,7 @@ struct TrainHooks {
   std::function<std::string(const std::map<std::string, double>&)> format_stats;
   // Optional: the final evaluation (see the top of this file); its values go into summary.json.
   std::function<Metrics()> finish;
-  // Optional: adds the app's fields to summary.json.
+  // Optional: adds the app's fields to summary.json (on rank 0 only, which writes it).
   std::function<void(nlohmann::json& summary)> summary;
 };
 
@@ -126,6 +140,9 @@ struct TrainSetup {
   CurveOptions curves;
   double ema_decay = 0;  // 0: no moving average of the weights; else e.g. 0.999
   SelectOptions select;
+  // Data parallelism across the ranks of an MPI job (nn/dist.h); false: this process trains
+  // alone even when it is one rank of several (tests that need a one-process reference).
+  bool data_parallel = true;
 };
 
 struct TrainResult {

@@ -18,7 +18,7 @@
 #include <iostream>
 
 #include "apps/common/device.h"
-#include "apps/common/openmp_wait.h"
+#include "apps/common/app_main.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "core/error.h"
@@ -89,7 +89,7 @@ int run_embed(const UseOptions& o, const std::string& fasta, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  apps::shorten_openmp_spin(argv);  // first: may restart the process (openmp_wait.h)
+  apps::start_app(argv);  // first: may restart the process; joins an MPI job (app_main.h)
   CLI::App app{"protein: train and use a protein masked language model with any attention mechanism"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "all flags, grouped");
@@ -178,8 +178,7 @@ int main(int argc, char** argv) {
     if (*fill_cmd) return run_fill(fill_opts, fill_inputs, top_k);
     if (*embed_cmd) return run_embed(embed_opts, embed_fasta, embed_out, per_residue, batch_tokens);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return linea::apps::fail(e);
   }
   return 0;
 }

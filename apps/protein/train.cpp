@@ -311,6 +311,7 @@ TrainReport run_training(const TrainOptions& o) {
     // The mean over chosen positions (a batch without any, possible with tiny sequences, adds 0).
     r.loss = nll / static_cast<double>(std::max<int64_t>(chosen, 1));
     r.units = residues;
+    r.weight = static_cast<double>(chosen);  // the loss is a mean over the chosen positions
     r.stats["nll"] = nll.detach();
     r.stats["chosen"] = full({}, static_cast<double>(chosen), TensorOptions(device));
     r.stats["correct"] = sum((argmax(logits.detach(), -1) == tgt).to(DType::Float32));

@@ -17,7 +17,7 @@
 #include <iostream>
 
 #include "apps/common/device.h"
-#include "apps/common/openmp_wait.h"
+#include "apps/common/app_main.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "core/error.h"
@@ -113,7 +113,7 @@ int run_decode(const DecodeOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  apps::shorten_openmp_spin(argv);  // first: may restart the process (openmp_wait.h)
+  apps::start_app(argv);  // first: may restart the process; joins an MPI job (app_main.h)
   CLI::App app{"translate: train and run an encoder-decoder transformer translator with any attention mechanism"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "all flags, grouped");
@@ -202,8 +202,7 @@ int main(int argc, char** argv) {
       return run_decode(d);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return linea::apps::fail(e);
   }
   return 0;
 }

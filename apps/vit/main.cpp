@@ -11,14 +11,14 @@
 
 #include <cstdio>
 
-#include "apps/common/openmp_wait.h"
+#include "apps/common/app_main.h"
 #include "apps/common/run_options.h"
 #include "core/error.h"
 #include "data.h"
 #include "train.h"
 
 int main(int argc, char** argv) {
-  linea::apps::shorten_openmp_spin(argv);  // first: may restart the process (openmp_wait.h)
+  linea::apps::start_app(argv);  // first: may restart the process; joins an MPI job (app_main.h)
   vit::TrainOptions o;
   o.data_dir = vit::kFashionMnistDir;
   std::vector<std::string> predict_images;
@@ -95,8 +95,7 @@ int main(int argc, char** argv) {
     }
     vit::run_training(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return linea::apps::fail(e);
   }
   return 0;
 }

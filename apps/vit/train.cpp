@@ -16,6 +16,7 @@
 #include "data.h"
 #include "attention/transformer.h"
 #include "nn/checkpoint.h"
+#include "nn/dist.h"
 #include "nn/optim.h"
 #include "nn/readers.h"
 #include "nn/safetensors.h"
@@ -304,6 +305,15 @@ TrainResult run_training(const TrainOptions& o) {
                     {"run", cfg.run}});
   };
   const apps::TrainResult tr = apps::train(setup, hooks, run);
+  TrainResult result;
+  result.step_losses = tr.step_losses;
+  result.steps = tr.final_step - tr.start_step;
+  result.train_images_per_s = tr.units_per_s;
+  if (linea::dist::rank() != 0) {  // data parallel: rank 0 evaluated and reports
+    result.test_accuracy = tr.last_eval.values.value("test_accuracy", 0.0);
+    result.test_loss = tr.last_eval.values.value("test_loss", 0.0);
+    return result;
+  }
 
   // ---- report ----
   std::printf("\nper-class test accuracy:\n");
@@ -323,12 +333,8 @@ TrainResult run_training(const TrainOptions& o) {
   std::printf("vit: outputs in %s: metrics.jsonl, summary.json, curves.png; checkpoint %s\n", run.out_dir.c_str(),
               ckpt_dir.c_str());
   std::fflush(stdout);
-  TrainResult result;
   result.test_accuracy = last_eval.accuracy;
   result.test_loss = last_eval.loss;
-  result.step_losses = tr.step_losses;
-  result.steps = tr.final_step - tr.start_step;
-  result.train_images_per_s = tr.units_per_s;
   return result;
 }
 
