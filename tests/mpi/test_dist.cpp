@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "autograd/autograd.h"
@@ -234,6 +236,14 @@ TEST(Dist, ShardRangesCoverTheBatchInOrder) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   dist::init();
+  // Dist.FailingRankEndsTheJob (CMakeLists.txt): one rank fails while the others wait in a
+  // collective; abort_job must end them all with the rank's message instead of a hang.
+  if (const char* r = std::getenv("LINEA_TEST_FAIL_RANK")) {
+    if (dist::rank() == std::atoi(r)) dist::abort_job("test_dist", "deliberate failure");
+    dist::barrier();  // never returns on the others: the failing rank is not there
+    std::fprintf(stderr, "test_dist: the barrier returned without the failing rank\n");
+    return 0;
+  }
   // Only rank 0 prints gtest's progress; every rank's failures still fail the job (exit code).
   if (dist::rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
