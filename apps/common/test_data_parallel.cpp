@@ -28,6 +28,7 @@
 #include "core/random.h"
 #include "nn/dist.h"
 #include "nn/layers.h"
+#include "tests/mpi/gtest_mpi.h"
 
 using namespace linea;
 namespace fs = std::filesystem;
@@ -208,12 +209,5 @@ TEST(DataParallel, ResumeContinuesAsTheUninterruptedRun) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   dist::init();
-  if (dist::rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  Tensor failed = from_vector<int64_t>({rc != 0 ? 1 : 0}, {1});
-  dist::all_reduce(failed, dist::ReduceOp::Max);
-  return failed.item() != 0 ? 1 : 0;
+  return test::run_all_tests_on_every_rank();
 }

@@ -17,6 +17,7 @@
 #include "nn/dist.h"
 #include "nn/layers.h"
 #include "nn/sampler.h"
+#include "tests/mpi/gtest_mpi.h"
 #include "tests/test_util.h"
 
 using namespace linea;
@@ -244,15 +245,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "test_dist: the barrier returned without the failing rank\n");
     return 0;
   }
-  // Only rank 0 prints gtest's progress; every rank's failures still fail the job (exit code).
-  if (dist::rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  // A failure on any rank fails every rank's exit code.
-  Tensor failed = from_vector<int64_t>({rc != 0 ? 1 : 0}, {1});
-  dist::all_reduce(failed, dist::ReduceOp::Max);
-  if (failed.item() != 0 && rc == 0) std::fprintf(stderr, "rank %d: another rank failed\n", dist::rank());
-  return failed.item() != 0 ? 1 : 0;
+  return test::run_all_tests_on_every_rank();
 }
