@@ -225,7 +225,7 @@ void init() {
 #endif
 }
 
-bool is_initialized() { return state().initialized && state().world >= 1; }
+bool is_initialized() { return state().initialized; }
 int rank() { return state().rank; }
 int world_size() { return state().world; }
 int local_rank() { return state().local_rank; }

@@ -35,7 +35,7 @@ bool has_nccl();
 // LINEA_DIST=1 requires MPI (an error when this build or launch has none). Idempotent; the
 // process's exit finalizes MPI.
 void init();
-bool is_initialized();  // init() ran and MPI is up (world_size() may still be 1)
+bool is_initialized();  // init() ran (with MPI or as a world of one)
 int rank();             // 0 .. world_size()-1 (0 before init)
 int world_size();       // 1 before init and without MPI
 int local_rank();       // rank among the processes on this machine: which GPU to take
