@@ -137,10 +137,12 @@ std::pair<uint64_t, uint64_t> reserve_draw(Device device) {
     return {g.seed, g.offset++};
   }
 #ifdef LINEA_WITH_CUDA
-  // The CUDA generator's offset counts 32-bit words in steps of 4: one counter value.
+  // The CUDA generator's offset counts 32-bit words, in steps of 4 (one counter value): the
+  // draw's counter is offset / 4, as the CPU's is its offset, so the devices agree.
   std::vector<uint64_t> st = cuda::rng_state();
-  cuda::set_rng_state({st[0], st[1] + 4});
-  return {st[0], st[1]};
+  const uint64_t draw = (st[1] + 3) / 4;
+  cuda::set_rng_state({st[0], 4 * (draw + 1)});
+  return {st[0], draw};
 #else
   LINEA_FAIL("random: this build of Linea has no CUDA backend");
 #endif
