@@ -207,12 +207,16 @@ Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tenso
   check_inputs("performer", *this, q, k, v, opts);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
   auto [phi_q, phi_k] = features_of(q, k, opts);  // [B, H, N, F], [B, H, M, F]
+  if (!opts.causal) {
+    // sum_m phi(k_m) v_m^T [B, H, F, Dv] and sum_m phi(k_m) [B, H, F, 1], then phi(q_n) times
+    // each: two small products instead of one with a column of ones, which would copy v.
+    const Tensor kt = transpose(phi_k, -2, -1);
+    const Tensor num = matmul(phi_q, matmul(kt, v));                        // [B, H, N, Dv]
+    const Tensor den = matmul(phi_q, sum(phi_k, {2}, /*keepdim=*/false).unsqueeze(-1));  // [B, H, N, 1]
+    return num / guard_denominator(den);
+  }
   // v with a column of ones [B, H, M, Dv+1]: one product gives numerator and denominator.
   Tensor v1 = cat({v, ones({B, H, M, 1}, v.options())}, -1);
-  if (!opts.causal) {
-    // sum_m phi(k_m) [v_m, 1]^T [B, H, F, Dv+1], then phi(q_n) times it.
-    return ratio(matmul(phi_q, matmul(transpose(phi_k, -2, -1), v1)), Dv);
-  }
   // Chunks of T queries [c0, c0+T), at positions o+c0.. among the keys (o = query_offset): keys
   // before o+c0 come through the carried state sum_m phi(k_m) [v_m, 1]^T [B, H, F, Dv+1]; the
   // chunk's own keys [o+c0, o+c0+T) through the masked quadratic phi(q_c) phi(k_c)^T (lower
