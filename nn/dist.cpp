@@ -46,6 +46,7 @@ bool env_set(const char* name) {
 // PMIx and PMI (Slurm's srun, MPICH's hydra) set PMIX_RANK / PMI_RANK.
 bool launched_by_mpi() { return env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMIX_RANK") || env_set("PMI_RANK"); }
 
+#ifdef LINEA_WITH_MPI
 // The GPUs the driver lists (/proc/driver/nvidia/gpus/<bus id>), counted without touching CUDA:
 // CUDA_VISIBLE_DEVICES must be set before the runtime starts.
 int driver_gpu_count() {
@@ -78,6 +79,7 @@ void pick_gpu(int local_rank, int local_size) {
   if (visible.empty()) return;
   setenv("CUDA_VISIBLE_DEVICES", visible[static_cast<size_t>(local_rank) % visible.size()].c_str(), 1);
 }
+#endif
 
 void require_contiguous(const Tensor& t, const char* what) {
   LINEA_CHECK(t.defined(), "dist::", what, ": undefined tensor");
