@@ -54,10 +54,7 @@ GradientReducer::~GradientReducer() {
 void GradientReducer::prepare(double scale) {
   scale_ = scale;
   next_ = 0;
-  for (Bucket& b : buckets_) {
-    b.ready = 0;
-    b.started = false;
-  }
+  for (Bucket& b : buckets_) b.ready = 0;
   active_ = true;
 }
 
@@ -89,7 +86,6 @@ void GradientReducer::start(Bucket& b) {
       dst.copy_(g.reshape({p.numel()}) * scale_);
   }
   b.work = dist::all_reduce_async(b.flat, dist::ReduceOp::Sum);
-  b.started = true;
 }
 
 void GradientReducer::finish() {

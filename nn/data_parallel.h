@@ -42,10 +42,9 @@ class GradientReducer {
   void finish();
 
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
-  // Seconds finish() spent waiting for collectives since the last reset (the communication
-  // that the backward did not hide), and the bytes reduced per step.
+  // Seconds finish() has spent waiting for collectives (the communication that the backward
+  // did not hide), over all steps so far, and the bytes reduced per step.
   double wait_seconds() const { return wait_s_; }
-  void reset_wait_seconds() { wait_s_ = 0; }
   int64_t bytes_per_step() const { return bytes_; }
 
  private:
@@ -54,7 +53,6 @@ class GradientReducer {
     std::vector<int64_t> offsets;
     int64_t numel = 0;
     int ready = 0;  // parameters whose gradient is complete this step
-    bool started = false;
     Tensor flat;
     dist::Work work;
   };

@@ -348,7 +348,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   std::shared_ptr<const nn::BatchSampler> whole = s.loader->sampler_ptr();  // whole batches
   if (auto* sharded = dynamic_cast<const nn::ShardedBatchSampler*>(whole.get())) whole = sharded->inner();
   std::unique_ptr<nn::GradientReducer> reducer;
-  double comm_s = 0;  // waiting for collectives in the steps
+  double comm_s = 0;  // waiting for the steps' loss sums (the reducer counts its own waits)
   int64_t comm_steps = 0;
   if (world > 1) {
     std::string model_desc;
@@ -445,11 +445,9 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
         comm_s += seconds_since(t0);
         const std::vector<double> total = sums.to_vector<double>();
         s.optimizer->zero_grad();
-        reducer->reset_wait_seconds();
         reducer->prepare(total[1] > 0 ? w / total[1] : 0.0);
         if (shard.count > 0) r.loss.backward();
         reducer->finish();
-        comm_s += reducer->wait_seconds();
         ++comm_steps;
         step_loss = scalar_tensor(total[1] > 0 ? total[0] / total[1] : 0.0, TensorOptions(DType::Float64));
         step_units = std::llround(total[2]);
@@ -580,7 +578,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   }
   if (s.ema_decay > 0) summary["ema_decay"] = s.ema_decay;
   if (world > 1) {
-    const double per_step = comm_s / std::max<double>(static_cast<double>(comm_steps), 1.0);
+    const double per_step = (comm_s + reducer->wait_seconds()) / std::max<double>(static_cast<double>(comm_steps), 1.0);
     summary["data_parallel"] = {{"ranks", world},
                                 {"backend", dist::has_nccl() && s.device.is_cuda() ? "nccl" : "mpi"},
                                 {"gradient_bytes", reducer->bytes_per_step()},
