@@ -170,8 +170,8 @@ BatchRowsGuard::BatchRowsGuard(int64_t first_row) : prev_(t_first_row) {
 BatchRowsGuard::~BatchRowsGuard() { t_first_row = prev_; }
 
 Tensor uniform_per_example(const Shape& shape, double lo, double hi, TensorOptions opts) {
-  LINEA_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "uniform_per_example: invalid range [", lo, ", ",
-              hi, ")");
+  LINEA_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "uniform_per_example: invalid range [", lo, ", ", hi,
+              ")");
   return per_example("uniform_per_example", shape, opts, false, lo, hi);
 }
 Tensor normal_per_example(const Shape& shape, double mean, double std, TensorOptions opts) {
@@ -181,9 +181,9 @@ Tensor normal_per_example(const Shape& shape, double mean, double std, TensorOpt
 }
 Tensor bernoulli_per_example(const Shape& shape, double p, TensorOptions opts) {
   LINEA_CHECK(p >= 0 && p <= 1, "bernoulli_per_example: probability ", p, " is outside [0, 1]");
-  Tensor u = per_example("bernoulli_per_example", shape,
-                         TensorOptions(is_floating(opts.dtype) ? opts.dtype : DType::Float64, opts.device), false, 0.0,
-                         1.0);
+  Tensor u =
+      per_example("bernoulli_per_example", shape,
+                  TensorOptions(is_floating(opts.dtype) ? opts.dtype : DType::Float64, opts.device), false, 0.0, 1.0);
   return raw::to_dtype(raw::binary(BinaryOp::Lt, u, scalar_tensor(p, u.options())), opts.dtype);
 }
 

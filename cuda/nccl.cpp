@@ -13,11 +13,11 @@
 #include "cuda/check.h"
 #include "cuda/context.h"
 
-#define LINEA_NCCL_CHECK(expr)                                                                                \
-  do {                                                                                                        \
-    ncclResult_t linea_nr_ = (expr);                                                                          \
-    LINEA_CHECK(linea_nr_ == ncclSuccess, "NCCL: ", #expr, " failed: ", ncclGetErrorString(linea_nr_), " (", \
-                __FILE__, ":", __LINE__, ")");                                                                \
+#define LINEA_NCCL_CHECK(expr)                                                                                         \
+  do {                                                                                                                 \
+    ncclResult_t linea_nr_ = (expr);                                                                                   \
+    LINEA_CHECK(linea_nr_ == ncclSuccess, "NCCL: ", #expr, " failed: ", ncclGetErrorString(linea_nr_), " (", __FILE__, \
+                ":", __LINE__, ")");                                                                                   \
   } while (0)
 
 namespace linea::cuda::nccl {
@@ -140,8 +140,9 @@ void finalize() {
 namespace linea::cuda::nccl {
 namespace {
 [[noreturn]] void missing() {
-  LINEA_FAIL("this build of Linea has no NCCL (CMake did not find nccl.h and libnccl): collectives on CUDA "
-             "tensors go through host memory and MPI");
+  LINEA_FAIL(
+      "this build of Linea has no NCCL (CMake did not find nccl.h and libnccl): collectives on CUDA "
+      "tensors go through host memory and MPI");
 }
 }  // namespace
 std::string unique_id() { missing(); }

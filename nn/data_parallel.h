@@ -65,7 +65,7 @@ class GradientReducer {
   std::vector<size_t> bucket_of_;  // parameter index -> bucket
   size_t next_ = 0;                // the next bucket to start
   double scale_ = 1;
-  bool active_ = false;            // between prepare() and finish()
+  bool active_ = false;  // between prepare() and finish()
   double wait_s_ = 0;
   int64_t bytes_ = 0;
 };

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/cuda_interface.h"
 #include "autograd/ops.h"
+#include "core/cuda_interface.h"
 #include "core/ops.h"
 
 #ifdef LINEA_WITH_MPI
@@ -89,7 +89,8 @@ void require_contiguous(const Tensor& t, const char* what) {
 
 void check_op(const Tensor& t, ReduceOp op, const char* what) {
   if (op == ReduceOp::Sum || op == ReduceOp::Mean)
-    LINEA_CHECK(t.dtype() != DType::Bool, "dist::", what, ": Sum and Mean of a bool tensor; use Max (any) or Min (all)");
+    LINEA_CHECK(t.dtype() != DType::Bool, "dist::", what,
+                ": Sum and Mean of a bool tensor; use Max (any) or Min (all)");
   if (op == ReduceOp::Mean)
     LINEA_CHECK(is_floating(t.dtype()), "dist::", what, ": Mean needs a floating tensor, got ", t.dtype());
 }
@@ -202,7 +203,8 @@ void init() {
   if (s.initialized) return;
   const char* force = std::getenv("LINEA_DIST");
   const bool off = force && std::string(force) == "0", required = force && std::string(force) == "1";
-  LINEA_CHECK(!required || has_mpi(), "dist: LINEA_DIST=1 but this build of Linea has no MPI (install libopenmpi-dev "
+  LINEA_CHECK(!required || has_mpi(),
+              "dist: LINEA_DIST=1 but this build of Linea has no MPI (install libopenmpi-dev "
               "and configure again)");
   if (off || !has_mpi() || (!required && !launched_by_mpi())) {
     s.initialized = true;  // one rank of one
@@ -265,9 +267,9 @@ void broadcast(const Tensor& t, int root) {
   char* p = static_cast<char*>(t.data_ptr());
   for (int64_t i = 0; i < t.numel(); i += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, t.numel() - i));
-    mpi_check(MPI_Bcast(p + i * static_cast<int64_t>(dtype_size(t.dtype())), n, mpi_type(t.dtype()), root,
-                        MPI_COMM_WORLD),
-              "MPI_Bcast");
+    mpi_check(
+        MPI_Bcast(p + i * static_cast<int64_t>(dtype_size(t.dtype())), n, mpi_type(t.dtype()), root, MPI_COMM_WORLD),
+        "MPI_Bcast");
   }
 #endif
 }
@@ -300,8 +302,7 @@ Tensor gather_same_shape(const Tensor& t, const Shape& out_shape) {
   if (t.device().is_cuda()) return gather_same_shape(t.to(kCPU), out_shape).to(t.device());
   LINEA_CHECK(t.numel() <= kMaxCount, "dist::all_gather: ", t.numel(), " elements per rank; at most ", kMaxCount);
   const int n = static_cast<int>(t.numel());
-  mpi_check(MPI_Allgather(t.data_ptr(), n, mpi_type(t.dtype()), out.data_ptr(), n, mpi_type(t.dtype()),
-                          MPI_COMM_WORLD),
+  mpi_check(MPI_Allgather(t.data_ptr(), n, mpi_type(t.dtype()), out.data_ptr(), n, mpi_type(t.dtype()), MPI_COMM_WORLD),
             "MPI_Allgather");
 #endif
   return out;
@@ -321,12 +322,10 @@ Tensor all_gather(const Tensor& t) {
   desc[1] = t.dim();
   for (int64_t i = 0; i < t.dim(); ++i) desc[static_cast<size_t>(i + 2)] = t.size(i);
   const Tensor mine = from_vector<int64_t>(desc, {kMaxDims + 2});
-  const std::vector<int64_t> all =
-      gather_same_shape(mine, {world_size(), kMaxDims + 2}).to_vector<int64_t>();
+  const std::vector<int64_t> all = gather_same_shape(mine, {world_size(), kMaxDims + 2}).to_vector<int64_t>();
   for (int r = 0; r < world_size(); ++r)
-    LINEA_CHECK(std::equal(desc.begin(), desc.end(), all.begin() + r * (kMaxDims + 2)), "dist::all_gather: rank ",
-                r, " passed another dtype or shape than rank ", rank(), " (", t.dtype(), " ", shape_str(t.shape()),
-                ")");
+    LINEA_CHECK(std::equal(desc.begin(), desc.end(), all.begin() + r * (kMaxDims + 2)), "dist::all_gather: rank ", r,
+                " passed another dtype or shape than rank ", rank(), " (", t.dtype(), " ", shape_str(t.shape()), ")");
   return gather_same_shape(t, out_shape);
 }
 

@@ -355,14 +355,16 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     for (const auto& [name, p] : s.model->named_parameters())
       model_desc += name + " " + shape_str(p.shape()) + " " + dtype_name(p.dtype()) + "\n";
     dist::check_same(s.config.dump() + "\n" + model_desc, app + ": data parallel: the settings or the model");
-    dist::check_same(std::to_string(pos.step),
-                     app + ": data parallel: the step each rank resumed at (the ranks must share the checkpoint folder)");
+    dist::check_same(
+        std::to_string(pos.step),
+        app + ": data parallel: the step each rank resumed at (the ranks must share the checkpoint folder)");
     nn::broadcast_parameters(*s.model);
     s.loader->shard(rank, world);
     reducer = std::make_unique<nn::GradientReducer>(params);
     if (main_rank)
       std::printf("%s: data parallel over %d ranks (%s), %lld gradient buckets of up to %lld MB\n", app.c_str(), world,
-                  dist::has_nccl() && s.device.is_cuda() ? "NCCL" : "MPI", static_cast<long long>(reducer->num_buckets()),
+                  dist::has_nccl() && s.device.is_cuda() ? "NCCL" : "MPI",
+                  static_cast<long long>(reducer->num_buckets()),
                   static_cast<long long>(nn::GradientReducer::kDefaultBucketBytes >> 20));
   }
 
@@ -466,7 +468,10 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
           std::fprintf(stderr, "%s: %s: skipped (%lld of --skip-nonfinite %lld)\n", app.c_str(), what.c_str(),
                        static_cast<long long>(result.skipped_steps), static_cast<long long>(o.skip_nonfinite));
         if (metrics)
-          metrics->write({{"type", "skipped"}, {"step", pos.step}, {"epoch", pos.epoch + 1}, {"loss", loss},
+          metrics->write({{"type", "skipped"},
+                          {"step", pos.step},
+                          {"epoch", pos.epoch + 1},
+                          {"loss", loss},
                           {"grad_norm", gnorm}});
         s.optimizer->zero_grad();
       } else {
