@@ -25,6 +25,32 @@ int num_threads() { return omp_get_max_threads(); }
 
 int blas_num_threads() { return openblas_get_num_threads(); }
 
+std::string blas_kernels() {
+  const char* name = openblas_get_corename();
+  return name != nullptr ? name : "unknown";
+}
+
+std::string fitting_blas_kernels_for(const std::string& in_use, bool avx2_fma, bool avx512) {
+  // OpenBLAS's x86 core types with AVX2 kernels or better; anything else is older or generic.
+  for (const char* good : {"Haswell", "Zen", "Excavator", "SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (in_use == good) return "";
+  if (avx512) return "SkylakeX";
+  if (avx2_fma) return "Haswell";
+  return "";
+}
+
+std::string fitting_blas_kernels() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return fitting_blas_kernels_for(blas_kernels(), avx2_fma, avx512);
+#else
+  return "";  // other architectures: OpenBLAS's own pick
+#endif
+}
+
 std::string cpu_name() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;

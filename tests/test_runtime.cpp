@@ -1,5 +1,6 @@
 // core/runtime.h: set_num_threads moves OpenMP's and OpenBLAS's counts together and n <= 0
-// keeps them, cpu_name reads a name, cuda_device_name names a GPU or says clearly why it cannot.
+// keeps them, blas_kernels names OpenBLAS's kernels and fitting_blas_kernels replaces only
+// generic ones, cpu_name reads a name, cuda_device_name names a GPU or says clearly why it cannot.
 // Not here: CUDA probing (tests/test_cuda_basics.cpp).
 #include "core/runtime.h"
 
@@ -48,6 +49,26 @@ TEST(Runtime, CpuNameIsATrimmedNonEmptyLine) {
   EXPECT_EQ(name.find('\n'), std::string::npos);
   EXPECT_NE(name.front(), ' ');
   EXPECT_NE(name.find_first_not_of(" \t"), std::string::npos);
+}
+
+TEST(Runtime, BlasKernelsAreNamed) {
+  EXPECT_FALSE(blas_kernels().empty());
+  // Whatever this machine is, the advice never names the kernels already in use.
+  const std::string fit = fitting_blas_kernels();
+  EXPECT_TRUE(fit.empty() || fit != blas_kernels()) << fit;
+}
+
+TEST(Runtime, FittingBlasKernelsReplaceOnlyGenericOnesOnCapableCpus) {
+  // The generic fallback of an OpenBLAS older than the CPU, and older core types.
+  EXPECT_EQ(fitting_blas_kernels_for("Prescott", true, true), "SkylakeX");
+  EXPECT_EQ(fitting_blas_kernels_for("Prescott", true, false), "Haswell");
+  EXPECT_EQ(fitting_blas_kernels_for("Sandybridge", true, false), "Haswell");
+  EXPECT_EQ(fitting_blas_kernels_for("Nehalem", true, true), "SkylakeX");
+  // A CPU without AVX2: nothing better to offer.
+  EXPECT_EQ(fitting_blas_kernels_for("Prescott", false, false), "");
+  // Kernels with AVX2 or better are OpenBLAS's own informed pick: kept.
+  for (const char* good : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"})
+    EXPECT_EQ(fitting_blas_kernels_for(good, true, true), "") << good;
 }
 
 TEST(Runtime, CudaDeviceNameOrAClearError) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "apps/bench/bench_common.h"
+#include "apps/common/process_env.h"
 #include "attention/registry.h"
 #include "core/cuda_interface.h"
 #include "linea.h"
@@ -95,6 +96,7 @@ std::map<int64_t, double> run(const std::string& spec_in, const Options& o, cons
 }  // namespace
 
 int main(int argc, char** argv) {
+  linea::apps::tune_process(argv, /*short_openmp_spin=*/false);  // OpenBLAS kernels that fit the CPU
   Options o;
   CLI::App app{"attention-decode: time of one incremental decoding step against the decoded length"};
   app.add_option("--specs", o.specs, "causal mechanisms to run")->capture_default_str();

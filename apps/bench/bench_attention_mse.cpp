@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "apps/bench/bench_common.h"
+#include "apps/common/process_env.h"
 #include "nn/io_util.h"
 #include "linea.h"
 #include "attention/softmax/softmax.h"
@@ -168,6 +169,7 @@ struct Cell {
 }  // namespace
 
 int main(int argc, char** argv) {
+  linea::apps::tune_process(argv, /*short_openmp_spin=*/false);  // OpenBLAS kernels that fit the CPU
   CLI::App app{"attention-mse: output MSE of randomized attention to exact softmax against the number of samples"};
   std::string specs_arg = "ra,lara,performer", in_path, json_path = "attention_mse.jsonl", device_arg = "cpu",
               dtype_arg;

@@ -47,6 +47,7 @@
 #include "core/allocator.h"
 #include "core/cuda_interface.h"
 #include "apps/bench/bench_common.h"
+#include "apps/common/process_env.h"
 #include "nn/io_util.h"
 #include "linea.h"
 #include "attention/transformer.h"
@@ -90,6 +91,7 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
+  linea::apps::tune_process(argv, /*short_openmp_spin=*/false);  // OpenBLAS kernels that fit the CPU
   CLI::App app{"attention-scaling: forward+backward time and peak memory vs sequence length, relative to softmax"};
   std::string specs_arg = "softmax,performer,ra,lara,nprf_rpe", device_arg = "cpu",
               json_path = "attention_scaling.jsonl";

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/process_env.h"
 #include "linea.h"
 
 namespace {
@@ -104,6 +105,7 @@ Options parse(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  linea::apps::tune_process(argv, /*short_openmp_spin=*/false);  // OpenBLAS kernels that fit the CPU
   const Options opt = parse(argc, argv);
   linea::NoGradGuard no_grad;
   linea::manual_seed(0);
@@ -122,9 +124,9 @@ int main(int argc, char** argv) try {
 
   const std::string cpu = linea::cpu_name();
   std::printf(
-      "linea matmul vs direct cblas_sgemm, float32, device cpu (%s), %d OpenMP threads, %d OpenBLAS threads, "
-      "median of %d\n",
-      cpu.c_str(), linea::num_threads(), linea::blas_num_threads(), opt.reps);
+      "linea matmul vs direct cblas_sgemm, float32, device cpu (%s), %d OpenMP threads, %d OpenBLAS threads, %s "
+      "kernels, median of %d\n",
+      cpu.c_str(), linea::num_threads(), linea::blas_num_threads(), linea::blas_kernels().c_str(), opt.reps);
   std::printf("%-18s %-34s %10s %10s %10s %10s %7s %9s\n", "case", "a @ b", "linea ms", "direct ms", "linea GF/s",
               "direct GF/s", "ratio", "max diff");
 

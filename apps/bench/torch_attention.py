@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -204,12 +205,12 @@ def time_torch(torch, fn, B, H, L, D, repeats, gen):
     return statistics.median(times), times
 
 
-def time_linea(args, specs, L):
+def time_linea(args, specs, L, repeats=None):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "linea.json")
         cmd = [args.linea, "--specs", ",".join(specs), "--lengths", str(L), "--batch", str(args.batch),
                "--heads", str(args.heads), "--dim", str(args.dim), "--threads", str(args.threads),
-               "--repeats", str(args.repeats), "--seed", str(args.seed), "--max-seconds", "1000", "--json", out]
+               "--repeats", str(repeats or args.repeats), "--seed", str(args.seed), "--max-seconds", "1000", "--json", out]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             raise SystemExit(f"torch_attention.py: {' '.join(cmd)} failed:\n{run.stderr or run.stdout}")
@@ -218,14 +219,48 @@ def time_linea(args, specs, L):
     return by_spec, rows[0]["device"] if rows else "?"
 
 
+def same_blas_kernels(args):
+    """Both sides on the same OpenBLAS kernels (PyTorch's GEMMs go through OpenBLAS too).
+
+    Linea's programs replace OpenBLAS's generic fallback kernels (an OpenBLAS older than the CPU)
+    with ones that fit the CPU by setting OPENBLAS_CORETYPE (apps/common/process_env.h). A short
+    Linea run names the kernels it used; the same value goes into this process's environment
+    before PyTorch loads OpenBLAS, and the later Linea runs inherit it. A value the user set is
+    kept for both."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return
+    probe, _ = time_linea(args, ["softmax"], 16, repeats=3)
+    m = re.search(r"(\w+) kernels\)", probe["softmax"]["device"])
+    if m:
+        os.environ["OPENBLAS_CORETYPE"] = m.group(1)
+
+
+def torch_blas_kernels():
+    """The core type of the OpenBLAS that PyTorch loaded, or '?'."""
+    try:
+        import ctypes
+        for lib in ("libblas.so.3", "libopenblas.so.0"):
+            try:
+                f = ctypes.CDLL(lib).openblas_get_corename
+            except (OSError, AttributeError):
+                continue
+            f.restype = ctypes.c_char_p
+            return f().decode()
+    except Exception:  # a name in a report is not worth failing for
+        pass
+    return "?"
+
+
 def main():
     args = parse_args()
+    if not os.access(args.linea, os.X_OK):
+        raise SystemExit(f"torch_attention.py: {args.linea} not found; build it first (cmake --build build/release)")
+    same_blas_kernels(args)
     try:
         import torch
     except ImportError:
         raise SystemExit("torch_attention.py: needs PyTorch (Debian: apt-get install python3-torch)")
-    if not os.access(args.linea, os.X_OK):
-        raise SystemExit(f"torch_attention.py: {args.linea} not found; build it first (cmake --build build/release)")
+    torch_kernels = torch_blas_kernels()
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     names = [s for s in args.specs.split(",") if s]
@@ -247,7 +282,8 @@ def main():
                        "linea_ms": lr.get("ms"), "linea_times_ms": lr.get("times_ms"), "linea_status": lr["status"],
                        "torch_ms": torch_ms, "torch_times_ms": torch_times,
                        "speedup": torch_ms / lr["ms"] if ok else None, "B": B, "H": H, "D": D, "S": S,
-                       "threads": args.threads, "linea_device": device, "torch": torch.__version__}
+                       "threads": args.threads, "linea_device": device, "torch": torch.__version__,
+                       "torch_blas_kernels": torch_kernels}
                 results.append(row)
                 js.write(json.dumps(row) + "\n")
                 js.flush()
@@ -256,7 +292,7 @@ def main():
 
     print(f"\nspeed-up of Linea over PyTorch {torch.__version__} eager (PyTorch time / Linea time), "
           f"forward+backward, float32, B={B}, H={H}, D={D}, {S} features/samples, {args.threads} threads, "
-          f"median of {args.repeats}; {device}\n")
+          f"median of {args.repeats}; Linea on {device}; PyTorch on OpenBLAS {torch_kernels} kernels\n")
     print("| L | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for L in lengths:

@@ -6,14 +6,14 @@
 #include <cstdlib>
 #include <thread>
 
-#include "apps/common/openmp_wait.h"
+#include "apps/common/process_env.h"
 #include "core/runtime.h"
 #include "nn/dist.h"
 
 namespace linea::apps {
 
 void start_app(char** argv) {
-  shorten_openmp_spin(argv);
+  tune_process(argv);
   dist::init();
   // Only rank 0 prints progress and results; the others' stdout goes nowhere (stderr stays).
   if (dist::rank() != 0 && std::getenv("LINEA_DIST_ALL_STDOUT") == nullptr) {

@@ -6,8 +6,8 @@
 //     try { ... } catch (const std::exception& e) { return linea::apps::fail(e); }
 //   }
 //
-// start_app shortens OpenMP's spin-waiting (openmp_wait.h; may restart the process, so it comes
-// first), then starts linea::dist (nn/dist.h): under `mpirun -np N` the process becomes one rank
+// start_app sets OpenMP's spin-waiting and OpenBLAS's kernels (process_env.h; may restart the
+// process, so it comes first), then starts linea::dist (nn/dist.h): under `mpirun -np N` the process becomes one rank
 // of N, otherwise it stays single-process. With several ranks on one machine and no
 // OMP_NUM_THREADS set, each rank takes its share of the cores (cores / ranks on the machine, at
 // least 1), so N ranks do not oversubscribe them; --threads still overrides. Only rank 0's

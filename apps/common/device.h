@@ -11,7 +11,8 @@
 
 namespace linea::apps {
 
-// "cuda:0 (NVIDIA H100 ...)" or "cpu (<model>, 2 OpenMP threads, 2 OpenBLAS threads)".
+// "cuda:0 (NVIDIA H100 ...)" or "cpu (<model>, 2 OpenMP threads, 2 OpenBLAS threads, Haswell
+// kernels)", the last being OpenBLAS's core type (core/runtime.h, blas_kernels).
 inline std::string device_name(const Device& d) {
   if (d.is_cuda()) {
     std::string gpu;
@@ -23,7 +24,7 @@ inline std::string device_name(const Device& d) {
     return d.str() + " (" + gpu + ")";
   }
   return "cpu (" + cpu_name() + ", " + std::to_string(num_threads()) + " OpenMP threads, " +
-         std::to_string(blas_num_threads()) + " OpenBLAS threads)";
+         std::to_string(blas_num_threads()) + " OpenBLAS threads, " + blas_kernels() + " kernels)";
 }
 
 // --device cpu|cuda|cuda:N|auto as a Device. Throws linea::Error when the spec does not parse
