@@ -13,6 +13,8 @@
 //   toeplitz_attention        y = T(c) o (Pq Pk^T) V: dPq = (g V^T o T) Pk, dPk = (g V^T o T)^T Pq,
 //                             dV = (T o Pq Pk^T)^T g, dc_t = sum over j - i = t of (g V^T o Pq Pk^T)_ij
 //                             (all by FFT, one feature at a time)
+//   positive_features         phi = exp(x W^T - |x|^2/2 - c) / sqrt(S), c a detached max:
+//                             dl = g * phi, dx = dl W - rowsum(dl) x, dW = dl^T x
 // Not here: kernels (core/cpu/, cuda/) and the raw argument checks they share (core/ops_nn.cpp).
 #include <cstdint>
 #include <vector>
@@ -244,6 +246,18 @@ Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& ph
                 [cd = c.detach(), qd = phi_q.detach(), kd = phi_k.detach(), vd = v.detach(),
                  fft_len](const Tensor& g) -> std::vector<Tensor> {
                   return raw::toeplitz_attention_backward(g, cd, qd, kd, vd, fft_len);
+                });
+}
+
+Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& key_padding) {
+  const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
+  // Contiguous once here, kept for the backward (heads split off a projection are strided views).
+  const Tensor xc = raw::contiguous(x.detach()), wc = raw::contiguous(omega.detach());
+  Tensor phi = raw::positive_features(xc, wc, per_row, pad);
+  if (!needs_grad({&x, &omega})) return phi;
+  return attach(phi, "positive_features", {x, omega},
+                [xc, wc, out = phi.detach(), want_w = omega.requires_grad()](const Tensor& g) -> std::vector<Tensor> {
+                  return raw::positive_features_backward(g, xc, wc, out, want_w);
                 });
 }
 

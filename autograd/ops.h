@@ -193,6 +193,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // [S, E] products per key are kept (nprf_rpe's FFT path). Differentiable in all four.
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
                           int64_t fft_len);
+// Positive random features, fused (CPU only): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S) for
+// x [B, H, L, D] and omega [H, S, D] (the rows of W_h), c a detached stabilizer that cancels in
+// an attention ratio: the row's max over s (per_row) or the max over the (b, h)'s unpadded rows
+// and s. Rows marked by key_padding (Bool [B, L], true = padding) get phi = 0. Differentiable in
+// x and omega (c held constant). attention/common's positive_random_features picks it or the
+// composed formula by device.
+Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& key_padding = Tensor());
 
 // ---- indexing and joining -----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

@@ -89,6 +89,14 @@ Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& ph
 // Returns {dc, dphi_q, dphi_k, dv} from grad [B, H, N, E].
 std::vector<Tensor> toeplitz_attention_backward(const Tensor& grad, const Tensor& c, const Tensor& phi_q,
                                                 const Tensor& phi_k, const Tensor& v, int64_t fft_len);
+// Positive random features, fused, CPU only (core/cpu/attention.h): phi = exp(x W_h^T - |x|^2/2
+// - c) / sqrt(S) for x [B, H, L, D], omega [H, S, D], c the row's max (per_row) or the (b, h)'s
+// max over unpadded rows; rows marked by pad (Bool [B, L]; undefined: none) get 0.
+Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& pad);
+// Returns {dx, domega} (domega undefined unless want_domega) from grad [B, H, L, S] and the
+// forward's phi.
+std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor& x, const Tensor& omega,
+                                               const Tensor& phi, bool want_domega);
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

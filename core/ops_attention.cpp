@@ -1,4 +1,4 @@
-// linea::raw::sdpa and toeplitz_attention with their backwards: argument checks, allocation and
+// linea::raw::sdpa, toeplitz_attention and positive_features with their backwards: argument checks, allocation and
 // the calls of the fused CPU kernels (core/cpu/attention.h). CPU only: on CUDA, the attention
 // layers compose the same formulas from ops (attention/softmax/, attention/nprf_rpe/).
 #include <cmath>
@@ -127,6 +127,52 @@ std::vector<Tensor> toeplitz_attention_backward(const Tensor& grad, const Tensor
   cpu::toeplitz_attention_backward(contiguous(c), contiguous(phi_q), contiguous(phi_k), contiguous(v),
                                    contiguous(grad), fft_len, dc, dpq, dpk, dv);
   return {dc, dpq, dpk, dv};
+}
+
+namespace {
+void check_features_args(const char* op, const Tensor& x, const Tensor& omega, const Tensor& pad) {
+  check_defined(op, x, "x");
+  check_defined(op, omega, "omega");
+  LINEA_CHECK(x.dim() == 4 && omega.dim() == 3 && omega.size(0) == x.size(1) && omega.size(2) == x.size(3), op,
+              ": expected x [B, H, L, D] and omega [H, S, D], got x ", shape_str(x.shape()), ", omega ",
+              shape_str(omega.shape()));
+  LINEA_CHECK(omega.size(1) > 0, op, ": omega ", shape_str(omega.shape()), " has no features");
+  LINEA_CHECK(is_floating(x.dtype()), op, ": expected float32 or float64, got ", dtype_name(x.dtype()));
+  check_same_dtype(op, x, omega);
+  check_same_device(op, x, omega);
+  LINEA_CHECK(!x.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose it from ops");
+  if (pad.defined())
+    LINEA_CHECK(pad.dtype() == DType::Bool && pad.dim() == 2 && pad.size(0) == x.size(0) && pad.size(1) == x.size(2) &&
+                    !pad.device().is_cuda(),
+                op, ": pad must be a CPU Bool [B, L] = [", x.size(0), ", ", x.size(2), "], got ", dtype_name(pad.dtype()),
+                " ", shape_str(pad.shape()));
+}
+}  // namespace
+
+Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& pad) {
+  check_features_args("positive_features", x, omega, pad);
+  Tensor phi = empty({x.size(0), x.size(1), x.size(2), omega.size(1)}, x.options());
+  if (phi.numel() > 0)
+    cpu::positive_features_forward(contiguous(x), contiguous(omega), per_row,
+                                   pad.defined() ? contiguous(pad) : Tensor(), phi);
+  return phi;
+}
+
+std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor& x, const Tensor& omega,
+                                               const Tensor& phi, bool want_domega) {
+  check_features_args("positive_features_backward", x, omega, Tensor());
+  check_defined("positive_features_backward", grad, "grad");
+  check_defined("positive_features_backward", phi, "phi");
+  const Shape want{x.size(0), x.size(1), x.size(2), omega.size(1)};
+  LINEA_CHECK(grad.shape() == want && phi.shape() == want, "positive_features_backward: grad ",
+              shape_str(grad.shape()), " and phi ", shape_str(phi.shape()), " must be ", shape_str(want));
+  check_same_dtype("positive_features_backward", x, grad);
+  check_same_dtype("positive_features_backward", x, phi);
+  Tensor dx = zeros(x.shape(), x.options());
+  Tensor dw = want_domega ? zeros(omega.shape(), omega.options()) : Tensor();
+  if (phi.numel() > 0)
+    cpu::positive_features_backward(contiguous(x), contiguous(omega), contiguous(phi), contiguous(grad), dx, dw);
+  return {dx, dw};
 }
 
 }  // namespace linea::raw

@@ -4,7 +4,10 @@
 // too); causal performer == masked quadratic attention with the same features, for any chunk
 // length, and future tokens never reach past outputs; padded keys change nothing; the redraw
 // schedule, eval determinism and the sample API; forward == attention_matrix @ v; finiteness in
-// float32 at |q~| = |k~| = 5; errors.
+// float32 at |q~| = |k~| = 5; errors. The fused feature op (positive_features, performer's and
+// nprf_rpe's map on the CPU) against the formula by loops, in blocks and with padding, and its
+// gradient check through a ratio in which its stabilizer cancels.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -463,6 +466,90 @@ TEST(Performer, FiniteInFloat32AtLargeNorms) {
         EXPECT_TRUE(all_close(out.to(DType::Float64), ref, 1e-3, 1e-3)) << spec << (causal ? " causal" : "");
       }
     }
+}
+
+// ---- the fused feature op ------------------------------------------------------------------------
+// phi by loops: exp(x.w_s - |x|^2/2 - c) / sqrt(S), c the row's max (per_row) or the max over the
+// (b, h)'s unpadded rows; padded rows 0.
+Tensor features_by_loops(const Tensor& x, const Tensor& omega, bool per_row, const std::vector<int>& pad) {
+  const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3), S = omega.size(1);
+  const auto xv = x.contiguous().to_vector<double>(), wv = omega.contiguous().to_vector<double>();
+  std::vector<double> l(static_cast<size_t>(B * H * L * S)), out(l.size(), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      double c_seq = -INFINITY;
+      for (int64_t i = 0; i < L; ++i) {
+        const double* xi = &xv[static_cast<size_t>(((b * H + h) * L + i) * D)];
+        double half = 0;
+        for (int64_t j = 0; j < D; ++j) half += 0.5 * xi[j] * xi[j];
+        for (int64_t s = 0; s < S; ++s) {
+          double dot = 0;
+          for (int64_t j = 0; j < D; ++j) dot += xi[j] * wv[static_cast<size_t>((h * S + s) * D + j)];
+          l[static_cast<size_t>(((b * H + h) * L + i) * S + s)] = dot - half;
+          if (pad.empty() || !pad[b * L + i]) c_seq = std::max(c_seq, dot - half);
+        }
+      }
+      for (int64_t i = 0; i < L; ++i) {
+        if (!pad.empty() && pad[b * L + i]) continue;
+        const size_t row = static_cast<size_t>(((b * H + h) * L + i) * S);
+        const double c = per_row ? *std::max_element(l.begin() + row, l.begin() + row + S) : c_seq;
+        for (int64_t s = 0; s < S; ++s) out[row + s] = std::exp(l[row + s] - c) / std::sqrt(double(S));
+      }
+    }
+  return from_vector<double>(out, {B, H, L, S});
+}
+
+TEST(PositiveFeatures, MatchesTheFormulaInBlocksAndWithPadding) {
+  manual_seed(60);
+  // L = 300: two row blocks of the kernel; batch 1 fully padded, batch 0 partly.
+  const int64_t B = 2, H = 3, L = 300, D = 5, S = 7;
+  Tensor x = randn64({B, H, L, D}), w = randn64({H, S, D});
+  std::vector<int> pad(static_cast<size_t>(B * L), 0);
+  for (int64_t i = 0; i < L; ++i) pad[static_cast<size_t>(L + i)] = 1;
+  for (int64_t i = 250; i < L; i += 3) pad[static_cast<size_t>(i)] = 1;
+  const Tensor mask = mask_of(pad, B, L).to(DType::Bool);
+  for (bool per_row : {true, false}) {
+    EXPECT_TRUE(all_close(positive_features(x, w, per_row), features_by_loops(x, w, per_row, {}), 1e-12, 1e-13))
+        << per_row;
+    const Tensor padded = positive_features(x, w, per_row, mask);
+    EXPECT_TRUE(all_close(padded, features_by_loops(x, w, per_row, pad), 1e-12, 1e-13)) << per_row;
+    EXPECT_EQ(max_abs(narrow(padded, 0, 1, 1)), 0.0);  // all padding: zeros, not NaN
+    // float32 agrees with float64 to float32 rounding; a strided x is read correctly.
+    const Tensor x32 = transpose(contiguous(transpose(x, 1, 2)).to(DType::Float32), 1, 2);
+    EXPECT_TRUE(all_close(positive_features(x32, w.to(DType::Float32), per_row, mask).to(DType::Float64), padded,
+                          1e-5, 1e-6))
+        << per_row;
+  }
+}
+
+// The stabilizer is a constant in the op's gradient, so the check goes through a ratio in which it
+// cancels (as it does in attention): phi over its sum across s (per row) or across (l, s) per (b, h).
+TEST(GradCheck, PositiveFeaturesThroughARatio) {
+  manual_seed(61);
+  Tensor w = randn64({2, 5, 3});
+  const Tensor pad = mask_of({0, 0, 1, 0, 0, 0, 1, 0}, 2, 4).to(DType::Bool);
+  for (bool per_row : {true, false}) {
+    const std::vector<int64_t> dims = per_row ? std::vector<int64_t>{3} : std::vector<int64_t>{2, 3};
+    EXPECT_GRADCHECK(
+        [&](const std::vector<Tensor>& in) {
+          const Tensor phi = positive_features(in[0], in[1], per_row, pad);
+          return phi / (sum(phi, dims, /*keepdim=*/true) + 1e-300);
+        },
+        {randn64({2, 2, 4, 3}), w});
+  }
+}
+
+TEST(PositiveFeatures, BadInputsThrow) {
+  const Tensor x = randn({1, 2, 3, 4}), w = randn({2, 5, 4});
+  EXPECT_LINEA_ERROR(positive_features(randn({2, 3, 4}), w, true),
+                     "positive_features: expected x [B, H, L, D] and omega [H, S, D], got x [2, 3, 4]");
+  EXPECT_LINEA_ERROR(positive_features(x, randn({2, 5, 3}), true), "omega [2, 5, 3]");
+  EXPECT_LINEA_ERROR(positive_features(x, randn({2, 0, 4}), true), "has no features");
+  EXPECT_LINEA_ERROR(positive_features(x, w.to(DType::Float64), true), "positive_features");
+  EXPECT_LINEA_ERROR(positive_features(x, w, false, zeros({1, 4}, DType::Bool)),
+                     "positive_features: pad must be a CPU Bool [B, L] = [1, 3], got bool [1, 4]");
+  EXPECT_LINEA_ERROR(positive_features(zeros({1, 2, 3, 4}, DType::Int64), zeros({2, 5, 4}, DType::Int64), true),
+                     "positive_features: expected float32 or float64");
 }
 
 TEST(Performer, BadOptionsAndInputsThrow) {

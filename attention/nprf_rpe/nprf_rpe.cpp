@@ -22,11 +22,6 @@ double tiny(DType dt) { return dt == DType::Float32 ? 1e-18 : 1e-140; }
 // x / |x| over the last dim; a zero vector stays zero (its norm is clamped, not divided by).
 Tensor unit(const Tensor& x) { return mul(x, rsqrt(clamp(sq_norm(x), 1e-24, INFINITY))); }
 
-// log of the unnormalized features, W x - |x|^2/2: x [B, H, L, D], omega [H, S, D] -> [B, H, L, S].
-Tensor log_features(const Tensor& x, const Tensor& omega) {
-  return sub(matmul(x, transpose(unsqueeze(omega, 0), -2, -1)), mul(sq_norm(x), 0.5));
-}
-
 // Max over dims, kept, outside the graph: a stabilizer that cancels in the ratio.
 Tensor detached_max(const Tensor& x, const std::vector<int64_t>& dims) {
   return max(x.detach(), dims, /*keepdim=*/true);
@@ -66,21 +61,13 @@ Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tens
   const double lo = 0.5 * dtype_lowest(q.dtype());  // stands in for -inf (exp gives 0, no inf - inf)
   Tensor omega = to(to(omega_in, q.device()), q.dtype());
   Tensor rpe = to(to(rpe_in, q.device()), q.dtype());
-  const double inv_sqrt_s = 1.0 / std::sqrt(static_cast<double>(omega.size(1)));
   Terms t;
 
-  // Query features, stabilized per row: phi(q^_i) / max_s phi(q^_i)_s.
-  Tensor lq = log_features(unit(q), omega);                        // [B, H, N, S]
-  t.phi_q = mul(exp(sub(lq, detached_max(lq, {-1}))), inv_sqrt_s);  // [B, H, N, S]
-
-  // Key features, stabilized per (b, h) over the unpadded keys; padded keys get log phi = "-inf".
-  Tensor lk = log_features(unit(k), omega);  // [B, H, M, S]
-  Tensor pad = key_padding_bool(opts);   // Bool [B, M] or undefined
-  if (pad.defined()) lk = masked_fill(lk, reshape(pad, {B, 1, M, 1}), lo);
-  Tensor mk = detached_max(lk, {2, 3});  // [B, H, 1, 1]
-  // Every key of (b, h) padded: any finite stabilizer will do, 0 keeps exp(lo - mk) = 0.
-  if (pad.defined()) mk = where(mk > 0.5 * lo, mk, 0.0);
-  t.phi_k = mul(exp(sub(lk, mk)), inv_sqrt_s);  // [B, H, M, S], exactly 0 at padded keys
+  // Query features stabilized per row (phi(q^_i) / max_s phi(q^_i)_s), key features per (b, h)
+  // over the unpadded keys, padded keys exactly 0 (fused on the CPU; attention/common).
+  Tensor pad = key_padding_bool(opts);  // Bool [B, M] or undefined
+  t.phi_q = positive_random_features(unit(q), omega, /*per_row=*/true, Tensor());  // [B, H, N, S]
+  t.phi_k = positive_random_features(unit(k), omega, /*per_row=*/false, pad);      // [B, H, M, S]
 
   // Bias of the relative positions j - (n + o) for j - n = -(N-1)..(M-1), i.e. rpe indices
   // L-N-o .. L+M-2-o; causal hides the positive ones (c index > N-1+o).

@@ -4,7 +4,6 @@
 // parallel region, one GEMM per thread).
 #include "core/cpu/attention.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/cpu/gemm.h"
 #include "core/cpu/vec_math.h"
 #include "core/cpu/workspace.h"
 #include "core/kernels.h"
@@ -20,6 +20,7 @@ namespace linea::cpu {
 
 namespace {
 
+using detail::gemm;
 using detail::Workspace;
 
 // Query rows per work item: about kBlockBytes of scores (256 rows at M = 4096 in float32), which
@@ -27,20 +28,6 @@ using detail::Workspace;
 // packs the whole of k (or v) again for every block (at M = 4096, 64 rows ran ~5% slower).
 constexpr int64_t kBlockBytes = int64_t(4) << 20;
 constexpr int64_t kMinRows = 32, kMaxRows = 256;
-
-// c = alpha op(a) op(b) + beta c, all row-major.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
-          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
-}
 
 // x[j] = exp(x[j] - shift): float32 through the vectorizable vm::exp, float64 through libm.
 LINEA_VEC_CLONES void exp_shifted(float* x, int64_t n, float shift) {
