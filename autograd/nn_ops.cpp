@@ -15,6 +15,9 @@
 //                             (all by FFT, one feature at a time)
 //   positive_features         phi = exp(x W^T - |x|^2/2 - c) / sqrt(S), c a detached max:
 //                             dl = g * phi, dx = dl W - rowsum(dl) x, dW = dl^T x
+//   linear_attention          O = (Pq KV) / den, KV = Pk^T V, den = Pq z, z = Pk^T 1:
+//                             G = [g / den, -rowsum(g * O) / den], dPq = G [KV, z]^T,
+//                             [dKV, dz] = Pq^T G, dPk = V dKV^T + 1 dz^T, dV = Pk dKV
 // Not here: kernels (core/cpu/, cuda/) and the raw argument checks they share (core/ops_nn.cpp).
 #include <cstdint>
 #include <vector>
@@ -258,6 +261,17 @@ Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, con
   return attach(phi, "positive_features", {x, omega},
                 [xc, wc, out = phi.detach(), want_w = omega.requires_grad()](const Tensor& g) -> std::vector<Tensor> {
                   return raw::positive_features_backward(g, xc, wc, out, want_w);
+                });
+}
+
+Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double den_guard) {
+  const Tensor pq = raw::contiguous(phi_q.detach()), pk = raw::contiguous(phi_k.detach()),
+               vc = raw::contiguous(v.detach());
+  std::vector<Tensor> r = raw::linear_attention(pq, pk, vc, den_guard);  // out, den, kvz
+  if (!needs_grad({&phi_q, &phi_k, &v})) return r[0];
+  return attach(r[0], "linear_attention", {phi_q, phi_k, v},
+                [pq, pk, vc, out = r[0].detach(), den = r[1], kvz = r[2], den_guard](const Tensor& g) {
+                  return raw::linear_attention_backward(g, pq, pk, vc, out, den, kvz, den_guard);
                 });
 }
 

@@ -97,6 +97,15 @@ Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, con
 // forward's phi.
 std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor& x, const Tensor& omega,
                                                const Tensor& phi, bool want_domega);
+// Bidirectional linear attention, fused, CPU only (core/cpu/attention.h): out_n = phi_q_n
+// (sum_m phi_k_m v_m^T) / den~_n, den_n = phi_q_n . sum_m phi_k_m, den~ = den with |den| < guard
+// replaced by guard carrying den's sign. Returns {out [B, H, N, E], den [B, H, N] (unguarded),
+// kvz [B, H, S, E + 1]} (the last two for the backward).
+std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double guard);
+// Returns {dphi_q, dphi_k, dv} from grad [B, H, N, E] and the forward's out, den and kvz.
+std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
+                                              const Tensor& v, const Tensor& out, const Tensor& den,
+                                              const Tensor& kvz, double guard);
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

@@ -1,4 +1,4 @@
-// linea::raw::sdpa, toeplitz_attention and positive_features with their backwards: argument checks, allocation and
+// linea::raw::sdpa, toeplitz_attention, positive_features and linear_attention with their backwards: argument checks, allocation and
 // the calls of the fused CPU kernels (core/cpu/attention.h). CPU only: on CUDA, the attention
 // layers compose the same formulas from ops (attention/softmax/, attention/nprf_rpe/).
 #include <cmath>
@@ -173,6 +173,57 @@ std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor&
   if (phi.numel() > 0)
     cpu::positive_features_backward(contiguous(x), contiguous(omega), contiguous(phi), contiguous(grad), dx, dw);
   return {dx, dw};
+}
+
+namespace {
+void check_linear_args(const char* op, const Tensor& pq, const Tensor& pk, const Tensor& v, double guard) {
+  check_defined(op, pq, "phi_q");
+  check_defined(op, pk, "phi_k");
+  check_defined(op, v, "v");
+  LINEA_CHECK(pq.dim() == 4 && pk.dim() == 4 && v.dim() == 4 && pk.size(0) == pq.size(0) &&
+                  pk.size(1) == pq.size(1) && pk.size(3) == pq.size(3) && v.size(0) == pq.size(0) &&
+                  v.size(1) == pq.size(1) && v.size(2) == pk.size(2),
+              op, ": expected phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], got phi_q ",
+              shape_str(pq.shape()), ", phi_k ", shape_str(pk.shape()), ", v ", shape_str(v.shape()));
+  LINEA_CHECK(pq.numel() > 0 && pk.numel() > 0 && v.numel() > 0, op, ": every dim must be positive, got phi_q ",
+              shape_str(pq.shape()), ", phi_k ", shape_str(pk.shape()), ", v ", shape_str(v.shape()));
+  LINEA_CHECK(is_floating(v.dtype()), op, ": expected float32 or float64, got ", dtype_name(v.dtype()));
+  LINEA_CHECK(guard >= 0.0 && std::isfinite(guard), op, ": guard must be finite and >= 0, got ", guard);
+  for (const Tensor* t : {&pq, &pk}) {
+    check_same_dtype(op, v, *t);
+    check_same_device(op, v, *t);
+  }
+  LINEA_CHECK(!v.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose it from ops");
+}
+}  // namespace
+
+std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double guard) {
+  check_linear_args("linear_attention", phi_q, phi_k, v, guard);
+  const int64_t B = phi_q.size(0), H = phi_q.size(1), N = phi_q.size(2), S = phi_q.size(3), E = v.size(3);
+  Tensor out = empty({B, H, N, E}, v.options()), den = empty({B, H, N}, v.options()),
+         kvz = empty({B, H, S, E + 1}, v.options());
+  cpu::linear_attention_forward(contiguous(phi_q), contiguous(phi_k), contiguous(v), guard, out, den, kvz);
+  return {out, den, kvz};
+}
+
+std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
+                                              const Tensor& v, const Tensor& out, const Tensor& den,
+                                              const Tensor& kvz, double guard) {
+  const char* op = "linear_attention_backward";
+  check_linear_args(op, phi_q, phi_k, v, guard);
+  check_defined(op, grad, "grad");
+  const int64_t B = phi_q.size(0), H = phi_q.size(1), N = phi_q.size(2), S = phi_q.size(3), E = v.size(3);
+  LINEA_CHECK(grad.shape() == Shape({B, H, N, E}) && out.shape() == grad.shape() && den.shape() == Shape({B, H, N}) &&
+                  kvz.shape() == Shape({B, H, S, E + 1}),
+              op, ": grad ", shape_str(grad.shape()), ", out ", shape_str(out.shape()), ", den ", shape_str(den.shape()),
+              " and kvz ", shape_str(kvz.shape()), " do not match phi_q ", shape_str(phi_q.shape()), " and v ",
+              shape_str(v.shape()));
+  for (const Tensor* t : {&grad, &out, &den, &kvz}) check_same_dtype(op, v, *t);
+  Tensor dpq = empty(phi_q.shape(), phi_q.options()), dpk = empty(phi_k.shape(), phi_k.options()),
+         dv = empty(v.shape(), v.options());
+  cpu::linear_attention_backward(contiguous(phi_q), contiguous(phi_k), contiguous(v), contiguous(out),
+                                 contiguous(den), contiguous(kvz), contiguous(grad), guard, dpq, dpk, dv);
+  return {dpq, dpk, dv};
 }
 
 }  // namespace linea::raw

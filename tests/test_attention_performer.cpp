@@ -6,8 +6,11 @@
 // schedule, eval determinism and the sample API; forward == attention_matrix @ v; finiteness in
 // float32 at |q~| = |k~| = 5; errors. The fused feature op (positive_features, performer's and
 // nprf_rpe's map on the CPU) against the formula by loops, in blocks and with padding, and its
-// gradient check through a ratio in which its stabilizer cancels.
+// gradient check through a ratio in which its stabilizer cancels; the fused bidirectional
+// linear_attention (performer's CPU path) against the composed formula, guard included, and its
+// gradient check.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -550,6 +553,63 @@ TEST(PositiveFeatures, BadInputsThrow) {
                      "positive_features: pad must be a CPU Bool [B, L] = [1, 3], got bool [1, 4]");
   EXPECT_LINEA_ERROR(positive_features(zeros({1, 2, 3, 4}, DType::Int64), zeros({2, 5, 4}, DType::Int64), true),
                      "positive_features: expected float32 or float64");
+}
+
+// ---- the fused linear attention -------------------------------------------------------------------
+// The composed formula: (phi_q KV) / den~, den~ = den with |den| < guard set to +-guard.
+Tensor linear_attention_composed(const Tensor& pq, const Tensor& pk, const Tensor& v, double guard) {
+  const Tensor num = matmul(pq, matmul(transpose(pk, -2, -1), v));
+  const Tensor den = matmul(pq, unsqueeze(sum(pk, {2}), -1));
+  const Tensor d = den.detach();
+  const Tensor signed_guard = where(d >= 0.0, scalar_tensor(guard, d.options()), -guard);
+  return num / where(abs(d) < guard, signed_guard, den);
+}
+
+TEST(LinearAttention, MatchesTheComposedFormula) {
+  manual_seed(62);
+  // N, M = 1100, 700: several row blocks of the kernel on both sides.
+  for (auto [B, H, N, M] : std::vector<std::array<int64_t, 4>>{{2, 3, 5, 4}, {1, 2, 1100, 700}}) {
+    const Tensor pq = exp(randn64({B, H, N, 6})), pk = exp(randn64({B, H, M, 6})), v = randn64({B, H, M, 3});
+    EXPECT_TRUE(all_close(linear_attention(pq, pk, v, 1e-30), linear_attention_composed(pq, pk, v, 1e-30), 1e-12,
+                          1e-12));
+    const Tensor out32 = linear_attention(pq.to(DType::Float32), pk.to(DType::Float32), v.to(DType::Float32), 1e-30);
+    EXPECT_TRUE(all_close(out32.to(DType::Float64), linear_attention_composed(pq, pk, v, 1e-30), 1e-4, 1e-5));
+  }
+  // Signed features (trf-like) with denominators near 0: the guard keeps the sign; a zero row of
+  // phi_q gives 0 / guard = 0.
+  Tensor pq = randn64({1, 1, 6, 4}), pk = randn64({1, 1, 5, 4}), v = randn64({1, 1, 5, 2});
+  pq = cat({narrow(pq, 2, 0, 5), zeros({1, 1, 1, 4}, f64())}, 2);
+  for (double guard : {1e-30, 0.5, 3.0})
+    EXPECT_TRUE(all_close(linear_attention(pq, pk, v, guard), linear_attention_composed(pq, pk, v, guard), 1e-12,
+                          1e-12))
+        << guard;
+}
+
+TEST(GradCheck, LinearAttention) {
+  manual_seed(63);
+  EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return linear_attention(exp(in[0]), exp(in[1]), in[2], 1e-30); },
+                   {randn64({2, 2, 5, 3}), randn64({2, 2, 4, 3}), randn64({2, 2, 4, 2})});
+  // Signed features, the first two query rows scaled by 1e-3 so that the guard is active there
+  // (checked): no gradient goes through a guarded den.
+  const Tensor row_scale = from_vector<double>({1e-3, 1e-3, 1, 1, 1, 1}, {1, 1, 6, 1});
+  const Tensor pq = randn64({1, 1, 6, 3}), pk = randn64({1, 1, 4, 3}), v = randn64({1, 1, 4, 2});
+  const std::vector<double> den = matmul(pq * row_scale, unsqueeze(sum(pk, {2}), -1)).to_vector<double>();
+  ASSERT_LT(std::fabs(den[0]), 0.3);
+  ASSERT_LT(std::fabs(den[1]), 0.3);
+  EXPECT_GRADCHECK(
+      [row_scale](const std::vector<Tensor>& in) { return linear_attention(in[0] * row_scale, in[1], in[2], 0.3); },
+      {pq, pk, v});
+}
+
+TEST(LinearAttention, BadInputsThrow) {
+  const Tensor pq = rand({1, 2, 3, 4}), pk = rand({1, 2, 5, 4}), v = randn({1, 2, 5, 6});
+  EXPECT_LINEA_ERROR(linear_attention(pq, rand({1, 2, 5, 3}), v, 0.0),
+                     "linear_attention: expected phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], got phi_q "
+                     "[1, 2, 3, 4], phi_k [1, 2, 5, 3], v [1, 2, 5, 6]");
+  EXPECT_LINEA_ERROR(linear_attention(pq, pk, randn({1, 2, 4, 6}), 0.0), "linear_attention: expected");
+  EXPECT_LINEA_ERROR(linear_attention(pq, pk, randn({1, 2, 5, 0}), 0.0), "every dim must be positive");
+  EXPECT_LINEA_ERROR(linear_attention(pq, pk, v, -1.0), "guard must be finite and >= 0, got -1");
+  EXPECT_LINEA_ERROR(linear_attention(pq, pk, v.to(DType::Float64), 0.0), "linear_attention");
 }
 
 TEST(Performer, BadOptionsAndInputsThrow) {
