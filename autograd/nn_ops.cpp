@@ -18,6 +18,7 @@
 //   linear_attention          O = (Pq KV) / den, KV = Pk^T V, den = Pq z, z = Pk^T 1:
 //                             G = [g / den, -rowsum(g * O) / den], dPq = G [KV, z]^T,
 //                             [dKV, dz] = Pq^T G, dPk = V dKV^T + 1 dz^T, dV = Pk dKV
+//   lara_mixture              the chain of core/cpu/lara_mixture.cpp, by hand
 // Not here: kernels (core/cpu/, cuda/) and the raw argument checks they share (core/ops_nn.cpp).
 #include <cstdint>
 #include <vector>
@@ -272,6 +273,17 @@ Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& 
   return attach(r[0], "linear_attention", {phi_q, phi_k, v},
                 [pq, pk, vc, out = r[0].detach(), den = r[1], kvz = r[2], den_guard](const Tensor& g) {
                   return raw::linear_attention_backward(g, pq, pk, vc, out, den, kvz, den_guard);
+                });
+}
+
+Tensor lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,
+                    double beta, double floor) {
+  const Tensor qc = raw::contiguous(q.detach()), qb = raw::contiguous(qbar.detach()), wc = raw::contiguous(w.detach());
+  std::vector<Tensor> r = raw::lara_mixture(qc, qb, wc, self_w.detach(), bias.detach(), beta, floor);  // mix, t, a
+  if (!needs_grad({&q, &qbar, &w, &self_w, &bias})) return r[0];
+  return attach(r[0], "lara_mixture", {q, qbar, w, self_w, bias},
+                [qc, qb, wc, mix = r[0].detach(), t = r[1], a = r[2], beta, floor](const Tensor& g) {
+                  return raw::lara_mixture_backward(g, qc, qb, wc, mix, t, a, beta, floor);
                 });
 }
 

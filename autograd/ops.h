@@ -206,6 +206,13 @@ Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, con
 // +; no gradient through it). Differentiable in all three; keeps only [B, H, S, E + 1] and
 // [B, H, N] besides its inputs and output for the backward (performer's CPU path).
 Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double den_guard);
+// LARA's mixture weights, fused (CPU only): per (b, h), t = softmax over n of q qbar^T,
+// a = self_w + beta (t - mean_c t), mix = softmax_c(log max(a, floor) + q w^T - |q|^2/2 + bias)
+// for q [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C] -> mix [B, H, N, C].
+// Differentiable in all five (no gradient where a < floor). attention/lara picks it or the
+// composed formula by device.
+Tensor lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,
+                    double beta, double floor);
 
 // ---- indexing and joining -----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

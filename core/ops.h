@@ -106,6 +106,14 @@ std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, c
 std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
                                               const Tensor& v, const Tensor& out, const Tensor& den,
                                               const Tensor& kvz, double guard);
+// LARA's mixture weights, fused, CPU only (core/cpu/attention.h). Returns {mix, t, a}, all
+// [B, H, N, C] (t and a for the backward).
+std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
+                                 const Tensor& bias, double beta, double floor);
+// Returns {dq, dqbar, dw, dself_w, dbias} from grad [B, H, N, C] and the forward's mix, t, a.
+std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, const Tensor& qbar, const Tensor& w,
+                                          const Tensor& mix, const Tensor& t, const Tensor& a, double beta,
+                                          double floor);
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

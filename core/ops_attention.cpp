@@ -1,4 +1,5 @@
-// linea::raw::sdpa, toeplitz_attention, positive_features and linear_attention with their backwards: argument checks, allocation and
+// linea::raw::sdpa, toeplitz_attention, positive_features, linear_attention and lara_mixture with
+// their backwards: argument checks, allocation and
 // the calls of the fused CPU kernels (core/cpu/attention.h). CPU only: on CUDA, the attention
 // layers compose the same formulas from ops (attention/softmax/, attention/nprf_rpe/).
 #include <cmath>
@@ -224,6 +225,59 @@ std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& 
   cpu::linear_attention_backward(contiguous(phi_q), contiguous(phi_k), contiguous(v), contiguous(out),
                                  contiguous(den), contiguous(kvz), contiguous(grad), guard, dpq, dpk, dv);
   return {dpq, dpk, dv};
+}
+
+namespace {
+// self_w and bias are checked when given (the backward has neither).
+void check_mixture_args(const char* op, const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
+                        const Tensor& bias) {
+  check_defined(op, q, "q");
+  check_defined(op, qbar, "qbar");
+  check_defined(op, w, "w");
+  const bool vectors_ok = !self_w.defined() || (self_w.shape() == Shape({q.size(0), q.size(1), qbar.size(2)}) &&
+                                                bias.defined() && bias.shape() == self_w.shape());
+  LINEA_CHECK(q.dim() == 4 && qbar.dim() == 4 && q.numel() > 0 && qbar.numel() > 0 && qbar.size(0) == q.size(0) &&
+                  qbar.size(1) == q.size(1) && qbar.size(3) == q.size(3) && w.shape() == qbar.shape() && vectors_ok,
+              op, ": expected q [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C] (all dims > 0), got q ",
+              shape_str(q.shape()), ", qbar ", shape_str(qbar.shape()), ", w ", shape_str(w.shape()), ", self_w ",
+              self_w.defined() ? shape_str(self_w.shape()) : "-", ", bias ",
+              bias.defined() ? shape_str(bias.shape()) : "-");
+  LINEA_CHECK(is_floating(q.dtype()), op, ": expected float32 or float64, got ", dtype_name(q.dtype()));
+  for (const Tensor* t : {&qbar, &w, &self_w, &bias}) {
+    if (!t->defined()) continue;
+    check_same_dtype(op, q, *t);
+    check_same_device(op, q, *t);
+  }
+  LINEA_CHECK(!q.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose it from ops");
+}
+}  // namespace
+
+std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
+                                 const Tensor& bias, double beta, double floor) {
+  check_mixture_args("lara_mixture", q, qbar, w, self_w, bias);
+  const Shape shape{q.size(0), q.size(1), q.size(2), qbar.size(2)};
+  Tensor mix = empty(shape, q.options()), t = empty(shape, q.options()), a = empty(shape, q.options());
+  cpu::lara_mixture_forward(contiguous(q), contiguous(qbar), contiguous(w), contiguous(self_w), contiguous(bias), beta,
+                            floor, mix, t, a);
+  return {mix, t, a};
+}
+
+std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, const Tensor& qbar, const Tensor& w,
+                                          const Tensor& mix, const Tensor& t, const Tensor& a, double beta,
+                                          double floor) {
+  const char* op = "lara_mixture_backward";
+  check_mixture_args(op, q, qbar, w, Tensor(), Tensor());
+  check_defined(op, grad, "grad");
+  const Shape shape{q.size(0), q.size(1), q.size(2), qbar.size(2)};
+  LINEA_CHECK(grad.shape() == shape && mix.shape() == shape && t.shape() == shape && a.shape() == shape, op, ": grad ",
+              shape_str(grad.shape()), ", mix, t and a must be ", shape_str(shape));
+  for (const Tensor* x : {&grad, &mix, &t, &a}) check_same_dtype(op, q, *x);
+  Tensor dq = empty(q.shape(), q.options()), dqbar = empty(qbar.shape(), q.options()),
+         dw = empty(w.shape(), q.options()), dself_w = empty({q.size(0), q.size(1), qbar.size(2)}, q.options()),
+         dbias = empty(dself_w.shape(), q.options());
+  cpu::lara_mixture_backward(contiguous(q), contiguous(qbar), contiguous(w), contiguous(mix), contiguous(t),
+                             contiguous(a), contiguous(grad), beta, floor, dq, dqbar, dw, dself_w, dbias);
+  return {dq, dqbar, dw, dself_w, dbias};
 }
 
 }  // namespace linea::raw

@@ -3,7 +3,8 @@
 // adaptive, N % C != 0, N <= C, padding with an all-padded segment and a fully padded batch,
 // eval with w = mu, beta and noise other than 1), float64 gradchecks with frozen samples (inputs
 // and the adaptive proposal's parameters), padding invariance, train/eval/freeze behaviour,
-// float32 finiteness for large inputs, and errors.
+// float32 finiteness for large inputs, errors, and the fused mixture weights (the CPU path)
+// against the composed formula, clamp included, with their gradient check.
 // The cross-mechanism claim (LARA below Performer at equal sample count) is in
 // tests/test_attention_claims.cpp.
 #include <cmath>
@@ -465,6 +466,53 @@ TEST(LinearRandomizedAttention, Float32FiniteForLargeInputs) {
       lara->eval();
       for (float x : lara->forward(q, k, v, o).to_vector<float>()) ASSERT_TRUE(std::isfinite(x));
     }
+}
+
+// ---- the fused mixture weights (the CPU path) --------------------------------------------------------
+// Inputs of lara_mixture: q~ [B, H, N, D], qbar and w [B, H, C, D], self_w (positive) and bias [B, H, C].
+std::vector<Tensor> mixture_inputs(int64_t B, int64_t H, int64_t N, int64_t C, int64_t D) {
+  return {randn64({B, H, N, D}), randn64({B, H, C, D}), randn64({B, H, C, D}), exp(randn64({B, H, C})),
+          randn64({B, H, C})};
+}
+
+TEST(LaraMixture, FusedEqualsComposed) {
+  manual_seed(70);
+  // beta = 40 pushes some alpha below the floor: the clamp is exercised too.
+  for (double beta : {0.0, 1.0, 40.0}) {
+    const std::vector<Tensor> in = mixture_inputs(2, 3, 50, 6, 4);
+    const Tensor fused = lara_mixture(in[0], in[1], in[2], in[3], in[4], beta, 1e-8);
+    EXPECT_TRUE(all_close(fused, attn::mixture_weights(in[0], in[1], in[2], in[3], in[4], beta), 1e-12, 1e-13))
+        << beta;
+    std::vector<Tensor> in32;
+    for (const Tensor& t : in) in32.push_back(t.to(DType::Float32));
+    EXPECT_TRUE(all_close(lara_mixture(in32[0], in32[1], in32[2], in32[3], in32[4], beta, 1e-8).to(DType::Float64),
+                          fused, 1e-4, 1e-5))
+        << beta;
+  }
+}
+
+TEST(GradCheck, LaraMixtureFused) {
+  manual_seed(71);
+  for (double beta : {1.0, 40.0}) {
+    std::vector<Tensor> in = mixture_inputs(2, 2, 7, 3, 4);
+    if (beta > 1) {  // check that the clamp is active somewhere, so its zero gradient is checked
+      NoGradGuard ng;
+      const Tensor t = softmax(matmul(in[0], transpose(in[1], -2, -1)), 2);
+      const Tensor a = unsqueeze(in[3], 2) + (t - mean(t, {-1}, true)) * beta;
+      ASSERT_LT(min(a).item<double>(), 1e-8);
+    }
+    EXPECT_GRADCHECK([beta](const std::vector<Tensor>& x) { return lara_mixture(x[0], x[1], x[2], x[3], x[4], beta, 1e-8); },
+                     in)
+        << beta;
+  }
+}
+
+TEST(LaraMixture, BadInputsThrow) {
+  const std::vector<Tensor> in = mixture_inputs(1, 2, 5, 3, 4);
+  EXPECT_LINEA_ERROR(lara_mixture(in[0], in[1], randn64({1, 2, 3, 5}), in[3], in[4], 1.0, 1e-8),
+                     "lara_mixture: expected q [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C]");
+  EXPECT_LINEA_ERROR(lara_mixture(in[0], in[1], in[2], randn64({1, 2, 4}), in[4], 1.0, 1e-8), "self_w [1, 2, 4]");
+  EXPECT_LINEA_ERROR(lara_mixture(in[0], in[1], in[2], in[3], in[4].to(DType::Float32), 1.0, 1e-8), "lara_mixture");
 }
 
 TEST(LinearRandomizedAttention, Errors) {

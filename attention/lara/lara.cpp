@@ -1,11 +1,17 @@
 // Linear randomized attention (see lara.h): segment landmarks by matmul with a constant
 // membership matrix, then the proposal, importance weights and mixture of the paper, composed
-// from differentiable ops batched over [B, H]; all [.., C, ..] tensors, nothing of size N x M.
+// from differentiable ops batched over [B, H] (the [B, H, N, C] mixture weights by one fused op
+// on the CPU); all [.., C, ..] tensors, nothing of size N x M.
 #include "attention/lara/lara.h"
 
 #include <cmath>
 
 namespace linea::attn {
+
+namespace {
+// The floor of the mixture's alpha_nc (so that log alpha stays finite).
+constexpr double kAlphaFloor = 1e-8;
+}  // namespace
 
 LinearRandomizedAttention::LinearRandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples,
                                                      Proposal proposal, bool adaptive, double noise, double beta)
@@ -99,20 +105,29 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   // l_cc' = log xi(mu_c', w_c) [B, H, C, C]; its diagonal l_cc [B, H, C] computed directly.
   Tensor l = log_xi(w, mu);
   Tensor l_diag = sub(sum(mul(w, mu), {-1}), mul(sum(square(mu), {-1}), 0.5));
-  // exp(l_cc - logsumexp_c' l_cc') [B, H, 1, C]: the balance heuristic's proposal weight.
-  Tensor self_w = unsqueeze(exp(sub(l_diag, logsumexp(l, {-1}))), 2);
-  // t_nc = softmax over n of q~_n.q-_c [B, H, N, C], centred over c.
-  Tensor t = softmax(matmul(qs, transpose(qbar, -2, -1)), 2);
-  Tensor alpha = clamp(add(self_w, mul(sub(t, mean(t, {-1}, true)), beta_)), 1e-8, INFINITY);
+  // exp(l_cc - logsumexp_c' l_cc') [B, H, C]: the balance heuristic's proposal weight.
+  Tensor self_w = exp(sub(l_diag, logsumexp(l, {-1})));
 
   // log xi(k~_m, w_c) [B, H, C, M], padded keys -inf: f_c's weights and their logsumexp over m.
   Tensor lk = log_xi(w, ks);
-  Tensor probs = masked_softmax(lk, pad, -1);                   // [B, H, C, M]
+  Tensor probs = masked_softmax(lk, pad, -1);                       // [B, H, C, M]
   Tensor lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);  // [B, H, C]
+  // The [B, H, N, C] part (mixture_weights), fused on the CPU.
+  Tensor bias = sub(lse_k, l_diag);
+  Tensor mix = q.is_cuda() ? mixture_weights(qs, qbar, w, self_w, bias, beta_)
+                           : lara_mixture(qs, qbar, w, self_w, bias, beta_, kAlphaFloor);
+  return {mix, probs};
+}
+
+Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
+                       const Tensor& bias, double beta) {
+  // t_nc = softmax over n of q~_n.q-_c [B, H, N, C], centred over c: alpha_nc.
+  Tensor t = softmax(matmul(qs, transpose(qbar, -2, -1)), 2);
+  Tensor alpha = clamp(add(unsqueeze(self_w, 2), mul(sub(t, mean(t, {-1}, true)), beta)), kAlphaFloor, INFINITY);
   // log u_nc = log alpha_nc + log xi(q~_n, w_c) + logsumexp_m log xi(k~_m, w_c) - l_cc  [B, H, N, C]
   Tensor lq = transpose(log_xi(w, qs), -2, -1);
-  Tensor log_u = add(add(log(alpha), lq), unsqueeze(sub(lse_k, l_diag), 2));
-  return {softmax(log_u, -1), probs};
+  Tensor log_u = add(add(log(alpha), lq), unsqueeze(bias, 2));
+  return softmax(log_u, -1);
 }
 
 Tensor LinearRandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -85,6 +85,13 @@ class LinearRandomizedAttention : public AttentionMechanism {
   Tensor member_cache_;
 };
 
+// The mixture weights softmax_c(log u_nc) [B, H, N, C] composed from ops (the CUDA path; on the
+// CPU the fused linea::lara_mixture computes the same): t = softmax over n of q~ qbar^T,
+// alpha = max(self_w + beta (t - mean_c t), 1e-8), log u = log alpha + log xi(q~_n, w_c) + bias_c,
+// for q~ [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C].
+Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
+                       const Tensor& bias, double beta);
+
 // Spec "lara[:samples=C][,proposal=qk|mixed][,adaptive=0|1][,noise=x][,beta=x]" (C > 0, default
 // 16; proposal default qk; adaptive default 0; noise >= 0, default 1; beta default 1).
 std::shared_ptr<AttentionMechanism> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim);

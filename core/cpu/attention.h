@@ -71,4 +71,17 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
                                const Tensor& den, const Tensor& kvz, const Tensor& dout, double guard,
                                const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv);
 
+// LARA's mixture weights (raw::lara_mixture; attention/lara/), per (b, h):
+//   t = softmax over n of q~ qbar^T,  a = self_w + beta (t - mean_c t),
+//   mix = softmax_c(log max(a, floor) + q~ w^T - |q~|^2/2 + bias)
+// for q~ [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C]; contiguous, one float
+// dtype, every dim > 0. Writes mix, t and a [B, H, N, C] (the last two for the backward).
+void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
+                          const Tensor& bias, double beta, double floor, const Tensor& mix, const Tensor& t,
+                          const Tensor& a);
+// dq, dqbar, dw, dself_w, dbias (overwritten) from dmix and the forward's mix, t and a.
+void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t,
+                           const Tensor& a, const Tensor& dmix, double beta, double floor, const Tensor& dq,
+                           const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w, const Tensor& dbias);
+
 }  // namespace linea::cpu
