@@ -104,8 +104,8 @@ std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor&
 std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double guard);
 // Returns {dphi_q, dphi_k, dv} from grad [B, H, N, E] and the forward's out, den and kvz.
 std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
-                                              const Tensor& v, const Tensor& out, const Tensor& den,
-                                              const Tensor& kvz, double guard);
+                                              const Tensor& v, const Tensor& out, const Tensor& den, const Tensor& kvz,
+                                              double guard);
 // LARA's mixture weights, fused, CPU only (core/cpu/attention.h). Returns {mix, t, a}, all
 // [B, H, N, C] (t and a for the backward).
 std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,

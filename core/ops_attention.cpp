@@ -145,8 +145,8 @@ void check_features_args(const char* op, const Tensor& x, const Tensor& omega, c
   if (pad.defined())
     LINEA_CHECK(pad.dtype() == DType::Bool && pad.dim() == 2 && pad.size(0) == x.size(0) && pad.size(1) == x.size(2) &&
                     !pad.device().is_cuda(),
-                op, ": pad must be a CPU Bool [B, L] = [", x.size(0), ", ", x.size(2), "], got ", dtype_name(pad.dtype()),
-                " ", shape_str(pad.shape()));
+                op, ": pad must be a CPU Bool [B, L] = [", x.size(0), ", ", x.size(2), "], got ",
+                dtype_name(pad.dtype()), " ", shape_str(pad.shape()));
 }
 }  // namespace
 
@@ -165,8 +165,8 @@ std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor&
   check_defined("positive_features_backward", grad, "grad");
   check_defined("positive_features_backward", phi, "phi");
   const Shape want{x.size(0), x.size(1), x.size(2), omega.size(1)};
-  LINEA_CHECK(grad.shape() == want && phi.shape() == want, "positive_features_backward: grad ",
-              shape_str(grad.shape()), " and phi ", shape_str(phi.shape()), " must be ", shape_str(want));
+  LINEA_CHECK(grad.shape() == want && phi.shape() == want, "positive_features_backward: grad ", shape_str(grad.shape()),
+              " and phi ", shape_str(phi.shape()), " must be ", shape_str(want));
   check_same_dtype("positive_features_backward", x, grad);
   check_same_dtype("positive_features_backward", x, phi);
   Tensor dx = zeros(x.shape(), x.options());
@@ -181,9 +181,9 @@ void check_linear_args(const char* op, const Tensor& pq, const Tensor& pk, const
   check_defined(op, pq, "phi_q");
   check_defined(op, pk, "phi_k");
   check_defined(op, v, "v");
-  LINEA_CHECK(pq.dim() == 4 && pk.dim() == 4 && v.dim() == 4 && pk.size(0) == pq.size(0) &&
-                  pk.size(1) == pq.size(1) && pk.size(3) == pq.size(3) && v.size(0) == pq.size(0) &&
-                  v.size(1) == pq.size(1) && v.size(2) == pk.size(2),
+  LINEA_CHECK(pq.dim() == 4 && pk.dim() == 4 && v.dim() == 4 && pk.size(0) == pq.size(0) && pk.size(1) == pq.size(1) &&
+                  pk.size(3) == pq.size(3) && v.size(0) == pq.size(0) && v.size(1) == pq.size(1) &&
+                  v.size(2) == pk.size(2),
               op, ": expected phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], got phi_q ",
               shape_str(pq.shape()), ", phi_k ", shape_str(pk.shape()), ", v ", shape_str(v.shape()));
   LINEA_CHECK(pq.numel() > 0 && pk.numel() > 0 && v.numel() > 0, op, ": every dim must be positive, got phi_q ",
@@ -208,22 +208,22 @@ std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, c
 }
 
 std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
-                                              const Tensor& v, const Tensor& out, const Tensor& den,
-                                              const Tensor& kvz, double guard) {
+                                              const Tensor& v, const Tensor& out, const Tensor& den, const Tensor& kvz,
+                                              double guard) {
   const char* op = "linear_attention_backward";
   check_linear_args(op, phi_q, phi_k, v, guard);
   check_defined(op, grad, "grad");
   const int64_t B = phi_q.size(0), H = phi_q.size(1), N = phi_q.size(2), S = phi_q.size(3), E = v.size(3);
   LINEA_CHECK(grad.shape() == Shape({B, H, N, E}) && out.shape() == grad.shape() && den.shape() == Shape({B, H, N}) &&
                   kvz.shape() == Shape({B, H, S, E + 1}),
-              op, ": grad ", shape_str(grad.shape()), ", out ", shape_str(out.shape()), ", den ", shape_str(den.shape()),
-              " and kvz ", shape_str(kvz.shape()), " do not match phi_q ", shape_str(phi_q.shape()), " and v ",
-              shape_str(v.shape()));
+              op, ": grad ", shape_str(grad.shape()), ", out ", shape_str(out.shape()), ", den ",
+              shape_str(den.shape()), " and kvz ", shape_str(kvz.shape()), " do not match phi_q ",
+              shape_str(phi_q.shape()), " and v ", shape_str(v.shape()));
   for (const Tensor* t : {&grad, &out, &den, &kvz}) check_same_dtype(op, v, *t);
   Tensor dpq = empty(phi_q.shape(), phi_q.options()), dpk = empty(phi_k.shape(), phi_k.options()),
          dv = empty(v.shape(), v.options());
-  cpu::linear_attention_backward(contiguous(phi_q), contiguous(phi_k), contiguous(v), contiguous(out),
-                                 contiguous(den), contiguous(kvz), contiguous(grad), guard, dpq, dpk, dv);
+  cpu::linear_attention_backward(contiguous(phi_q), contiguous(phi_k), contiguous(v), contiguous(out), contiguous(den),
+                                 contiguous(kvz), contiguous(grad), guard, dpq, dpk, dv);
   return {dpq, dpk, dv};
 }
 
@@ -236,12 +236,12 @@ void check_mixture_args(const char* op, const Tensor& q, const Tensor& qbar, con
   check_defined(op, w, "w");
   const bool vectors_ok = !self_w.defined() || (self_w.shape() == Shape({q.size(0), q.size(1), qbar.size(2)}) &&
                                                 bias.defined() && bias.shape() == self_w.shape());
-  LINEA_CHECK(q.dim() == 4 && qbar.dim() == 4 && q.numel() > 0 && qbar.numel() > 0 && qbar.size(0) == q.size(0) &&
-                  qbar.size(1) == q.size(1) && qbar.size(3) == q.size(3) && w.shape() == qbar.shape() && vectors_ok,
-              op, ": expected q [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C] (all dims > 0), got q ",
-              shape_str(q.shape()), ", qbar ", shape_str(qbar.shape()), ", w ", shape_str(w.shape()), ", self_w ",
-              self_w.defined() ? shape_str(self_w.shape()) : "-", ", bias ",
-              bias.defined() ? shape_str(bias.shape()) : "-");
+  LINEA_CHECK(
+      q.dim() == 4 && qbar.dim() == 4 && q.numel() > 0 && qbar.numel() > 0 && qbar.size(0) == q.size(0) &&
+          qbar.size(1) == q.size(1) && qbar.size(3) == q.size(3) && w.shape() == qbar.shape() && vectors_ok,
+      op, ": expected q [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C] (all dims > 0), got q ",
+      shape_str(q.shape()), ", qbar ", shape_str(qbar.shape()), ", w ", shape_str(w.shape()), ", self_w ",
+      self_w.defined() ? shape_str(self_w.shape()) : "-", ", bias ", bias.defined() ? shape_str(bias.shape()) : "-");
   LINEA_CHECK(is_floating(q.dtype()), op, ": expected float32 or float64, got ", dtype_name(q.dtype()));
   for (const Tensor* t : {&qbar, &w, &self_w, &bias}) {
     if (!t->defined()) continue;

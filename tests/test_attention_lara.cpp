@@ -481,8 +481,7 @@ TEST(LaraMixture, FusedEqualsComposed) {
   for (double beta : {0.0, 1.0, 40.0}) {
     const std::vector<Tensor> in = mixture_inputs(2, 3, 50, 6, 4);
     const Tensor fused = lara_mixture(in[0], in[1], in[2], in[3], in[4], beta, 1e-8);
-    EXPECT_TRUE(all_close(fused, attn::mixture_weights(in[0], in[1], in[2], in[3], in[4], beta), 1e-12, 1e-13))
-        << beta;
+    EXPECT_TRUE(all_close(fused, attn::mixture_weights(in[0], in[1], in[2], in[3], in[4], beta), 1e-12, 1e-13)) << beta;
     std::vector<Tensor> in32;
     for (const Tensor& t : in) in32.push_back(t.to(DType::Float32));
     EXPECT_TRUE(all_close(lara_mixture(in32[0], in32[1], in32[2], in32[3], in32[4], beta, 1e-8).to(DType::Float64),
@@ -501,8 +500,8 @@ TEST(GradCheck, LaraMixtureFused) {
       const Tensor a = unsqueeze(in[3], 2) + (t - mean(t, {-1}, true)) * beta;
       ASSERT_LT(min(a).item<double>(), 1e-8);
     }
-    EXPECT_GRADCHECK([beta](const std::vector<Tensor>& x) { return lara_mixture(x[0], x[1], x[2], x[3], x[4], beta, 1e-8); },
-                     in)
+    EXPECT_GRADCHECK(
+        [beta](const std::vector<Tensor>& x) { return lara_mixture(x[0], x[1], x[2], x[3], x[4], beta, 1e-8); }, in)
         << beta;
   }
 }

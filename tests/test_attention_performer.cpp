@@ -519,8 +519,8 @@ TEST(PositiveFeatures, MatchesTheFormulaInBlocksAndWithPadding) {
     EXPECT_EQ(max_abs(narrow(padded, 0, 1, 1)), 0.0);  // all padding: zeros, not NaN
     // float32 agrees with float64 to float32 rounding; a strided x is read correctly.
     const Tensor x32 = transpose(contiguous(transpose(x, 1, 2)).to(DType::Float32), 1, 2);
-    EXPECT_TRUE(all_close(positive_features(x32, w.to(DType::Float32), per_row, mask).to(DType::Float64), padded,
-                          1e-5, 1e-6))
+    EXPECT_TRUE(
+        all_close(positive_features(x32, w.to(DType::Float32), per_row, mask).to(DType::Float64), padded, 1e-5, 1e-6))
         << per_row;
   }
 }
@@ -570,8 +570,8 @@ TEST(LinearAttention, MatchesTheComposedFormula) {
   // N, M = 1100, 700: several row blocks of the kernel on both sides.
   for (auto [B, H, N, M] : std::vector<std::array<int64_t, 4>>{{2, 3, 5, 4}, {1, 2, 1100, 700}}) {
     const Tensor pq = exp(randn64({B, H, N, 6})), pk = exp(randn64({B, H, M, 6})), v = randn64({B, H, M, 3});
-    EXPECT_TRUE(all_close(linear_attention(pq, pk, v, 1e-30), linear_attention_composed(pq, pk, v, 1e-30), 1e-12,
-                          1e-12));
+    EXPECT_TRUE(
+        all_close(linear_attention(pq, pk, v, 1e-30), linear_attention_composed(pq, pk, v, 1e-30), 1e-12, 1e-12));
     const Tensor out32 = linear_attention(pq.to(DType::Float32), pk.to(DType::Float32), v.to(DType::Float32), 1e-30);
     EXPECT_TRUE(all_close(out32.to(DType::Float64), linear_attention_composed(pq, pk, v, 1e-30), 1e-4, 1e-5));
   }
@@ -580,8 +580,8 @@ TEST(LinearAttention, MatchesTheComposedFormula) {
   Tensor pq = randn64({1, 1, 6, 4}), pk = randn64({1, 1, 5, 4}), v = randn64({1, 1, 5, 2});
   pq = cat({narrow(pq, 2, 0, 5), zeros({1, 1, 1, 4}, f64())}, 2);
   for (double guard : {1e-30, 0.5, 3.0})
-    EXPECT_TRUE(all_close(linear_attention(pq, pk, v, guard), linear_attention_composed(pq, pk, v, guard), 1e-12,
-                          1e-12))
+    EXPECT_TRUE(
+        all_close(linear_attention(pq, pk, v, guard), linear_attention_composed(pq, pk, v, guard), 1e-12, 1e-12))
         << guard;
 }
 

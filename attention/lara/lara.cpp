@@ -119,8 +119,8 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   return {mix, probs};
 }
 
-Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
-                       const Tensor& bias, double beta) {
+Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,
+                       double beta) {
   // t_nc = softmax over n of q~_n.q-_c [B, H, N, C], centred over c: alpha_nc.
   Tensor t = softmax(matmul(qs, transpose(qbar, -2, -1)), 2);
   Tensor alpha = clamp(add(unsqueeze(self_w, 2), mul(sub(t, mean(t, {-1}, true)), beta)), kAlphaFloor, INFINITY);

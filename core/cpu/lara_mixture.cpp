@@ -146,7 +146,9 @@ void backward_impl(const Dims& d, double beta, double floor, const T* q, const T
   }
 }
 
-Dims dims_of(const Tensor& q, const Tensor& qbar) { return {q.size(0) * q.size(1), q.size(2), qbar.size(2), q.size(3)}; }
+Dims dims_of(const Tensor& q, const Tensor& qbar) {
+  return {q.size(0) * q.size(1), q.size(2), qbar.size(2), q.size(3)};
+}
 
 }  // namespace
 
@@ -168,8 +170,8 @@ void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w,
   LINEA_DISPATCH_FLOAT(q.dtype(), "lara_mixture_backward", [&] {
     backward_impl<scalar_t>(d, beta, floor, q.data<scalar_t>(), qbar.data<scalar_t>(), w.data<scalar_t>(),
                             mix.data<scalar_t>(), t.data<scalar_t>(), a.data<scalar_t>(), dmix.data<scalar_t>(),
-                            dq.data<scalar_t>(), dqbar.data<scalar_t>(), dw.data<scalar_t>(),
-                            dself_w.data<scalar_t>(), dbias.data<scalar_t>());
+                            dq.data<scalar_t>(), dqbar.data<scalar_t>(), dw.data<scalar_t>(), dself_w.data<scalar_t>(),
+                            dbias.data<scalar_t>());
   });
 }
 

@@ -53,7 +53,8 @@ template <typename T> void sum_parts(const T* parts, int64_t BH, int64_t nb, int
 template <typename T>
 void forward_impl(const Dims& d, double guard, const T* pq, const T* pk, const T* v, T* out, T* den, T* kvz) {
   const int64_t nbm = d.blocks(d.M), nbn = d.blocks(d.N), n = d.kvz();
-  Workspace<T> ws(Workspace<T>::rounded(d.BH * nbm * n) + omp_get_max_threads() * Workspace<T>::rounded(kRows * d.E1()));
+  Workspace<T> ws(Workspace<T>::rounded(d.BH * nbm * n) +
+                  omp_get_max_threads() * Workspace<T>::rounded(kRows * d.E1()));
   T* parts = ws.take(d.BH * nbm * n);
   std::vector<T*> scratch(static_cast<size_t>(omp_get_max_threads()));
   for (T*& s : scratch) s = ws.take(kRows * d.E1());
@@ -117,7 +118,8 @@ void backward_impl(const Dims& d, double guard, const T* pq, const T* pk, const 
         G[r * d.E1() + d.E] = dg == raw ? -dot * inv : T(0);  // the guard is a constant
       }
       const T* q = pq + (bh * d.N + n0) * d.S;
-      gemm(false, true, rows, d.S, d.E1(), T(1), G, d.E1(), kvz + bh * n, d.E1(), T(0), dpq + (bh * d.N + n0) * d.S, d.S);
+      gemm(false, true, rows, d.S, d.E1(), T(1), G, d.E1(), kvz + bh * n, d.E1(), T(0), dpq + (bh * d.N + n0) * d.S,
+           d.S);
       gemm(true, false, d.S, d.E1(), rows, T(1), q, d.S, G, d.E1(), T(0), parts + it * n, d.E1());
     }
     sum_parts(parts, d.BH, nbn, n, dkvz);

@@ -149,7 +149,9 @@ void backward_impl(const Dims& d, const T* x, const T* w, const T* phi, const T*
   }
 }
 
-Dims dims_of(const Tensor& x, const Tensor& omega) { return {x.size(0), x.size(1), x.size(2), x.size(3), omega.size(1)}; }
+Dims dims_of(const Tensor& x, const Tensor& omega) {
+  return {x.size(0), x.size(1), x.size(2), x.size(3), omega.size(1)};
+}
 
 }  // namespace
 
