@@ -169,10 +169,11 @@ std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor&
               " and phi ", shape_str(phi.shape()), " must be ", shape_str(want));
   check_same_dtype("positive_features_backward", x, grad);
   check_same_dtype("positive_features_backward", x, phi);
-  Tensor dx = zeros(x.shape(), x.options());
-  Tensor dw = want_domega ? zeros(omega.shape(), omega.options()) : Tensor();
-  if (phi.numel() > 0)
-    cpu::positive_features_backward(contiguous(x), contiguous(omega), contiguous(phi), contiguous(grad), dx, dw);
+  if (phi.numel() == 0) return {zeros(x.shape(), x.options()), want_domega ? zeros(omega.shape(), omega.options()) : Tensor()};
+  // The kernel overwrites both.
+  Tensor dx = empty(x.shape(), x.options());
+  Tensor dw = want_domega ? empty(omega.shape(), omega.options()) : Tensor();
+  cpu::positive_features_backward(contiguous(x), contiguous(omega), contiguous(phi), contiguous(grad), dx, dw);
   return {dx, dw};
 }
 
