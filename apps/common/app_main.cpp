@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "apps/common/interrupt.h"
 #include "apps/common/process_env.h"
 #include "core/runtime.h"
 #include "nn/dist.h"
@@ -26,6 +27,11 @@ void start_app(char** argv) {
 }
 
 int fail(const std::exception& e) {
+  // An interrupted run saved its checkpoint on every rank: not an error, and no abort.
+  if (const auto* i = dynamic_cast<const Interrupted*>(&e)) {
+    if (dist::rank() == 0) std::fprintf(stderr, "%s\n", i->what());
+    return i->exit_code();
+  }
   if (dist::world_size() > 1) dist::abort_job("error", e.what(), 1);
   std::fprintf(stderr, "error: %s\n", e.what());
   return 1;

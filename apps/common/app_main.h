@@ -12,7 +12,8 @@
 // OMP_NUM_THREADS set, each rank takes its share of the cores (cores / ranks on the machine, at
 // least 1), so N ranks do not oversubscribe them; --threads still overrides. Only rank 0's
 // stdout is kept (LINEA_DIST_ALL_STDOUT=1 keeps every rank's); errors go to stderr from any rank.
-// fail prints "error: <message>" and returns 1; with several ranks it names the rank and ends
+// fail prints "error: <message>" and returns 1 (an Interrupted run, apps/common/interrupt.h:
+// its message and 128 + the signal); with several ranks it names the rank and ends
 // the whole job (MPI_Abort), so that the others do not wait for it forever.
 #pragma once
 

@@ -9,12 +9,14 @@
 // and resume exactly.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 
+#include "apps/common/interrupt.h"
 #include "apps/common/metrics.h"
 #include "apps/common/train_loop.h"
 #include "attention/multihead.h"
@@ -227,7 +229,8 @@ TEST(TrainLoop, ResumeMidEpochContinuesBitForBit) {
   LoopRun resumed = train_points(part);
   EXPECT_EQ(resumed.result.start_step, 10);
   ASSERT_EQ(resumed.result.step_losses.size(), 11u);
-  for (size_t i = 0; i < 11; ++i) EXPECT_EQ(resumed.result.step_losses[i], uninterrupted.result.step_losses[10 + i]) << i;
+  for (size_t i = 0; i < 11; ++i)
+    EXPECT_EQ(resumed.result.step_losses[i], uninterrupted.result.step_losses[10 + i]) << i;
   EXPECT_EQ(resumed.weights, uninterrupted.weights);
   std::vector<int64_t> logged;
   for (const json& j : records(dir.path / "part", "step")) logged.push_back(j.at("step"));
@@ -283,6 +286,48 @@ TEST(TrainLoop, NonFiniteLossStopsAndKeepsTheLastCheckpoint) {
   nn::AdamW opt({nn::ParamGroup{m.parameters(), 0.1, 0.0}});
   EXPECT_EQ(nn::load_checkpoint((dir.path / "out/checkpoint").string(), m, opt).step, 4);
   for (const float w : m.parameters()[0].to_vector<float>()) EXPECT_TRUE(std::isfinite(w));
+}
+
+// SIGTERM / SIGINT raised during a step: the loop saves that step and throws Interrupted; on the
+// epoch's last step (7 per epoch) it evaluates and saves the epoch first. Resuming ends with the
+// uninterrupted run's weights.
+TEST(TrainLoop, SignalSavesTheStepAndResumesBitForBit) {
+  TempDir dir;
+  LoopRun uninterrupted = train_points(options(dir.path / "full"));
+  for (int64_t at : {3, 7}) {
+    const auto out = dir.path / ("sig" + std::to_string(at));
+    int evaluations = 0;
+    const Tweak raise_at = [&](apps::TrainSetup&, apps::TrainHooks& h, nn::Module&) {
+      auto step = h.step;
+      auto evaluate = h.evaluate;
+      auto n = std::make_shared<int64_t>(0);
+      h.step = [step, n, at](const nn::Batch& b) {
+        if (++*n == at) ::raise(at == 3 ? SIGTERM : SIGINT);
+        return step(b);
+      };
+      h.evaluate = [evaluate, &evaluations](const std::string& label) {
+        ++evaluations;
+        return evaluate(label);
+      };
+    };
+    try {
+      train_points(options(out), 0.1, 0, 3, raise_at);
+      FAIL() << "expected Interrupted";
+    } catch (const apps::Interrupted& e) {
+      EXPECT_EQ(e.exit_code(), at == 3 ? 143 : 130);
+      EXPECT_NE(std::string(e.what()).find("stopped after step " + std::to_string(at)), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(evaluations, at == 7 ? 1 : 0);
+    EXPECT_EQ(apps::pending_interrupt(), 0);  // the guard is gone with the run
+    std::vector<int64_t> interrupted;
+    for (const json& j : records(out, "interrupted")) interrupted.push_back(j.at("step"));
+    EXPECT_EQ(interrupted, std::vector<int64_t>{at});
+    apps::RunOptions again = options(out);
+    again.resume = true;
+    LoopRun resumed = train_points(again);
+    EXPECT_EQ(resumed.result.start_step, at);
+    EXPECT_EQ(resumed.weights, uninterrupted.weights);
+  }
 }
 
 TEST(TrainLoop, SkipNonFiniteSkipsAndLogs) {

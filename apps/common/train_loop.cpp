@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "apps/common/device.h"
+#include "apps/common/interrupt.h"
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
@@ -276,6 +277,18 @@ void draw_curves(const TrainSetup& s, const std::string& out_dir) {
     std::fprintf(stderr, "%s: warning: curves.png not drawn: %s\n", s.app.c_str(), err.c_str());
 }
 
+// SIGINT / SIGTERM (interrupt.h): the checkpoint of the step just done, a metrics record, then
+// Interrupted, on every rank (they agreed on the step).
+[[noreturn]] void stop_interrupted(const TrainSetup& s, const std::string& ckpt, const Position& p,
+                                   const WeightAverage& ema, const Selection& sel, MetricsLog* metrics, bool main_rank,
+                                   bool saved, int sig) {
+  if (main_rank && !saved) save(s, ckpt, p, ema, sel);
+  if (metrics) metrics->write({{"type", "interrupted"}, {"step", p.step}, {"signal", signal_name(sig)}});
+  throw Interrupted(s.app + ": " + signal_name(sig) + ": stopped after step " + std::to_string(p.step) +
+                        "; the checkpoint in '" + ckpt + "' holds it: run the same command with --resume to continue",
+                    sig);
+}
+
 }  // namespace
 
 json read_checkpoint_config(const std::string& dir, const std::string& app, const std::string& format) {
@@ -334,6 +347,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   Selection sel;
   const int world = s.data_parallel ? dist::world_size() : 1, rank = s.data_parallel ? dist::rank() : 0;
   const bool main_rank = rank == 0;  // the one that prints and writes
+  const InterruptGuard interrupt_guard(s.app);
   if (o.resume && nn::checkpoint_exists(ckpt)) {
     pos = resume(s, ckpt, ema, sel);
     result.resumed = true;
@@ -419,10 +433,12 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     int64_t first_units = 0;
     const auto t_epoch = Clock::now();
     nn::Batch batch;
+    int stop_signal = 0;  // a signal during the epoch's last step: stop after its evaluation
     while (pos.batch < last && s.loader->next(batch)) {
       // ---- one step ----
       lr = nn::apply_schedule(*s.optimizer, s.schedule, pos.step);
       StepResult r;
+      int interrupt = 0;       // SIGINT/SIGTERM received: stop after this step
       Tensor step_loss;        // 0-d: the whole batch's loss
       int64_t step_units = 0;  // the whole batch's units
       if (world == 1) {
@@ -431,6 +447,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
         r.loss.backward();
         step_loss = r.loss.detach();
         step_units = r.units;
+        interrupt = pending_interrupt();
       } else {
         // This rank's slice of the whole batch, its loss weighted by its share of the batch's terms.
         const nn::ShardRange shard = nn::shard_range(whole_sizes.at(static_cast<size_t>(pos.batch)), rank, world);
@@ -442,10 +459,13 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
           wl = w > 0 ? w * r.loss.item() : 0.0;
         }
         const auto t0 = Clock::now();
-        Tensor sums = from_vector<double>({wl, w, static_cast<double>(r.units)}, {3});
+        // The 4th sum: did any rank get SIGINT/SIGTERM (so all stop after the same step).
+        Tensor sums = from_vector<double>(
+            {wl, w, static_cast<double>(r.units), static_cast<double>(pending_interrupt() != 0)}, {4});
         dist::all_reduce(sums);
         comm_s += seconds_since(t0);
         const std::vector<double> total = sums.to_vector<double>();
+        if (total[3] > 0) interrupt = pending_interrupt() != 0 ? pending_interrupt() : SIGTERM;
         s.optimizer->zero_grad();
         reducer->prepare(total[1] > 0 ? w / total[1] : 0.0);
         if (shard.count > 0) r.loss.backward();
@@ -505,9 +525,13 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
         }
       }
       // Mid-epoch checkpoints; the one at the epoch's end is saved after its evaluation.
-      if (main_rank && o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0 && pos.batch != n &&
-          pos.step < stop)
-        save(s, ckpt, pos, ema, sel);
+      const bool save_now =
+          o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0 && pos.batch != n && pos.step < stop;
+      if (main_rank && save_now) save(s, ckpt, pos, ema, sel);
+      // After the epoch's last step, the evaluation and the epoch's checkpoint come first (a
+      // checkpoint never resumes into an epoch that is done but not evaluated).
+      if (interrupt && pos.batch == last) stop_signal = interrupt;
+      else if (interrupt) stop_interrupted(s, ckpt, pos, ema, sel, metrics.get(), main_rank, save_now, interrupt);
     }
     // ---- end of the epoch (or of --max-steps) ----
     const double epoch_s = seconds_since(t_epoch), rate = epoch_sums.units() / std::max(epoch_s, 1e-9);
@@ -533,6 +557,10 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     if (metrics) metrics->write(rec);
     if (main_rank) save(s, ckpt, pos, ema, sel);
     if (o.plot && main_rank) draw_curves(s, o.out_dir);
+    // A signal during the last step or the evaluation: the checkpoint above holds the epoch. (With
+    // several ranks, one during the evaluation is seen in the next step's sums, where they agree.)
+    if (world == 1 && !stop_signal) stop_signal = pending_interrupt();
+    if (stop_signal) stop_interrupted(s, ckpt, pos, ema, sel, metrics.get(), main_rank, /*saved=*/true, stop_signal);
   }
   result.stopped_early = patience_out() && pos.step < stop && pos.epoch < s.epochs;
   if (result.stopped_early && main_rank)

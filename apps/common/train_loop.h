@@ -19,13 +19,16 @@
 // RunOptions::skip_nonfinite skips up to N such steps instead (no optimizer step; a "skipped"
 // record). The guard reads the loss and the norm on the host every step: free on CPU, one
 // synchronization per step on CUDA. The running stats stay on the device and are read back only
-// at log points.
+// at log points. SIGINT or SIGTERM (apps/common/interrupt.h) stops the run after the step in
+// progress (or the evaluation): that step's checkpoint is saved, an "interrupted" record written
+// and Interrupted thrown (apps exit 130 / 143); --resume continues it bit for bit.
 //
 // metrics.jsonl records (x = TrainSetup::unit, e.g. "images"):
 //   step:  step, epoch (1-based), epoch_progress, lr, loss and each stat (means since the last
 //          record: loss per step, stats per unit), x_per_s (this epoch so far)
 //   epoch: step, epoch (fractional for a partial epoch), lr, train_loss, train_<stat>, the
 //          evaluation's values, x_per_s, elapsed_s
+//   skipped / interrupted: a step skipped as non-finite / the step a signal stopped the run after
 // summary.json: the last evaluation's values, parameters, device, steps, epochs_completed,
 // resumed_from_step, wall_time_s, train_x_per_s, checkpoint, then the model selection's best_*
 // and stopped_early, hooks.finish's values and whatever hooks.summary adds.
@@ -173,7 +176,7 @@ std::string config_diff(const nlohmann::json& saved, const nlohmann::json& now, 
 nlohmann::json read_checkpoint_config(const std::string& dir, const std::string& app, const std::string& format);
 
 // Runs (or resumes) training as above; throws linea::Error on bad input, a refused resume or a
-// non-finite step.
+// non-finite step, and Interrupted (interrupt.h) after saving when SIGINT or SIGTERM arrived.
 TrainResult train(const TrainSetup& setup, const TrainHooks& hooks, const RunOptions& options);
 
 // Runs hooks-style evaluation code in eval mode, without a graph, on a fork of the CPU (and
