@@ -7,9 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
+#include <vector>
 
 #include "core/random.h"
 #include "nn/io_util.h"
@@ -33,6 +37,14 @@ std::string file_tag(const std::string& bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%zu:%016llx", bytes.size(), static_cast<unsigned long long>(h));
   return buf;
+}
+
+// An extra file's name as save_checkpoint allows it: a plain file in the checkpoint folder.
+// Loading asks the same of the names a training file lists, since it reads those files ("../x"
+// or "/dev/zero" would read outside the folder, or forever).
+bool plain_file_name(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name != "." && name != ".." &&
+         name != "model.safetensors" && name != "training.safetensors";
 }
 
 std::string join_path(const std::string& dir, const char* file) { return (std::filesystem::path(dir) / file).string(); }
@@ -66,6 +78,112 @@ std::string md_or(const Metadata& md, const std::string& key, const std::string&
   return it == md.end() ? fallback : it->second;
 }
 
+// The temp files "<name>.tmp.<pid>" in dir (nn/io_util.h temp_path_for), of any process.
+std::vector<std::string> temps_of(const std::string& dir, const std::string& name) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  const std::string prefix = name + ".tmp.";
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind(prefix, 0) == 0) out.push_back(it->path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A safetensors file's metadata, or nothing when it cannot be read (a temp cut short by a kill).
+std::optional<Metadata> metadata_of(const std::string& path) {
+  try {
+    return load_safetensors(path).metadata;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<std::string> file_text(const std::string& path) {
+  try {
+    std::vector<char> bytes = detail::read_file_bytes(path, "load_checkpoint");
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// A save killed between its renames (save_checkpoint renames the extra files, then training,
+// then model; every temp is complete and fsync'ed before the first rename) leaves the files not
+// yet renamed as temps. Finds a training file (the one in place, else a temp) whose model and
+// extra files are all there, in place or as temps, and renames those temps into place: the save
+// completes as if it had not been interrupted. Returns false when no such set exists.
+bool finish_interrupted_save(const std::string& dir) {
+  const std::string train_path = join_path(dir, "training.safetensors");
+  const std::string model_path = join_path(dir, "model.safetensors");
+  std::vector<std::string> trainings = {train_path};
+  for (const std::string& t : temps_of(dir, "training.safetensors")) trainings.push_back(t);
+  for (const std::string& tp : trainings) {
+    const std::optional<Metadata> tmd = metadata_of(tp);
+    if (!tmd || md_or(*tmd, kFormatKey, "") != kFormat) continue;
+    const std::string id = md_or(*tmd, kSaveIdKey, "");
+    std::vector<std::pair<std::string, std::string>> moves;  // {temp, final path}, model last
+    bool complete = true;
+    for (const auto& [key, tag] : *tmd) {
+      if (key.rfind(kFilePrefix, 0) != 0) continue;
+      const std::string name = key.substr(std::string(kFilePrefix).size());
+      if (!plain_file_name(name)) {  // never read outside dir (a corrupt or hostile temp)
+        complete = false;
+        break;
+      }
+      const std::string path = join_path(dir, name.c_str());
+      const std::optional<std::string> now = file_text(path);
+      if (now && file_tag(*now) == tag) continue;
+      std::string found;
+      for (const std::string& t : temps_of(dir, name)) {
+        const std::optional<std::string> text = file_text(t);
+        if (text && file_tag(*text) == tag) found = t;
+      }
+      if (found.empty())
+        complete = false;
+      else
+        moves.emplace_back(found, path);
+    }
+    if (tp != train_path) moves.emplace_back(tp, train_path);
+    const std::optional<Metadata> mmd = metadata_of(model_path);
+    if (!mmd || md_or(*mmd, "save_id", "") != id) {
+      std::string found;
+      for (const std::string& t : temps_of(dir, "model.safetensors")) {
+        const std::optional<Metadata> md = metadata_of(t);
+        if (md && md_or(*md, "save_id", "") == id) found = t;
+      }
+      if (found.empty())
+        complete = false;
+      else
+        moves.emplace_back(found, model_path);
+    }
+    if (!complete) continue;
+    for (const auto& [from, to] : moves) detail::commit_temp_file(from, to, "load_checkpoint");
+    return true;
+  }
+  return false;
+}
+
+// Whether the model file and the extra files in place belong to the training file's save.
+bool save_is_whole(const std::string& dir, const Metadata& model_md, const Metadata& train_md) {
+  if (md_or(model_md, "save_id", "") != md_or(train_md, kSaveIdKey, "")) return false;
+  for (const auto& [key, tag] : train_md) {
+    if (key.rfind(kFilePrefix, 0) != 0) continue;
+    const std::optional<std::string> text =
+        file_text(join_path(dir, key.substr(std::string(kFilePrefix).size()).c_str()));
+    if (!text || file_tag(*text) != tag) return false;
+  }
+  return true;
+}
+
+// Temps of the files a save writes, left by earlier processes killed while saving (finished
+// saves and failed ones remove their own).
+void remove_stale_temps(const std::string& dir, const std::vector<std::string>& names) {
+  const std::string own = "." + std::to_string(static_cast<long>(::getpid()));
+  for (const std::string& name : names)
+    for (const std::string& t : temps_of(dir, name))
+      if (t.size() < own.size() || t.compare(t.size() - own.size(), own.size(), own) != 0) std::remove(t.c_str());
+}
+
 }  // namespace
 
 bool checkpoint_exists(const std::string& dir) {
@@ -82,9 +200,7 @@ void save_checkpoint(const std::string& dir, const Module& model, const Optimize
     LINEA_CHECK(kv.first.rfind(kFilePrefix, 0) != 0, "save_checkpoint: TrainState::extra keys starting with '",
                 kFilePrefix, "' are reserved, got '", kv.first, "'");
   for (const auto& kv : state.files)
-    LINEA_CHECK(!kv.first.empty() && kv.first.find('/') == std::string::npos && kv.first != "." && kv.first != ".." &&
-                    kv.first != "model.safetensors" && kv.first != "training.safetensors",
-                "save_checkpoint: bad extra file name '", kv.first,
+    LINEA_CHECK(plain_file_name(kv.first), "save_checkpoint: bad extra file name '", kv.first,
                 "' (a plain file name other than model.safetensors and training.safetensors)");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -116,15 +232,18 @@ void save_checkpoint(const std::string& dir, const Module& model, const Optimize
   train_md[kSaveIdKey] = save_id;
   for (const auto& [name, bytes] : state.files) train_md[kFilePrefix + name] = file_tag(bytes);
 
+  std::vector<std::string> names = {"model.safetensors", "training.safetensors"};
+  for (const auto& kv : state.files) names.push_back(kv.first);
+  remove_stale_temps(dir, names);
+
   // Every file is written in full before any replaces its predecessor: a failure here leaves
   // the previous checkpoint as it was. The model file goes last: its save id marks a complete save.
   std::vector<std::pair<std::string, std::string>> temps;  // {temp, final path}
   try {
     for (const auto& [name, bytes] : state.files) {
       const std::string path = join_path(dir, name.c_str());
-      temps.emplace_back(detail::write_temp_file(path, {detail::ByteSpan{bytes.data(), bytes.size()}},
-                                                 "save_checkpoint"),
-                         path);
+      temps.emplace_back(
+          detail::write_temp_file(path, {detail::ByteSpan{bytes.data(), bytes.size()}}, "save_checkpoint"), path);
     }
     const std::string train_path = join_path(dir, "training.safetensors");
     temps.emplace_back(detail::write_safetensors_temp(train_path, train, train_md), train_path);
@@ -151,6 +270,16 @@ TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt
               "' (expected model.safetensors and training.safetensors)");
   SafetensorsFile mf = load_safetensors(model_path);
   SafetensorsFile tf = load_safetensors(train_path);
+  for (const auto& kv : tf.metadata) {
+    if (kv.first.rfind(kFilePrefix, 0) != 0) continue;
+    const std::string name = kv.first.substr(std::string(kFilePrefix).size());
+    LINEA_CHECK(plain_file_name(name), "load_checkpoint: '", train_path, "' lists the extra file '", name,
+                "', which is not a plain file name in '", dir, "'");
+  }
+  if (!save_is_whole(dir, mf.metadata, tf.metadata) && finish_interrupted_save(dir)) {
+    mf = load_safetensors(model_path);
+    tf = load_safetensors(train_path);
+  }
 
   // ---- validate everything before changing anything -------------------------------------------
   std::string fmt = md_or(tf.metadata, kFormatKey, "");
@@ -174,6 +303,11 @@ TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt
   std::vector<double> lrs = require(tf, train_path, "optim_groups.lr", DType::Float64, {ngroups}).to_vector<double>();
   std::vector<double> wds =
       require(tf, train_path, "optim_groups.weight_decay", DType::Float64, {ngroups}).to_vector<double>();
+  // What the optimizer's constructor asks of them (a corrupt file could hold anything).
+  for (int64_t g = 0; g < ngroups; ++g)
+    LINEA_CHECK(std::isfinite(lrs[g]) && lrs[g] >= 0 && std::isfinite(wds[g]) && wds[g] >= 0, "load_checkpoint: '",
+                train_path, "': parameter group ", g, " has lr ", lrs[g], " and weight_decay ", wds[g],
+                " (both must be finite and >= 0)");
   std::vector<uint64_t> rng_cpu = rng_from_tensor(require(tf, train_path, "rng.cpu", DType::Int64, {2}));
   std::map<std::string, std::string> files;
   for (const auto& [key, tag] : tf.metadata) {

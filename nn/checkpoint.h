@@ -16,11 +16,14 @@
 //                                             "linea_file.<name>": size and FNV-1a hash of each extra file
 //
 // Saving writes every file completely (temp files, fsync'ed) before renaming any over the old
-// ones, so a failed save (full disk, unwritable directory) leaves the previous checkpoint intact.
-// Only a crash between the renames can mix two saves, and loading detects that (the model file
-// records the save id, the training file the save id and each extra file's hash) with a clear error. Loading restores model, optimizer,
-// RNG states and returns the TrainState; on CPU a resumed run is bit-for-bit the uninterrupted
-// one (data order comes from DataLoader's own (seed, epoch) permutation, not the global RNG).
+// ones, so a failed save (full disk, unwritable directory) leaves the previous checkpoint intact,
+// and temps left by processes killed while saving are removed by the next save. A kill between
+// the renames leaves a mix of two saves: loading detects it (the model file records the save id,
+// the training file the save id and each extra file's hash) and finishes that save from its
+// remaining temps, which are complete; a mix it cannot finish is a clear error. Loading restores
+// model, optimizer, RNG states and returns the TrainState; on CPU a resumed run is bit-for-bit
+// the uninterrupted one (data order comes from DataLoader's own (seed, epoch) permutation, not
+// the global RNG).
 // Not here: the file format itself (nn/safetensors.h), learning-rate schedules (pure functions
 // of the step: nn/schedule.h), data loader position (resume with DataLoader::reset(epoch, batch)).
 #pragma once

@@ -100,7 +100,8 @@ TEST(Checkpoint, ResumeTenStepsEqualsFivePlusFiveBitwiseOnCpu) {
   auto opt_first = make_opt(*first);
   train_steps(*first, *opt_first, task, 0, 5);
   const std::vector<uint64_t> rng_at_save = get_rng_state();
-  save_checkpoint(dir.file("ckpt"), *first, *opt_first, {5, 1, {{"schedule", "inverse_decay"}, {"flag", "x y"}}, {}, {}});
+  save_checkpoint(dir.file("ckpt"), *first, *opt_first,
+                  {5, 1, {{"schedule", "inverse_decay"}, {"flag", "x y"}}, {}, {}});
   EXPECT_TRUE(checkpoint_exists(dir.file("ckpt")));
 
   manual_seed(999);
@@ -273,7 +274,10 @@ TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
   Task task;
   train_steps(*net, *opt, task, 0, 1);
   const std::string ck = dir.file("ck");
-  TrainState st{1, 0, {{"k", "v"}}, {{"config.json", "{\"a\": 1}\n"}, {"vocab.txt", "x\ny\n"}},
+  TrainState st{1,
+                0,
+                {{"k", "v"}},
+                {{"config.json", "{\"a\": 1}\n"}, {"vocab.txt", "x\ny\n"}},
                 {{"ema.w", from_vector<float>({1.5f, -2.0f}, {2})}}};
   save_checkpoint(ck, *net, *opt, st);
   EXPECT_EQ(read_all(ck + "/config.json"), "{\"a\": 1}\n");
@@ -281,7 +285,7 @@ TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
   auto opt2 = make_opt(*fresh);
   TrainState back = load_checkpoint(ck, *fresh, *opt2);
   EXPECT_EQ(back.files, st.files);
-  EXPECT_EQ(back.extra, st.extra);  // the file tags are not extras
+  EXPECT_EQ(back.extra, st.extra);     // the file tags are not extras
   ASSERT_EQ(back.tensors.size(), 1u);  // the state tensors come back by name
   EXPECT_EQ(back.tensors.at("ema.w").to_vector<float>(), (std::vector<float>{1.5f, -2.0f}));
 
@@ -298,7 +302,63 @@ TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
 
   // A config.json of another save is detected.
   std::ofstream(ck + "/config.json") << "{\"a\": 3}\n";
-  EXPECT_LINEA_ERROR(load_checkpoint(ck, *fresh, *opt2), "config.json' and '" + ck +
-                                                             "/training.safetensors' come from different saves");
+  EXPECT_LINEA_ERROR(load_checkpoint(ck, *fresh, *opt2),
+                     "config.json' and '" + ck + "/training.safetensors' come from different saves");
   EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {}, {{"a/b", ""}}, {}}), "bad extra file name 'a/b'");
+}
+
+// A kill between a save's renames (extra files, then training, then model) leaves complete temps
+// of the files not yet renamed: loading finishes that save. Temps cut short by a kill during the
+// writes are ignored, and the next save removes them.
+TEST(Checkpoint, LoadFinishesASaveKilledBetweenItsRenames) {
+  TempDir dir;
+  manual_seed(4);
+  auto net = std::make_shared<Mlp>();
+  auto opt = make_opt(*net);
+  Task task;
+  train_steps(*net, *opt, task, 0, 1);
+  save_checkpoint(dir.file("a"), *net, *opt, {1, 0, {}, {{"config.json", "{\"v\": 1}\n"}}, {}});
+  train_steps(*net, *opt, task, 1, 1);
+  save_checkpoint(dir.file("b"), *net, *opt, {2, 0, {}, {{"config.json", "{\"v\": 2}\n"}}, {}});
+  const std::string ck = dir.file("ck");
+  auto setup = [&](std::initializer_list<std::pair<const char*, std::string>> files) {
+    fs::remove_all(ck);
+    fs::create_directories(ck);
+    for (const auto& [name, from] : files) fs::copy_file(from, ck + "/" + name);
+  };
+  auto step_of = [&] {
+    auto fresh = std::make_shared<Mlp>();
+    auto fresh_opt = make_opt(*fresh);
+    return load_checkpoint(ck, *fresh, *fresh_opt).step;
+  };
+  const std::string a = dir.file("a/"), b = dir.file("b/");
+  // Killed after training was renamed: model's temp is left.
+  setup({{"config.json", b + "config.json"},
+         {"training.safetensors", b + "training.safetensors"},
+         {"model.safetensors", a + "model.safetensors"},
+         {"model.safetensors.tmp.99999", b + "model.safetensors"}});
+  EXPECT_EQ(step_of(), 2);
+  EXPECT_EQ(read_all(ck + "/model.safetensors"), read_all(b + "model.safetensors"));
+  EXPECT_FALSE(fs::exists(ck + "/model.safetensors.tmp.99999"));
+  // Killed after config.json was renamed: training's and model's temps are left.
+  setup({{"config.json", b + "config.json"},
+         {"training.safetensors", a + "training.safetensors"},
+         {"model.safetensors", a + "model.safetensors"},
+         {"training.safetensors.tmp.7", b + "training.safetensors"},
+         {"model.safetensors.tmp.7", b + "model.safetensors"}});
+  EXPECT_EQ(step_of(), 2);
+  // A mix with nothing to finish it stays an error.
+  setup({{"config.json", b + "config.json"},
+         {"training.safetensors", b + "training.safetensors"},
+         {"model.safetensors", a + "model.safetensors"}});
+  EXPECT_LINEA_ERROR(step_of(), "come from different saves (was a save interrupted?)");
+  // Killed while writing: a truncated temp beside a whole save is ignored, then removed.
+  setup({{"config.json", a + "config.json"},
+         {"training.safetensors", a + "training.safetensors"},
+         {"model.safetensors", a + "model.safetensors"}});
+  std::ofstream(ck + "/model.safetensors.tmp.12345") << read_all(b + "model.safetensors").substr(0, 40);
+  EXPECT_EQ(step_of(), 1);
+  save_checkpoint(ck, *net, *opt, {2, 0, {}, {{"config.json", "{\"v\": 2}\n"}}, {}});
+  EXPECT_FALSE(fs::exists(ck + "/model.safetensors.tmp.12345"));
+  EXPECT_EQ(step_of(), 2);
 }
