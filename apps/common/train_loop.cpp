@@ -384,7 +384,9 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
 
   std::unique_ptr<MetricsLog> metrics;
   if (main_rank) {
-    fs::create_directories(o.out_dir);
+    std::error_code ec;
+    fs::create_directories(o.out_dir, ec);
+    LINEA_CHECK(!ec, app, ": cannot create the output folder '", o.out_dir, "' (--out): ", ec.message());
     metrics = std::make_unique<MetricsLog>(o.out_dir + "/metrics.jsonl", result.resumed ? pos.step : -1);
   }
   const int64_t total = planned_steps(*s.loader, s.epochs);

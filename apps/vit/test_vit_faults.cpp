@@ -371,4 +371,14 @@ TEST(VitFaults, NoSpaceAndReadOnlyFolderOnTmpfs) {
     EXPECT_NE(log.find("Read-only file system"), std::string::npos) << log;
     EXPECT_EQ(checkpoint_bytes(ckpt), before);
   }
+  {  // an output folder that cannot be made
+    Vit v(run_args(f.data, disk.dir + "/out"), f.path("small.log"));
+    const int code = v.exit_code();
+    const std::string log = v.output();
+    EXPECT_EQ(code, 1) << log;
+    EXPECT_NE(
+        log.find("error: vit: cannot create the output folder '" + disk.dir + "/out' (--out): Read-only file system"),
+        std::string::npos)
+        << log;
+  }
 }
