@@ -34,7 +34,9 @@ void uniform(const Tensor& out, double lo, double hi) {
     using scalar_t = decltype(tag_);
     constexpr int64_t per = std::is_same_v<scalar_t, float> ? 4 : 2;  // values per counter block
     const int64_t blocks = (n + per - 1) / per;
-    auto [seed, first] = reserve(static_cast<uint64_t>(blocks));
+    // Not a structured binding: clang < 16 cannot capture those in an OpenMP region (LINEA_FUZZ).
+    const std::pair<uint64_t, uint64_t> drawn = reserve(static_cast<uint64_t>(blocks));
+    const uint64_t seed = drawn.first, first = drawn.second;
     scalar_t* p = static_cast<scalar_t*>(out.data_ptr());
     const double span = hi - lo;
 #pragma omp parallel for schedule(static) if (n >= detail::kParallelGrain)
@@ -61,7 +63,9 @@ void normal(const Tensor& out, double mean, double std) {
   dispatch_float(out.dtype(), "normal", [&](auto tag_) {
     using scalar_t = decltype(tag_);
     const int64_t blocks = (n + 1) / 2;  // one counter block -> two normals
-    auto [seed, first] = reserve(static_cast<uint64_t>(blocks));
+    // Not a structured binding: clang < 16 cannot capture those in an OpenMP region (LINEA_FUZZ).
+    const std::pair<uint64_t, uint64_t> drawn = reserve(static_cast<uint64_t>(blocks));
+    const uint64_t seed = drawn.first, first = drawn.second;
     scalar_t* p = static_cast<scalar_t*>(out.data_ptr());
 #pragma omp parallel for schedule(static) if (n >= detail::kParallelGrain)
     for (int64_t b = 0; b < blocks; ++b) {
