@@ -1,6 +1,7 @@
 // Shape and stride helpers.
 #include "core/shape.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
@@ -9,7 +10,13 @@ namespace linea {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  bool overflow = false;
+  for (int64_t d : s) overflow |= __builtin_mul_overflow(n, d, &n);
+  if (overflow) {
+    LINEA_CHECK(std::find(s.begin(), s.end(), 0) != s.end(), "shape ", shape_str(s),
+                " has more elements than int64 can count");
+    return 0;
+  }
   return n;
 }
 
@@ -18,9 +25,18 @@ Strides contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (size_t i = s.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= std::max<int64_t>(s[i], 1);
+    // Zero dims count as 1, so an empty tensor's strides can overflow too.
+    LINEA_CHECK(i == 0 || !__builtin_mul_overflow(acc, std::max<int64_t>(s[i], 1), &acc), "shape ", shape_str(s),
+                " is too large: its strides overflow int64");
   }
   return st;
+}
+
+bool shape_fits(const Shape& s) {
+  int64_t acc = 1;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(acc, std::max<int64_t>(d, 1), &acc)) return false;
+  return true;
 }
 
 std::string shape_str(const Shape& s) {

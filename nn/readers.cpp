@@ -15,9 +15,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 
 #include "core/ops.h"
+#include "nn/io_util.h"
 
 namespace linea::nn {
 
@@ -39,7 +41,7 @@ std::string read_maybe_gz(const std::string& path, const char* op) {
   gzFile f = gzopen(path.c_str(), "rb");
   LINEA_CHECK(f != nullptr, op, ": cannot open '", path, "': ", std::strerror(errno));
   std::string out;
-  std::vector<char> buf(1 << 20);
+  std::vector<char> buf(1 << 16);  // gzread buffers internally; a small chunk is as fast
   for (;;) {
     int n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()));
     if (n < 0) {
@@ -94,6 +96,9 @@ IdxArray parse_idx(const std::string& bytes, const std::string& path, const char
   uint64_t numel = 1;
   if (std::find(a.dims.begin(), a.dims.end(), 0) != a.dims.end()) {
     numel = 0;
+    // No data needed, but huge other dims would still overflow a tensor's strides.
+    LINEA_CHECK(shape_fits(a.dims), op, ": '", path, "': dims ", dims_str,
+                " are too large for a tensor (their product overflows int64)");
   } else {
     for (int64_t n : a.dims) {
       LINEA_CHECK(numel <= avail / static_cast<uint64_t>(n), op, ": '", path, "': truncated: dims ", dims_str,
@@ -228,6 +233,106 @@ void resize_into(const unsigned char* src, int64_t h, int64_t w, int64_t c, floa
   }
 }
 
+const char* stbi_reason() { return stbi_failure_reason() ? stbi_failure_reason() : "unknown error"; }
+
+// stb_image grows its buffer for a PNG's compressed data by the length each chunk declares,
+// before it reads the chunk: a 60-byte file could make it allocate 2 GB. So the chunks are
+// walked first, and each must lie within the file.
+void check_png_chunks(const std::vector<char>& b, const std::string& path, const char* op) {
+  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+  for (size_t pos = 8; pos < b.size();) {
+    const size_t rest = b.size() - pos;  // from the chunk's length field to the end of the file
+    const std::string type = rest >= 8 ? std::string(b.data() + pos + 4, 4) : std::string("?");
+    const uint64_t len = rest >= 4 ? be32(p + pos) : 0;
+    LINEA_CHECK(rest >= 12 && len <= rest - 12, op, ": cannot decode '", path, "': PNG chunk '", type, "' at byte ",
+                pos, " needs ", len + 12, " bytes but the file has ", rest, " left (truncated or corrupt)");
+    if (type == "IEND") return;
+    pos += 12 + len;
+  }
+}
+
+// stb_image 2.27 (Debian 12's libstb) builds a JPEG Huffman table from its 16 code counts before
+// it checks that they add up to at most 256, and writes past the table when they do not: a heap
+// overflow from a crafted file (upstream added the check in 2.28). So the JPEG's marker segments
+// are walked as stb_image walks them (lengths; in scan data, every 0xFF not followed by 0x00 or
+// a restart marker starts one) and every Huffman table is checked before stb_image sees it.
+void check_jpeg_segments(const std::vector<char>& b, const std::string& path, const char* op) {
+  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+  const size_t n = b.size();
+  const auto byte = [&](size_t i) -> size_t { return i < n ? p[i] : 0; };  // stb_image reads 0 past the end
+  for (size_t pos = 2; pos < n;) {                                         // after the SOI marker
+    if (p[pos] != 0xFF) {                                                  // scan data, or padding between segments
+      ++pos;
+      continue;
+    }
+    size_t q = pos + 1;
+    while (q < n && p[q] == 0xFF) ++q;  // fill bytes
+    if (q >= n) return;
+    const unsigned char marker = p[q];
+    pos = q + 1;
+    // No segment follows stuffing (FF 00), restart markers, TEM, SOI; EOI ends the file.
+    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD8)) continue;
+    if (marker == 0xD9) return;
+    const size_t len = byte(pos) << 8 | byte(pos + 1);  // counts its own 2 bytes
+    LINEA_CHECK(len >= 2 && pos + len <= n, op, ": cannot decode '", path, "': JPEG segment FF ",
+                hex32(marker).substr(8), " at byte ", q - 1, " needs ", len, " bytes but the file has ", n - pos,
+                " left (truncated or corrupt)");
+    if (marker == 0xC4) {  // DHT: tables of 1 + 16 + (sum of counts) bytes, read as stb_image reads them
+      int64_t left = static_cast<int64_t>(len) - 2;
+      for (size_t t = pos + 2; left > 0;) {
+        size_t codes = 0;
+        for (size_t i = 1; i <= 16; ++i) codes += byte(t + i);
+        LINEA_CHECK(codes <= 256, op, ": cannot decode '", path, "': JPEG Huffman table at byte ", t, " has ", codes,
+                    " codes (at most 256)");
+        t += 17 + codes;
+        left -= static_cast<int64_t>(17 + codes);
+      }
+    }
+    pos += len;
+  }
+}
+
+// A PNG or JPEG file's bytes and its declared size, checked before anything is allocated for the
+// pixels. Other formats stb_image knows are refused: Linea reads PNG and JPEG (readers.h), and
+// each decoder left out is one less for a hostile file to aim at.
+struct ImageFile {
+  std::vector<char> bytes;
+  int h = 0, w = 0, comp = 0;
+};
+ImageFile read_image_file(const std::string& path, const char* op) {
+  ImageFile f;
+  f.bytes = detail::read_file_bytes(path, op);
+  const std::vector<char>& b = f.bytes;
+  const bool png = b.size() >= 8 && std::memcmp(b.data(), "\x89PNG\r\n\x1a\n", 8) == 0;
+  const bool jpeg = b.size() >= 3 && std::memcmp(b.data(), "\xff\xd8\xff", 3) == 0;
+  LINEA_CHECK(png || jpeg, op, ": cannot decode '", path, "': not a PNG or JPEG file");
+  LINEA_CHECK(b.size() <= static_cast<size_t>(std::numeric_limits<int>::max()), op, ": '", path, "' is ", b.size(),
+              " bytes, too large for stb_image");
+  if (png) check_png_chunks(b, path, op);
+  if (jpeg) check_jpeg_segments(b, path, op);
+  const auto* data = reinterpret_cast<const stbi_uc*>(b.data());
+  LINEA_CHECK(stbi_info_from_memory(data, static_cast<int>(b.size()), &f.w, &f.h, &f.comp) == 1, op,
+              ": cannot decode '", path, "': ", stbi_reason());
+  LINEA_CHECK(f.h > 0 && f.w > 0 && static_cast<int64_t>(f.h) * f.w <= kMaxImagePixels, op, ": '", path,
+              "' declares a ", f.h, "x", f.w, " (HxW) image, more than the limit of ", kMaxImagePixels,
+              " pixels (corrupt file?)");
+  return f;
+}
+
+// The pixels of f converted to `channels` channels: f.h x f.w x channels bytes (HWC), to free
+// with stbi_image_free.
+unsigned char* decode_image(const ImageFile& f, int channels, const std::string& path, const char* op) {
+  int w = 0, h = 0, comp = 0;
+  unsigned char* img = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(f.bytes.data()),
+                                             static_cast<int>(f.bytes.size()), &w, &h, &comp, channels);
+  LINEA_CHECK(img != nullptr, op, ": cannot decode '", path, "': ", stbi_reason());
+  if (h != f.h || w != f.w) {  // cannot happen with stb_image's decoders; the buffer size depends on it
+    stbi_image_free(img);
+    LINEA_FAIL(op, ": cannot decode '", path, "': it declares ", f.h, "x", f.w, " but decodes as ", h, "x", w);
+  }
+  return img;
+}
+
 }  // namespace
 
 ImageFolder read_image_folder(const std::string& dir, const ImageFolderOptions& o) {
@@ -236,6 +341,8 @@ ImageFolder read_image_folder(const std::string& dir, const ImageFolderOptions& 
               o.channels);
   LINEA_CHECK((o.height == 0) == (o.width == 0) && o.height >= 0 && o.width >= 0, op,
               ": height and width must both be 0 (keep sizes) or both positive, got ", o.height, "x", o.width);
+  LINEA_CHECK(o.height == 0 || o.height <= kMaxImagePixels / o.width, op, ": resize to ", o.height, "x", o.width,
+              " is more than the limit of ", kMaxImagePixels, " pixels");
   std::error_code ec;
   LINEA_CHECK(fs::exists(dir, ec), op, ": '", dir, "' does not exist");
   LINEA_CHECK(fs::is_directory(dir, ec), op, ": '", dir, "' is not a directory");
@@ -261,22 +368,19 @@ ImageFolder read_image_folder(const std::string& dir, const ImageFolderOptions& 
 
   // Channels and (unless resizing) the size come from the first image.
   const std::string& first = files[0].first;
-  int fw = 0, fh = 0, fc = 0;
-  LINEA_CHECK(stbi_info(first.c_str(), &fw, &fh, &fc) == 1, op, ": cannot decode '", first,
-              "': ", stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
-  const int64_t C = o.channels != 0 ? o.channels : (fc <= 2 ? 1 : 3);
+  ImageFile f = read_image_file(first, op);
+  const int64_t C = o.channels != 0 ? o.channels : (f.comp <= 2 ? 1 : 3);
   const bool resize = o.height > 0;
-  const int64_t H = resize ? o.height : fh, W = resize ? o.width : fw;
+  const int64_t H = resize ? o.height : f.h, W = resize ? o.width : f.w;
 
   const int64_t N = static_cast<int64_t>(files.size());
   std::vector<float> pixels(static_cast<size_t>(N * C * H * W));
   std::vector<int64_t> labels;
   for (int64_t i = 0; i < N; ++i) {
     const std::string& path = files[i].first;
-    int w = 0, h = 0, comp = 0;
-    unsigned char* img = stbi_load(path.c_str(), &w, &h, &comp, static_cast<int>(C));
-    LINEA_CHECK(img != nullptr, op, ": cannot decode '", path,
-                "': ", stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
+    if (i > 0) f = read_image_file(path, op);
+    const int h = f.h, w = f.w;
+    unsigned char* img = decode_image(f, static_cast<int>(C), path, op);
     if (!resize && (h != H || w != W)) {
       stbi_image_free(img);
       LINEA_FAIL(op, ": '", path, "' is ", h, "x", w, " (HxW) but '", first, "' is ", H, "x", W,
@@ -297,12 +401,13 @@ Tensor read_image(const std::string& path, int channels, int64_t height, int64_t
   LINEA_CHECK(channels == 1 || channels == 3, op, ": channels must be 1 or 3, got ", channels);
   LINEA_CHECK(height >= 0 && width >= 0 && (height == 0) == (width == 0), op,
               ": height and width must both be 0 (keep the size) or both positive, got ", height, "x", width);
+  LINEA_CHECK(height == 0 || height <= kMaxImagePixels / width, op, ": resize to ", height, "x", width,
+              " is more than the limit of ", kMaxImagePixels, " pixels");
   std::error_code ec;
   LINEA_CHECK(fs::is_regular_file(path, ec), op, ": '", path, "' is not a readable file");
-  int w = 0, h = 0, comp = 0;
-  unsigned char* img = stbi_load(path.c_str(), &w, &h, &comp, channels);
-  LINEA_CHECK(img != nullptr, op, ": cannot decode '", path,
-              "': ", stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
+  const ImageFile f = read_image_file(path, op);
+  const int h = f.h, w = f.w;
+  unsigned char* img = decode_image(f, channels, path, op);
   const int64_t H = height > 0 ? height : h, W = width > 0 ? width : w;
   std::vector<float> pixels(static_cast<size_t>(channels * H * W));
   resize_into(img, h, w, channels, pixels.data(), H, W, /*bilinear=*/true);

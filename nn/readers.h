@@ -58,6 +58,13 @@ struct ImageFolder {
 };
 ImageFolder read_image_folder(const std::string& dir, const ImageFolderOptions& options = {});
 
+// Images with more pixels than this (64 megapixels, e.g. 8192 x 8192) are refused before they
+// are decoded: a few bytes of a corrupt or hostile header can declare a size whose buffers would
+// take gigabytes. Applies to the size a file declares and to a requested resize. Only PNG and
+// JPEG are read (by their first bytes, whatever the file's extension): the other formats
+// stb_image decodes (GIF, BMP, PSD, ...) are refused.
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 26;
+
 // One PNG/JPEG image as Float32 [channels, height, width] in [0, 1], converted to `channels`
 // (1 or 3) and resized (bilinear, half-pixel centers) when its size differs; height = width = 0
 // keeps its own size. Throws naming the file when it cannot be decoded.

@@ -297,6 +297,10 @@ SafetensorsFile parse_safetensors(const char* bytes, size_t size, const std::str
     uint64_t numel = 1;
     if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
       numel = 0;
+      // No data needed, but huge other dims would still overflow a tensor's strides.
+      if (!shape_fits(e.shape))
+        fail("tensor '", key, "': shape ", shape_str(e.shape),
+             " is too large for a tensor (its product overflows int64)");
     } else {
       for (int64_t dim : e.shape) {
         if (numel > data_len / static_cast<uint64_t>(dim))

@@ -126,6 +126,13 @@ TEST(IdxReader, RejectsBadFiles) {
       load_idx_dataset(dir.file("i.gz"), dir.file("l.gz")),
       "load_idx_dataset: '" + dir.file("i.gz") + "' has 2 images but '" + dir.file("l.gz") + "' has 3 labels");
   EXPECT_LINEA_ERROR(read_idx_gz(dir.path.string()), "is a directory, not a file");
+  // No data is needed when a dim is 0, but huge others would overflow a tensor's strides
+  // (found by tests/fuzz: fuzz_idx).
+  write_gz(p, idx_bytes(0x00000803, {0, 0xffffffffu, 0xffffffffu}, {}));
+  EXPECT_LINEA_ERROR(read_idx_images(p),
+                     "read_idx_images: '" + p + "': dims [0, 4294967295, 4294967295] are too large for a tensor");
+  write_gz(p, idx_bytes(0x00000803, {0, 5, 7}, {}));
+  EXPECT_EQ(read_idx_images(p).shape(), Shape({0, 1, 5, 7}));
 }
 
 // ---- FASTA ------------------------------------------------------------------------------------
@@ -276,6 +283,51 @@ TEST(ImageFolderReader, RgbChannelsJpegAndResizing) {
                               tensor<float>({200 / 255.f, 100 / 255.f, 50 / 255.f}, {3}), 0.03, 0));
 }
 
+// Sizes from a file are checked before stb_image allocates for them (found by tests/fuzz:
+// fuzz_image, where a 60-byte PNG made stb_image ask for 2 GB).
+TEST(ImageReader, RefusesHugeDeclaredSizes) {
+  TempDir dir;
+  const std::string p = dir.file("a.png");
+  std::vector<uint8_t> px(4 * 3);
+  write_png(p, 4, 3, 1, px);
+  EXPECT_EQ(read_image(p, 1).shape(), Shape({1, 3, 4}));
+  std::string png = read_all(p);
+  // The IHDR chunk (bytes 8..32): width and height at bytes 16 and 20, its CRC (which stb_image
+  // does not check) at 29.
+  std::string huge = png;
+  huge.replace(16, 8, std::string("\x00\x00\x40\x00\x00\x00\x20\x00", 8));  // 16384 wide, 8192 high
+  write_all(p, huge);
+  EXPECT_LINEA_ERROR(read_image(p, 3), "read_image: '" + p +
+                                           "' declares a 8192x16384 (HxW) image, more than the "
+                                           "limit of 67108864 pixels");
+  // The same in a JPEG's frame header (height, then width, after FF C0 and 3 bytes).
+  const std::string j = dir.file("a.jpg");
+  ASSERT_NE(stbi_write_jpg(j.c_str(), 4, 3, 1, px.data(), 90), 0);
+  std::string jpeg = read_all(j);
+  const size_t sof = jpeg.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  jpeg.replace(sof + 5, 4, std::string("\x4e\x20\x4e\x20", 4));  // 20000 x 20000
+  write_all(j, jpeg);
+  EXPECT_LINEA_ERROR(read_image(j, 1), "read_image: '" + j + "' declares a 20000x20000 (HxW) image");
+  // A Huffman table with more than 256 codes, which Debian's stb_image 2.27 writes past.
+  ASSERT_NE(stbi_write_jpg(j.c_str(), 4, 3, 1, px.data(), 90), 0);
+  jpeg = read_all(j);
+  const size_t dht = jpeg.find("\xff\xc4");
+  ASSERT_NE(dht, std::string::npos);
+  jpeg[dht + 5] = '\xff';  // the first of the table's 16 code counts (after FF C4, length, class/id)
+  write_all(j, jpeg);
+  EXPECT_LINEA_ERROR(read_image(j, 1), "read_image: cannot decode '" + j + "': JPEG Huffman table at byte ");
+  // A chunk that claims more bytes than the file has.
+  std::string chunk = png;
+  chunk.replace(33, 4, std::string("\x7f\xff\xff\xf0", 4));  // the length of the chunk after IHDR
+  write_all(p, chunk);
+  EXPECT_LINEA_ERROR(read_image(p, 1), "read_image: cannot decode '" + p + "': PNG chunk '");
+  EXPECT_LINEA_ERROR(read_image(p, 1), "' at byte 33 needs 2147483644 bytes but the file has");
+  // A requested size past the limit.
+  write_all(p, png);
+  EXPECT_LINEA_ERROR(read_image(p, 1, 1 << 14, 1 << 14), "read_image: resize to 16384x16384 is more than the limit");
+}
+
 TEST(ImageFolderReader, RejectsBadFolders) {
   TempDir dir;
   EXPECT_LINEA_ERROR(read_image_folder(dir.file("nope")),
@@ -296,6 +348,9 @@ TEST(ImageFolderReader, RejectsBadFolders) {
   write_all(dir.file("b/2.png"), "not a png at all");
   EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()),
                      "read_image_folder: cannot decode '" + dir.file("b/2.png") + "'");
+  write_all(dir.file("b/2.png"), "GIF89a\x01\x00\x01\x00\x00\x00\x00;");  // stb_image reads GIF; Linea does not
+  EXPECT_LINEA_ERROR(read_image_folder(dir.path.string()),
+                     "read_image_folder: cannot decode '" + dir.file("b/2.png") + "': not a PNG or JPEG file");
   ImageFolderOptions o;
   o.channels = 2;
   EXPECT_LINEA_ERROR(read_image_folder(dir.path.string(), o), "channels must be 0 (auto), 1 or 3, got 2");

@@ -231,6 +231,9 @@ TEST(Safetensors, RejectsCorruptedHeaders) {
                "tensor 'w': \"shape\" [2,-2] is not an array of non-negative 64-bit integers");
   expect_error(R"({"w":{"dtype":"F32","shape":[2,2.5],"data_offsets":[0,16]}})", d16,
                "is not an array of non-negative");
+  // No data is needed when a dim is 0, but a tensor's strides would overflow (tests/fuzz).
+  expect_error(R"({"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", "",
+               "tensor 'w': shape [0, 4294967296, 4294967296] is too large for a tensor");
   expect_error(R"({"w":{"dtype":"F32","shape":[2,2]}})", d16, "tensor 'w': missing or malformed \"data_offsets\"");
   expect_error(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,8,16]}})", d16, "malformed \"data_offsets\"");
   expect_error(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":["0",16]}})", d16, "malformed \"data_offsets\"");

@@ -23,6 +23,20 @@ TEST(Tensor, CreationAndItem) {
   EXPECT_LINEA_ERROR(tensor<float>({1, 2, 3}, {2, 2}), "do not fill");
 }
 
+// Shapes whose element count or strides do not fit in int64 (e.g. read from a corrupt file) are
+// errors, not signed overflow; an empty tensor may still have large dims (tests/fuzz).
+TEST(Tensor, ShapesTooLargeForInt64Throw) {
+  const int64_t big = int64_t{1} << 32;
+  EXPECT_EQ(shape_numel({0, big, big}), 0);
+  EXPECT_EQ(shape_numel({big, big, 0}), 0);
+  EXPECT_LINEA_ERROR(shape_numel({big, big}), "shape [4294967296, 4294967296] has more elements than int64 can count");
+  EXPECT_LINEA_ERROR(contiguous_strides({0, big, big}), "is too large: its strides overflow int64");
+  EXPECT_LINEA_ERROR(zeros({0, big, big}), "shape [0, 4294967296, 4294967296] is too large");
+  EXPECT_EQ(contiguous_strides({big, 0, 3}), (Strides{3, 3, 1}));
+  EXPECT_EQ(zeros({big, 0}).numel(), 0);
+  EXPECT_TRUE(shape_fits({0, big, big - 1}) == false && shape_fits({big, 0, 2}) && shape_fits({}));
+}
+
 TEST(Tensor, ViewsShareStorage) {
   Tensor t = arange(24.0, f64()).reshape({2, 3, 4});
   Tensor p = t.permute({2, 0, 1});
