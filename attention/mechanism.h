@@ -33,6 +33,11 @@ struct AttentionOptions {
   Tensor key_padding_mask;   // Bool or Int64 [B, M]; true / nonzero = padding; undefined = none
 };
 
+// The most random features (performer, nprf_rpe) or samples (ra, lara) a mechanism is built with:
+// far above any useful count, low enough that a value such as features=1000000000000 is a clear
+// linea::Error at construction instead of an allocation failure.
+inline constexpr int64_t kMaxRandomFeatures = int64_t{1} << 16;
+
 // What a mechanism can be used for; building it for anything else fails at construction.
 struct AttentionSupport {
   bool causal = false;       // a causal mask (decoder self-attention)

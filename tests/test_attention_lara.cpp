@@ -525,6 +525,8 @@ TEST(LinearRandomizedAttention, Errors) {
                      "lara: only self-attention is supported");
   EXPECT_LINEA_ERROR(lara->forward(q, k, randn({1, 2, 5, 2}), {}), "shapes do not match");
   EXPECT_LINEA_ERROR(attn::make_attention("lara:samples=0", 2, 4), "samples must be positive");
+  EXPECT_LINEA_ERROR(attn::make_attention("lara:samples=1000000000000", 2, 4),
+                     "lara: samples 1000000000000 is more than the limit of 65536");
   EXPECT_LINEA_ERROR(attn::make_attention("lara:proposal=kq", 2, 4), "proposal must be qk or mixed");
   EXPECT_LINEA_ERROR(attn::make_attention("lara:noise=-1", 2, 4), "noise must be >= 0");
   EXPECT_LINEA_ERROR(attn::make_attention("lara:beta=x", 2, 4), "expects a number");

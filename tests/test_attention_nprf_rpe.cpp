@@ -551,6 +551,11 @@ TEST(NprfRpe, LengthsBeyondMaxLenThrow) {
 TEST(NprfRpe, BadOptionsAndInputsThrow) {
   EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:features=0", 2, 4), "features must be > 0");
   EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:max_len=0", 2, 4), "max_len must be > 0");
+  // Errors, not allocations of terabytes (tests/fuzz: fuzz_attention_spec).
+  EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:features=1000000000000", 2, 4),
+                     "nprf_rpe: features 1000000000000 is more than the limit of 65536");
+  EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:max_len=9223372036854775807", 2, 4),
+                     "nprf_rpe: max_len 9223372036854775807 is more than the limit of 1048576");
   EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:redraw=-1", 2, 4), "redraw must be >= 0");
   EXPECT_LINEA_ERROR(attn::make_attention("nprf_rpe:dense=maybe", 2, 4), "'dense' expects 0, 1 or auto, got 'maybe'");
   EXPECT_ANY_THROW(attn::make_attention("nprf_rpe:feature=8", 2, 4));

@@ -614,6 +614,9 @@ TEST(LinearAttention, BadInputsThrow) {
 
 TEST(Performer, BadOptionsAndInputsThrow) {
   EXPECT_LINEA_ERROR(attn::make_attention("performer:features=0", 2, 4), "performer: features must be positive, got 0");
+  // An error, not an allocation of terabytes (tests/fuzz: fuzz_attention_spec).
+  EXPECT_LINEA_ERROR(attn::make_attention("performer:features=1000000000000", 2, 4),
+                     "performer: features 1000000000000 is more than the limit of 65536");
   EXPECT_LINEA_ERROR(attn::make_attention("performer:feature_map=cosh", 2, 4),
                      "performer: unknown feature_map 'cosh'");
   EXPECT_LINEA_ERROR(attn::make_attention("performer:redraw=-1", 2, 4), "performer: redraw must be >= 0");

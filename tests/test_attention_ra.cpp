@@ -404,6 +404,8 @@ TEST(RandomizedAttention, Errors) {
   EXPECT_LINEA_ERROR(make(2, 4, 1, true)->attention_matrix(q, k, causal), "ra: causal");
   EXPECT_LINEA_ERROR(attn::make_attention("ra:samples=0", 2, 4), "samples must be positive");
   EXPECT_LINEA_ERROR(attn::make_attention("ra:samples=-3", 2, 4), "samples must be positive");
+  EXPECT_LINEA_ERROR(attn::make_attention("ra:samples=1000000000000", 2, 4),
+                     "ra: samples 1000000000000 is more than the limit of 65536");
   EXPECT_LINEA_ERROR(attn::make_attention("ra:biased=maybe", 2, 4), "expects a boolean");
   EXPECT_LINEA_ERROR(attn::make_attention("ra:features=4", 2, 4), "unknown option");
   EXPECT_LINEA_ERROR(make(2, 4, 1, false)->forward(q, randn({1, 2, 5, 3}), v, {}), "ra");

@@ -21,6 +21,8 @@ LinearRandomizedAttention::LinearRandomizedAttention(int64_t heads, int64_t head
       noise_(noise),
       beta_(beta) {
   LINEA_CHECK(samples > 0, "lara: samples must be positive, got ", samples);
+  LINEA_CHECK(samples <= kMaxRandomFeatures, "lara: samples ", samples, " is more than the limit of ",
+              kMaxRandomFeatures);
   LINEA_CHECK(std::isfinite(noise) && noise >= 0, "lara: noise must be >= 0, got ", noise);
   LINEA_CHECK(std::isfinite(beta), "lara: beta must be finite, got ", beta);
   if (adaptive) {

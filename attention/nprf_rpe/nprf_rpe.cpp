@@ -14,6 +14,8 @@ namespace linea::attn {
 namespace {
 
 constexpr const char* kWho = "nprf_rpe";
+// The longest max_len (positions 2^20 apart); above it the bias table alone would be gigabytes.
+constexpr int64_t kMaxRpeLength = int64_t{1} << 20;
 
 // The smallest denominator used as is. Its square stays a normal number, so the backward of the
 // division stays finite even where the guard is active.
@@ -200,7 +202,11 @@ NprfRpeAttention::NprfRpeAttention(int64_t heads, int64_t head_dim, int64_t feat
     : AttentionMechanism("NprfRpeAttention", heads, head_dim), features_(features), max_len_(max_len), dense_(dense) {
   LINEA_CHECK(heads > 0 && head_dim > 0, kWho, ": heads and head_dim must be positive, got ", heads, " and ", head_dim);
   LINEA_CHECK(features > 0, kWho, ": features must be > 0, got ", features);
+  LINEA_CHECK(features <= kMaxRandomFeatures, kWho, ": features ", features, " is more than the limit of ",
+              kMaxRandomFeatures);
   LINEA_CHECK(max_len > 0, kWho, ": max_len must be > 0, got ", max_len);
+  // rpe holds 2 max_len - 1 biases per head.
+  LINEA_CHECK(max_len <= kMaxRpeLength, kWho, ": max_len ", max_len, " is more than the limit of ", kMaxRpeLength);
   LINEA_CHECK(redraw >= 0, kWho, ": redraw must be >= 0 (0 = never), got ", redraw);
   init_redraw(redraw);
   rpe_ = register_parameter("rpe", zeros({heads, 2 * max_len - 1}, TensorOptions(DType::Float32)));

@@ -103,6 +103,8 @@ PerformerAttention::PerformerAttention(int64_t heads, int64_t head_dim, int64_t 
   LINEA_CHECK(heads > 0 && head_dim > 0, "performer: heads and head_dim must be positive, got ", heads, " and ",
               head_dim);
   LINEA_CHECK(features > 0, "performer: features must be positive, got ", features);
+  LINEA_CHECK(features <= kMaxRandomFeatures, "performer: features ", features, " is more than the limit of ",
+              kMaxRandomFeatures);
   LINEA_CHECK(redraw >= 0, "performer: redraw must be >= 0 (0 = never), got ", redraw);
   LINEA_CHECK(chunk > 0, "performer: chunk must be positive, got ", chunk);
   init_redraw(redraw);

@@ -7,6 +7,8 @@ namespace linea::attn {
 RandomizedAttention::RandomizedAttention(int64_t heads, int64_t head_dim, int64_t samples, bool biased)
     : AttentionMechanism("RandomizedAttention", heads, head_dim), samples_(samples), biased_(biased) {
   LINEA_CHECK(samples > 0, "ra: samples must be positive, got ", samples);
+  LINEA_CHECK(samples <= kMaxRandomFeatures, "ra: samples ", samples, " is more than the limit of ",
+              kMaxRandomFeatures);
 }
 
 std::vector<std::string> RandomizedAttention::sample_names() const {
