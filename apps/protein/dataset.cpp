@@ -61,13 +61,18 @@ Manifest read_manifest(const std::string& data_dir) {
 std::string split_path(const Manifest& m, const std::string& split) {
   LINEA_CHECK(split == "train" || split == "valid" || split == "test" || split == "query", "protein: no split '",
               split, "' (train, valid, test, query)");
-  const json& files = m.json.at("files");
-  if (!files.contains(split)) {
-    LINEA_CHECK(split == "query", "protein: '", m.dir, "/data.json' lists no ", split, " file; run `protein prepare` "
-                "again");
-    return "";
+  try {  // a hand-edited data.json can lack the file or give it another type
+    const json& files = m.json.at("files");
+    if (!files.is_object() || !files.contains(split)) {
+      LINEA_CHECK(split == "query", "protein: '", m.dir, "/data.json' lists no ", split,
+                  " file; run `protein prepare` again");
+      return "";
+    }
+    return (fs::path(m.dir) / files.at(split).get<std::string>()).string();
+  } catch (const json::exception& e) {
+    LINEA_FAIL("protein: cannot read the ", split, " file of '", m.dir, "/data.json': ", e.what(),
+               "; run `protein prepare` again");
   }
-  return (fs::path(m.dir) / files.at(split).get<std::string>()).string();
 }
 
 int64_t Sequences::total_residues() const {

@@ -52,14 +52,26 @@ Manifest read_manifest(const std::string& data_dir) {
 
 ParallelSplit read_split(const std::string& data_dir, const std::string& split) {
   const Manifest m = read_manifest(data_dir);
-  const json& files = m.json.at("files");
-  LINEA_CHECK(files.contains(split), "translate: no split '", split, "' in '", data_dir, "' (train, valid, test)");
-  const auto file = [&](const char* key) { return (fs::path(data_dir) / files.at(split).at(key).get<std::string>()).string(); };
+  std::string src, tgt, ref;
+  size_t n = 0;
+  try {  // a hand-edited data.json can lack any of these or give them other types
+    const json& files = m.json.at("files");
+    LINEA_CHECK(files.is_object() && files.contains(split), "translate: no split '", split, "' in '", data_dir,
+                "' (train, valid, test)");
+    const json& f = files.at(split);
+    const auto file = [&](const char* key) { return (fs::path(data_dir) / f.at(key).get<std::string>()).string(); };
+    src = file("src");
+    tgt = file("tgt");
+    ref = file("ref");
+    n = f.at("pairs").get<size_t>();
+  } catch (const json::exception& e) {
+    LINEA_FAIL("translate: cannot read split '", split, "' of '", (fs::path(data_dir) / "data.json").string(),
+               "': ", e.what(), "; run `translate prepare` again");
+  }
   ParallelSplit s;
-  s.src = read_lines(file("src"));
-  s.tgt = read_lines(file("tgt"));
-  s.refs = read_lines(file("ref"));
-  const size_t n = files.at(split).at("pairs").get<size_t>();
+  s.src = read_lines(src);
+  s.tgt = read_lines(tgt);
+  s.refs = read_lines(ref);
   LINEA_CHECK(s.src.size() == n && s.tgt.size() == n && s.refs.size() == n, "translate: split '", split, "' of '",
               data_dir, "' should hold ", n, " pairs but its files have ", s.src.size(), " / ", s.tgt.size(), " / ",
               s.refs.size(), " lines; run `translate prepare` again");

@@ -21,7 +21,14 @@ namespace {
 
 std::shared_ptr<const sentencepiece::SentencePieceProcessor> load(const std::string& bytes, const std::string& what) {
   auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->LoadFromSerializedProto(bytes);
+  sentencepiece::util::Status status;
+  try {
+    status = sp->LoadFromSerializedProto(bytes);
+  } catch (const std::exception& e) {
+    // Most corrupt models get a status back, but some throw from SentencePiece's trie builder
+    // (e.g. an empty piece: "failed to insert key: zero-length key").
+    LINEA_FAIL("translate: cannot load the SentencePiece model ", what, ": ", e.what());
+  }
   LINEA_CHECK(status.ok(), "translate: cannot load the SentencePiece model ", what, ": ", status.ToString());
   const int64_t ids[4] = {sp->pad_id(), sp->unk_id(), sp->bos_id(), sp->eos_id()};
   LINEA_CHECK(ids[0] == kPadId && ids[1] == kUnkId && ids[2] == kBosId && ids[3] == kEosId,
