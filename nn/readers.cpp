@@ -251,17 +251,23 @@ void check_png_chunks(const std::vector<char>& b, const std::string& path, const
   }
 }
 
-// stb_image 2.27 (Debian 12's libstb) builds a JPEG Huffman table from its 16 code counts before
-// it checks that they add up to at most 256, and writes past the table when they do not: a heap
-// overflow from a crafted file (upstream added the check in 2.28). So the JPEG's marker segments
-// are walked as stb_image walks them (lengths; in scan data, every 0xFF not followed by 0x00 or
-// a restart marker starts one) and every Huffman table is checked before stb_image sees it.
+// Two bugs of stb_image 2.27 (Debian 12's libstb; upstream fixed both in 2.28) let a crafted JPEG
+// reach memory outside stb_image's buffers: it builds a Huffman table from its 16 code counts
+// before it checks that they add up to at most 256 (and writes past the table when they do not),
+// and it decodes a scan with a Huffman table no DHT segment defined (reading far outside the
+// table). So the JPEG's marker segments are walked as stb_image walks them (by their lengths; in
+// scan data, every 0xFF not followed by 0x00 or a restart marker starts one), every Huffman table
+// is checked, and every scan must use tables defined before it.
 void check_jpeg_segments(const std::vector<char>& b, const std::string& path, const char* op) {
   const auto* p = reinterpret_cast<const unsigned char*>(b.data());
   const size_t n = b.size();
-  const auto byte = [&](size_t i) -> size_t { return i < n ? p[i] : 0; };  // stb_image reads 0 past the end
-  for (size_t pos = 2; pos < n;) {                                         // after the SOI marker
-    if (p[pos] != 0xFF) {                                                  // scan data, or padding between segments
+  // A byte of the file, or 0 past its end (what stb_image reads there).
+  const auto byte = [&](size_t i) -> size_t { return i < n ? p[i] : 0; };
+  bool defined[2][4] = {};  // [DC, AC][table id]: the Huffman tables DHT segments defined so far
+  bool progressive = false;
+  // From after the SOI marker; bytes that are not 0xFF are scan data, or padding between segments.
+  for (size_t pos = 2; pos < n;) {
+    if (p[pos] != 0xFF) {
       ++pos;
       continue;
     }
@@ -284,8 +290,22 @@ void check_jpeg_segments(const std::vector<char>& b, const std::string& path, co
         for (size_t i = 1; i <= 16; ++i) codes += byte(t + i);
         LINEA_CHECK(codes <= 256, op, ": cannot decode '", path, "': JPEG Huffman table at byte ", t, " has ", codes,
                     " codes (at most 256)");
+        if (byte(t) >> 4 <= 1 && (byte(t) & 15) <= 3) defined[byte(t) >> 4][byte(t) & 15] = true;
         t += 17 + codes;
         left -= static_cast<int64_t>(17 + codes);
+      }
+    }
+    if (marker == 0xC2) progressive = true;  // SOF2 (of the other SOFs stb_image reads SOF0 and SOF1)
+    if (marker == 0xDA) {  // SOS: Ns, Ns x (component, DC table << 4 | AC table), Ss, Se, Ah << 4 | Al
+      const size_t ns = byte(pos + 2), ss = byte(pos + 3 + 2 * ns), ah = byte(pos + 5 + 2 * ns) >> 4;
+      // Baseline scans decode with both tables; progressive ones with the DC table in a first DC
+      // scan, with the AC table in AC scans.
+      const bool dc = !progressive || (ss == 0 && ah == 0), ac = !progressive || ss != 0;
+      for (size_t c = 0; c < ns; ++c) {
+        const size_t td = byte(pos + 4 + 2 * c) >> 4, ta = byte(pos + 4 + 2 * c) & 15;
+        LINEA_CHECK((!dc || (td <= 3 && defined[0][td])) && (!ac || (ta <= 3 && defined[1][ta])), op,
+                    ": cannot decode '", path, "': the JPEG scan at byte ", q - 1,
+                    " uses a Huffman table that no DHT segment before it defines");
       }
     }
     pos += len;

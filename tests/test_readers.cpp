@@ -317,6 +317,15 @@ TEST(ImageReader, RefusesHugeDeclaredSizes) {
   jpeg[dht + 5] = '\xff';  // the first of the table's 16 code counts (after FF C4, length, class/id)
   write_all(j, jpeg);
   EXPECT_LINEA_ERROR(read_image(j, 1), "read_image: cannot decode '" + j + "': JPEG Huffman table at byte ");
+  // A scan that uses a Huffman table no DHT defined, which stb_image 2.27 reads far outside of.
+  ASSERT_NE(stbi_write_jpg(j.c_str(), 4, 3, 1, px.data(), 90), 0);
+  jpeg = read_all(j);
+  const size_t sos = jpeg.find("\xff\xda");
+  ASSERT_NE(sos, std::string::npos);
+  jpeg[sos + 6] = '\x22';  // the first component's tables: DC 2, AC 2
+  write_all(j, jpeg);
+  EXPECT_LINEA_ERROR(read_image(j, 1), "read_image: cannot decode '" + j + "': the JPEG scan at byte " +
+                                           std::to_string(sos) + " uses a Huffman table that no DHT segment");
   // A chunk that claims more bytes than the file has.
   std::string chunk = png;
   chunk.replace(33, 4, std::string("\x7f\xff\xff\xf0", 4));  // the length of the chunk after IHDR
