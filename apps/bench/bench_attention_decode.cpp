@@ -26,6 +26,7 @@
 
 #include "apps/bench/bench_common.h"
 #include "apps/common/process_env.h"
+#include "apps/common/run_options.h"
 #include "attention/registry.h"
 #include "core/cuda_interface.h"
 #include "linea.h"
@@ -102,13 +103,21 @@ int main(int argc, char** argv) {
   app.add_option("--specs", o.specs, "causal mechanisms to run")->capture_default_str();
   app.add_option("--length", o.length, "positions to decode")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_option("--report", o.report, "prefix lengths to report")->capture_default_str();
-  app.add_option("--batch", o.batch, "sequences decoded together")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--heads", o.heads, "heads")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--dim", o.dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--window", o.window, "steps whose median is reported")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "sequences decoded together")
+      ->capture_default_str()
+      ->check(linea::apps::positive_number());
+  app.add_option("--heads", o.heads, "heads")->capture_default_str()->check(linea::apps::positive_number());
+  app.add_option("--dim", o.dim, "head dim")->capture_default_str()->check(linea::apps::positive_number());
+  app.add_option("--window", o.window, "steps whose median is reported")
+      ->capture_default_str()
+      ->check(linea::apps::positive_number());
   app.add_option("--device", o.device, "cpu, cuda or auto")->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str();
-  app.add_option("--max-seconds", o.max_seconds, "stop a spec's run after this long")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--max-seconds", o.max_seconds, "stop a spec's run after this long")
+      ->capture_default_str()
+      ->check(linea::apps::positive_number());
   app.add_option("--seed", o.seed, "seed")->capture_default_str();
   app.add_option("--json", o.json_path, "also write one JSON line per (spec, length) here");
   CLI11_PARSE(app, argc, argv);
@@ -116,7 +125,17 @@ int main(int argc, char** argv) {
     linea::set_num_threads(o.threads);
     const Device device = resolve_device("attention-decode", o.device);
     std::vector<int64_t> report;
-    for (const std::string& s : split_specs(o.report)) report.push_back(std::stoll(s));
+    for (const std::string& s : split_specs(o.report)) {
+      size_t used = 0;
+      int64_t p = 0;
+      try {
+        p = std::stoll(s, &used);
+      } catch (const std::exception&) {  // std::stoll's own message is just "stoll"
+      }
+      LINEA_CHECK(used == s.size() && p >= 1, "attention-decode: --report: '", s,
+                  "' is not a positive length (expected e.g. 128,512,2048)");
+      report.push_back(p);
+    }
     std::sort(report.begin(), report.end());
     report.erase(std::remove_if(report.begin(), report.end(), [&](int64_t p) { return p < 1 || p > o.length; }),
                  report.end());
@@ -126,6 +145,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(o.dim), static_cast<long long>(o.window));
     std::map<std::string, std::map<int64_t, double>> results;
     std::vector<std::string> specs = split_specs(o.specs), notes;
+    LINEA_CHECK(!specs.empty(), "attention-decode: --specs '", o.specs, "' names no mechanism");
     for (const std::string& spec : specs) {
       std::string note;
       results[spec] = run(spec, o, report, device, &note);

@@ -53,10 +53,11 @@
 
 #include "apps/bench/bench_common.h"
 #include "apps/common/process_env.h"
-#include "nn/io_util.h"
-#include "linea.h"
+#include "apps/common/run_options.h"
 #include "attention/softmax/softmax.h"
 #include "attention/transformer.h"
+#include "linea.h"
+#include "nn/io_util.h"
 #include "nn/safetensors.h"
 
 namespace {
@@ -182,7 +183,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--samples", samples, "sample counts (S: ra/lara samples=S, performer features=S)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(linea::apps::positive_number())
       ->capture_default_str();
   app.add_option("--repeats", repeats, "independent draws per cell (mean MSE and its standard error)")
       ->check(CLI::Range(1, 100000))
@@ -232,6 +233,14 @@ int main(int argc, char** argv) {
     const Tensor ref = attn::softmax_attention(in.q, in.k, in.v, in.opts);  // [B, H, N, Dv]
     const double ref_ms = mean(ref * ref).item();
     const auto [max_w, eff_keys] = softmax_profile(in);
+
+    // A spec that cannot be built (an unknown name, key or value) is an error now, not a column of n/a.
+    for (size_t j = 0; j < specs.size(); ++j) {
+      AttentionSpec spec = parsed[j];
+      if (spec.name != "softmax" && !spec.has(sample_key(spec.name)))
+        spec.options[sample_key(spec.name)] = std::to_string(samples.front());
+      attn::make_attention(spec, H, D);
+    }
 
     // cells[s][j]: sample count samples[s], spec j.
     std::vector<std::vector<Cell>> cells(samples.size(), std::vector<Cell>(specs.size()));

@@ -44,13 +44,14 @@
 #include <string>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/cuda_interface.h"
 #include "apps/bench/bench_common.h"
 #include "apps/common/process_env.h"
-#include "nn/io_util.h"
-#include "linea.h"
+#include "apps/common/run_options.h"
 #include "attention/transformer.h"
+#include "core/allocator.h"
+#include "core/cuda_interface.h"
+#include "linea.h"
+#include "nn/io_util.h"
 
 namespace {
 
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lengths", lengths, "sequence lengths (default 256..8192 on cpu, 256..65536 on cuda)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(linea::apps::positive_number());
   app.add_option("--device", device_arg, "cpu, cuda, cuda:N or auto")->capture_default_str();
   app.add_option("--batch", batch, "batch size B")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   app.add_option("--heads", heads, "heads H")->check(CLI::Range(1, 1024))->capture_default_str();
@@ -116,7 +117,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1024));
   app.add_option("--max-seconds", max_seconds,
                  "once one run of a spec takes longer than this, skip the spec at longer lengths")
-      ->check(CLI::PositiveNumber)
+      ->check(linea::apps::positive_number())
       ->capture_default_str();
   app.add_option("--seed", seed, "seed of the inputs and of the mechanisms' draws")->capture_default_str();
   app.add_option("--json", json_path, "JSON lines output (one object per case)")->capture_default_str();
@@ -132,6 +133,11 @@ int main(int argc, char** argv) {
     LINEA_CHECK(!specs.empty(), "attention-scaling: --specs is empty");
     std::vector<AttentionSpec> parsed;
     for (const auto& s : specs) parsed.push_back(AttentionSpec::parse(s));
+    // A spec that cannot be built (an unknown name, key or value) is an error now, not a column of n/a.
+    for (AttentionSpec spec : parsed) {
+      if (spec.name == "nprf_rpe" && !spec.has("max_len")) spec.options["max_len"] = std::to_string(lengths.front());
+      attn::make_attention(spec, heads, dim);
+    }
     int base = -1;  // the softmax column the ratios refer to
     for (size_t j = 0; j < specs.size() && base < 0; ++j)
       if (parsed[j].name == "softmax") base = static_cast<int>(j);

@@ -78,6 +78,20 @@ std::string shape_of(const Tensor& base, bool transposed) {
   return linea::shape_str(base.shape()) + (transposed ? "^T" : "");
 }
 
+// The integer value of flag `a` (atoi would read "abc" as 0 and run anyway).
+int integer(const std::string& a, const std::string& v, int min) {
+  size_t used = 0;
+  long n = 0;
+  try {
+    n = std::stol(v, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != v.size() || v.empty() || n < min || n > 1000000)
+    throw linea::Error("bench_matmul: " + a + " expects an integer in [" + std::to_string(min) + ", 1000000], got '" +
+                       v + "'");
+  return static_cast<int>(n);
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -89,9 +103,9 @@ Options parse(int argc, char** argv) {
     if (a == "--json") {
       o.json = value();
     } else if (a == "--reps") {
-      o.reps = std::max(1, std::atoi(value().c_str()));
+      o.reps = integer(a, value(), 1);
     } else if (a == "--warmup") {
-      o.warmup = std::max(0, std::atoi(value().c_str()));
+      o.warmup = integer(a, value(), 0);
     } else if (a == "--help" || a == "-h") {
       std::cout << "usage: bench_matmul [--json FILE (default bench_matmul.jsonl)] [--reps N (20)] [--warmup N (3)]\n";
       std::exit(0);
@@ -201,7 +215,7 @@ int main(int argc, char** argv) try {
     throw linea::Error("bench_matmul: cannot rename " + tmp + " to " + opt.json);
   std::printf("wrote %s\n", opt.json.c_str());
   return 0;
-} catch (const linea::Error& e) {
+} catch (const std::exception& e) {  // linea::Error, and anything unexpected, the same way
   std::fprintf(stderr, "error: %s\n", e.what());
   return 1;
 }

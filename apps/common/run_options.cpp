@@ -3,13 +3,63 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <cstdio>
+
 namespace linea::apps {
+
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// A finite number in [lo, hi] (lo excluded when lo_open); `what` ends the error, e.g. "> 0".
+CLI::Validator finite_number(double lo, double hi, bool lo_open, const std::string& what, const std::string& name) {
+  return CLI::Validator(
+      [=](std::string& in) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(in, v)) return "'" + in + "' is not a number";
+        if (!std::isfinite(v)) return in + " is not a finite number";
+        if (v < lo || (lo_open && v == lo) || v > hi) return in + " is not " + what;
+        return "";
+      },
+      name);
+}
+
+}  // namespace
+
+std::string unknown_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return "";
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == argv[1]) return "";
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  return "unknown command '" + std::string(argv[1]) + "' (commands: " + names + ")";
+}
+
+CLI::Validator positive_number() { return finite_number(0, HUGE_VAL, true, "> 0", "POSITIVE"); }
+
+CLI::Validator non_negative_number() { return finite_number(0, HUGE_VAL, false, ">= 0", "NONNEGATIVE"); }
+
+CLI::Validator finite_range(double lo, double hi) {
+  const std::string range = "[" + num(lo) + ", " + num(hi) + "]";
+  return finite_number(lo, hi, false, "in " + range, "FLOAT in " + range);
+}
 
 void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group, const std::string& run_group) {
   app.add_option("--seed", o.seed, "seed for initialization, data order, augmentation and attention samples")
-      ->group(train_group)->capture_default_str();
-  app.add_option("--max-steps", o.max_steps, "stop after this many steps in total (0: all epochs); the schedule "
-                 "still spans --epochs, so --resume continues the same run")->group(train_group)->check(CLI::NonNegativeNumber);
+      ->group(train_group)
+      ->capture_default_str()
+      ->check(non_negative_number());  // "-1" would wrap around
+  app.add_option("--max-steps", o.max_steps,
+                 "stop after this many steps in total (0: all epochs); the schedule "
+                 "still spans --epochs, so --resume continues the same run")
+      ->group(train_group)
+      ->check(non_negative_number());
 
   app.add_option("--device", o.device, "cpu, cuda or auto (cuda when a GPU is usable)")
       ->group(run_group)->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
@@ -22,15 +72,22 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group,
       ->group(run_group);
   app.add_flag("--eval-only", o.eval_only, "evaluate the checkpoint on the test set and exit")->group(run_group);
   app.add_option("--log-every", o.log_every, "steps between metrics.jsonl step records (0: epochs only)")
-      ->group(run_group)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(run_group)
+      ->capture_default_str()
+      ->check(non_negative_number());
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "steps between checkpoints, besides every epoch end (0: epoch ends only)")
-      ->group(run_group)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(run_group)
+      ->capture_default_str()
+      ->check(non_negative_number());
   app.add_flag("!--no-progress", o.progress, "no progress bar or periodic progress lines")->group(run_group);
   app.add_flag("!--no-plot", o.plot, "do not draw curves.png")->group(run_group);
   app.add_option("--skip-nonfinite", o.skip_nonfinite,
                  "skip up to N steps whose loss or gradient norm is not finite (logged) instead of stopping at the "
-                 "first")->group(run_group)->capture_default_str()->check(CLI::NonNegativeNumber);
+                 "first")
+      ->group(run_group)
+      ->capture_default_str()
+      ->check(non_negative_number());
 }
 
 }  // namespace linea::apps

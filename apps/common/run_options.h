@@ -13,7 +13,8 @@
 
 namespace CLI {
 class App;
-}
+class Validator;
+}  // namespace CLI
 
 namespace linea::apps {
 
@@ -40,5 +41,19 @@ struct RunOptions {
 // afterwards (app.get_option("--seed")->description(...)).
 void add_run_flags(CLI::App& app, RunOptions& options, const std::string& train_group = "Training",
                    const std::string& run_group = "Running");
+
+// Checks of numeric flags whose errors say what is wrong with the value, for the apps' flags in
+// place of CLI11's PositiveNumber, NonNegativeNumber and floating Range, which let NaN through
+// (every comparison with NaN is false) and print an open bound as a 309-digit number:
+//   --lr: 'abc' is not a number     --lr: nan is not a finite number     --lr: -1 is not > 0
+// On an integer flag the value is then converted as usual ("--epochs 1.5": could not convert).
+CLI::Validator positive_number();                   // finite, > 0
+CLI::Validator non_negative_number();               // finite, >= 0
+CLI::Validator finite_range(double lo, double hi);  // finite, in [lo, hi]
+
+// For an app with subcommands: "unknown command 'x' (commands: prepare, train, decode)" when the
+// first argument is neither a flag nor one of app's subcommands, else "" (CLI11 itself says only
+// "A subcommand is required"). Call before parsing.
+std::string unknown_command(const CLI::App& app, int argc, char** argv);
 
 }  // namespace linea::apps

@@ -42,6 +42,7 @@
 #include "alphabet.h"
 #include "apps/bench/bench_common.h"
 #include "apps/common/device.h"
+#include "apps/common/run_options.h"
 #include "attention/registry.h"
 #include "autograd/ops.h"
 #include "core/allocator.h"
@@ -203,7 +204,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--memory-limit-gib", limit_gib,
                  "cap on the allocator's tensor memory; a step needing more 'does not fit' (0: no cap)")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(linea::apps::finite_range(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--device", device_arg, "cpu, cuda, cuda:N or auto")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (OpenMP and OpenBLAS; 0 = their default)")
@@ -226,7 +227,11 @@ int main(int argc, char** argv) {
     base.dropout = 0;
     base.positions = positions;
     base.max_len = lengths.front();
-    { protein::ProteinLM check(base); }  // bad --dim/--heads/--positions fail here, before any timing
+    for (const std::string& spec : specs) {  // bad --dim/--heads/--positions/specs fail here, before any timing
+      protein::ModelConfig mc = base;
+      mc.attention = spec;
+      protein::ProteinLM check(mc);
+    }
 
     CachingAllocator& alloc = allocator_of(device);
     const size_t limit = static_cast<size_t>(limit_gib * 1024.0 * 1024.0 * 1024.0);

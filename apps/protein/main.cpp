@@ -74,6 +74,7 @@ int run_embed(const UseOptions& o, const std::string& fasta, const std::string& 
               int64_t batch_tokens) {
   protein::Predictor p = load_predictor(o);
   const protein::Sequences seqs = protein::read_sequences(fasta);
+  LINEA_CHECK(seqs.size() > 0, "protein embed: '", fasta, "' holds no sequences (nothing to embed)");
   const auto t0 = std::chrono::steady_clock::now();
   const protein::Embeddings e = p.embed(seqs, per_residue, batch_tokens);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -104,11 +105,17 @@ int main(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand("train", "train on prepared data, then report test accuracy and perplexity");
   const std::string data = "Data", model = "Model", train = "Training", eval = "Evaluation";
   train_cmd->add_option("--data", t.data_dir, "folder written by `protein prepare`")->group(data)->capture_default_str();
-  train_cmd->add_option("--pack", t.pack, "train and evaluate on windows of this many tokens cut from the "
-                        "concatenated sequences (0: one sequence per example)")->group(data)->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  train_cmd
+      ->add_option("--pack", t.pack,
+                   "train and evaluate on windows of this many tokens cut from the "
+                   "concatenated sequences (0: one sequence per example)")
+      ->group(data)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   train_cmd->add_option("--mask-prob", t.masking.prob, "fraction of residue positions chosen for the loss")
-      ->group(data)->capture_default_str()->check(CLI::Range(0.001, 1.0));
+      ->group(data)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.001, 1.0));
   train_cmd->add_option("--attention", t.model.attention, "self-attention: softmax, performer, ra, lara, nprf_rpe, "
                         "with options as name:key=value,...")->group(model)->capture_default_str();
   train_cmd->add_option("--dim", t.model.dim, "model width")->group(model)->capture_default_str()->check(CLI::Range(1, 16384));
@@ -119,7 +126,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--mlp-hidden", t.model.mlp_hidden, "feed-forward hidden width")->group(model)
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   train_cmd->add_option("--dropout", t.model.dropout, "dropout on embeddings, residual branches and feed-forward")
-      ->group(model)->capture_default_str()->check(CLI::Range(0.0, 0.99));
+      ->group(model)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 0.99));
   train_cmd->add_option("--positions", t.model.positions, "learned or none (nprf_rpe has relative ones)")
       ->group(model)->capture_default_str()->check(CLI::IsMember({"learned", "none"}));
   train_cmd->add_option("--max-len", t.model.max_len, "tokens per window with <cls>/<eos>: longer sequences are "
@@ -129,21 +138,34 @@ int main(int argc, char** argv) {
                         "bucketed by length)")->group(train)->capture_default_str()->check(CLI::Range(1, 1 << 26));
   train_cmd->add_option("--epochs", t.epochs, "training epochs (at most; see --patience)")->group(train)
       ->capture_default_str()->check(CLI::Range(1, 100000));
-  train_cmd->add_option("--lr", t.lr, "peak learning rate (AdamW, betas 0.9 0.98)")->group(train)->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  train_cmd->add_option("--lr", t.lr, "peak learning rate (AdamW, betas 0.9 0.98)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::positive_number());
   train_cmd->add_option("--schedule", t.schedule, "after the warmup: cosine (to 0 at the last step), inverse_sqrt "
                         "or constant")->group(train)->capture_default_str()
       ->check(CLI::IsMember({"cosine", "inverse_sqrt", "constant"}));
   train_cmd->add_option("--warmup", t.warmup, "linear warmup steps")->group(train)->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   train_cmd->add_option("--weight-decay", t.weight_decay, "AdamW weight decay (not on biases, norms, embeddings)")
-      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
-  train_cmd->add_option("--clip", t.clip, "clip the global gradient norm to this (0: off)")->group(train)
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  train_cmd->add_option("--ema", t.ema, "moving average of the weights for evaluation and the best checkpoint "
-                        "(0: off, e.g. 0.999)")->group(train)->capture_default_str()->check(CLI::Range(0.0, 0.999999));
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
+  train_cmd->add_option("--clip", t.clip, "clip the global gradient norm to this (0: off)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
+  train_cmd
+      ->add_option("--ema", t.ema,
+                   "moving average of the weights for evaluation and the best checkpoint "
+                   "(0: off, e.g. 0.999)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 0.999999));
   train_cmd->add_option("--patience", t.patience, "stop after N epochs without a better valid perplexity (0: never)")
-      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   train_cmd->add_option("--eval-max-tokens", t.eval_max_tokens, "tokens per evaluation batch")->group(eval)
       ->capture_default_str()->check(CLI::Range(1, 1 << 26));
   apps::add_run_flags(*train_cmd, t.run, train, "Running");
@@ -170,6 +192,8 @@ int main(int argc, char** argv) {
   embed_cmd->add_flag("--per-residue", per_residue, "also every residue's embedding (\"residues.<i>\")");
   embed_cmd->add_option("--batch-tokens", batch_tokens, "tokens per forward batch")->capture_default_str()
       ->check(CLI::Range(1, 1 << 26));
+  if (const std::string bad = apps::unknown_command(app, argc, argv); !bad.empty())
+    return apps::fail(Error("protein: " + bad));
   CLI11_PARSE(app, argc, argv);
 
   try {

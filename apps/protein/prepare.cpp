@@ -2,6 +2,7 @@
 // subprocess in a temporary folder), split by clusters or at random, write the folder atomically.
 // Not here: reading the folder back, masking, batching (dataset.h).
 #include "prepare.h"
+#include "apps/common/run_options.h"
 
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
@@ -45,21 +46,35 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
   const char* split = "Split";
   app.add_option("--split", o.split, "cluster: whole mmseqs2 clusters per split; random: sequences at random")
       ->group(split)->capture_default_str()->check(CLI::IsMember({"cluster", "random"}));
-  app.add_option("--valid-size", o.valid_size, "sequences in the validation set (cluster split: at least, whole "
-                 "clusters)")->group(split)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--valid-size", o.valid_size,
+                 "sequences in the validation set (cluster split: at least, whole "
+                 "clusters)")
+      ->group(split)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   app.add_option("--test-size", o.test_size, "sequences in the test set (cluster split: at least, whole clusters)")
-      ->group(split)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(split)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   app.add_option("--seed", o.seed, "seed of the cluster order or of the random split")
-      ->group(split)->capture_default_str();
+      ->group(split)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   const char* clu = "Clustering (mmseqs2 easy-cluster)";
   app.add_option("--min-seq-id", o.min_seq_id, "sequence identity of a cluster member to its representative")
-      ->group(clu)->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->group(clu)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 1.0));
   app.add_option("--coverage", o.coverage, "aligned fraction of both sequences (mmseqs -c)")
-      ->group(clu)->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->group(clu)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 1.0));
   app.add_option("--mmseqs", o.mmseqs, "the mmseqs executable (Debian package mmseqs2)")
       ->group(clu)->capture_default_str();
   app.add_option("--threads", o.threads, "mmseqs threads (0: all cores)")
-      ->group(clu)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(clu)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
 }
 
 namespace {

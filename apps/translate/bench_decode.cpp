@@ -9,8 +9,11 @@
 // Ratios are against the baseline's time; the hypotheses of the two greedy searches are compared.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "apps/common/device.h"
@@ -61,7 +64,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "sentences per batch")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--beam", beam.beam, "beam size of the beam-search row")->capture_default_str()->check(CLI::Range(1, 1000));
   app.add_option("--device", device_arg, "cpu, cuda or auto")->capture_default_str();
-  app.add_option("--threads", threads, "CPU threads (0: all cores)");
+  app.add_option("--threads", threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--json", json_path, "append the rows as JSON lines here");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -73,10 +76,12 @@ int main(int argc, char** argv) {
     tr.model().eval();
     NoGradGuard ng;
     std::ifstream in(input);
-    LINEA_CHECK(in.good(), "translate-bench-decode: cannot read --input '", input, "'");
+    LINEA_CHECK(in.good() && !std::filesystem::is_directory(input), "translate-bench-decode: cannot read --input '",
+                input, "'", std::filesystem::is_directory(input) ? ": it is a folder" : "");
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l) && static_cast<int64_t>(lines.size()) < sentences;)
       if (!l.empty()) lines.push_back(l);
+    LINEA_CHECK(!lines.empty(), "translate-bench-decode: --input '", input, "' has no non-empty lines to translate");
     const Batches data = make_batches(tr, lines, batch, device);
     translate::SearchOptions greedy = beam;
     greedy.beam = 1;
@@ -118,6 +123,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(batch), dev.c_str());
     std::printf("%-28s %10s %12s %12s %18s\n", "search", "seconds", "sentences/s", "tokens/s", "speed-up vs recompute");
     std::FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
+    LINEA_CHECK(json_path.empty() || js != nullptr, "translate-bench-decode: cannot append to --json '", json_path,
+                "': ", std::strerror(errno));
     for (const Row* r : {&recompute, &cached, &beamed}) {
       const double sps = lines.size() / r->seconds, tps = r->tokens / r->seconds;
       std::printf("%-28s %10.2f %12.1f %12.0f %17.2fx\n", r->name.c_str(), r->seconds, sps, tps,

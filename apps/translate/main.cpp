@@ -43,9 +43,13 @@ void add_search_flags(CLI::App& app, translate::SearchOptions& s, const std::str
   app.add_option("--beam", s.beam, "beam size (1: greedy search)")->group(group)->capture_default_str()
       ->check(CLI::Range(1, 1000));
   app.add_option("--lenpen", s.len_penalty, "length penalty: hypotheses scored log P / length^lenpen")
-      ->group(group)->capture_default_str()->check(CLI::Range(0.0, 10.0));
+      ->group(group)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 10.0));
   app.add_option("--max-len-ratio", s.max_len_ratio, "at most RATIO * source tokens + --max-len-extra output tokens")
-      ->group(group)->capture_default_str()->check(CLI::Range(0.0, 100.0));
+      ->group(group)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 100.0));
   app.add_option("--max-len-extra", s.max_len_extra, "see --max-len-ratio")->group(group)->capture_default_str()
       ->check(CLI::Range(0, 100000));
 }
@@ -63,6 +67,8 @@ int run_decode(const DecodeOptions& o) {
 
   std::ifstream file;
   if (!o.input.empty() && o.input != "-") {
+    // A folder opens as a stream that reads nothing: say so instead of translating no lines.
+    LINEA_CHECK(!fs::is_directory(o.input), "translate decode: --input '", o.input, "' is a folder, not a file");
     file.open(o.input);
     LINEA_CHECK(file.good(), "translate decode: cannot read --input '", o.input, "'");
   }
@@ -103,6 +109,8 @@ int run_decode(const DecodeOptions& o) {
     lines.push_back(line);
     if (static_cast<int64_t>(lines.size()) >= buffer) flush();
   }
+  LINEA_CHECK(!in.bad(), "translate decode: reading ", file.is_open() ? "--input '" + o.input + "'" : "stdin",
+              " failed after line ", line_no);
   flush();
   std::fprintf(stderr, "translate: %lld sentences, %lld tokens in %.2f s: %.1f sentences/s, %.0f tokens/s\n",
                static_cast<long long>(stats.sentences), static_cast<long long>(stats.tokens), stats.seconds,
@@ -144,7 +152,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--mlp-hidden", t.model.mlp_hidden, "feed-forward hidden width")->group(model)
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   train_cmd->add_option("--dropout", t.model.dropout, "dropout on embeddings, residual branches and feed-forward")
-      ->group(model)->capture_default_str()->check(CLI::Range(0.0, 0.99));
+      ->group(model)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 0.99));
   train_cmd->add_option("--positions", t.model.positions, "sinusoidal, learned or none (nprf_rpe has relative ones)")
       ->group(model)->capture_default_str()->check(CLI::IsMember({"sinusoidal", "learned", "none"}));
   train_cmd->add_option("--max-len", t.model.max_len, "longest source or target in tokens (with the end token)")
@@ -153,23 +163,40 @@ int main(int argc, char** argv) {
                         "sentences are bucketed by length)")->group(train)->capture_default_str()->check(CLI::Range(1, 1 << 24));
   train_cmd->add_option("--epochs", t.epochs, "training epochs (at most; see --patience)")->group(train)
       ->capture_default_str()->check(CLI::Range(1, 100000));
-  train_cmd->add_option("--lr", t.lr, "peak learning rate (AdamW, betas 0.9 0.98)")->group(train)->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  train_cmd->add_option("--lr", t.lr, "peak learning rate (AdamW, betas 0.9 0.98)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::positive_number());
   train_cmd->add_option("--warmup", t.warmup, "linear warmup steps, then inverse square root decay")->group(train)
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   train_cmd->add_option("--weight-decay", t.weight_decay, "AdamW weight decay (not on biases and norms)")
-      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   train_cmd->add_option("--label-smoothing", t.label_smoothing, "label smoothing of the training loss")
-      ->group(train)->capture_default_str()->check(CLI::Range(0.0, 0.99));
-  train_cmd->add_option("--clip", t.clip, "clip the global gradient norm to this (0: off)")->group(train)
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  train_cmd->add_option("--ema", t.ema, "moving average of the weights for evaluation and the best checkpoint "
-                        "(0: off, e.g. 0.999)")->group(train)->capture_default_str()->check(CLI::Range(0.0, 0.999999));
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 0.99));
+  train_cmd->add_option("--clip", t.clip, "clip the global gradient norm to this (0: off)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
+  train_cmd
+      ->add_option("--ema", t.ema,
+                   "moving average of the weights for evaluation and the best checkpoint "
+                   "(0: off, e.g. 0.999)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 0.999999));
   train_cmd->add_option("--patience", t.patience, "stop after N epochs without a better valid BLEU (0: never)")
-      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   add_search_flags(*train_cmd, t.search, eval);
   train_cmd->add_option("--valid-sentences", t.valid_sentences, "greedy valid BLEU on the first N valid pairs (0: all)")
-      ->group(eval)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(eval)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   train_cmd->add_option("--decode-batch", t.decode_batch, "sentences per decoding batch")->group(eval)
       ->capture_default_str()->check(CLI::Range(1, 100000));
   apps::add_run_flags(*train_cmd, t.run, train, "Running");
@@ -186,11 +213,17 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(1, 1000));
   decode_cmd->add_option("--batch-size", d.batch, "sentences per decoding batch")->capture_default_str()
       ->check(CLI::Range(1, 100000));
-  decode_cmd->add_option("--buffer-size", d.buffer, "lines read before translating (0: 1 on a terminal, else "
-                         "--batch-size)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  decode_cmd
+      ->add_option("--buffer-size", d.buffer,
+                   "lines read before translating (0: 1 on a terminal, else "
+                   "--batch-size)")
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   decode_cmd->add_option("--device", d.device, "cpu, cuda or auto")->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   decode_cmd->add_option("--threads", d.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  if (const std::string bad = apps::unknown_command(app, argc, argv); !bad.empty())
+    return apps::fail(Error("translate: " + bad));
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -1,4 +1,5 @@
 #include "prepare.h"
+#include "apps/common/run_options.h"
 
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -40,15 +41,21 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
   app.add_option("--split", o.split, "random: random pairs for valid/test; books: whole books held out (Bible only)")
       ->group(split)->capture_default_str()->check(CLI::IsMember({"random", "books"}));
   app.add_option("--valid-size", o.valid_size, "random split: pairs in the validation set")
-      ->group(split)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(split)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   app.add_option("--test-size", o.test_size, "random split: pairs in the test set")
-      ->group(split)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(split)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   app.add_option("--valid-books", o.valid_books, "books split: comma-separated OSIS book names for validation")
       ->group(split)->capture_default_str();
   app.add_option("--test-books", o.test_books, "books split: comma-separated OSIS book names for test")
       ->group(split)->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the random split and of SentencePiece training")
-      ->group(split)->capture_default_str();
+      ->group(split)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   const char* vocab = "Vocabulary";
   app.add_option("--vocab-size", o.vocab_size, "SentencePiece vocabulary size (per model)")
       ->group(vocab)->capture_default_str()->check(CLI::Range(8, 1000000));
@@ -58,9 +65,15 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
       ->group(vocab)->capture_default_str()->check(CLI::IsMember({"unigram", "bpe"}));
   const char* filter = "Filter (training pairs only)";
   app.add_option("--max-length", o.max_length, "drop training pairs with more tokens than this on a side (0: off)")
-      ->group(filter)->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--max-ratio", o.max_ratio, "drop training pairs whose token counts differ by more than this "
-                 "factor, as (longer+1)/(shorter+1) (0: off)")->group(filter)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(filter)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
+  app.add_option("--max-ratio", o.max_ratio,
+                 "drop training pairs whose token counts differ by more than this "
+                 "factor, as (longer+1)/(shorter+1) (0: off)")
+      ->group(filter)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
 }
 
 namespace {

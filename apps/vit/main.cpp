@@ -35,9 +35,11 @@ int main(int argc, char** argv) {
   app.add_option("--channels", o.channels, "image folder: 1 (gray) or 3 (RGB); 0: from the first image")
       ->group(data)->check(CLI::IsMember({0, 1, 3}));
   app.add_option("--train-limit", o.train_limit, "use only the first N training images (0: all)")
-      ->group(data)->check(CLI::NonNegativeNumber);
+      ->group(data)
+      ->check(linea::apps::non_negative_number());
   app.add_option("--test-limit", o.test_limit, "use only the first N test images (0: all)")
-      ->group(data)->check(CLI::NonNegativeNumber);
+      ->group(data)
+      ->check(linea::apps::non_negative_number());
 
   auto* model = "Model";
   app.add_option("--attention", o.model.attention,
@@ -51,9 +53,13 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.model.heads, "attention heads (must divide --dim)")
       ->group(model)->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--mlp-ratio", o.model.mlp_ratio, "MLP hidden width / dim")
-      ->group(model)->capture_default_str()->check(CLI::PositiveNumber);
+      ->group(model)
+      ->capture_default_str()
+      ->check(linea::apps::positive_number());
   app.add_option("--dropout", o.model.dropout, "dropout on embeddings, residual branches and MLP")
-      ->group(model)->capture_default_str()->check(CLI::Range(0.0, 0.99));
+      ->group(model)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 0.99));
   app.add_option("--init", o.model.init, "Linear layers' initialization: pytorch (nn.Linear's default) or "
                  "trunc_normal (std 0.02, as timm's ViT)")->group(model)->capture_default_str()->check(CLI::IsMember({"trunc_normal", "pytorch"}));
   app.add_option("--pool", o.model.pool, "classify from the CLS token or the mean of the tokens")
@@ -63,19 +69,37 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", o.epochs, "training epochs")->group(train)->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--batch-size", o.batch_size, "images per step")
       ->group(train)->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--lr", o.lr, "peak learning rate (AdamW)")->group(train)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "peak learning rate (AdamW)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::positive_number());
   app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")
-      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (not on biases, norms, "
-                 "positional embedding, CLS token)")->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
+  app.add_option("--weight-decay", o.weight_decay,
+                 "AdamW decoupled weight decay (not on biases, norms, "
+                 "positional embedding, CLS token)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   app.add_option("--warmup", o.warmup_epochs, "linear warmup length in epochs, then cosine decay")
-      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   app.add_option("--label-smoothing", o.label_smoothing, "label smoothing of the training loss")
-      ->group(train)->capture_default_str()->check(CLI::Range(0.0, 0.99));
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::finite_range(0.0, 0.99));
   app.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")
-      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--crop-padding", o.crop_padding, "augmentation: random crop of the image zero-padded by N pixels (0: off)")
-      ->group(train)->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
+  app.add_option("--crop-padding", o.crop_padding,
+                 "augmentation: random crop of the image zero-padded by N pixels (0: off)")
+      ->group(train)
+      ->capture_default_str()
+      ->check(linea::apps::non_negative_number());
   app.add_flag("--flip,!--no-flip", o.flip, "augmentation: random horizontal flips")->group(train)->capture_default_str();
   linea::apps::add_run_flags(app, o.run, train, "Running");
   app.get_option("--checkpoint")

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "apps/common/run_options.h"
 #include "linea.h"
 #include "nn/io_util.h"
 #include "nn/layers.h"
@@ -67,14 +68,18 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hidden, "hidden width")->check(CLI::Range(1, 4096));
   app.add_option("--depth", depth, "number of Linear layers")->check(CLI::Range(1, 16));
   app.add_option("--steps", steps, "full-batch training steps")->check(CLI::Range(0, 1000000));
-  app.add_option("--lr", lr, "Adam learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--noise", noise, "angular noise of the spiral")->check(CLI::NonNegativeNumber);
+  // apps::positive_number() and friends reject NaN and Inf, which CLI11's own checks let through.
+  app.add_option("--lr", lr, "Adam learning rate")->check(apps::positive_number());
+  app.add_option("--noise", noise, "angular noise of the spiral")->check(apps::non_negative_number());
   app.add_option("--seed", seed, "random seed (data and initialization)");
   app.add_option("--save", save_dir, "write model.safetensors and predictions.csv into this folder");
-  app.add_option("--min-accuracy", min_accuracy, "exit with status 1 if the final accuracy is below this");
+  app.add_option("--min-accuracy", min_accuracy, "exit with status 1 if the final accuracy is below this")
+      ->check(apps::finite_range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
 
   try {
+    LINEA_CHECK(save_dir.empty() || !std::filesystem::exists(save_dir) || std::filesystem::is_directory(save_dir),
+                "mlp: --save '", save_dir, "' is a file, not a folder");
     manual_seed(seed);
     auto [x, y] = make_spiral(classes, per_class, noise);  // [N, 2], [N]
     auto model = std::make_shared<Mlp>(2, hidden, classes, depth);
@@ -87,11 +92,16 @@ int main(int argc, char** argv) {
     for (int64_t step = 1; step <= steps; ++step) {
       Tensor logits = model->forward(x);
       Tensor loss = cross_entropy(logits, y);
+      // A diverged run stops here, naming the step, instead of training on NaN.
+      const double l = loss.item();
+      LINEA_CHECK(std::isfinite(l), "mlp: step ", step, ": non-finite loss (", l,
+                  "); training diverged (try a "
+                  "smaller --lr)");
       opt.zero_grad();
       loss.backward();
       opt.step();
       if (step % 100 == 0 || step == steps)
-        std::printf("step %5lld  loss %.4f  accuracy %.3f\n", static_cast<long long>(step), loss.item(),
+        std::printf("step %5lld  loss %.4f  accuracy %.3f\n", static_cast<long long>(step), l,
                     accuracy(logits.detach()));
     }
 
@@ -131,7 +141,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mlp: final accuracy %.4f is below --min-accuracy %.4f\n", acc, min_accuracy);
       return 1;
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // linea::Error, and the filesystem's errors of --save
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
