@@ -2,6 +2,7 @@
 #include "nn/module.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -197,5 +198,16 @@ std::string Module::str() const {
 }
 
 std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.str(); }
+
+void check_finite_weights(const Module& m, const std::string& source) {
+  for (const auto& [name, t] : m.state_dict()) {
+    if (!is_floating(t.dtype())) continue;
+    const std::vector<double> v = t.to(kCPU).to_vector<double>();
+    const auto bad = std::count_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); });
+    LINEA_CHECK(bad == 0, source, ": weight '", name, "' holds ", bad, " non-finite values (NaN or Inf) of ", v.size(),
+                "; a model with such weights gives meaningless outputs (was it saved by a run that diverged, or is the "
+                "file corrupted?)");
+  }
+}
 
 }  // namespace linea::nn

@@ -110,6 +110,13 @@ class ModuleList : public Module {
   }
 };
 
+// Throws linea::Error when a floating parameter or buffer of m holds NaN or Inf, naming the
+// first such tensor, how many of its values are not finite, and `source` (e.g. "vit: 'run/
+// checkpoint/model.safetensors'"): weights loaded from a file are checked before they are used,
+// so a diverged or corrupted checkpoint is refused instead of printing NaN scores. Reads every
+// value on the host: for loading, not for a training step.
+void check_finite_weights(const Module& m, const std::string& source);
+
 // Replaces dst's data (storage, shape, strides, dtype) with src's, keeping dst's handle and
 // its requires_grad flag, so every holder of the handle sees the new data. Drops dst's grad.
 void replace_data(const Tensor& dst, const Tensor& src);

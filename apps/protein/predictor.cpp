@@ -54,6 +54,7 @@ Predictor Predictor::load(const std::string& dir, Device device) {
   }
   auto model = std::make_shared<ProteinLM>(mc);
   nn::load_module(dir + "/model.safetensors", *model);
+  nn::check_finite_weights(*model, "protein: '" + dir + "/model.safetensors'");
   model->eval();
   return Predictor(model, device);
 }

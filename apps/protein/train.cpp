@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "core/runtime.h"
+#include "nn/checkpoint.h"
 #include "nn/io_util.h"
 #include "nn/optim.h"
 #include "nn/sampler.h"
@@ -127,6 +128,9 @@ TrainReport run_training(const TrainOptions& o) {
   set_num_threads(run.threads);  // 0 keeps the defaults
   const Device device = apps::resolve_device("protein", run.device);
   const std::string ckpt_dir = run.checkpoint();
+  // --resume from another app's checkpoint says so, rather than listing every setting as changed.
+  if (run.resume && nn::checkpoint_exists(ckpt_dir))
+    linea::apps::read_checkpoint_config(ckpt_dir, "protein", kConfigFormat);
   LINEA_CHECK(o.pack == 0 || o.pack >= 3, "protein: --pack ", o.pack, " must be 0 (off) or at least 3 tokens");
 
   // ---- data ----
@@ -157,8 +161,12 @@ TrainReport run_training(const TrainOptions& o) {
   eval_opts.seed = data.json.at("split").value("seed", uint64_t{0});
   if (run.eval_only) {  // the checkpoint's windows: its positions decide them, not the flags
     const json saved = linea::apps::read_checkpoint_config(ckpt_dir, "protein", kConfigFormat);
-    eval_opts.max_len = saved.at("model").at("max_len");
-    eval_opts.pack = saved.at("run").value("pack", int64_t{0});
+    try {
+      eval_opts.max_len = saved.at("model").at("max_len");
+      eval_opts.pack = saved.at("run").value("pack", int64_t{0});
+    } catch (const json::exception& e) {
+      LINEA_FAIL("protein: --eval-only: '", ckpt_dir, "/config.json' is malformed: ", e.what());
+    }
   }
   auto train_set = std::make_shared<MaskedLMDataset>(train_seqs, train_opts);
   const MaskedLMDataset valid_set(valid_seqs, eval_opts), test_set(test_seqs, eval_opts);

@@ -73,6 +73,8 @@ TrainReport run_training(const TrainOptions& o) {
   set_num_threads(run.threads);  // 0 keeps the defaults
   const Device device = apps::resolve_device("translate", run.device);
   const std::string ckpt_dir = run.checkpoint();
+  // --resume from another app's checkpoint says so, rather than listing every setting as changed.
+  if (run.resume && nn::checkpoint_exists(ckpt_dir)) apps::read_checkpoint_config(ckpt_dir, "translate", kConfigFormat);
 
   // ---- data and tokenizers ----
   const Manifest data = read_manifest(o.data_dir);

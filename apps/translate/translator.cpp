@@ -37,6 +37,7 @@ Translator Translator::load(const std::string& dir, Device device) {
               ") do not match the model's (", mc.src_vocab, ", ", mc.tgt_vocab, ")");
   auto model = std::make_shared<Seq2Seq>(mc);
   nn::load_module(dir + "/model.safetensors", *model);
+  nn::check_finite_weights(*model, "translate: '" + dir + "/model.safetensors'");
   model->to(device);
   return Translator(model, src, tgt, device);
 }

@@ -201,6 +201,7 @@ TrainResult run_training(const TrainOptions& o) {
     LINEA_CHECK(diff.empty(), "vit: --eval-only: the checkpoint in '", ckpt_dir,
                 "' was made with another model; use the same flags (or another --checkpoint/--out):", diff);
     nn::load_checkpoint(ckpt_dir, *model, opt);
+    nn::check_finite_weights(*model, "vit: --eval-only: '" + ckpt_dir + "/model.safetensors'");
     // The model was trained on data normalized with these (the test images may differ).
     normalize_(data.test_images, saved.mean, saved.std);
     const int64_t eval_batch = std::max<int64_t>(o.batch_size, 256);
@@ -216,6 +217,8 @@ TrainResult run_training(const TrainOptions& o) {
     result.test_loss = ev.loss;
     return result;
   }
+  // --resume from another app's checkpoint says so, rather than listing every setting as changed.
+  if (run.resume && nn::checkpoint_exists(ckpt_dir)) read_config(ckpt_dir);
   normalize_(data.train_images, cfg.mean, cfg.std);
   normalize_(data.test_images, cfg.mean, cfg.std);
 
@@ -344,6 +347,7 @@ std::vector<std::string> predict(const std::vector<std::string>& images, const s
   CheckpointConfig cfg = read_config(checkpoint_dir);
   auto model = std::make_shared<VisionTransformer>(cfg.model);
   nn::load_module(checkpoint_dir + "/model.safetensors", *model);
+  nn::check_finite_weights(*model, "vit: '" + checkpoint_dir + "/model.safetensors'");
   model->to(device);
   model->eval();
   NoGradGuard no_grad;
