@@ -468,7 +468,8 @@ std::string json_string(const std::string& s) {
 }  // namespace
 
 std::string format_score(double score, int width) {
-  LINEA_CHECK(width >= 0, "format_score: width must be >= 0, got ", width);
+  // fixed() sizes its buffer as width + 400 (an int): a bound keeps that from overflowing.
+  LINEA_CHECK(width >= 0 && width <= 1000, "format_score: width must be in [0, 1000], got ", width);
   return fixed(score, width);
 }
 

@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -58,6 +59,27 @@ int64_t rpe_length(const Tensor& rpe, int64_t H, int64_t N, int64_t M) {
   return L;
 }
 
+// The first NaN or Inf of a floating tensor as "<what> holds nan at [b, h, n, d]", or "".
+std::string first_nonfinite(const std::string& what, const Tensor& t) {
+  if (!t.defined() || !is_floating(t.dtype())) return "";
+  const std::vector<double> v = t.to(kCPU).to_vector<double>();
+  const auto it = std::find_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); });
+  if (it == v.end()) return "";
+  int64_t flat = it - v.begin();
+  std::vector<int64_t> index(t.dim());
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    index[d] = flat % t.size(d);
+    flat /= t.size(d);
+  }
+  std::string at;
+  for (int64_t i : index) at += (at.empty() ? "" : ", ") + std::to_string(i);
+  return what + " holds " +
+         (std::isnan(*it) ? "nan"
+          : *it > 0       ? "inf"
+                          : "-inf") +
+         " at [" + at + "] of " + shape_str(t.shape());
+}
+
 int run(const Args& a) {
   const Device device = apps::resolve_device("", a.device);  // errors get our prefix in main
   nn::SafetensorsFile file = nn::load_safetensors(a.in);  // on the CPU; moved below
@@ -67,6 +89,10 @@ int run(const Args& a) {
                 "' (expected ", join(kRequired), " and optionally ", join(kOptional), ")");
   for (auto& name : kRequired)
     LINEA_CHECK(in.count(name), a.in, ": missing tensor '", name, "' (q, k, v are required)");
+  for (auto& [name, t] : in) {  // NaN/Inf would flow silently into every output
+    const std::string bad = first_nonfinite(name, t);
+    LINEA_CHECK(bad.empty(), a.in, ": ", bad, " (inputs must be finite)");
+  }
   auto get = [&](const std::string& name) { return in.count(name) ? in.at(name) : Tensor(); };
 
   // ---- inputs: q, k, v, dout in one float dtype; the mask; shapes -------------------------------
@@ -163,6 +189,11 @@ int run(const Args& a) {
     }
   }
   for (auto& [name, t] : mech->last_samples()) result[name] = t;
+  for (auto& [name, t] : result) {  // finite inputs, yet an overflow: say so rather than write it
+    const std::string bad = first_nonfinite(name, t);
+    LINEA_CHECK(bad.empty(), built_spec, " computed non-finite values from the finite inputs of ", a.in, ": ", bad,
+                " (do q and k overflow float32 in the scores?)");
+  }
 
   nn::Metadata meta;
   meta["tool"] = "linea-attn";

@@ -56,10 +56,11 @@ std::string read_file(const std::string& path) {
     char buf[1 << 16];
     int n;
     while ((n = gzread(f, buf, sizeof buf)) > 0) data.append(buf, n);
-    int err = 0;
-    const std::string msg = n < 0 ? gzerror(f, &err) : "";
+    // A stream cut short ends like a complete one (n == 0) but leaves Z_BUF_ERROR behind.
+    int err = Z_OK;
+    const std::string msg = gzerror(f, &err);
     gzclose(f);
-    LINEA_CHECK(n == 0, "cannot read '", path, "': ", msg);
+    LINEA_CHECK(n == 0 && err == Z_OK, "cannot read '", path, "': ", msg, " (a truncated or corrupt gzip file?)");
     return data;
   }
   std::ifstream f(path, std::ios::binary);
@@ -110,7 +111,12 @@ std::vector<std::string> read_hypotheses(const std::string& input) {
 
 int run(const Args& a) {
   LINEA_CHECK(!a.refs.empty(), "no reference files (usage: linea-bleu REF [REF...] -i HYP)");
-  LINEA_CHECK(a.width >= 0, "-w must be >= 0, got ", a.width);
+  // A huge width would make printf write billions of digits (a hang, not an error).
+  LINEA_CHECK(a.width >= 0 && a.width <= 100, "-w must be >= 0 and <= 100, got ", a.width);
+  // chrF keeps char_order counters per sentence and squares beta in an int.
+  LINEA_CHECK(a.chrf.char_order >= 1 && a.chrf.char_order <= 1000, "--chrf-char-order must be in [1, 1000], got ",
+              a.chrf.char_order);
+  LINEA_CHECK(a.chrf.beta >= 0 && a.chrf.beta <= 1000, "--chrf-beta must be in [0, 1000], got ", a.chrf.beta);
   std::vector<std::vector<std::string>> refs;
   for (auto& path : a.refs) refs.push_back(split_lines(read_file(path), false, "'" + path + "'"));
   const auto hyps = read_hypotheses(a.input);

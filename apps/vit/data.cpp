@@ -14,8 +14,10 @@ namespace {
 
 // dir/<name>.gz, or dir/<name> uncompressed.
 std::string idx_file(const std::string& dir, const std::string& name) {
-  for (const std::string& f : {dir + "/" + name + ".gz", dir + "/" + name})
+  for (const std::string& f : {dir + "/" + name + ".gz", dir + "/" + name}) {
     if (fs::is_regular_file(f)) return f;
+    LINEA_CHECK(!fs::exists(f), "vit: Fashion-MNIST file '", f, "' is not a regular file (a folder?)");
+  }
   LINEA_FAIL("vit: Fashion-MNIST file '", dir, "/", name,
              ".gz' not found; install it with `apt-get install dataset-fashion-mnist` (files under ",
              kFashionMnistDir, ") or pass --data DIR with the four IDX files");
@@ -26,6 +28,8 @@ Tensor first_rows(const Tensor& t, int64_t n) { return n > 0 && n < t.size(0) ? 
 }  // namespace
 
 ImageData load_fashion_mnist(const std::string& dir) {
+  LINEA_CHECK(!fs::exists(dir) || fs::is_directory(dir), "vit: --data '", dir,
+              "' is a file, not the folder of the four Fashion-MNIST IDX files");
   LINEA_CHECK(fs::is_directory(dir), "vit: data directory '", dir,
               "' does not exist; install Fashion-MNIST with `apt-get install dataset-fashion-mnist` (files under ",
               kFashionMnistDir, ") or pass --data DIR");
@@ -42,6 +46,8 @@ ImageData load_fashion_mnist(const std::string& dir) {
                   d.test_images.shape() == Shape({d.test_images.size(0), 1, d.train_images.size(2), d.train_images.size(3)}),
               "vit: '", dir, "': expected square images of one size, got train ", shape_str(d.train_images.shape()),
               " and test ", shape_str(d.test_images.shape()));
+  LINEA_CHECK(d.train_images.size(0) > 0 && d.test_images.size(0) > 0, "vit: '", dir,
+              "': the IDX files hold no images (train ", d.train_images.size(0), ", test ", d.test_images.size(0), ")");
   d.classes = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
   const int64_t max_label = std::max(max(d.train_labels).item<int64_t>(), max(d.test_labels).item<int64_t>());
   const int64_t min_label = std::min(min(d.train_labels).item<int64_t>(), min(d.test_labels).item<int64_t>());
@@ -52,9 +58,12 @@ ImageData load_fashion_mnist(const std::string& dir) {
 }
 
 ImageData load_image_folder(const std::string& dir, int channels, int64_t image_size) {
-  for (const char* split : {"train", "test"})
+  for (const char* split : {"train", "test"}) {
+    LINEA_CHECK(!fs::exists(dir + "/" + split) || fs::is_directory(dir + "/" + split), "vit: --image-folder '", dir,
+                "': '", split, "' is a file, not a folder of class sub-folders");
     LINEA_CHECK(fs::is_directory(dir + "/" + split), "vit: --image-folder '", dir, "' has no '", split,
                 "' sub-folder (expected ", dir, "/train/<class>/*.png and ", dir, "/test/<class>/*.png)");
+  }
   nn::ImageFolderOptions o;
   o.channels = channels;
   o.height = o.width = image_size;
