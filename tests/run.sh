@@ -2,10 +2,13 @@
 # The test command. On a fresh Debian machine it installs the packages the build needs,
 # configures and builds Linea (Release; the CUDA backend too whenever nvcc is found), runs
 # every test with ctest, then builds the suites again under AddressSanitizer +
-# UndefinedBehaviorSanitizer (CPU only) and runs them once more. Exits non-zero on any failure.
+# UndefinedBehaviorSanitizer (CPU only) and runs them once more, then fuzzes every reader of
+# outside input for a bounded time (tests/fuzz/run.sh). Exits non-zero on any failure.
 #
 #   tests/run.sh                   everything
 #   LINEA_SKIP_SANITIZERS=1 tests/run.sh   skip the sanitizer pass
+#   LINEA_SKIP_FUZZ=1 tests/run.sh         skip the fuzz pass
+#   LINEA_FUZZ_SECONDS=N           seconds per fuzz target (default 20)
 #   LINEA_SKIP_CUDA_EMU=1 tests/run.sh     skip the CUDA-emulator pass
 #   LINEA_BUILD_DIR=dir            where the main build goes (default build/release)
 set -euo pipefail
@@ -29,7 +32,7 @@ JOBS=$(nproc)
 PACKAGES=(cmake ninja-build g++ make pkg-config python3 libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev
   nlohmann-json3-dev libstb-dev libcli11-dev libopenblas-openmp-dev gnuplot-nox
   libsword-dev sword-text-web sword-text-sparv libsentencepiece-dev mmseqs2 mmseqs2-examples
-  libopenmpi-dev openmpi-bin)
+  libopenmpi-dev openmpi-bin clang libclang-rt-dev libomp-dev)
 
 # ---- packages -------------------------------------------------------------------------------
 bash tests/install_packages.sh "${PACKAGES[@]}"
@@ -59,6 +62,16 @@ if [ "${LINEA_SKIP_SANITIZERS:-0}" != 1 ]; then
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
     ctest --test-dir "$SAN" -j"$JOBS" --output-on-failure --timeout 1800 2>&1 | tee "$LOGS/asan.log"
   count_ctest "$LOGS/asan.log"
+fi
+# ---- fuzzing (CPU only) ------------------------------------------------------------------------
+# libFuzzer targets for every reader of outside input (safetensors, IDX, FASTA, images, attention
+# specs, checkpoints, the apps' files and text), built with clang + ASan + UBSan in build/fuzz:
+# the committed regression inputs first, then LINEA_FUZZ_SECONDS of fuzzing per target. Each
+# target that runs clean counts as one passed test.
+if [ "${LINEA_SKIP_FUZZ:-0}" != 1 ]; then
+  echo "== fuzzing (tests/fuzz/run.sh, ${LINEA_FUZZ_SECONDS:-20} s per target)"
+  LINEA_FUZZ_SECONDS=${LINEA_FUZZ_SECONDS:-20} bash tests/fuzz/run.sh 2>&1 | tee "$LOGS/fuzz.log"
+  PASSED=$((PASSED + $(grep -cE ' ok$' "$LOGS/fuzz.log" || true)))
 fi
 # ---- CUDA kernels on the host emulator (no GPU needed) ----------------------------------------
 # Without a GPU the parity tests above skip. This pass compiles the unmodified cuda/ sources
