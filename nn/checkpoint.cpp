@@ -188,7 +188,7 @@ void remove_stale_temps(const std::string& dir, const std::vector<std::string>& 
 
 bool checkpoint_exists(const std::string& dir) {
   struct stat st;
-  return ::stat(join_path(dir, "model.safetensors").c_str(), &st) == 0 &&
+  return ::stat(join_path(dir, "model.safetensors").c_str(), &st) == 0 ||
          ::stat(join_path(dir, "training.safetensors").c_str(), &st) == 0;
 }
 
@@ -266,7 +266,11 @@ void save_checkpoint(const std::string& dir, const Module& model, const Optimize
 TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt) {
   const std::string model_path = join_path(dir, "model.safetensors");
   const std::string train_path = join_path(dir, "training.safetensors");
-  LINEA_CHECK(checkpoint_exists(dir), "load_checkpoint: no checkpoint in '", dir,
+  struct stat st;
+  // A first save killed between its renames has training.safetensors and the model's temp only.
+  if (::stat(model_path.c_str(), &st) != 0 && ::stat(train_path.c_str(), &st) == 0) finish_interrupted_save(dir);
+  LINEA_CHECK(::stat(model_path.c_str(), &st) == 0 && ::stat(train_path.c_str(), &st) == 0,
+              "load_checkpoint: ", checkpoint_exists(dir) ? "incomplete checkpoint" : "no checkpoint", " in '", dir,
               "' (expected model.safetensors and training.safetensors)");
   SafetensorsFile mf = load_safetensors(model_path);
   SafetensorsFile tf = load_safetensors(train_path);

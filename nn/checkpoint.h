@@ -61,7 +61,8 @@ void save_checkpoint(const std::string& dir, const Module& model, const Optimize
 // naming the file and listing the bad keys, and leaves model and optimizer unchanged.
 TrainState load_checkpoint(const std::string& dir, Module& model, Optimizer& opt);
 
-// True when dir holds both checkpoint files (for --resume).
+// True when dir holds a checkpoint file (for --resume, which then loads it: one file without
+// the other is an error there, not a fresh start).
 bool checkpoint_exists(const std::string& dir);
 
 }  // namespace linea::nn

@@ -352,6 +352,15 @@ TEST(Checkpoint, LoadFinishesASaveKilledBetweenItsRenames) {
          {"training.safetensors", b + "training.safetensors"},
          {"model.safetensors", a + "model.safetensors"}});
   EXPECT_LINEA_ERROR(step_of(), "come from different saves (was a save interrupted?)");
+  // The first save, killed between its renames; and a folder with one file only.
+  setup({{"config.json", b + "config.json"},
+         {"training.safetensors", b + "training.safetensors"},
+         {"model.safetensors.tmp.5", b + "model.safetensors"}});
+  EXPECT_TRUE(checkpoint_exists(ck));
+  EXPECT_EQ(step_of(), 2);
+  setup({{"config.json", b + "config.json"}, {"training.safetensors", b + "training.safetensors"}});
+  EXPECT_TRUE(checkpoint_exists(ck));  // so --resume loads it and fails rather than starting afresh
+  EXPECT_LINEA_ERROR(step_of(), "load_checkpoint: incomplete checkpoint in '" + ck + "'");
   // Killed while writing: a truncated temp beside a whole save is ignored, then removed.
   setup({{"config.json", a + "config.json"},
          {"training.safetensors", a + "training.safetensors"},

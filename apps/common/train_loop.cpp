@@ -209,6 +209,7 @@ Position resume(const TrainSetup& s, const std::string& dir, WeightAverage& ema,
   LINEA_CHECK(diff.empty(), s.app, ": --resume: the checkpoint in '", dir,
               "' was made with other settings; use the same flags (or another --checkpoint/--out):", diff);
   nn::TrainState st = nn::load_checkpoint(dir, *s.model, *s.optimizer);
+  nn::check_finite_weights(*s.model, s.app + ": --resume: '" + dir + "/model.safetensors'");
   Position p{st.step, st.epoch, 0};
   ema.load_from(st, s.app);
   sel.load_from(st);
@@ -293,7 +294,8 @@ void draw_curves(const TrainSetup& s, const std::string& out_dir) {
 
 json read_checkpoint_config(const std::string& dir, const std::string& app, const std::string& format) {
   const std::string path = dir + "/config.json";
-  LINEA_CHECK(fs::is_directory(dir), app, ": checkpoint folder '", dir, "' does not exist");
+  LINEA_CHECK(fs::is_directory(dir), app, ": checkpoint folder '", dir, "' ",
+              fs::exists(dir) ? "is a file, not a folder" : "does not exist");
   LINEA_CHECK(fs::is_regular_file(path), app, ": '", dir, "' is not a ", app,
               " checkpoint (no config.json; pass the checkpoint folder of a training run)");
   json j = read_json_file(path, app);
@@ -483,8 +485,10 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
       if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
         const std::string what = "step " + std::to_string(pos.step) + ": non-finite loss (" + fmt("%g", loss) +
                                  ") or gradient norm (" + fmt("%g", gnorm) + ")";
-        LINEA_CHECK(result.skipped_steps < o.skip_nonfinite, app, ": ", what, "; stopped (the checkpoint in '", ckpt,
-                    "' is the last good one; --skip-nonfinite N skips up to N such steps)");
+        LINEA_CHECK(result.skipped_steps < o.skip_nonfinite, app, ": ", what, "; stopped (",
+                    nn::checkpoint_exists(ckpt) ? "the checkpoint in '" + ckpt + "' is the last good one"
+                                                : "no checkpoint was written yet",
+                    "; --skip-nonfinite N skips up to N such steps)");
         ++result.skipped_steps;
         if (main_rank)
           std::fprintf(stderr, "%s: %s: skipped (%lld of --skip-nonfinite %lld)\n", app.c_str(), what.c_str(),
@@ -532,8 +536,10 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
       if (main_rank && save_now) save(s, ckpt, pos, ema, sel);
       // After the epoch's last step, the evaluation and the epoch's checkpoint come first (a
       // checkpoint never resumes into an epoch that is done but not evaluated).
-      if (interrupt && pos.batch == last) stop_signal = interrupt;
-      else if (interrupt) stop_interrupted(s, ckpt, pos, ema, sel, metrics.get(), main_rank, save_now, interrupt);
+      if (interrupt && pos.batch == last)
+        stop_signal = interrupt;
+      else if (interrupt)
+        stop_interrupted(s, ckpt, pos, ema, sel, metrics.get(), main_rank, save_now, interrupt);
     }
     // ---- end of the epoch (or of --max-steps) ----
     const double epoch_s = seconds_since(t_epoch), rate = epoch_sums.units() / std::max(epoch_s, 1e-9);
