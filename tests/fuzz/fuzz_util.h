@@ -5,14 +5,17 @@
 // Not here: the seeds (make_seeds.cpp) or how the targets are run (run.sh).
 #pragma once
 
+#include <signal.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -21,21 +24,32 @@ namespace linea::fuzz {
 
 namespace fs = std::filesystem;
 
-// This process's scratch folder, created on first use and removed at exit.
+// This process's scratch folder, <base>/linea-fuzz-<pid>, created on first use and removed at
+// exit. A crash ends the process without that cleanup, so the folders of processes that are
+// gone are removed here first.
 inline const fs::path& scratch_dir() {
   static const fs::path dir = [] {
-    std::string base = "/dev/shm";
+    fs::path base = "/dev/shm";
     if (::access(base.c_str(), W_OK) != 0) base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-    std::string templ = base + "/linea-fuzz-XXXXXX";
-    if (::mkdtemp(templ.data()) == nullptr) {
-      std::perror("linea fuzz: mkdtemp");
+    std::error_code ec;
+    std::vector<fs::path> stale;
+    for (fs::directory_iterator it(base, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      const long pid = name.rfind("linea-fuzz-", 0) == 0 ? std::strtol(name.c_str() + 11, nullptr, 10) : 0;
+      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) stale.push_back(it->path());
+    }
+    for (const fs::path& p : stale) fs::remove_all(p, ec);
+    fs::path d = base / ("linea-fuzz-" + std::to_string(::getpid()));
+    fs::remove_all(d, ec);
+    if (!fs::create_directories(d, ec)) {
+      std::fprintf(stderr, "linea fuzz: cannot create %s: %s\n", d.c_str(), ec.message().c_str());
       std::abort();
     }
     std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(scratch_dir(), ec);
+      std::error_code e;
+      fs::remove_all(scratch_dir(), e);
     });
-    return fs::path(templ);
+    return d;
   }();
   return dir;
 }

@@ -95,6 +95,11 @@ for t in "${TARGETS[@]}"; do
     "${ft:-?}" "${corp:-?}" "$status")")
 done
 
+# Scratch folders of targets that ended without their exit cleanup (fuzz_util.h scratch_dir).
+for d in /dev/shm/linea-fuzz-* "${TMPDIR:-/tmp}"/linea-fuzz-*; do
+  [[ -d "$d" ]] && ! kill -0 "${d##*-}" 2>/dev/null && rm -rf "$d"
+done
+
 echo "== fuzz summary (${SECONDS_EACH} s per target; cov: edges covered; corpus: inputs/bytes)"
 printf '%s\n' "${SUMMARY[@]}"
 if ((${#FAILED[@]})); then
