@@ -330,6 +330,21 @@ TEST(TrainLoop, SignalSavesTheStepAndResumesBitForBit) {
   }
 }
 
+// curves.png is drawn from metrics.jsonl: records lacking its numbers (a hand-edited file kept
+// by a resume) are left out of the plot, not an error at the end of training.
+TEST(TrainLoop, CurvesSkipRecordsWithoutTheirNumbers) {
+  TempDir dir;
+  apps::RunOptions o = options(dir.path / "out");
+  o.max_steps = 7;
+  train_points(o);
+  std::ofstream(dir.path / "out" / "metrics.jsonl", std::ios::app)
+      << "{\"type\": \"step\", \"step\": 1}\n{\"type\": \"epoch\", \"epoch\": \"one\", \"step\": 2}\n";
+  o.max_steps = 0;
+  o.resume = true;
+  o.plot = true;
+  EXPECT_NO_THROW(train_points(o));
+}
+
 TEST(TrainLoop, SkipNonFiniteSkipsAndLogs) {
   TempDir dir;
   apps::RunOptions o = options(dir.path / "out");

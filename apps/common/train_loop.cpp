@@ -246,22 +246,24 @@ void draw_curves(const TrainSetup& s, const std::string& out_dir) {
   Series eval_loss{c.eval_loss, {}, {}}, metric{c.metric + " (right axis)", {}, {}};
   epoch_train.points = eval_loss.points = metric.points = true;
   metric.right_axis = true;
+  // Records without the numbers a curve needs (a hand-edited or foreign file) are left out.
+  const auto number = [](const json& r, const std::string& key) { return r.contains(key) && r[key].is_number(); };
   for (const json& r : MetricsLog::read(out_dir + "/metrics.jsonl")) {
-    const std::string type = r.value("type", "");
-    if (type == "step") {
-      step_loss.x.push_back(r.at("epoch_progress").get<double>());
-      step_loss.y.push_back(r.at("loss").get<double>());
-    } else if (type == "epoch") {
-      const double e = r.at("epoch").get<double>();
+    const json type = r.value("type", json());
+    if (type == "step" && number(r, "epoch_progress") && number(r, "loss")) {
+      step_loss.x.push_back(r["epoch_progress"].get<double>());
+      step_loss.y.push_back(r["loss"].get<double>());
+    } else if (type == "epoch" && number(r, "epoch") && number(r, "train_loss")) {
+      const double e = r["epoch"].get<double>();
       epoch_train.x.push_back(e);
-      epoch_train.y.push_back(r.at("train_loss").get<double>());
-      if (!c.eval_loss_key.empty() && r.contains(c.eval_loss_key)) {
+      epoch_train.y.push_back(r["train_loss"].get<double>());
+      if (!c.eval_loss_key.empty() && number(r, c.eval_loss_key)) {
         eval_loss.x.push_back(e);
-        eval_loss.y.push_back(r.at(c.eval_loss_key).get<double>());
+        eval_loss.y.push_back(r[c.eval_loss_key].get<double>());
       }
-      if (!c.metric_key.empty() && r.contains(c.metric_key)) {
+      if (!c.metric_key.empty() && number(r, c.metric_key)) {
         metric.x.push_back(e);
-        metric.y.push_back(c.metric_scale * r.at(c.metric_key).get<double>());
+        metric.y.push_back(c.metric_scale * r[c.metric_key].get<double>());
       }
     }
   }
