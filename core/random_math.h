@@ -51,11 +51,22 @@ LINEA_HD void example_block(uint64_t seed, uint64_t draw, int64_t row, int64_t b
   philox4x32_10(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), w);
 }
 
+// lo + span * u rounded as the CPU rounds it: the product, then the sum. nvcc would fuse the two
+// into one fma (one rounding), and the GPU's numbers would differ from the CPU's in the last bit
+// (seen on an H100). The x86-64 CPU build has no fma to fuse into.
+LINEA_HD double add_product_unfused(double lo, double span, double u) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(lo, __dmul_rn(span, u));
+#else
+  return lo + span * u;
+#endif
+}
+
 // Value j of a uniform block (j < 4 for float, < 2 for double), in [lo, hi).
 template <typename T> LINEA_HD T uniform_from_block(const uint32_t w[4], int64_t j, double lo, double hi) {
   const double u = sizeof(T) == 4 ? static_cast<double>(unit_float(w[j])) : unit_double(w[2 * j], w[2 * j + 1]);
   const double span = hi - lo;
-  const T v = static_cast<T>(lo + span * u);
+  const T v = static_cast<T>(add_product_unfused(lo, span, u));
   return v < static_cast<T>(hi) || span == 0 ? v : static_cast<T>(lo);  // keep [lo, hi)
 }
 template <typename T> constexpr int64_t uniforms_per_block() { return sizeof(T) == 4 ? 4 : 2; }
