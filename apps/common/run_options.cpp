@@ -1,10 +1,11 @@
-// add_run_flags (see run_options.h).
+// add_run_flags, add_model_flags and the numeric flag checks (see run_options.h).
 #include "apps/common/run_options.h"
 
 #include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 namespace linea::apps {
 
@@ -88,6 +89,19 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group,
       ->group(run_group)
       ->capture_default_str()
       ->check(non_negative_number());
+}
+
+std::string ModelOptions::weights_dir() const {
+  return std::filesystem::exists(checkpoint + "/best/model.safetensors") ? checkpoint + "/best" : checkpoint;
+}
+
+void add_model_flags(CLI::App& cmd, ModelOptions& o) {
+  cmd.add_option("--checkpoint", o.checkpoint,
+                 "checkpoint folder (a training run's checkpoint: its best weights; or a best/ folder)")
+      ->required();
+  cmd.add_option("--device", o.device, "cpu, cuda or auto")->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
 }
 
 }  // namespace linea::apps

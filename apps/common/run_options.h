@@ -5,7 +5,8 @@
 //   apps::RunOptions run;
 //   run.out_dir = "runs/vit";                       // the app's defaults, before add_run_flags
 //   apps::add_run_flags(app, run, "Training", "Running");
-// Not here: the app's own flags, or what a run does with them (train_loop.h).
+// Also the flags of the commands that use a trained model (ModelOptions). Not here: the app's own
+// flags, or what a run does with them (train_loop.h).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,20 @@ struct RunOptions {
 // afterwards (app.get_option("--seed")->description(...)).
 void add_run_flags(CLI::App& app, RunOptions& options, const std::string& train_group = "Training",
                    const std::string& run_group = "Running");
+
+// The flags of a command that uses a trained model (translate decode, protein fill and embed):
+// --checkpoint (required), --device, --threads.
+struct ModelOptions {
+  std::string checkpoint;        // a training run's checkpoint folder, or a folder of weights
+  std::string device = "auto";   // cpu, cuda or auto
+  int threads = 0;               // CPU threads (0: all cores)
+
+  // The weights --checkpoint names: a training checkpoint's best/ folder when it has one (the
+  // best weights, not the last step's), else the folder itself (a best/ folder, or any folder
+  // with model.safetensors and config.json).
+  std::string weights_dir() const;
+};
+void add_model_flags(CLI::App& cmd, ModelOptions& options);
 
 // Checks of numeric flags whose errors say what is wrong with the value, for the apps' flags in
 // place of CLI11's PositiveNumber, NonNegativeNumber and floating Range, which let NaN through

@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 
 #include "apps/common/device.h"
@@ -28,36 +27,19 @@
 #include "train.h"
 
 using namespace linea;
-namespace fs = std::filesystem;
 
 namespace {
 
-struct UseOptions {
-  std::string checkpoint, device = "auto";
-  int threads = 0;
-};
-
-// A training run's checkpoint folder means its best weights; a best/ folder (or any folder with
-// model.safetensors and config.json) means itself.
-protein::Predictor load_predictor(const UseOptions& o) {
+protein::Predictor load_predictor(const apps::ModelOptions& o) {
   set_num_threads(o.threads);
   const Device device = apps::resolve_device("protein", o.device);
-  std::string dir = o.checkpoint;
-  if (fs::exists(dir + "/best/model.safetensors")) dir += "/best";
+  const std::string dir = o.weights_dir();
   protein::Predictor p = protein::Predictor::load(dir, device);
   std::fprintf(stderr, "protein: weights from %s on %s\n", dir.c_str(), apps::device_name(device).c_str());
   return p;
 }
 
-void add_use_flags(CLI::App& cmd, UseOptions& o) {
-  cmd.add_option("--checkpoint", o.checkpoint, "checkpoint folder (a training run's checkpoint: its best weights; "
-                 "or a best/ folder)")->required();
-  cmd.add_option("--device", o.device, "cpu, cuda or auto")->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  cmd.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
-}
-
-int run_fill(const UseOptions& o, const std::vector<std::string>& inputs, int64_t k) {
+int run_fill(const apps::ModelOptions& o, const std::vector<std::string>& inputs, int64_t k) {
   protein::Predictor p = load_predictor(o);
   for (const std::string& text : inputs) {
     std::printf("%s\n", text.c_str());
@@ -70,7 +52,7 @@ int run_fill(const UseOptions& o, const std::vector<std::string>& inputs, int64_
   return 0;
 }
 
-int run_embed(const UseOptions& o, const std::string& fasta, const std::string& out, bool per_residue,
+int run_embed(const apps::ModelOptions& o, const std::string& fasta, const std::string& out, bool per_residue,
               int64_t batch_tokens) {
   protein::Predictor p = load_predictor(o);
   const protein::Sequences seqs = protein::read_sequences(fasta);
@@ -171,22 +153,22 @@ int main(int argc, char** argv) {
   apps::add_run_flags(*train_cmd, t.run, train, "Running");
 
   // ---- fill ----
-  UseOptions fill_opts;
+  apps::ModelOptions fill_opts;
   std::vector<std::string> fill_inputs;
   int64_t top_k = 5;
   CLI::App* fill_cmd = app.add_subcommand("fill", "the most probable residues at each <mask> of a sequence");
-  add_use_flags(*fill_cmd, fill_opts);
+  apps::add_model_flags(*fill_cmd, fill_opts);
   fill_cmd->add_option("sequences", fill_inputs, "sequences with <mask> tokens, e.g. 'MKT<mask>LLIL'")->required();
   fill_cmd->add_option("--top-k", top_k, "residues listed per <mask>")->capture_default_str()->check(CLI::Range(1, 27));
 
   // ---- embed ----
-  UseOptions embed_opts;
+  apps::ModelOptions embed_opts;
   std::string embed_fasta, embed_out;
   bool per_residue = false;
   int64_t batch_tokens = 16384;
   CLI::App* embed_cmd = app.add_subcommand("embed", "per-sequence mean embeddings of a FASTA file (ESM's "
                                            "esm-extract --include mean)");
-  add_use_flags(*embed_cmd, embed_opts);
+  apps::add_model_flags(*embed_cmd, embed_opts);
   embed_cmd->add_option("fasta", embed_fasta, "FASTA or FASTA.gz file")->required();
   embed_cmd->add_option("--out", embed_out, "safetensors file to write")->required();
   embed_cmd->add_flag("--per-residue", per_residue, "also every residue's embedding (\"residues.<i>\")");

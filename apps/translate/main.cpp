@@ -32,8 +32,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct DecodeOptions {
-  std::string checkpoint, input, output, device = "auto";
-  int threads = 0;
+  apps::ModelOptions model;  // --checkpoint --device --threads
+  std::string input, output;
   translate::SearchOptions search;
   int64_t batch = 64;     // sentences per batch
   int64_t buffer = 0;     // lines read before translating (0: 1 on a terminal, else --batch-size)
@@ -57,10 +57,9 @@ void add_search_flags(CLI::App& app, translate::SearchOptions& s, const std::str
 // Translates lines from a file or stdin; with --nbest N > 1 each line gives N lines
 // "<line number> ||| <translation> ||| <score>" (the Moses n-best format).
 int run_decode(const DecodeOptions& o) {
-  set_num_threads(o.threads);
-  const Device device = apps::resolve_device("translate", o.device);
-  std::string dir = o.checkpoint;
-  if (fs::exists(dir + "/best/model.safetensors")) dir += "/best";  // a training checkpoint: its best weights
+  set_num_threads(o.model.threads);
+  const Device device = apps::resolve_device("translate", o.model.device);
+  const std::string dir = o.model.weights_dir();
   translate::Translator tr = translate::Translator::load(dir, device);
   std::fprintf(stderr, "translate: weights from %s on %s; beam %lld\n", dir.c_str(),
                apps::device_name(device).c_str(), static_cast<long long>(o.search.beam));
@@ -204,8 +203,7 @@ int main(int argc, char** argv) {
   // ---- decode ----
   DecodeOptions d;
   CLI::App* decode_cmd = app.add_subcommand("decode", "translate a file, or stdin line by line, with a checkpoint");
-  decode_cmd->add_option("--checkpoint", d.checkpoint, "checkpoint folder (a training run's checkpoint: its best "
-                         "weights; or a best/ folder)")->required();
+  apps::add_model_flags(*decode_cmd, d.model);
   decode_cmd->add_option("--input", d.input, "source lines (default or '-': stdin)");
   decode_cmd->add_option("--output", d.output, "translations (default: stdout)");
   add_search_flags(*decode_cmd, d.search, "Search");
@@ -219,9 +217,6 @@ int main(int argc, char** argv) {
                    "--batch-size)")
       ->capture_default_str()
       ->check(linea::apps::non_negative_number());
-  decode_cmd->add_option("--device", d.device, "cpu, cuda or auto")->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  decode_cmd->add_option("--threads", d.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   if (const std::string bad = apps::unknown_command(app, argc, argv); !bad.empty())
     return apps::fail(Error("translate: " + bad));
   CLI11_PARSE(app, argc, argv);
