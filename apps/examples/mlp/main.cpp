@@ -81,7 +81,9 @@ int main(int argc, char** argv) {
     LINEA_CHECK(save_dir.empty() || !std::filesystem::exists(save_dir) || std::filesystem::is_directory(save_dir),
                 "mlp: --save '", save_dir, "' is a file, not a folder");
     manual_seed(seed);
-    auto [x, y] = make_spiral(classes, per_class, noise);  // [N, 2], [N]
+    // Not `auto [x, y] = ...`: clang < 16 cannot capture a structured binding in the lambda below.
+    const std::pair<Tensor, Tensor> spiral = make_spiral(classes, per_class, noise);
+    const Tensor &x = spiral.first, &y = spiral.second;  // [N, 2], [N]
     auto model = std::make_shared<Mlp>(2, hidden, classes, depth);
     nn::Adam opt({nn::ParamGroup{model->parameters(), lr, 0.0}});
     std::printf("%s\n%lld parameters, %lld points, %lld classes\n", model->str().c_str(),
