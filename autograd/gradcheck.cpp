@@ -2,6 +2,7 @@
 #include "autograd/gradcheck.h"
 
 #include <cmath>
+#include <random>
 #include <sstream>
 
 #include "autograd/autograd.h"
@@ -28,6 +29,19 @@ std::vector<int64_t> element_offsets(const Tensor& t) {
   return offs;
 }
 
+// n normal draws scaled to unit length.
+std::vector<double> random_unit(int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<double> normal;
+  std::vector<double> u(static_cast<size_t>(n));
+  double norm2 = 0;
+  for (double& e : u) {
+    e = normal(rng);
+    norm2 += e * e;
+  }
+  for (double& e : u) e /= std::sqrt(norm2 > 0 ? norm2 : 1.0);
+  return u;
+}
+
 std::string index_str(int64_t flat, const Shape& s) {
   std::vector<int64_t> idx(s.size());
   for (size_t d = s.size(); d-- > 0;) {
@@ -36,6 +50,57 @@ std::string index_str(int64_t flat, const Shape& s) {
   }
   return shape_str(idx);
 }
+// The probes of input i (gradcheck.h): numeric v . (f(x + eps u) - f(x - eps u)) / (2 eps)
+// against analytic (backward of v) . u; updates res with the worst probe.
+void probe_input(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor>& leaves,
+                 const Tensor& y, size_t i, const GradcheckOptions& opts, GradcheckResult& res, double& worst_excess) {
+  Tensor x = leaves[i];
+  const int64_t nx = x.numel(), ny = y.numel();
+  const std::vector<int64_t> offs = element_offsets(x);
+  double* p = static_cast<double*>(x.data_ptr());
+  std::mt19937_64 rng(opts.probe_seed * 1000003u + i);
+  for (int64_t probe = 0; probe < opts.probes; ++probe) {
+    const std::vector<double> u = random_unit(nx, rng), v = random_unit(ny, rng);
+    std::vector<double> orig(static_cast<size_t>(nx));
+    for (int64_t j = 0; j < nx; ++j) orig[j] = p[offs[j]];
+    double numeric = 0;
+    {
+      NoGradGuard ng;
+      for (int64_t j = 0; j < nx; ++j) p[offs[j]] = orig[j] + opts.eps * u[j];
+      const std::vector<double> yp = f(leaves).to_vector<double>();
+      for (int64_t j = 0; j < nx; ++j) p[offs[j]] = orig[j] - opts.eps * u[j];
+      const std::vector<double> ym = f(leaves).to_vector<double>();
+      for (int64_t j = 0; j < nx; ++j) p[offs[j]] = orig[j];
+      for (int64_t k = 0; k < ny; ++k) numeric += v[k] * (yp[k] - ym[k]) / (2 * opts.eps);
+    }
+    double analytic = 0;
+    if (y.requires_grad()) {
+      for (auto& l : leaves)
+        if (l.defined() && l.requires_grad()) l.zero_grad();
+      y.backward(from_vector<double>(v, y.shape()), /*retain_graph=*/true);
+      const Tensor g = x.grad();
+      if (g.defined()) {
+        LINEA_CHECK(g.shape() == x.shape(), "gradcheck: gradient shape ", shape_str(g.shape()),
+                    " differs from input shape ", shape_str(x.shape()));
+        const std::vector<double> gv = g.to_vector<double>();
+        for (int64_t j = 0; j < nx; ++j) analytic += gv[j] * u[j];
+      }
+    }
+    const double err = std::fabs(analytic - numeric);
+    const double excess = err - (opts.atol + opts.rtol * std::fabs(numeric));
+    res.max_abs_error = std::max(res.max_abs_error, err);
+    if (std::isnan(analytic) || std::isnan(numeric) || excess > worst_excess) {
+      worst_excess = std::isnan(excess) ? INFINITY : excess;
+      res.ok = false;
+      std::ostringstream os;
+      os << "gradcheck failed for input " << i << " (shape " << shape_str(x.shape()) << "), random probe " << probe
+         << " (seed " << opts.probe_seed << "): v . J u analytic " << analytic << ", numeric " << numeric
+         << ", |diff| " << err << " > atol " << opts.atol << " + rtol " << opts.rtol << " * |numeric|";
+      res.message = os.str();
+    }
+  }
+}
+
 }  // namespace
 
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Tensor>& inputs,
@@ -65,6 +130,10 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     if (!checked[i]) continue;
     Tensor x = leaves[i];
     const int64_t nx = x.numel();
+    if (opts.probes > 0) {
+      probe_input(f, leaves, y, i, opts, res, worst_excess);
+      continue;
+    }
     // numeric[j][k] = d y_k / d x_j by central differences.
     std::vector<double> numeric(static_cast<size_t>(nx * ny));
     std::vector<int64_t> offs = element_offsets(x);

@@ -2,8 +2,12 @@
 // differences and by backward with one-hot output gradients, in float64 on the CPU, and
 // compares entry by entry with |analytic - numeric| <= atol + rtol * |numeric|.
 // On failure the result names the input and the worst entry.
+// With `probes` set it checks random projections instead (PyTorch's fast_mode): for random unit
+// vectors u (input-shaped) and v (output-shaped), v . (J u) by central differences along u
+// against (J^T v) . u by one backward; a wrong gradient fails for almost every u and v.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -16,6 +20,10 @@ struct GradcheckOptions {
   double eps = 1e-6;
   double atol = 1e-5;
   double rtol = 1e-3;
+  // 0: the full Jacobian (2 forwards per input element, a backward per output element).
+  // N > 0: N random probes per input (2 forwards and a backward each), drawn from probe_seed.
+  int64_t probes = 0;
+  uint64_t probe_seed = 0;
 };
 
 struct GradcheckResult {

@@ -56,7 +56,8 @@ if [ "${LINEA_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B "$SAN" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLINEA_CUDA=OFF -DLINEA_SANITIZE=ON \
     -DLINEA_BUILD_APPS=OFF -DLINEA_MPI=OFF
   cmake --build "$SAN" -j"$JOBS"
-  echo "== test under sanitizers"
+  echo "== test under sanitizers (gradchecks by 4 random probes per input; the full Jacobians ran above)"
+  LINEA_GRADCHECK_PROBES=${LINEA_GRADCHECK_PROBES:-4} \
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
   LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \

@@ -317,7 +317,7 @@ using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
     for (size_t i = 0; i < params.size(); ++i) params[i].impl().autograd = x[3 + i].impl().autograd;
     return lara->forward(x[0], x[1], x[2], o);
   };
-  GradcheckResult r = gradcheck(f, inputs);
+  GradcheckResult r = gradcheck(f, inputs, test::suite_gradcheck_options());
   for (size_t i = 0; i < params.size(); ++i) params[i].impl().autograd = saved[i];
   if (r.ok) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << r.message;

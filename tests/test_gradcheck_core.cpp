@@ -264,3 +264,31 @@ TEST(GradCheck, Composite) {
       },
       {x, w, b});
 }
+
+// The random-probe mode (GradcheckOptions::probes, the sanitizer pass's): it passes where the
+// full Jacobian passes, and a gradient wrong in one entry of many fails it as it fails the full
+// check. Element 0 of x loses half its gradient (one factor detached): d y0 / d x0 is x0, not 2 x0.
+TEST(GradCheckProbes, AgreeWithTheFullJacobian) {
+  manual_seed(31);
+  Tensor x = randn64({4, 3}), w = randn64({3}), b = randn64({1});
+  const Fn good = [](const std::vector<Tensor>& in) {
+    Tensor h = tanh(in[0] * in[1] + in[2]);
+    return logsumexp(h, {1}) - mean(h * h);
+  };
+  GradcheckOptions probes;
+  probes.probes = 3;
+  EXPECT_TRUE(gradcheck(good, {x, w, b}, probes).ok);
+
+  Tensor v = randn64({12});
+  const Fn wrong = [](const std::vector<Tensor>& in) {
+    const Tensor& t = in[0];
+    return t * cat({t.narrow(0, 0, 1).detach(), t.narrow(0, 1, 11)}, 0);
+  };
+  EXPECT_FALSE(gradcheck(wrong, {v}).ok);
+  for (uint64_t seed : {0u, 1u, 2u, 3u}) {
+    probes.probe_seed = seed;
+    const GradcheckResult r = gradcheck(wrong, {v}, probes);
+    EXPECT_FALSE(r.ok) << "seed " << seed;
+    EXPECT_NE(r.message.find("input 0 (shape [12]), random probe"), std::string::npos) << r.message;
+  }
+}

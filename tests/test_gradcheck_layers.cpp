@@ -48,7 +48,7 @@ template <typename M> std::shared_ptr<M> prepare(std::shared_ptr<M> m, double st
     for (size_t i = 0; i < params.size(); ++i) params[i].impl().autograd = leaves[n_in + i].impl().autograd;
     return f(leaves);
   };
-  GradcheckResult r = gradcheck(g, inputs);
+  GradcheckResult r = gradcheck(g, inputs, test::suite_gradcheck_options());
   for (size_t i = 0; i < params.size(); ++i) params[i].impl().autograd = saved[i];
   if (r.ok) return ::testing::AssertionSuccess();
   std::string which;

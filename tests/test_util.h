@@ -62,9 +62,20 @@ inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, do
                                        << " (atol " << atol << ", rtol " << rtol << ")";
 }
 
+// The suites' gradcheck options: o as given (the full Jacobian by default), or N random probes
+// per input when LINEA_GRADCHECK_PROBES=N is set. tests/run.sh sets it for the sanitizer pass,
+// which looks for memory errors and undefined behaviour: a few probes run every forward and
+// backward path the full Jacobian does, in seconds instead of minutes. The main pass checks the
+// full Jacobian.
+inline GradcheckOptions suite_gradcheck_options(GradcheckOptions o = {}) {
+  const char* probes = std::getenv("LINEA_GRADCHECK_PROBES");
+  if (o.probes == 0 && probes != nullptr) o.probes = std::atoll(probes);
+  return o;
+}
+
 inline ::testing::AssertionResult grad_ok(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                                           const std::vector<Tensor>& inputs, GradcheckOptions o = {}) {
-  GradcheckResult r = gradcheck(f, inputs, o);
+  GradcheckResult r = gradcheck(f, inputs, suite_gradcheck_options(o));
   if (r.ok) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << r.message;
 }
