@@ -6,9 +6,14 @@
 // a kernel that meets an index outside [0, size) reads 0 (or skips the addition) and files a
 // report that the host turns into linea::Error at the next synchronization (see
 // DeviceErrorReport in cuda/context.h).
-// index_add and scatter_add accumulate with atomicAdd: with repeated indices the order of
-// the additions, hence the float rounding of the result, may differ from run to run (and
-// from the CPU, which adds in index order). Integer results are exact.
+// index_add and scatter_add with up to kSortedMax source positions are deterministic and equal
+// the CPU's results bit for bit: the positions are sorted by (target, position), one block of
+// threads sorting them (bitonic, O(n log^2 n)), and one thread per target adds its sources in
+// position order, the CPU's order. An embedding's backward is one of these, so training runs
+// repeat exactly (with atomicAdd the order, hence the rounding, changed from run to run: seen
+// on an H100). Larger ones (RA's sampled keys, nprf_rpe's dense Toeplitz: millions of
+// positions, too many for one block) add with atomicAdd, whose float rounding may differ from
+// run to run and from the CPU; integer results are exact either way.
 // Kernels that only move data (index_select, gather) are instantiated per element size.
 // Not here: argument checks, dim handling, allocation (core/ops_index.cpp).
 #include "core/kernels.h"
@@ -45,7 +50,7 @@ __global__ void index_select_kernel(const E* x, const int64_t* index, E* out, in
   }
 }
 
-// out [outer, size, inner] += src [outer, n, inner] at index [n]
+// out [outer, size, inner] += src [outer, n, inner] at index [n], with atomics (n > kSortedMax)
 template <typename T>
 __global__ void index_add_kernel(T* out, const int64_t* index, const T* src, int64_t outer, int64_t size, int64_t n,
                                  int64_t inner, DeviceErrorReport* rep) {
@@ -59,6 +64,70 @@ __global__ void index_add_kernel(T* out, const int64_t* index, const T* src, int
       continue;
     }
     atomic_add(out + (o * size + idx) * inner + i, src[e]);
+  }
+}
+
+// Sorts pos[0, n2) into the order of (key[p], p) over the first n positions, positions >= n (the
+// padding up to the power of two n2) last. One block: a bitonic network, a barrier per stage.
+// Keys are distinct pairs, so the order, hence every sum taken in it, is unique.
+constexpr int kSortThreads = 512;
+constexpr int64_t kSortedMax = int64_t(1) << 16;  // positions sorted in one block (see the top)
+__device__ __forceinline__ bool key_less(const int64_t* key, int64_t n, int64_t a, int64_t b) {
+  if (a >= n || b >= n) return a < b;  // padding after every real position
+  return key[a] < key[b] || (key[a] == key[b] && a < b);
+}
+__global__ void sort_positions_kernel(const int64_t* key, int64_t* pos, int64_t n, int64_t n2) {
+  for (int64_t t = threadIdx.x; t < n2; t += blockDim.x) pos[t] = t;
+  __syncthreads();
+  for (int64_t k = 2; k <= n2; k <<= 1)
+    for (int64_t j = k >> 1; j > 0; j >>= 1) {
+      for (int64_t t = threadIdx.x; t < n2; t += blockDim.x) {
+        const int64_t partner = t ^ j;
+        if (partner <= t) continue;
+        const int64_t a = pos[t], b = pos[partner];
+        const bool ascending = (t & k) == 0;
+        if (key_less(key, n, b, a) == ascending) {
+          pos[t] = b;
+          pos[partner] = a;
+        }
+      }
+      __syncthreads();
+    }
+}
+
+// The entries sort_positions needs in pos: n rounded up to a power of two.
+int64_t sort_capacity(int64_t n) {
+  int64_t n2 = 1;
+  while (n2 < n) n2 <<= 1;
+  return n2;
+}
+
+// pos[0, n) = the positions 0..n-1 sorted by (key, position); key: n int64 on the device.
+void sort_positions(const int64_t* key, int64_t n, int64_t* pos) {
+  sort_positions_kernel<<<1, kSortThreads, 0, stream()>>>(key, pos, n, sort_capacity(n));
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+
+// out [outer, size, inner] += src [outer, n, inner] at index [n], pos the positions 0..n-1 sorted
+// by (index, position): the thread of (o, p, i) where sorted position p starts a run of one
+// index adds the run's sources to out in position order (the other threads have nothing to do).
+template <typename T>
+__global__ void index_add_sorted_kernel(T* out, const int64_t* index, const int64_t* pos, const T* src, int64_t outer,
+                                        int64_t size, int64_t n, int64_t inner, DeviceErrorReport* rep) {
+  const int64_t total = outer * n * inner;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e % inner, p = (e / inner) % n, o = e / (inner * n);
+    const int64_t idx = index[pos[p]];
+    if (p > 0 && index[pos[p - 1]] == idx) continue;  // inside a run
+    if (idx < 0 || idx >= size) {
+      report_device_error(rep, DeviceErrorCode::IndexAdd, idx, size);
+      continue;
+    }
+    T* dst = out + (o * size + idx) * inner + i;
+    T acc = *dst;
+    for (int64_t q = p; q < n && index[pos[q]] == idx; ++q) acc += src[(o * n + pos[q]) * inner + i];
+    *dst = acc;
   }
 }
 
@@ -81,7 +150,8 @@ __global__ void gather_kernel(const E* x, const int64_t* index, E* out, int64_t 
   }
 }
 
-// out along dim at index += src (index, src of shape I); oc as in gather, for out.
+// out along dim at index += src (index, src of shape I), with atomics (more than kSortedMax
+// positions); oc as in gather, for out.
 template <typename T>
 __global__ void scatter_add_kernel(T* out, const int64_t* index, const T* src, int64_t total, OffsetCalc<1> oc,
                                    int64_t os_dim, int64_t size, DeviceErrorReport* rep) {
@@ -95,6 +165,39 @@ __global__ void scatter_add_kernel(T* out, const int64_t* index, const T* src, i
     int64_t off[1];
     oc.get(e, off);
     atomic_add(out + off[0] + idx * os_dim, src[e]);
+  }
+}
+
+// scatter_add's targets: key[e] = out's offset that position e of index adds to, or -1 for an
+// index outside [0, size) (reported; such positions are skipped). oc as in gather, for out.
+__global__ void scatter_targets_kernel(const int64_t* index, int64_t* key, int64_t total, OffsetCalc<1> oc,
+                                       int64_t os_dim, int64_t size, DeviceErrorReport* rep) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t idx = index[e];
+    if (idx < 0 || idx >= size) {
+      report_device_error(rep, DeviceErrorCode::ScatterAdd, idx, size);
+      key[e] = -1;
+      continue;
+    }
+    int64_t off[1];
+    oc.get(e, off);
+    key[e] = off[0] + idx * os_dim;
+  }
+}
+
+// out at key[pos[p]] += src[pos[p]], each target's sources added in position order by the thread
+// of the sorted position that starts its run (positions of one target differ only along dim, so
+// this is the CPU's order).
+template <typename T>
+__global__ void scatter_add_sorted_kernel(T* out, const int64_t* key, const int64_t* pos, const T* src, int64_t total) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < total;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t target = key[pos[p]];
+    if (target < 0 || (p > 0 && key[pos[p - 1]] == target)) continue;
+    T acc = out[target];
+    for (int64_t q = p; q < total && key[pos[q]] == target; ++q) acc += src[pos[q]];
+    out[target] = acc;
   }
 }
 
@@ -160,9 +263,20 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_
               ", ", inner, "]");
   const int64_t total = src.numel();
   if (total == 0) return;
+  if (n > kSortedMax) {
+    LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add", [&] {
+      index_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
+          ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), outer, size, n, inner, device_error_report());
+      LINEA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  DeviceBuffer pos(sizeof(int64_t) * static_cast<size_t>(sort_capacity(n)));
+  sort_positions(cptr<int64_t>(index), n, pos.as<int64_t>());
   LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add", [&] {
-    index_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
-        ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), outer, size, n, inner, device_error_report());
+    index_add_sorted_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
+        ptr<scalar_t>(out), cptr<int64_t>(index), pos.as<int64_t>(), cptr<scalar_t>(src), outer, size, n, inner,
+        device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -196,9 +310,23 @@ void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int6
   if (total == 0) return;
   const OffsetCalc<1> oc = dim_skipping_calc(index.shape(), out.strides(), dim, "scatter_add");
   const int64_t os_dim = out.stride(dim), size = out.size(dim);
+  if (total > kSortedMax) {
+    LINEA_DISPATCH_NUMERIC(out.dtype(), "scatter_add", [&] {
+      scatter_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
+          ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), total, oc, os_dim, size, device_error_report());
+      LINEA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  DeviceBuffer key(sizeof(int64_t) * static_cast<size_t>(total));
+  DeviceBuffer pos(sizeof(int64_t) * static_cast<size_t>(sort_capacity(total)));
+  scatter_targets_kernel<<<grid_for(total), kBlockSize, 0, stream()>>>(cptr<int64_t>(index), key.as<int64_t>(), total,
+                                                                      oc, os_dim, size, device_error_report());
+  LINEA_KERNEL_LAUNCH_CHECK();
+  sort_positions(key.as<int64_t>(), total, pos.as<int64_t>());
   LINEA_DISPATCH_NUMERIC(out.dtype(), "scatter_add", [&] {
-    scatter_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
-        ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), total, oc, os_dim, size, device_error_report());
+    scatter_add_sorted_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
+        ptr<scalar_t>(out), key.as<int64_t>(), pos.as<int64_t>(), cptr<scalar_t>(src), total);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -658,6 +658,49 @@ TEST(CudaParity, Indexing) {
                 {ints({1, -2, 3, 4, 5, 6}, {3, 2})});
 }
 
+// index_add and scatter_add add each target's sources in position order on both devices, so the
+// results are the CPU's bit for bit and the same in every run, however often indices repeat (the
+// embedding's backward, where every frequent token is such a repeat). Sources of mixed magnitudes
+// make the rounding depend on the order; 3000 indices sort with padding up to 4096.
+TEST(CudaParity, IndexAddAndScatterAddEqualTheCpuBitForBit) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(23);
+  const Tensor skewed = mul(randint(0, 8, {3000}), randint(0, 8, {3000}));  // 0..49, many zeros and small values
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor base = rnd({3, 50, 33}, dt), src = mul(rnd({3, 3000, 33}, dt), exp(rnd({3, 3000, 33}, dt, 3.0)));
+    const Tensor cpu = raw::index_add(base, 1, skewed, src);
+    const Tensor gpu1 = raw::index_add(base.to(kCuda), 1, skewed.to(kCuda), src.to(kCuda)).to(kCPU);
+    const Tensor gpu2 = raw::index_add(base.to(kCuda), 1, skewed.to(kCuda), src.to(kCuda)).to(kCPU);
+    EXPECT_EQ(gpu1.to_vector<double>(), cpu.to_vector<double>());
+    EXPECT_EQ(gpu2.to_vector<double>(), gpu1.to_vector<double>());
+
+    const Tensor sidx = randint(0, 20, {4, 500, 3}), ssrc = mul(rnd({4, 500, 3}, dt), exp(rnd({4, 500, 3}, dt, 3.0)));
+    const Tensor sbase = rnd({4, 20, 3}, dt);
+    const Tensor scpu = raw::scatter_add(sbase, 1, sidx, ssrc);
+    const Tensor sgpu = raw::scatter_add(sbase.to(kCuda), 1, sidx.to(kCuda), ssrc.to(kCuda)).to(kCPU);
+    EXPECT_EQ(sgpu.to_vector<double>(), scpu.to_vector<double>());
+
+    // The embedding's weight gradient through autograd.
+    const Tensor w = rnd({50, 16}, dt), tokens = skewed.narrow(0, 0, 2048).reshape({32, 64});
+    const Tensor gout = mul(rnd({32, 64, 16}, dt), exp(rnd({32, 64, 16}, dt, 3.0)));
+    Tensor wc = clone(w).requires_grad_(true), wg = w.to(kCuda).requires_grad_(true);
+    embedding(wc, tokens).backward(gout);
+    embedding(wg, tokens.to(kCuda)).backward(gout.to(kCuda));
+    EXPECT_EQ(wg.grad().to(kCPU).to_vector<double>(), wc.grad().to_vector<double>());
+
+    // Over 65536 positions the kernels add with atomics: equal up to the order's rounding (sums of
+    // ~1750 terms: scale 10).
+    const Tensor many = randint(0, 40, {70000}), msrc = rnd({70000, 2}, dt), mbase = rnd({40, 2}, dt);
+    expect_parity(tag("index_add, 70000 positions", dt),
+                  [](const std::vector<Tensor>& v) { return raw::index_add(v[0], 0, v[1], v[2]); },
+                  {mbase, many, msrc}, 10.0);
+    expect_parity(tag("scatter_add, 70000 positions", dt),
+                  [](const std::vector<Tensor>& v) { return raw::scatter_add(v[0], 0, v[1], v[2]); },
+                  {mbase, many.reshape({35000, 2}), msrc.narrow(0, 0, 35000).contiguous()}, 10.0);
+  }
+}
+
 TEST(CudaParity, BadIndicesAreReported) {
   LINEA_REQUIRE_CUDA();
   const Tensor x = randn({4, 3}, TensorOptions(DType::Float32, kCuda));
