@@ -50,6 +50,7 @@ std::string index_str(int64_t flat, const Shape& s) {
   }
   return shape_str(idx);
 }
+
 // The probes of input i (gradcheck.h): numeric v . (f(x + eps u) - f(x - eps u)) / (2 eps)
 // against analytic (backward of v) . u; updates res with the worst probe.
 void probe_input(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor>& leaves,
@@ -128,12 +129,12 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
   double worst_excess = 0.0;
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (!checked[i]) continue;
-    Tensor x = leaves[i];
-    const int64_t nx = x.numel();
     if (opts.probes > 0) {
       probe_input(f, leaves, y, i, opts, res, worst_excess);
       continue;
     }
+    Tensor x = leaves[i];
+    const int64_t nx = x.numel();
     // numeric[j][k] = d y_k / d x_j by central differences.
     std::vector<double> numeric(static_cast<size_t>(nx * ny));
     std::vector<int64_t> offs = element_offsets(x);
