@@ -51,8 +51,8 @@ enum class NprfPath { Fft, Dense, Auto };
 
 // The choice of NprfPath::Auto: true when the dense path is expected to be the faster one for N
 // queries, M keys, S features and value dim Dv (a cost model fitted to CPU timings, see
-// nprf_rpe.cpp; shapes only, never data). With the defaults (S = 64): dense up to N = M ~ 1760
-// at Dv = 16, ~6900 at Dv = 64.
+// nprf_rpe.cpp; shapes only, never data). With the defaults (S = 64): dense up to N = M ~ 650
+// at Dv = 16, ~2700 at Dv = 64.
 bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv);
 
 // The mechanism. Spec options: features=S (default 64), max_len=L (default 512), redraw=N (new

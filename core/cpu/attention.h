@@ -32,10 +32,11 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 // Toeplitz-modulated linear attention without the [S, E] outer products in memory
 // (raw::toeplitz_attention; nprf_rpe's FFT path). Per (b, h):
 //   y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m = sum_s phi_q_ns sum_m c_{m-n} phi_k_ms v_m
-// one feature s at a time: its E channels phi_k_ms v_me are transformed together (real FFTs of
-// length fft_len >= N + M - 1, interleaved channels), multiplied by the spectrum of c's
-// circulant embedding, transformed back and weighted by phi_q_ns. The backward recomputes
-// each feature's transforms. c [H or B*H, N+M-1] holds c_t at t + N - 1 for t = m - n;
+// one feature s and two value channels at a time: phi_k_ms (v_ma + i v_mb) is transformed (a
+// complex FFT of length fft_len >= N + M - 1: c is real, so both channels share it),
+// multiplied by the spectrum of c's circulant embedding, transformed back and weighted by
+// phi_q_ns. The backward recomputes each feature's transforms (memory O((N + M) S), not
+// O(N S E)). c [H or B*H, N+M-1] holds c_t at t + N - 1 for t = m - n;
 // phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E] contiguous, one float dtype;
 // y [B, H, N, E].
 void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,

@@ -30,7 +30,7 @@ using fftw::get_plan;
 template <typename T> void rfft_impl(const T* x, T* out, int64_t batch, int64_t n) {
   using Complex = typename Fftw<T>::Complex;
   const int64_t F = n / 2 + 1;
-  const CachedPlan<T> cp = get_plan<T>(n, true);
+  const CachedPlan<T> cp = get_plan<T>(n, fftw::Kind::R2C);
   const bool par = batch > 1 && batch * n >= detail::kParallelGrain;
   // Per-thread scratch rows for pointers without the planning alignment (allocated here, not
   // inside the parallel region, so an allocation failure throws on the calling thread).
@@ -47,11 +47,11 @@ template <typename T> void rfft_impl(const T* x, T* out, int64_t batch, int64_t 
     T* yout = out + b * 2 * F;
     T* in = xin;
     T* o = yout;
-    if (Fftw<T>::alignment_of(xin) != cp.align_real) {
+    if (Fftw<T>::alignment_of(xin) != cp.align_in) {
       in = in_bufs[static_cast<size_t>(tid)]->p;
       std::copy(xin, xin + n, in);
     }
-    if (Fftw<T>::alignment_of(yout) != cp.align_complex) o = out_bufs[static_cast<size_t>(tid)]->p;
+    if (Fftw<T>::alignment_of(yout) != cp.align_out) o = out_bufs[static_cast<size_t>(tid)]->p;
     Fftw<T>::exec_r2c(cp.plan, in, reinterpret_cast<Complex*>(o));
     if (o != yout) std::copy(o, o + 2 * F, yout);
   }
@@ -60,7 +60,7 @@ template <typename T> void rfft_impl(const T* x, T* out, int64_t batch, int64_t 
 template <typename T> void irfft_impl(const T* spec, T* out, int64_t batch, int64_t n) {
   using Complex = typename Fftw<T>::Complex;
   const int64_t F = n / 2 + 1;
-  const CachedPlan<T> cp = get_plan<T>(n, false);
+  const CachedPlan<T> cp = get_plan<T>(n, fftw::Kind::C2R);
   const T scale = T(1) / static_cast<T>(n);
   const bool par = batch > 1 && batch * n >= detail::kParallelGrain;
   const int nt = par ? omp_get_max_threads() : 1;
@@ -77,7 +77,7 @@ template <typename T> void irfft_impl(const T* spec, T* out, int64_t batch, int6
     T* in = in_bufs[static_cast<size_t>(tid)]->p;
     std::copy(s, s + 2 * F, in);
     T* o = yout;
-    if (Fftw<T>::alignment_of(yout) != cp.align_real) o = out_bufs[static_cast<size_t>(tid)]->p;
+    if (Fftw<T>::alignment_of(yout) != cp.align_out) o = out_bufs[static_cast<size_t>(tid)]->p;
     Fftw<T>::exec_c2r(cp.plan, reinterpret_cast<Complex*>(in), o);
     for (int64_t t = 0; t < n; ++t) yout[t] = o[t] * scale;
   }

@@ -1,6 +1,6 @@
 // Toeplitz-modulated linear attention on the CPU (see attention.h): the FFT path of nprf_rpe
-// one random feature at a time, so that memory stays O((N + M) (S + E)) instead of holding the
-// S * E channels of phi(k) v^T and their spectra.
+// one random feature and one pair of value channels at a time, so that memory stays
+// O((N + M) S) instead of holding the S * E channels of phi(k) v^T and their spectra.
 //
 // With g the circulant embedding of c (g[t mod n] = c_t for t = -(N-1)..M-1, zeros between) and
 // n >= N + M - 1, sum_m c_{m-n} x_m = sum_m g[(m - n) mod n] x_m is a cross-correlation:
@@ -8,19 +8,26 @@
 // X_k G_k, and the gradient of g is the cross-correlation of the output gradient with x:
 // dg = IDFT(sum conj(P_k) X_k).
 //
-// Work items: (b, h) pairs, or, with fewer pairs than threads, (b, h, a range of features); each
-// item sums into its own [E, N] / [E, M] buffer (channels first, the FFTs' layout), summed and
-// transposed afterwards. All scratch comes from one allocator workspace per call, in pieces
-// aligned like fftw_malloc's (the cached plans were planned on fftw_malloc'ed arrays).
+// Two real channels per complex transform: g is real, so the product is real-linear and
+// channels a, b go through it together as x_a + i x_b (their results come back as the real and
+// imaginary parts). One complex transform of length n costs about what one real transform of n
+// does, so this halves the transforms. For the gradient of g the real part of
+// IDFT(conj(P_a + i P_b) (X_a + i X_b)) is the wanted sum over both channels (the cross terms are
+// imaginary).
+//
+// Work items: (b, h) pairs, or, with fewer pairs than threads, (b, h, a range of channel pairs).
+// Loops run channel pair outside, feature inside, so that the pair's accumulators stay in cache.
+// All scratch comes from one allocator workspace per call, in pieces aligned like fftw_malloc's
+// (the cached plans were planned on fftw_malloc'ed arrays).
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "core/cpu/attention.h"
 #include "core/cpu/fftw.h"
+#include "core/cpu/vec_math.h"
 #include "core/cpu/workspace.h"
 #include "core/kernels.h"
 
@@ -34,68 +41,64 @@ using fftw::Fftw;
 struct Dims {
   int64_t B, H, N, M, S, E, n;
   bool c_per_batch;  // c [B*H, L] rather than [H, L]
-  int64_t F() const { return n / 2 + 1; }
+  int64_t P() const { return (E + 1) / 2; }  // channel pairs (the last one half empty if E is odd)
   int64_t L() const { return N + M - 1; }
 };
 
-// How the (b, h, feature) work is split: `chunks` feature ranges per (b, h).
+// How the (b, h, channel pair) work is split: `chunks` ranges of pairs per (b, h).
 struct Split {
   int64_t chunks, items;
   Split(const Dims& d, int nt) {
     const int64_t bh = d.B * d.H;
-    chunks = bh >= nt ? 1 : std::min<int64_t>(d.S, (nt + bh - 1) / bh);
+    chunks = bh >= nt ? 1 : std::max<int64_t>(1, std::min<int64_t>(d.P(), (nt + bh - 1) / bh));
     items = bh * chunks;
   }
-  int64_t s0(const Dims& d, int64_t chunk) const { return d.S * chunk / chunks; }
+  int64_t p0(const Dims& d, int64_t chunk) const { return d.P() * chunk / chunks; }
 };
 
-// The four plans a call uses, made (under the planner lock) before the parallel region.
+// The two complex plans of length n (out of place; the forward one keeps its input), made
+// (under the planner lock) before any parallel region.
 template <typename T> struct Plans {
-  typename Fftw<T>::Plan r2c_1, c2r_1, r2c_e, c2r_e;  // one channel / E interleaved channels
+  typename Fftw<T>::Plan fwd, bwd;
   explicit Plans(const Dims& d)
-      : r2c_1(fftw::get_plan<T>(d.n, true).plan),
-        c2r_1(fftw::get_plan<T>(d.n, false).plan),
-        r2c_e(fftw::get_plan<T>(d.n, true, d.E).plan),
-        c2r_e(fftw::get_plan<T>(d.n, false, d.E).plan) {}
+      : fwd(fftw::get_plan<T>(d.n, fftw::Kind::Forward).plan), bwd(fftw::get_plan<T>(d.n, fftw::Kind::Backward).plan) {}
 };
 
-// One thread's buffers, channels first: E real rows of n, E complex rows of F (twice each), g and
-// its spectrum, v and the output gradient transposed to [E, M] and [E, N], one feature's column
-// of phi_q and phi_k, and (backward) the weighted output gradient and its spectra.
+// One thread's buffers (complex ones interleaved re, im): the spectrum of g, the transforms'
+// inputs uk and uq (rows past M and N stay 0: the forward plan keeps its input), three more
+// length-n rows, phi_q and phi_k transposed to [S, N] and [S, M] (a feature's column
+// contiguous), a pair of value channels and of output gradients, and a pair's accumulator.
 template <typename T> struct Scratch {
-  using Complex = typename Fftw<T>::Complex;
-  T *x, *y, *xf, *yf, *g, *gf, *vt, *gt, *wq, *wk, *p, *pf;
-  // Elements one thread's buffers take in a workspace.
+  T *G, *uk, *uq, *x, *t, *y, *p, *qt, *kt, *v2, *g2, *acc;
   static int64_t size(const Dims& d) {
     auto r = [](int64_t n) { return Workspace<T>::rounded(n); };
-    return 3 * r(d.n * d.E) + 3 * r(2 * d.F() * d.E) + r(d.n) + r(2 * d.F()) + r(d.E * d.M) + r(d.E * d.N) + r(d.N) +
-           r(d.M);
+    return 7 * r(2 * d.n) + r(d.S * d.N) + r(d.S * d.M) + r(2 * d.M) + r(2 * d.N) + r(2 * std::max(d.N, d.M));
   }
   Scratch(const Dims& d, Workspace<T>& ws)
-      : x(ws.take(d.n * d.E)),
-        y(ws.take(d.n * d.E)),
-        xf(ws.take(2 * d.F() * d.E)),
-        yf(ws.take(2 * d.F() * d.E)),
-        g(ws.take(d.n)),
-        gf(ws.take(2 * d.F())),
-        vt(ws.take(d.E * d.M)),
-        gt(ws.take(d.E * d.N)),
-        wq(ws.take(d.N)),
-        wk(ws.take(d.M)),
-        p(ws.take(d.n * d.E)),
-        pf(ws.take(2 * d.F() * d.E)) {}
-  Complex* cx() { return reinterpret_cast<Complex*>(xf); }
-  Complex* cy() { return reinterpret_cast<Complex*>(yf); }
-  Complex* cg() { return reinterpret_cast<Complex*>(gf); }
-  Complex* cp() { return reinterpret_cast<Complex*>(pf); }
+      : G(ws.take(2 * d.n)),
+        uk(ws.take(2 * d.n)),
+        uq(ws.take(2 * d.n)),
+        x(ws.take(2 * d.n)),
+        t(ws.take(2 * d.n)),
+        y(ws.take(2 * d.n)),
+        p(ws.take(2 * d.n)),
+        qt(ws.take(d.S * d.N)),
+        kt(ws.take(d.S * d.M)),
+        v2(ws.take(2 * d.M)),
+        g2(ws.take(2 * d.N)),
+        acc(ws.take(2 * std::max(d.N, d.M))) {
+    std::fill(uk, uk + 2 * d.n, T(0));
+    std::fill(uq, uq + 2 * d.n, T(0));
+  }
 };
 
-// Every thread's Scratch, carved from ws before the parallel region.
 template <typename T> std::vector<Scratch<T>> thread_scratch(const Dims& d, int nt, Workspace<T>& ws) {
   std::vector<Scratch<T>> all;
   for (int t = 0; t < nt; ++t) all.emplace_back(d, ws);
   return all;
 }
+
+template <typename T> typename Fftw<T>::Complex* cplx(T* p) { return reinterpret_cast<typename Fftw<T>::Complex*>(p); }
 
 // dst [cols, rows] = src [rows, cols]^T
 template <typename T> void transpose_to(const T* src, int64_t rows, int64_t cols, T* dst) {
@@ -103,70 +106,105 @@ template <typename T> void transpose_to(const T* src, int64_t rows, int64_t cols
     for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
-// Column s of phi [rows, S] into w.
-template <typename T> void column(const T* phi, int64_t rows, int64_t S, int64_t s, T* w) {
-  for (int64_t r = 0; r < rows; ++r) w[r] = phi[r * S + s];
+// Columns 2p and 2p+1 of src [rows, E] as one complex row (imaginary part 0 past the last column).
+template <typename T> void pair_of(const T* src, int64_t rows, int64_t E, int64_t p, T* dst) {
+  const int64_t a = 2 * p, b = 2 * p + 1;
+  for (int64_t r = 0; r < rows; ++r) {
+    dst[2 * r] = src[r * E + a];
+    dst[2 * r + 1] = b < E ? src[r * E + b] : T(0);
+  }
 }
 
-// The spectrum of (b, h)'s circulant embedding into s.gf.
+// The complex row src [rows] back into columns 2p and 2p+1 of dst [rows, E].
+template <typename T> void unpair_to(const T* src, int64_t rows, int64_t E, int64_t p, T* dst) {
+  const int64_t a = 2 * p, b = 2 * p + 1;
+  for (int64_t r = 0; r < rows; ++r) {
+    dst[r * E + a] = src[2 * r];
+    if (b < E) dst[r * E + b] = src[2 * r + 1];
+  }
+}
+
+// The spectrum of (b, h)'s circulant embedding into s.G (a real row as a complex one), over n.
 template <typename T>
 void embed_c(const Dims& d, const Plans<T>& pl, const T* c, int64_t b, int64_t h, Scratch<T>& s) {
   const T* ch = c + (d.c_per_batch ? b * d.H + h : h) * d.L();
-  T* g = s.g;
-  std::fill(g, g + d.n, T(0));
-  for (int64_t t = 0; t < d.M; ++t) g[t] = ch[d.N - 1 + t];       // c_0 .. c_{M-1}
-  for (int64_t t = 1; t < d.N; ++t) g[d.n - t] = ch[d.N - 1 - t];  // c_{-1} .. c_{-(N-1)}
-  Fftw<T>::exec_r2c(pl.r2c_1, g, s.cg());
+  T* g = s.t;
+  std::fill(g, g + 2 * d.n, T(0));
+  for (int64_t t = 0; t < d.M; ++t) g[2 * t] = ch[d.N - 1 + t];             // c_0 .. c_{M-1}
+  for (int64_t t = 1; t < d.N; ++t) g[2 * (d.n - t)] = ch[d.N - 1 - t];  // c_{-1} .. c_{-(N-1)}
+  Fftw<T>::exec_c2c(pl.fwd, cplx(g), cplx(s.G));
+  const T inv_n = T(1) / static_cast<T>(d.n);  // the inverse transform's normalization, once
+  for (int64_t k = 0; k < 2 * d.n; ++k) s.G[k] *= inv_n;
 }
 
-// x_e = w * v_e (w = phi_k[:, s], rows m < M, zeros to n) for every channel e; xf = the spectra.
-template <typename T> void feature_spectrum(const Dims& d, const Plans<T>& pl, Scratch<T>& b) {
-  for (int64_t e = 0; e < d.E; ++e) {
-    T* x = b.x + e * d.n;
-    const T* ve = b.vt + e * d.M;
-    for (int64_t m = 0; m < d.M; ++m) x[m] = b.wk[m] * ve[m];
-    std::fill(x + d.M, x + d.n, T(0));
+// The elementwise steps, on complex rows stored (re, im) interleaved; simple loops that GCC
+// vectorizes, compiled for AVX2 as well (LINEA_VEC_CLONES).
+
+// dst_r = w_r src_r (a real weight times a complex row).
+template <typename T> LINEA_VEC_CLONES void weight(const T* w, const T* src, int64_t rows, T* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    dst[2 * r] = w[r] * src[2 * r];
+    dst[2 * r + 1] = w[r] * src[2 * r + 1];
   }
-  Fftw<T>::exec_r2c(pl.r2c_e, b.x, b.cx());
 }
 
-// y = IDFT(src_k * (conj ? conj(G_k) : G_k)) for every channel, scaled by 1/n (src kept).
-template <typename T>
-void filtered_inverse(const Dims& d, const Plans<T>& pl, const typename Fftw<T>::Complex* src, bool conj, T* y,
-                      Scratch<T>& b) {
-  auto* dst = b.cy();
-  const auto* G = b.cg();
-  const int64_t F = d.F();
-  const T sign = conj ? T(-1) : T(1), inv_n = T(1) / static_cast<T>(d.n);
-  for (int64_t e = 0; e < d.E; ++e)
-    for (int64_t k = 0; k < F; ++k) {
-      const T gr = G[k][0] * inv_n, gi = sign * G[k][1] * inv_n;
-      const T xr = src[e * F + k][0], xi = src[e * F + k][1];
-      dst[e * F + k][0] = xr * gr - xi * gi;
-      dst[e * F + k][1] = xr * gi + xi * gr;
-    }
-  Fftw<T>::exec_c2r(pl.c2r_e, dst, y);  // destroys dst, not src
+// acc_r += w_r x_r
+template <typename T> LINEA_VEC_CLONES void add_weighted(const T* w, const T* x, int64_t rows, T* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    acc[2 * r] += w[r] * x[2 * r];
+    acc[2 * r + 1] += w[r] * x[2 * r + 1];
+  }
 }
 
-// Feature s of one (b, h): its columns of phi_q, phi_k into b.wq, b.wk, the spectra of
-// phi_k[:, s] v into b.xf and y_s = sum_m c_{m-n} phi_k[m, s] v_m into b.y (channels first).
-template <typename T>
-void feature_output(const Dims& d, const Plans<T>& pl, const T* pqb, const T* pkb, int64_t s, Scratch<T>& b) {
-  column(pkb, d.M, d.S, s, b.wk);
-  column(pqb, d.N, d.S, s, b.wq);
-  feature_spectrum(d, pl, b);
-  filtered_inverse<T>(d, pl, b.cx(), /*conj=*/true, b.y, b);
+// acc_r += Re(conj(a_r) b_r): the two channels' products summed.
+template <typename T> LINEA_VEC_CLONES void add_real_dot(const T* a, const T* b, int64_t rows, T* acc) {
+  for (int64_t r = 0; r < rows; ++r) acc[r] += a[2 * r] * b[2 * r] + a[2 * r + 1] * b[2 * r + 1];
 }
 
+// dst_k = x_k G_k, or x_k conj(G_k) (dst may be x).
+template <typename T> LINEA_VEC_CLONES void multiply(const T* G, const T* x, int64_t n, bool conj, T* dst) {
+  const T sign = conj ? T(-1) : T(1);
+  for (int64_t k = 0; k < n; ++k) {
+    const T gr = G[2 * k], gi = sign * G[2 * k + 1], xr = x[2 * k], xi = x[2 * k + 1];
+    dst[2 * k] = xr * gr - xi * gi;
+    dst[2 * k + 1] = xr * gi + xi * gr;
+  }
+}
+
+// acc_k += conj(P_k) X_k
+template <typename T> LINEA_VEC_CLONES void add_conj_product(const T* P, const T* X, int64_t n, T* acc) {
+  for (int64_t k = 0; k < n; ++k) {
+    const T pr = P[2 * k], pi = P[2 * k + 1], xr = X[2 * k], xi = X[2 * k + 1];
+    acc[2 * k] += pr * xr + pi * xi;
+    acc[2 * k + 1] += pr * xi - pi * xr;
+  }
+}
+
+// dst = DFT of w * src (complex src of `rows`; u holds it, its rows past `rows` are 0).
 template <typename T>
-void forward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T* v, T* y) {
+void weighted_spectrum(const Plans<T>& pl, const T* w, const T* src, int64_t rows, T* u, T* dst) {
+  weight(w, src, rows, u);
+  Fftw<T>::exec_c2c(pl.fwd, cplx(u), cplx(dst));
+}
+
+// dst = IDFT(src_k * (conj ? conj(G_k) : G_k)), G already over n (through b.t; src kept).
+template <typename T>
+void filtered_inverse(const Dims& d, const Plans<T>& pl, const T* src, bool conj, T* dst, Scratch<T>& b) {
+  multiply(b.G, src, d.n, conj, b.t);
+  Fftw<T>::exec_c2c(pl.bwd, cplx(b.t), cplx(dst));
+}
+
+// phi_q and phi_k of item bh transposed into the thread's scratch.
+template <typename T> void load_features(const Dims& d, const T* pq, const T* pk, int64_t bh, Scratch<T>& b) {
+  transpose_to(pq + bh * d.N * d.S, d.N, d.S, b.qt);
+  transpose_to(pk + bh * d.M * d.S, d.M, d.S, b.kt);
+}
+
+template <typename T> void forward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T* v, T* y) {
   const int nt = omp_get_max_threads();
   const Split sp(d, nt);
-  const int64_t ne = d.N * d.E;
   const Plans<T> pl(d);
-  // Each item's sum [E, N] (channels first, transposed into y at the end), every thread's buffers.
-  Workspace<T> ws(Workspace<T>::rounded(sp.items * ne) + nt * Scratch<T>::size(d));
-  T* part = ws.take(sp.items * ne);
+  Workspace<T> ws(nt * Scratch<T>::size(d));
   std::vector<Scratch<T>> scratch = thread_scratch(d, nt, ws);
 #pragma omp parallel num_threads(nt)
   {
@@ -174,129 +212,120 @@ void forward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T* 
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < sp.items; ++it) {
       const int64_t bh = it / sp.chunks, chunk = it % sp.chunks;
-      const T* pqb = pq + bh * d.N * d.S;
-      const T* pkb = pk + bh * d.M * d.S;
-      T* out = part + it * ne;
-      std::fill(out, out + ne, T(0));
-      transpose_to(v + bh * d.M * d.E, d.M, d.E, b.vt);
+      load_features(d, pq, pk, bh, b);
       embed_c(d, pl, c, bh / d.H, bh % d.H, b);
-      for (int64_t s = sp.s0(d, chunk); s < sp.s0(d, chunk + 1); ++s) {
-        feature_output(d, pl, pqb, pkb, s, b);
-        for (int64_t e = 0; e < d.E; ++e) {
-          const T* ye = b.y + e * d.n;
-          T* oe = out + e * d.N;
-          for (int64_t i = 0; i < d.N; ++i) oe[i] += b.wq[i] * ye[i];
+      for (int64_t p = sp.p0(d, chunk); p < sp.p0(d, chunk + 1); ++p) {
+        pair_of(v + bh * d.M * d.E, d.M, d.E, p, b.v2);
+        std::fill(b.acc, b.acc + 2 * d.N, T(0));
+        for (int64_t s = 0; s < d.S; ++s) {
+          // y_s = sum_m c_{m-n} phi_k[m, s] v_m for the pair; out += phi_q[:, s] y_s.
+          weighted_spectrum(pl, b.kt + s * d.M, b.v2, d.M, b.uk, b.x);
+          filtered_inverse(d, pl, b.x, /*conj=*/true, b.y, b);
+          add_weighted(b.qt + s * d.N, b.y, d.N, b.acc);
         }
+        unpair_to(b.acc, d.N, d.E, p, y + bh * d.N * d.E);
       }
     }
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < d.B * d.H; ++bh)
-    for (int64_t e = 0; e < d.E; ++e)
-      for (int64_t i = 0; i < d.N; ++i) {
-        T acc = 0;
-        for (int64_t ch = 0; ch < sp.chunks; ++ch) acc += part[(bh * sp.chunks + ch) * ne + e * d.N + i];
-        y[(bh * d.N + i) * d.E + e] = acc;
-      }
 }
 
 template <typename T>
 void backward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T* v, const T* dy, T* dc, T* dpq, T* dpk,
                    T* dv) {
-  using Complex = typename Fftw<T>::Complex;
   const int nt = omp_get_max_threads();
   const Split sp(d, nt);
-  const int64_t me = d.M * d.E, F = d.F();
+  const int64_t sn = d.S * d.N, sm = d.S * d.M;
   const Plans<T> pl(d);
-  // Each item's dv [E, M] and sum of conj(P_k) X_k, every thread's buffers, the dc transform's.
-  Workspace<T> ws(Workspace<T>::rounded(sp.items * me) + Workspace<T>::rounded(sp.items * 2 * F) +
-                  nt * Scratch<T>::size(d) + Workspace<T>::rounded(2 * F) + Workspace<T>::rounded(d.n));
-  T* dv_part = ws.take(sp.items * me);
-  T* dg_spec = ws.take(sp.items * 2 * F);
+  // Each item's sum of conj(P_k) X_k [n complex]; with more than one chunk per (b, h), each
+  // item's dphi_q^T [S, N] and dphi_k^T [S, M] too (summed in a fixed order afterwards); every
+  // thread's buffers, and the dc transform's row.
+  const int64_t parts = sp.chunks > 1 ? sp.items : 0;
+  Workspace<T> ws(sp.items * Workspace<T>::rounded(2 * d.n) + parts * Workspace<T>::rounded(sn + sm) +
+                  nt * (Scratch<T>::size(d) + Workspace<T>::rounded(sn + sm)) + 2 * Workspace<T>::rounded(2 * d.n));
+  std::vector<T*> dgs(static_cast<size_t>(sp.items)), dparts(static_cast<size_t>(parts)), dthread(static_cast<size_t>(nt));
+  for (T*& q : dgs) q = ws.take(2 * d.n);
+  for (T*& q : dparts) q = ws.take(sn + sm);
+  for (T*& q : dthread) q = ws.take(sn + sm);
   std::vector<Scratch<T>> scratch = thread_scratch(d, nt, ws);
-  T* spec = ws.take(2 * F);
-  T* dg = ws.take(d.n);
+  T* spec = ws.take(2 * d.n);
+  T* dg_row = ws.take(2 * d.n);
 #pragma omp parallel num_threads(nt)
   {
-    Scratch<T>& b = scratch[static_cast<size_t>(omp_get_thread_num())];
-    Complex* cpf = b.cp();  // the spectra of the output gradient weighted by phi_q[:, s]
+    const int tid = omp_get_thread_num();
+    Scratch<T>& b = scratch[static_cast<size_t>(tid)];
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < sp.items; ++it) {
       const int64_t bh = it / sp.chunks, chunk = it % sp.chunks;
-      const T* pqb = pq + bh * d.N * d.S;
-      const T* pkb = pk + bh * d.M * d.S;
-      T* dpqb = dpq + bh * d.N * d.S;
-      T* dpkb = dpk + bh * d.M * d.S;
-      T* dvb = dv_part + it * me;
-      T* acc = dg_spec + it * 2 * F;
-      std::fill(dvb, dvb + me, T(0));
-      std::fill(acc, acc + 2 * F, T(0));
-      transpose_to(v + bh * me, d.M, d.E, b.vt);
-      transpose_to(dy + bh * d.N * d.E, d.N, d.E, b.gt);
+      T* dq = parts ? dparts[static_cast<size_t>(it)] : dthread[static_cast<size_t>(tid)];  // [S, N] then [S, M]
+      T* dk = dq + sn;
+      T* dg = dgs[static_cast<size_t>(it)];
+      std::fill(dq, dq + sn + sm, T(0));
+      std::fill(dg, dg + 2 * d.n, T(0));
+      load_features(d, pq, pk, bh, b);
       embed_c(d, pl, c, bh / d.H, bh % d.H, b);
-      for (int64_t s = sp.s0(d, chunk); s < sp.s0(d, chunk + 1); ++s) {
-        // The forward's y_s again: dphi_q[n, s] = dy_n . y_s,n
-        feature_output(d, pl, pqb, pkb, s, b);
-        for (int64_t i = 0; i < d.N; ++i) dpqb[i * d.S + s] = T(0);
-        for (int64_t e = 0; e < d.E; ++e) {
-          const T* ye = b.y + e * d.n;
-          const T* ge = b.gt + e * d.N;
-          for (int64_t i = 0; i < d.N; ++i) dpqb[i * d.S + s] += ge[i] * ye[i];
+      for (int64_t p = sp.p0(d, chunk); p < sp.p0(d, chunk + 1); ++p) {
+        pair_of(v + bh * d.M * d.E, d.M, d.E, p, b.v2);
+        pair_of(dy + bh * d.N * d.E, d.N, d.E, p, b.g2);
+        std::fill(b.acc, b.acc + 2 * d.M, T(0));  // the pair's dv
+        for (int64_t s = 0; s < d.S; ++s) {
+          const T* wq = b.qt + s * d.N;
+          const T* wk = b.kt + s * d.M;
+          // The forward's X_s and y_s again: dphi_q[n, s] += Re(conj(dy_n) y_s,n) over the pair.
+          weighted_spectrum(pl, wk, b.v2, d.M, b.uk, b.x);
+          filtered_inverse(d, pl, b.x, /*conj=*/true, b.y, b);
+          add_real_dot(b.g2, b.y, d.N, dq + s * d.N);
+          // P = the spectrum of phi_q[:, s] dy; dg += conj(P_k) X_k.
+          weighted_spectrum(pl, wq, b.g2, d.N, b.uq, b.p);
+          add_conj_product(b.p, b.x, d.n, dg);
+          // z = the adjoint applied to P (a convolution with g), the gradient of phi_k[:, s] v:
+          // dphi_k[m, s] += Re(conj(v_m) z_m), dv_m += phi_k[m, s] z_m.
+          filtered_inverse(d, pl, b.p, /*conj=*/false, b.y, b);
+          add_real_dot(b.v2, b.y, d.M, dk + s * d.M);
+          add_weighted(wk, b.y, d.M, b.acc);
         }
-        // P_e = phi_q[:, s] * dy_e (rows n < N), the spectra; dg += sum_e conj(P_k) X_k.
-        for (int64_t e = 0; e < d.E; ++e) {
-          T* pe = b.p + e * d.n;
-          const T* ge = b.gt + e * d.N;
-          for (int64_t i = 0; i < d.N; ++i) pe[i] = b.wq[i] * ge[i];
-          std::fill(pe + d.N, pe + d.n, T(0));
+        unpair_to(b.acc, d.M, d.E, p, dv + bh * d.M * d.E);
+      }
+      if (!parts) {  // the item is all of (b, h): transpose straight into dphi_q, dphi_k
+        transpose_to(dq, d.S, d.N, dpq + bh * sn);
+        transpose_to(dk, d.S, d.M, dpk + bh * sm);
+      }
+    }
+  }
+  // With chunks: each (b, h)'s parts summed in chunk order and transposed back.
+  if (parts) {
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+      for (int64_t s = 0; s < d.S; ++s) {
+        for (int64_t i = 0; i < d.N; ++i) {
+          T sum = 0;
+          for (int64_t ch = 0; ch < sp.chunks; ++ch) sum += dparts[static_cast<size_t>(bh * sp.chunks + ch)][s * d.N + i];
+          dpq[(bh * d.N + i) * d.S + s] = sum;
         }
-        Fftw<T>::exec_r2c(pl.r2c_e, b.p, cpf);
-        const Complex* X = b.cx();
-        for (int64_t e = 0; e < d.E; ++e)
-          for (int64_t k = 0; k < F; ++k) {
-            const T pr = cpf[e * F + k][0], pi = cpf[e * F + k][1];
-            const T xr = X[e * F + k][0], xi = X[e * F + k][1];
-            acc[2 * k] += pr * xr + pi * xi;  // conj(P) X
-            acc[2 * k + 1] += pr * xi - pi * xr;
-          }
-        // z = the adjoint applied to P (a convolution with g): the gradient of x = phi_k[:, s] v.
-        filtered_inverse<T>(d, pl, cpf, /*conj=*/false, b.y, b);
-        for (int64_t m = 0; m < d.M; ++m) dpkb[m * d.S + s] = T(0);
-        for (int64_t e = 0; e < d.E; ++e) {
-          const T* ze = b.y + e * d.n;
-          const T* ve = b.vt + e * d.M;
-          T* dve = dvb + e * d.M;
-          for (int64_t m = 0; m < d.M; ++m) {
-            dpkb[m * d.S + s] += ze[m] * ve[m];
-            dve[m] += b.wk[m] * ze[m];
-          }
+        for (int64_t m = 0; m < d.M; ++m) {
+          T sum = 0;
+          for (int64_t ch = 0; ch < sp.chunks; ++ch)
+            sum += dparts[static_cast<size_t>(bh * sp.chunks + ch)][sn + s * d.M + m];
+          dpk[(bh * d.M + m) * d.S + s] = sum;
         }
       }
     }
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < d.B * d.H; ++bh)
-    for (int64_t m = 0; m < d.M; ++m)
-      for (int64_t e = 0; e < d.E; ++e) {
-        T sum = 0;
-        for (int64_t ch = 0; ch < sp.chunks; ++ch) sum += dv_part[(bh * sp.chunks + ch) * me + e * d.M + m];
-        dv[bh * me + m * d.E + e] = sum;
-      }
   // dc: the items' spectra summed per row of c (per head: over the batch too), one inverse
-  // transform each, read back at the offsets t = -(N-1)..M-1.
+  // transform each, its real part read back at the offsets t = -(N-1)..M-1.
   const int64_t rows = d.c_per_batch ? d.B * d.H : d.H;
   const T inv_n = T(1) / static_cast<T>(d.n);
   for (int64_t r = 0; r < rows; ++r) {
-    std::fill(spec, spec + 2 * F, T(0));
+    std::fill(spec, spec + 2 * d.n, T(0));
     for (int64_t it = 0; it < sp.items; ++it) {
       const int64_t bh = it / sp.chunks;
       if ((d.c_per_batch ? bh : bh % d.H) != r) continue;
-      for (int64_t k = 0; k < 2 * F; ++k) spec[k] += dg_spec[it * 2 * F + k];
+      const T* dg = dgs[static_cast<size_t>(it)];
+      for (int64_t k = 0; k < 2 * d.n; ++k) spec[k] += dg[k];
     }
-    Fftw<T>::exec_c2r(pl.c2r_1, reinterpret_cast<Complex*>(spec), dg);
+    Fftw<T>::exec_c2c(pl.bwd, cplx(spec), cplx(dg_row));
     T* dcr = dc + r * d.L();
-    for (int64_t t = 0; t < d.M; ++t) dcr[d.N - 1 + t] = dg[t] * inv_n;
-    for (int64_t t = 1; t < d.N; ++t) dcr[d.N - 1 - t] = dg[d.n - t] * inv_n;
+    for (int64_t t = 0; t < d.M; ++t) dcr[d.N - 1 + t] = dg_row[2 * t] * inv_n;
+    for (int64_t t = 1; t < d.N; ++t) dcr[d.N - 1 - t] = dg_row[2 * (d.n - t)] * inv_n;
   }
 }
 
