@@ -46,7 +46,7 @@ cmake --build "$BUILD" -j"$JOBS"
 echo "== test"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$JOBS}
 # The CPU FFT plans' wisdom (core/cpu/fftw.h) in the build folder, not the user's ~/.cache.
-export LINEA_FFTW_WISDOM=${LINEA_FFTW_WISDOM:-$PWD/$BUILD/fftw-wisdom}
+export LINEA_FFTW_WISDOM=${LINEA_FFTW_WISDOM:-$(cd "$BUILD" && pwd)/fftw-wisdom}
 ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure --timeout 900 2>&1 | tee "$LOGS/main.log"
 count_ctest "$LOGS/main.log"
 
