@@ -52,7 +52,6 @@ template <> struct Fftw<double> {
   static void exec_c2c(Plan p, Complex* in, Complex* out) { fftw_execute_dft(p, in, out); }
   static int import_wisdom(const char* path) { return fftw_import_wisdom_from_filename(path); }
   static int export_wisdom(const char* path) { return fftw_export_wisdom_to_filename(path); }
-  static void forget_wisdom() { fftw_forget_wisdom(); }
   static constexpr const char* kName = "double";
 };
 template <> struct Fftw<float> {
@@ -75,7 +74,6 @@ template <> struct Fftw<float> {
   static void exec_c2c(Plan p, Complex* in, Complex* out) { fftwf_execute_dft(p, in, out); }
   static int import_wisdom(const char* path) { return fftwf_import_wisdom_from_filename(path); }
   static int export_wisdom(const char* path) { return fftwf_export_wisdom_to_filename(path); }
-  static void forget_wisdom() { fftwf_forget_wisdom(); }
   static constexpr const char* kName = "float";
 };
 
