@@ -237,12 +237,14 @@ void backward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T*
   const int64_t sn = d.S * d.N, sm = d.S * d.M;
   const Plans<T> pl(d);
   // Each item's sum of conj(P_k) X_k [n complex]; with more than one chunk per (b, h), each
-  // item's dphi_q^T [S, N] and dphi_k^T [S, M] too (summed in a fixed order afterwards); every
-  // thread's buffers, and the dc transform's row.
+  // item's dphi_q^T [S, N] and dphi_k^T [S, M] too (summed in a fixed order afterwards), else
+  // one such pair per thread; every thread's buffers, and the dc transform's rows.
   const int64_t parts = sp.chunks > 1 ? sp.items : 0;
-  Workspace<T> ws(sp.items * Workspace<T>::rounded(2 * d.n) + parts * Workspace<T>::rounded(sn + sm) +
-                  nt * (Scratch<T>::size(d) + Workspace<T>::rounded(sn + sm)) + 2 * Workspace<T>::rounded(2 * d.n));
-  std::vector<T*> dgs(static_cast<size_t>(sp.items)), dparts(static_cast<size_t>(parts)), dthread(static_cast<size_t>(nt));
+  const int64_t per_thread = parts ? 0 : nt;
+  Workspace<T> ws(sp.items * Workspace<T>::rounded(2 * d.n) + (parts + per_thread) * Workspace<T>::rounded(sn + sm) +
+                  nt * Scratch<T>::size(d) + 2 * Workspace<T>::rounded(2 * d.n));
+  std::vector<T*> dgs(static_cast<size_t>(sp.items)), dparts(static_cast<size_t>(parts)),
+      dthread(static_cast<size_t>(per_thread));
   for (T*& q : dgs) q = ws.take(2 * d.n);
   for (T*& q : dparts) q = ws.take(sn + sm);
   for (T*& q : dthread) q = ws.take(sn + sm);
