@@ -30,10 +30,15 @@ TransformerEncoderLayer::TransformerEncoderLayer(int64_t dim, int64_t heads, int
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& x, const AttentionOptions& opts) {
-  check_tokens("TransformerEncoderLayer", "x", x, attn_->dim());
-  Tensor h = ln1_->forward(x);
-  Tensor y = add(x, drop_->forward(attn_->forward(h, h, opts)));  // [B, N, dim]
-  return add(y, drop_->forward(mlp_->forward(ln2_->forward(y))));
+  return forward(Residual{x, Tensor()}, opts).sum();
+}
+
+// x = in.base + in.delta; h = ln1(x); y = x + drop(attn(h)); out = y + drop(mlp(ln2(y))) as {y, m}
+Residual TransformerEncoderLayer::forward(const Residual& in, const AttentionOptions& opts) {
+  check_tokens("TransformerEncoderLayer", "x", in.base, attn_->dim());
+  auto [x, h] = in.delta.defined() ? ln1_->forward_add(in.base, in.delta) : std::pair{in.base, ln1_->forward(in.base)};
+  auto [y, h2] = ln2_->forward_add(x, drop_->forward(attn_->forward(h, h, opts)));  // [B, N, dim]
+  return {y, drop_->forward(mlp_->forward(h2))};
 }
 
 // ---- decoder layer ----------------------------------------------------------------------------
@@ -55,20 +60,25 @@ TransformerDecoderLayer::TransformerDecoderLayer(int64_t dim, int64_t heads, int
 
 Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& memory_key_padding_mask,
                                         const Tensor& tgt_key_padding_mask) {
+  return forward(Residual{x, Tensor()}, memory, memory_key_padding_mask, tgt_key_padding_mask).sum();
+}
+
+Residual TransformerDecoderLayer::forward(const Residual& in, const Tensor& memory,
+                                          const Tensor& memory_key_padding_mask, const Tensor& tgt_key_padding_mask) {
   const int64_t dim = self_attn_->dim();
-  check_tokens("TransformerDecoderLayer", "x", x, dim);
+  check_tokens("TransformerDecoderLayer", "x", in.base, dim);
   check_tokens("TransformerDecoderLayer", "memory", memory, dim);
-  LINEA_CHECK(memory.size(0) == x.size(0), "TransformerDecoderLayer: batch of x ", shape_str(x.shape()), " and memory ",
-              shape_str(memory.shape()), " differ");
+  LINEA_CHECK(memory.size(0) == in.base.size(0), "TransformerDecoderLayer: batch of x ", shape_str(in.base.shape()),
+              " and memory ", shape_str(memory.shape()), " differ");
   AttentionOptions self_opts;
   self_opts.causal = true;
   self_opts.key_padding_mask = tgt_key_padding_mask;
   AttentionOptions cross_opts;
   cross_opts.key_padding_mask = memory_key_padding_mask;
-  Tensor h = ln1_->forward(x);
-  Tensor y = add(x, drop_->forward(self_attn_->forward(h, h, self_opts)));  // [B, N, dim]
-  y = add(y, drop_->forward(cross_attn_->forward(ln2_->forward(y), memory, cross_opts)));
-  return add(y, drop_->forward(mlp_->forward(ln3_->forward(y))));
+  auto [x, h] = in.delta.defined() ? ln1_->forward_add(in.base, in.delta) : std::pair{in.base, ln1_->forward(in.base)};
+  auto [y, h2] = ln2_->forward_add(x, drop_->forward(self_attn_->forward(h, h, self_opts)));  // [B, N, dim]
+  auto [z, h3] = ln3_->forward_add(y, drop_->forward(cross_attn_->forward(h2, memory, cross_opts)));
+  return {z, drop_->forward(mlp_->forward(h3))};
 }
 
 Tensor TransformerDecoderLayer::step(const Tensor& x, AttentionCache& self_cache, AttentionCache& cross_cache,
@@ -91,9 +101,9 @@ TransformerEncoder::TransformerEncoder(int64_t depth, int64_t dim, int64_t heads
 }
 
 Tensor TransformerEncoder::forward(const Tensor& x, const AttentionOptions& opts) {
-  Tensor h = x;
-  for (size_t i = 0; i < layers_->size(); ++i) h = layer(i)->forward(h, opts);
-  return norm_->forward(h);
+  Residual r{x, Tensor()};
+  for (size_t i = 0; i < layers_->size(); ++i) r = layer(i)->forward(r, opts);
+  return norm_->forward_add(r.base, r.delta).second;  // depth >= 1: the last layer left a delta
 }
 
 TransformerDecoder::TransformerDecoder(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
@@ -108,10 +118,10 @@ TransformerDecoder::TransformerDecoder(int64_t depth, int64_t dim, int64_t heads
 
 Tensor TransformerDecoder::forward(const Tensor& x, const Tensor& memory, const Tensor& memory_key_padding_mask,
                                    const Tensor& tgt_key_padding_mask) {
-  Tensor h = x;
+  Residual r{x, Tensor()};
   for (size_t i = 0; i < layers_->size(); ++i)
-    h = layer(i)->forward(h, memory, memory_key_padding_mask, tgt_key_padding_mask);
-  return norm_->forward(h);
+    r = layer(i)->forward(r, memory, memory_key_padding_mask, tgt_key_padding_mask);
+  return norm_->forward_add(r.base, r.delta).second;
 }
 
 DecoderState TransformerDecoder::start(const Tensor& memory, const Tensor& memory_key_padding_mask) {

@@ -7,6 +7,10 @@
 // residual branch. Stacks hold their layers in a ModuleList "layers" and end with a LayerNorm
 // "norm" (pre-LN blocks leave the residual stream unnormalized). Parameter names follow, e.g.
 // "layers.0.attn.q_proj.weight", "layers.1.mlp.fc2.bias", "norm.weight".
+// The residual stream runs between layers as two terms, x = base + delta (Residual): each
+// residual sum is computed inside the layer norm that follows it (add_layer_norm, one kernel
+// for both), the last one inside the stack's final norm. The values are those of the formulas
+// above, add then norm.
 // Decoding: TransformerDecoder::start(memory) makes a DecoderState (one self-attention and one
 // cross-attention cache per layer, attention/multihead.h), and step() runs the next positions
 // through every layer, as the full causal forward would compute them.
@@ -23,6 +27,11 @@
 
 namespace linea::attn {
 
+// The residual stream as two terms still to be added, base + delta (delta undefined: just base).
+struct Residual {
+  Tensor base, delta;
+  Tensor sum() const { return delta.defined() ? add(base, delta) : base; }
+};
 
 class TransformerEncoderLayer : public nn::Module {
  public:
@@ -31,6 +40,8 @@ class TransformerEncoderLayer : public nn::Module {
   // x [B, N, dim] -> [B, N, dim]; opts: causal (a causal LM) and/or a key padding mask [B, N].
   Tensor forward(const Tensor& x, const AttentionOptions& opts = {});
   Tensor operator()(const Tensor& x, const AttentionOptions& opts = {}) { return forward(x, opts); }
+  // The same on the two-term stream (see the top of this file): in.sum() -> out.sum().
+  Residual forward(const Residual& in, const AttentionOptions& opts = {});
 
   const std::shared_ptr<MultiHeadAttention>& attn() const { return attn_; }
   const std::shared_ptr<nn::FeedForward>& mlp() const { return mlp_; }
@@ -57,6 +68,9 @@ class TransformerDecoderLayer : public nn::Module {
                     const Tensor& tgt_key_padding_mask = Tensor()) {
     return forward(x, memory, memory_key_padding_mask, tgt_key_padding_mask);
   }
+  // The same on the two-term stream (see the top of this file): in.sum() -> out.sum().
+  Residual forward(const Residual& in, const Tensor& memory, const Tensor& memory_key_padding_mask,
+                   const Tensor& tgt_key_padding_mask);
   // The next positions x [B, T, dim] -> [B, T, dim] given the layer's caches (start_self() of
   // self_attn(), start_cross(memory) of cross_attn()); key_padding [B, T] or undefined.
   Tensor step(const Tensor& x, AttentionCache& self_cache, AttentionCache& cross_cache,

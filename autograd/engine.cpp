@@ -164,11 +164,20 @@ Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, d
 
 // ---- backward --------------------------------------------------------------------------------
 namespace {
+// True when nothing but this handle reaches g's memory: its own tensor (no other handle, such
+// as an add's backward returning g for both inputs), covering its whole storage (not a view).
+bool sole_owner(const Tensor& g) {
+  const Storage& st = *g.impl().storage;
+  return g.impl_ptr().use_count() == 1 && g.impl().storage.use_count() == 1 && g.offset() == 0 &&
+         g.is_contiguous() && st.nbytes == static_cast<size_t>(g.numel()) * g.element_size();
+}
+
 void accumulate_leaf(detail::AutogradMeta& leaf, const Tensor& g) {
   if (!leaf.grad.defined()) {
     // Own the gradient: it may be a broadcast view, or shared with another input's gradient,
-    // and users (clipping, optimizers) write into .grad in place.
-    leaf.grad = raw::clone(g);
+    // and users (clipping, optimizers) write into .grad in place. A gradient nothing else holds
+    // is taken as it is (a copy per parameter and step saved).
+    leaf.grad = sole_owner(g) ? g : raw::clone(g);
     return;
   }
   leaf.grad = raw::binary(BinaryOp::Add, leaf.grad, g);

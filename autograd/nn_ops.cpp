@@ -1,13 +1,16 @@
 // Differentiable matmul/bmm and neural-net ops (softmax, log_softmax, layer_norm,
 // cross_entropy, dropout): forward through linea::raw, backward written beside it.
 // Derivative rules (g = gradient of the output):
-//   matmul   C = A @ B        dA = sum_to(g @ B^T), dB = sum_to(A^T @ g)   (transposed views, no copies)
+//   matmul   C = s A @ B      dA = s sum_to(g @ B^T), dB = s sum_to(A^T @ g)   (transposed views, no copies;
+//                             a gradient that needs no sum is written in its input's layout)
+//   linear   y = x W^T + b    dx = g W, dW = g^T x, db = sum_rows g   (one GEMM each; db with dW)
 //   softmax  y = softmax(x)   dx = y * (g - sum(g * y))
 //   log_softmax               dx = g - exp(y) * sum(g)
 //   layer_norm                dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w;
 //                             dw = sum_rows g * xhat, db = sum_rows g
 //   cross_entropy (per row)   dx = (softmax(x) - (1 - s) onehot(t) - s / C) * g_row, 0 for ignored rows
-//   dropout  y = x * m        dx = g * m, m = bernoulli(1 - p) / (1 - p)
+//   dropout  y = x * m        dx = g * m, m = bernoulli(1 - p) / (1 - p) drawn per example, again in
+//                             the backward (the same counters) instead of kept
 //   scaled_dot_product_attention  O = P V, P = softmax(scale Q K^T): dV = P^T g,
 //                             dS = P * (g V^T - rowsum(g * O)), dQ = scale dS K, dK = scale dS^T Q
 //   toeplitz_attention        y = T(c) o (Pq Pk^T) V: dPq = (g V^T o T) Pk, dPk = (g V^T o T)^T Pq,
@@ -25,6 +28,7 @@
 
 #include "autograd/ops.h"
 #include "core/ops.h"
+#include "core/random.h"
 
 namespace linea {
 
@@ -42,14 +46,28 @@ Shape batched_shape(const Tensor& g, const Tensor& t) {
   s[s.size() - 1] = t.size(-1);
   return s;
 }
+
+// A gradient of t's shape computed into t's layout: out = alpha (x @ y), laid out like t (raw::empty_like_layout: e.g. q [B, H, N, D] viewed from [B, N, H, D]), so
+// that the views' backward hands on a contiguous gradient instead of copying it. A transposed t
+// gets out^T in the layout of t^T.
+Tensor grad_in_layout(const Tensor& t, const Tensor& x, const Tensor& y, double alpha) {
+  if (column_major(t)) {
+    Tensor inner = raw::empty_like_layout(t.transpose(-1, -2));  // (x @ y)^T = y^T @ x^T
+    raw::matmul_into(y.transpose(-1, -2), x.transpose(-1, -2), inner, alpha);
+    return inner.transpose(-1, -2);
+  }
+  Tensor out = raw::empty_like_layout(t);
+  raw::matmul_into(x, y, out, alpha);
+  return out;
+}
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  Tensor out = raw::matmul(a, b);
+Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
+  Tensor out = raw::matmul(a, b, alpha);
   if (!needs_grad({&a, &b})) return out;
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
   return attach(out, "matmul", {a, b},
-                [ad = a.detach(), bd = b.detach(), need_a, need_b](const Tensor& g) -> std::vector<Tensor> {
+                [ad = a.detach(), bd = b.detach(), need_a, need_b, alpha](const Tensor& g) -> std::vector<Tensor> {
                   // Promoted views: a2 [.., M, K], b2 [.., K, N], g2 [batch.., M, N].
                   const Tensor a2 = ad.dim() == 1 ? ad.unsqueeze(0) : ad;
                   const Tensor b2 = bd.dim() == 1 ? bd.unsqueeze(1) : bd;
@@ -63,35 +81,55 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                   const int64_t K = a2.size(-1), N = b2.size(-1);
                   Tensor da, db;
                   if (need_a) {
-                    // dA2 [batch.., M, K] = g2 [batch.., M, N] @ b2^T [.., N, K], computed as
-                    // (b2 @ g2^T)^T when a2 is a transposed view, so that dA2 has a2's layout
-                    // and the transpose's backward hands on a contiguous gradient (summing
-                    // gradients of different layouts reads one of them across cache lines).
-                    if (column_major(a2) && a2.shape() == batched_shape(g2, a2))
-                      da = matmul(b2, g2.transpose(-1, -2)).transpose(-1, -2);
+                    // dA2 [batch.., M, K] = alpha g2 [batch.., M, N] @ b2^T [.., N, K], in a2's layout
+                    // when a2 is not broadcast (no sum), so that the views a2 came from hand on a
+                    // contiguous gradient (summing gradients of different layouts reads one of them
+                    // across cache lines, and a reshape of a permuted one copies).
+                    if (a2.shape() == batched_shape(g2, a2))
+                      da = grad_in_layout(a2, g2, b2.transpose(-1, -2), alpha);
                     else
-                      da = sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape());
+                      da = sum_to(matmul(g2, b2.transpose(-1, -2), alpha), a2.shape());
                     if (ad.dim() == 1) da = da.reshape(ad.shape());
                   }
                   if (need_b) {
                     if (b2.dim() == 2 && a2.dim() > 2 && K > 0) {
                       // b shared by the batch: one GEMM over the folded batch instead of a batch of
-                      // products and a reduction. dB [K, N] = a_flat^T [K, BM] @ g_flat [BM, N]
+                      // products and a reduction. dB [K, N] = alpha a_flat^T [K, BM] @ g_flat [BM, N]
                       const int64_t BM = a2.numel() / K;
                       const Tensor af = a2.reshape({BM, K});
                       const Tensor gf = g2.reshape({BM, N});
-                      db = column_major(b2) ? matmul(gf.transpose(0, 1), af).transpose(0, 1)
-                                            : matmul(af.transpose(0, 1), gf);
-                    } else if (column_major(b2) && b2.shape() == batched_shape(g2, b2)) {
-                      // dB2 in b2's layout, as for dA2: (g2^T @ a2)^T
-                      db = matmul(g2.transpose(-1, -2), a2).transpose(-1, -2);
+                      db = column_major(b2) ? matmul(gf.transpose(0, 1), af, alpha).transpose(0, 1)
+                                            : matmul(af.transpose(0, 1), gf, alpha);
+                    } else if (b2.shape() == batched_shape(g2, b2)) {
+                      // dB2 [batch.., K, N] = alpha a2^T @ g2, in b2's layout, as for dA2
+                      db = grad_in_layout(b2, a2.transpose(-1, -2), g2, alpha);
                     } else {
-                      // dB2 [batch.., K, N] = a2^T [.., K, M] @ g2 [batch.., M, N]
-                      db = sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape());
+                      db = sum_to(matmul(a2.transpose(-1, -2), g2, alpha), b2.shape());
                     }
                     if (bd.dim() == 1) db = db.reshape(bd.shape());
                   }
                   return {da, db};
+                });
+}
+
+// x [..., K] @ weight^T [K, N] + bias [N] -> [..., N]
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor out = raw::linear(x, weight, bias);
+  if (!needs_grad({&x, &weight, &bias})) return out;
+  const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+  const bool need_b = bias.defined() && bias.requires_grad();
+  return attach(out, "linear", {x, weight, bias},
+                [xd = x.detach(), wd = weight.detach(), need_x, need_w, need_b](const Tensor& g) -> std::vector<Tensor> {
+                  // g [..., N]: dx [..., K] = g @ weight; dw [N, K] = g^T @ x and db [N] = g summed,
+                  // over the rows.
+                  Tensor dx, dw, db;
+                  if (need_x) dx = raw::matmul(g, wd);
+                  if (need_w || need_b) {
+                    std::vector<Tensor> wb = raw::linear_weight_grad(g, xd, need_b);
+                    if (need_w) dw = wb[0];
+                    if (need_b) db = wb[1];
+                  }
+                  return {dx, dw, db};
                 });
 }
 
@@ -149,6 +187,35 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   if (bd.defined()) grads.push_back(d[2]);
                   return grads;
                 });
+}
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Shape& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps) {
+  raw::check_defined("add_layer_norm", x, "x");
+  const int64_t nd = static_cast<int64_t>(normalized_shape.size());
+  LINEA_CHECK(nd >= 1 && nd <= x.dim() && Shape(x.shape().end() - nd, x.shape().end()) == normalized_shape,
+              "add_layer_norm: normalized_shape ", shape_str(normalized_shape),
+              " does not match the trailing dims of the input ", shape_str(x.shape()));
+  // {sum [x's shape], out [x's shape], mean [rows], rstd [rows]}: one kernel on CUDA
+  std::vector<Tensor> f = raw::add_layer_norm(x, r, nd, weight, bias, eps);
+  Tensor sum = f[0];
+  if (needs_grad({&x, &r}))  // the sum's node: its gradient goes to both terms unchanged
+    sum = attach(sum, "add", {x, r}, [](const Tensor& g) -> std::vector<Tensor> { return {g, g}; });
+  std::vector<Tensor> inputs{sum};
+  if (weight.defined()) inputs.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  if (!needs_grad(inputs)) return {sum, f[1]};
+  const Tensor wd = weight.defined() ? weight.detach() : Tensor();
+  const Tensor bd = bias.defined() ? bias.detach() : Tensor();
+  Tensor out = attach(f[1], "layer_norm", inputs,
+                      [sd = sum.detach(), wd, bd, mean = f[2], rstd = f[3], nd](const Tensor& g) -> std::vector<Tensor> {
+                        std::vector<Tensor> d = raw::layer_norm_backward(g, sd, nd, wd, bd, mean, rstd);
+                        std::vector<Tensor> grads{d[0]};
+                        if (wd.defined()) grads.push_back(d[1]);
+                        if (bd.defined()) grads.push_back(d[2]);
+                        return grads;
+                      });
+  return {sum, out};
 }
 
 // ---- cross-entropy ------------------------------------------------------------------------------
@@ -212,15 +279,15 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   LINEA_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p must be in [0, 1], got ", p);
   if (!training || p == 0.0) return x;
   LINEA_CHECK(is_floating(x.dtype()), "dropout: expected a float32 or float64 input, got ", x.dtype());
-  // mask [x's shape]: 0 with probability p, else 1 / (1 - p); dim 0 is the batch (per-example draw)
-  const Tensor mask =
-      p == 1.0 ? zeros(x.shape(), x.options())
-               : bernoulli_per_example(x.shape(), 1.0 - p, x.options()) * (1.0 / (1.0 - p));
-  Tensor out = raw::binary(BinaryOp::Mul, x, mask);
+  // mask [x's shape]: 0 with probability p, else 1 / (1 - p); dim 0 is the batch (a per-example
+  // draw, as bernoulli_per_example(1 - p)). One kernel draws and applies it; the backward draws
+  // it again from the same counters rather than keeping it.
+  const ExampleDraw d = reserve_example_draw(x.device());
+  Tensor out = dropout_rows(x, p, d);
   if (!needs_grad({&x})) return out;
-  return attach(out, "dropout", {x}, [mask](const Tensor& g) -> std::vector<Tensor> {
+  return attach(out, "dropout", {x}, [p, d](const Tensor& g) -> std::vector<Tensor> {
     // g, dx [x's shape]
-    return {g * mask};
+    return {dropout_rows(g, p, d)};
   });
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "autograd/autograd.h"
@@ -159,8 +160,12 @@ Tensor all(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim 
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
 // ---- linear algebra -----------------------------------------------------------------------
-Tensor matmul(const Tensor& a, const Tensor& b);  // torch.matmul semantics
+// torch.matmul semantics, times alpha (folded into the GEMMs, forward and backward).
+Tensor matmul(const Tensor& a, const Tensor& b, double alpha = 1.0);
 Tensor bmm(const Tensor& a, const Tensor& b);     // [B, M, K] @ [B, K, N]
+// x [..., K] @ weight^T + bias -> [..., N] (torch.nn.functional.linear); weight [N, K], bias [N]
+// or undefined. One fused op: forward one GEMM with the bias, backward two (dx; dw with db).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- neural-net ops (fused forward and backward kernels) -----------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);
@@ -168,6 +173,12 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // Normalizes over the trailing dims named by normalized_shape; weight/bias may be undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+// A residual sum and its layer norm (a pre-LN transformer's "x + f(x), then norm"): {x + r,
+// layer_norm(x + r)}, both differentiable, computed by one kernel (the same values as add then
+// layer_norm).
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Shape& normalized_shape,
+                                         const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                                         double eps = 1e-5);
 enum class Reduction { None, Mean, Sum };
 // logits [N, C] with target Int64 [N], or [B, L, C] (any leading dims) with target [B, L]
 // (flattened to rows), or [C] with a 0-d target. Rows whose target == ignore_index count

@@ -10,6 +10,13 @@
 
 namespace linea {
 
+namespace {
+thread_local int long_lived_depth = 0;  // LongLivedAllocations in scope on this thread
+}
+
+LongLivedAllocations::LongLivedAllocations() { ++long_lived_depth; }
+LongLivedAllocations::~LongLivedAllocations() { --long_lived_depth; }
+
 size_t CachingAllocator::round_size(size_t nbytes) {
   if (nbytes == 0) nbytes = 1;
   if (nbytes < (1u << 20)) return (nbytes + 511) / 512 * 512;
@@ -36,7 +43,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   }
   stats_.num_allocs++;
   void* ptr = nullptr;
-  auto it = free_.find(size);
+  auto it = long_lived_depth > 0 ? free_.end() : free_.find(size);
   if (it != free_.end()) {
     ptr = it->second;
     free_.erase(it);

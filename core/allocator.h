@@ -67,6 +67,19 @@ class CachingAllocator {
 
 CachingAllocator& cpu_allocator();
 
+// Within its scope, this thread's allocations are long-lived (optimizer state, counters): each
+// gets a block of its own rather than a cached one. A cached block is one a training step's
+// temporaries freed and will ask for again at the next step; were the optimizer's state,
+// created during the first step, to take such blocks, the second step would have to allocate
+// anew. With this guard the first step is the only one that allocates. Nests.
+class LongLivedAllocations {
+ public:
+  LongLivedAllocations();
+  ~LongLivedAllocations();
+  LongLivedAllocations(const LongLivedAllocations&) = delete;
+  LongLivedAllocations& operator=(const LongLivedAllocations&) = delete;
+};
+
 // A byte count for people: "512 B", "3.0 KiB", "12.5 MiB", "1.50 GiB".
 std::string format_bytes(size_t bytes);
 

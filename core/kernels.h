@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -143,7 +144,8 @@ enum class ReduceOp { Sum, Max, Min, LogSumExp };
   void arange(const Tensor& out, double start, double step);                                                         \
   /* out = op(x); x, out any layout, same shape and dtype (float ops: float dtypes) */                               \
   void unary(UnaryOp op, const Tensor& x, const Tensor& out, double a, double b);                                    \
-  /* dx = grad * op'(x) (y = op(x) given too, for ops whose derivative is cheaper from y) */                         \
+  /* dx = grad * op'(x) (y = op(x) given too, for ops whose derivative is cheaper from y);  */                        \
+  /* grad, x, y contiguous on the CPU, any layout on CUDA */                                                         \
   void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, const Tensor& dx, double a,  \
                       double b);                                                                                     \
   /* out = a op b; a, b any layout already expanded to out's shape; out any layout */                                \
@@ -154,10 +156,16 @@ enum class ReduceOp { Sum, Max, Min, LogSumExp };
   void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);             \
   /* index of the max (min) over r, first one on ties; out Int64 [outer, inner] */                                   \
   void arg_reduce(bool is_max, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);         \
-  /* out [batch..., M, N] = a [batch..., M, K] @ b [batch..., K, N]. Batch dims of a, b                              \
-     already expanded to out's (any strides, 0 allowed); each matrix is row-major                                    \
-     (stride(-1) == 1) or column-major (stride(-2) == 1). */                                                         \
-  void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                                                  \
+  /* out [batch..., M, N] = alpha * a [batch..., M, K] @ b [batch..., K, N]. Batch dims of a, b                      \
+     already expanded to out's (any strides, 0 allowed); each matrix of a and b is row-major                         \
+     (stride(-1) == 1) or column-major (stride(-2) == 1); out's matrices are row-major, its                          \
+     batch dims any non-overlapping strides (a gradient written in its input's layout). */                           \
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha);                                    \
+  /* A linear layer's GEMMs: out [R, N] = x [R, K] @ w^T + b, x row- or column-major, w [N, K] and b [N] (or      */ \
+  /* undefined) contiguous; and its weight gradient dw [N, K] = g^T @ x with db [N] = the sums of g [R, N]          */ \
+  /* (contiguous) over its rows (db undefined: not wanted). On CUDA one cuBLASLt call each (bias epilogues). */      \
+  void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);                                 \
+  void linear_weight_grad(const Tensor& g, const Tensor& x, const Tensor& dw, const Tensor& db);                     \
   /* softmax / log_softmax over r of x [outer, r, inner] */                                                          \
   void softmax(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool log);               \
   void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t r,             \
@@ -165,6 +173,11 @@ enum class ReduceOp { Sum, Max, Min, LogSumExp };
   /* layer norm of rows of x [rows, cols]; w, b [cols] or undefined; mean, rstd [rows] */                            \
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,                  \
                   const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols);                               \
+  /* the residual sum and its layer norm in one pass: sum = x + r (x, r [rows, cols] contiguous), then as        */  \
+  /* layer_norm of sum */                                                                                            \
+  void add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps,                \
+                      const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd, int64_t rows,     \
+                      int64_t cols);                                                                                 \
   /* dw, db undefined when not wanted; they are overwritten, not accumulated */                                      \
   void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,                 \
                            const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,   \
@@ -203,13 +216,32 @@ enum class ReduceOp { Sum, Max, Min, LogSumExp };
   /* param -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps)                            */                   \
   void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr, double beta1, \
                  double beta2, double eps, double weight_decay, bool decoupled, int64_t step);                       \
+  /* The global L2 norm of many gradients and the guard of a training step: out Float64 [3] = */                     \
+  /* {norm, coef, ok}. grads [n_i] contiguous, one floating dtype T. s_i = sum of T(g*g) in   */                     \
+  /* double, norm = sqrt(sum over i in order of T(s_i)) in T; coef = min(T(max_norm) /        */                     \
+  /* (norm + T(1e-6)), 1) in T, or 1 when max_norm <= 0; ok = 1 when norm and loss (0-d, any  */                     \
+  /* float dtype; undefined: not checked) are finite, else 0. */                                                     \
+  void grad_norm_guard(const std::vector<Tensor>& grads, const Tensor& loss, double max_norm, const Tensor& out);    \
+  /* One Adam/AdamW step of many parameters (multi-tensor), tensor i as adam_step with the lr  */                    \
+  /* and weight decay of its group: hyper Float64 [G, 2] = (lr, wd), group[i] in [0, G); count  */                  \
+  /* Int64 [1] = steps applied so far (this one is step count + 1). guard (grad_norm_guard's    */                  \
+  /* out, or undefined): gradients are used times its coef, and when ok == 0 nothing is        */                   \
+  /* written; otherwise count += 1. params, grads, m, v [n_i] contiguous, one dtype.          */                    \
+  void adam_multi_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,                          \
+                       const std::vector<Tensor>& m, const std::vector<Tensor>& v, const std::vector<int>& group,    \
+                       const Tensor& hyper, const Tensor& count, const Tensor& guard, double beta1, double beta2,    \
+                       double eps, bool decoupled);                                                                  \
   /* fills out with U[lo, hi) / N(mean, std) from the device's default generator */                                  \
   void uniform(const Tensor& out, double lo, double hi);                                                             \
   void normal(const Tensor& out, double mean, double std);                                                           \
   /* per-example draws (core/random.h): out [rows, ...]; row r holds example first_row + r of the draw reserved at */ \
   /* counter `draw` of a generator seeded `seed` (core/random_math.h) */                                              \
   void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row);       \
-  void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row);
+  void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row);      \
+  /* per-example dropout: out = x * (u < T(1 - p) ? T(1 / (1 - p)) : 0), u the per-example uniform [0, 1) of x's */   \
+  /* element as uniform_rows draws it (x, out [rows, ...] contiguous, x's dtype): the forward (x the input) and */   \
+  /* the backward (x the gradient) with the same mask, which is never stored */                                       \
+  void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row);
 
 namespace cpu {
 LINEA_KERNEL_API

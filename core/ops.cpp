@@ -300,7 +300,9 @@ Tensor unary(UnaryOp op, const Tensor& x, double a, double b) {
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, double a, double b) {
-  Tensor g = contiguous(grad), xc = contiguous(x), yc = y.defined() ? contiguous(y) : xc;
+  // The CPU kernel reads contiguous operands; the CUDA kernel any layout (no copies there).
+  const auto operand = [&](const Tensor& t) { return x.is_cuda() ? t : contiguous(t); };
+  Tensor g = operand(grad), xc = operand(x), yc = y.defined() ? operand(y) : xc;
   LINEA_CHECK(g.shape() == xc.shape(), unary_op_name(op), " backward: gradient shape ", shape_str(g.shape()),
               " does not match input shape ", shape_str(xc.shape()));
   Tensor dx = empty(x.shape(), x.options());

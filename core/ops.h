@@ -53,14 +53,31 @@ Tensor sum_to(const Tensor& g, const Shape& shape);
 std::vector<int64_t> reduction_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
 
 // ---- linear algebra ----------------------------------------------------------------------
-// torch.matmul semantics: 1-D operands are promoted and the added dim removed; batch dims broadcast.
-Tensor matmul(const Tensor& a, const Tensor& b);
+// torch.matmul semantics: 1-D operands are promoted and the added dim removed; batch dims
+// broadcast. alpha scales the product (folded into the GEMM).
+Tensor matmul(const Tensor& a, const Tensor& b, double alpha = 1.0);
+// The same into `out` (a, b at least 2-D; out of the broadcast shape [batch..., M, N], its
+// matrices row-major, its batch dims any layout): a gradient written in its input's layout.
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0);
+// An uninitialized tensor of t's shape, dtype and device, laid out like t when t is a
+// permutation of a dense tensor (attention's [B, H, N, D] view of [B, N, H, D]), else contiguous.
+Tensor empty_like_layout(const Tensor& t);
+// A linear layer: x [..., K] @ weight^T + bias -> [..., N], weight [N, K], bias [N] or undefined.
+// One GEMM over x's rows (the bias added by it on CUDA).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// Its weight's and bias's gradients from grad [..., N] and x [..., K]: {dw [N, K] = grad^T @ x
+// over the rows, db [N] = grad summed over the rows (undefined unless want_bias)}, one GEMM
+// (the bias gradient reduced by it on CUDA).
+std::vector<Tensor> linear_weight_grad(const Tensor& grad, const Tensor& x, bool want_bias);
 
 // ---- fused nn kernels ------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
 // Normalizes over the last `normalized_ndim` dims. Returns {out, mean, rstd}.
 std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& w, const Tensor& b, double eps);
+// The residual sum and its layer norm in one kernel: {sum = x + r, layer_norm(sum), mean, rstd}.
+std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, int64_t normalized_ndim, const Tensor& w,
+                                   const Tensor& b, double eps);
 // Returns {dx, dw, db} (dw/db undefined when w/b are).
 std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim, const Tensor& w,
                                         const Tensor& b, const Tensor& mean, const Tensor& rstd);

@@ -6,6 +6,7 @@
 // (autograd/nn_ops.cpp).
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -50,9 +51,69 @@ Tensor blas_operand(const Tensor& t) {
 
 }  // namespace
 
+// ---- linear -----------------------------------------------------------------------------------
+// x [..., K] @ weight^T [K, N] + bias [N] -> [..., N]; x as [R, K] rows, one GEMM (with the bias
+// in its epilogue on CUDA).
+namespace {
+void check_linear_args(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_defined(op, x, "x");
+  check_defined(op, w, "weight");
+  LINEA_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), op, ": expected x [..., K] and weight [N, K], got x ",
+              shape_str(x.shape()), " and weight ", shape_str(w.shape()));
+  check_floating(op, x, "x");
+  check_same_dtype(op, x, w);
+  check_same_device(op, x, w);
+  if (b.defined()) {
+    LINEA_CHECK(b.dim() == 1 && b.size(0) == w.size(0), op, ": bias must be [", w.size(0), "] (one per output), got ",
+                shape_str(b.shape()));
+    check_same_dtype(op, x, b);
+    check_same_device(op, x, b);
+  }
+}
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_linear_args("linear", x, weight, bias);
+  const int64_t K = x.size(-1), N = weight.size(0), R = prod(x.shape(), 0, x.shape().size() - 1);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(N);
+  Tensor out = empty({R, N}, x.options());
+  if (out.numel() > 0 && K == 0) {
+    if (bias.defined()) copy_(out, bias);
+    else LINEA_BACKEND(out.device(), fill, out, 0.0);
+  } else if (out.numel() > 0) {
+    LINEA_BACKEND(out.device(), linear, blas_operand(reshape(x, {R, K})), contiguous(weight),
+                  bias.defined() ? contiguous(bias) : Tensor(), out);
+  }
+  return reshape(out, out_shape);
+}
+
+std::vector<Tensor> linear_weight_grad(const Tensor& grad, const Tensor& x, bool want_bias) {
+  const char* op = "linear_weight_grad";
+  check_defined(op, grad, "grad");
+  check_defined(op, x, "x");
+  LINEA_CHECK(x.dim() >= 1 && grad.dim() == x.dim() &&
+                  std::equal(x.shape().begin(), x.shape().end() - 1, grad.shape().begin()),
+              op, ": grad ", shape_str(grad.shape()), " does not match x ", shape_str(x.shape()),
+              " (expected [..., N] over x's rows)");
+  const int64_t K = x.size(-1), N = grad.size(-1), R = prod(x.shape(), 0, x.shape().size() - 1);
+  check_same_dtype(op, x, grad);
+  check_same_device(op, x, grad);
+  Tensor dw = empty({N, K}, x.options());
+  Tensor db = want_bias ? empty({N}, x.options()) : Tensor();
+  if (R == 0) {
+    LINEA_BACKEND(dw.device(), fill, dw, 0.0);
+    if (db.defined()) LINEA_BACKEND(db.device(), fill, db, 0.0);
+  } else if (dw.numel() > 0 || (db.defined() && db.numel() > 0)) {
+    LINEA_BACKEND(dw.device(), linear_weight_grad, contiguous(reshape(grad, {R, N})), blas_operand(reshape(x, {R, K})),
+                  dw, db);
+  }
+  return {dw, db};
+}
+
 // ---- matmul ---------------------------------------------------------------------------------
-// a [..., M, K] (or [K]) @ b [..., K, N] (or [K]) -> [broadcast(...), M, N], 1-D dims removed.
-Tensor matmul(const Tensor& a, const Tensor& b) {
+namespace {
+void check_matmul_args(const Tensor& a, const Tensor& b) {
   check_defined("matmul", a, "a");
   check_defined("matmul", b, "b");
   LINEA_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dimension, got ",
@@ -64,40 +125,92 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const int64_t Kb = b.dim() == 1 ? b.size(0) : b.size(-2);
   LINEA_CHECK(K == Kb, "matmul: shapes cannot be multiplied (", shape_str(a.shape()), " and ", shape_str(b.shape()),
               ")");
+}
 
-  // 1-D promotion: [K] -> [1, K] on the left, [K] -> [K, 1] on the right.
-  Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a;  // [..., M, K]
-  Tensor b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;  // [..., K, N]
-  const int64_t M = a2.size(-2), N = b2.size(-1);
-  LINEA_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, "matmul: matrix dims above 2^31 are not supported (",
-              shape_str(a.shape()), " and ", shape_str(b.shape()), ")");
-
+// The broadcast batch shape of a2 [..., M, K] and b2 [..., K, N], followed by M, N.
+Shape matmul_shape(const Tensor& a2, const Tensor& b2) {
   const Shape ba(a2.shape().begin(), a2.shape().end() - 2), bb(b2.shape().begin(), b2.shape().end() - 2);
-  const Shape batch = broadcast_shapes(ba, bb, "matmul");
-  Shape out_shape = batch;
-  out_shape.push_back(M);
-  out_shape.push_back(N);
-  Tensor out = empty(out_shape, TensorOptions(a.dtype(), a.device()));
+  Shape out_shape = broadcast_shapes(ba, bb, "matmul");
+  out_shape.push_back(a2.size(-2));
+  out_shape.push_back(b2.size(-1));
+  return out_shape;
+}
 
-  if (out.numel() > 0 && K == 0) {
+// out = alpha a2 @ b2 for 2-D or more operands; out [batch..., M, N] with row-major matrices.
+void matmul_2d(Tensor a2, Tensor b2, const Tensor& out, double alpha) {
+  const int64_t M = a2.size(-2), N = b2.size(-1), K = a2.size(-1);
+  LINEA_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, "matmul: matrix dims above 2^31 are not supported (",
+              shape_str(a2.shape()), " and ", shape_str(b2.shape()), ")");
+  if (out.numel() == 0) return;
+  if (K == 0) {
     LINEA_BACKEND(out.device(), fill, out, 0.0);  // an empty sum
-  } else if (out.numel() > 0) {
-    // Layout first (a copy, if one is needed, is made before broadcasting), then expand.
-    a2 = blas_operand(a2);
-    b2 = blas_operand(b2);
-    Shape sa = batch, sb = batch;
-    sa.insert(sa.end(), {M, K});
-    sb.insert(sb.end(), {K, N});
-    if (a2.shape() != sa) a2 = expand(a2, sa);
-    if (b2.shape() != sb) b2 = expand(b2, sb);
-    LINEA_BACKEND(out.device(), matmul, a2, b2, out);
+    return;
   }
+  // Layout first (a copy, if one is needed, is made before broadcasting), then expand.
+  const Shape batch(out.shape().begin(), out.shape().end() - 2);
+  a2 = blas_operand(a2);
+  b2 = blas_operand(b2);
+  Shape sa = batch, sb = batch;
+  sa.insert(sa.end(), {M, K});
+  sb.insert(sb.end(), {K, N});
+  if (a2.shape() != sa) a2 = expand(a2, sa);
+  if (b2.shape() != sb) b2 = expand(b2, sb);
+  LINEA_BACKEND(out.device(), matmul, a2, b2, out, alpha);
+}
+}  // namespace
 
+// a [..., M, K] (or [K]) @ b [..., K, N] (or [K]) -> [broadcast(...), M, N], 1-D dims removed.
+Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
+  check_matmul_args(a, b);
+  LINEA_CHECK(std::isfinite(alpha), "matmul: alpha must be finite, got ", alpha);
+  // 1-D promotion: [K] -> [1, K] on the left, [K] -> [K, 1] on the right.
+  const Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a;  // [..., M, K]
+  const Tensor b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;  // [..., K, N]
+  Tensor out = empty(matmul_shape(a2, b2), TensorOptions(a.dtype(), a.device()));
+  matmul_2d(a2, b2, out, alpha);
   // Drop the promoted dims.
   if (a.dim() == 1 && b.dim() == 1) return view(out, {});
   if (a.dim() == 1) return squeeze(out, -2);
   if (b.dim() == 1) return squeeze(out, -1);
   return out;
+}
+
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+  check_matmul_args(a, b);
+  check_defined("matmul", out, "out");
+  LINEA_CHECK(a.dim() >= 2 && b.dim() >= 2 && out.shape() == matmul_shape(a, b), "matmul: out has shape ",
+              shape_str(out.shape()), ", expected ", shape_str(matmul_shape(a, b)), " for ", shape_str(a.shape()),
+              " @ ", shape_str(b.shape()));
+  check_same_device("matmul", a, out);
+  check_same_dtype("matmul", a, out);
+  LINEA_CHECK(out.size(-1) <= 1 || out.stride(-1) == 1, "matmul: out's matrices must be row-major, got strides ",
+              shape_str(out.strides()));
+  ++out.impl().storage->version;
+  matmul_2d(a, b, out, alpha);
+}
+
+Tensor empty_like_layout(const Tensor& t) {
+  check_defined("empty_like_layout", t, "t");
+  // Dims by decreasing stride (size-1 dims anywhere): t is a permutation of a dense tensor when
+  // each stride is the product of the sizes after it in that order.
+  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
+  for (int64_t d = 0; d < t.dim(); ++d) order[static_cast<size_t>(d)] = d;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return t.stride(x) > t.stride(y); });
+  int64_t expected = 1;
+  bool dense = true;
+  for (size_t i = order.size(); i-- > 0;) {
+    const int64_t d = order[i];
+    if (t.size(d) == 1) continue;
+    dense = dense && t.stride(d) == expected;
+    expected *= t.size(d);
+  }
+  if (!dense || t.is_contiguous()) return empty(t.shape(), t.options());
+  Shape stored;
+  for (int64_t d : order) stored.push_back(t.size(d));
+  const Tensor base = empty(stored, t.options());  // [sizes in stride order], contiguous
+  Strides st(static_cast<size_t>(t.dim()));
+  for (size_t i = 0; i < order.size(); ++i) st[static_cast<size_t>(order[i])] = base.stride(static_cast<int64_t>(i));
+  return as_strided(base, t.shape(), st, 0);
 }
 
 // ---- softmax --------------------------------------------------------------------------------
@@ -179,6 +292,29 @@ std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const T
     LINEA_BACKEND(x.device(), layer_norm, xc, wc, bc, eps, out, mean, rstd, rows, cols);
   }
   return {out, mean, rstd};
+}
+
+// x, r [..., *norm] (same shape) -> {sum = x + r, out = layer_norm(sum), mean [rows], rstd [rows]}
+std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, int64_t normalized_ndim, const Tensor& w,
+                                   const Tensor& b, double eps) {
+  const auto [rows, cols] = layer_norm_dims("add_layer_norm", x, normalized_ndim, w, b);
+  check_defined("add_layer_norm", r, "r");
+  check_same_device("add_layer_norm", x, r);
+  check_same_dtype("add_layer_norm", x, r);
+  LINEA_CHECK(r.shape() == x.shape(), "add_layer_norm: x ", shape_str(x.shape()), " and r ", shape_str(r.shape()),
+              " differ in shape (the residual sum does not broadcast)");
+  LINEA_CHECK(eps >= 0, "add_layer_norm: eps must be >= 0, got ", eps);
+  const TensorOptions opts(x.dtype(), x.device());
+  Tensor sum = empty(x.shape(), opts), out = empty(x.shape(), opts);
+  Tensor mean = empty({rows}, opts), rstd = empty({rows}, opts);
+  if (rows > 0 && cols > 0) {
+    Tensor wc = w.defined() ? contiguous(w) : Tensor(), bc = b.defined() ? contiguous(b) : Tensor();
+    LINEA_BACKEND(x.device(), add_layer_norm, contiguous(x), contiguous(r), wc, bc, eps, sum, out, mean, rstd, rows,
+                  cols);
+  } else if (sum.numel() > 0) {
+    LINEA_BACKEND(x.device(), binary, BinaryOp::Add, x, r, sum);
+  }
+  return {sum, out, mean, rstd};
 }
 
 // grad, x [..., *norm]; w, b [*norm] or undefined; mean, rstd [rows] -> {dx, dw, db}

@@ -96,4 +96,77 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const T
   if (!p.same(param)) copy_(param, p);
 }
 
+Tensor grad_norm_guard(const std::vector<Tensor>& grads, const Tensor& loss, double max_norm) {
+  const char* op = "grad_norm_guard";
+  LINEA_CHECK(std::isfinite(max_norm), op, ": max_norm must be finite (<= 0: no clipping), got ", max_norm);
+  std::vector<Tensor> gs;
+  Device device = loss.defined() ? loss.device() : Device(kCPU);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    check_float_operand(op, grads[i], "gradient");
+    if (i == 0 && !loss.defined()) device = grads[i].device();
+    LINEA_CHECK(grads[i].device() == device && grads[i].dtype() == grads[0].dtype(), op,
+                ": every gradient must share one device and dtype (gradient 0 is ", grads[0].dtype(), " on ",
+                grads[0].device().str(), ", gradient ", i, " ", grads[i].dtype(), " on ", grads[i].device().str(),
+                loss.defined() ? ", the loss on " + loss.device().str() : std::string(), ")");
+    gs.push_back(contiguous(grads[i]));
+  }
+  if (loss.defined()) {
+    LINEA_CHECK(is_floating(loss.dtype()) && loss.numel() == 1, op, ": the loss must be one float32/float64 value, got ",
+                loss.dtype(), " ", shape_str(loss.shape()));
+  }
+  Tensor out = empty({3}, TensorOptions(DType::Float64, device));
+  LINEA_BACKEND(device, grad_norm_guard, gs, loss.defined() ? contiguous(loss) : Tensor(), max_norm, out);
+  return out;
+}
+
+void adam_multi_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& m,
+                     const std::vector<Tensor>& v, const std::vector<int>& group, const Tensor& hyper,
+                     const Tensor& count, const Tensor& guard, double beta1, double beta2, double eps,
+                     bool decoupled) {
+  const char* op = decoupled ? "adamw_multi_step" : "adam_multi_step";
+  const size_t n = params.size();
+  LINEA_CHECK(grads.size() == n && m.size() == n && v.size() == n && group.size() == n, op,
+              ": expected as many gradients, moments and group indices as parameters (", n, "), got ", grads.size(),
+              ", ", m.size(), ", ", v.size(), " and ", group.size());
+  check_defined(op, hyper, "hyper");
+  check_defined(op, count, "count");
+  const Device device = count.device();
+  LINEA_CHECK(hyper.dtype() == DType::Float64 && hyper.dim() == 2 && hyper.size(1) == 2 && hyper.size(0) >= 1 &&
+                  hyper.size(0) <= 127 && hyper.is_contiguous() && hyper.device() == device,
+              op, ": hyper must be contiguous float64 [G, 2] (lr, weight decay per group; 1 <= G <= 127) on ",
+              device.str(), ", got ", hyper.dtype(), " ", shape_str(hyper.shape()), " on ", hyper.device().str());
+  LINEA_CHECK(count.dtype() == DType::Int64 && count.numel() == 1 && count.is_contiguous(), op,
+              ": count must be one int64 value, got ", count.dtype(), " ", shape_str(count.shape()));
+  if (guard.defined())
+    LINEA_CHECK(guard.dtype() == DType::Float64 && guard.numel() == 3 && guard.is_contiguous() &&
+                    guard.device() == device,
+                op, ": guard must be grad_norm_guard's float64 [3] on ", device.str(), ", got ", guard.dtype(), " ",
+                shape_str(guard.shape()), " on ", guard.device().str());
+  LINEA_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
+  LINEA_CHECK(beta1 >= 0.0 && beta1 < 1.0, op, ": beta1 must be in [0, 1), got ", beta1);
+  LINEA_CHECK(beta2 >= 0.0 && beta2 < 1.0, op, ": beta2 must be in [0, 1), got ", beta2);
+  std::vector<Tensor> gs;
+  for (size_t i = 0; i < n; ++i) {
+    check_float_operand(op, params[i], "param");
+    LINEA_CHECK(params[i].is_contiguous(), op, ": parameter ", i, " (shape ", shape_str(params[i].shape()),
+                ") must be contiguous");
+    LINEA_CHECK(params[i].device() == device && params[i].dtype() == params[0].dtype(), op,
+                ": every parameter must be on ", device.str(), " with one dtype (parameter 0 is ", params[0].dtype(),
+                ", parameter ", i, " ", params[i].dtype(), " on ", params[i].device().str(), ")");
+    check_like_param(op, params[i], grads[i], "grad");
+    check_state(op, params[i], m[i], "first moment (exp_avg)");
+    check_state(op, params[i], v[i], "second moment (exp_avg_sq)");
+    LINEA_CHECK(group[i] >= 0 && group[i] < hyper.size(0), op, ": parameter ", i, " is in group ", group[i],
+                ", but hyper has ", hyper.size(0), " groups");
+    gs.push_back(contiguous(grads[i]));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    bump(params[i]);
+    bump(m[i]);
+    bump(v[i]);
+  }
+  bump(count);
+  LINEA_BACKEND(device, adam_multi_step, params, gs, m, v, group, hyper, count, guard, beta1, beta2, eps, decoupled);
+}
+
 }  // namespace linea::raw

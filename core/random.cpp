@@ -162,6 +162,21 @@ Tensor per_example(const char* what, const Shape& shape, TensorOptions opts, boo
 }
 }  // namespace
 
+ExampleDraw reserve_example_draw(Device device) {
+  auto [seed, draw] = reserve_draw(device);
+  return {seed, draw, t_first_row};
+}
+
+Tensor dropout_rows(const Tensor& x, double p, const ExampleDraw& d) {
+  raw::check_defined("dropout", x, "x");
+  LINEA_CHECK(is_floating(x.dtype()), "dropout: expected a float32 or float64 input, got ", x.dtype());
+  LINEA_CHECK(x.dim() >= 1, "dropout: the first dimension is the batch; got a 0-d tensor");
+  LINEA_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p must be in [0, 1], got ", p);
+  Tensor out = empty(x.shape(), x.options());
+  if (out.numel() > 0) LINEA_BACKEND(x.device(), dropout_rows, raw::contiguous(x), out, p, d.seed, d.draw, d.first_row);
+  return out;
+}
+
 int64_t batch_first_row() { return t_first_row; }
 BatchRowsGuard::BatchRowsGuard(int64_t first_row) : prev_(t_first_row) {
   LINEA_CHECK(first_row >= 0, "BatchRowsGuard: negative first row ", first_row);

@@ -39,6 +39,19 @@ Tensor uniform_per_example(const Shape& shape, double lo, double hi, TensorOptio
 Tensor normal_per_example(const Shape& shape, double mean, double std, TensorOptions opts = {});
 Tensor bernoulli_per_example(const Shape& shape, double p, TensorOptions opts = {});
 
+// One per-example draw reserved from the device's generator (each per-example draw above takes
+// one), for a kernel that draws with it itself: dropout's mask, which its backward draws again
+// instead of keeping it.
+struct ExampleDraw {
+  uint64_t seed = 0, draw = 0;
+  int64_t first_row = 0;  // batch_first_row() when reserved
+};
+ExampleDraw reserve_example_draw(Device device);
+// Per-example dropout of x [batch, ...] with draw d (no graph): x * m / (1 - p), m ~ Bernoulli(1 - p)
+// per element, the numbers bernoulli_per_example(x.shape(), 1 - p) would have drawn with d. One
+// kernel; applied to a gradient with the same d, the backward.
+Tensor dropout_rows(const Tensor& x, double p, const ExampleDraw& d);
+
 // The index in the whole batch of this thread's first example (0 outside any guard).
 int64_t batch_first_row();
 class BatchRowsGuard {

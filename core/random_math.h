@@ -80,4 +80,10 @@ template <typename T> LINEA_HD void normals_from_block(const uint32_t w[4], doub
   b = static_cast<T>(mean + std * rad * std::sin(th));
 }
 
+// Dropout's multiplier for element j of a uniform block: the per-example uniform u in [0, 1)
+// kept when u < T(1 - p), as the composed bernoulli_per_example(1 - p) * (1 / (1 - p)) is.
+template <typename T> LINEA_HD T dropout_factor(const uint32_t w[4], int64_t j, T keep, T scale) {
+  return uniform_from_block<T>(w, j, 0.0, 1.0) < keep ? scale : T(0);
+}
+
 }  // namespace linea::detail

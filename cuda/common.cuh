@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cuda_counters.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "cuda/check.h"

@@ -37,6 +37,11 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
+// A device counter at zero for the "last block finishes" pattern (adam_multi_step, the
+// layer_norm backward): each block adds 1 when done, the one that sees gridDim.x - 1 does the
+// final step and sets it back to 0. One stream runs one such kernel at a time, so they share it.
+unsigned int* blocks_done_counter();
+
 // Bad values found by a kernel (an index out of range, a cross-entropy target outside
 // [0, C)). Kernels cannot throw, and trapping would poison the CUDA context, so a kernel
 // writes a report into host-mapped memory and moves on (the affected outputs are 0);

@@ -44,6 +44,7 @@ cufftHandle get_plan(PlanCache& cache, DType dtype, int64_t n, int64_t batch, bo
   LINEA_CHECK(n >= 1 && n <= INT32_MAX && batch <= INT32_MAX, op, ": length ", n, " x batch ", batch,
               " is too large for cuFFT (int32)");
   if (cache.plans.size() >= kMaxPlans) {
+    bump(counter_cells().host_syncs);
     LINEA_CUDA_CHECK(cudaStreamSynchronize(stream()));  // no plan may be in use when destroyed
     for (auto& kv : cache.plans) LINEA_CUFFT_CHECK(cufftDestroy(kv.second));
     cache.plans.clear();
@@ -118,11 +119,13 @@ template <typename T> void rfft_impl(const Tensor& x, const Tensor& out, int64_t
   }
   const int64_t count = batch * n;
   DeviceBuffer in(sizeof(T) * static_cast<size_t>(count));
+  bump(counter_cells().device_copies);
   LINEA_CUDA_CHECK(cudaMemcpyAsync(in.get(), x.data_ptr(), sizeof(T) * static_cast<size_t>(count),
                                    cudaMemcpyDeviceToDevice, stream()));
   PlanCache& cache = plan_cache();
   std::lock_guard<std::mutex> lock(cache.mu);
   cufftHandle plan = get_plan(cache, out.dtype(), n, batch, true);
+  bump(counter_cells().library_calls);
   LINEA_CUFFT_CHECK(exec_r2c(plan, in.as<T>(), ptr<T>(out)));
 }
 
@@ -140,6 +143,7 @@ template <typename T> void irfft_impl(const Tensor& spec, const Tensor& out, int
     PlanCache& cache = plan_cache();
     std::lock_guard<std::mutex> lock(cache.mu);
     cufftHandle plan = get_plan(cache, out.dtype(), n, batch, false);
+    bump(counter_cells().library_calls);
     LINEA_CUFFT_CHECK(exec_c2r(plan, in.as<T>(), ptr<T>(out)));
   }
   scale_kernel<T><<<grid_for(batch * n), kBlockSize, 0, stream()>>>(ptr<T>(out), batch * n, T(1) / static_cast<T>(n));

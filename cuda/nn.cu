@@ -73,10 +73,12 @@ __global__ void softmax_backward_kernel(const T* g, const T* y, T* dx, int64_t c
 }
 
 // ---- layer norm ------------------------------------------------------------------------------------
-// x, y [rows, cols]; w, b [cols] or null; mean, rstd [rows]
+// x, y [rows, cols]; w, b [cols] or null; mean, rstd [rows]. With a residual r (and sum, both
+// [rows, cols]; else null): sum = x + r, and the norm is sum's (each thread reads back the
+// elements it wrote).
 template <typename T>
-__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, T* y, T* mean, T* rstd, int64_t rows,
-                                  int64_t cols) {
+__global__ void layer_norm_kernel(const T* x, const T* r, T* sum, const T* w, const T* b, T eps, T* y, T* mean,
+                                  T* rstd, int64_t rows, int64_t cols) {
   T* sh = shared_mem<T>();
   const T inv_cols = T(1) / static_cast<T>(cols);
   for (int64_t cb = blockIdx.x; cb * blockDim.x < rows; cb += gridDim.x) {
@@ -84,8 +86,18 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, T* 
     const T* xr = x + row.base;
     T* yr = y + row.base;
     T s = 0;
-    if (row.active)
+    if (row.active && r) {
+      const T* rr = r + row.base;
+      T* sr = sum + row.base;
+      for (int64_t c = threadIdx.y; c < cols; c += blockDim.y) {
+        const T v = xr[c] + rr[c];
+        sr[c] = v;
+        s += v;
+      }
+      xr = sr;
+    } else if (row.active) {
       for (int64_t c = threadIdx.y; c < cols; c += blockDim.y) s += xr[c];
+    }
     const T mu = tree_reduce_y(s, SumOp(), sh) * inv_cols;
     T v = 0;
     if (row.active)
@@ -109,21 +121,30 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, T* 
   }
 }
 
-// With xhat = (x - mean) * rstd and gw = grad * w:
-//   dx = rstd * (gw - mean_c(gw) - xhat * mean_c(gw * xhat))
+// The whole backward in one launch. Block k takes rows [k * chunk, (k + 1) * chunk); with xhat =
+// (x - mean) * rstd and gw = grad * w:
+//   dx = rstd * (gw - mean_c(gw) - xhat * mean_c(gw * xhat))       (rows in groups of blockDim.x,
+//                                                                    threadIdx.y splitting a row)
+// then, when dw or db is wanted, the chunk's column sums pw[k, c] = sum grad * xhat and pb[k, c]
+// = sum grad (double), and the last block to finish (a device counter, reset by that block) adds
+// the chunks in order: dw[c] = sum_k pw[k, c], db[c] = sum_k pb[k, c]. Deterministic: no atomics
+// on the sums.
 template <typename T>
-__global__ void layer_norm_backward_dx_kernel(const T* g, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                                              int64_t rows, int64_t cols) {
+__global__ void layer_norm_backward_kernel(const T* g, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+                                           double* pw, double* pb, T* dw, T* db, int64_t rows, int64_t cols,
+                                           int64_t chunk, unsigned int* blocks_done) {
   T* sh = shared_mem<T>();
   const T inv_cols = T(1) / static_cast<T>(cols);
-  for (int64_t cb = blockIdx.x; cb * blockDim.x < rows; cb += gridDim.x) {
-    const Column row = column_at(cb, rows, cols, 1);
-    const T* gr = g + row.base;
-    const T* xr = x + row.base;
-    T* dr = dx + row.base;
-    const T mu = row.active ? mean[row.c] : T(0), rs = row.active ? rstd[row.c] : T(0);
+  const int64_t r0 = blockIdx.x * chunk, r1 = min(rows, r0 + chunk);
+  for (int64_t first = r0; first < r1; first += blockDim.x) {
+    const int64_t r = first + threadIdx.x;
+    const bool active = r < r1;
+    const T* gr = g + r * cols;
+    const T* xr = x + r * cols;
+    T* dr = dx + r * cols;
+    const T mu = active ? mean[r] : T(0), rs = active ? rstd[r] : T(0);
     T sum_gw = 0, sum_gwx = 0;
-    if (row.active)
+    if (active)
       for (int64_t c = threadIdx.y; c < cols; c += blockDim.y) {
         const T gw = w ? gr[c] * w[c] : gr[c];
         sum_gw += gw;
@@ -131,56 +152,46 @@ __global__ void layer_norm_backward_dx_kernel(const T* g, const T* x, const T* w
       }
     sum_gw = tree_reduce_y(sum_gw, SumOp(), sh);
     sum_gwx = tree_reduce_y(sum_gwx, SumOp(), sh);
-    if (!row.active) continue;
+    if (!active) continue;
     const T a = sum_gw * inv_cols, q = sum_gwx * inv_cols;
     for (int64_t c = threadIdx.y; c < cols; c += blockDim.y) {
       const T gw = w ? gr[c] * w[c] : gr[c];
       dr[c] = rs * (gw - a - (xr[c] - mu) * rs * q);
     }
   }
-}
-
-// Pass 1 of dw = sum_rows grad * xhat, db = sum_rows grad: rows in chunks of `chunk`;
-// pw[k, c], pb[k, c] (double) = the sums over chunk k (either may be null).
-template <typename T>
-__global__ void layer_norm_dwdb_partial_kernel(const T* g, const T* x, const T* mean, const T* rstd, double* pw,
-                                               double* pb, int64_t rows, int64_t cols, int64_t nchunks, int64_t chunk) {
-  double* sh = shared_mem<double>();
-  const int64_t columns = nchunks * cols;
-  for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
-    const int64_t cc = cb * blockDim.x + threadIdx.x;
-    const bool active = cc < columns;
-    const int64_t k = cc / cols, c = cc % cols;
-    const int64_t r0 = k * chunk, r1 = min(rows, r0 + chunk);
+  if (!pw && !pb) return;
+  // This chunk's column sums: thread t owns columns t, t + nthreads, ...
+  const int64_t nthreads = blockDim.x * blockDim.y, t = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int64_t c = t; c < cols; c += nthreads) {
     double sw = 0, sb = 0;
-    if (active)
-      for (int64_t i = r0 + threadIdx.y; i < r1; i += blockDim.y) {
-        const T gv = g[i * cols + c];
-        if (pw) sw += static_cast<double>(gv * (x[i * cols + c] - mean[i]) * rstd[i]);
-        sb += static_cast<double>(gv);
-      }
-    if (pw) {
-      sw = tree_reduce_y(sw, SumOp(), sh);
-      if (active && threadIdx.y == 0) pw[cc] = sw;
+    for (int64_t r = r0; r < r1; ++r) {
+      const T gv = g[r * cols + c];
+      if (pw) sw += static_cast<double>(gv * (x[r * cols + c] - mean[r]) * rstd[r]);
+      sb += static_cast<double>(gv);
     }
-    if (pb) {
-      sb = tree_reduce_y(sb, SumOp(), sh);
-      if (active && threadIdx.y == 0) pb[cc] = sb;
+    if (pw) pw[blockIdx.x * cols + c] = sw;
+    if (pb) pb[blockIdx.x * cols + c] = sb;
+  }
+  // The last block adds the chunks, in chunk order.
+  int* is_last = reinterpret_cast<int*>(sh);
+  __syncthreads();  // the block's partial sums are written (and sh is free again)
+  if (t == 0) {
+    __threadfence();
+    *is_last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!*is_last) return;
+  __threadfence();
+  for (int64_t c = t; c < cols; c += nthreads) {
+    double sw = 0, sb = 0;
+    for (int64_t k = 0; k < static_cast<int64_t>(gridDim.x); ++k) {
+      if (pw) sw += pw[k * cols + c];
+      if (pb) sb += pb[k * cols + c];
     }
+    if (dw) dw[c] = static_cast<T>(sw);
+    if (db) db[c] = static_cast<T>(sb);
   }
-}
-
-// Pass 2: out[c] = sum_k part[k, c] (out null: nothing to do).
-template <typename T> __global__ void sum_chunks_kernel(const double* part, T* out, int64_t nchunks, int64_t cols) {
-  double* sh = shared_mem<double>();
-  for (int64_t cb = blockIdx.x; cb * blockDim.x < cols; cb += gridDim.x) {
-    const int64_t c = cb * blockDim.x + threadIdx.x;
-    double s = 0;
-    if (c < cols)
-      for (int64_t k = threadIdx.y; k < nchunks; k += blockDim.y) s += part[k * cols + c];
-    s = tree_reduce_y(s, SumOp(), sh);
-    if (c < cols && threadIdx.y == 0) out[c] = static_cast<T>(s);
-  }
+  if (t == 0) *blocks_done = 0;
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------------------
@@ -289,8 +300,26 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
     using T = scalar_t;
     const dim3 block = column_block(cols, 1);
     layer_norm_kernel<T><<<column_grid(rows, block), block, sizeof(T) * kBlockSize, stream()>>>(
-        cptr<T>(x), cptr_or_null<T>(w), cptr_or_null<T>(b), static_cast<T>(eps), ptr<T>(out), ptr<T>(mean),
-        ptr<T>(rstd), rows, cols);
+        cptr<T>(x), nullptr, nullptr, cptr_or_null<T>(w), cptr_or_null<T>(b), static_cast<T>(eps), ptr<T>(out),
+        ptr<T>(mean), ptr<T>(rstd), rows, cols);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// x, r, sum, out [rows, cols]; w, b [cols] or undefined; mean, rstd [rows]
+void add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps, const Tensor& sum,
+                    const Tensor& out, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols) {
+  LINEA_CHECK(x.numel() == rows * cols && r.numel() == x.numel() && sum.numel() == x.numel() &&
+                  out.numel() == x.numel(),
+              "add_layer_norm: x ", shape_str(x.shape()), " and r ", shape_str(r.shape()), " do not match [", rows,
+              ", ", cols, "]");
+  if (rows == 0 || cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] {
+    using T = scalar_t;
+    const dim3 block = column_block(cols, 1);
+    layer_norm_kernel<T><<<column_grid(rows, block), block, sizeof(T) * kBlockSize, stream()>>>(
+        cptr<T>(x), cptr<T>(r), ptr<T>(sum), cptr_or_null<T>(w), cptr_or_null<T>(b), static_cast<T>(eps),
+        ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), rows, cols);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -303,41 +332,24 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, c
   if (cols == 0) return;
   LINEA_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
     using T = scalar_t;
-    if (rows > 0) {
-      const dim3 block = column_block(cols, 1);
-      layer_norm_backward_dx_kernel<T><<<column_grid(rows, block), block, sizeof(T) * kBlockSize, stream()>>>(
-          cptr<T>(grad), cptr<T>(x), cptr_or_null<T>(w), cptr<T>(mean), cptr<T>(rstd), ptr<T>(dx), rows, cols);
-      LINEA_KERNEL_LAUNCH_CHECK();
-    }
-    if (!dw.defined() && !db.defined()) return;
+    const bool sums = dw.defined() || db.defined();
     if (rows == 0) {  // empty sums
       if (dw.defined()) fill(dw, 0.0);
       if (db.defined()) fill(db, 0.0);
       return;
     }
-    // Pass 1 over chunks of rows, pass 2 over the chunks (both column reductions).
-    constexpr int64_t kRowsPerChunk = 64, kMaxChunks = 1024;
-    const int64_t nchunks = std::min<int64_t>((rows + kRowsPerChunk - 1) / kRowsPerChunk, kMaxChunks);
-    const int64_t chunk = (rows + nchunks - 1) / nchunks;
-    const size_t part_bytes = sizeof(double) * static_cast<size_t>(nchunks * cols);
+    // Chunks of at least 64 rows, at most 1024 of them (the last block adds that many partials).
+    constexpr int64_t kMinChunk = 64, kMaxChunks = 1024;
+    const int64_t chunk = std::max<int64_t>(kMinChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+    const int64_t nchunks = (rows + chunk - 1) / chunk;
+    const size_t part_bytes = sums ? sizeof(double) * static_cast<size_t>(nchunks * cols) : 0;
     DeviceBuffer part_w(dw.defined() ? part_bytes : 0), part_b(db.defined() ? part_bytes : 0);
-    const dim3 block1 = column_block(chunk, cols);
-    layer_norm_dwdb_partial_kernel<T>
-        <<<column_grid(nchunks * cols, block1), block1, sizeof(double) * kBlockSize, stream()>>>(
-            cptr<T>(grad), cptr<T>(x), cptr<T>(mean), cptr<T>(rstd), part_w.as<double>(), part_b.as<double>(), rows,
-            cols, nchunks, chunk);
+    const dim3 block = column_block(cols, 1);
+    layer_norm_backward_kernel<T><<<static_cast<unsigned>(nchunks), block, sizeof(T) * kBlockSize, stream()>>>(
+        cptr<T>(grad), cptr<T>(x), cptr_or_null<T>(w), cptr<T>(mean), cptr<T>(rstd), ptr<T>(dx),
+        dw.defined() ? part_w.as<double>() : nullptr, db.defined() ? part_b.as<double>() : nullptr, ptr_or_null<T>(dw),
+        ptr_or_null<T>(db), rows, cols, chunk, sums ? blocks_done_counter() : nullptr);
     LINEA_KERNEL_LAUNCH_CHECK();
-    const dim3 block2 = column_block(nchunks, cols);
-    if (dw.defined()) {
-      sum_chunks_kernel<T><<<column_grid(cols, block2), block2, sizeof(double) * kBlockSize, stream()>>>(
-          part_w.as<double>(), ptr<T>(dw), nchunks, cols);
-      LINEA_KERNEL_LAUNCH_CHECK();
-    }
-    if (db.defined()) {
-      sum_chunks_kernel<T><<<column_grid(cols, block2), block2, sizeof(double) * kBlockSize, stream()>>>(
-          part_b.as<double>(), ptr<T>(db), nchunks, cols);
-      LINEA_KERNEL_LAUNCH_CHECK();
-    }
   });
 }
 

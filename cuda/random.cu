@@ -56,6 +56,7 @@ void uniform(const Tensor& out, double lo, double hi) {
       RngState& r = rng();
       std::lock_guard<std::mutex> lock(r.mu);
       curandGenerator_t g = generator_for_draw(words_for<T>(n));
+      bump(counter_cells().library_calls);
       LINEA_CURAND_CHECK(generate_uniform(g, ptr<T>(out), static_cast<size_t>(n)));
     }
     uniform_map_kernel<T><<<grid_for(n), kBlockSize, 0, stream()>>>(ptr<T>(out), n, lo, hi);
@@ -80,11 +81,14 @@ void normal(const Tensor& out, double mean, double std) {
       RngState& r = rng();
       std::lock_guard<std::mutex> lock(r.mu);
       curandGenerator_t g = generator_for_draw(words_for<T>(even));
+      bump(counter_cells().library_calls);
       LINEA_CURAND_CHECK(generate_normal(g, dst, static_cast<size_t>(even), mean, std));
     }
-    if (!direct)
+    if (!direct) {
+      bump(counter_cells().device_copies);
       LINEA_CUDA_CHECK(
           cudaMemcpyAsync(out.data_ptr(), dst, sizeof(T) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream()));
+    }
   });
 }
 
@@ -101,6 +105,23 @@ __global__ void uniform_rows_kernel(T* p, int64_t rows, int64_t len, double lo, 
     linea::detail::example_block(seed, draw, first_row + r, b, w);
     for (int64_t j = 0; j < per && b * per + j < len; ++j)
       p[r * len + b * per + j] = linea::detail::uniform_from_block<T>(w, j, lo, hi);
+  }
+}
+
+template <typename T>
+__global__ void dropout_rows_kernel(const T* x, T* out, int64_t rows, int64_t len, T keep, T scale, uint64_t seed,
+                                    uint64_t draw, int64_t first_row) {
+  constexpr int64_t per = linea::detail::uniforms_per_block<T>();
+  const int64_t blocks = (len + per - 1) / per, total = rows * blocks;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / blocks, b = i % blocks;
+    uint32_t w[4];
+    linea::detail::example_block(seed, draw, first_row + r, b, w);
+    for (int64_t j = 0; j < per && b * per + j < len; ++j) {
+      const int64_t e = r * len + b * per + j;
+      out[e] = x[e] * linea::detail::dropout_factor<T>(w, j, keep, scale);
+    }
   }
 }
 
@@ -141,6 +162,21 @@ void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint
     using T = scalar_t;
     normal_rows_kernel<T><<<grid_for(rows * ((len + 1) / 2)), kBlockSize, 0, stream()>>>(ptr<T>(out), rows, len, mean,
                                                                                          std, seed, draw, first_row);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// x, out [rows, ...] contiguous
+void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row) {
+  const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
+  if (out.numel() == 0) return;
+  LINEA_DISPATCH_FLOAT(out.dtype(), "dropout_rows", [&] {
+    using T = scalar_t;
+    constexpr int64_t per = linea::detail::uniforms_per_block<T>();
+    const int64_t total = rows * ((len + per - 1) / per);
+    dropout_rows_kernel<T><<<grid_for(total), kBlockSize, 0, stream()>>>(
+        cptr<T>(x), ptr<T>(out), rows, len, static_cast<T>(1.0 - p), static_cast<T>(1.0 / (1.0 - p)), seed, draw,
+        first_row);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

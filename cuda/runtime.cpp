@@ -1,14 +1,20 @@
 // The CUDA runtime side of Linea: device probing, device memory (raw cudaMalloc/cudaFree
-// behind the caching allocator), host<->device copies, the one stream, the cuBLAS handle,
-// the cuRAND generator's {seed, offset} state, and the error reporting behind cuda/check.h.
+// behind the caching allocator), pinned host memory and events, host<->device copies (host ->
+// device staged through pinned memory, so the host never waits for them), the one stream, the
+// cuBLAS handle, the cuRAND generator's {seed, offset} state, the error reporting behind
+// cuda/check.h, and the counters of core/cuda_counters.h that these calls bump.
 // Everything is created on first use: nothing CUDA-related runs at static-initialization
 // time, and probing a machine with no driver returns 0 devices instead of failing.
 // Not the kernels (cuda/*.cu); not the allocator's bookkeeping (core/allocator.cpp).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "core/cuda_counters.h"
 #include "core/cuda_interface.h"
 #include "core/error.h"
 #include "cuda/check.h"
@@ -122,9 +128,11 @@ bool sync_debug() {
 }
 
 void check_launch(const char* file, int line) {
+  bump(counter_cells().kernel_launches);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw_cuda_error(err, "kernel launch", file, line);
   if (sync_debug()) {
+    bump(counter_cells().host_syncs);
     err = cudaStreamSynchronize(stream());
     if (err != cudaSuccess) throw_cuda_error(err, "kernel execution (LINEA_CUDA_SYNC=1)", file, line);
     check_device_errors();
@@ -225,6 +233,17 @@ DeviceBuffer::~DeviceBuffer() {
   if (ptr_ != nullptr) allocator().deallocate(ptr_);
 }
 
+unsigned int* blocks_done_counter() {
+  static unsigned int* p = [] {
+    LongLivedAllocations long_lived;
+    void* d = allocator().allocate(sizeof(unsigned int));
+    bump(counter_cells().device_copies);
+    LINEA_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned int), stream()));
+    return static_cast<unsigned int*>(d);
+  }();
+  return p;
+}
+
 // ---- device error reports -----------------------------------------------------------------------
 namespace {
 DeviceErrorReport* host_error_report = nullptr;  // the same memory, host side
@@ -308,6 +327,7 @@ void* raw_alloc(size_t nbytes) {
   require_device("CUDA allocation");
   detail::stream();  // selects the device
   void* p = nullptr;
+  detail::bump(detail::counter_cells().device_allocs);
   cudaError_t err = cudaMalloc(&p, nbytes);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
@@ -338,28 +358,153 @@ CachingAllocator& allocator() {
   return *a;
 }
 
+// ---- pinned memory, events and the H2D staging ring ------------------------------------------------
+namespace {
+
+void* raw_alloc_pinned(size_t nbytes) {
+  detail::stream();  // selects the device
+  void* p = nullptr;
+  LINEA_CUDA_CHECK(cudaHostAlloc(&p, nbytes, cudaHostAllocDefault));
+  return p;
+}
+void raw_free_pinned(void* ptr) {
+  if (ptr != nullptr) (void)cudaFreeHost(ptr);
+}
+
+// Copies up to this size go through pinned staging; a larger one is rare (a whole dataset moved
+// at once) and goes straight from pageable memory, which waits for the stream.
+constexpr size_t kMaxStaged = size_t(64) << 20;
+// Staging blocks in flight beyond this many bytes: wait for the oldest before staging more.
+constexpr size_t kMaxInFlight = size_t(256) << 20;
+
+// Staging blocks whose transfer is queued, each with the event recorded after it; a block goes
+// back to the pinned allocator once its event has passed. Events are recycled.
+struct StagingRing {
+  std::mutex mu;
+  struct InFlight {
+    void* block;
+    size_t nbytes;
+    void* event;
+  };
+  std::deque<InFlight> in_flight;
+  std::vector<void*> spare_events;
+  size_t bytes = 0;
+
+  void retire_front() {
+    pinned_allocator().deallocate(in_flight.front().block);
+    spare_events.push_back(in_flight.front().event);
+    bytes -= in_flight.front().nbytes;
+    in_flight.pop_front();
+  }
+  // Returns the blocks whose transfers are done; waits for the oldest while over the limit.
+  void reclaim(size_t incoming) {
+    while (!in_flight.empty() && event_query(in_flight.front().event)) retire_front();
+    while (!in_flight.empty() && bytes + incoming > kMaxInFlight) {
+      event_synchronize(in_flight.front().event);
+      retire_front();
+    }
+  }
+};
+StagingRing& staging() {
+  static StagingRing* ring = new StagingRing();  // leaked, like the allocators
+  return *ring;
+}
+
+}  // namespace
+
+CachingAllocator& pinned_allocator() {
+  static CachingAllocator* a = new CachingAllocator(raw_alloc_pinned, raw_free_pinned);
+  return *a;
+}
+
+void* event_create() {
+  detail::stream();  // selects the device
+  cudaEvent_t e = nullptr;
+  LINEA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void event_destroy(void* event) {
+  if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void event_record(void* event) { LINEA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), detail::stream())); }
+
+bool event_query(void* event) {
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error, but the runtime may keep it as the last one
+    return false;
+  }
+  LINEA_CUDA_CHECK(err);
+  detail::check_device_errors();  // the kernels before the event are done: their reports are in
+  return true;
+}
+
+void event_synchronize(void* event) {
+  if (event_query(event)) return;
+  detail::bump(detail::counter_cells().host_syncs);
+  LINEA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+  detail::check_device_errors();
+}
+
 void memcpy_h2d(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
-  // From pageable host memory the call returns once `src` has been staged, so the caller may
-  // free or reuse it at once; the transfer itself stays ordered on the stream.
-  LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, detail::stream()));
+  detail::bump(detail::counter_cells().h2d_copies);
+  detail::bump(detail::counter_cells().h2d_bytes, static_cast<int64_t>(nbytes));
+  if (nbytes > kMaxStaged) {
+    // From pageable memory: returns once `src` has been read, after the stream drained.
+    LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, detail::stream()));
+    return;
+  }
+  StagingRing& ring = staging();
+  std::lock_guard<std::mutex> lock(ring.mu);
+  ring.reclaim(nbytes);
+  void* block = pinned_allocator().allocate(nbytes);
+  std::memcpy(block, src, nbytes);
+  void* event = nullptr;
+  try {
+    LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, block, nbytes, cudaMemcpyHostToDevice, detail::stream()));
+    if (ring.spare_events.empty()) ring.spare_events.push_back(event_create());
+    event = ring.spare_events.back();
+    ring.spare_events.pop_back();
+    event_record(event);
+  } catch (...) {
+    if (event) ring.spare_events.push_back(event);
+    // The copy may be queued: keep the block out of circulation rather than reuse it early.
+    throw;
+  }
+  ring.in_flight.push_back({block, nbytes, event});
+  ring.bytes += nbytes;
 }
 
 void memcpy_d2h(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
   cudaStream_t s = detail::stream();
+  detail::bump(detail::counter_cells().d2h_copies);
+  detail::bump(detail::counter_cells().d2h_bytes, static_cast<int64_t>(nbytes));
+  detail::bump(detail::counter_cells().host_syncs);
   LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
   LINEA_CUDA_CHECK(cudaStreamSynchronize(s));  // the host reads dst next
   detail::check_device_errors();
 }
 
+void memcpy_d2h_async(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return;
+  detail::bump(detail::counter_cells().d2h_copies);
+  detail::bump(detail::counter_cells().d2h_bytes, static_cast<int64_t>(nbytes));
+  LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, detail::stream()));
+}
+
 void memcpy_d2d(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
+  detail::bump(detail::counter_cells().device_copies);
   LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, detail::stream()));
 }
 
 void synchronize() {
   if (!is_available()) return;  // no device: nothing can be pending
+  detail::bump(detail::counter_cells().host_syncs);
   LINEA_CUDA_CHECK(cudaStreamSynchronize(detail::stream()));
   detail::check_device_errors();
 }

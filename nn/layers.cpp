@@ -54,9 +54,7 @@ Tensor Linear::forward(const Tensor& x) {
   raw::check_defined("Linear", x, "input");
   LINEA_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear: expected input [..., ", in_, "] (in_features=", in_,
               "), got ", shape_str(x.shape()));
-  Tensor y = matmul(x, transpose(weight_, 0, 1));  // [..., in] @ [in, out] -> [..., out]
-  if (bias_.defined()) y = add(y, bias_);
-  return y;
+  return linear(x, weight_, bias_);  // [..., in] @ [in, out] + [out] -> [..., out]
 }
 
 std::string Linear::extra_repr() const {
@@ -117,6 +115,17 @@ Tensor LayerNorm::forward(const Tensor& x) {
   LINEA_CHECK(ok, "LayerNorm: expected input [..., ", shape_str(shape_).substr(1), " (normalized_shape ",
               shape_str(shape_), "), got ", shape_str(x.shape()));
   return layer_norm(x, shape_, weight_, bias_, eps_);
+}
+
+std::pair<Tensor, Tensor> LayerNorm::forward_add(const Tensor& x, const Tensor& r) {
+  raw::check_defined("LayerNorm", x, "input");
+  raw::check_defined("LayerNorm", r, "residual");
+  const int64_t k = static_cast<int64_t>(shape_.size());
+  bool ok = x.dim() >= k;
+  for (int64_t i = 0; ok && i < k; ++i) ok = x.size(x.dim() - k + i) == shape_[i];
+  LINEA_CHECK(ok, "LayerNorm: expected input [..., ", shape_str(shape_).substr(1), " (normalized_shape ",
+              shape_str(shape_), "), got ", shape_str(x.shape()));
+  return add_layer_norm(x, r, shape_, weight_, bias_, eps_);
 }
 
 std::string LayerNorm::extra_repr() const {

@@ -72,6 +72,9 @@ class LayerNorm : public Module {
   explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   Tensor forward(const Tensor& x);  // [..., *normalized_shape] -> same
   Tensor operator()(const Tensor& x) { return forward(x); }
+  // A residual connection and this norm after it: {x + r, forward(x + r)} in one kernel
+  // (add_layer_norm); x and r of the same shape.
+  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r);
   std::string extra_repr() const override;
 
   const Shape& normalized_shape() const { return shape_; }

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "autograd/autograd.h"
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/ops_optim.h"
 
@@ -35,6 +36,7 @@ std::string state_key(size_t group, size_t index, const char* name) {
 // The state slot of parameter p: allocated as zeros on p's device at its first update (then
 // *fresh is set), moved along when the parameter moved (Module::to) since the state was made.
 Tensor& slot_for(Tensor& slot, const Tensor& p, bool* fresh) {
+  LongLivedAllocations long_lived;  // state outlives the step that creates it (core/allocator.h)
   if (!slot.defined()) {
     slot = zeros(p.shape(), TensorOptions(p.dtype(), p.device()));
     if (fresh) *fresh = true;
@@ -174,6 +176,23 @@ void Optimizer::zero_grad() {
     for (Tensor& p : pg.params) p.zero_grad();
 }
 
+void Optimizer::step_guarded(const Tensor& guard) {
+  raw::check_defined("Optimizer::step_guarded", guard, "guard");
+  const std::vector<double> g = guard.to(kCPU).to_vector<double>();
+  LINEA_CHECK(g.size() == 3, "Optimizer::step_guarded: expected raw::grad_norm_guard's {norm, coef, ok}, got ",
+              g.size(), " values");
+  if (g[2] == 0.0) return;
+  if (g[1] != 1.0) {
+    NoGradGuard no_grad;
+    for (ParamGroup& pg : groups_)
+      for (Tensor& p : pg.params) {
+        Tensor grad = p.grad();
+        if (grad.defined()) grad *= g[1];
+      }
+  }
+  step();
+}
+
 void Optimizer::set_lr(double lr) {
   LINEA_CHECK(std::isfinite(lr) && lr >= 0.0, "Optimizer::set_lr: lr must be finite and >= 0, got ", lr);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].lr = lr * (g < lr_scale_.size() ? lr_scale_[g] : 1.0);
@@ -254,29 +273,78 @@ Adam::Adam(std::vector<ParamGroup> groups, double beta1, double beta2, double ep
   fit(v_, groups_);
 }
 
-void Adam::step() {
+void Adam::step() { multi_step(Tensor()); }
+
+void Adam::step_guarded(const Tensor& guard) { multi_step(guard); }
+
+void Adam::multi_step(const Tensor& guard) {
   NoGradGuard no_grad;
   fit(m_, groups_);
   fit(v_, groups_);
-  const int64_t t = step_ + 1;
+  std::vector<Tensor> ps, gs, ms, vs;
+  std::vector<int> group;
+  bool one_kind = true;  // one device and one dtype: the multi-tensor kernel applies
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& pg = groups_[g];
     for (size_t i = 0; i < pg.params.size(); ++i) {
       const Tensor& p = pg.params[i];
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      Tensor m = slot_for(m_[g][i], p, nullptr);
-      Tensor v = slot_for(v_[g][i], p, nullptr);
-      raw::adam_step(p, grad, m, v, pg.lr, beta1_, beta2_, eps_, pg.weight_decay, decoupled_, t);
+      ms.push_back(slot_for(m_[g][i], p, nullptr));
+      vs.push_back(slot_for(v_[g][i], p, nullptr));
+      one_kind = one_kind && p.is_contiguous() && (ps.empty() || (p.device() == ps[0].device() && p.dtype() == ps[0].dtype()));
+      ps.push_back(p);
+      gs.push_back(grad);
+      group.push_back(static_cast<int>(g));
     }
   }
-  step_ = t;
+  if (!one_kind) {
+    // Parameters on several devices or of several dtypes: one kernel each, the step count and
+    // the guard on the host.
+    double coef = 1.0;
+    if (guard.defined()) {
+      const std::vector<double> gv = guard.to(kCPU).to_vector<double>();
+      if (gv[2] == 0.0) return;
+      coef = gv[1];
+    }
+    const int64_t t = steps() + 1;
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const ParamGroup& pg = groups_[static_cast<size_t>(group[k])];
+      Tensor g = coef == 1.0 ? gs[k] : gs[k] * coef;
+      raw::adam_step(ps[k], g, ms[k], vs[k], pg.lr, beta1_, beta2_, eps_, pg.weight_decay, decoupled_, t);
+    }
+    step_ = t;
+    count_ = Tensor();
+    return;
+  }
+  const Device dev = ps.empty() ? (guard.defined() ? guard.device() : Device(kCPU)) : ps[0].device();
+  if (!count_.defined() || count_.device() != dev) {
+    // From step_ (after construction or a load) or from where the parameters were before.
+    const int64_t n = count_.defined() ? count_.to(kCPU).item<int64_t>() : step_;
+    LongLivedAllocations long_lived;  // lasts as long as the optimizer
+    count_ = from_vector<int64_t>({n}, {1}).to(dev);
+  }
+  std::vector<double> h;
+  for (const ParamGroup& pg : groups_) h.insert(h.end(), {pg.lr, pg.weight_decay});
+  const Tensor host = from_vector<double>(h, {static_cast<int64_t>(groups_.size()), 2});
+  if (!hyper_.defined() || hyper_.device() != dev || hyper_.shape() != host.shape()) {
+    LongLivedAllocations long_lived;
+    hyper_ = host.to(dev);
+  } else {
+    hyper_.copy_(host);  // in place: the kernel reads it at the same address every step
+  }
+  raw::adam_multi_step(ps, gs, ms, vs, group, hyper_, count_, guard, beta1_, beta2_, eps_, decoupled_);
 }
 
-StateDict Adam::state_dict() const { return export_state(groups_, {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}, step_); }
+int64_t Adam::steps() const { return count_.defined() ? count_.item<int64_t>() : step_; }
+
+StateDict Adam::state_dict() const {
+  return export_state(groups_, {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}, steps());
+}
 
 void Adam::load_state_dict(const StateDict& state) {
   import_state(decoupled_ ? "AdamW" : "Adam", groups_, {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}, state, &step_);
+  count_ = Tensor();  // made from step_ at the next step
 }
 
 // ---- clipping ----------------------------------------------------------------------------------
@@ -339,6 +407,14 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     }
   }
   return norm;
+}
+
+Tensor step_guard(const std::vector<Tensor>& params, const Tensor& loss, double max_norm) {
+  std::vector<Tensor> grads = gradients_of(params, "step_guard");
+  NoGradGuard no_grad;
+  for (Tensor& g : grads)
+    if (g.dtype() != grads[0].dtype()) g = g.to(grads[0].dtype());
+  return raw::grad_norm_guard(grads, loss, max_norm);
 }
 
 }  // namespace linea::nn

@@ -26,12 +26,20 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // Applies one update to every parameter that has a gradient (others are skipped).
   virtual void step() = 0;
+  // The training loop's update, gated on the device: `guard` is raw::grad_norm_guard's
+  // {norm, coef, ok} (core/ops_optim.h) on the parameters' device. When ok, one step with the
+  // gradients times coef (clipping); when not, nothing changes and the step is not counted.
+  // Adam and AdamW do it in fused kernels without a host synchronization; the default reads the
+  // guard on the host first (one synchronization on CUDA), then clips and calls step().
+  virtual void step_guarded(const Tensor& guard);
   void zero_grad();
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // Sets the learning rate of every group, scaled by each group's lr_scale (schedules call this).
   void set_lr(double lr);
-  int64_t steps() const { return step_; }  // completed step() calls
+  // Steps applied so far (a guarded step that was skipped does not count). Adam keeps the
+  // count on the parameters' device, so there this reads it back (a synchronization on CUDA).
+  virtual int64_t steps() const { return step_; }
 
   // Optimizer state for checkpoints, keyed "<group>.<index>.<name>" (e.g. "0.3.exp_avg"), plus
   // "step" as a 0-d Int64 tensor. load_state_dict restores it exactly (shapes checked).
@@ -81,8 +89,10 @@ class SGD : public Optimizer {
 };
 
 // Adam (Kingma & Ba) with bias correction; weight decay from each group is L2, added to the
-// gradient (g = grad + wd * p). AdamW (below) decouples it. With t = the step count after this
-// update (steps() + 1, shared by all parameters):
+// gradient (g = grad + wd * p). AdamW (below) decouples it. Every parameter with a gradient is
+// updated by one multi-tensor kernel (raw::adam_multi_step: one launch on CUDA for up to 256
+// tensors) when they share one device and dtype. With t = the step count after this update
+// (steps() + 1, shared by all parameters):
 //   m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g^2
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // State: "<group>.<index>.exp_avg" and ".exp_avg_sq", zeros allocated at the parameter's
@@ -93,6 +103,8 @@ class Adam : public Optimizer {
  public:
   explicit Adam(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8);
   void step() override;
+  void step_guarded(const Tensor& guard) override;
+  int64_t steps() const override;
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
   double beta1() const { return beta1_; }
@@ -107,6 +119,11 @@ class Adam : public Optimizer {
   double beta1_, beta2_, eps_;
   bool decoupled_;
   std::vector<std::vector<Tensor>> m_, v_;  // [group][index]
+  // On the parameters' device: the step count (int64 [1]; step_ holds it until first used) and
+  // each group's (lr, weight decay) (float64 [G, 2], uploaded before every step), which the
+  // multi-tensor kernel reads, so that a captured step replays with the current values.
+  Tensor count_, hyper_;
+  void multi_step(const Tensor& guard);
 };
 
 // AdamW (Loshchilov & Hutter): Adam with decoupled weight decay, p *= 1 - lr * wd before the
@@ -126,5 +143,11 @@ class AdamW : public Adam {
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 // The same total norm without clipping (0-d, on the gradients' device; 0 when no gradient).
 Tensor grad_norm(const std::vector<Tensor>& params);
+
+// A training step's guard, for Optimizer::step_guarded: raw::grad_norm_guard over the
+// parameters' gradients (those without one are skipped; other dtypes converted to the first
+// one's) and `loss`: {norm, coef, ok} on the loss's device, with coef the clipping coefficient
+// at max_norm (no clipping when max_norm <= 0). No host synchronization; on CUDA two launches.
+Tensor step_guard(const std::vector<Tensor>& params, const Tensor& loss, double max_norm);
 
 }  // namespace linea::nn

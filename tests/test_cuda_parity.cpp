@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_counters.h"
 #include "core/ops_optim.h"
+#include "core/precision.h"
 #include "tests/test_util.h"
 
 #ifdef LINEA_WITH_CUDA
@@ -493,6 +495,141 @@ TEST(CudaParity, Matmul) {
   }
 }
 
+// Attention's operands: q, k, v [B, H, N, D] viewed from [B, N, H, D] (their B and H strides do
+// not collapse into one), and the scores [B, H, N, M] times v: one library call each, whatever
+// the batch layout (a pointer-array batched GEMM; before, one call per b).
+TEST(CudaParity, MatmulAttentionLayouts) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(61);
+  const int64_t B = 3, N = 5, M = 7, H = 2, D = 9;
+  const auto heads = [](const Tensor& x) { return x.permute({0, 2, 1, 3}); };  // [B, L, H, D] -> [B, H, L, D]
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("q k^T", dt), [&](const std::vector<Tensor>& v) { return matmul(heads(v[0]), heads(v[1]).transpose(-1, -2)); },
+                  {rnd({B, N, H, D}, dt), rnd({B, M, H, D}, dt)});
+    expect_parity(tag("p v", dt), [&](const std::vector<Tensor>& v) { return matmul(v[0], heads(v[1])); },
+                  {rnd({B, H, N, M}, dt), rnd({B, M, H, D}, dt)});
+    expect_parity(tag("three batch dims, one broadcast", dt), [&](const std::vector<Tensor>& v) {
+      return matmul(v[0].permute({1, 0, 2, 3, 4}), v[1]);
+    }, {rnd({2, 3, 2, 4, 5}, dt), rnd({3, 1, 2, 5, 3}, dt)});
+  }
+#ifndef LINEA_PARITY_SELF_TEST
+  const Tensor q = heads(rnd({B, N, H, D}, DType::Float32).to(kCuda)), k = heads(rnd({B, M, H, D}, DType::Float32).to(kCuda));
+  const cuda::Counters before = cuda::counters();
+  const Tensor s = matmul(q, k.transpose(-1, -2));
+  const cuda::Counters c = cuda::counters() - before;
+  EXPECT_EQ(c.library_calls, 1) << c.str();
+  EXPECT_LE(c.kernel_launches, 1) << c.str();  // the pointer arrays, written on the device
+  EXPECT_EQ(c.h2d_copies + c.device_copies, 0) << c.str();
+#endif
+}
+
+// The linear layer's fused pair (x @ w^T + b forward; dw and db in one call backward).
+TEST(CudaParity, Linear) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(62);
+  const Fn lin = [](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); };
+  const Fn lin_nb = [](const std::vector<Tensor>& v) { return linear(v[0], v[1]); };
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("2-d", dt), lin, {rnd({13, 37}, dt), rnd({11, 37}, dt), rnd({11}, dt)});
+    expect_parity(tag("3-d rows", dt), lin, {rnd({3, 7, 37}, dt), rnd({11, 37}, dt), rnd({11}, dt)});
+    expect_parity(tag("no bias", dt), lin_nb, {rnd({3, 7, 37}, dt), rnd({11, 37}, dt)});
+    expect_parity(tag("transposed input", dt), [](const std::vector<Tensor>& v) { return linear(v[0].t(), v[1], v[2]); },
+                  {rnd({37, 13}, dt), rnd({11, 37}, dt), rnd({11}, dt)});
+    expect_parity(tag("one row, one output", dt), lin, {rnd({1, 5}, dt), rnd({1, 5}, dt), rnd({1}, dt)});
+    expect_parity(tag("many rows (long bias-gradient sums)", dt), lin, {rnd({1029, 6}, dt), rnd({3, 6}, dt), rnd({3}, dt)},
+                  4.0);
+  }
+}
+
+// --precision tf32 / bf16: the float32 GEMMs' inputs rounded on the tensor cores, float32
+// accumulation. Against the CPU's float32 with a tolerance of those inputs' precision; the
+// emulator rounds exactly so, and there the result must also differ from full float32.
+TEST(CudaParity, MatmulPrecision) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(63);
+  const Tensor a = rnd({17, 64}, DType::Float32), b = rnd({64, 9}, DType::Float32);
+  const Tensor ref = matmul(a, b);
+  const Tensor full = matmul(a.to(kCuda), b.to(kCuda)).to(kCPU);
+  for (MatmulPrecision p : {MatmulPrecision::TF32, MatmulPrecision::BF16}) {
+    SCOPED_TRACE(precision_name(p));
+    set_matmul_precision(p);
+    const Tensor got = matmul(a.to(kCuda), b.to(kCuda)).to(kCPU);
+    const Tensor lin = linear(a.to(kCuda), b.t().contiguous().to(kCuda), zeros({9}, TensorOptions(kCuda))).to(kCPU);
+    set_matmul_precision(MatmulPrecision::Float32);
+    // Unit roundoff 2^-11 (tf32) or 2^-8 (bf16) on each input: |error| <~ 2 u sum |a||b| over K = 64.
+    const double u = p == MatmulPrecision::TF32 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    EXPECT_TRUE(test::all_close(got, ref, 2 * u * 64 * 1.0, 0.0));
+    EXPECT_TRUE(test::all_close(lin, ref, 2 * u * 64 * 1.0, 0.0));
+#ifdef LINEA_CUDA_EMULATOR
+    EXPECT_GT(max(abs(got - full)).item(), 0.0);
+#endif
+  }
+  (void)full;
+}
+
+// The training step's fused pair against the CPU: grad_norm_guard (2 launches per 256
+// gradients) and adam_multi_step (1 launch per 256 parameters), more tensors than one launch
+// holds, sizes that are not multiples of the 4096-element chunk, empty ones, and a failed guard.
+TEST(CudaParity, FusedOptimizerStep) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(64);
+  for (DType dt : kFloatTypes) {
+    std::vector<Tensor> p, g, m, v, pd, gd, md, vd;
+    std::vector<int> group;
+    for (int i = 0; i < 300; ++i) {
+      const int64_t n = i % 37 == 0 ? 0 : i % 53 == 1 ? 9000 + i : 1 + (i * 7919) % 300;
+      p.push_back(rnd({n}, dt));
+      g.push_back(rnd({n}, dt, 2.0));
+      m.push_back(zeros({n}, TensorOptions(dt)));
+      v.push_back(zeros({n}, TensorOptions(dt)));
+      for (auto [src, dst] : {std::make_pair(&p, &pd), std::make_pair(&g, &gd), std::make_pair(&m, &md),
+                              std::make_pair(&v, &vd)})
+        dst->push_back(clone(src->back().to(kCuda)));
+      group.push_back(i % 3 == 0 ? 1 : 0);
+    }
+    const Tensor hyper = from_vector<double>({0.01, 0.05, 0.002, 0.0}, {2, 2});
+    const Tensor hyperd = hyper.to(kCuda);
+    Tensor count = from_vector<int64_t>({4}, {1}), countd = count.to(kCuda);
+    for (int step = 0; step < 2; ++step) {
+      const Tensor loss = scalar_tensor(step == 0 ? 1.5 : NAN, TensorOptions(dt));
+      const Tensor guard = raw::grad_norm_guard(g, loss, 3.0), guardd = raw::grad_norm_guard(gd, loss.to(kCuda), 3.0);
+      const std::string what = tag(step == 0 ? "finite step" : "failed guard (NaN loss)", dt);
+      EXPECT_TRUE(matches(guardd, guard, 4.0, (what + " guard").c_str()));
+      raw::adam_multi_step(p, g, m, v, group, hyper, count, guard, 0.9, 0.99, 1e-8, true);
+      raw::adam_multi_step(pd, gd, md, vd, group, hyperd, countd, guardd, 0.9, 0.99, 1e-8, true);
+      EXPECT_EQ(countd.to(kCPU).item<int64_t>(), count.item<int64_t>()) << what;
+      EXPECT_EQ(count.item<int64_t>(), 5) << what;  // counted once, not by the failed step
+      for (size_t i = 0; i < p.size(); ++i) {
+        EXPECT_TRUE(matches(pd[i], p[i], 4.0, (what + " param " + std::to_string(i)).c_str()));
+        EXPECT_TRUE(matches(vd[i], v[i], 4.0, (what + " v " + std::to_string(i)).c_str()));
+      }
+    }
+  }
+}
+
+// Dropout's fused kernel: the same Philox counters on both devices, so the same mask, bit for
+// bit (forward and the backward that draws it again); odd sizes, inside a BatchRowsGuard.
+TEST(CudaParity, DropoutEqualsTheCpuBitForBit) {
+  LINEA_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (double p : {0.1, 0.5}) {
+      const Tensor x0 = rnd({7, 13, 3}, dt), g = rnd({7, 13, 3}, dt);
+      Tensor xc = x0.detach(), xd = x0.to(kCuda);
+      xc.requires_grad_(true);
+      xd.requires_grad_(true);
+      BatchRowsGuard rows(5);
+      manual_seed(31);
+      const Tensor yc = dropout(xc, p, true);
+      manual_seed(31);
+      const Tensor yd = dropout(xd, p, true);
+      yc.backward(g);
+      yd.backward(g.to(kCuda));
+      EXPECT_TRUE(test::all_close(yd.to(kCPU), yc, 0, 0)) << tag("forward", dt) << " p " << p;
+      EXPECT_TRUE(test::all_close(xd.grad().to(kCPU), xc.grad(), 0, 0)) << tag("backward", dt) << " p " << p;
+    }
+  }
+}
+
 // ---- fused nn ops -------------------------------------------------------------------------------------
 TEST(CudaParity, Softmax) {
   LINEA_REQUIRE_CUDA();
@@ -516,6 +653,22 @@ TEST(CudaParity, Softmax) {
     expect_parity(tag("softmax masked", dt),
                   [](const std::vector<Tensor>& v) { return softmax(masked_fill(v[0], v[1], -INFINITY), 1); },
                   {rnd({3, 4}, dt), mask});
+  }
+}
+
+TEST(CudaParity, AddLayerNorm) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(18);
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("sum and norm", dt),
+                  [](const std::vector<Tensor>& v) {
+                    auto [s, y] = add_layer_norm(v[0], v[1], {33}, v[2], v[3]);
+                    return add(mul(s, 0.25), y);
+                  },
+                  {rnd({6, 5, 33}, dt, 2.0), rnd({6, 5, 33}, dt), rnd({33}, dt), rnd({33}, dt)});
+    expect_parity(tag("no affine, many rows", dt),
+                  [](const std::vector<Tensor>& v) { return add_layer_norm(v[0], v[1], {7}).second; },
+                  {rnd({301, 7}, dt), rnd({301, 7}, dt)});
   }
 }
 
@@ -576,7 +729,7 @@ TEST(CudaParity, CrossEntropy) {
 TEST(CudaParity, Dropout) {
   LINEA_REQUIRE_CUDA();
   manual_seed(10);
-  // Random masks differ between devices: check the statistics and the gradient rule instead.
+  // The statistics and the gradient rule (the masks themselves: DropoutEqualsTheCpuBitForBit).
   const double p = 0.3;
   Tensor x = ones({100000}, TensorOptions(DType::Float32, kCuda)).requires_grad_(true);
   Tensor y = dropout(x, p, true);

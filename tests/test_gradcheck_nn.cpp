@@ -1,4 +1,4 @@
-// Gradient checks (float64, central differences vs backward) of matmul/bmm and the fused nn
+// Gradient checks (float64, central differences vs backward) of matmul/bmm/linear and the fused nn
 // ops: softmax, log_softmax, layer_norm, cross_entropy, dropout. Every op family is also
 // checked on a non-contiguous input (a transposed or strided view).
 // Not here: forward values and bad-input errors (tests/test_nn_ops.cpp).
@@ -72,6 +72,21 @@ TEST(GradCheck, Bmm) {
   EXPECT_GRADCHECK(f, {randn64({2, 3, 4}), randn64_transposed({2, 4, 5})});
 }
 
+TEST(GradCheck, Linear) {
+  manual_seed(41);
+  const Fn f = [](const std::vector<Tensor>& x) { return linear(x[0], x[1], x[2]); };
+  EXPECT_GRADCHECK(f, {randn64({3, 4}), randn64({5, 4}), randn64({5})});
+  EXPECT_GRADCHECK(f, {randn64({2, 3, 4}), randn64({5, 4}), randn64({5})});
+  EXPECT_GRADCHECK(f, {randn64({4}), randn64({5, 4}), randn64({5})});  // a single row
+  // No bias; a non-contiguous input (a transposed view, and a strided slice copied first) and weight.
+  const Fn no_bias = [](const std::vector<Tensor>& x) { return linear(x[0], x[1]); };
+  EXPECT_GRADCHECK(no_bias, {randn64_transposed({3, 4}), randn64({5, 4})});
+  EXPECT_GRADCHECK(f, {randn64_strided(3, 4), randn64_transposed({5, 4}), randn64({5})});
+  // Only the bias, or only the input, requires grad.
+  EXPECT_GRADCHECK(f, {randn({3, 4}, f64()), randn({5, 4}, f64()), randn64({5})});
+  EXPECT_GRADCHECK(f, {randn64({3, 4}), randn({5, 4}, f64()), randn({5}, f64())});
+}
+
 TEST(GradCheck, Softmax) {
   manual_seed(5);
   for (int64_t dim : {-1, 0}) {
@@ -113,6 +128,19 @@ TEST(GradCheck, LayerNorm) {
   EXPECT_GRADCHECK(b_only, {randn64({3, 5}), randn64({5})});
   const Fn none = [](const std::vector<Tensor>& x) { return layer_norm(x[0], {5}); };
   EXPECT_GRADCHECK(none, {randn64_transposed({3, 5})});
+}
+
+TEST(GradCheck, AddLayerNorm) {
+  manual_seed(9);
+  // Both outputs matter: the sum feeds the next residual, the norm the next sublayer.
+  const Fn both = [](const std::vector<Tensor>& x) {
+    auto [s, y] = add_layer_norm(x[0], x[1], {6}, x[2], x[3]);
+    return add(mul(s, 0.5), y);
+  };
+  EXPECT_GRADCHECK(both, {randn64({4, 6}), randn64({4, 6}), randn64({6}), randn64({6})});
+  EXPECT_GRADCHECK(both, {randn64_transposed({4, 6}), randn64({4, 6}), randn64({6}), randn64({6})});
+  const Fn norm_only = [](const std::vector<Tensor>& x) { return add_layer_norm(x[0], x[1], {5}).second; };
+  EXPECT_GRADCHECK(norm_only, {randn64({2, 3, 5}), randn64({2, 3, 5})});
 }
 
 TEST(GradCheck, LayerNormNoAffine) {

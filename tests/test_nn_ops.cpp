@@ -398,6 +398,18 @@ TEST(CrossEntropy, BadTargets) {
   EXPECT_LINEA_ERROR(cross_entropy(randn({4}), tensor<int64_t>({1}, {1})), "0-d target");
 }
 
+TEST(LayerNormForward, AddLayerNormEqualsAddThenNorm) {
+  // The fused residual sum and norm: the same bits as add, then layer_norm.
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    const Tensor x = randn({3, 5, 40}).to(dt), r = randn({3, 5, 40}).to(dt), w = randn({40}).to(dt),
+                 b = randn({40}).to(dt);
+    auto [s, y] = add_layer_norm(x, r, {40}, w, b);
+    EXPECT_TRUE(all_close(s, add(x, r), 0, 0));
+    EXPECT_TRUE(all_close(y, layer_norm(add(x, r), {40}, w, b), 0, 0));
+  }
+  EXPECT_LINEA_ERROR(add_layer_norm(randn({3, 4}), randn({1, 4}), {4}), "the residual sum does not broadcast");
+}
+
 // ---- dropout -----------------------------------------------------------------------------------
 
 TEST(Dropout, KeepRateAndScaling) {
@@ -428,6 +440,28 @@ TEST(Dropout, KeepRateAndScaling) {
   EXPECT_TRUE(all_close(dropout(x, 0.3, true), a, 0, 0));
   EXPECT_LINEA_ERROR(dropout(x, 1.5, true), "dropout");
   EXPECT_LINEA_ERROR(dropout(x, -0.1, true), "dropout: probability p must be in [0, 1], got -0.1");
+}
+
+TEST(Dropout, FusedKernelEqualsTheComposedFormula) {
+  // One kernel draws and applies the mask (and draws it again for the backward); the composed
+  // bernoulli_per_example(1 - p) / (1 - p) times x, with the same generator state, gives the
+  // same bits, forward and backward, inside a BatchRowsGuard too.
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (double p : {0.1, 0.5}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " p " + std::to_string(p));
+      const Tensor x0 = randn({5, 7, 3}).to(dt), g = randn({5, 7, 3}).to(dt);
+      Tensor x = x0.detach();
+      x.requires_grad_(true);
+      BatchRowsGuard rows(11);
+      manual_seed(77);
+      const Tensor fused = dropout(x, p, true);
+      fused.backward(g);
+      manual_seed(77);
+      const Tensor mask = bernoulli_per_example(x0.shape(), 1.0 - p, x0.options()) * (1.0 / (1.0 - p));
+      EXPECT_TRUE(all_close(fused, x0 * mask, 0, 0));
+      EXPECT_TRUE(all_close(x.grad(), g * mask, 0, 0));
+    }
+  }
 }
 
 }  // namespace

@@ -664,6 +664,114 @@ TEST(RawOptim, ParallelPathMatchesScalarLoop) {
   EXPECT_EQ(bad, 0);
 }
 
+// ---- the training step's fused pair: grad_norm_guard + adam_multi_step --------------------------------
+// Float32 parameters of awkward sizes (0, 1, odd, above the OpenMP threshold) with gradients.
+std::vector<Tensor> random_params(const std::vector<int64_t>& sizes) {
+  std::vector<Tensor> ps;
+  for (int64_t n : sizes) {
+    Tensor p = randn({n});
+    p.requires_grad_(true);
+    p.set_grad(mul(randn({n}), 3.0));
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+std::vector<Tensor> clones_of(const std::vector<Tensor>& ps) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : ps) {
+    Tensor q = raw::clone(p.detach());
+    q.requires_grad_(true);
+    q.set_grad(raw::clone(p.grad()));
+    out.push_back(q);
+  }
+  return out;
+}
+
+TEST(FusedStep, GradNormGuardEqualsClipGradNorm) {
+  manual_seed(21);
+  const std::vector<Tensor> ps = random_params({5, 0, 1, 40000, 257});
+  const std::vector<Tensor> ref = clones_of(ps);
+  const Tensor loss = scalar_tensor(0.5);
+  const Tensor guard = nn::step_guard(ps, loss, 1.0);  // {norm, coef, ok}
+  const Tensor norm = nn::clip_grad_norm_(ref, 1.0);
+  const std::vector<double> g = guard.to_vector<double>();
+  EXPECT_EQ(static_cast<float>(g[0]), norm.item<float>());  // the same float32 norm, bit for bit
+  EXPECT_EQ(g[2], 1.0);
+  // coef scales every gradient to what clip_grad_norm_ left in place.
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(mul(ps[i].grad(), g[1]), ref[i].grad())) << i;
+  // Without clipping, coef is 1; a non-finite loss or gradient fails the guard.
+  EXPECT_EQ(nn::step_guard(ps, loss, 0.0).to_vector<double>()[1], 1.0);
+  EXPECT_EQ(nn::step_guard(ps, scalar_tensor(NAN), 1.0).to_vector<double>()[2], 0.0);
+  EXPECT_EQ(nn::step_guard(ps, scalar_tensor(INFINITY, TensorOptions(DType::Float32)), 1.0).to_vector<double>()[2], 0.0);
+  Tensor bad = ps[3].grad();
+  bad.narrow(0, 7, 1).fill_(INFINITY);
+  EXPECT_EQ(nn::step_guard(ps, loss, 1.0).to_vector<double>()[2], 0.0);
+}
+
+TEST(FusedStep, AdamMultiStepEqualsOneStepPerParameter) {
+  // Two groups, three steps, clipping: the multi-tensor step against clip_grad_norm_ and one
+  // adam_step per parameter, bit for bit (the CPU path of the training loop must not change).
+  manual_seed(22);
+  std::vector<Tensor> ps = random_params({33, 1, 40000, 8});
+  std::vector<Tensor> ref = clones_of(ps);
+  auto groups = [](const std::vector<Tensor>& v) {
+    ParamGroup a{{v[0], v[2]}, 0.01, 0.05}, b{{v[1], v[3]}, 0.004, 0.0};
+    return std::vector<ParamGroup>{a, b};
+  };
+  nn::AdamW fused(groups(ps), 0.9, 0.98, 1e-8), plain(groups(ref), 0.9, 0.98, 1e-8);
+  for (int step = 0; step < 3; ++step) {
+    if (step > 0)
+      for (size_t i = 0; i < ps.size(); ++i) {
+        const Tensor g = mul(randn({ps[i].numel()}), 2.0);
+        ps[i].set_grad(g);
+        ref[i].set_grad(raw::clone(g));
+      }
+    fused.step_guarded(nn::step_guard(ps, scalar_tensor(1.0), 1.0));
+    nn::clip_grad_norm_(ref, 1.0);
+    plain.step();
+  }
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(ps[i], ref[i])) << "parameter " << i;
+  const nn::StateDict a = fused.state_dict(), b = plain.state_dict();
+  for (const auto& [key, t] : b) EXPECT_TRUE(same_bits(a.at(key), t)) << key;
+  EXPECT_EQ(fused.steps(), 3);
+}
+
+TEST(FusedStep, FailedGuardChangesNothing) {
+  manual_seed(23);
+  std::vector<Tensor> ps = random_params({17, 3});
+  nn::Adam opt(one_group(ps, 0.01));
+  opt.step_guarded(nn::step_guard(ps, scalar_tensor(1.0), 0.0));
+  std::vector<Tensor> before;
+  for (const Tensor& p : ps) before.push_back(raw::clone(p.detach()));
+  const nn::StateDict sd = opt.state_dict();
+  opt.step_guarded(nn::step_guard(ps, scalar_tensor(NAN), 0.0));
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(ps[i], before[i]));
+  for (const auto& [key, t] : opt.state_dict()) EXPECT_TRUE(same_bits(t, sd.at(key))) << key;
+  EXPECT_EQ(opt.steps(), 1);  // the skipped step is not counted
+  // SGD has no fused kernel: the default reads the guard on the host, with the same effect.
+  nn::SGD sgd(one_group(ps, 0.1), 0.9);
+  sgd.step_guarded(nn::step_guard(ps, scalar_tensor(NAN), 0.0));
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(ps[i], before[i]));
+  EXPECT_EQ(sgd.steps(), 0);
+}
+
+TEST(FusedStep, RawChecks) {
+  Tensor p = randn({3}), g = randn({3}), m = zeros({3}), v = zeros({3});
+  const Tensor hyper = from_vector<double>({0.1, 0.0}, {1, 2});
+  const Tensor count = from_vector<int64_t>({0}, {1});
+  EXPECT_LINEA_ERROR(raw::adam_multi_step({p}, {g}, {m}, {v}, {1}, hyper, count, Tensor(), 0.9, 0.99, 1e-8, true),
+                     "parameter 0 is in group 1, but hyper has 1 groups");
+  EXPECT_LINEA_ERROR(raw::adam_multi_step({p}, {g, g}, {m}, {v}, {0}, hyper, count, Tensor(), 0.9, 0.99, 1e-8, true),
+                     "expected as many gradients");
+  EXPECT_LINEA_ERROR(raw::adam_multi_step({p}, {g}, {m}, {v}, {0}, from_vector<float>({0.1f, 0.0f}, {1, 2}), count,
+                                          Tensor(), 0.9, 0.99, 1e-8, true),
+                     "hyper must be contiguous float64 [G, 2]");
+  EXPECT_LINEA_ERROR(raw::grad_norm_guard({g, randn({2}, test::f64())}, Tensor(), 1.0),
+                     "every gradient must share one device and dtype");
+  EXPECT_LINEA_ERROR(raw::grad_norm_guard({g}, randn({2}), 1.0), "the loss must be one float32/float64 value");
+}
+
 TEST(RawOptim, NonContiguousParamAndGrad) {
   // A transposed parameter and gradient give the same result as their contiguous copies.
   Tensor base = randn({4, 3}, test::f64());

@@ -1,5 +1,5 @@
 // What the apps share about the machine they run on: naming the device in reports and
-// summaries, and resolving --device cpu|cuda|auto. Thread counts, the CPU's and the GPU's
+// summaries, resolving --device cpu|cuda|auto and applying --precision. Thread counts, the CPU's and the GPU's
 // names come from the library (core/runtime.h). Header-only.
 #pragma once
 
@@ -7,6 +7,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/precision.h"
 #include "core/runtime.h"
 
 namespace linea::apps {
@@ -45,6 +46,16 @@ inline Device resolve_device(const std::string& who, const std::string& arg) {
   const int count = cuda_device_count();
   LINEA_CHECK(device.index < count, at, arg, ": this machine has ", count, " CUDA device", count == 1 ? "" : "s");
   return device;
+}
+
+// --precision fp32|tf32|bf16 for a run on `device`: sets the float32 matmul precision
+// (core/precision.h). tf32 and bf16 are the GPU's tensor cores; on the CPU they are an error
+// ("who: --precision bf16 needs --device cuda ...") rather than a silent float32 run.
+inline void apply_precision(const std::string& who, const std::string& arg, const Device& device) {
+  const MatmulPrecision p = parse_precision(arg);
+  LINEA_CHECK(p == MatmulPrecision::Float32 || device.is_cuda(), who, ": --precision ", arg,
+              " needs --device cuda (the CPU computes every matmul in float32)");
+  set_matmul_precision(p);
 }
 
 }  // namespace linea::apps

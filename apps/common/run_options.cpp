@@ -64,6 +64,10 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group,
 
   app.add_option("--device", o.device, "cpu, cuda or auto (cuda when a GPU is usable)")
       ->group(run_group)->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--precision", o.precision,
+                 "float32 matmuls on the GPU: fp32 (full precision, as the CPU), tf32 or bf16 (tensor cores, float32 "
+                 "accumulation; weights, optimizer state, softmax and norms stay float32)")
+      ->group(run_group)->capture_default_str()->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app.add_option("--threads", o.threads, "CPU threads for OpenMP and OpenBLAS (0: all cores)")
       ->group(run_group)->capture_default_str()->check(CLI::Range(0, 1024));
   app.add_option("--out", o.out_dir, "output folder: metrics.jsonl, summary.json, curves.png, checkpoint/")
@@ -83,6 +87,10 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group,
       ->check(non_negative_number());
   app.add_flag("!--no-progress", o.progress, "no progress bar or periodic progress lines")->group(run_group);
   app.add_flag("!--no-plot", o.plot, "do not draw curves.png")->group(run_group);
+  app.add_flag("--profile", o.profile,
+               "print what each step asks of the GPU (kernel launches, library calls, host synchronizations, "
+               "device allocations, copies) and its host time; step records get the means as cuda_per_step")
+      ->group(run_group);
   app.add_option("--skip-nonfinite", o.skip_nonfinite,
                  "skip up to N steps whose loss or gradient norm is not finite (logged) instead of stopping at the "
                  "first")

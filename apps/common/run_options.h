@@ -1,5 +1,6 @@
 // The run flags every app shares (--device --threads --out --checkpoint --resume --eval-only
-// --log-every --checkpoint-every --max-steps --seed --no-progress --no-plot --skip-nonfinite),
+// --log-every --checkpoint-every --max-steps --seed --no-progress --no-plot --skip-nonfinite --profile
+// --precision),
 // added to a CLI11 app by one call, into the RunOptions the training loop (train_loop.h) takes.
 //
 //   apps::RunOptions run;
@@ -21,6 +22,7 @@ namespace linea::apps {
 
 struct RunOptions {
   std::string device = "auto";     // cpu, cuda or auto
+  std::string precision = "fp32";  // float32 matmuls on CUDA: fp32, tf32 or bf16 (core/precision.h)
   int threads = 0;                 // CPU threads for OpenMP and OpenBLAS (0: keep the defaults)
   std::string out_dir = "runs";    // metrics.jsonl, summary.json, curves.png, checkpoint/
   std::string checkpoint_dir;      // default <out_dir>/checkpoint
@@ -33,6 +35,7 @@ struct RunOptions {
   bool progress = true;            // progress bar / periodic progress lines
   bool plot = true;                // draw curves.png
   int64_t skip_nonfinite = 0;      // steps with a non-finite loss or gradient norm to skip before stopping
+  bool profile = false;            // print each step's CUDA counters (core/cuda_counters.h) and host time
 
   std::string checkpoint() const { return checkpoint_dir.empty() ? out_dir + "/checkpoint" : checkpoint_dir; }
 };

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,7 +18,10 @@
 #include "apps/common/progress.h"
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
+#include "core/allocator.h"
+#include "core/cuda_counters.h"
 #include "core/random.h"
+#include "core/readback.h"
 #include "nn/checkpoint.h"
 #include "nn/data_parallel.h"
 #include "nn/dist.h"
@@ -34,29 +38,32 @@ namespace {
 using Clock = std::chrono::steady_clock;
 std::string fmt(const char* f, double v) { return format_number(f, v); }
 
-// Loss and stats summed on the device over some steps; read back (one sync) by means().
-// Under data parallelism the loss and units are already the whole batch's, and stat_means()
-// sums the stats across ranks (a collective: every rank calls it at the same points).
+// Loss and stats summed on the host over the steps settled so far (see PendingStep). Each stat
+// is added in its own dtype (an int64 count exactly, a float32 sum as float32 additions), so the
+// figures equal sums kept on the device. Under data parallelism the loss and units are already
+// the whole batch's, and stat_means() sums the stats across ranks (a collective: every rank
+// calls it at the same points).
 class RunningSums {
  public:
-  // reduce: sum the stats across the ranks of the job (data parallelism).
-  RunningSums(Device d, bool reduce) : device_(d), reduce_(reduce) {}
-  void add(const Tensor& loss, const std::map<std::string, Tensor>& stats, int64_t units) {
-    Tensor l = loss.to(DType::Float64);
-    loss_ = loss_.defined() ? loss_ + l : l;
-    for (const auto& [name, t] : stats) {
-      Tensor& s = stats_[name];
-      s = s.defined() ? s + t.detach() : t.detach();
+  explicit RunningSums(bool reduce) : reduce_(reduce) {}
+  void add(double loss, const std::vector<std::pair<std::string, DType>>& names, const double* stats, int64_t units) {
+    loss_ += loss;
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto [it, fresh] = stats_.try_emplace(names[i].first, 0.0);
+      const double v = stats[i];
+      if (fresh) it->second = v;
+      else if (names[i].second == DType::Float32) it->second = static_cast<float>(it->second) + static_cast<float>(v);
+      else it->second += v;  // float64, and int64 counts (exact below 2^53)
     }
     units_ += units;
     ++steps_;
   }
   int64_t steps() const { return steps_; }
   int64_t units() const { return units_; }
-  double mean_loss() const { return steps_ ? loss_.item() / static_cast<double>(steps_) : 0.0; }
+  double mean_loss() const { return steps_ ? loss_ / static_cast<double>(steps_) : 0.0; }
   std::map<std::string, double> stat_means() const {
     std::vector<double> sums;
-    for (const auto& [name, t] : stats_) sums.push_back(t.to(DType::Float64).item());
+    for (const auto& [name, v] : stats_) sums.push_back(v);
     if (reduce_) {
       // The same stats on every rank (a rank whose slices were all empty so far has none).
       Tensor n = from_vector<int64_t>({static_cast<int64_t>(sums.size())}, {1});
@@ -73,16 +80,56 @@ class RunningSums {
     }
     std::map<std::string, double> out;
     size_t i = 0;
-    for (const auto& [name, t] : stats_) out[name] = sums[i++] / std::max<double>(units_, 1.0);
+    for (const auto& [name, v] : stats_) out[name] = sums[i++] / std::max<double>(units_, 1.0);
     return out;
   }
 
  private:
-  Device device_;
   bool reduce_;
-  Tensor loss_;
-  std::map<std::string, Tensor> stats_;
+  double loss_ = 0;
+  std::map<std::string, double> stats_;
   int64_t steps_ = 0, units_ = 0;
+};
+
+// A step whose loss, guard and stats are still on their way to the host: the loop queues their
+// copies (AsyncRead) and looks at them kInFlight steps later, so the host never waits for the
+// step it has just issued (the GPU has the next one queued when the host waits at all).
+constexpr size_t kInFlight = 2;
+struct PendingStep {
+  int64_t step = 0, batch = 0, units = 0;           // pos.step and pos.batch after it; its units
+  double lr = 0;                                     // its learning rate
+  std::vector<std::pair<std::string, DType>> stats;  // the stats' names and dtypes
+  AsyncRead values;                                  // loss, guard {norm, coef, ok}, the stats
+};
+
+// --profile: per-step means of the counters over the steps issued since the last record.
+struct ProfileSums {
+  cuda::Counters sum;
+  double host_s = 0;
+  int64_t steps = 0;
+  void add(const cuda::Counters& c, double seconds) {
+    sum.kernel_launches += c.kernel_launches;
+    sum.library_calls += c.library_calls;
+    sum.graph_launches += c.graph_launches;
+    sum.host_syncs += c.host_syncs;
+    sum.device_allocs += c.device_allocs;
+    sum.device_copies += c.device_copies;
+    sum.h2d_copies += c.h2d_copies;
+    sum.h2d_bytes += c.h2d_bytes;
+    sum.d2h_copies += c.d2h_copies;
+    sum.d2h_bytes += c.d2h_bytes;
+    host_s += seconds;
+    ++steps;
+  }
+  json per_step() const {
+    const double n = static_cast<double>(std::max<int64_t>(steps, 1));
+    return {{"kernel_launches", sum.kernel_launches / n}, {"library_calls", sum.library_calls / n},
+            {"graph_launches", sum.graph_launches / n},   {"host_syncs", sum.host_syncs / n},
+            {"device_allocs", sum.device_allocs / n},     {"device_copies", sum.device_copies / n},
+            {"h2d_copies", sum.h2d_copies / n},           {"h2d_bytes", sum.h2d_bytes / n},
+            {"d2h_copies", sum.d2h_copies / n},           {"d2h_bytes", sum.d2h_bytes / n},
+            {"host_ms", 1e3 * host_s / n}};
+  }
 };
 
 std::string stats_text(const TrainHooks& hooks, const std::map<std::string, double>& stats) {
@@ -128,11 +175,23 @@ class WeightAverage {
     }
   }
   bool on() const { return decay_ > 0; }
-  void update() {
+  // After a guarded optimizer step (nn::Optimizer::step_guarded): an update when its guard let
+  // the step through, none when it did not. The count lives on the device beside the weights,
+  // so the decision needs no synchronization.
+  void update(const Tensor& guard) {
     if (!on()) return;
     NoGradGuard ng;
-    const double n = static_cast<double>(updates_++), d = std::min(decay_, (1 + n) / (10 + n));
-    for (size_t i = 0; i < avg_.size(); ++i) avg_[i].copy_(avg_[i] * d + params_[i].detach() * (1 - d));
+    const TensorOptions f64(DType::Float64, params_[0].device());
+    if (!count_.defined() || count_.device() != f64.device) {
+      LongLivedAllocations long_lived;
+      count_ = full({}, static_cast<double>(updates_), f64);
+    }
+    const Tensor ok = gt(select(guard, 0, 2), 0.5);
+    const Tensor d = where(ok, minimum(full({}, decay_, f64), (count_ + 1.0) / (count_ + 10.0)), 1.0);
+    const Tensor one_minus_d = 1.0 - d;
+    for (size_t i = 0; i < avg_.size(); ++i)
+      avg_[i].copy_(avg_[i] * d.to(avg_[i].dtype()) + params_[i].detach() * one_minus_d.to(avg_[i].dtype()));
+    count_.copy_(count_ + ok.to(DType::Float64));
   }
   // Exchanges the average and the weights (twice: back as before).
   void swap() {
@@ -147,7 +206,7 @@ class WeightAverage {
   void save_to(nn::TrainState& st) const {
     if (!on()) return;
     for (size_t i = 0; i < avg_.size(); ++i) st.tensors["ema." + names_[i]] = avg_[i].to(kCPU);
-    st.extra["ema_updates"] = std::to_string(updates_);
+    st.extra["ema_updates"] = std::to_string(count_.defined() ? count_.item<int64_t>() : updates_);
   }
   void load_from(const nn::TrainState& st, const std::string& app) {
     if (!on()) return;
@@ -158,11 +217,13 @@ class WeightAverage {
       avg_[i].copy_(it->second);
     }
     updates_ = std::stoll(st.extra.at("ema_updates"));
+    count_ = Tensor();
   }
 
  private:
   double decay_;
-  int64_t updates_ = 0;
+  int64_t updates_ = 0;  // until count_ takes over (at the first update)
+  Tensor count_;         // float64 0-d on the weights' device: the updates so far
   std::vector<std::string> names_;
   std::vector<Tensor> params_, avg_;
 };
@@ -434,22 +495,82 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
     std::vector<int64_t> whole_sizes;  // data parallelism: the sizes of the epoch's whole batches
     if (world > 1)
       for (const auto& b : whole->batches(pos.epoch)) whole_sizes.push_back(static_cast<int64_t>(b.size()));
-    RunningSums epoch_sums(s.device, world > 1), log_sums(s.device, world > 1);
+    RunningSums epoch_sums(world > 1), log_sums(world > 1);
+    ProfileSums log_profile;
     double lr = 0;
     int64_t first_units = 0;
     const auto t_epoch = Clock::now();
     nn::Batch batch;
     int stop_signal = 0;  // a signal during the epoch's last step: stop after its evaluation
+    std::deque<PendingStep> pending;
+
+    // Settles the oldest pending step: the non-finite guard's verdict on it (an error, or a skip
+    // within --skip-nonfinite: its update was already withheld on the device), its loss and stats
+    // into the running sums, its metrics record and the progress bar. Which steps settle when
+    // depends only on the step count, so data-parallel ranks meet in the same collectives.
+    const auto settle_one = [&] {
+      const PendingStep p = std::move(pending.front());
+      pending.pop_front();
+      const std::vector<double> v = p.values.values();  // waits only if the copies are not done
+      const double loss = v[0], gnorm = v[1];
+      result.step_losses.push_back(loss);
+      if (v[3] == 0.0) {
+        const std::string what = "step " + std::to_string(p.step) + ": non-finite loss (" + fmt("%g", loss) +
+                                 ") or gradient norm (" + fmt("%g", gnorm) + ")";
+        LINEA_CHECK(result.skipped_steps < o.skip_nonfinite, app, ": ", what, "; stopped (",
+                    nn::checkpoint_exists(ckpt) ? "the checkpoint in '" + ckpt + "' is the last good one"
+                                                : "no checkpoint was written yet",
+                    "; --skip-nonfinite N skips up to N such steps)");
+        ++result.skipped_steps;
+        if (main_rank)
+          std::fprintf(stderr, "%s: %s: skipped (%lld of --skip-nonfinite %lld)\n", app.c_str(), what.c_str(),
+                       static_cast<long long>(result.skipped_steps), static_cast<long long>(o.skip_nonfinite));
+        if (metrics)
+          metrics->write(
+              {{"type", "skipped"}, {"step", p.step}, {"epoch", pos.epoch + 1}, {"loss", loss}, {"grad_norm", gnorm}});
+      } else {
+        epoch_sums.add(loss, p.stats, v.data() + 4, p.units);
+        log_sums.add(loss, p.stats, v.data() + 4, p.units);
+      }
+      // (Under data parallelism every rank reads the stats at the same steps: a collective.)
+      const bool log_now = o.log_every > 0 && p.step % o.log_every == 0;
+      if (log_now || ((bar || world > 1) && (p.batch - first) % 10 == 0) || p.batch == last) {
+        const double secs = seconds_since(t_epoch);
+        if (bar || world > 1) {
+          const std::string stats = stats_text(hooks, epoch_sums.stat_means());
+          if (bar)
+            bar->update(first * first_units + epoch_sums.units(),
+                        "loss " + fmt("%.4f", epoch_sums.mean_loss()) + "  " + stats + "  lr " + fmt("%.2e", p.lr));
+        }
+        if (log_now && log_sums.steps() > 0) {
+          json rec = {{"type", "step"}, {"step", p.step}, {"epoch", pos.epoch + 1},
+                      {"epoch_progress", epoch_position(*s.loader, pos.epoch, p.batch)}, {"lr", p.lr},
+                      {"loss", log_sums.mean_loss()}, {per_s, epoch_sums.units() / std::max(secs, 1e-9)}};
+          for (const auto& [name, value] : log_sums.stat_means()) rec[name] = value;
+          if (o.profile && s.device.is_cuda()) rec["cuda_per_step"] = log_profile.per_step();
+          if (metrics) metrics->write(rec);
+          log_sums = RunningSums(world > 1);
+          log_profile = ProfileSums();
+        }
+      }
+    };
+    const auto settle = [&](size_t keep) {
+      while (pending.size() > keep) settle_one();
+    };
+
     while (pos.batch < last && s.loader->next(batch)) {
-      // ---- one step ----
+      // ---- one step: queued on the device, read back kInFlight steps later ----
+      const cuda::Counters counters_before = o.profile ? cuda::counters() : cuda::Counters();
+      const auto t_step = Clock::now();
       lr = nn::apply_schedule(*s.optimizer, s.schedule, pos.step);
+      // The last step's gradients go before the forward, so that its blocks can serve it.
+      s.optimizer->zero_grad();
       StepResult r;
       int interrupt = 0;       // SIGINT/SIGTERM received: stop after this step
       Tensor step_loss;        // 0-d: the whole batch's loss
       int64_t step_units = 0;  // the whole batch's units
       if (world == 1) {
         r = hooks.step(batch);
-        s.optimizer->zero_grad();
         r.loss.backward();
         step_loss = r.loss.detach();
         step_units = r.units;
@@ -472,77 +593,58 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
         comm_s += seconds_since(t0);
         const std::vector<double> total = sums.to_vector<double>();
         if (total[3] > 0) interrupt = pending_interrupt() != 0 ? pending_interrupt() : SIGTERM;
-        s.optimizer->zero_grad();
         reducer->prepare(total[1] > 0 ? w / total[1] : 0.0);
         if (shard.count > 0) r.loss.backward();
         reducer->finish();
         ++comm_steps;
-        step_loss = scalar_tensor(total[1] > 0 ? total[0] / total[1] : 0.0, TensorOptions(DType::Float64));
+        step_loss = scalar_tensor(total[1] > 0 ? total[0] / total[1] : 0.0, TensorOptions(DType::Float64))
+                        .to(s.device);
         step_units = std::llround(total[2]);
       }
-      const Tensor norm = s.clip > 0 ? nn::clip_grad_norm_(params, s.clip) : nn::grad_norm(params);
-      const double loss = step_loss.item(), gnorm = norm.item();  // the non-finite guard's host read
+      // Clipping, the non-finite guard and the optimizer step, all on the device: a step whose
+      // loss or gradient norm is not finite changes nothing (the settling says so, later).
+      const Tensor guard = nn::step_guard(params, step_loss, s.clip);
+      s.optimizer->step_guarded(guard);
+      ema.update(guard);
       ++pos.step, ++pos.batch;
-      result.step_losses.push_back(loss);
-      if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
-        const std::string what = "step " + std::to_string(pos.step) + ": non-finite loss (" + fmt("%g", loss) +
-                                 ") or gradient norm (" + fmt("%g", gnorm) + ")";
-        LINEA_CHECK(result.skipped_steps < o.skip_nonfinite, app, ": ", what, "; stopped (",
-                    nn::checkpoint_exists(ckpt) ? "the checkpoint in '" + ckpt + "' is the last good one"
-                                                : "no checkpoint was written yet",
-                    "; --skip-nonfinite N skips up to N such steps)");
-        ++result.skipped_steps;
-        if (main_rank)
-          std::fprintf(stderr, "%s: %s: skipped (%lld of --skip-nonfinite %lld)\n", app.c_str(), what.c_str(),
-                       static_cast<long long>(result.skipped_steps), static_cast<long long>(o.skip_nonfinite));
-        if (metrics)
-          metrics->write({{"type", "skipped"},
-                          {"step", pos.step},
-                          {"epoch", pos.epoch + 1},
-                          {"loss", loss},
-                          {"grad_norm", gnorm}});
-        s.optimizer->zero_grad();
-      } else {
-        s.optimizer->step();
-        ema.update();
-        epoch_sums.add(step_loss, r.stats, step_units);
-        log_sums.add(step_loss, r.stats, step_units);
+      PendingStep p{pos.step, pos.batch, step_units, lr, {}, {}};
+      std::vector<Tensor> reads = {step_loss, guard};
+      for (const auto& [name, t] : r.stats) {
+        p.stats.emplace_back(name, t.dtype());
+        reads.push_back(t.detach());
       }
+      p.values = AsyncRead(reads);
+      pending.push_back(std::move(p));
       if (first_units == 0 && step_units > 0 && bar) {
         first_units = step_units;
         bar->set_total(step_units * last);
       }
-      // ---- logging and checkpoints ----
-      // (Under data parallelism every rank reads the stats at the same steps: a collective.)
-      const bool log_now = o.log_every > 0 && pos.step % o.log_every == 0;
-      if (log_now || ((bar || world > 1) && (pos.batch - first) % 10 == 0) || pos.batch == last) {
-        const double secs = seconds_since(t_epoch);
-        if (bar || world > 1) {
-          const std::string stats = stats_text(hooks, epoch_sums.stat_means());
-          if (bar)
-            bar->update(first * first_units + epoch_sums.units(),
-                        "loss " + fmt("%.4f", epoch_sums.mean_loss()) + "  " + stats + "  lr " + fmt("%.2e", lr));
-        }
-        if (log_now && log_sums.steps() > 0) {
-          json rec = {{"type", "step"}, {"step", pos.step}, {"epoch", pos.epoch + 1},
-                      {"epoch_progress", epoch_position(*s.loader, pos.epoch, pos.batch)}, {"lr", lr},
-                      {"loss", log_sums.mean_loss()}, {per_s, epoch_sums.units() / std::max(secs, 1e-9)}};
-          for (const auto& [name, v] : log_sums.stat_means()) rec[name] = v;
-          if (metrics) metrics->write(rec);
-          log_sums = RunningSums(s.device, world > 1);
-        }
-      }
-      // Mid-epoch checkpoints; the one at the epoch's end is saved after its evaluation.
+      settle(kInFlight);
+      // Mid-epoch checkpoints (every rank settles, so that they agree on the guard); the one at
+      // the epoch's end is saved after its evaluation.
       const bool save_now =
           o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0 && pos.batch != n && pos.step < stop;
+      if (save_now) settle(0);
       if (main_rank && save_now) save(s, ckpt, pos, ema, sel);
       // After the epoch's last step, the evaluation and the epoch's checkpoint come first (a
       // checkpoint never resumes into an epoch that is done but not evaluated).
-      if (interrupt && pos.batch == last)
+      if (interrupt && pos.batch == last) {
         stop_signal = interrupt;
-      else if (interrupt)
+      } else if (interrupt) {
+        settle(0);
         stop_interrupted(s, ckpt, pos, ema, sel, metrics.get(), main_rank, save_now, interrupt);
+      }
+      if (o.profile) {  // this step's counters, its settling and checkpoint included
+        const cuda::Counters c = cuda::counters() - counters_before;
+        const double host_s = seconds_since(t_step);
+        log_profile.add(c, host_s);
+        result.step_counters.push_back(c);
+        if (main_rank)
+          std::fprintf(stderr, "%s: step %lld: %s; host %.2f ms\n", app.c_str(), static_cast<long long>(pos.step),
+                       c.str().c_str(), 1e3 * host_s);
+      }
     }
+    settle(0);
     // ---- end of the epoch (or of --max-steps) ----
     const double epoch_s = seconds_since(t_epoch), rate = epoch_sums.units() / std::max(epoch_s, 1e-9);
     train_s += epoch_s;
@@ -606,6 +708,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   json summary = result.last_eval.values;
   summary.update({{"parameters", s.model->num_parameters()},
                   {"device", device_name(s.device)},
+                  {"precision", precision_name(matmul_precision())},
                   {"steps", pos.step},
                   {"epochs_completed", epoch_position(*s.loader, pos.epoch, pos.batch)},
                   {"resumed_from_step", result.resumed ? json(result.start_step) : json(nullptr)},

@@ -3,7 +3,7 @@
 // loop owns the rest:
 //
 //   for each epoch (its length: the batches the loader's sampler yields for it):
-//     for each batch:  lr = schedule(step); r = hooks.step(batch); zero_grad; r.loss.backward();
+//     for each batch:  lr = schedule(step); zero_grad; r = hooks.step(batch); r.loss.backward();
 //                      norm = clip_grad_norm_ (or grad_norm); non-finite guard; opt.step(); stats;
 //                      metrics.jsonl "step" record every log_every steps; progress bar;
 //                      checkpoint every checkpoint_every steps
@@ -66,6 +66,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common/run_options.h"
+#include "core/cuda_counters.h"
 #include "core/tensor.h"
 #include "nn/data.h"
 #include "nn/module.h"
@@ -161,6 +162,9 @@ struct TrainResult {
   int64_t best_step = -1;
   bool stopped_early = false;
   Metrics final_eval;               // what hooks.finish returned
+  // RunOptions::profile: what each step of this process asked of the GPU (cuda_counters.h),
+  // its settling of an earlier step and any checkpoint it saved included.
+  std::vector<cuda::Counters> step_counters;
 };
 
 // Steps of epochs 0..epochs-1 (the sum of the sampler's batch counts): a schedule's length.

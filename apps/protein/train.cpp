@@ -127,6 +127,7 @@ TrainReport run_training(const TrainOptions& o) {
   const apps::RunOptions& run = o.run;
   set_num_threads(run.threads);  // 0 keeps the defaults
   const Device device = apps::resolve_device("protein", run.device);
+  apps::apply_precision("protein", run.precision, device);
   const std::string ckpt_dir = run.checkpoint();
   // --resume from another app's checkpoint says so, rather than listing every setting as changed.
   if (run.resume && nn::checkpoint_exists(ckpt_dir))

@@ -72,6 +72,7 @@ TrainReport run_training(const TrainOptions& o) {
   const apps::RunOptions& run = o.run;
   set_num_threads(run.threads);  // 0 keeps the defaults
   const Device device = apps::resolve_device("translate", run.device);
+  apps::apply_precision("translate", run.precision, device);
   const std::string ckpt_dir = run.checkpoint();
   // --resume from another app's checkpoint says so, rather than listing every setting as changed.
   if (run.resume && nn::checkpoint_exists(ckpt_dir)) apps::read_checkpoint_config(ckpt_dir, "translate", kConfigFormat);
@@ -239,15 +240,7 @@ TrainReport run_training(const TrainOptions& o) {
   setup.curves.y2label = "valid BLEU";
 
   apps::TrainHooks hooks;
-  hooks.step = [&](const nn::Batch& b) {
-    Tensor tgt_out = b.at("tgt_out").to(device);
-    Tensor logits = model->forward(b.at("src").to(device), b.at("src_pad").to(device), b.at("tgt_in").to(device));
-    apps::StepResult r;
-    r.loss = cross_entropy(logits, tgt_out, pad, o.label_smoothing);
-    r.units = static_cast<int64_t>(sum((~b.at("tgt_pad")).to(DType::Int64)).item());
-    r.stats["nll"] = cross_entropy(logits.detach(), tgt_out, pad, 0.0, Reduction::Sum);
-    return r;
-  };
+  hooks.step = [&](const nn::Batch& b) { return train_step(*model, b, device, pad, o.label_smoothing); };
   hooks.evaluate = validate;
   hooks.format_stats = [](const std::map<std::string, double>& s) {
     return "ppl " + fmt("%.2f", std::exp(s.at("nll")));

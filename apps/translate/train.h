@@ -18,6 +18,7 @@
 #include <string>
 
 #include "apps/common/run_options.h"
+#include "apps/common/train_loop.h"
 #include "model.h"
 #include "search.h"
 
@@ -58,5 +59,12 @@ struct TrainReport {
 
 // Runs training (or, with run.eval_only, the final test evaluation of the checkpoint).
 TrainReport run_training(const TrainOptions& options);
+
+// One training batch (dataset.h: "src", "src_pad", "tgt_in", "tgt_out", "tgt_pad" on the host)
+// through the model on `device`: the label-smoothed cross-entropy over the target tokens (pad
+// ignored), their count (counted on the host), and their summed plain cross-entropy as the
+// "nll" stat (the shared loop's step hook; tests/cuda_emu counts its GPU work).
+linea::apps::StepResult train_step(Seq2Seq& model, const linea::nn::Batch& batch, linea::Device device, int64_t pad,
+                                   double label_smoothing);
 
 }  // namespace translate

@@ -158,6 +158,7 @@ TrainResult run_training(const TrainOptions& o) {
   const apps::RunOptions& run = o.run;
   set_num_threads(run.threads);  // 0 keeps the defaults
   const Device device = apps::resolve_device("vit", run.device);
+  apps::apply_precision("vit", run.precision, device);
   LINEA_CHECK(o.batch_size >= 1 && o.epochs >= 1, "vit: --batch-size ", o.batch_size, " and --epochs ", o.epochs,
               " must be positive");
   LINEA_CHECK(o.lr > 0 && o.min_lr >= 0 && o.weight_decay >= 0 && o.warmup_epochs >= 0 && o.clip >= 0 &&
@@ -274,15 +275,7 @@ TrainResult run_training(const TrainOptions& o) {
 
   EvalResult last_eval;
   apps::TrainHooks hooks;
-  hooks.step = [&](const nn::Batch& batch) {
-    Tensor x = batch.at("input").to(device), y = batch.at("target").to(device);
-    Tensor logits = (*model)(x);
-    apps::StepResult r;
-    r.loss = cross_entropy(logits, y, -100, o.label_smoothing);
-    r.units = x.size(0);
-    r.stats["accuracy"] = sum(eq(argmax(logits.detach(), 1), y).to(DType::Int64));
-    return r;
-  };
+  hooks.step = [&](const nn::Batch& batch) { return train_step(*model, batch, device, o.label_smoothing); };
   hooks.evaluate = [&](const std::string& label) {
     last_eval = evaluate(*model, data.test_images, data.test_labels, device, std::max<int64_t>(o.batch_size, 256),
                          label, run.progress);

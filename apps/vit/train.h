@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "apps/common/run_options.h"
+#include "apps/common/train_loop.h"
 #include "model.h"
 
 namespace vit {
@@ -57,6 +58,12 @@ struct TrainResult {
 
 // Runs training (or evaluation only) as above; throws linea::Error on bad input.
 TrainResult run_training(const TrainOptions& options);
+
+// One training batch ("input" [B, C, H, W], "target" [B] on the host) through the model on
+// `device`: the label-smoothed cross-entropy, B images, and the correct predictions as the
+// "accuracy" stat (the shared loop's step hook; tests/cuda_emu counts its GPU work).
+linea::apps::StepResult train_step(VisionTransformer& model, const linea::nn::Batch& batch, linea::Device device,
+                                   double label_smoothing);
 
 // Top-k classes with probabilities for each image, from a checkpoint directory (config.json +
 // model.safetensors); prints "<image>: <class> <p>, ..." lines and returns them.

@@ -37,8 +37,8 @@ Tensor softmax_attention_composed(const Tensor& q, const Tensor& k, const Tensor
                                   double dropout_p, bool training) {
   check_softmax_inputs(q, k, v, opts, dropout_p);
   const int64_t N = q.size(2), M = k.size(2), D = q.size(3);
-  // scores [B, H, N, M] = (q / sqrt(D)) k^T (k^T a transposed view: no copy)
-  Tensor scores = matmul(q * (1.0 / std::sqrt(static_cast<double>(D))), transpose(k, -2, -1));
+  // scores [B, H, N, M] = q k^T / sqrt(D) (k^T a transposed view: no copy; the scale in the GEMM)
+  Tensor scores = matmul(q, transpose(k, -2, -1), 1.0 / std::sqrt(static_cast<double>(D)));
   Tensor attn = masked_softmax(scores, attention_mask(opts, N, M, q.device()), -1);  // mask [B|1, 1, N, M]
   if (training && dropout_p > 0.0) attn = dropout(attn, dropout_p, true);
   return matmul(attn, v);  // [B, H, N, M] @ [B, H, M, Dv] -> [B, H, N, Dv]
@@ -56,7 +56,7 @@ Tensor SoftmaxAttention::forward(const Tensor& q, const Tensor& k, const Tensor&
 Tensor SoftmaxAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
   check_attention_inputs("softmax attention_matrix", q, k, k, opts);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  return masked_softmax(matmul(q * scale, transpose(k, -2, -1)), attention_mask(opts, q.size(2), k.size(2), q.device()),
+  return masked_softmax(matmul(q, transpose(k, -2, -1), scale), attention_mask(opts, q.size(2), k.size(2), q.device()),
                         -1);
 }
 

@@ -3,7 +3,8 @@
 // is passed as CblasTrans with its leading dimension, never copied; broadcast batch dims
 // (stride 0) simply repeat an offset. When the right operand is shared by the whole batch
 // and the left one is a row-major stack of matrices, the batch is folded into M and done as
-// one GEMM.
+// one GEMM. Also the linear layer's pair (linear, linear_weight_grad): the same GEMMs with the
+// bias added, and reduced, as the composed matmul + add and its backward did it.
 // Not here: argument checks, 1-D promotion, broadcasting and copies of unsupported layouts
 // (raw::matmul in core/ops_nn.cpp does those), and any autograd.
 #include <cblas.h>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cpu/strided.h"
 #include "core/kernels.h"
 #include "core/matmul_layout.h"
 
@@ -23,13 +25,13 @@ namespace {
 using linea::detail::MatLayout;
 using linea::detail::matmul_layout;
 
-inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float* a, int lda, const float* b,
-                 int ldb, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const float* a, int lda,
+                 const float* b, int ldb, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(alpha), a, lda, b, ldb, 0.0f, c, ldc);
 }
-inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const double* a, int lda, const double* b,
-                 int ldb, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* a, int lda,
+                 const double* b, int ldb, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.0, c, ldc);
 }
 
 // Element offsets of each batch matrix of t (batch dims = all but the last two), in the
@@ -64,32 +66,34 @@ bool blas_is_openmp() {
 
 // One GEMM per batch entry (or one for the folded batch). a, b, c point at element 0.
 template <typename T>
-void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, int64_t M, int64_t N, int64_t K,
-                  int64_t batch, const std::vector<int64_t>& offa, const std::vector<int64_t>& offb) {
+void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, int64_t ldc, int64_t M, int64_t N,
+                  int64_t K, int64_t batch, const std::vector<int64_t>& offa, const std::vector<int64_t>& offb,
+                  const std::vector<int64_t>& offc, double alpha) {
   const CBLAS_TRANSPOSE ta = la.trans ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = lb.trans ? CblasTrans : CblasNoTrans;
-  // Fold the batch into M when b is the same matrix for every batch entry and a's matrices
-  // are consecutive row blocks with a common leading dimension (e.g. [B, L, D] @ [D, E]).
+  // Fold the batch into M when b is the same matrix for every batch entry and a's and c's
+  // matrices are consecutive row blocks with a common leading dimension (e.g. [B, L, D] @ [D, E]).
   bool fold = batch > 1 && !la.trans;
-  for (int64_t i = 0; fold && i < batch; ++i) fold = offb[i] == offb[0] && offa[i] == offa[0] + i * M * la.ld;
+  for (int64_t i = 0; fold && i < batch; ++i)
+    fold = offb[i] == offb[0] && offa[i] == offa[0] + i * M * la.ld && offc[i] == offc[0] + i * M * ldc;
   if (fold) {
-    gemm(ta, tb, static_cast<int>(batch * M), static_cast<int>(N), static_cast<int>(K), pa + offa[0],
-         static_cast<int>(la.ld), pb + offb[0], static_cast<int>(lb.ld), pc, static_cast<int>(N));
+    gemm(ta, tb, static_cast<int>(batch * M), static_cast<int>(N), static_cast<int>(K), alpha, pa + offa[0],
+         static_cast<int>(la.ld), pb + offb[0], static_cast<int>(lb.ld), pc + offc[0], static_cast<int>(ldc));
     return;
   }
   const int threads = omp_get_max_threads();
   const bool par = threads > 1 && batch >= threads && blas_is_openmp() && !omp_in_parallel();
 #pragma omp parallel for schedule(static) num_threads(threads) if (par)
   for (int64_t i = 0; i < batch; ++i) {
-    gemm(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), pa + offa[i], static_cast<int>(la.ld),
-         pb + offb[i], static_cast<int>(lb.ld), pc + i * M * N, static_cast<int>(N));
+    gemm(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, pa + offa[i],
+         static_cast<int>(la.ld), pb + offb[i], static_cast<int>(lb.ld), pc + offc[i], static_cast<int>(ldc));
   }
 }
 
 }  // namespace
 
-// a [batch..., M, K] @ b [batch..., K, N] -> out [batch..., M, N] (contiguous).
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+// out [batch..., M, N] = alpha a [batch..., M, K] @ b [batch..., K, N]; out's matrices row-major.
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
   const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
   if (out.numel() == 0) return;
   if (K == 0) {
@@ -97,12 +101,41 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
     return;
   }
   const int64_t batch = out.numel() / (M * N);
-  const MatLayout la = matmul_layout(a), lb = matmul_layout(b);
-  const std::vector<int64_t> offa = batch_offsets(a, batch), offb = batch_offsets(b, batch);
+  const MatLayout la = matmul_layout(a), lb = matmul_layout(b), lc = matmul_layout(out);
+  LINEA_CHECK(!lc.trans || M <= 1, "matmul: the output's matrices must be row-major, got strides ",
+              shape_str(out.strides()));
+  const std::vector<int64_t> offa = batch_offsets(a, batch), offb = batch_offsets(b, batch),
+                             offc = batch_offsets(out, batch);
   LINEA_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
-    batched_gemm<scalar_t>(a.data<scalar_t>(), b.data<scalar_t>(), out.data<scalar_t>(), la, lb, M, N, K, batch, offa,
-                           offb);
+    batched_gemm<scalar_t>(a.data<scalar_t>(), b.data<scalar_t>(), out.data<scalar_t>(), la, lb, lc.ld, M, N, K, batch,
+                           offa, offb, offc, alpha);
   });
+}
+
+namespace {
+Tensor transposed(const Tensor& t) { return as_strided(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, t.offset()); }
+}  // namespace
+
+// out [R, N] = x [R, K] @ w^T + b: the GEMM, then the bias added row by row (as the composed
+// matmul + add computed it)
+void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out) {
+  matmul(x, transposed(w), out, 1.0);
+  if (!b.defined() || out.numel() == 0) return;
+  const int64_t R = out.size(0), N = out.size(1);
+  dispatch_float(out.dtype(), "linear", [&](auto tag_) {
+    using T = decltype(tag_);
+    T* o = out.data<T>();
+    const T* pb = b.data<T>();
+#pragma omp parallel for schedule(static) if (R * N >= detail::kParallelGrain)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < N; ++j) o[r * N + j] = o[r * N + j] + pb[j];
+  });
+}
+
+// dw [N, K] = g^T @ x; db [N] = sums of g [R, N] over its rows
+void linear_weight_grad(const Tensor& g, const Tensor& x, const Tensor& dw, const Tensor& db) {
+  matmul(transposed(g), x, dw, 1.0);
+  if (db.defined()) reduce(ReduceOp::Sum, g, db, 1, g.size(0), g.size(1));
 }
 
 }  // namespace linea::cpu

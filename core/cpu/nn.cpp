@@ -346,6 +346,13 @@ void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int
 }
 
 // x, out [rows, cols]; w, b [cols] or undefined; mean, rstd [rows]
+// sum = x + r, then the layer norm of sum (the composed add + layer_norm, one call)
+void add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps, const Tensor& sum,
+                    const Tensor& out, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols) {
+  binary(BinaryOp::Add, x, r, sum);
+  layer_norm(sum, w, b, eps, out, mean, rstd, rows, cols);
+}
+
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out, const Tensor& mean,
                 const Tensor& rstd, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;

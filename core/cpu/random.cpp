@@ -100,6 +100,28 @@ void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64
   });
 }
 
+void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row) {
+  const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
+  dispatch_float(out.dtype(), "dropout_rows", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    constexpr int64_t per = linea::detail::uniforms_per_block<scalar_t>();
+    const int64_t blocks = (len + per - 1) / per;
+    const scalar_t keep = static_cast<scalar_t>(1.0 - p), scale = static_cast<scalar_t>(1.0 / (1.0 - p));
+    const scalar_t* px = static_cast<const scalar_t*>(x.data_ptr());
+    scalar_t* po = static_cast<scalar_t*>(out.data_ptr());
+#pragma omp parallel for collapse(2) schedule(static) if (out.numel() >= detail::kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint32_t w[4];
+        linea::detail::example_block(seed, draw, first_row + r, b, w);
+        for (int64_t j = 0; j < per && b * per + j < len; ++j) {
+          const int64_t e = r * len + b * per + j;
+          po[e] = px[e] * linea::detail::dropout_factor<scalar_t>(w, j, keep, scale);
+        }
+      }
+  });
+}
+
 void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row) {
   const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
   dispatch_float(out.dtype(), "normal_rows", [&](auto tag_) {

@@ -18,13 +18,18 @@ extern dim3 gridDim;
 
 void __syncthreads();
 inline void __threadfence_system() {}
+inline void __threadfence() {}
 inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
 inline double atomicAdd(double* p, double v) { double o = *p; *p = o + v; return o; }
+inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+  unsigned int o = *p; *p = o + v; return o;
+}
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   unsigned long long o = *p; *p = o + v; return o;
 }
 template <typename T> inline T min(T a, T b) { return b < a ? b : a; }
 template <typename T> inline T max(T a, T b) { return a < b ? b : a; }
+using std::isfinite;
 using std::isinf;
 
 namespace emu {

@@ -1,6 +1,10 @@
-// Fake CUDA platform for tests/cuda_emu/run.sh: cudart (malloc-backed), cuBLAS (naive strided-batched
-// GEMM with cuBLAS's argument checks), cuFFT (naive DFT that scribbles over its input), cuRAND
-// (hash-based counter generator), and the fiber scheduler behind kernel launches. Test tooling only.
+// Fake CUDA platform for tests/cuda_emu/run.sh: cudart (malloc-backed), cuBLAS (naive strided- and
+// pointer-array-batched GEMMs with cuBLAS's argument checks; tf32/bf16 compute types round the
+// inputs as the tensor cores do), cuBLASLt (one GEMM with a bias or bias-gradient epilogue),
+// cuFFT (naive DFT that scribbles over its input), cuRAND (hash-based counter generator), events
+// (always passed, or held back on request), and the fiber scheduler behind kernel launches.
+// Test tooling only.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cufft.h>
@@ -171,6 +175,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaMalloc(void** p, size_t n) {
+  if (getenv("EMU_TRACE_MALLOC")) std::fprintf(stderr, "emu malloc %zu\n", n);
   *p = std::aligned_alloc(256, std::max<size_t>(256, (n + 255) / 256 * 256));
   std::memset(*p, 0xAB, std::max<size_t>(n, 1));  // garbage, as fresh device memory
   g_allocs[*p] = n;
@@ -206,6 +211,49 @@ cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned int) {
   *d = h;
   return cudaSuccess;
 }
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+}  // extern "C"
+
+// ---- events -------------------------------------------------------------------------------------------
+// Work runs at once, so an event has always passed. To exercise code that must cope with an
+// event that has not (a readback still in flight), emu_set_event_lag(n) makes every event
+// recorded afterwards answer cudaErrorNotReady to its first n queries (cudaEventSynchronize
+// always completes it).
+namespace {
+struct EmuEvent {
+  int lag = 0;
+};
+int g_event_lag = 0;
+}  // namespace
+void emu_set_event_lag(int n) { g_event_lag = n; }
+extern "C" {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = reinterpret_cast<cudaEvent_t>(new EmuEvent());
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<EmuEvent*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  reinterpret_cast<EmuEvent*>(e)->lag = g_event_lag;
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  EmuEvent* ev = reinterpret_cast<EmuEvent*>(e);
+  if (ev->lag > 0) {
+    --ev->lag;
+    return cudaErrorNotReady;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  reinterpret_cast<EmuEvent*>(e)->lag = 0;
+  return cudaSuccess;
+}
 }  // extern "C"
 
 // ---- cuBLAS -------------------------------------------------------------------------------------------
@@ -221,10 +269,27 @@ const char* cublasGetStatusName(cublasStatus_t s) { return s == CUBLAS_STATUS_SU
 const char* cublasGetStatusString(cublasStatus_t s) { return cublasGetStatusName(s); }
 }
 
-template <typename T>
-static cublasStatus_t gemm_sb(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const T* alpha,
-                              const T* A, int lda, long long sA, const T* B, int ldb, long long sB, const T* beta, T* C,
-                              int ldc, long long sC, int count) {
+// Rounds a float GEMM input as the tensor cores do for a compute type: bf16 (8-bit mantissa) or
+// TF32 (10-bit), to nearest even; others unchanged.
+static double round_input(double v, cublasComputeType_t compute) {
+  const int drop = compute == CUBLAS_COMPUTE_32F_FAST_16BF ? 16 : compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? 13 : 0;
+  if (drop == 0) return v;
+  float f = static_cast<float>(v);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) {  // finite: round the dropped bits to nearest even
+    const uint32_t half = 1u << (drop - 1), lsb = (u >> drop) & 1u;
+    u = (u + half - 1 + lsb) & ~((1u << drop) - 1);
+  }
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Column-major C_i = op(A_i) op(B_i) for i < count; the operands of product i come from get(i).
+template <typename T, typename Get>
+static cublasStatus_t gemm_batch(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const T* alpha,
+                                 int lda, int ldb, const T* beta, int ldc, int count, cublasComputeType_t compute,
+                                 Get get) {
   const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
   if (m < 0 || n < 0 || k < 0 || count < 0 || lda < std::max(1, na ? m : k) || ldb < std::max(1, nb ? k : n) ||
       ldc < std::max(1, m)) {
@@ -233,16 +298,17 @@ static cublasStatus_t gemm_sb(cublasOperation_t ta, cublasOperation_t tb, int m,
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   for (int b = 0; b < count; ++b) {
-    const T* a = A + b * sA;
-    const T* bb = B + b * sB;
-    T* c = C + b * sC;
+    const T* a;
+    const T* bb;
+    T* c;
+    get(b, a, bb, c);
     for (int j = 0; j < n; ++j)
       for (int i = 0; i < m; ++i) {
         double s = 0;
         for (int l = 0; l < k; ++l) {
           const double av = na ? a[i + (long long)l * lda] : a[l + (long long)i * lda];
           const double bv = nb ? bb[l + (long long)j * ldb] : bb[j + (long long)l * ldb];
-          s += av * bv;
+          s += round_input(av, compute) * round_input(bv, compute);
         }
         T& out = c[i + (long long)j * ldc];
         out = static_cast<T>(*alpha * s + (*beta == T(0) ? 0.0 : *beta * out));
@@ -251,20 +317,196 @@ static cublasStatus_t gemm_sb(cublasOperation_t ta, cublasOperation_t tb, int m,
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// The data and compute types Linea passes: float with a 32F compute type, double with 64F.
+static bool gemm_types_ok(cudaDataType_t a, cudaDataType_t b, cudaDataType_t c, cublasComputeType_t compute) {
+  const bool f32 = a == CUDA_R_32F && b == CUDA_R_32F && c == CUDA_R_32F &&
+                   (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+                    compute == CUBLAS_COMPUTE_32F_FAST_16BF);
+  const bool f64 = a == CUDA_R_64F && b == CUDA_R_64F && c == CUDA_R_64F && compute == CUBLAS_COMPUTE_64F;
+  if (!f32 && !f64) std::fprintf(stderr, "emu cublas: unsupported types %d %d %d compute %d\n", a, b, c, compute);
+  return f32 || f64;
+}
+
 extern "C" {
-cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                                         int k, const float* alpha, const float* A, int lda, long long int sA,
-                                         const float* B, int ldb, long long int sB, const float* beta, float* C,
-                                         int ldc, long long int sC, int count) {
-  return gemm_sb(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, count);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                          int k, const void* alpha, const void* A, cudaDataType_t at, int lda,
+                                          long long int sA, const void* B, cudaDataType_t bt, int ldb, long long int sB,
+                                          const void* beta, void* C, cudaDataType_t ct, int ldc, long long int sC,
+                                          int count, cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (!gemm_types_ok(at, bt, ct, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* a0 = static_cast<const T*>(A);
+    const T* b0 = static_cast<const T*>(B);
+    T* c0 = static_cast<T*>(C);
+    return gemm_batch<T>(ta, tb, m, n, k, static_cast<const T*>(alpha), lda, ldb, static_cast<const T*>(beta), ldc,
+                         count, compute, [&](int i, const T*& a, const T*& b, T*& c) {
+                           a = a0 + i * sA;
+                           b = b0 + i * sB;
+                           c = c0 + i * sC;
+                         });
+  };
+  return at == CUDA_R_32F ? run(float{}) : run(double{});
 }
-cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                                         int k, const double* alpha, const double* A, int lda, long long int sA,
-                                         const double* B, int ldb, long long int sB, const double* beta, double* C,
-                                         int ldc, long long int sC, int count) {
-  return gemm_sb(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, count);
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                   const void* alpha, const void* const A[], cudaDataType_t at, int lda,
+                                   const void* const B[], cudaDataType_t bt, int ldb, const void* beta, void* const C[],
+                                   cudaDataType_t ct, int ldc, int count, cublasComputeType_t compute,
+                                   cublasGemmAlgo_t) {
+  if (!gemm_types_ok(at, bt, ct, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    return gemm_batch<T>(ta, tb, m, n, k, static_cast<const T*>(alpha), lda, ldb, static_cast<const T*>(beta), ldc,
+                         count, compute, [&](int i, const T*& a, const T*& b, T*& c) {
+                           a = static_cast<const T*>(A[i]);
+                           b = static_cast<const T*>(B[i]);
+                           c = static_cast<T*>(C[i]);
+                         });
+  };
+  return at == CUDA_R_32F ? run(float{}) : run(double{});
 }
 }
+
+// ---- cuBLASLt ------------------------------------------------------------------------------------------
+// The subset Linea uses: one plain float32 GEMM per call with the BIAS or BGRADB epilogue (or
+// none), descriptors checked as cuBLASLt documents them, the heuristic always offering one
+// algorithm. Inputs are rounded per the compute type, as the cuBLAS fakes do.
+namespace {
+struct LtDesc {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  int32_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;
+};
+struct LtLayout {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+int g_lt_dummy;
+}  // namespace
+
+extern "C" {
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  *h = reinterpret_cast<cublasLtHandle_t>(&g_lt_dummy);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
+  *d = reinterpret_cast<cublasLtMatmulDesc_t>(new LtDesc{compute, scale});
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete reinterpret_cast<LtDesc*>(d);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size) {
+  LtDesc* desc = reinterpret_cast<LtDesc*>(d);
+  if (buf == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(attr == CUBLASLT_MATMUL_DESC_TRANSA ? &desc->transa : &desc->transb, buf, size);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&desc->epilogue, buf, size);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      if (size != sizeof(void*)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&desc->bias, buf, size);
+      return CUBLAS_STATUS_SUCCESS;
+    default:
+      std::fprintf(stderr, "emu cublasLt: unsupported matmul attribute %d\n", int(attr));
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+  if (ld < static_cast<int64_t>(std::max<uint64_t>(rows, 1))) {
+    std::fprintf(stderr, "emu cublasLt: layout ld %lld < rows %llu\n", (long long)ld, (unsigned long long)rows);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  *l = reinterpret_cast<cublasLtMatrixLayout_t>(new LtLayout{type, rows, cols, ld});
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete reinterpret_cast<LtLayout*>(l);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  *p = reinterpret_cast<cublasLtMatmulPreference_t>(&g_lt_dummy);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
+                                                    const void* buf, size_t) {
+  return buf ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int* returned) {
+  const LtDesc* desc = reinterpret_cast<const LtDesc*>(d);
+  const uint32_t e = desc->epilogue;
+  *returned = 0;
+  if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_BGRADB)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  std::memset(&results[0], 0, sizeof(results[0]));
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* alpha, const void* A,
+                              cublasLtMatrixLayout_t la, const void* B, cublasLtMatrixLayout_t lb, const void* beta,
+                              const void* C, cublasLtMatrixLayout_t lc, void* D, cublasLtMatrixLayout_t ld,
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+  const LtDesc* desc = reinterpret_cast<const LtDesc*>(d);
+  const LtLayout *a = reinterpret_cast<const LtLayout*>(la), *b = reinterpret_cast<const LtLayout*>(lb),
+                 *c = reinterpret_cast<const LtLayout*>(lc), *dl = reinterpret_cast<const LtLayout*>(ld);
+  const bool na = desc->transa == CUBLAS_OP_N, nb = desc->transb == CUBLAS_OP_N;
+  const uint64_t m = dl->rows, n = dl->cols, k = na ? a->cols : a->rows;
+  const bool shapes_ok = (na ? a->rows : a->cols) == m && (nb ? b->rows : b->cols) == k && (nb ? b->cols : b->rows) == n &&
+                         c->rows == m && c->cols == n && c->ld == dl->ld;
+  const bool types_ok = a->type == CUDA_R_32F && b->type == CUDA_R_32F && c->type == CUDA_R_32F &&
+                        dl->type == CUDA_R_32F && desc->scale == CUDA_R_32F &&
+                        (desc->compute == CUBLAS_COMPUTE_32F || desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+                         desc->compute == CUBLAS_COMPUTE_32F_FAST_16BF);
+  const bool vector_ok = desc->epilogue == CUBLASLT_EPILOGUE_DEFAULT || desc->bias != nullptr;
+  if (!shapes_ok || !types_ok || !vector_ok || algo == nullptr || !alpha || !beta) {
+    std::fprintf(stderr, "emu cublasLt: invalid matmul (shapes %d types %d vector %d)\n", shapes_ok, types_ok, vector_ok);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const float* pa = static_cast<const float*>(A);
+  const float* pb = static_cast<const float*>(B);
+  const float* pc = static_cast<const float*>(C);
+  float* pd = static_cast<float*>(D);
+  auto at = [&](uint64_t i, uint64_t l) { return na ? pa[i + l * a->ld] : pa[l + i * a->ld]; };  // op(A)[i, l]
+  auto bt = [&](uint64_t l, uint64_t j) { return nb ? pb[l + j * b->ld] : pb[j + l * b->ld]; };  // op(B)[l, j]
+  float* vec = static_cast<float*>(desc->bias);
+  if (desc->epilogue == CUBLASLT_EPILOGUE_BGRADB)  // read B before D is written (they never alias in Linea)
+    for (uint64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (uint64_t l = 0; l < k; ++l) sum += bt(l, j);
+      vec[j] = static_cast<float>(sum);
+    }
+  std::vector<float> out(m * n);
+  for (uint64_t j = 0; j < n; ++j)
+    for (uint64_t i = 0; i < m; ++i) {
+      double s = 0;
+      for (uint64_t l = 0; l < k; ++l) s += round_input(at(i, l), desc->compute) * round_input(bt(l, j), desc->compute);
+      float r = static_cast<float>(al * s + (be == 0.0f ? 0.0 : be * pc[i + j * c->ld]));  // a float32 accumulator
+      if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS) r = r + vec[i];
+      out[i + j * m] = r;
+    }
+  for (uint64_t j = 0; j < n; ++j)
+    for (uint64_t i = 0; i < m; ++i) pd[i + j * dl->ld] = out[i + j * m];
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // extern "C"
 
 // ---- cuFFT --------------------------------------------------------------------------------------------
 namespace {

@@ -6,6 +6,9 @@
 # (the FFT fakes scribble over their inputs). Built with ASan + UBSan by default (SAN= to
 # turn off). Catches indexing, launch-geometry, barrier and library-argument bugs; it cannot
 # see data races, warp-level behaviour, or speed: run the real tests on a GPU for those.
+# The last binary, steps, runs apps/tests/test_step_counters.cpp: what one training step of the
+# default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
+# EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step).
 #   tests/cuda_emu/run.sh [gtest args]          e.g. --gtest_filter=CudaParity.Matmul
 # Needs: g++, libgtest-dev, OpenBLAS, FFTW, and the CUDA toolkit headers (no GPU, no driver).
 set -euo pipefail
@@ -17,3 +20,4 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 "$B/basics" --gtest_brief=1
 "$B/parity" --gtest_brief=1 "$@"
 "$B/attention" --gtest_brief=1 "$@"
+"$B/steps" --gtest_brief=1 "$@"

@@ -1,0 +1,21 @@
+// The translate app's training step: one batch of sentence pairs through the model, the
+// label-smoothed loss over the target tokens and their plain summed cross-entropy (declared in
+// train.h; the shared loop's step hook).
+#include "autograd/ops.h"
+#include "train.h"
+
+using namespace linea;
+
+namespace translate {
+
+apps::StepResult train_step(Seq2Seq& model, const nn::Batch& b, Device device, int64_t pad, double label_smoothing) {
+  Tensor tgt_out = b.at("tgt_out").to(device);
+  Tensor logits = model.forward(b.at("src").to(device), b.at("src_pad").to(device), b.at("tgt_in").to(device));
+  apps::StepResult r;
+  r.loss = cross_entropy(logits, tgt_out, pad, label_smoothing);
+  r.units = static_cast<int64_t>(sum((~b.at("tgt_pad")).to(DType::Int64)).item());
+  r.stats["nll"] = cross_entropy(logits.detach(), tgt_out, pad, 0.0, Reduction::Sum);
+  return r;
+}
+
+}  // namespace translate
