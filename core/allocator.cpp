@@ -43,10 +43,11 @@ void* CachingAllocator::allocate(size_t nbytes) {
   }
   stats_.num_allocs++;
   void* ptr = nullptr;
-  auto it = long_lived_depth > 0 ? free_.end() : free_.find(size);
-  if (it != free_.end()) {
+  std::multimap<size_t, void*>& from = pool_ == 0 ? free_ : pools_[pool_];
+  auto it = long_lived_depth > 0 ? from.end() : from.find(size);
+  if (it != from.end()) {
     ptr = it->second;
-    free_.erase(it);
+    from.erase(it);
     stats_.cached_bytes -= size;
   } else {
     // A new block: under a limit, make room in what the allocator holds (live + cached) first.
@@ -64,7 +65,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
                 " bytes in use)");
     stats_.num_raw_allocs++;
   }
-  live_[ptr] = size;
+  live_[ptr] = Live{size, pool_};
   stats_.allocated_bytes += size;
   if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
   return ptr;
@@ -75,11 +76,39 @@ void CachingAllocator::deallocate(void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(ptr);
   if (it == live_.end()) return;  // not ours: a bug elsewhere, but never free twice
-  size_t size = it->second;
+  const Live block = it->second;
   live_.erase(it);
-  stats_.allocated_bytes -= size;
-  stats_.cached_bytes += size;
-  free_.emplace(size, ptr);
+  stats_.allocated_bytes -= block.size;
+  stats_.cached_bytes += block.size;
+  auto pool = block.pool == 0 ? pools_.end() : pools_.find(block.pool);
+  (pool == pools_.end() ? free_ : pool->second).emplace(block.size, ptr);
+}
+
+int CachingAllocator::create_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int id = next_pool_++;
+  pools_[id];
+  return id;
+}
+
+void CachingAllocator::select_pool(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LINEA_CHECK(id == 0 || pools_.count(id), "allocator: no pool ", id, " (released, or never created)");
+  pool_ = id;
+}
+
+int CachingAllocator::selected_pool() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_;
+}
+
+void CachingAllocator::release_pool(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pool = pools_.find(id);
+  if (pool == pools_.end()) return;
+  free_.insert(pool->second.begin(), pool->second.end());
+  pools_.erase(pool);  // its live blocks go to the shared cache when freed
+  if (pool_ == id) pool_ = 0;
 }
 
 void CachingAllocator::empty_cache() {
@@ -88,9 +117,12 @@ void CachingAllocator::empty_cache() {
 }
 
 void CachingAllocator::release_cached_locked() {
-  for (auto& kv : free_) raw_free_(kv.second);
+  // The shared cache only: private pools keep their blocks for their graphs.
+  for (auto& kv : free_) {
+    raw_free_(kv.second);
+    stats_.cached_bytes -= kv.first;
+  }
   free_.clear();
-  stats_.cached_bytes = 0;
 }
 
 void CachingAllocator::release_cached_until_locked(size_t need) {

@@ -52,14 +52,30 @@ class CachingAllocator {
   // Size classes: round up to 512 bytes below 1 MiB, to 1/8 of the power of two above.
   static size_t round_size(size_t nbytes);
 
+  // Private pools, for CUDA graphs (core/cuda_graph.h): while a pool is selected, requests are
+  // served from that pool's free blocks (or new ones), and a block allocated in a pool goes back
+  // to it when freed, never to the shared cache. A captured graph replays its kernels on the
+  // addresses it captured, which nothing outside it may be given in the meantime.
+  // release_pool hands the pool's free blocks to the shared cache, and its live ones when freed.
+  int create_pool();
+  void select_pool(int id);  // 0: the shared cache (the default)
+  int selected_pool() const;
+  void release_pool(int id);
+
  private:
+  struct Live {
+    size_t size;
+    int pool;  // 0: the shared cache
+  };
   RawAlloc raw_alloc_;
   RawFree raw_free_;
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // size -> block
-  std::map<void*, size_t> live_;       // block -> size
+  std::multimap<size_t, void*> free_;                   // size -> block (the shared cache)
+  std::map<int, std::multimap<size_t, void*>> pools_;  // a private pool's free blocks
+  std::map<void*, Live> live_;                          // block -> size and pool
   AllocatorStats stats_;
   size_t limit_ = 0;  // 0: none
+  int pool_ = 0, next_pool_ = 1;
 
   void release_cached_locked();                 // every free block back to raw_free_
   void release_cached_until_locked(size_t need);  // largest first, until held + need <= limit_

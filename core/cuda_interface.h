@@ -40,6 +40,14 @@ void event_destroy(void* event);
 void event_record(void* event);
 bool event_query(void* event);        // done? never blocks (checks kernels' error reports when done)
 void event_synchronize(void* event);  // waits: a host synchronization unless already done
+// CUDA graphs (core/cuda_graph.h): the stream's work between begin and end is captured
+// (relaxed mode) and instantiated; launch replays it; destroy frees it. While capturing, copies
+// between host and device, synchronizations and cuRAND draws throw linea::Error.
+void graph_capture_begin();
+void* graph_capture_end(bool instantiate);  // the instantiated graph (opaque); null when !instantiate
+void graph_launch(void* exec);
+void graph_destroy(void* exec);
+bool graph_capturing();
 void manual_seed(uint64_t seed);
 std::vector<uint64_t> rng_state();  // {seed, offset}
 void set_rng_state(const std::vector<uint64_t>& state);

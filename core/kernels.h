@@ -235,13 +235,17 @@ enum class ReduceOp { Sum, Max, Min, LogSumExp };
   void uniform(const Tensor& out, double lo, double hi);                                                             \
   void normal(const Tensor& out, double mean, double std);                                                           \
   /* per-example draws (core/random.h): out [rows, ...]; row r holds example first_row + r of the draw reserved at */ \
-  /* counter `draw` of a generator seeded `seed` (core/random_math.h) */                                              \
-  void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row);       \
-  void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row);      \
+  /* counter `draw` of a generator seeded `seed` (core/random_math.h); with draw_base (CUDA, a captured graph: a   */ \
+  /* device counter its replays set) the counter is *draw_base + draw */                                              \
+  void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row,        \
+                    const uint64_t* draw_base);                                                                      \
+  void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row,       \
+                   const uint64_t* draw_base);                                                                       \
   /* per-example dropout: out = x * (u < T(1 - p) ? T(1 / (1 - p)) : 0), u the per-example uniform [0, 1) of x's */   \
   /* element as uniform_rows draws it (x, out [rows, ...] contiguous, x's dtype): the forward (x the input) and */   \
   /* the backward (x the gradient) with the same mask, which is never stored */                                       \
-  void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row);
+  void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row,   \
+                    const uint64_t* draw_base);
 
 namespace cpu {
 LINEA_KERNEL_API

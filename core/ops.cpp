@@ -272,6 +272,14 @@ Tensor to_device(const Tensor& x, Device d) {
 void copy_(const Tensor& dst, const Tensor& src) {
   check_defined("copy_", dst, "dst");
   check_defined("copy_", src, "src");
+#ifdef LINEA_WITH_CUDA
+  if (src.is_cpu() && dst.is_cuda() && src.shape() == dst.shape() && src.dtype() == dst.dtype() &&
+      src.is_contiguous() && dst.is_contiguous()) {  // straight into dst: one copy, no device temporary
+    ++dst.impl().storage->version;
+    if (dst.numel() > 0) cuda::memcpy_h2d(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size());
+    return;
+  }
+#endif
   Tensor s = src.device() == dst.device() ? src : to_device(src, dst.device());
   s = expand(s, dst.shape());
   ++dst.impl().storage->version;

@@ -148,23 +148,60 @@ std::pair<uint64_t, uint64_t> reserve_draw(Device device) {
 #endif
 }
 
+// A CUDA graph capture's per-example draws (detail::begin_draw_capture).
+struct DrawCapture {
+  bool on = false;
+  const uint64_t* base = nullptr;
+  int64_t count = 0;
+};
+DrawCapture g_draw_capture;
+
 Tensor per_example(const char* what, const Shape& shape, TensorOptions opts, bool normal, double a, double b) {
   LINEA_CHECK(is_floating(opts.dtype), what, ": expected a floating dtype, got ", opts.dtype);
   LINEA_CHECK(!shape.empty(), what, ": the first dimension is the batch; got a 0-d shape");
   Tensor out = empty(shape, opts.with_requires_grad(false));
-  auto [seed, draw] = reserve_draw(opts.device);  // even for an empty draw: the same advance on every rank
+  // Even for an empty draw: the same advance on every rank.
+  const ExampleDraw d = reserve_example_draw(opts.device);
   if (out.numel() == 0) return out;
   if (normal)
-    LINEA_BACKEND(out.device(), normal_rows, out, a, b, seed, draw, t_first_row);
+    LINEA_BACKEND(out.device(), normal_rows, out, a, b, d.seed, d.draw, d.first_row, d.base);
   else
-    LINEA_BACKEND(out.device(), uniform_rows, out, a, b, seed, draw, t_first_row);
+    LINEA_BACKEND(out.device(), uniform_rows, out, a, b, d.seed, d.draw, d.first_row, d.base);
   return out;
 }
 }  // namespace
 
+namespace detail {
+void begin_draw_capture(const uint64_t* base) {
+  LINEA_CHECK(!g_draw_capture.on, "random: a draw capture is already on");
+  g_draw_capture = DrawCapture{true, base, 0};
+}
+int64_t end_draw_capture() {
+  const int64_t n = g_draw_capture.count;
+  g_draw_capture = DrawCapture{};
+  return n;
+}
+uint64_t next_example_draw(Device device) {
+  if (device.is_cpu()) {
+    std::lock_guard<std::mutex> lock(cpu_generator_mutex());
+    return cpu_generator().offset;
+  }
+#ifdef LINEA_WITH_CUDA
+  return (cuda::rng_state()[1] + 3) / 4;
+#else
+  LINEA_FAIL("random: this build of Linea has no CUDA backend");
+#endif
+}
+void skip_example_draws(Device device, int64_t k) {
+  for (int64_t i = 0; i < k; ++i) reserve_draw(device);
+}
+}  // namespace detail
+
 ExampleDraw reserve_example_draw(Device device) {
   auto [seed, draw] = reserve_draw(device);
-  return {seed, draw, t_first_row};
+  if (g_draw_capture.on && device.is_cuda())  // numbered within the captured work
+    return {seed, static_cast<uint64_t>(g_draw_capture.count++), t_first_row, g_draw_capture.base};
+  return {seed, draw, t_first_row, nullptr};
 }
 
 Tensor dropout_rows(const Tensor& x, double p, const ExampleDraw& d) {
@@ -173,7 +210,8 @@ Tensor dropout_rows(const Tensor& x, double p, const ExampleDraw& d) {
   LINEA_CHECK(x.dim() >= 1, "dropout: the first dimension is the batch; got a 0-d tensor");
   LINEA_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p must be in [0, 1], got ", p);
   Tensor out = empty(x.shape(), x.options());
-  if (out.numel() > 0) LINEA_BACKEND(x.device(), dropout_rows, raw::contiguous(x), out, p, d.seed, d.draw, d.first_row);
+  if (out.numel() > 0)
+    LINEA_BACKEND(x.device(), dropout_rows, raw::contiguous(x), out, p, d.seed, d.draw, d.first_row, d.base);
   return out;
 }
 

@@ -44,7 +44,8 @@ Tensor bernoulli_per_example(const Shape& shape, double p, TensorOptions opts = 
 // instead of keeping it.
 struct ExampleDraw {
   uint64_t seed = 0, draw = 0;
-  int64_t first_row = 0;  // batch_first_row() when reserved
+  int64_t first_row = 0;            // batch_first_row() when reserved
+  const uint64_t* base = nullptr;  // in a captured CUDA graph: the counter is *base + draw
 };
 ExampleDraw reserve_example_draw(Device device);
 // Per-example dropout of x [batch, ...] with draw d (no graph): x * m / (1 - p), m ~ Bernoulli(1 - p)
@@ -66,6 +67,17 @@ class BatchRowsGuard {
 };
 
 namespace detail {
+// A CUDA graph capture (core/cuda_graph.h) of work that draws per example: between begin and
+// end, per-example draws on CUDA are numbered from 0 and read their base counter from `base`, a
+// device counter each replay sets (so a replay draws new numbers, the ones an uncaptured run
+// would); end returns how many were reserved. The host generator advances as usual.
+void begin_draw_capture(const uint64_t* base);
+int64_t end_draw_capture();
+// The counter the next per-example draw on `device` gets; skipping k of them (what a replay
+// of a step that reserved k consumes).
+uint64_t next_example_draw(Device device);
+void skip_example_draws(Device device, int64_t k);
+
 // The CPU generator. Philox4x32-10: each 128-bit counter value gives four 32-bit words.
 struct Philox {
   uint64_t seed = 0;

@@ -53,16 +53,17 @@ AsyncRead::AsyncRead(const std::vector<Tensor>& tensors) : state_(std::make_shar
     return;
   }
 #ifdef LINEA_WITH_CUDA
+  // Each part 8-byte aligned in the block.
+  const auto padded = [](const Tensor& t) { return (static_cast<size_t>(t.numel()) * t.element_size() + 7) / 8 * 8; };
   size_t bytes = 0;
-  for (const Tensor& t : tensors) bytes += static_cast<size_t>(t.numel()) * t.element_size();
+  for (const Tensor& t : tensors) bytes += padded(t);
   state_->block = cuda::pinned_allocator().allocate(bytes);
   char* dst = static_cast<char*>(state_->block);
   for (const Tensor& t : tensors) {
     const Tensor src = t.is_cuda() ? raw::contiguous(t) : raw::to_device(raw::contiguous(t), Device("cuda"));
-    const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
-    cuda::memcpy_d2h_async(dst, src.data_ptr(), n);
+    cuda::memcpy_d2h_async(dst, src.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
     state_->parts.emplace_back(t.dtype(), t.numel());
-    dst += n;
+    dst += padded(t);
   }
   state_->event = cuda::event_create();
   cuda::event_record(state_->event);
@@ -89,7 +90,7 @@ std::vector<double> AsyncRead::values() const {
         using T = decltype(tag);
         append<T>(state_->host_values, p, n);
       });
-      p += static_cast<size_t>(n) * dtype_size(dtype);
+      p += (static_cast<size_t>(n) * dtype_size(dtype) + 7) / 8 * 8;
     }
 #endif
     state_->converted = true;

@@ -92,7 +92,7 @@ void gemm_call(const T* a, MatLayout la, int64_t sa, const T* b, MatLayout lb, i
   const T al = static_cast<T>(alpha), zero = T(0);
   constexpr cudaDataType_t type = Gemm<T>::type;
   const cublasComputeType_t compute = Gemm<T>::compute();
-  bump(counter_cells().library_calls);
+  count_work(counter_cells().library_calls);
   if (pa != nullptr) {
     LINEA_CUBLAS_CHECK(cublasGemmBatchedEx(cublas(), op_b, op_a, m, n, k, &al, reinterpret_cast<const void* const*>(pb),
                                            type, lda, reinterpret_cast<const void* const*>(pa), type, ldb, &zero,
@@ -239,7 +239,7 @@ bool lt_call(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k
   if (!p.have_algo) return false;
   LINEA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
   const float one = 1.0f, zero = 0.0f;
-  bump(counter_cells().library_calls);
+  count_work(counter_cells().library_calls);
   LINEA_CUBLAS_CHECK(cublasLtMatmul(c.handle, p.desc, &one, A, p.la, B, p.lb, &zero, D, p.lc, D, p.lc, &p.algo,
                                     c.workspace, c.workspace_bytes, stream()));
   return true;

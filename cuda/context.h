@@ -13,14 +13,28 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/cuda_counters.h"
+#include "core/cuda_interface.h"
+
 namespace linea::cuda::detail {
 
 // The one stream every kernel, copy and library call is issued on (created on first use;
 // throws linea::Error when no device is usable).
 cudaStream_t stream();
 
-// The cuBLAS handle, bound to stream().
+// The cuBLAS handle, bound to stream(), with a workspace of its own (so that a captured
+// CUDA graph never sees it allocate).
 cublasHandle_t cublas();
+
+// Counts stream work (core/cuda_counters.h) that runs now: captured work is counted as the graph
+// launch that replays it.
+inline void count_work(std::atomic<int64_t>& cell, int64_t n = 1) {
+  if (!graph_capturing()) bump(cell, n);
+}
+
+// Throws linea::Error naming `what` when a CUDA graph capture is on (cuda/graph.cpp): for the
+// calls a replay would not repeat (host<->device copies, synchronizations, cuRAND draws).
+void refuse_in_capture(const char* what);
 
 // Scratch device memory from the caching allocator, freed on scope exit. With one stream,
 // a block freed here can be reused by the next launch at once (stream order).

@@ -144,7 +144,7 @@ void fill(const Tensor& out, double value) {
     const scalar_t v = static_cast<scalar_t>(value);
     const scalar_t zero = scalar_t(0);
     if (std::memcmp(&v, &zero, sizeof(v)) == 0 && out.is_contiguous()) {  // all-zero bits (not -0.0)
-      bump(counter_cells().device_copies);
+      count_work(counter_cells().device_copies);
       LINEA_CUDA_CHECK(
           cudaMemsetAsync(out.data_ptr(), 0, static_cast<size_t>(out.numel()) * sizeof(scalar_t), stream()));
       return;
@@ -160,7 +160,7 @@ void copy(const Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
   if (dst.dtype() == src.dtype()) {
     if (dst.is_contiguous() && src.is_contiguous()) {
-      bump(counter_cells().device_copies);
+      count_work(counter_cells().device_copies);
       LINEA_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(),
                                        static_cast<size_t>(dst.numel()) * dst.element_size(), cudaMemcpyDeviceToDevice,
                                        stream()));

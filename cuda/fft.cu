@@ -119,13 +119,13 @@ template <typename T> void rfft_impl(const Tensor& x, const Tensor& out, int64_t
   }
   const int64_t count = batch * n;
   DeviceBuffer in(sizeof(T) * static_cast<size_t>(count));
-  bump(counter_cells().device_copies);
+  count_work(counter_cells().device_copies);
   LINEA_CUDA_CHECK(cudaMemcpyAsync(in.get(), x.data_ptr(), sizeof(T) * static_cast<size_t>(count),
                                    cudaMemcpyDeviceToDevice, stream()));
   PlanCache& cache = plan_cache();
   std::lock_guard<std::mutex> lock(cache.mu);
   cufftHandle plan = get_plan(cache, out.dtype(), n, batch, true);
-  bump(counter_cells().library_calls);
+  count_work(counter_cells().library_calls);
   LINEA_CUFFT_CHECK(exec_r2c(plan, in.as<T>(), ptr<T>(out)));
 }
 
@@ -143,7 +143,7 @@ template <typename T> void irfft_impl(const Tensor& spec, const Tensor& out, int
     PlanCache& cache = plan_cache();
     std::lock_guard<std::mutex> lock(cache.mu);
     cufftHandle plan = get_plan(cache, out.dtype(), n, batch, false);
-    bump(counter_cells().library_calls);
+    count_work(counter_cells().library_calls);
     LINEA_CUFFT_CHECK(exec_c2r(plan, in.as<T>(), ptr<T>(out)));
   }
   scale_kernel<T><<<grid_for(batch * n), kBlockSize, 0, stream()>>>(ptr<T>(out), batch * n, T(1) / static_cast<T>(n));

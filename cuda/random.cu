@@ -56,7 +56,7 @@ void uniform(const Tensor& out, double lo, double hi) {
       RngState& r = rng();
       std::lock_guard<std::mutex> lock(r.mu);
       curandGenerator_t g = generator_for_draw(words_for<T>(n));
-      bump(counter_cells().library_calls);
+      count_work(counter_cells().library_calls);
       LINEA_CURAND_CHECK(generate_uniform(g, ptr<T>(out), static_cast<size_t>(n)));
     }
     uniform_map_kernel<T><<<grid_for(n), kBlockSize, 0, stream()>>>(ptr<T>(out), n, lo, hi);
@@ -81,11 +81,11 @@ void normal(const Tensor& out, double mean, double std) {
       RngState& r = rng();
       std::lock_guard<std::mutex> lock(r.mu);
       curandGenerator_t g = generator_for_draw(words_for<T>(even));
-      bump(counter_cells().library_calls);
+      count_work(counter_cells().library_calls);
       LINEA_CURAND_CHECK(generate_normal(g, dst, static_cast<size_t>(even), mean, std));
     }
     if (!direct) {
-      bump(counter_cells().device_copies);
+      count_work(counter_cells().device_copies);
       LINEA_CUDA_CHECK(
           cudaMemcpyAsync(out.data_ptr(), dst, sizeof(T) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream()));
     }
@@ -95,7 +95,8 @@ void normal(const Tensor& out, double mean, double std) {
 // One thread per (row, counter block); row-major over blocks.
 template <typename T>
 __global__ void uniform_rows_kernel(T* p, int64_t rows, int64_t len, double lo, double hi, uint64_t seed,
-                                    uint64_t draw, int64_t first_row) {
+                                    uint64_t draw, int64_t first_row, const uint64_t* draw_base) {
+  if (draw_base) draw += *draw_base;
   constexpr int64_t per = linea::detail::uniforms_per_block<T>();
   const int64_t blocks = (len + per - 1) / per, total = rows * blocks;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -110,7 +111,8 @@ __global__ void uniform_rows_kernel(T* p, int64_t rows, int64_t len, double lo, 
 
 template <typename T>
 __global__ void dropout_rows_kernel(const T* x, T* out, int64_t rows, int64_t len, T keep, T scale, uint64_t seed,
-                                    uint64_t draw, int64_t first_row) {
+                                    uint64_t draw, int64_t first_row, const uint64_t* draw_base) {
+  if (draw_base) draw += *draw_base;
   constexpr int64_t per = linea::detail::uniforms_per_block<T>();
   const int64_t blocks = (len + per - 1) / per, total = rows * blocks;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -127,7 +129,8 @@ __global__ void dropout_rows_kernel(const T* x, T* out, int64_t rows, int64_t le
 
 template <typename T>
 __global__ void normal_rows_kernel(T* p, int64_t rows, int64_t len, double mean, double std, uint64_t seed,
-                                   uint64_t draw, int64_t first_row) {
+                                   uint64_t draw, int64_t first_row, const uint64_t* draw_base) {
+  if (draw_base) draw += *draw_base;
   const int64_t blocks = (len + 1) / 2, total = rows * blocks;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -141,7 +144,8 @@ __global__ void normal_rows_kernel(T* p, int64_t rows, int64_t len, double mean,
   }
 }
 
-void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row) {
+void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row,
+                  const uint64_t* draw_base) {
   LINEA_CHECK(out.is_contiguous(), "uniform_rows: expected a contiguous output");
   const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
   if (out.numel() == 0) return;
@@ -149,25 +153,28 @@ void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64
     using T = scalar_t;
     const int64_t per = linea::detail::uniforms_per_block<T>();
     uniform_rows_kernel<T><<<grid_for(rows * ((len + per - 1) / per)), kBlockSize, 0, stream()>>>(
-        ptr<T>(out), rows, len, lo, hi, seed, draw, first_row);
+        ptr<T>(out), rows, len, lo, hi, seed, draw, first_row, draw_base);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
 
-void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row) {
+void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row,
+                 const uint64_t* draw_base) {
   LINEA_CHECK(out.is_contiguous(), "normal_rows: expected a contiguous output");
   const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
   if (out.numel() == 0) return;
   LINEA_DISPATCH_FLOAT(out.dtype(), "normal_rows", [&] {
     using T = scalar_t;
     normal_rows_kernel<T><<<grid_for(rows * ((len + 1) / 2)), kBlockSize, 0, stream()>>>(ptr<T>(out), rows, len, mean,
-                                                                                         std, seed, draw, first_row);
+                                                                                         std, seed, draw, first_row,
+                                                                                         draw_base);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
 
 // x, out [rows, ...] contiguous
-void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row) {
+void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row,
+                  const uint64_t* draw_base) {
   const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
   if (out.numel() == 0) return;
   LINEA_DISPATCH_FLOAT(out.dtype(), "dropout_rows", [&] {
@@ -176,7 +183,7 @@ void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, u
     const int64_t total = rows * ((len + per - 1) / per);
     dropout_rows_kernel<T><<<grid_for(total), kBlockSize, 0, stream()>>>(
         cptr<T>(x), ptr<T>(out), rows, len, static_cast<T>(1.0 - p), static_cast<T>(1.0 / (1.0 - p)), seed, draw,
-        first_row);
+        first_row, draw_base);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

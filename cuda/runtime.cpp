@@ -128,10 +128,10 @@ bool sync_debug() {
 }
 
 void check_launch(const char* file, int line) {
-  bump(counter_cells().kernel_launches);
+  count_work(counter_cells().kernel_launches);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw_cuda_error(err, "kernel launch", file, line);
-  if (sync_debug()) {
+  if (sync_debug() && !graph_capturing()) {  // a capture cannot synchronize
     bump(counter_cells().host_syncs);
     err = cudaStreamSynchronize(stream());
     if (err != cudaSuccess) throw_cuda_error(err, "kernel execution (LINEA_CUDA_SYNC=1)", file, line);
@@ -220,6 +220,14 @@ cublasHandle_t cublas() {
     LINEA_CUBLAS_CHECK(cublasSetStream(created, s));
     // Default math mode: full-precision float32 (no TF32), so results match the CPU path.
     LINEA_CUBLAS_CHECK(cublasSetMathMode(created, CUBLAS_DEFAULT_MATH));
+    // A workspace of its own, so that cuBLAS never allocates during a CUDA graph capture.
+    constexpr size_t kWorkspace = size_t(4) << 20;
+    void* workspace = nullptr;
+    {
+      LongLivedAllocations long_lived;
+      workspace = allocator().allocate(kWorkspace);
+    }
+    LINEA_CUBLAS_CHECK(cublasSetWorkspace(created, workspace, kWorkspace));
     return created;
   }();
   return h;
@@ -237,7 +245,7 @@ unsigned int* blocks_done_counter() {
   static unsigned int* p = [] {
     LongLivedAllocations long_lived;
     void* d = allocator().allocate(sizeof(unsigned int));
-    bump(counter_cells().device_copies);
+    count_work(counter_cells().device_copies);
     LINEA_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned int), stream()));
     return static_cast<unsigned int*>(d);
   }();
@@ -301,6 +309,7 @@ RngState& rng() {
 }
 
 curandGenerator_t generator_for_draw(uint64_t words) {
+  refuse_in_capture("a cuRAND draw (e.g. performer's features redrawn every step)");
   RngState& r = rng();
   if (r.gen == nullptr) {
     cudaStream_t s = stream();
@@ -442,6 +451,7 @@ bool event_query(void* event) {
 }
 
 void event_synchronize(void* event) {
+  detail::refuse_in_capture("waiting for an event");
   if (event_query(event)) return;
   detail::bump(detail::counter_cells().host_syncs);
   LINEA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
@@ -450,6 +460,7 @@ void event_synchronize(void* event) {
 
 void memcpy_h2d(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
+  detail::refuse_in_capture("a host-to-device copy");
   detail::bump(detail::counter_cells().h2d_copies);
   detail::bump(detail::counter_cells().h2d_bytes, static_cast<int64_t>(nbytes));
   if (nbytes > kMaxStaged) {
@@ -480,6 +491,7 @@ void memcpy_h2d(void* dst, const void* src, size_t nbytes) {
 
 void memcpy_d2h(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
+  detail::refuse_in_capture("a device-to-host copy (reading a device value on the host)");
   cudaStream_t s = detail::stream();
   detail::bump(detail::counter_cells().d2h_copies);
   detail::bump(detail::counter_cells().d2h_bytes, static_cast<int64_t>(nbytes));
@@ -491,6 +503,7 @@ void memcpy_d2h(void* dst, const void* src, size_t nbytes) {
 
 void memcpy_d2h_async(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
+  detail::refuse_in_capture("a device-to-host copy");
   detail::bump(detail::counter_cells().d2h_copies);
   detail::bump(detail::counter_cells().d2h_bytes, static_cast<int64_t>(nbytes));
   LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, detail::stream()));
@@ -498,12 +511,13 @@ void memcpy_d2h_async(void* dst, const void* src, size_t nbytes) {
 
 void memcpy_d2d(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
-  detail::bump(detail::counter_cells().device_copies);
+  detail::count_work(detail::counter_cells().device_copies);
   LINEA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, detail::stream()));
 }
 
 void synchronize() {
   if (!is_available()) return;  // no device: nothing can be pending
+  detail::refuse_in_capture("a synchronization");
   detail::bump(detail::counter_cells().host_syncs);
   LINEA_CUDA_CHECK(cudaStreamSynchronize(detail::stream()));
   detail::check_device_errors();

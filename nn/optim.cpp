@@ -317,7 +317,18 @@ void Adam::multi_step(const Tensor& guard) {
     count_ = Tensor();
     return;
   }
-  const Device dev = ps.empty() ? (guard.defined() ? guard.device() : Device(kCPU)) : ps[0].device();
+  prepare_step();
+  raw::adam_multi_step(ps, gs, ms, vs, group, hyper_, count_, guard, beta1_, beta2_, eps_, decoupled_);
+}
+
+void Adam::prepare_step() {
+  NoGradGuard no_grad;
+  Device dev = kCPU;
+  for (const ParamGroup& pg : groups_)
+    if (!pg.params.empty()) {
+      dev = pg.params[0].device();
+      break;
+    }
   if (!count_.defined() || count_.device() != dev) {
     // From step_ (after construction or a load) or from where the parameters were before.
     const int64_t n = count_.defined() ? count_.to(kCPU).item<int64_t>() : step_;
@@ -326,6 +337,7 @@ void Adam::multi_step(const Tensor& guard) {
   }
   std::vector<double> h;
   for (const ParamGroup& pg : groups_) h.insert(h.end(), {pg.lr, pg.weight_decay});
+  if (hyper_.defined() && hyper_.device() == dev && h == hyper_host_) return;  // unchanged: no copy
   const Tensor host = from_vector<double>(h, {static_cast<int64_t>(groups_.size()), 2});
   if (!hyper_.defined() || hyper_.device() != dev || hyper_.shape() != host.shape()) {
     LongLivedAllocations long_lived;
@@ -333,7 +345,7 @@ void Adam::multi_step(const Tensor& guard) {
   } else {
     hyper_.copy_(host);  // in place: the kernel reads it at the same address every step
   }
-  raw::adam_multi_step(ps, gs, ms, vs, group, hyper_, count_, guard, beta1_, beta2_, eps_, decoupled_);
+  hyper_host_ = h;
 }
 
 int64_t Adam::steps() const { return count_.defined() ? count_.item<int64_t>() : step_; }
@@ -344,7 +356,9 @@ StateDict Adam::state_dict() const {
 
 void Adam::load_state_dict(const StateDict& state) {
   import_state(decoupled_ ? "AdamW" : "Adam", groups_, {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}, state, &step_);
-  count_ = Tensor();  // made from step_ at the next step
+  if (count_.defined()) {  // in place: a captured step reads it where it is
+    count_.copy_(from_vector<int64_t>({step_}, {1}));
+  }
 }
 
 // ---- clipping ----------------------------------------------------------------------------------

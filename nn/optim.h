@@ -32,6 +32,11 @@ class Optimizer {
   // Adam and AdamW do it in fused kernels without a host synchronization; the default reads the
   // guard on the host first (one synchronization on CUDA), then clips and calls step().
   virtual void step_guarded(const Tensor& guard);
+  // Copies what the next step reads from the host to the parameters' device (Adam: each
+  // group's learning rate and weight decay, when they changed), so that a step captured in a
+  // CUDA graph replays with the current values: call it before each replay, outside the graph.
+  // step() and step_guarded() call it themselves. Default: nothing to copy.
+  virtual void prepare_step() {}
   void zero_grad();
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -104,6 +109,7 @@ class Adam : public Optimizer {
   explicit Adam(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8);
   void step() override;
   void step_guarded(const Tensor& guard) override;
+  void prepare_step() override;
   int64_t steps() const override;
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
@@ -123,6 +129,7 @@ class Adam : public Optimizer {
   // each group's (lr, weight decay) (float64 [G, 2], uploaded before every step), which the
   // multi-tensor kernel reads, so that a captured step replays with the current values.
   Tensor count_, hyper_;
+  std::vector<double> hyper_host_;  // what hyper_ holds
   void multi_step(const Tensor& guard);
 };
 

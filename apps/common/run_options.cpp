@@ -91,6 +91,10 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group,
                "print what each step asks of the GPU (kernel launches, library calls, host synchronizations, "
                "device allocations, copies) and its host time; step records get the means as cuda_per_step")
       ->group(run_group);
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "capture the training step as a CUDA graph (one per batch shape) and replay it: one launch per "
+               "step; the same results as without")
+      ->group(run_group);
   app.add_option("--skip-nonfinite", o.skip_nonfinite,
                  "skip up to N steps whose loss or gradient norm is not finite (logged) instead of stopping at the "
                  "first")

@@ -1,6 +1,6 @@
 // The run flags every app shares (--device --threads --out --checkpoint --resume --eval-only
 // --log-every --checkpoint-every --max-steps --seed --no-progress --no-plot --skip-nonfinite --profile
-// --precision),
+// --precision --cuda-graph),
 // added to a CLI11 app by one call, into the RunOptions the training loop (train_loop.h) takes.
 //
 //   apps::RunOptions run;
@@ -36,6 +36,7 @@ struct RunOptions {
   bool plot = true;                // draw curves.png
   int64_t skip_nonfinite = 0;      // steps with a non-finite loss or gradient norm to skip before stopping
   bool profile = false;            // print each step's CUDA counters (core/cuda_counters.h) and host time
+  bool cuda_graph = false;         // capture the training step as a CUDA graph per batch shape and replay it
 
   std::string checkpoint() const { return checkpoint_dir.empty() ? out_dir + "/checkpoint" : checkpoint_dir; }
 };

@@ -20,6 +20,7 @@
 #include "autograd/ops.h"
 #include "core/allocator.h"
 #include "core/cuda_counters.h"
+#include "core/cuda_graph.h"
 #include "core/random.h"
 #include "core/readback.h"
 #include "nn/checkpoint.h"
@@ -130,6 +131,58 @@ struct ProfileSums {
             {"d2h_copies", sum.d2h_copies / n},           {"d2h_bytes", sum.d2h_bytes / n},
             {"host_ms", 1e3 * host_s / n}};
   }
+};
+
+// --cuda-graph: the captured steps, one per batch shape (names, shapes, dtypes of the batch's
+// tensors), at most kMaxGraphs, the least recently used dropped first.
+class GraphSteps {
+ public:
+  static constexpr size_t kMaxGraphs = 8;
+  struct Entry {
+    std::unique_ptr<CudaGraph> graph;
+    std::map<std::string, Tensor> inputs;  // the static device tensors it reads the batch from
+    Tensor loss, guard;                    // where it leaves the loss and the guard
+    std::vector<std::pair<std::string, Tensor>> stats;
+    int64_t draws = 0;  // per-example draws it reserves (the base counter moves by that much)
+    int64_t units = 0;  // of the captured batch
+    double weight = -1;
+    uint64_t last_use = 0;
+  };
+  explicit GraphSteps(Device device) : device_(device) {
+    LongLivedAllocations long_lived;
+    draw_base_ = zeros({1}, TensorOptions(DType::Int64, device));
+  }
+  static std::string key_of(const nn::Batch& b) {
+    std::string key;
+    for (const auto& [name, t] : b.tensors()) key += name + shape_str(t.shape()) + dtype_name(t.dtype()) + ";";
+    return key;
+  }
+  Entry* find(const std::string& key) {
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return nullptr;
+    it->second.last_use = ++tick_;
+    return &it->second;
+  }
+  Entry& add(const std::string& key) {
+    if (entries_.size() >= kMaxGraphs) {
+      auto oldest = entries_.begin();
+      for (auto it = entries_.begin(); it != entries_.end(); ++it)
+        if (it->second.last_use < oldest->second.last_use) oldest = it;
+      entries_.erase(oldest);
+    }
+    Entry& e = entries_[key];
+    e.last_use = ++tick_;
+    return e;
+  }
+  // The device counter the captured per-example draws add their index to.
+  const uint64_t* draw_base() const { return static_cast<const uint64_t*>(draw_base_.data_ptr()); }
+  void set_draw_base(uint64_t base) { draw_base_.copy_(from_vector<int64_t>({static_cast<int64_t>(base)}, {1})); }
+
+ private:
+  Device device_;
+  Tensor draw_base_;
+  std::map<std::string, Entry> entries_;
+  uint64_t tick_ = 0;
 };
 
 std::string stats_text(const TrainHooks& hooks, const std::map<std::string, double>& stats) {
@@ -483,6 +536,14 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
   bool have_eval = false;
   s.model->train();
 
+  std::unique_ptr<GraphSteps> graphs;  // --cuda-graph
+  if (o.cuda_graph) {
+    LINEA_CHECK(s.device.is_cuda(), app, ": --cuda-graph needs --device cuda (a CUDA graph is the GPU's)");
+    LINEA_CHECK(world == 1, app, ": --cuda-graph does not run data parallel (", world,
+                " ranks): the gradient exchange is not captured; run without it");
+    graphs = std::make_unique<GraphSteps>(s.device);
+  }
+  bool warmed_up = false;  // --cuda-graph: one uncaptured step first
   const auto patience_out = [&] { return s.select.patience > 0 && sel.since >= s.select.patience; };
   while (pos.epoch < s.epochs && pos.step < stop && !patience_out()) {
     const int64_t n = s.loader->num_batches(pos.epoch), first = pos.batch;
@@ -563,13 +624,58 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
       const cuda::Counters counters_before = o.profile ? cuda::counters() : cuda::Counters();
       const auto t_step = Clock::now();
       lr = nn::apply_schedule(*s.optimizer, s.schedule, pos.step);
-      // The last step's gradients go before the forward, so that its blocks can serve it.
-      s.optimizer->zero_grad();
+      // The last step's gradients go before the forward, so that its blocks can serve it (a
+      // captured step writes its own gradients, in its own memory, at every replay).
+      if (!(graphs && warmed_up)) s.optimizer->zero_grad();
       StepResult r;
       int interrupt = 0;       // SIGINT/SIGTERM received: stop after this step
       Tensor step_loss;        // 0-d: the whole batch's loss
       int64_t step_units = 0;  // the whole batch's units
-      if (world == 1) {
+      Tensor guard;            // {norm, coef, ok}, on the device
+      if (graphs && warmed_up) {
+        // ---- a replay of the captured step for this batch's shape (captured first if new) ----
+        const std::string key = GraphSteps::key_of(batch);
+        GraphSteps::Entry* e = graphs->find(key);
+        s.optimizer->prepare_step();  // the learning rates, outside the graph
+        const uint64_t base = linea::detail::next_example_draw(s.device);
+        if (e == nullptr) {
+          e = &graphs->add(key);
+          nn::Batch staged;
+          for (const auto& [name, t] : batch.tensors()) {
+            e->inputs[name] = t.to(s.device).contiguous();
+            staged.set(name, e->inputs[name]);
+          }
+          s.optimizer->zero_grad();  // the capture's backward makes the gradients, in its pool
+          linea::detail::begin_draw_capture(graphs->draw_base());
+          try {
+            e->graph = std::make_unique<CudaGraph>([&] {
+              StepResult c = hooks.step(staged);
+              c.loss.backward();
+              e->guard = nn::step_guard(params, c.loss.detach(), s.clip);
+              s.optimizer->step_guarded(e->guard);
+              ema.update(e->guard);
+              e->loss = c.loss.detach();
+              for (const auto& [name, t] : c.stats) e->stats.emplace_back(name, t.detach());
+              e->units = c.units;
+              e->weight = c.weight;
+            });
+          } catch (...) {
+            linea::detail::end_draw_capture();
+            throw;
+          }
+          e->draws = linea::detail::end_draw_capture();  // the capture advanced the generator already
+        } else {
+          for (const auto& [name, t] : batch.tensors()) e->inputs.at(name).copy_(t);
+          linea::detail::skip_example_draws(s.device, e->draws);
+        }
+        if (e->draws > 0) graphs->set_draw_base(base);
+        e->graph->replay();
+        step_loss = e->loss;
+        guard = e->guard;
+        for (const auto& [name, t] : e->stats) r.stats[name] = t;
+        step_units = hooks.units ? hooks.units(batch).first : e->units;
+        interrupt = pending_interrupt();
+      } else if (world == 1) {
         r = hooks.step(batch);
         r.loss.backward();
         step_loss = r.loss.detach();
@@ -603,9 +709,12 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
       }
       // Clipping, the non-finite guard and the optimizer step, all on the device: a step whose
       // loss or gradient norm is not finite changes nothing (the settling says so, later).
-      const Tensor guard = nn::step_guard(params, step_loss, s.clip);
-      s.optimizer->step_guarded(guard);
-      ema.update(guard);
+      if (!guard.defined()) {
+        guard = nn::step_guard(params, step_loss, s.clip);
+        s.optimizer->step_guarded(guard);
+        ema.update(guard);
+        warmed_up = true;
+      }
       ++pos.step, ++pos.batch;
       PendingStep p{pos.step, pos.batch, step_units, lr, {}, {}};
       std::vector<Tensor> reads = {step_loss, guard};

@@ -10,6 +10,14 @@
 //     evaluate (eval mode, no graph, on a fork of the RNG); "epoch" record; checkpoint; curves.png
 //   summary.json
 //
+// --cuda-graph (RunOptions::cuda_graph): after one uncaptured step (the warm-up: optimizer state,
+// library handles and plans), the step (forward, backward, guard, optimizer step, moving
+// average) is captured as a CUDA graph per batch shape (core/cuda_graph.h; at most 8 shapes,
+// the least recently used dropped first) and replayed with one launch: the batch is copied
+// into the graph's static input tensors, the learning rates and the per-example draws' base
+// counter into device memory, and a replay computes what an uncaptured step would, bit for bit.
+// Refused under data parallelism, on the CPU, and with mechanisms that draw with cuRAND every
+// step (the capture names the call).
 // Checkpoints (nn/checkpoint.h) hold the model, optimizer, RNG, step, the position in the epoch,
 // config.json (TrainSetup::config) and the app's extra files, all in one atomic save. --resume
 // refuses a checkpoint whose run-defining settings (TrainSetup::config's resume_keys) differ,
@@ -95,7 +103,14 @@ struct Metrics {
 
 struct TrainHooks {
   // Forward and loss of one batch (the loop moves nothing to the device; the hook does).
+  // With RunOptions::cuda_graph it is captured once per batch shape and replayed: it then gets
+  // the batch on the device, must leave everything a replay changes on the device (a loss
+  // normalized by a count from the host would keep the captured count), and its StepResult's
+  // units and weight are those of the captured batch (see `units`).
   std::function<StepResult(const nn::Batch&)> step;
+  // Optional, for --cuda-graph when a batch's units or weight depend on more than its shapes
+  // (tokens that are not padding): {units, weight} of a batch, counted on the host.
+  std::function<std::pair<int64_t, double>(const nn::Batch&)> units;
   // Evaluates the model; the loop has already put it in eval mode under a NoGradGuard on a
   // fork of the RNG (restored afterwards, so evaluations never change the training run).
   std::function<Metrics(const std::string& label)> evaluate;

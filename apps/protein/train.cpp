@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <cstdio>
 #include <filesystem>
 
@@ -302,30 +303,37 @@ TrainReport run_training(const TrainOptions& o) {
   setup.curves.y2label = "valid masked accuracy (%)";
 
   apps::TrainHooks hooks;
-  hooks.step = [&](const nn::Batch& b) {
+  // Residues in a batch (the throughput unit) and chosen positions (the loss's denominator, and
+  // the batch's weight under data parallelism), counted on the host where the batch was made.
+  const auto units_of = [](const nn::Batch& b) {
     const Tensor& tokens = b.at("tokens");
-    const Tensor& targets = b.at("targets");
-    // Residues in the batch (the throughput unit) and chosen positions (the loss's denominator),
-    // counted on the host where the batch was made.
     const int64_t residues = static_cast<int64_t>(
         sum(logical_and(logical_and(tokens != static_cast<double>(kPad), tokens != static_cast<double>(kCls)),
                         tokens != static_cast<double>(kEos))
                 .to(DType::Int64))
             .item());
-    const int64_t chosen = static_cast<int64_t>(sum((targets != static_cast<double>(kPad)).to(DType::Int64)).item());
-    const Tensor tgt = targets.to(device);
-    const Tensor logits = model->forward(tokens.to(device), b.at("pad").to(device));
+    const int64_t chosen =
+        static_cast<int64_t>(sum((b.at("targets") != static_cast<double>(kPad)).to(DType::Int64)).item());
+    return std::pair<int64_t, double>(residues, static_cast<double>(chosen));
+  };
+  hooks.step = [&](const nn::Batch& b) {
+    const Tensor tgt = b.at("targets").to(device);
+    const Tensor logits = model->forward(b.at("tokens").to(device), b.at("pad").to(device));
     const Tensor nll = cross_entropy(logits, tgt, kPad, 0.0, Reduction::Sum);
     apps::StepResult r;
-    // The mean over chosen positions (a batch without any, possible with tiny sequences, adds 0).
-    r.loss = nll / static_cast<double>(std::max<int64_t>(chosen, 1));
-    r.units = residues;
-    r.weight = static_cast<double>(chosen);  // the loss is a mean over the chosen positions
+    // The mean over chosen positions (a batch without any, possible with tiny sequences, adds 0),
+    // their count taken on the device, so that a captured step (--cuda-graph) divides by each
+    // batch's own: nll * (1 / max(count, 1)), the reciprocal in double as a host division.
+    const TensorOptions f64(DType::Float64, device);
+    const Tensor chosen = sum((tgt != static_cast<double>(kPad)).to(DType::Float64));
+    r.loss = nll * (full({}, 1.0, f64) / maximum(chosen, full({}, 1.0, f64))).to(nll.dtype());
+    if (b.at("tokens").is_cpu()) std::tie(r.units, r.weight) = units_of(b);  // else hooks.units counts
     r.stats["nll"] = nll.detach();
-    r.stats["chosen"] = full({}, static_cast<double>(chosen), TensorOptions(device));
+    r.stats["chosen"] = chosen.to(DType::Float32);
     r.stats["correct"] = sum((argmax(logits.detach(), -1) == tgt).to(DType::Float32));
     return r;
   };
+  hooks.units = units_of;
   hooks.evaluate = validate;
   // The stats are sums per residue; their ratios are per chosen position.
   hooks.format_stats = [](const std::map<std::string, double>& s) {

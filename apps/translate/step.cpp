@@ -8,12 +8,20 @@ using namespace linea;
 
 namespace translate {
 
+int64_t target_tokens(const nn::Batch& b) {
+  const Tensor& pad = b.at("tgt_pad");
+  LINEA_CHECK(pad.is_cpu(), "translate: target_tokens counts on the host, got a batch on ", pad.device().str());
+  return static_cast<int64_t>(sum((~pad).to(DType::Int64)).item());
+}
+
 apps::StepResult train_step(Seq2Seq& model, const nn::Batch& b, Device device, int64_t pad, double label_smoothing) {
   Tensor tgt_out = b.at("tgt_out").to(device);
   Tensor logits = model.forward(b.at("src").to(device), b.at("src_pad").to(device), b.at("tgt_in").to(device));
   apps::StepResult r;
-  r.loss = cross_entropy(logits, tgt_out, pad, label_smoothing);
-  r.units = static_cast<int64_t>(sum((~b.at("tgt_pad")).to(DType::Int64)).item());
+  r.loss = cross_entropy(logits, tgt_out, pad, label_smoothing);  // the mean's count is taken on the device
+  // Counted where the batch was made; a batch already on the device (a captured step) leaves it
+  // to target_tokens.
+  r.units = b.at("tgt_pad").is_cpu() ? target_tokens(b) : 0;
   r.stats["nll"] = cross_entropy(logits.detach(), tgt_out, pad, 0.0, Reduction::Sum);
   return r;
 }

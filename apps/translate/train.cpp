@@ -241,6 +241,7 @@ TrainReport run_training(const TrainOptions& o) {
 
   apps::TrainHooks hooks;
   hooks.step = [&](const nn::Batch& b) { return train_step(*model, b, device, pad, o.label_smoothing); };
+  hooks.units = [](const nn::Batch& b) { return std::pair<int64_t, double>(target_tokens(b), -1.0); };
   hooks.evaluate = validate;
   hooks.format_stats = [](const std::map<std::string, double>& s) {
     return "ppl " + fmt("%.2f", std::exp(s.at("nll")));

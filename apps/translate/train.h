@@ -62,9 +62,11 @@ TrainReport run_training(const TrainOptions& options);
 
 // One training batch (dataset.h: "src", "src_pad", "tgt_in", "tgt_out", "tgt_pad" on the host)
 // through the model on `device`: the label-smoothed cross-entropy over the target tokens (pad
-// ignored), their count (counted on the host), and their summed plain cross-entropy as the
+// ignored), their count (counted on the host, when the batch is there), and their summed plain cross-entropy as the
 // "nll" stat (the shared loop's step hook; tests/cuda_emu counts its GPU work).
 linea::apps::StepResult train_step(Seq2Seq& model, const linea::nn::Batch& batch, linea::Device device, int64_t pad,
                                    double label_smoothing);
+// The target tokens of a batch on the host (its units; the loop's units hook under --cuda-graph).
+int64_t target_tokens(const linea::nn::Batch& batch);
 
 }  // namespace translate

@@ -82,7 +82,9 @@ void normal(const Tensor& out, double mean, double std) {
 }
 
 // Per-example draws: a loop over (row, block) pairs, each block giving its values at once.
-void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row) {
+void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t draw, int64_t first_row,
+                  const uint64_t* draw_base) {
+  LINEA_CHECK(draw_base == nullptr, "per-example draw: a device base counter on the CPU");
   const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
   dispatch_float(out.dtype(), "uniform_rows", [&](auto tag_) {
     using scalar_t = decltype(tag_);
@@ -100,7 +102,9 @@ void uniform_rows(const Tensor& out, double lo, double hi, uint64_t seed, uint64
   });
 }
 
-void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row) {
+void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row,
+                  const uint64_t* draw_base) {
+  LINEA_CHECK(draw_base == nullptr, "per-example draw: a device base counter on the CPU");
   const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
   dispatch_float(out.dtype(), "dropout_rows", [&](auto tag_) {
     using scalar_t = decltype(tag_);
@@ -122,7 +126,9 @@ void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, u
   });
 }
 
-void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row) {
+void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row,
+                 const uint64_t* draw_base) {
+  LINEA_CHECK(draw_base == nullptr, "per-example draw: a device base counter on the CPU");
   const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
   dispatch_float(out.dtype(), "normal_rows", [&](auto tag_) {
     using scalar_t = decltype(tag_);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <tuple>
 #include <utility>
 
@@ -33,7 +34,8 @@ using std::isfinite;
 using std::isinf;
 
 namespace emu {
-void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
+// Runs the grid now, or records it when a stream capture is on (replayed by cudaGraphLaunch).
+void submit_grid(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
 
 template <typename... KArgs>
 struct Launch {
@@ -42,8 +44,10 @@ struct Launch {
   size_t smem;
   template <typename... A>
   void operator()(A&&... a) const {
-    std::tuple<KArgs...> args(std::forward<A>(a)...);  // by value, as a kernel launch copies its arguments
-    run_grid(grid, block, smem, [&] { std::apply(k, args); });
+    // By value, as a kernel launch copies its arguments (kept for as long as a captured graph).
+    auto args = std::make_shared<std::tuple<KArgs...>>(std::forward<A>(a)...);
+    void (*kernel)(KArgs...) = k;
+    submit_grid(grid, block, smem, [kernel, args] { std::apply(kernel, *args); });
   }
 };
 template <typename... KArgs>

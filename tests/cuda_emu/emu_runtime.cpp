@@ -61,6 +61,7 @@ void __syncthreads() {
 }
 
 namespace emu {
+void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
 void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   ++g_launches;
   const unsigned nthreads = block.x * block.y * block.z;
@@ -126,6 +127,64 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& b
 }  // namespace emu
 
 long emu_launch_count() { return g_launches; }
+
+// ---- stream capture (CUDA graphs) ------------------------------------------------------------------------
+// While a capture is on, work given to the stream (kernels, copies, memsets, library calls) is
+// recorded instead of run; cudaGraphLaunch runs the recording in order.
+namespace {
+bool g_capturing = false;
+std::vector<std::function<void()>> g_captured;
+struct EmuGraph {
+  std::vector<std::function<void()>> ops;
+};
+}  // namespace
+void emu_submit(std::function<void()> op) {
+  if (g_capturing)
+    g_captured.push_back(std::move(op));
+  else
+    op();
+}
+namespace emu {
+void submit_grid(dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
+  emu_submit([grid, block, smem, body = std::move(body)] { run_grid(grid, block, smem, body); });
+}
+}  // namespace emu
+extern "C" {
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  if (g_capturing) return g_last_error = cudaErrorIllegalState;
+  g_capturing = true;
+  g_captured.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  if (!g_capturing) return g_last_error = cudaErrorIllegalState;
+  g_capturing = false;
+  *graph = reinterpret_cast<cudaGraph_t>(new EmuGraph{std::move(g_captured)});
+  g_captured.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  *status = g_capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = reinterpret_cast<cudaGraphExec_t>(new EmuGraph(*reinterpret_cast<EmuGraph*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<EmuGraph*>(graph);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<EmuGraph*>(exec);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  if (g_capturing) return g_last_error = cudaErrorStreamCaptureUnsupported;
+  for (const auto& op : reinterpret_cast<EmuGraph*>(exec)->ops) op();
+  return cudaSuccess;
+}
+}  // extern "C"
 
 // ---- cudart -----------------------------------------------------------------------------------------
 namespace {
@@ -196,11 +255,11 @@ cudaError_t cudaMemGetInfo(size_t* f, size_t* t) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, enum cudaMemcpyKind, cudaStream_t) {
-  std::memmove(d, s, n);
+  emu_submit([d, s, n] { std::memmove(d, s, n); });
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
-  std::memset(d, v, n);
+  emu_submit([d, v, n] { std::memset(d, v, n); });
   return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
@@ -265,6 +324,9 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
 }
 cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t, void* workspace, size_t bytes) {
+  return workspace != nullptr && bytes > 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
 const char* cublasGetStatusName(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_INVALID_VALUE"; }
 const char* cublasGetStatusString(cublasStatus_t s) { return cublasGetStatusName(s); }
 }
@@ -283,6 +345,17 @@ static double round_input(double v, cublasComputeType_t compute) {
   }
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+static bool gemm_args_ok(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int lda, int ldb, int ldc,
+                         int count) {
+  const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
+  const bool ok = !(m < 0 || n < 0 || k < 0 || count < 0 || lda < std::max(1, na ? m : k) ||
+                    ldb < std::max(1, nb ? k : n) || ldc < std::max(1, m));
+  if (!ok)
+    std::fprintf(stderr, "emu cublas: invalid gemm m=%d n=%d k=%d lda=%d ldb=%d ldc=%d ta=%d tb=%d\n", m, n, k, lda,
+                 ldb, ldc, int(ta), int(tb));
+  return ok;
 }
 
 // Column-major C_i = op(A_i) op(B_i) for i < count; the operands of product i come from get(i).
@@ -334,19 +407,24 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, 
                                           const void* beta, void* C, cudaDataType_t ct, int ldc, long long int sC,
                                           int count, cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (!gemm_types_ok(at, bt, ct, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!gemm_args_ok(ta, tb, m, n, k, lda, ldb, ldc, count)) return CUBLAS_STATUS_INVALID_VALUE;
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* a0 = static_cast<const T*>(A);
     const T* b0 = static_cast<const T*>(B);
     T* c0 = static_cast<T*>(C);
-    return gemm_batch<T>(ta, tb, m, n, k, static_cast<const T*>(alpha), lda, ldb, static_cast<const T*>(beta), ldc,
-                         count, compute, [&](int i, const T*& a, const T*& b, T*& c) {
-                           a = a0 + i * sA;
-                           b = b0 + i * sB;
-                           c = c0 + i * sC;
-                         });
+    const T al = *static_cast<const T*>(alpha), be = *static_cast<const T*>(beta);
+    emu_submit([=] {
+      gemm_batch<T>(ta, tb, m, n, k, &al, lda, ldb, &be, ldc, count, compute,
+                    [&](int i, const T*& a, const T*& b, T*& c) {
+                      a = a0 + i * sA;
+                      b = b0 + i * sB;
+                      c = c0 + i * sC;
+                    });
+    });
   };
-  return at == CUDA_R_32F ? run(float{}) : run(double{});
+  at == CUDA_R_32F ? run(float{}) : run(double{});
+  return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                    const void* alpha, const void* const A[], cudaDataType_t at, int lda,
@@ -354,16 +432,22 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasO
                                    cudaDataType_t ct, int ldc, int count, cublasComputeType_t compute,
                                    cublasGemmAlgo_t) {
   if (!gemm_types_ok(at, bt, ct, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!gemm_args_ok(ta, tb, m, n, k, lda, ldb, ldc, count)) return CUBLAS_STATUS_INVALID_VALUE;
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    return gemm_batch<T>(ta, tb, m, n, k, static_cast<const T*>(alpha), lda, ldb, static_cast<const T*>(beta), ldc,
-                         count, compute, [&](int i, const T*& a, const T*& b, T*& c) {
-                           a = static_cast<const T*>(A[i]);
-                           b = static_cast<const T*>(B[i]);
-                           c = static_cast<T*>(C[i]);
-                         });
+    const T al = *static_cast<const T*>(alpha), be = *static_cast<const T*>(beta);
+    // The pointer arrays are device memory: read when the GEMM runs (a kernel may write them first).
+    emu_submit([=] {
+      gemm_batch<T>(ta, tb, m, n, k, &al, lda, ldb, &be, ldc, count, compute,
+                    [&](int i, const T*& a, const T*& b, T*& c) {
+                      a = static_cast<const T*>(A[i]);
+                      b = static_cast<const T*>(B[i]);
+                      c = static_cast<T*>(C[i]);
+                    });
+    });
   };
-  return at == CUDA_R_32F ? run(float{}) : run(double{});
+  at == CUDA_R_32F ? run(float{}) : run(double{});
+  return CUBLAS_STATUS_SUCCESS;
 }
 }
 
@@ -480,14 +564,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  emu_submit([=, desc = *desc, a = *a, b = *b, c = *c, dl = *dl] {
   const float* pa = static_cast<const float*>(A);
   const float* pb = static_cast<const float*>(B);
   const float* pc = static_cast<const float*>(C);
   float* pd = static_cast<float*>(D);
-  auto at = [&](uint64_t i, uint64_t l) { return na ? pa[i + l * a->ld] : pa[l + i * a->ld]; };  // op(A)[i, l]
-  auto bt = [&](uint64_t l, uint64_t j) { return nb ? pb[l + j * b->ld] : pb[j + l * b->ld]; };  // op(B)[l, j]
-  float* vec = static_cast<float*>(desc->bias);
-  if (desc->epilogue == CUBLASLT_EPILOGUE_BGRADB)  // read B before D is written (they never alias in Linea)
+  auto at = [&](uint64_t i, uint64_t l) { return na ? pa[i + l * a.ld] : pa[l + i * a.ld]; };  // op(A)[i, l]
+  auto bt = [&](uint64_t l, uint64_t j) { return nb ? pb[l + j * b.ld] : pb[j + l * b.ld]; };  // op(B)[l, j]
+  float* vec = static_cast<float*>(desc.bias);
+  if (desc.epilogue == CUBLASLT_EPILOGUE_BGRADB)  // read B before D is written (they never alias in Linea)
     for (uint64_t j = 0; j < n; ++j) {
       double sum = 0;
       for (uint64_t l = 0; l < k; ++l) sum += bt(l, j);
@@ -497,13 +582,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
   for (uint64_t j = 0; j < n; ++j)
     for (uint64_t i = 0; i < m; ++i) {
       double s = 0;
-      for (uint64_t l = 0; l < k; ++l) s += round_input(at(i, l), desc->compute) * round_input(bt(l, j), desc->compute);
-      float r = static_cast<float>(al * s + (be == 0.0f ? 0.0 : be * pc[i + j * c->ld]));  // a float32 accumulator
-      if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS) r = r + vec[i];
+      for (uint64_t l = 0; l < k; ++l) s += round_input(at(i, l), desc.compute) * round_input(bt(l, j), desc.compute);
+      float r = static_cast<float>(al * s + (be == 0.0f ? 0.0 : be * pc[i + j * c.ld]));  // a float32 accumulator
+      if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) r = r + vec[i];
       out[i + j * m] = r;
     }
   for (uint64_t j = 0; j < n; ++j)
-    for (uint64_t i = 0; i < m; ++i) pd[i + j * dl->ld] = out[i + j * m];
+    for (uint64_t i = 0; i < m; ++i) pd[i + j * dl.ld] = out[i + j * m];
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 }  // extern "C"
@@ -575,25 +661,25 @@ cufftResult cufftDestroy(cufftHandle p) { return g_plans.erase(p) ? CUFFT_SUCCES
 cufftResult cufftExecR2C(cufftHandle p, cufftReal* in, cufftComplex* out) {
   auto it = g_plans.find(p);
   if (it == g_plans.end() || it->second.type != CUFFT_R2C) return CUFFT_INVALID_PLAN;
-  dft_r2c(it->second, in, reinterpret_cast<float*>(out));
+  emu_submit([plan = it->second, in, out] { dft_r2c(plan, in, reinterpret_cast<float*>(out)); });
   return CUFFT_SUCCESS;
 }
 cufftResult cufftExecD2Z(cufftHandle p, cufftDoubleReal* in, cufftDoubleComplex* out) {
   auto it = g_plans.find(p);
   if (it == g_plans.end() || it->second.type != CUFFT_D2Z) return CUFFT_INVALID_PLAN;
-  dft_r2c(it->second, in, reinterpret_cast<double*>(out));
+  emu_submit([plan = it->second, in, out] { dft_r2c(plan, in, reinterpret_cast<double*>(out)); });
   return CUFFT_SUCCESS;
 }
 cufftResult cufftExecC2R(cufftHandle p, cufftComplex* in, cufftReal* out) {
   auto it = g_plans.find(p);
   if (it == g_plans.end() || it->second.type != CUFFT_C2R) return CUFFT_INVALID_PLAN;
-  dft_c2r(it->second, reinterpret_cast<float*>(in), out);
+  emu_submit([plan = it->second, in, out] { dft_c2r(plan, reinterpret_cast<float*>(in), out); });
   return CUFFT_SUCCESS;
 }
 cufftResult cufftExecZ2D(cufftHandle p, cufftDoubleComplex* in, cufftDoubleReal* out) {
   auto it = g_plans.find(p);
   if (it == g_plans.end() || it->second.type != CUFFT_Z2D) return CUFFT_INVALID_PLAN;
-  dft_c2r(it->second, reinterpret_cast<double*>(in), out);
+  emu_submit([plan = it->second, in, out] { dft_c2r(plan, reinterpret_cast<double*>(in), out); });
   return CUFFT_SUCCESS;
 }
 }

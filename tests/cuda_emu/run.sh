@@ -6,7 +6,7 @@
 # (the FFT fakes scribble over their inputs). Built with ASan + UBSan by default (SAN= to
 # turn off). Catches indexing, launch-geometry, barrier and library-argument bugs; it cannot
 # see data races, warp-level behaviour, or speed: run the real tests on a GPU for those.
-# The last binary, steps, runs apps/tests/test_step_counters.cpp: what one training step of the
+# The last binary, steps, runs apps/tests/test_gpu_step.cpp: what one training step of the
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
 # EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step).
 #   tests/cuda_emu/run.sh [gtest args]          e.g. --gtest_filter=CudaParity.Matmul

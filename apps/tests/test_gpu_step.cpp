@@ -1,0 +1,378 @@
+// The training step on the GPU, through the shared loop (apps/common/train_loop.h) with the apps'
+// own step functions: the default ViT and a small translate model.
+//
+// StepCounters: what one step asks of the GPU (core/cuda_counters.h, --profile). After the first
+// step (which allocates, plans and creates handles) every step must:
+//   - launch at most a budgeted number of kernels, counting each library call as one (ncu counts
+//     the kernels a cuBLAS call launches: one, or two for a split reduction), and put the same
+//     operations on the stream every step;
+//   - allocate no device memory (the caching allocator serves everything);
+//   - never make the host wait for the device (the loss, norm and guard are read back two
+//     steps later, from pinned memory).
+// It needs a CUDA device: a GPU, or the host emulator (tests/cuda_emu/run.sh builds this file
+// against the unmodified cuda/ sources), where it also checks that the counted launches are
+// the launches the emulator ran. Skipped otherwise.
+//
+// The counts do not depend on the batch size (each matmul is one library call whatever its
+// batch), which the ViT case checks by running two batch sizes; so the emulator runs small
+// batches of the default model.
+// CudaGraph (--cuda-graph): a replayed step computes what an uncaptured one does, bit for bit
+// (dropout's draws included), with one graph launch per step; what a replay would not repeat is
+// refused at the capture. StepGuard: the non-finite guard read back late (the emulator holds its
+// events back) still stops the run at the right step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "apps/common/train_loop.h"
+#include "apps/translate/train.h"
+#include "apps/vit/train.h"
+#include "core/cuda_counters.h"
+#include "core/cuda_graph.h"
+#include "core/device.h"
+#include "core/random.h"
+#include "nn/data.h"
+#include "nn/optim.h"
+
+using namespace linea;
+
+// The emulator's own count of the kernels it ran, and its events held back for n queries
+// (tests/cuda_emu/emu_runtime.cpp); null on a GPU.
+long emu_launch_count() __attribute__((weak));
+void emu_set_event_lag(int n) __attribute__((weak));
+
+namespace {
+
+// Budgets: launches per training step (kernel launches + library calls). The measured figures
+// are in apps/bench/README.md.
+constexpr int64_t kVitBudget = 300;        // the default ViT (patch 4, dim 64, depth 6, 4 heads)
+constexpr int64_t kTranslateBudget = 400;  // dim 64, 2 + 2 layers, dropout 0.1
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("linea_step_counters_" + name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+apps::RunOptions profiled_run(const std::string& name, int64_t steps) {
+  apps::RunOptions o;
+  o.device = "cuda";
+  o.out_dir = temp_dir(name);
+  o.log_every = 0;
+  o.checkpoint_every = 0;
+  o.max_steps = steps;
+  o.progress = false;
+  o.plot = false;
+  o.profile = true;
+  return o;
+}
+
+// Steps 2.. of a profiled run: all equal, within the budget, no allocation, no wait.
+void check_steady_steps(const apps::TrainResult& r, int64_t budget, const char* what) {
+  ASSERT_GE(r.step_counters.size(), 3u) << what;
+  const cuda::Counters& c = r.step_counters[1];
+  SCOPED_TRACE(std::string(what) + ": step 2: " + c.str());
+  EXPECT_LE(c.kernel_launches + c.library_calls, budget);
+  EXPECT_GT(c.kernel_launches, 0);
+  EXPECT_EQ(c.device_allocs, 0);
+  EXPECT_EQ(c.host_syncs, 0);
+  EXPECT_EQ(c.d2h_copies, 3);  // the loss, the guard, one stat
+  for (size_t i = 2; i < r.step_counters.size(); ++i) {
+    // (Host-to-device copies vary: the learning rates go up only when the schedule changed them.)
+    const cuda::Counters& ci = r.step_counters[i];
+    EXPECT_EQ(ci.kernel_launches + ci.library_calls, c.kernel_launches + c.library_calls) << "step " << i + 1;
+    EXPECT_EQ(ci.device_allocs, 0) << "step " << i + 1;
+    EXPECT_EQ(ci.host_syncs, 0) << "step " << i + 1;
+  }
+}
+
+struct VitRun {
+  apps::TrainResult result;
+  long emulated_launches = -1;  // kernels the emulator ran during the steps (-1: not emulated)
+  cuda::Counters total;          // what the steps asked for, counted around the whole run
+};
+
+// The parameters of a model, on the host, in order.
+std::vector<Tensor> host_params(const nn::Module& m) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : m.parameters()) out.push_back(p.detach().to(kCPU));
+  return out;
+}
+bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].shape() != b[i].shape()) return false;
+    if (std::memcmp(a[i].data_ptr(), b[i].data_ptr(), static_cast<size_t>(a[i].numel()) * a[i].element_size()) != 0)
+      return false;
+  }
+  return true;
+}
+
+VitRun train_vit(int64_t batch, int64_t steps, bool graph = false, std::vector<Tensor>* final_params = nullptr) {
+  manual_seed(0);
+  vit::VitConfig cfg;  // the app's default model
+  auto model = std::make_shared<vit::VisionTransformer>(cfg);
+  model->to(Device("cuda"));
+  nn::AdamW opt(nn::decay_groups(*model, 2e-3, 0.05, {"pos.", "cls_token"}));
+  const int64_t n = batch * steps;
+  auto data = std::make_shared<nn::TensorDataset>(randn({n, 1, 28, 28}), randint(0, 10, {n}));
+  nn::DataLoaderOptions lo;
+  lo.batch_size = batch;
+  lo.drop_last = true;
+  nn::DataLoader loader(data, lo);
+  apps::TrainSetup s;
+  s.app = "vit";
+  s.model = model.get();
+  s.optimizer = &opt;
+  s.schedule = nn::WarmupCosine(2e-3, 2, steps, 1e-5);
+  s.clip = 1.0;
+  s.loader = &loader;
+  s.device = Device("cuda");
+  s.data_parallel = false;
+  apps::TrainHooks h;
+  h.step = [&](const nn::Batch& b) { return vit::train_step(*model, b, Device("cuda"), 0.1); };
+  h.evaluate = [](const std::string&) { return apps::Metrics{}; };
+  VitRun run;
+  const long emu0 = emu_launch_count ? emu_launch_count() : -1;
+  const cuda::Counters c0 = cuda::counters();
+  apps::RunOptions o = profiled_run("vit_" + std::to_string(batch) + (graph ? "_graph" : ""), steps);
+  o.cuda_graph = graph;
+  run.result = apps::train(s, h, o);
+  run.total = cuda::counters() - c0;
+  if (emu_launch_count) run.emulated_launches = emu_launch_count() - emu0;
+  if (final_params) *final_params = host_params(*model);
+  return run;
+}
+
+// Token batches of fixed shapes for the translate model (dataset.h's names).
+class FixedPairs : public nn::Dataset {
+ public:
+  FixedPairs(int64_t n, int64_t src_len, int64_t tgt_len, int64_t vocab)
+      : n_(n), src_len_(src_len), tgt_len_(tgt_len), vocab_(vocab) {}
+  int64_t size() const override { return n_; }
+  nn::Example get(int64_t) const override { LINEA_FAIL("FixedPairs: batches only"); }
+  nn::Batch get_batch(const std::vector<int64_t>& idx) const override {
+    const int64_t b = static_cast<int64_t>(idx.size());
+    std::vector<int64_t> src, tgt, src_pad, tgt_pad;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t cut = src_len_ - (idx[i] % 3);  // some padding at the end of some rows
+      for (int64_t t = 0; t < src_len_; ++t) {
+        src.push_back(t < cut ? 4 + (idx[i] * 7 + t * 3) % (vocab_ - 4) : 0);
+        src_pad.push_back(t < cut ? 0 : 1);
+      }
+      for (int64_t t = 0; t <= tgt_len_; ++t) {
+        tgt.push_back(t == 0 ? 2 : 4 + (idx[i] * 5 + t) % (vocab_ - 4));
+        if (t > 0) tgt_pad.push_back(0);
+      }
+    }
+    const Tensor all = from_vector<int64_t>(tgt, {b, tgt_len_ + 1});
+    nn::Batch out;
+    out.set("src", from_vector<int64_t>(src, {b, src_len_}));
+    out.set("src_pad", from_vector<int64_t>(src_pad, {b, src_len_}).to(DType::Bool));
+    out.set("tgt_in", narrow(all, 1, 0, tgt_len_).contiguous());
+    out.set("tgt_out", narrow(all, 1, 1, tgt_len_).contiguous());
+    out.set("tgt_pad", from_vector<int64_t>(tgt_pad, {b, tgt_len_}).to(DType::Bool));
+    return out;
+  }
+
+ private:
+  int64_t n_, src_len_, tgt_len_, vocab_;
+};
+
+// Batches whose lengths change with the batch index (batch i: 7 + i % shapes source tokens).
+class AlternatingPairs : public nn::Dataset {
+ public:
+  AlternatingPairs(int64_t n, int64_t shapes) : n_(n), shapes_(shapes) {}
+  int64_t size() const override { return n_; }
+  nn::Example get(int64_t) const override { LINEA_FAIL("AlternatingPairs: batches only"); }
+  nn::Batch get_batch(const std::vector<int64_t>& idx) const override {
+    const int64_t k = (idx.front() / static_cast<int64_t>(idx.size())) % shapes_;
+    return FixedPairs(n_, 7 + k, 5 + k, 64).get_batch(idx);
+  }
+
+ private:
+  int64_t n_, shapes_;
+};
+
+apps::TrainResult train_translate(int64_t steps, bool graph = false, std::vector<Tensor>* final_params = nullptr,
+                                  int64_t shapes = 1) {
+  manual_seed(0);
+  translate::ModelConfig cfg;
+  cfg.src_vocab = cfg.tgt_vocab = 64;
+  cfg.dim = 64;
+  cfg.heads = 4;
+  cfg.enc_layers = cfg.dec_layers = 2;
+  cfg.mlp_hidden = 128;
+  auto model = std::make_shared<translate::Seq2Seq>(cfg);
+  model->to(Device("cuda"));
+  nn::AdamW opt(nn::decay_groups(*model, 1e-3, 1e-4), 0.9, 0.98, 1e-8);
+  nn::DataLoaderOptions lo;
+  lo.batch_size = 4;
+  lo.drop_last = true;
+  // shapes > 1: batches of other lengths, in turn (a captured step per shape).
+  std::shared_ptr<nn::Dataset> data = std::make_shared<FixedPairs>(4 * steps, 9, 7, 64);
+  if (shapes > 1) data = std::make_shared<AlternatingPairs>(4 * steps, shapes);
+  nn::DataLoaderOptions fixed = lo;
+  fixed.shuffle = false;
+  nn::DataLoader loader(data, shapes > 1 ? fixed : lo);
+  apps::TrainSetup s;
+  s.app = "translate";
+  s.model = model.get();
+  s.optimizer = &opt;
+  s.schedule = nn::InverseSqrt(1e-3, 4);
+  s.clip = 1.0;
+  s.loader = &loader;
+  s.device = Device("cuda");
+  s.data_parallel = false;
+  apps::TrainHooks h;
+  h.step = [&](const nn::Batch& b) { return translate::train_step(*model, b, Device("cuda"), 0, 0.1); };
+  h.units = [](const nn::Batch& b) { return std::pair<int64_t, double>(translate::target_tokens(b), -1.0); };
+  h.evaluate = [](const std::string&) { return apps::Metrics{}; };
+  apps::RunOptions o = profiled_run(std::string("translate") + (graph ? "_graph" : ""), steps);
+  o.cuda_graph = graph;
+  apps::TrainResult r = apps::train(s, h, o);
+  if (final_params) *final_params = host_params(*model);
+  return r;
+}
+
+TEST(StepCounters, DefaultVitStep) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  const VitRun small = train_vit(2, 3), larger = train_vit(3, 3);
+  check_steady_steps(small.result, kVitBudget, "ViT, batch 2");
+  check_steady_steps(larger.result, kVitBudget, "ViT, batch 3");
+  for (size_t i = 1; i < small.result.step_counters.size(); ++i) {
+    const cuda::Counters &a = small.result.step_counters[i], &b = larger.result.step_counters[i];
+    EXPECT_EQ(a.stream_ops(), b.stream_ops()) << "step " << i + 1 << ": the work of a step depends on the batch size";
+  }
+  if (small.emulated_launches >= 0) {  // every kernel the emulator ran was counted
+    EXPECT_EQ(small.emulated_launches, small.total.kernel_launches);
+  }
+  std::printf("default ViT, one step: %s\n", small.result.step_counters[1].str().c_str());
+}
+
+TEST(StepCounters, SmallTranslateStep) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  const apps::TrainResult r = train_translate(3);
+  check_steady_steps(r, kTranslateBudget, "translate");
+  std::printf("translate (dim 64, 2 + 2 layers), one step: %s\n", r.step_counters[1].str().c_str());
+}
+
+TEST(CudaGraph, ReplayedVitStepsEqualUncapturedOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  std::vector<Tensor> eager_params, graph_params;
+  const VitRun eager = train_vit(2, 4, false, &eager_params), graph = train_vit(2, 4, true, &graph_params);
+  EXPECT_EQ(graph.result.step_losses, eager.result.step_losses);
+  EXPECT_TRUE(same_bits(graph_params, eager_params)) << "the parameters after 4 steps differ";
+  // Step 1 runs uncaptured; step 2 captures and replays; later steps only replay: one launch.
+  ASSERT_EQ(graph.result.step_counters.size(), 4u);
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(graph.result.step_counters[i].graph_launches, 1) << "step " << i + 1;
+  for (size_t i = 2; i < 4; ++i) {
+    const cuda::Counters& c = graph.result.step_counters[i];
+    SCOPED_TRACE("step " + std::to_string(i + 1) + ": " + c.str());
+    EXPECT_EQ(c.kernel_launches + c.library_calls, 0);
+    EXPECT_EQ(c.device_allocs, 0);
+    EXPECT_EQ(c.host_syncs, 0);
+  }
+  std::printf("default ViT, one replayed step: %s\n", graph.result.step_counters[3].str().c_str());
+}
+
+TEST(CudaGraph, ReplayedTranslateStepsWithDropoutEqualUncapturedOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  // Dropout's per-example draws read their base counter from the device at every replay; two
+  // batch shapes in turn: a graph each.
+  std::vector<Tensor> eager_params, graph_params;
+  const apps::TrainResult eager = train_translate(5, false, &eager_params, 2);
+  const apps::TrainResult graph = train_translate(5, true, &graph_params, 2);
+  EXPECT_EQ(graph.step_losses, eager.step_losses);
+  EXPECT_TRUE(same_bits(graph_params, eager_params)) << "the parameters after 5 steps differ";
+  for (size_t i = 3; i < graph.step_counters.size(); ++i) {
+    const cuda::Counters& c = graph.step_counters[i];
+    EXPECT_EQ(c.graph_launches, 1) << "step " << i + 1;
+    EXPECT_EQ(c.kernel_launches + c.library_calls, 0) << "step " << i + 1 << ": " << c.str();
+  }
+}
+
+TEST(CudaGraph, RefusesWhatAReplayWouldNotRepeat) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  // Performer redraws its features with cuRAND every training step: a replay would reuse one draw.
+  manual_seed(0);
+  vit::VitConfig cfg;
+  cfg.depth = 1;
+  cfg.attention = "performer:features=8";
+  auto model = std::make_shared<vit::VisionTransformer>(cfg);
+  model->to(Device("cuda"));
+  nn::AdamW opt(nn::decay_groups(*model, 1e-3, 0.0));
+  auto data = std::make_shared<nn::TensorDataset>(randn({6, 1, 28, 28}), randint(0, 10, {6}));
+  nn::DataLoaderOptions lo;
+  lo.batch_size = 2;
+  nn::DataLoader loader(data, lo);
+  apps::TrainSetup s;
+  s.app = "vit";
+  s.model = model.get();
+  s.optimizer = &opt;
+  s.loader = &loader;
+  s.device = Device("cuda");
+  s.data_parallel = false;
+  apps::TrainHooks h;
+  h.step = [&](const nn::Batch& b) { return vit::train_step(*model, b, Device("cuda"), 0.0); };
+  h.evaluate = [](const std::string&) { return apps::Metrics{}; };
+  apps::RunOptions o = profiled_run("vit_performer_graph", 3);
+  o.cuda_graph = true;
+  try {
+    apps::train(s, h, o);
+    ADD_FAILURE() << "a captured step that draws with cuRAND was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuRAND draw"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--cuda-graph"), std::string::npos) << e.what();
+  }
+  // And after the failed capture the device works as before.
+  EXPECT_FALSE(cuda_graph_capturing());
+  EXPECT_EQ(sum(ones({3}, TensorOptions(Device("cuda")))).item(), 3.0);
+}
+
+TEST(StepGuard, LateReadbackStillStopsAtTheNonFiniteStep) {
+  if (!emu_set_event_lag) GTEST_SKIP() << "needs the host emulator's delayed events (tests/cuda_emu/run.sh)";
+  // The guard's readback of each step comes back three queries late: the loop goes on issuing
+  // steps, but the error names the step whose loss was NaN, and no later step is recorded.
+  emu_set_event_lag(3);
+  manual_seed(0);
+  vit::VitConfig cfg;
+  cfg.depth = 1;
+  auto model = std::make_shared<vit::VisionTransformer>(cfg);
+  model->to(Device("cuda"));
+  nn::AdamW opt(nn::decay_groups(*model, 1e-3, 0.0));
+  auto data = std::make_shared<nn::TensorDataset>(randn({12, 1, 28, 28}), randint(0, 10, {12}));
+  nn::DataLoaderOptions lo;
+  lo.batch_size = 2;
+  nn::DataLoader loader(data, lo);
+  apps::TrainSetup s;
+  s.app = "vit";
+  s.model = model.get();
+  s.optimizer = &opt;
+  s.loader = &loader;
+  s.device = Device("cuda");
+  s.data_parallel = false;
+  int calls = 0;
+  apps::TrainHooks h;
+  h.step = [&](const nn::Batch& b) {
+    apps::StepResult r = vit::train_step(*model, b, Device("cuda"), 0.0);
+    if (++calls == 3) r.loss = r.loss * NAN;
+    return r;
+  };
+  h.evaluate = [](const std::string&) { return apps::Metrics{}; };
+  apps::RunOptions o = profiled_run("vit_late_guard", 6);
+  o.profile = false;
+  try {
+    apps::train(s, h, o);
+    ADD_FAILURE() << "the NaN step did not stop the run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step 3: non-finite loss"), std::string::npos) << e.what();
+  }
+  emu_set_event_lag(0);
+  EXPECT_LE(calls, 6);
+}
+
+}  // namespace
