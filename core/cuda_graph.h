@@ -31,8 +31,8 @@ class CudaGraph {
   void replay() const;
 
  private:
-  void* exec_ = nullptr;
-  int pool_ = 0;
+  [[maybe_unused]] void* exec_ = nullptr;  // (unused in a build without CUDA)
+  [[maybe_unused]] int pool_ = 0;
 };
 
 // True while a capture is on (ops that must not be captured check it).

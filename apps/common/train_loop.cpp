@@ -575,6 +575,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
       const std::vector<double> v = p.values.values();  // waits only if the copies are not done
       const double loss = v[0], gnorm = v[1];
       result.step_losses.push_back(loss);
+      result.step_done_s.push_back(seconds_since(t_start));
       if (v[3] == 0.0) {
         const std::string what = "step " + std::to_string(p.step) + ": non-finite loss (" + fmt("%g", loss) +
                                  ") or gradient norm (" + fmt("%g", gnorm) + ")";
@@ -621,7 +622,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
 
     while (pos.batch < last && s.loader->next(batch)) {
       // ---- one step: queued on the device, read back kInFlight steps later ----
-      const cuda::Counters counters_before = o.profile ? cuda::counters() : cuda::Counters();
+      const cuda::Counters counters_before = cuda::counters();
       const auto t_step = Clock::now();
       lr = nn::apply_schedule(*s.optimizer, s.schedule, pos.step);
       // The last step's gradients go before the forward, so that its blocks can serve it (a
@@ -743,12 +744,12 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
         settle(0);
         stop_interrupted(s, ckpt, pos, ema, sel, metrics.get(), main_rank, save_now, interrupt);
       }
-      if (o.profile) {  // this step's counters, its settling and checkpoint included
+      {  // this step's counters, its settling and checkpoint included
         const cuda::Counters c = cuda::counters() - counters_before;
         const double host_s = seconds_since(t_step);
-        log_profile.add(c, host_s);
         result.step_counters.push_back(c);
-        if (main_rank)
+        if (o.profile) log_profile.add(c, host_s);
+        if (o.profile && main_rank)
           std::fprintf(stderr, "%s: step %lld: %s; host %.2f ms\n", app.c_str(), static_cast<long long>(pos.step),
                        c.str().c_str(), 1e3 * host_s);
       }

@@ -4,8 +4,10 @@
 //
 //   for each epoch (its length: the batches the loader's sampler yields for it):
 //     for each batch:  lr = schedule(step); zero_grad; r = hooks.step(batch); r.loss.backward();
-//                      norm = clip_grad_norm_ (or grad_norm); non-finite guard; opt.step(); stats;
-//                      metrics.jsonl "step" record every log_every steps; progress bar;
+//                      guard = {norm, clipping coefficient, finite?} (nn::step_guard);
+//                      opt.step_guarded(guard); moving average; loss, guard and stats copied
+//                      back; settle the step two before (guard's verdict, stats, metrics.jsonl
+//                      "step" record every log_every steps, progress bar);
 //                      checkpoint every checkpoint_every steps
 //     evaluate (eval mode, no graph, on a fork of the RNG); "epoch" record; checkpoint; curves.png
 //   summary.json
@@ -25,9 +27,10 @@
 // restarts the epoch's batches at the saved index). A non-finite loss or gradient norm stops the
 // run with an error naming the step, before anything is written over the last good checkpoint;
 // RunOptions::skip_nonfinite skips up to N such steps instead (no optimizer step; a "skipped"
-// record). The guard reads the loss and the norm on the host every step: free on CPU, one
-// synchronization per step on CUDA. The running stats stay on the device and are read back only
-// at log points. SIGINT or SIGTERM (apps/common/interrupt.h) stops the run after the step in
+// record). The step never waits for the device: the guard is decided on the device (the
+// optimizer's kernels leave everything as it was when it fails), and its verdict, the loss and
+// the stats come back through pinned memory (core/readback.h) and are looked at two steps
+// later ("settled"); checkpoints, evaluations and the end of an epoch settle every step first. SIGINT or SIGTERM (apps/common/interrupt.h) stops the run after the step in
 // progress (or the evaluation): that step's checkpoint is saved, an "interrupted" record written
 // and Interrupted thrown (apps exit 130 / 143); --resume continues it bit for bit.
 //
@@ -167,6 +170,10 @@ struct TrainSetup {
 struct TrainResult {
   Metrics last_eval;
   std::vector<double> step_losses;  // the loss of every step this process ran (skipped ones too)
+  // When each of those steps was done: seconds since train() started at which the loop had its
+  // loss back from the device (a GPU step is read back two steps after it is issued, so this
+  // times the device's work; benchmarks take their rates from it).
+  std::vector<double> step_done_s;
   int64_t start_step = 0;           // where this process started (> 0 after a resume)
   int64_t final_step = 0;
   bool resumed = false;
@@ -177,8 +184,8 @@ struct TrainResult {
   int64_t best_step = -1;
   bool stopped_early = false;
   Metrics final_eval;               // what hooks.finish returned
-  // RunOptions::profile: what each step of this process asked of the GPU (cuda_counters.h),
-  // its settling of an earlier step and any checkpoint it saved included.
+  // What each step of this process asked of the GPU (cuda_counters.h), its settling of an
+  // earlier step and any checkpoint it saved included (RunOptions::profile prints them).
   std::vector<cuda::Counters> step_counters;
 };
 
