@@ -36,9 +36,10 @@ Tensor TransformerEncoderLayer::forward(const Tensor& x, const AttentionOptions&
 // x = in.base + in.delta; h = ln1(x); y = x + drop(attn(h)); out = y + drop(mlp(ln2(y))) as {y, m}
 Residual TransformerEncoderLayer::forward(const Residual& in, const AttentionOptions& opts) {
   check_tokens("TransformerEncoderLayer", "x", in.base, attn_->dim());
-  auto [x, h] = in.delta.defined() ? ln1_->forward_add(in.base, in.delta) : std::pair{in.base, ln1_->forward(in.base)};
-  auto [y, h2] = ln2_->forward_add(x, drop_->forward(attn_->forward(h, h, opts)));  // [B, N, dim]
-  return {y, drop_->forward(mlp_->forward(h2))};
+  auto [x, h] = in.delta.defined() ? ln1_->forward_add(in.base, in.delta, in.drop)
+                                    : std::pair{in.base, ln1_->forward(in.base)};
+  auto [y, h2] = ln2_->forward_add(x, attn_->forward(h, h, opts), drop_.get());  // [B, N, dim]
+  return {y, mlp_->forward(h2), drop_.get()};  // its dropout folded into the next norm's sum
 }
 
 // ---- decoder layer ----------------------------------------------------------------------------
@@ -75,10 +76,11 @@ Residual TransformerDecoderLayer::forward(const Residual& in, const Tensor& memo
   self_opts.key_padding_mask = tgt_key_padding_mask;
   AttentionOptions cross_opts;
   cross_opts.key_padding_mask = memory_key_padding_mask;
-  auto [x, h] = in.delta.defined() ? ln1_->forward_add(in.base, in.delta) : std::pair{in.base, ln1_->forward(in.base)};
-  auto [y, h2] = ln2_->forward_add(x, drop_->forward(self_attn_->forward(h, h, self_opts)));  // [B, N, dim]
-  auto [z, h3] = ln3_->forward_add(y, drop_->forward(cross_attn_->forward(h2, memory, cross_opts)));
-  return {z, drop_->forward(mlp_->forward(h3))};
+  auto [x, h] = in.delta.defined() ? ln1_->forward_add(in.base, in.delta, in.drop)
+                                    : std::pair{in.base, ln1_->forward(in.base)};
+  auto [y, h2] = ln2_->forward_add(x, self_attn_->forward(h, h, self_opts), drop_.get());  // [B, N, dim]
+  auto [z, h3] = ln3_->forward_add(y, cross_attn_->forward(h2, memory, cross_opts), drop_.get());
+  return {z, mlp_->forward(h3), drop_.get()};
 }
 
 Tensor TransformerDecoderLayer::step(const Tensor& x, AttentionCache& self_cache, AttentionCache& cross_cache,
@@ -103,7 +105,7 @@ TransformerEncoder::TransformerEncoder(int64_t depth, int64_t dim, int64_t heads
 Tensor TransformerEncoder::forward(const Tensor& x, const AttentionOptions& opts) {
   Residual r{x, Tensor()};
   for (size_t i = 0; i < layers_->size(); ++i) r = layer(i)->forward(r, opts);
-  return norm_->forward_add(r.base, r.delta).second;  // depth >= 1: the last layer left a delta
+  return norm_->forward_add(r.base, r.delta, r.drop).second;  // depth >= 1: the last layer left a delta
 }
 
 TransformerDecoder::TransformerDecoder(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_hidden, double dropout,
@@ -121,7 +123,7 @@ Tensor TransformerDecoder::forward(const Tensor& x, const Tensor& memory, const 
   Residual r{x, Tensor()};
   for (size_t i = 0; i < layers_->size(); ++i)
     r = layer(i)->forward(r, memory, memory_key_padding_mask, tgt_key_padding_mask);
-  return norm_->forward_add(r.base, r.delta).second;
+  return norm_->forward_add(r.base, r.delta, r.drop).second;
 }
 
 DecoderState TransformerDecoder::start(const Tensor& memory, const Tensor& memory_key_padding_mask) {

@@ -7,10 +7,10 @@
 // residual branch. Stacks hold their layers in a ModuleList "layers" and end with a LayerNorm
 // "norm" (pre-LN blocks leave the residual stream unnormalized). Parameter names follow, e.g.
 // "layers.0.attn.q_proj.weight", "layers.1.mlp.fc2.bias", "norm.weight".
-// The residual stream runs between layers as two terms, x = base + delta (Residual): each
-// residual sum is computed inside the layer norm that follows it (add_layer_norm, one kernel
-// for both), the last one inside the stack's final norm. The values are those of the formulas
-// above, add then norm.
+// The residual stream runs between layers as two terms, x = base + drop(delta) (Residual): each
+// residual sum, with its dropout, is computed inside the layer norm that follows it
+// (add_layer_norm, one kernel for the three), the last one inside the stack's final norm. The
+// values are those of the formulas above: dropout, add, then norm, with the same draws.
 // Decoding: TransformerDecoder::start(memory) makes a DecoderState (one self-attention and one
 // cross-attention cache per layer, attention/multihead.h), and step() runs the next positions
 // through every layer, as the full causal forward would compute them.
@@ -27,10 +27,15 @@
 
 namespace linea::attn {
 
-// The residual stream as two terms still to be added, base + delta (delta undefined: just base).
+// The residual stream as two terms still to be added, base + drop(delta) (delta undefined: just
+// base; drop null or off: delta as it is).
 struct Residual {
   Tensor base, delta;
-  Tensor sum() const { return delta.defined() ? add(base, delta) : base; }
+  nn::Dropout* drop = nullptr;
+  Tensor sum() const {
+    if (!delta.defined()) return base;
+    return add(base, drop != nullptr ? drop->forward(delta) : delta);
+  }
 };
 
 class TransformerEncoderLayer : public nn::Module {

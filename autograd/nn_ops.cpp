@@ -190,17 +190,27 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 }
 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Shape& normalized_shape,
-                                         const Tensor& weight, const Tensor& bias, double eps) {
+                                         const Tensor& weight, const Tensor& bias, double eps, double dropout) {
   raw::check_defined("add_layer_norm", x, "x");
   const int64_t nd = static_cast<int64_t>(normalized_shape.size());
   LINEA_CHECK(nd >= 1 && nd <= x.dim() && Shape(x.shape().end() - nd, x.shape().end()) == normalized_shape,
               "add_layer_norm: normalized_shape ", shape_str(normalized_shape),
               " does not match the trailing dims of the input ", shape_str(x.shape()));
+  LINEA_CHECK(dropout >= 0 && dropout <= 1, "add_layer_norm: dropout must be in [0, 1], got ", dropout);
+  // The residual branch's dropout: its draw reserved here, as dropout() would reserve it.
+  FoldedDropout fd;
+  ExampleDraw d;
+  if (dropout > 0) {
+    d = reserve_example_draw(x.device());
+    fd = FoldedDropout{dropout, d.seed, d.draw, d.first_row, d.base};
+  }
   // {sum [x's shape], out [x's shape], mean [rows], rstd [rows]}: one kernel on CUDA
-  std::vector<Tensor> f = raw::add_layer_norm(x, r, nd, weight, bias, eps);
+  std::vector<Tensor> f = raw::add_layer_norm(x, r, fd, nd, weight, bias, eps);
   Tensor sum = f[0];
-  if (needs_grad({&x, &r}))  // the sum's node: its gradient goes to both terms unchanged
-    sum = attach(sum, "add", {x, r}, [](const Tensor& g) -> std::vector<Tensor> { return {g, g}; });
+  if (needs_grad({&x, &r}))  // the sum's node: its gradient goes to x unchanged, to r through the dropout
+    sum = attach(sum, "add", {x, r}, [dropout, d](const Tensor& g) -> std::vector<Tensor> {
+      return {g, dropout > 0 ? dropout_rows(g, dropout, d) : g};
+    });
   std::vector<Tensor> inputs{sum};
   if (weight.defined()) inputs.push_back(weight);
   if (bias.defined()) inputs.push_back(bias);

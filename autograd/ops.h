@@ -173,12 +173,13 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // Normalizes over the trailing dims named by normalized_shape; weight/bias may be undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
-// A residual sum and its layer norm (a pre-LN transformer's "x + f(x), then norm"): {x + r,
-// layer_norm(x + r)}, both differentiable, computed by one kernel (the same values as add then
-// layer_norm).
+// A residual sum and its layer norm (a pre-LN transformer's "x + dropout(f(x)), then norm"):
+// {s = x + dropout(r), layer_norm(s)}, both differentiable, computed by one kernel (the same
+// values as dropout, add, then layer_norm; the dropout, when p > 0, drawn per example of r as
+// dropout(r, p, true) draws it).
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Shape& normalized_shape,
                                          const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
-                                         double eps = 1e-5);
+                                         double eps = 1e-5, double dropout = 0.0);
 enum class Reduction { None, Mean, Sum };
 // logits [N, C] with target Int64 [N], or [B, L, C] (any leading dims) with target [B, L]
 // (flattened to rows), or [C] with a 0-d target. Rows whose target == ignore_index count

@@ -135,6 +135,15 @@ inline bool binary_supports(BinaryOp op, DType t) {
 
 enum class ReduceOp { Sum, Max, Min, LogSumExp };
 
+// A per-example dropout folded into the op that consumes its output (add_layer_norm's residual
+// branch): the draw core/random.h reserved for it (ExampleDraw), p = 0 for none.
+struct FoldedDropout {
+  double p = 0;
+  uint64_t seed = 0, draw = 0;
+  int64_t first_row = 0;
+  const uint64_t* draw_base = nullptr;  // a captured CUDA graph's base counter (see uniform_rows)
+};
+
 #define LINEA_KERNEL_API                                                                                             \
   /* out (any layout) = value */                                                                                     \
   void fill(const Tensor& out, double value);                                                                        \
@@ -173,11 +182,12 @@ enum class ReduceOp { Sum, Max, Min, LogSumExp };
   /* layer norm of rows of x [rows, cols]; w, b [cols] or undefined; mean, rstd [rows] */                            \
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,                  \
                   const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols);                               \
-  /* the residual sum and its layer norm in one pass: sum = x + r (x, r [rows, cols] contiguous), then as        */  \
-  /* layer_norm of sum */                                                                                            \
-  void add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps,                \
-                      const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd, int64_t rows,     \
-                      int64_t cols);                                                                                 \
+  /* the residual sum and its layer norm in one pass: sum = x + dropout(r) (x, r contiguous, r of shape [batch, */  \
+  /* ...] for the per-example draw; the dropout as dropout_rows, none when drop.p == 0), then as layer_norm of */   \
+  /* sum over [rows, cols] */                                                                                        \
+  void add_layer_norm(const Tensor& x, const Tensor& r, const FoldedDropout& drop, const Tensor& w, const Tensor& b,  \
+                      double eps, const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,       \
+                      int64_t rows, int64_t cols);                                                                   \
   /* dw, db undefined when not wanted; they are overwritten, not accumulated */                                      \
   void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,                 \
                            const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,   \

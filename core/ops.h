@@ -75,9 +75,10 @@ Tensor softmax(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
 // Normalizes over the last `normalized_ndim` dims. Returns {out, mean, rstd}.
 std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& w, const Tensor& b, double eps);
-// The residual sum and its layer norm in one kernel: {sum = x + r, layer_norm(sum), mean, rstd}.
-std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, int64_t normalized_ndim, const Tensor& w,
-                                   const Tensor& b, double eps);
+// The residual sum and its layer norm in one kernel: {sum = x + dropout(r), layer_norm(sum), mean,
+// rstd}; the dropout (core/kernels.h: FoldedDropout, p = 0 for none) drawn per example of r.
+std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const FoldedDropout& dropout,
+                                   int64_t normalized_ndim, const Tensor& w, const Tensor& b, double eps);
 // Returns {dx, dw, db} (dw/db undefined when w/b are).
 std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim, const Tensor& w,
                                         const Tensor& b, const Tensor& mean, const Tensor& rstd);

@@ -295,8 +295,8 @@ std::vector<Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const T
 }
 
 // x, r [..., *norm] (same shape) -> {sum = x + r, out = layer_norm(sum), mean [rows], rstd [rows]}
-std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, int64_t normalized_ndim, const Tensor& w,
-                                   const Tensor& b, double eps) {
+std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const FoldedDropout& dropout,
+                                   int64_t normalized_ndim, const Tensor& w, const Tensor& b, double eps) {
   const auto [rows, cols] = layer_norm_dims("add_layer_norm", x, normalized_ndim, w, b);
   check_defined("add_layer_norm", r, "r");
   check_same_device("add_layer_norm", x, r);
@@ -304,14 +304,16 @@ std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, int64_t nor
   LINEA_CHECK(r.shape() == x.shape(), "add_layer_norm: x ", shape_str(x.shape()), " and r ", shape_str(r.shape()),
               " differ in shape (the residual sum does not broadcast)");
   LINEA_CHECK(eps >= 0, "add_layer_norm: eps must be >= 0, got ", eps);
+  LINEA_CHECK(dropout.p >= 0 && dropout.p <= 1 && (dropout.p == 0 || x.dim() >= 1), "add_layer_norm: dropout ",
+              dropout.p, " must be in [0, 1] (on a tensor whose first dim is the batch)");
   const TensorOptions opts(x.dtype(), x.device());
   Tensor sum = empty(x.shape(), opts), out = empty(x.shape(), opts);
   Tensor mean = empty({rows}, opts), rstd = empty({rows}, opts);
   if (rows > 0 && cols > 0) {
     Tensor wc = w.defined() ? contiguous(w) : Tensor(), bc = b.defined() ? contiguous(b) : Tensor();
-    LINEA_BACKEND(x.device(), add_layer_norm, contiguous(x), contiguous(r), wc, bc, eps, sum, out, mean, rstd, rows,
-                  cols);
-  } else if (sum.numel() > 0) {
+    LINEA_BACKEND(x.device(), add_layer_norm, contiguous(x), contiguous(r), dropout, wc, bc, eps, sum, out, mean,
+                  rstd, rows, cols);
+  } else if (sum.numel() > 0) {  // nothing to normalize (cols == 0 leaves an empty sum)
     LINEA_BACKEND(x.device(), binary, BinaryOp::Add, x, r, sum);
   }
   return {sum, out, mean, rstd};

@@ -172,7 +172,6 @@ struct LtContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  cublasLtMatmulPreference_t pref = nullptr;
   // One plan per shape: the descriptors and the heuristic's algorithm (absent: none offered).
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -180,7 +179,7 @@ struct LtContext {
     bool have_algo = false;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::tuple<int, int, int, int, int, int, int, int, int, int>, Plan> plans;
+  std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int>, Plan> plans;
 };
 
 LtContext& lt() {
@@ -194,9 +193,6 @@ LtContext& lt() {
       LongLivedAllocations long_lived;
       c->workspace = linea::cuda::allocator().allocate(c->workspace_bytes);
     }
-    LINEA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c->pref));
-    LINEA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &c->workspace_bytes, sizeof(c->workspace_bytes)));
     return c;
   }();
   return *ctx;
@@ -210,7 +206,10 @@ bool lt_call(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k
   LtContext& c = lt();
   std::lock_guard<std::mutex> lock(c.mu);
   const cublasComputeType_t compute = Gemm<float>::compute();
-  const auto key = std::make_tuple(int(op_a), int(op_b), m, n, k, lda, ldb, ldd, int(epi), int(compute));
+  // The heuristic's choice depends on the pointers' alignment too (a view may start anywhere).
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 ? 1 : 0; };
+  const int alignment = aligned(A) | aligned(B) << 1 | aligned(D) << 2 | aligned(vector) << 3;
+  const auto key = std::make_tuple(int(op_a), int(op_b), m, n, k, lda, ldb, ldd, int(epi), int(compute), alignment);
   auto it = c.plans.find(key);
   if (it == c.plans.end()) {
     LtContext::Plan p;
@@ -227,10 +226,25 @@ bool lt_call(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k
     LINEA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_32F, na ? m : k, na ? k : m, lda));
     LINEA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_32F, nb ? k : n, nb ? n : k, ldb));
     LINEA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_32F, m, n, ldd));
+    // The pointers' alignment (PyTorch's gemm_and_bias does the same): the heuristic may not
+    // assume more than the call has.
+    cublasLtMatmulPreference_t pref = nullptr;
+    LINEA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LINEA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &c.workspace_bytes, sizeof(c.workspace_bytes)));
+    const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
+    const int bits[4] = {0, 1, 2, 2};
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t bytes = (alignment >> bits[i]) & 1 ? 16 : 4;
+      LINEA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &bytes, sizeof(bytes)));
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(c.handle, p.desc, p.la, p.lb, p.lc, p.lc, c.pref, 1, &result, &found);
+        cublasLtMatmulAlgoGetHeuristic(c.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
     p.have_algo = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
     if (p.have_algo) p.algo = result.algo;
     it = c.plans.emplace(key, p).first;

@@ -11,6 +11,7 @@
 // Not here: argument checks, reshaping to [outer, r, inner] / [rows, cols], allocation
 // (raw ops in core/ops_nn.cpp), autograd.
 #include "core/kernels.h"
+#include "core/random_math.h"
 #include "cuda/common.cuh"
 
 namespace linea::cuda {
@@ -73,14 +74,31 @@ __global__ void softmax_backward_kernel(const T* g, const T* y, T* dx, int64_t c
 }
 
 // ---- layer norm ------------------------------------------------------------------------------------
+// add_layer_norm's dropout of the residual branch: element e (row-major over r [batch, ...], len
+// elements per example) times its dropout_rows factor (core/random_math.h).
+template <typename T> struct Dropout {
+  bool on = false;
+  T keep = 0, scale = 0;
+  uint64_t seed = 0, draw = 0;
+  int64_t first_row = 0, len = 1;
+  const uint64_t* base = nullptr;
+  __device__ T factor(int64_t e) const {
+    constexpr int64_t per = linea::detail::uniforms_per_block<T>();
+    const int64_t j = e % len;
+    uint32_t w[4];
+    linea::detail::example_block(seed, draw, first_row + e / len, j / per, w);
+    return linea::detail::dropout_factor<T>(w, j % per, keep, scale);
+  }
+};
 // x, y [rows, cols]; w, b [cols] or null; mean, rstd [rows]. With a residual r (and sum, both
 // [rows, cols]; else null): sum = x + r, and the norm is sum's (each thread reads back the
 // elements it wrote).
 template <typename T>
-__global__ void layer_norm_kernel(const T* x, const T* r, T* sum, const T* w, const T* b, T eps, T* y, T* mean,
-                                  T* rstd, int64_t rows, int64_t cols) {
+__global__ void layer_norm_kernel(const T* x, const T* r, Dropout<T> drop, T* sum, const T* w, const T* b, T eps, T* y,
+                                  T* mean, T* rstd, int64_t rows, int64_t cols) {
   T* sh = shared_mem<T>();
   const T inv_cols = T(1) / static_cast<T>(cols);
+  if (drop.on && drop.base) drop.draw += *drop.base;
   for (int64_t cb = blockIdx.x; cb * blockDim.x < rows; cb += gridDim.x) {
     const Column row = column_at(cb, rows, cols, 1);
     const T* xr = x + row.base;
@@ -90,7 +108,7 @@ __global__ void layer_norm_kernel(const T* x, const T* r, T* sum, const T* w, co
       const T* rr = r + row.base;
       T* sr = sum + row.base;
       for (int64_t c = threadIdx.y; c < cols; c += blockDim.y) {
-        const T v = xr[c] + rr[c];
+        const T v = xr[c] + (drop.on ? rr[c] * drop.factor(row.c * cols + c) : rr[c]);
         sr[c] = v;
         s += v;
       }
@@ -300,15 +318,16 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
     using T = scalar_t;
     const dim3 block = column_block(cols, 1);
     layer_norm_kernel<T><<<column_grid(rows, block), block, sizeof(T) * kBlockSize, stream()>>>(
-        cptr<T>(x), nullptr, nullptr, cptr_or_null<T>(w), cptr_or_null<T>(b), static_cast<T>(eps), ptr<T>(out),
-        ptr<T>(mean), ptr<T>(rstd), rows, cols);
+        cptr<T>(x), nullptr, Dropout<T>(), nullptr, cptr_or_null<T>(w), cptr_or_null<T>(b), static_cast<T>(eps),
+        ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), rows, cols);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
 
-// x, r, sum, out [rows, cols]; w, b [cols] or undefined; mean, rstd [rows]
-void add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps, const Tensor& sum,
-                    const Tensor& out, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols) {
+// x, r, sum, out [rows, cols] (r [batch, ...] for its dropout); w, b [cols] or undefined; mean, rstd [rows]
+void add_layer_norm(const Tensor& x, const Tensor& r, const FoldedDropout& drop, const Tensor& w, const Tensor& b,
+                    double eps, const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                    int64_t rows, int64_t cols) {
   LINEA_CHECK(x.numel() == rows * cols && r.numel() == x.numel() && sum.numel() == x.numel() &&
                   out.numel() == x.numel(),
               "add_layer_norm: x ", shape_str(x.shape()), " and r ", shape_str(r.shape()), " do not match [", rows,
@@ -316,9 +335,20 @@ void add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Ten
   if (rows == 0 || cols == 0) return;
   LINEA_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] {
     using T = scalar_t;
+    Dropout<T> d;
+    if (drop.p > 0) {
+      d.on = true;
+      d.keep = static_cast<T>(1.0 - drop.p);
+      d.scale = static_cast<T>(1.0 / (1.0 - drop.p));
+      d.seed = drop.seed;
+      d.draw = drop.draw;
+      d.first_row = drop.first_row;
+      d.len = r.numel() / std::max<int64_t>(r.size(0), 1);
+      d.base = drop.draw_base;
+    }
     const dim3 block = column_block(cols, 1);
     layer_norm_kernel<T><<<column_grid(rows, block), block, sizeof(T) * kBlockSize, stream()>>>(
-        cptr<T>(x), cptr<T>(r), ptr<T>(sum), cptr_or_null<T>(w), cptr_or_null<T>(b), static_cast<T>(eps),
+        cptr<T>(x), cptr<T>(r), d, ptr<T>(sum), cptr_or_null<T>(w), cptr_or_null<T>(b), static_cast<T>(eps),
         ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), rows, cols);
     LINEA_KERNEL_LAUNCH_CHECK();
   });

@@ -117,7 +117,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, shape_, weight_, bias_, eps_);
 }
 
-std::pair<Tensor, Tensor> LayerNorm::forward_add(const Tensor& x, const Tensor& r) {
+std::pair<Tensor, Tensor> LayerNorm::forward_add(const Tensor& x, const Tensor& r, const Dropout* drop) {
   raw::check_defined("LayerNorm", x, "input");
   raw::check_defined("LayerNorm", r, "residual");
   const int64_t k = static_cast<int64_t>(shape_.size());
@@ -125,7 +125,8 @@ std::pair<Tensor, Tensor> LayerNorm::forward_add(const Tensor& x, const Tensor& 
   for (int64_t i = 0; ok && i < k; ++i) ok = x.size(x.dim() - k + i) == shape_[i];
   LINEA_CHECK(ok, "LayerNorm: expected input [..., ", shape_str(shape_).substr(1), " (normalized_shape ",
               shape_str(shape_), "), got ", shape_str(x.shape()));
-  return add_layer_norm(x, r, shape_, weight_, bias_, eps_);
+  const double p = drop != nullptr && drop->is_training() ? drop->p() : 0.0;
+  return add_layer_norm(x, r, shape_, weight_, bias_, eps_, p);
 }
 
 std::string LayerNorm::extra_repr() const {

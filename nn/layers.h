@@ -66,15 +66,18 @@ class Embedding : public Module {
 
 // Normalizes over the trailing dims `normalized_shape`, then scales by weight (ones) and adds
 // bias (zeros) when elementwise_affine.
+class Dropout;
+
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5, bool elementwise_affine = true);
   explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   Tensor forward(const Tensor& x);  // [..., *normalized_shape] -> same
   Tensor operator()(const Tensor& x) { return forward(x); }
-  // A residual connection and this norm after it: {x + r, forward(x + r)} in one kernel
-  // (add_layer_norm); x and r of the same shape.
-  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r);
+  // A residual connection and this norm after it: {s = x + r, forward(s)} in one kernel
+  // (add_layer_norm); x and r of the same shape. With `drop`, r goes through that dropout first
+  // (folded into the same kernel; an identity when it is off or in eval mode).
+  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r, const Dropout* drop = nullptr);
   std::string extra_repr() const override;
 
   const Shape& normalized_shape() const { return shape_; }

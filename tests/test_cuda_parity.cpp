@@ -669,6 +669,13 @@ TEST(CudaParity, AddLayerNorm) {
     expect_parity(tag("no affine, many rows", dt),
                   [](const std::vector<Tensor>& v) { return add_layer_norm(v[0], v[1], {7}).second; },
                   {rnd({301, 7}, dt), rnd({301, 7}, dt)});
+    expect_parity(tag("with the residual's dropout", dt),
+                  [](const std::vector<Tensor>& v) {
+                    manual_seed(55);  // the same draw on both devices
+                    auto [s, y] = add_layer_norm(v[0], v[1], {9}, v[2], Tensor(), 1e-5, 0.3);
+                    return add(mul(s, 0.5), y);
+                  },
+                  {rnd({5, 7, 9}, dt), rnd({5, 7, 9}, dt), rnd({9}, dt)});
   }
 }
 

@@ -141,6 +141,13 @@ TEST(GradCheck, AddLayerNorm) {
   EXPECT_GRADCHECK(both, {randn64_transposed({4, 6}), randn64({4, 6}), randn64({6}), randn64({6})});
   const Fn norm_only = [](const std::vector<Tensor>& x) { return add_layer_norm(x[0], x[1], {5}).second; };
   EXPECT_GRADCHECK(norm_only, {randn64({2, 3, 5}), randn64({2, 3, 5})});
+  // With the residual branch's dropout (its mask frozen by re-seeding).
+  const Fn dropped = [](const std::vector<Tensor>& x) {
+    manual_seed(4321);
+    auto [s, y] = add_layer_norm(x[0], x[1], {6}, x[2], Tensor(), 1e-5, 0.4);
+    return add(mul(s, 0.5), y);
+  };
+  EXPECT_GRADCHECK(dropped, {randn64({4, 6}), randn64({4, 6}), randn64({6})});
 }
 
 TEST(GradCheck, LayerNormNoAffine) {

@@ -410,6 +410,28 @@ TEST(LayerNormForward, AddLayerNormEqualsAddThenNorm) {
   EXPECT_LINEA_ERROR(add_layer_norm(randn({3, 4}), randn({1, 4}), {4}), "the residual sum does not broadcast");
 }
 
+TEST(LayerNormForward, AddLayerNormWithDropoutEqualsDropoutAddThenNorm) {
+  // The residual branch's dropout folded into the sum: the same draws and bits as dropout(r, p),
+  // add, layer_norm, forward and backward.
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    const Tensor x0 = randn({3, 5, 40}).to(dt), r0 = randn({3, 5, 40}).to(dt), w = randn({40}).to(dt);
+    const Tensor gs = randn({3, 5, 40}).to(dt), gy = randn({3, 5, 40}).to(dt);
+    Tensor x = x0.detach(), r = r0.detach(), x2 = x0.detach(), r2 = r0.detach();
+    for (Tensor* t : {&x, &r, &x2, &r2}) t->requires_grad_(true);
+    manual_seed(91);
+    auto [s, y] = add_layer_norm(x, r, {40}, w, Tensor(), 1e-5, 0.3);
+    (s * gs + y * gy).sum().backward();
+    manual_seed(91);
+    const Tensor s2 = add(x2, dropout(r2, 0.3, true));
+    const Tensor y2 = layer_norm(s2, {40}, w);
+    (s2 * gs + y2 * gy).sum().backward();
+    EXPECT_TRUE(all_close(s, s2, 0, 0));
+    EXPECT_TRUE(all_close(y, y2, 0, 0));
+    EXPECT_TRUE(all_close(x.grad(), x2.grad(), 0, 0));
+    EXPECT_TRUE(all_close(r.grad(), r2.grad(), 0, 0));
+  }
+}
+
 // ---- dropout -----------------------------------------------------------------------------------
 
 TEST(Dropout, KeepRateAndScaling) {

@@ -346,10 +346,16 @@ void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int
 }
 
 // x, out [rows, cols]; w, b [cols] or undefined; mean, rstd [rows]
-// sum = x + r, then the layer norm of sum (the composed add + layer_norm, one call)
-void add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps, const Tensor& sum,
-                    const Tensor& out, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t cols) {
-  binary(BinaryOp::Add, x, r, sum);
+// sum = x + dropout(r), then the layer norm of sum (the composed dropout + add + layer_norm)
+void add_layer_norm(const Tensor& x, const Tensor& r, const FoldedDropout& drop, const Tensor& w, const Tensor& b,
+                    double eps, const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                    int64_t rows, int64_t cols) {
+  if (drop.p > 0) {
+    dropout_rows(r, sum, drop.p, drop.seed, drop.draw, drop.first_row, drop.draw_base);  // sum = dropout(r) first
+    binary(BinaryOp::Add, x, sum, sum);
+  } else {
+    binary(BinaryOp::Add, x, r, sum);
+  }
   layer_norm(sum, w, b, eps, out, mean, rstd, rows, cols);
 }
 
