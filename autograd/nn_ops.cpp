@@ -301,6 +301,20 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   });
 }
 
+Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training) {
+  raw::check_defined("activation_dropout", x, "x");
+  LINEA_CHECK(p >= 0.0 && p <= 1.0, "activation_dropout: probability p must be in [0, 1], got ", p);
+  LINEA_CHECK(act == UnaryOp::GeluErf || act == UnaryOp::GeluTanh || act == UnaryOp::Relu,
+              "activation_dropout: the activation must be gelu, gelu(tanh) or relu, got ", unary_op_name(act));
+  if (!training || p == 0.0) return act == UnaryOp::Relu ? relu(x) : gelu(x, act == UnaryOp::GeluTanh);
+  const ExampleDraw d = reserve_example_draw(x.device());
+  Tensor out = activation_dropout(act, x, Tensor(), p, d);
+  if (!needs_grad({&x})) return out;
+  return attach(out, "activation_dropout", {x}, [act, p, d, xd = x.detach()](const Tensor& g) -> std::vector<Tensor> {
+    return {activation_dropout(act, xd, g, p, d)};  // act'(x) * dropout(g), the mask drawn again
+  });
+}
+
 // ---- fused attention ----------------------------------------------------------------------------
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
                                     int64_t query_offset, const Tensor& key_padding, bool keep_probs) {

@@ -190,6 +190,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                      double label_smoothing = 0.0, Reduction reduction = Reduction::Mean);
 // Inverted dropout: zeroes with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training);
+// dropout(act(x), p, training) with the activation (UnaryOp::GeluErf, GeluTanh or Relu) folded
+// into the dropout's kernel, forward and backward (the same values; the mask drawn as dropout's).
+Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training);
 // Fused softmax attention (CPU only): softmax(scale q k^T) v for q [B, H, N, D], k [B, H, M, D],
 // v [B, H, M, E], where key m is hidden from query n (probability 0) when causal and
 // m > n + query_offset, or where key_padding (Bool [B, M], true = padding) says so; a query

@@ -255,7 +255,12 @@ struct FoldedDropout {
   /* element as uniform_rows draws it (x, out [rows, ...] contiguous, x's dtype): the forward (x the input) and */   \
   /* the backward (x the gradient) with the same mask, which is never stored */                                       \
   void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t draw, int64_t first_row,   \
-                    const uint64_t* draw_base);
+                    const uint64_t* draw_base);                                                                      \
+  /* an activation (GeluErf, GeluTanh or Relu) and the dropout after it in one pass, with dropout_rows's mask */      \
+  /* (x, grad, out [rows, ...] contiguous): out = dropout(op(x)); with grad defined, the backward */                   \
+  /* out = op'(x) * dropout(grad) */                                                                                 \
+  void activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, const FoldedDropout& drop,               \
+                          const Tensor& out);
 
 namespace cpu {
 LINEA_KERNEL_API

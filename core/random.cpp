@@ -215,6 +215,28 @@ Tensor dropout_rows(const Tensor& x, double p, const ExampleDraw& d) {
   return out;
 }
 
+Tensor activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, double p, const ExampleDraw& d) {
+  const char* what = grad.defined() ? "activation_dropout backward" : "activation_dropout";
+  raw::check_defined(what, x, "x");
+  LINEA_CHECK(op == UnaryOp::GeluErf || op == UnaryOp::GeluTanh || op == UnaryOp::Relu, what,
+              ": the activation must be gelu, gelu(tanh) or relu, got ", unary_op_name(op));
+  LINEA_CHECK(is_floating(x.dtype()), what, ": expected a float32 or float64 input, got ", x.dtype());
+  LINEA_CHECK(x.dim() >= 1, what, ": the first dimension is the batch; got a 0-d tensor");
+  LINEA_CHECK(p >= 0.0 && p <= 1.0, what, ": probability p must be in [0, 1], got ", p);
+  if (grad.defined()) {
+    raw::check_same_device(what, x, grad);
+    raw::check_same_dtype(what, x, grad);
+    LINEA_CHECK(grad.shape() == x.shape(), what, ": grad ", shape_str(grad.shape()), " and x ",
+                shape_str(x.shape()), " differ in shape");
+  }
+  Tensor out = empty(x.shape(), x.options());
+  if (out.numel() > 0)
+    LINEA_BACKEND(x.device(), activation_dropout, op, raw::contiguous(x),
+                  grad.defined() ? raw::contiguous(grad) : Tensor(), FoldedDropout{p, d.seed, d.draw, d.first_row, d.base},
+                  out);
+  return out;
+}
+
 int64_t batch_first_row() { return t_first_row; }
 BatchRowsGuard::BatchRowsGuard(int64_t first_row) : prev_(t_first_row) {
   LINEA_CHECK(first_row >= 0, "BatchRowsGuard: negative first row ", first_row);

@@ -10,6 +10,8 @@
 
 namespace linea {
 
+enum class UnaryOp;  // core/kernels.h
+
 // Seeds the default generator of every device (CPU, and CUDA when available).
 void manual_seed(uint64_t seed);
 // {seed, offset} of a device's default generator, and its restore.
@@ -52,6 +54,9 @@ ExampleDraw reserve_example_draw(Device device);
 // per element, the numbers bernoulli_per_example(x.shape(), 1 - p) would have drawn with d. One
 // kernel; applied to a gradient with the same d, the backward.
 Tensor dropout_rows(const Tensor& x, double p, const ExampleDraw& d);
+// dropout_rows(op(x), p, d) in one kernel, op an activation (GeluErf, GeluTanh or Relu); with grad
+// defined, its backward op'(x) * dropout_rows(grad, p, d) instead.
+Tensor activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, double p, const ExampleDraw& d);
 
 // The index in the whole batch of this thread's first example (0 outside any guard).
 int64_t batch_first_row();

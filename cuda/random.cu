@@ -7,6 +7,7 @@
 // Not here: bernoulli / randint / randperm (built on these by core/random.cpp).
 #include "core/kernels.h"
 #include "core/random_math.h"
+#include "core/unary_math.h"
 #include "cuda/common.cuh"
 
 namespace linea::cuda {
@@ -127,6 +128,29 @@ __global__ void dropout_rows_kernel(const T* x, T* out, int64_t rows, int64_t le
   }
 }
 
+// dropout_rows_kernel with an activation before the mask (forward) or its derivative after it
+// (backward, g given): the activation's output never goes to memory unmasked.
+template <typename T>
+__global__ void activation_dropout_kernel(UnaryOp op, const T* x, const T* g, T* out, int64_t rows, int64_t len,
+                                          T keep, T scale, uint64_t seed, uint64_t draw, int64_t first_row,
+                                          const uint64_t* draw_base) {
+  if (draw_base) draw += *draw_base;
+  constexpr int64_t per = linea::detail::uniforms_per_block<T>();
+  const int64_t blocks = (len + per - 1) / per, total = rows * blocks;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / blocks, b = i % blocks;
+    uint32_t w[4];
+    linea::detail::example_block(seed, draw, first_row + r, b, w);
+    for (int64_t j = 0; j < per && b * per + j < len; ++j) {
+      const int64_t e = r * len + b * per + j;
+      const T m = linea::detail::dropout_factor<T>(w, j, keep, scale);
+      out[e] = g ? linea::detail::unary_backward_switch<T>(op, g[e] * m, x[e], x[e], T(0), T(0))
+                 : linea::detail::unary_forward_switch<T>(op, x[e], T(0), T(0)) * m;
+    }
+  }
+}
+
 template <typename T>
 __global__ void normal_rows_kernel(T* p, int64_t rows, int64_t len, double mean, double std, uint64_t seed,
                                    uint64_t draw, int64_t first_row, const uint64_t* draw_base) {
@@ -184,6 +208,22 @@ void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, u
     dropout_rows_kernel<T><<<grid_for(total), kBlockSize, 0, stream()>>>(
         cptr<T>(x), ptr<T>(out), rows, len, static_cast<T>(1.0 - p), static_cast<T>(1.0 / (1.0 - p)), seed, draw,
         first_row, draw_base);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// x, grad (or undefined), out [rows, ...] contiguous
+void activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, const FoldedDropout& drop, const Tensor& out) {
+  const int64_t rows = out.size(0), len = out.numel() / std::max<int64_t>(rows, 1);
+  if (out.numel() == 0) return;
+  LINEA_DISPATCH_FLOAT(out.dtype(), "activation_dropout", [&] {
+    using T = scalar_t;
+    constexpr int64_t per = linea::detail::uniforms_per_block<T>();
+    const int64_t total = rows * ((len + per - 1) / per);
+    activation_dropout_kernel<T><<<grid_for(total), kBlockSize, 0, stream()>>>(
+        op, cptr<T>(x), grad.defined() ? cptr<T>(grad) : nullptr, ptr<T>(out), rows, len,
+        static_cast<T>(1.0 - drop.p), static_cast<T>(1.0 / (1.0 - drop.p)), drop.seed, drop.draw, drop.first_row,
+        drop.draw_base);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

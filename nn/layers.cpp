@@ -172,6 +172,7 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, double dropout, const std:
     : Module("FeedForward") {
   fc1_ = register_module("fc1", std::make_shared<Linear>(dim, hidden));
   act_ = register_module("act", make_activation(activation));
+  act_op_ = activation == "relu" ? UnaryOp::Relu : activation == "gelu_tanh" ? UnaryOp::GeluTanh : UnaryOp::GeluErf;
   drop_ = register_module("drop", std::make_shared<Dropout>(dropout));
   fc2_ = register_module("fc2", std::make_shared<Linear>(hidden, dim));
   fc1_->reset_parameters_trunc_normal();
@@ -179,8 +180,11 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, double dropout, const std:
 }
 
 Tensor FeedForward::forward(const Tensor& x) {
-  // [..., dim] -> [..., hidden] -> [..., dim]
-  return fc2_->forward(drop_->forward(act_->forward(fc1_->forward(x))));
+  // [..., dim] -> [..., hidden] -> [..., dim]; while the dropout is on, it and the activation
+  // are one kernel (activation_dropout), forward and backward.
+  const Tensor h = fc1_->forward(x);
+  if (drop_->is_training() && drop_->p() > 0) return fc2_->forward(activation_dropout(h, act_op_, drop_->p(), true));
+  return fc2_->forward(drop_->forward(act_->forward(h)));
 }
 
 // ---- PatchEmbed -------------------------------------------------------------------------------

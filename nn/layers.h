@@ -123,7 +123,8 @@ class ReLU : public UnaryModule {
 // "gelu", "gelu_tanh" or "relu"; throws on anything else.
 std::shared_ptr<UnaryModule> make_activation(const std::string& name);
 
-// The transformer MLP: fc1 (dim -> hidden), activation, dropout, fc2 (hidden -> dim).
+// The transformer MLP: fc1 (dim -> hidden), activation, dropout, fc2 (hidden -> dim); the
+// activation and the dropout run as one kernel in training (activation_dropout).
 // Submodules fc1, act, drop, fc2; Linear weights truncated normal 0.02, biases zero.
 class FeedForward : public Module {
  public:
@@ -137,6 +138,7 @@ class FeedForward : public Module {
  private:
   std::shared_ptr<Linear> fc1_;
   std::shared_ptr<UnaryModule> act_;
+  UnaryOp act_op_;  // act_'s op, for the activation folded into the dropout
   std::shared_ptr<Dropout> drop_;
   std::shared_ptr<Linear> fc2_;
 };

@@ -630,6 +630,22 @@ TEST(CudaParity, DropoutEqualsTheCpuBitForBit) {
   }
 }
 
+TEST(CudaParity, ActivationDropout) {
+  LINEA_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (UnaryOp act : {UnaryOp::GeluErf, UnaryOp::GeluTanh, UnaryOp::Relu}) {
+      for (const Shape& shape : {Shape{7, 13, 3}, Shape{3, 1001}}) {
+        expect_parity(tag(std::string(unary_op_name(act)) + " " + shape_str(shape), dt),
+                      [act](const std::vector<Tensor>& v) {
+                        manual_seed(41);  // the same draw on both devices
+                        return activation_dropout(v[0], act, 0.3, true);
+                      },
+                      {rnd(shape, dt)});
+      }
+    }
+  }
+}
+
 // ---- fused nn ops -------------------------------------------------------------------------------------
 TEST(CudaParity, Softmax) {
   LINEA_REQUIRE_CUDA();

@@ -194,5 +194,18 @@ TEST(GradCheck, Dropout) {
   EXPECT_GRADCHECK(eval, {randn64({3, 2})});
 }
 
+TEST(GradCheck, ActivationDropout) {
+  // The activation folded into the dropout; the mask frozen by re-seeding inside f.
+  for (UnaryOp act : {UnaryOp::GeluErf, UnaryOp::GeluTanh, UnaryOp::Relu}) {
+    SCOPED_TRACE(unary_op_name(act));
+    const Fn f = [act](const std::vector<Tensor>& x) {
+      manual_seed(99);
+      return activation_dropout(x[0], act, 0.4, true);
+    };
+    EXPECT_GRADCHECK(f, {randn64({3, 7})});
+    EXPECT_GRADCHECK(f, {randn64_transposed({4, 5})});
+  }
+}
+
 }  // namespace
 }  // namespace linea

@@ -486,5 +486,49 @@ TEST(Dropout, FusedKernelEqualsTheComposedFormula) {
   }
 }
 
+TEST(Dropout, ActivationFoldedIntoItEqualsActivationThenDropout) {
+  // activation_dropout: the activation and the dropout after it in one op; the same draws and bits
+  // as act then dropout, forward and backward, inside a BatchRowsGuard too.
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (UnaryOp act : {UnaryOp::GeluErf, UnaryOp::GeluTanh, UnaryOp::Relu}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + unary_op_name(act));
+      const Tensor x0 = randn({4, 6, 33}).to(dt), g = randn({4, 6, 33}).to(dt);
+      Tensor x = x0.detach(), x2 = x0.detach();
+      x.requires_grad_(true);
+      x2.requires_grad_(true);
+      BatchRowsGuard rows(3);
+      manual_seed(19);
+      const Tensor fused = activation_dropout(x, act, 0.2, true);
+      fused.backward(g);
+      manual_seed(19);
+      const Tensor a = act == UnaryOp::Relu ? relu(x2) : gelu(x2, act == UnaryOp::GeluTanh);
+      const Tensor composed = dropout(a, 0.2, true);
+      composed.backward(g);
+      EXPECT_TRUE(all_close(fused, composed, 0, 0));
+      EXPECT_TRUE(all_close(x.grad(), x2.grad(), 0, 0));
+      // Off (eval or p = 0): the activation alone.
+      EXPECT_TRUE(all_close(activation_dropout(x0, act, 0.2, false), a, 0, 0));
+    }
+  }
+  EXPECT_LINEA_ERROR(activation_dropout(randn({2, 3}), UnaryOp::Sigmoid, 0.1, true),
+                     "the activation must be gelu, gelu(tanh) or relu, got sigmoid");
+  EXPECT_LINEA_ERROR(activation_dropout(randn({2, 3}), UnaryOp::Relu, 1.5, true), "p must be in [0, 1], got 1.5");
+}
+
+TEST(Dropout, FeedForwardFoldsItsDropoutIntoTheActivation) {
+  // FeedForward in training runs activation_dropout: the same values as fc1, act, dropout, fc2.
+  for (const char* name : {"gelu", "gelu_tanh", "relu"}) {
+    SCOPED_TRACE(name);
+    nn::FeedForward ff(12, 20, 0.25, name);
+    const Tensor x = randn({3, 5, 12});
+    manual_seed(8);
+    const Tensor y = ff(x);
+    manual_seed(8);
+    const std::shared_ptr<nn::UnaryModule> act = nn::make_activation(name);
+    const Tensor y2 = (*ff.fc2())(dropout((*act)(( *ff.fc1())(x)), 0.25, true));
+    EXPECT_TRUE(all_close(y, y2, 0, 0));
+  }
+}
+
 }  // namespace
 }  // namespace linea

@@ -126,6 +126,18 @@ void dropout_rows(const Tensor& x, const Tensor& out, double p, uint64_t seed, u
   });
 }
 
+// The two ops one after the other (the activation's vectorized float32 math, the same bits as
+// running them unfused); a pass each over memory the caches mostly hold.
+void activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, const FoldedDropout& drop, const Tensor& out) {
+  if (!grad.defined()) {
+    unary(op, x, out, 0.0, 0.0);
+    dropout_rows(out, out, drop.p, drop.seed, drop.draw, drop.first_row, drop.draw_base);
+  } else {
+    dropout_rows(grad, out, drop.p, drop.seed, drop.draw, drop.first_row, drop.draw_base);
+    unary_backward(op, out, x, x, out, 0.0, 0.0);  // these ops' derivatives read x only
+  }
+}
+
 void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint64_t draw, int64_t first_row,
                  const uint64_t* draw_base) {
   LINEA_CHECK(draw_base == nullptr, "per-example draw: a device base counter on the CPU");
