@@ -36,8 +36,8 @@ Tensor TransformerEncoderLayer::forward(const Tensor& x, const AttentionOptions&
 // x = in.base + in.delta; h = ln1(x); y = x + drop(attn(h)); out = y + drop(mlp(ln2(y))) as {y, m}
 Residual TransformerEncoderLayer::forward(const Residual& in, const AttentionOptions& opts) {
   check_tokens("TransformerEncoderLayer", "x", in.base, attn_->dim());
-  auto [x, h] = in.delta.defined() ? ln1_->forward_add(in.base, in.delta, in.drop)
-                                    : std::pair{in.base, ln1_->forward(in.base)};
+  auto [x, h] =
+      in.delta.defined() ? ln1_->forward_add(in.base, in.delta, in.drop) : std::pair{in.base, ln1_->forward(in.base)};
   auto [y, h2] = ln2_->forward_add(x, attn_->forward(h, h, opts), drop_.get());  // [B, N, dim]
   return {y, mlp_->forward(h2), drop_.get()};  // its dropout folded into the next norm's sum
 }
@@ -76,8 +76,8 @@ Residual TransformerDecoderLayer::forward(const Residual& in, const Tensor& memo
   self_opts.key_padding_mask = tgt_key_padding_mask;
   AttentionOptions cross_opts;
   cross_opts.key_padding_mask = memory_key_padding_mask;
-  auto [x, h] = in.delta.defined() ? ln1_->forward_add(in.base, in.delta, in.drop)
-                                    : std::pair{in.base, ln1_->forward(in.base)};
+  auto [x, h] =
+      in.delta.defined() ? ln1_->forward_add(in.base, in.delta, in.drop) : std::pair{in.base, ln1_->forward(in.base)};
   auto [y, h2] = ln2_->forward_add(x, self_attn_->forward(h, h, self_opts), drop_.get());  // [B, N, dim]
   auto [z, h3] = ln3_->forward_add(y, cross_attn_->forward(h2, memory, cross_opts), drop_.get());
   return {z, mlp_->forward(h3), drop_.get()};

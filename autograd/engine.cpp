@@ -168,8 +168,8 @@ namespace {
 // as an add's backward returning g for both inputs), covering its whole storage (not a view).
 bool sole_owner(const Tensor& g) {
   const Storage& st = *g.impl().storage;
-  return g.impl_ptr().use_count() == 1 && g.impl().storage.use_count() == 1 && g.offset() == 0 &&
-         g.is_contiguous() && st.nbytes == static_cast<size_t>(g.numel()) * g.element_size();
+  return g.impl_ptr().use_count() == 1 && g.impl().storage.use_count() == 1 && g.offset() == 0 && g.is_contiguous() &&
+         st.nbytes == static_cast<size_t>(g.numel()) * g.element_size();
 }
 
 void accumulate_leaf(detail::AutogradMeta& leaf, const Tensor& g) {

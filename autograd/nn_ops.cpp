@@ -47,9 +47,10 @@ Shape batched_shape(const Tensor& g, const Tensor& t) {
   return s;
 }
 
-// A gradient of t's shape computed into t's layout: out = alpha (x @ y), laid out like t (raw::empty_like_layout: e.g. q [B, H, N, D] viewed from [B, N, H, D]), so
-// that the views' backward hands on a contiguous gradient instead of copying it. A transposed t
-// gets out^T in the layout of t^T.
+// A gradient of t's shape computed into t's layout: out = alpha (x @ y), laid out like t
+// (raw::empty_like_layout: e.g. q [B, H, N, D] viewed from [B, N, H, D]), so that the views'
+// backward hands on a contiguous gradient instead of copying it. A transposed t gets out^T in
+// the layout of t^T.
 Tensor grad_in_layout(const Tensor& t, const Tensor& x, const Tensor& y, double alpha) {
   if (column_major(t)) {
     Tensor inner = raw::empty_like_layout(t.transpose(-1, -2));  // (x @ y)^T = y^T @ x^T
@@ -118,19 +119,20 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (!needs_grad({&x, &weight, &bias})) return out;
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
-  return attach(out, "linear", {x, weight, bias},
-                [xd = x.detach(), wd = weight.detach(), need_x, need_w, need_b](const Tensor& g) -> std::vector<Tensor> {
-                  // g [..., N]: dx [..., K] = g @ weight; dw [N, K] = g^T @ x and db [N] = g summed,
-                  // over the rows.
-                  Tensor dx, dw, db;
-                  if (need_x) dx = raw::matmul(g, wd);
-                  if (need_w || need_b) {
-                    std::vector<Tensor> wb = raw::linear_weight_grad(g, xd, need_b);
-                    if (need_w) dw = wb[0];
-                    if (need_b) db = wb[1];
-                  }
-                  return {dx, dw, db};
-                });
+  return attach(
+      out, "linear", {x, weight, bias},
+      [xd = x.detach(), wd = weight.detach(), need_x, need_w, need_b](const Tensor& g) -> std::vector<Tensor> {
+        // g [..., N]: dx [..., K] = g @ weight; dw [N, K] = g^T @ x and db [N] = g summed,
+        // over the rows.
+        Tensor dx, dw, db;
+        if (need_x) dx = raw::matmul(g, wd);
+        if (need_w || need_b) {
+          std::vector<Tensor> wb = raw::linear_weight_grad(g, xd, need_b);
+          if (need_w) dw = wb[0];
+          if (need_b) db = wb[1];
+        }
+        return {dx, dw, db};
+      });
 }
 
 // a [B, M, K] @ b [B, K, N] -> [B, M, N]
@@ -217,14 +219,15 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const
   if (!needs_grad(inputs)) return {sum, f[1]};
   const Tensor wd = weight.defined() ? weight.detach() : Tensor();
   const Tensor bd = bias.defined() ? bias.detach() : Tensor();
-  Tensor out = attach(f[1], "layer_norm", inputs,
-                      [sd = sum.detach(), wd, bd, mean = f[2], rstd = f[3], nd](const Tensor& g) -> std::vector<Tensor> {
-                        std::vector<Tensor> d = raw::layer_norm_backward(g, sd, nd, wd, bd, mean, rstd);
-                        std::vector<Tensor> grads{d[0]};
-                        if (wd.defined()) grads.push_back(d[1]);
-                        if (bd.defined()) grads.push_back(d[2]);
-                        return grads;
-                      });
+  Tensor out =
+      attach(f[1], "layer_norm", inputs,
+             [sd = sum.detach(), wd, bd, mean = f[2], rstd = f[3], nd](const Tensor& g) -> std::vector<Tensor> {
+               std::vector<Tensor> d = raw::layer_norm_backward(g, sd, nd, wd, bd, mean, rstd);
+               std::vector<Tensor> grads{d[0]};
+               if (wd.defined()) grads.push_back(d[1]);
+               if (bd.defined()) grads.push_back(d[2]);
+               return grads;
+             });
   return {sum, out};
 }
 

@@ -70,9 +70,9 @@ class CachingAllocator {
   RawAlloc raw_alloc_;
   RawFree raw_free_;
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;                   // size -> block (the shared cache)
+  std::multimap<size_t, void*> free_;                  // size -> block (the shared cache)
   std::map<int, std::multimap<size_t, void*>> pools_;  // a private pool's free blocks
-  std::map<void*, Live> live_;                          // block -> size and pool
+  std::map<void*, Live> live_;                         // block -> size and pool
   AllocatorStats stats_;
   size_t limit_ = 0;  // 0: none
   int pool_ = 0, next_pool_ = 1;

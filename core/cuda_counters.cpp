@@ -34,7 +34,8 @@ std::string plural(int64_t n, const char* one, const char* many) {
 std::string Counters::str() const {
   return plural(kernel_launches, "launch", "launches") + ", " + plural(library_calls, "library call", "library calls") +
          ", " + plural(graph_launches, "graph launch", "graph launches") + ", " + plural(host_syncs, "sync", "syncs") +
-         ", " + plural(device_allocs, "allocation", "allocations") + ", " + plural(device_copies, "device copy", "device copies") + ", " + plural(h2d_copies, "H2D copy", "H2D copies") +
+         ", " + plural(device_allocs, "allocation", "allocations") + ", " +
+         plural(device_copies, "device copy", "device copies") + ", " + plural(h2d_copies, "H2D copy", "H2D copies") +
          " (" + std::to_string(h2d_bytes) + " B), " + plural(d2h_copies, "D2H copy", "D2H copies") + " (" +
          std::to_string(d2h_bytes) + " B)";
 }

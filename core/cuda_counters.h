@@ -20,12 +20,12 @@
 namespace linea::cuda {
 
 struct Counters {
-  int64_t kernel_launches = 0;  // Linea's own kernels (every <<<...>>> in cuda/)
-  int64_t library_calls = 0;    // cuBLAS GEMMs, cuFFT transforms, cuRAND draws (not handles or plans)
-  int64_t graph_launches = 0;   // cudaGraphLaunch of a captured step
-  int64_t host_syncs = 0;       // the host waited for the device (stream or event synchronization)
-  int64_t device_allocs = 0;    // cudaMalloc calls: the caching allocator's misses
-  int64_t device_copies = 0;    // device-to-device copies and memsets (stream work that is not a kernel)
+  int64_t kernel_launches = 0;            // Linea's own kernels (every <<<...>>> in cuda/)
+  int64_t library_calls = 0;              // cuBLAS GEMMs, cuFFT transforms, cuRAND draws (not handles or plans)
+  int64_t graph_launches = 0;             // cudaGraphLaunch of a captured step
+  int64_t host_syncs = 0;                 // the host waited for the device (stream or event synchronization)
+  int64_t device_allocs = 0;              // cudaMalloc calls: the caching allocator's misses
+  int64_t device_copies = 0;              // device-to-device copies and memsets (stream work that is not a kernel)
   int64_t h2d_copies = 0, h2d_bytes = 0;  // host -> device
   int64_t d2h_copies = 0, d2h_bytes = 0;  // device -> host
 

@@ -49,9 +49,7 @@ void CudaGraph::replay() const { cuda::graph_launch(exec_); }
 
 bool cuda_graph_capturing() { return cuda::graph_capturing(); }
 #else
-CudaGraph::CudaGraph(const std::function<void()>&) {
-  LINEA_FAIL("CudaGraph: this build of Linea has no CUDA backend");
-}
+CudaGraph::CudaGraph(const std::function<void()>&) { LINEA_FAIL("CudaGraph: this build of Linea has no CUDA backend"); }
 CudaGraph::~CudaGraph() = default;
 void CudaGraph::replay() const {}
 bool cuda_graph_capturing() { return false; }

@@ -135,8 +135,9 @@ inline bool binary_supports(BinaryOp op, DType t) {
 
 enum class ReduceOp { Sum, Max, Min, LogSumExp };
 
-// A per-example dropout folded into the op that consumes its output (add_layer_norm's residual
-// branch): the draw core/random.h reserved for it (ExampleDraw), p = 0 for none.
+// A per-example dropout folded into the op next to it (add_layer_norm's residual branch, the
+// activation before it in activation_dropout): the draw core/random.h reserved for it
+// (ExampleDraw), p = 0 for none.
 struct FoldedDropout {
   double p = 0;
   uint64_t seed = 0, draw = 0;

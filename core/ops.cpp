@@ -276,7 +276,8 @@ void copy_(const Tensor& dst, const Tensor& src) {
   if (src.is_cpu() && dst.is_cuda() && src.shape() == dst.shape() && src.dtype() == dst.dtype() &&
       src.is_contiguous() && dst.is_contiguous()) {  // straight into dst: one copy, no device temporary
     ++dst.impl().storage->version;
-    if (dst.numel() > 0) cuda::memcpy_h2d(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size());
+    if (dst.numel() > 0)
+      cuda::memcpy_h2d(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size());
     return;
   }
 #endif

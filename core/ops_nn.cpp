@@ -58,8 +58,9 @@ namespace {
 void check_linear_args(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
   check_defined(op, x, "x");
   check_defined(op, w, "weight");
-  LINEA_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), op, ": expected x [..., K] and weight [N, K], got x ",
-              shape_str(x.shape()), " and weight ", shape_str(w.shape()));
+  LINEA_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), op,
+              ": expected x [..., K] and weight [N, K], got x ", shape_str(x.shape()), " and weight ",
+              shape_str(w.shape()));
   check_floating(op, x, "x");
   check_same_dtype(op, x, w);
   check_same_device(op, x, w);
@@ -79,8 +80,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   out_shape.push_back(N);
   Tensor out = empty({R, N}, x.options());
   if (out.numel() > 0 && K == 0) {
-    if (bias.defined()) copy_(out, bias);
-    else LINEA_BACKEND(out.device(), fill, out, 0.0);
+    if (bias.defined())
+      copy_(out, bias);
+    else
+      LINEA_BACKEND(out.device(), fill, out, 0.0);
   } else if (out.numel() > 0) {
     LINEA_BACKEND(out.device(), linear, blas_operand(reshape(x, {R, K})), contiguous(weight),
                   bias.defined() ? contiguous(bias) : Tensor(), out);
@@ -92,10 +95,10 @@ std::vector<Tensor> linear_weight_grad(const Tensor& grad, const Tensor& x, bool
   const char* op = "linear_weight_grad";
   check_defined(op, grad, "grad");
   check_defined(op, x, "x");
-  LINEA_CHECK(x.dim() >= 1 && grad.dim() == x.dim() &&
-                  std::equal(x.shape().begin(), x.shape().end() - 1, grad.shape().begin()),
-              op, ": grad ", shape_str(grad.shape()), " does not match x ", shape_str(x.shape()),
-              " (expected [..., N] over x's rows)");
+  LINEA_CHECK(
+      x.dim() >= 1 && grad.dim() == x.dim() && std::equal(x.shape().begin(), x.shape().end() - 1, grad.shape().begin()),
+      op, ": grad ", shape_str(grad.shape()), " does not match x ", shape_str(x.shape()),
+      " (expected [..., N] over x's rows)");
   const int64_t K = x.size(-1), N = grad.size(-1), R = prod(x.shape(), 0, x.shape().size() - 1);
   check_same_dtype(op, x, grad);
   check_same_device(op, x, grad);
@@ -311,8 +314,8 @@ std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Folde
   Tensor mean = empty({rows}, opts), rstd = empty({rows}, opts);
   if (rows > 0 && cols > 0) {
     Tensor wc = w.defined() ? contiguous(w) : Tensor(), bc = b.defined() ? contiguous(b) : Tensor();
-    LINEA_BACKEND(x.device(), add_layer_norm, contiguous(x), contiguous(r), dropout, wc, bc, eps, sum, out, mean,
-                  rstd, rows, cols);
+    LINEA_BACKEND(x.device(), add_layer_norm, contiguous(x), contiguous(r), dropout, wc, bc, eps, sum, out, mean, rstd,
+                  rows, cols);
   } else if (sum.numel() > 0) {  // nothing to normalize (cols == 0 leaves an empty sum)
     LINEA_BACKEND(x.device(), binary, BinaryOp::Add, x, r, sum);
   }

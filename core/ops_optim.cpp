@@ -111,8 +111,8 @@ Tensor grad_norm_guard(const std::vector<Tensor>& grads, const Tensor& loss, dou
     gs.push_back(contiguous(grads[i]));
   }
   if (loss.defined()) {
-    LINEA_CHECK(is_floating(loss.dtype()) && loss.numel() == 1, op, ": the loss must be one float32/float64 value, got ",
-                loss.dtype(), " ", shape_str(loss.shape()));
+    LINEA_CHECK(is_floating(loss.dtype()) && loss.numel() == 1, op,
+                ": the loss must be one float32/float64 value, got ", loss.dtype(), " ", shape_str(loss.shape()));
   }
   Tensor out = empty({3}, TensorOptions(DType::Float64, device));
   LINEA_BACKEND(device, grad_norm_guard, gs, loss.defined() ? contiguous(loss) : Tensor(), max_norm, out);
@@ -121,8 +121,7 @@ Tensor grad_norm_guard(const std::vector<Tensor>& grads, const Tensor& loss, dou
 
 void adam_multi_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& m,
                      const std::vector<Tensor>& v, const std::vector<int>& group, const Tensor& hyper,
-                     const Tensor& count, const Tensor& guard, double beta1, double beta2, double eps,
-                     bool decoupled) {
+                     const Tensor& count, const Tensor& guard, double beta1, double beta2, double eps, bool decoupled) {
   const char* op = decoupled ? "adamw_multi_step" : "adam_multi_step";
   const size_t n = params.size();
   LINEA_CHECK(grads.size() == n && m.size() == n && v.size() == n && group.size() == n, op,
@@ -138,10 +137,10 @@ void adam_multi_step(const std::vector<Tensor>& params, const std::vector<Tensor
   LINEA_CHECK(count.dtype() == DType::Int64 && count.numel() == 1 && count.is_contiguous(), op,
               ": count must be one int64 value, got ", count.dtype(), " ", shape_str(count.shape()));
   if (guard.defined())
-    LINEA_CHECK(guard.dtype() == DType::Float64 && guard.numel() == 3 && guard.is_contiguous() &&
-                    guard.device() == device,
-                op, ": guard must be grad_norm_guard's float64 [3] on ", device.str(), ", got ", guard.dtype(), " ",
-                shape_str(guard.shape()), " on ", guard.device().str());
+    LINEA_CHECK(
+        guard.dtype() == DType::Float64 && guard.numel() == 3 && guard.is_contiguous() && guard.device() == device, op,
+        ": guard must be grad_norm_guard's float64 [3] on ", device.str(), ", got ", guard.dtype(), " ",
+        shape_str(guard.shape()), " on ", guard.device().str());
   LINEA_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
   LINEA_CHECK(beta1 >= 0.0 && beta1 < 1.0, op, ": beta1 must be in [0, 1), got ", beta1);
   LINEA_CHECK(beta2 >= 0.0 && beta2 < 1.0, op, ": beta2 must be in [0, 1), got ", beta2);

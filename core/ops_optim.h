@@ -28,7 +28,7 @@ struct AdamScalars {
   double l2;         // weight_decay for Adam (added to the gradient), 0 for AdamW
 };
 LINEA_HD AdamScalars adam_scalars(double lr, double beta1, double beta2, double weight_decay, bool decoupled,
-                                int64_t step) {
+                                  int64_t step) {
   const double t = static_cast<double>(step);
   return {lr / (1.0 - std::pow(beta1, t)), std::sqrt(1.0 - std::pow(beta2, t)),
           decoupled ? 1.0 - lr * weight_decay : 1.0, decoupled ? 0.0 : weight_decay};

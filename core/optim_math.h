@@ -40,8 +40,8 @@ template <typename T> LINEA_HD void sgd_element(T* p, const T* g, T* buf, int64_
 
 template <typename T> struct AdamCoeffs {
   T b1, b2, one_b1, one_b2, eps, step_size, bc2_sqrt, decay, l2;
-  LINEA_HD static AdamCoeffs make(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
-                         int64_t step) {
+  LINEA_HD static AdamCoeffs make(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                  bool decoupled, int64_t step) {
     const AdamScalars s = adam_scalars(lr, beta1, beta2, weight_decay, decoupled, step);
     return {static_cast<T>(beta1),       static_cast<T>(beta2),   static_cast<T>(1.0 - beta1),
             static_cast<T>(1.0 - beta2), static_cast<T>(eps),     static_cast<T>(s.step_size),

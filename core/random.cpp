@@ -226,14 +226,14 @@ Tensor activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, doubl
   if (grad.defined()) {
     raw::check_same_device(what, x, grad);
     raw::check_same_dtype(what, x, grad);
-    LINEA_CHECK(grad.shape() == x.shape(), what, ": grad ", shape_str(grad.shape()), " and x ",
-                shape_str(x.shape()), " differ in shape");
+    LINEA_CHECK(grad.shape() == x.shape(), what, ": grad ", shape_str(grad.shape()), " and x ", shape_str(x.shape()),
+                " differ in shape");
   }
   Tensor out = empty(x.shape(), x.options());
   if (out.numel() > 0)
     LINEA_BACKEND(x.device(), activation_dropout, op, raw::contiguous(x),
-                  grad.defined() ? raw::contiguous(grad) : Tensor(), FoldedDropout{p, d.seed, d.draw, d.first_row, d.base},
-                  out);
+                  grad.defined() ? raw::contiguous(grad) : Tensor(),
+                  FoldedDropout{p, d.seed, d.draw, d.first_row, d.base}, out);
   return out;
 }
 

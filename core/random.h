@@ -46,7 +46,7 @@ Tensor bernoulli_per_example(const Shape& shape, double p, TensorOptions opts = 
 // instead of keeping it.
 struct ExampleDraw {
   uint64_t seed = 0, draw = 0;
-  int64_t first_row = 0;            // batch_first_row() when reserved
+  int64_t first_row = 0;           // batch_first_row() when reserved
   const uint64_t* base = nullptr;  // in a captured CUDA graph: the counter is *base + draw
 };
 ExampleDraw reserve_example_draw(Device device);

@@ -82,8 +82,8 @@ int as_int(int64_t v, const char* what) {
 // yields X^T.
 template <typename T>
 void gemm_call(const T* a, MatLayout la, int64_t sa, const T* b, MatLayout lb, int64_t sb, T* c, int64_t ldc_,
-               int64_t sc, int64_t M, int64_t N, int64_t K, int64_t count, double alpha,
-               const T* const* pa = nullptr, const T* const* pb = nullptr, T* const* pc = nullptr) {
+               int64_t sc, int64_t M, int64_t N, int64_t K, int64_t count, double alpha, const T* const* pa = nullptr,
+               const T* const* pb = nullptr, T* const* pc = nullptr) {
   const cublasOperation_t op_b = lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int m = as_int(N, "N"), n = as_int(M, "M"), k = as_int(K, "K"), batch = as_int(count, "batch");
@@ -160,7 +160,9 @@ template <typename T> void matmul_impl(const Tensor& a, const Tensor& b, const T
 }
 
 // A 2-D tensor's transpose, as a view.
-Tensor transposed(const Tensor& t) { return as_strided(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, t.offset()); }
+Tensor transposed(const Tensor& t) {
+  return as_strided(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, t.offset());
+}
 
 // ---- cuBLASLt: GEMMs with an epilogue ---------------------------------------------------------------
 // The epilogues Linea uses: the bias added to every row of the output, or the bias gradient
@@ -251,7 +253,8 @@ bool lt_call(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k
   }
   const LtContext::Plan& p = it->second;
   if (!p.have_algo) return false;
-  LINEA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
+  LINEA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
   const float one = 1.0f, zero = 0.0f;
   count_work(counter_cells().library_calls);
   LINEA_CUBLAS_CHECK(cublasLtMatmul(c.handle, p.desc, &one, A, p.la, B, p.lb, &zero, D, p.lc, D, p.lc, &p.algo,
@@ -279,15 +282,15 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out
     // gemm_call): cuBLASLt's A is w (stored [N, K] row-major = column-major [K, N]: op T), its
     // B is x^T; the bias has one value per row of out^T.
     if (lt_call(CUBLAS_OP_T, lx.trans ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(N, "N"), as_int(R, "R"), as_int(K, "K"),
-                cptr<float>(w), as_int(K, "K"), cptr<float>(x), as_int(lx.ld, "ld(x)"), ptr<float>(out),
-                as_int(N, "N"), Epilogue::Bias, const_cast<float*>(cptr<float>(b))))
+                cptr<float>(w), as_int(K, "K"), cptr<float>(x), as_int(lx.ld, "ld(x)"), ptr<float>(out), as_int(N, "N"),
+                Epilogue::Bias, const_cast<float*>(cptr<float>(b))))
       return;
   }
   matmul(x, wt, out, 1.0);
   if (!b.defined()) return;
   LINEA_DISPATCH_FLOAT(out.dtype(), "linear", [&] {
-    add_bias_kernel<scalar_t><<<grid_for(R * N), kBlockSize, 0, stream()>>>(ptr<scalar_t>(out), cptr<scalar_t>(b), R,
-                                                                           N);
+    add_bias_kernel<scalar_t>
+        <<<grid_for(R * N), kBlockSize, 0, stream()>>>(ptr<scalar_t>(out), cptr<scalar_t>(b), R, N);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -302,8 +305,8 @@ void linear_weight_grad(const Tensor& g, const Tensor& x, const Tensor& dw, cons
     // [R, K] reads column-major as x^T [K, R]: op N), its B is g (row-major [R, N] reads as g^T
     // [N, R]: op T gives g [R, N]), and the sums of B over k = R are the bias gradient (BGRADB).
     if (lt_call(lx.trans ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_T, as_int(K, "K"), as_int(N, "N"), as_int(R, "R"),
-                cptr<float>(x), as_int(lx.ld, "ld(x)"), cptr<float>(g), as_int(N, "N"), ptr<float>(dw),
-                as_int(K, "K"), Epilogue::BiasGrad, ptr<float>(db)))
+                cptr<float>(x), as_int(lx.ld, "ld(x)"), cptr<float>(g), as_int(N, "N"), ptr<float>(dw), as_int(K, "K"),
+                Epilogue::BiasGrad, ptr<float>(db)))
       return;
   }
   matmul(transposed(g), x, dw, 1.0);

@@ -328,10 +328,10 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
 void add_layer_norm(const Tensor& x, const Tensor& r, const FoldedDropout& drop, const Tensor& w, const Tensor& b,
                     double eps, const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                     int64_t rows, int64_t cols) {
-  LINEA_CHECK(x.numel() == rows * cols && r.numel() == x.numel() && sum.numel() == x.numel() &&
-                  out.numel() == x.numel(),
-              "add_layer_norm: x ", shape_str(x.shape()), " and r ", shape_str(r.shape()), " do not match [", rows,
-              ", ", cols, "]");
+  LINEA_CHECK(
+      x.numel() == rows * cols && r.numel() == x.numel() && sum.numel() == x.numel() && out.numel() == x.numel(),
+      "add_layer_norm: x ", shape_str(x.shape()), " and r ", shape_str(r.shape()), " do not match [", rows, ", ", cols,
+      "]");
   if (rows == 0 || cols == 0) return;
   LINEA_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] {
     using T = scalar_t;

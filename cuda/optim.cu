@@ -47,12 +47,13 @@ __global__ void adam_step_kernel(T* __restrict__ p, const T* __restrict__ g, T* 
 // Up to kListTensors tensors per launch: with 4 lists (param, grad, m, v) the arguments take
 // about 10 KB, within the 32 KB CUDA 12.1+ allows (sm_70 and newer).
 constexpr int kListTensors = 256;
-constexpr int kChunk = 4096;    // elements per block
+constexpr int kChunk = 4096;     // elements per block
 constexpr int kListBlock = 256;  // threads per block
 
 template <int L> struct TensorList {
-  int count = 0;                           // tensors in this launch
-  int chunk_start[kListTensors + 1] = {};  // block b works on the tensor i with chunk_start[i] <= b < chunk_start[i + 1]
+  int count = 0;  // tensors in this launch
+  int chunk_start[kListTensors + 1] =
+      {};  // block b works on the tensor i with chunk_start[i] <= b < chunk_start[i + 1]
   int64_t numel[kListTensors] = {};
   void* ptr[L][kListTensors] = {};
   int8_t group[kListTensors] = {};
@@ -63,7 +64,10 @@ template <int L> __device__ __forceinline__ int list_tensor(const TensorList<L>&
   int lo = 0, hi = a.count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (a.chunk_start[mid] <= b) lo = mid; else hi = mid - 1;
+    if (a.chunk_start[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -127,7 +131,8 @@ __global__ void norm_guard_kernel(TensorList<1> a, const double* partial, int fi
   T acc = first ? T(0) : static_cast<T>(*total);
   for (int i = 0; i < a.count; ++i) {
     double s = 0;
-    for (int c = a.chunk_start[i] + threadIdx.x; c < a.chunk_start[i + 1]; c += blockDim.x) s += partial[first_chunk + c];
+    for (int c = a.chunk_start[i] + threadIdx.x; c < a.chunk_start[i + 1]; c += blockDim.x)
+      s += partial[first_chunk + c];
     s = block_sum(s, sh);
     acc = (first && i == 0) ? static_cast<T>(s) : acc + static_cast<T>(s);
   }
@@ -247,8 +252,8 @@ void grad_norm_guard(const std::vector<Tensor>& grads, const Tensor& loss, doubl
       const TensorList<1> a = make_list<1>({&grads}, first, count, nullptr);
       const int blocks = a.chunk_start[count];
       if (blocks > 0) {
-        sum_squares_kernel<T><<<blocks, kListBlock, sizeof(double) * kListBlock, stream()>>>(a, partial.as<double>(),
-                                                                                             first_chunk);
+        sum_squares_kernel<T>
+            <<<blocks, kListBlock, sizeof(double) * kListBlock, stream()>>>(a, partial.as<double>(), first_chunk);
         LINEA_KERNEL_LAUNCH_CHECK();
       }
       const bool last = first + count == n;
@@ -265,8 +270,7 @@ void grad_norm_guard(const std::vector<Tensor>& grads, const Tensor& loss, doubl
 // guard Float64 [3] or undefined
 void adam_multi_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& m,
                      const std::vector<Tensor>& v, const std::vector<int>& group, const Tensor& hyper,
-                     const Tensor& count, const Tensor& guard, double beta1, double beta2, double eps,
-                     bool decoupled) {
+                     const Tensor& count, const Tensor& guard, double beta1, double beta2, double eps, bool decoupled) {
   const size_t n = params.size();
   const DType dt = n == 0 ? DType::Float32 : params[0].dtype();
   LINEA_DISPATCH_FLOAT(dt, "adam_multi_step", [&] {
@@ -274,8 +278,8 @@ void adam_multi_step(const std::vector<Tensor>& params, const std::vector<Tensor
     const size_t smem = sizeof(linea::detail::AdamCoeffs<T>) + sizeof(int);
     if (n == 0) {  // nothing to update, but the step still counts (when the guard lets it)
       adam_multi_kernel<T><<<1, 1, smem, stream()>>>(TensorList<4>(), cptr<double>(hyper), ptr<int64_t>(count),
-                                                     guard.defined() ? cptr<double>(guard) : nullptr, beta1, beta2,
-                                                     eps, decoupled, true, blocks_done_counter());
+                                                     guard.defined() ? cptr<double>(guard) : nullptr, beta1, beta2, eps,
+                                                     decoupled, true, blocks_done_counter());
       LINEA_KERNEL_LAUNCH_CHECK();
       return;
     }

@@ -95,8 +95,8 @@ void normal(const Tensor& out, double mean, double std) {
 
 // One thread per (row, counter block); row-major over blocks.
 template <typename T>
-__global__ void uniform_rows_kernel(T* p, int64_t rows, int64_t len, double lo, double hi, uint64_t seed,
-                                    uint64_t draw, int64_t first_row, const uint64_t* draw_base) {
+__global__ void uniform_rows_kernel(T* p, int64_t rows, int64_t len, double lo, double hi, uint64_t seed, uint64_t draw,
+                                    int64_t first_row, const uint64_t* draw_base) {
   if (draw_base) draw += *draw_base;
   constexpr int64_t per = linea::detail::uniforms_per_block<T>();
   const int64_t blocks = (len + per - 1) / per, total = rows * blocks;
@@ -131,8 +131,8 @@ __global__ void dropout_rows_kernel(const T* x, T* out, int64_t rows, int64_t le
 // dropout_rows_kernel with an activation before the mask (forward) or its derivative after it
 // (backward, g given): the activation's output never goes to memory unmasked.
 template <typename T>
-__global__ void activation_dropout_kernel(UnaryOp op, const T* x, const T* g, T* out, int64_t rows, int64_t len,
-                                          T keep, T scale, uint64_t seed, uint64_t draw, int64_t first_row,
+__global__ void activation_dropout_kernel(UnaryOp op, const T* x, const T* g, T* out, int64_t rows, int64_t len, T keep,
+                                          T scale, uint64_t seed, uint64_t draw, int64_t first_row,
                                           const uint64_t* draw_base) {
   if (draw_base) draw += *draw_base;
   constexpr int64_t per = linea::detail::uniforms_per_block<T>();
@@ -189,9 +189,8 @@ void normal_rows(const Tensor& out, double mean, double std, uint64_t seed, uint
   if (out.numel() == 0) return;
   LINEA_DISPATCH_FLOAT(out.dtype(), "normal_rows", [&] {
     using T = scalar_t;
-    normal_rows_kernel<T><<<grid_for(rows * ((len + 1) / 2)), kBlockSize, 0, stream()>>>(ptr<T>(out), rows, len, mean,
-                                                                                         std, seed, draw, first_row,
-                                                                                         draw_base);
+    normal_rows_kernel<T><<<grid_for(rows * ((len + 1) / 2)), kBlockSize, 0, stream()>>>(
+        ptr<T>(out), rows, len, mean, std, seed, draw, first_row, draw_base);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -221,9 +220,8 @@ void activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, const F
     constexpr int64_t per = linea::detail::uniforms_per_block<T>();
     const int64_t total = rows * ((len + per - 1) / per);
     activation_dropout_kernel<T><<<grid_for(total), kBlockSize, 0, stream()>>>(
-        op, cptr<T>(x), grad.defined() ? cptr<T>(grad) : nullptr, ptr<T>(out), rows, len,
-        static_cast<T>(1.0 - drop.p), static_cast<T>(1.0 / (1.0 - drop.p)), drop.seed, drop.draw, drop.first_row,
-        drop.draw_base);
+        op, cptr<T>(x), grad.defined() ? cptr<T>(grad) : nullptr, ptr<T>(out), rows, len, static_cast<T>(1.0 - drop.p),
+        static_cast<T>(1.0 / (1.0 - drop.p)), drop.seed, drop.draw, drop.first_row, drop.draw_base);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

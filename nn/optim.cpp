@@ -292,7 +292,8 @@ void Adam::multi_step(const Tensor& guard) {
       if (!grad.defined()) continue;
       ms.push_back(slot_for(m_[g][i], p, nullptr));
       vs.push_back(slot_for(v_[g][i], p, nullptr));
-      one_kind = one_kind && p.is_contiguous() && (ps.empty() || (p.device() == ps[0].device() && p.dtype() == ps[0].dtype()));
+      one_kind =
+          one_kind && p.is_contiguous() && (ps.empty() || (p.device() == ps[0].device() && p.dtype() == ps[0].dtype()));
       ps.push_back(p);
       gs.push_back(grad);
       group.push_back(static_cast<int>(g));
@@ -350,9 +351,7 @@ void Adam::prepare_step() {
 
 int64_t Adam::steps() const { return count_.defined() ? count_.item<int64_t>() : step_; }
 
-StateDict Adam::state_dict() const {
-  return export_state(groups_, {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}, steps());
-}
+StateDict Adam::state_dict() const { return export_state(groups_, {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}, steps()); }
 
 void Adam::load_state_dict(const StateDict& state) {
   import_state(decoupled_ ? "AdamW" : "Adam", groups_, {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}, state, &step_);

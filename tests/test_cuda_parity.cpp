@@ -504,16 +504,20 @@ TEST(CudaParity, MatmulAttentionLayouts) {
   const int64_t B = 3, N = 5, M = 7, H = 2, D = 9;
   const auto heads = [](const Tensor& x) { return x.permute({0, 2, 1, 3}); };  // [B, L, H, D] -> [B, H, L, D]
   for (DType dt : kFloatTypes) {
-    expect_parity(tag("q k^T", dt), [&](const std::vector<Tensor>& v) { return matmul(heads(v[0]), heads(v[1]).transpose(-1, -2)); },
+    expect_parity(tag("q k^T", dt),
+                  [&](const std::vector<Tensor>& v) { return matmul(heads(v[0]), heads(v[1]).transpose(-1, -2)); },
                   {rnd({B, N, H, D}, dt), rnd({B, M, H, D}, dt)});
     expect_parity(tag("p v", dt), [&](const std::vector<Tensor>& v) { return matmul(v[0], heads(v[1])); },
                   {rnd({B, H, N, M}, dt), rnd({B, M, H, D}, dt)});
-    expect_parity(tag("three batch dims, one broadcast", dt), [&](const std::vector<Tensor>& v) {
-      return matmul(v[0].permute({1, 0, 2, 3, 4}), v[1]);
-    }, {rnd({2, 3, 2, 4, 5}, dt), rnd({3, 1, 2, 5, 3}, dt)});
+    expect_parity(tag("three batch dims, one broadcast", dt),
+                  [&](const std::vector<Tensor>& v) {
+                    return matmul(v[0].permute({1, 0, 2, 3, 4}), v[1]);
+                  },
+                  {rnd({2, 3, 2, 4, 5}, dt), rnd({3, 1, 2, 5, 3}, dt)});
   }
 #ifndef LINEA_PARITY_SELF_TEST
-  const Tensor q = heads(rnd({B, N, H, D}, DType::Float32).to(kCuda)), k = heads(rnd({B, M, H, D}, DType::Float32).to(kCuda));
+  const Tensor q = heads(rnd({B, N, H, D}, DType::Float32).to(kCuda)),
+               k = heads(rnd({B, M, H, D}, DType::Float32).to(kCuda));
   const cuda::Counters before = cuda::counters();
   const Tensor s = matmul(q, k.transpose(-1, -2));
   const cuda::Counters c = cuda::counters() - before;
@@ -533,11 +537,12 @@ TEST(CudaParity, Linear) {
     expect_parity(tag("2-d", dt), lin, {rnd({13, 37}, dt), rnd({11, 37}, dt), rnd({11}, dt)});
     expect_parity(tag("3-d rows", dt), lin, {rnd({3, 7, 37}, dt), rnd({11, 37}, dt), rnd({11}, dt)});
     expect_parity(tag("no bias", dt), lin_nb, {rnd({3, 7, 37}, dt), rnd({11, 37}, dt)});
-    expect_parity(tag("transposed input", dt), [](const std::vector<Tensor>& v) { return linear(v[0].t(), v[1], v[2]); },
+    expect_parity(tag("transposed input", dt),
+                  [](const std::vector<Tensor>& v) { return linear(v[0].t(), v[1], v[2]); },
                   {rnd({37, 13}, dt), rnd({11, 37}, dt), rnd({11}, dt)});
     expect_parity(tag("one row, one output", dt), lin, {rnd({1, 5}, dt), rnd({1, 5}, dt), rnd({1}, dt)});
-    expect_parity(tag("many rows (long bias-gradient sums)", dt), lin, {rnd({1029, 6}, dt), rnd({3, 6}, dt), rnd({3}, dt)},
-                  4.0);
+    expect_parity(tag("many rows (long bias-gradient sums)", dt), lin,
+                  {rnd({1029, 6}, dt), rnd({3, 6}, dt), rnd({3}, dt)}, 4.0);
   }
 }
 
@@ -582,8 +587,8 @@ TEST(CudaParity, FusedOptimizerStep) {
       g.push_back(rnd({n}, dt, 2.0));
       m.push_back(zeros({n}, TensorOptions(dt)));
       v.push_back(zeros({n}, TensorOptions(dt)));
-      for (auto [src, dst] : {std::make_pair(&p, &pd), std::make_pair(&g, &gd), std::make_pair(&m, &md),
-                              std::make_pair(&v, &vd)})
+      for (auto [src, dst] :
+           {std::make_pair(&p, &pd), std::make_pair(&g, &gd), std::make_pair(&m, &md), std::make_pair(&v, &vd)})
         dst->push_back(clone(src->back().to(kCuda)));
       group.push_back(i % 3 == 0 ? 1 : 0);
     }

@@ -525,7 +525,7 @@ TEST(Dropout, FeedForwardFoldsItsDropoutIntoTheActivation) {
     const Tensor y = ff(x);
     manual_seed(8);
     const std::shared_ptr<nn::UnaryModule> act = nn::make_activation(name);
-    const Tensor y2 = (*ff.fc2())(dropout((*act)(( *ff.fc1())(x)), 0.25, true));
+    const Tensor y2 = (*ff.fc2())(dropout((*act)((*ff.fc1())(x)), 0.25, true));
     EXPECT_TRUE(all_close(y, y2, 0, 0));
   }
 }

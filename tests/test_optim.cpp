@@ -703,7 +703,8 @@ TEST(FusedStep, GradNormGuardEqualsClipGradNorm) {
   // Without clipping, coef is 1; a non-finite loss or gradient fails the guard.
   EXPECT_EQ(nn::step_guard(ps, loss, 0.0).to_vector<double>()[1], 1.0);
   EXPECT_EQ(nn::step_guard(ps, scalar_tensor(NAN), 1.0).to_vector<double>()[2], 0.0);
-  EXPECT_EQ(nn::step_guard(ps, scalar_tensor(INFINITY, TensorOptions(DType::Float32)), 1.0).to_vector<double>()[2], 0.0);
+  EXPECT_EQ(nn::step_guard(ps, scalar_tensor(INFINITY, TensorOptions(DType::Float32)), 1.0).to_vector<double>()[2],
+            0.0);
   Tensor bad = ps[3].grad();
   bad.narrow(0, 7, 1).fill_(INFINITY);
   EXPECT_EQ(nn::step_guard(ps, loss, 1.0).to_vector<double>()[2], 0.0);

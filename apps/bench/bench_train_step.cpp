@@ -40,8 +40,8 @@ namespace {
 
 struct Options {
   std::string model = "vit";
-  int64_t batch = 128;                    // vit: images per batch
-  int64_t sentences = 128, length = 32;   // translate: sentences per batch, tokens per sentence
+  int64_t batch = 128;                   // vit: images per batch
+  int64_t sentences = 128, length = 32;  // translate: sentences per batch, tokens per sentence
   int64_t steps = 60, warmup = 10;
   std::string device = "cuda", precision = "fp32", json_out;
   bool cuda_graph = false, op_cost = false;
@@ -174,7 +174,9 @@ json run_op_cost(const Options& o, const Device device) {
   const double issue = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   sum(c).item();
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {{"bench", "op-cost"},          {"device", bench::device_name(device)}, {"ops", o.ops},
+  return {{"bench", "op-cost"},
+          {"device", bench::device_name(device)},
+          {"ops", o.ops},
           {"host_us_per_op", 1e6 * issue / static_cast<double>(o.ops)},
           {"us_per_op_with_wait", 1e6 * total / static_cast<double>(o.ops)}};
 }
@@ -183,17 +185,26 @@ json run_op_cost(const Options& o, const Device device) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app("train-step: the apps' training steps on synthetic batches, timed (see the top of bench_train_step.cpp)");
-  app.add_option("--model", o.model, "vit or translate")->capture_default_str()->check(CLI::IsMember({"vit", "translate"}));
+  CLI::App app(
+      "train-step: the apps' training steps on synthetic batches, timed (see the top of bench_train_step.cpp)");
+  app.add_option("--model", o.model, "vit or translate")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"vit", "translate"}));
   app.add_option("--batch", o.batch, "vit: images per batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-  app.add_option("--sentences", o.sentences, "translate: sentences per batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-  app.add_option("--length", o.length, "translate: tokens per sentence, each side")->capture_default_str()->check(CLI::Range(2, 256));
+  app.add_option("--sentences", o.sentences, "translate: sentences per batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--length", o.length, "translate: tokens per sentence, each side")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 256));
   app.add_option("--steps", o.steps, "steps after the warm-up (the rate is taken over all but the last two)")
       ->capture_default_str()
       ->check(CLI::Range(3, 1 << 20));
   app.add_option("--warmup", o.warmup, "steps before the timing")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_option("--device", o.device, "cpu, cuda or auto")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32, tf32 or bf16 (CUDA)")->capture_default_str()->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  app.add_option("--precision", o.precision, "fp32, tf32 or bf16 (CUDA)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app.add_flag("--cuda-graph", o.cuda_graph, "capture the step as a CUDA graph and replay it");
   app.add_flag("--op-cost", o.op_cost, "time the host's cost per small op instead");
   app.add_option("--ops", o.ops, "--op-cost: ops issued")->capture_default_str()->check(CLI::Range(1, 1 << 24));

@@ -67,7 +67,9 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group,
   app.add_option("--precision", o.precision,
                  "float32 matmuls on the GPU: fp32 (full precision, as the CPU), tf32 or bf16 (tensor cores, float32 "
                  "accumulation; weights, optimizer state, softmax and norms stay float32)")
-      ->group(run_group)->capture_default_str()->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+      ->group(run_group)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app.add_option("--threads", o.threads, "CPU threads for OpenMP and OpenBLAS (0: all cores)")
       ->group(run_group)->capture_default_str()->check(CLI::Range(0, 1024));
   app.add_option("--out", o.out_dir, "output folder: metrics.jsonl, summary.json, curves.png, checkpoint/")

@@ -52,9 +52,12 @@ class RunningSums {
     for (size_t i = 0; i < names.size(); ++i) {
       auto [it, fresh] = stats_.try_emplace(names[i].first, 0.0);
       const double v = stats[i];
-      if (fresh) it->second = v;
-      else if (names[i].second == DType::Float32) it->second = static_cast<float>(it->second) + static_cast<float>(v);
-      else it->second += v;  // float64, and int64 counts (exact below 2^53)
+      if (fresh)
+        it->second = v;
+      else if (names[i].second == DType::Float32)
+        it->second = static_cast<float>(it->second) + static_cast<float>(v);
+      else
+        it->second += v;  // float64, and int64 counts (exact below 2^53)
     }
     units_ += units;
     ++steps_;
@@ -97,7 +100,7 @@ class RunningSums {
 // step it has just issued (the GPU has the next one queued when the host waits at all).
 constexpr size_t kInFlight = 2;
 struct PendingStep {
-  int64_t step = 0, batch = 0, units = 0;           // pos.step and pos.batch after it; its units
+  int64_t step = 0, batch = 0, units = 0;            // pos.step and pos.batch after it; its units
   double lr = 0;                                     // its learning rate
   std::vector<std::pair<std::string, DType>> stats;  // the stats' names and dtypes
   AsyncRead values;                                  // loss, guard {norm, coef, ok}, the stats
@@ -124,11 +127,16 @@ struct ProfileSums {
   }
   json per_step() const {
     const double n = static_cast<double>(std::max<int64_t>(steps, 1));
-    return {{"kernel_launches", sum.kernel_launches / n}, {"library_calls", sum.library_calls / n},
-            {"graph_launches", sum.graph_launches / n},   {"host_syncs", sum.host_syncs / n},
-            {"device_allocs", sum.device_allocs / n},     {"device_copies", sum.device_copies / n},
-            {"h2d_copies", sum.h2d_copies / n},           {"h2d_bytes", sum.h2d_bytes / n},
-            {"d2h_copies", sum.d2h_copies / n},           {"d2h_bytes", sum.d2h_bytes / n},
+    return {{"kernel_launches", sum.kernel_launches / n},
+            {"library_calls", sum.library_calls / n},
+            {"graph_launches", sum.graph_launches / n},
+            {"host_syncs", sum.host_syncs / n},
+            {"device_allocs", sum.device_allocs / n},
+            {"device_copies", sum.device_copies / n},
+            {"h2d_copies", sum.h2d_copies / n},
+            {"h2d_bytes", sum.h2d_bytes / n},
+            {"d2h_copies", sum.d2h_copies / n},
+            {"d2h_bytes", sum.d2h_bytes / n},
             {"host_ms", 1e3 * host_s / n}};
   }
 };
@@ -605,9 +613,13 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
                         "loss " + fmt("%.4f", epoch_sums.mean_loss()) + "  " + stats + "  lr " + fmt("%.2e", p.lr));
         }
         if (log_now && log_sums.steps() > 0) {
-          json rec = {{"type", "step"}, {"step", p.step}, {"epoch", pos.epoch + 1},
-                      {"epoch_progress", epoch_position(*s.loader, pos.epoch, p.batch)}, {"lr", p.lr},
-                      {"loss", log_sums.mean_loss()}, {per_s, epoch_sums.units() / std::max(secs, 1e-9)}};
+          json rec = {{"type", "step"},
+                      {"step", p.step},
+                      {"epoch", pos.epoch + 1},
+                      {"epoch_progress", epoch_position(*s.loader, pos.epoch, p.batch)},
+                      {"lr", p.lr},
+                      {"loss", log_sums.mean_loss()},
+                      {per_s, epoch_sums.units() / std::max(secs, 1e-9)}};
           for (const auto& [name, value] : log_sums.stat_means()) rec[name] = value;
           if (o.profile && s.device.is_cuda()) rec["cuda_per_step"] = log_profile.per_step();
           if (metrics) metrics->write(rec);
@@ -704,8 +716,7 @@ TrainResult train(const TrainSetup& s, const TrainHooks& hooks, const RunOptions
         if (shard.count > 0) r.loss.backward();
         reducer->finish();
         ++comm_steps;
-        step_loss = scalar_tensor(total[1] > 0 ? total[0] / total[1] : 0.0, TensorOptions(DType::Float64))
-                        .to(s.device);
+        step_loss = scalar_tensor(total[1] > 0 ? total[0] / total[1] : 0.0, TensorOptions(DType::Float64)).to(s.device);
         step_units = std::llround(total[2]);
       }
       // Clipping, the non-finite guard and the optimizer step, all on the device: a step whose

@@ -30,9 +30,10 @@
 // record). The step never waits for the device: the guard is decided on the device (the
 // optimizer's kernels leave everything as it was when it fails), and its verdict, the loss and
 // the stats come back through pinned memory (core/readback.h) and are looked at two steps
-// later ("settled"); checkpoints, evaluations and the end of an epoch settle every step first. SIGINT or SIGTERM (apps/common/interrupt.h) stops the run after the step in
-// progress (or the evaluation): that step's checkpoint is saved, an "interrupted" record written
-// and Interrupted thrown (apps exit 130 / 143); --resume continues it bit for bit.
+// later ("settled"); checkpoints, evaluations and the end of an epoch settle every step first. SIGINT or SIGTERM
+// (apps/common/interrupt.h) stops the run after the step in progress (or the evaluation): that step's checkpoint is
+// saved, an "interrupted" record written and Interrupted thrown (apps exit 130 / 143); --resume continues it bit for
+// bit.
 //
 // metrics.jsonl records (x = TrainSetup::unit, e.g. "images"):
 //   step:  step, epoch (1-based), epoch_progress, lr, loss and each stat (means since the last

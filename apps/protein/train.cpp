@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
 
 #include "alphabet.h"
 #include "apps/common/device.h"

@@ -92,7 +92,7 @@ void check_steady_steps(const apps::TrainResult& r, int64_t budget, const char* 
 struct VitRun {
   apps::TrainResult result;
   long emulated_launches = -1;  // kernels the emulator ran during the steps (-1: not emulated)
-  cuda::Counters total;          // what the steps asked for, counted around the whole run
+  cuda::Counters total;         // what the steps asked for, counted around the whole run
 };
 
 // The parameters of a model, on the host, in order.

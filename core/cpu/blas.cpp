@@ -121,7 +121,9 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
 }
 
 namespace {
-Tensor transposed(const Tensor& t) { return as_strided(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, t.offset()); }
+Tensor transposed(const Tensor& t) {
+  return as_strided(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, t.offset());
+}
 }  // namespace
 
 // out [R, N] = x [R, K] @ w^T + b: the GEMM, then the bias added row by row (as the composed

@@ -59,8 +59,8 @@ void grad_norm_guard(const std::vector<Tensor>& grads, const Tensor& loss, doubl
     using T = decltype(tag_);
     T total = T(0);  // in T, tensor by tensor, as the composed sum of per-tensor sums
     for (size_t i = 0; i < grads.size(); ++i) {
-      const T s = static_cast<T>(
-          linea::detail::sum_of_squares(static_cast<const T*>(grads[i].data_ptr()), grads[i].numel()));
+      const T s =
+          static_cast<T>(linea::detail::sum_of_squares(static_cast<const T*>(grads[i].data_ptr()), grads[i].numel()));
       total = i == 0 ? s : total + s;
     }
     const T norm = std::sqrt(total);
@@ -75,8 +75,7 @@ void grad_norm_guard(const std::vector<Tensor>& grads, const Tensor& loss, doubl
 // guard Float64 [3] or undefined
 void adam_multi_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& m,
                      const std::vector<Tensor>& v, const std::vector<int>& group, const Tensor& hyper,
-                     const Tensor& count, const Tensor& guard, double beta1, double beta2, double eps,
-                     bool decoupled) {
+                     const Tensor& count, const Tensor& guard, double beta1, double beta2, double eps, bool decoupled) {
   const double* g3 = guard.defined() ? static_cast<const double*>(guard.data_ptr()) : nullptr;
   if (g3 && g3[2] == 0.0) return;  // a non-finite step: nothing changes
   int64_t* cnt = static_cast<int64_t*>(count.data_ptr());

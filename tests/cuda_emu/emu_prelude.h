@@ -23,7 +23,9 @@ inline void __threadfence() {}
 inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
 inline double atomicAdd(double* p, double v) { double o = *p; *p = o + v; return o; }
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
-  unsigned int o = *p; *p = o + v; return o;
+  unsigned int o = *p;
+  *p = o + v;
+  return o;
 }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   unsigned long long o = *p; *p = o + v; return o;

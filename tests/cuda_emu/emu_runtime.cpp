@@ -553,43 +553,44 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
                  *c = reinterpret_cast<const LtLayout*>(lc), *dl = reinterpret_cast<const LtLayout*>(ld);
   const bool na = desc->transa == CUBLAS_OP_N, nb = desc->transb == CUBLAS_OP_N;
   const uint64_t m = dl->rows, n = dl->cols, k = na ? a->cols : a->rows;
-  const bool shapes_ok = (na ? a->rows : a->cols) == m && (nb ? b->rows : b->cols) == k && (nb ? b->cols : b->rows) == n &&
-                         c->rows == m && c->cols == n && c->ld == dl->ld;
+  const bool shapes_ok = (na ? a->rows : a->cols) == m && (nb ? b->rows : b->cols) == k &&
+                         (nb ? b->cols : b->rows) == n && c->rows == m && c->cols == n && c->ld == dl->ld;
   const bool types_ok = a->type == CUDA_R_32F && b->type == CUDA_R_32F && c->type == CUDA_R_32F &&
                         dl->type == CUDA_R_32F && desc->scale == CUDA_R_32F &&
                         (desc->compute == CUBLAS_COMPUTE_32F || desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
                          desc->compute == CUBLAS_COMPUTE_32F_FAST_16BF);
   const bool vector_ok = desc->epilogue == CUBLASLT_EPILOGUE_DEFAULT || desc->bias != nullptr;
   if (!shapes_ok || !types_ok || !vector_ok || algo == nullptr || !alpha || !beta) {
-    std::fprintf(stderr, "emu cublasLt: invalid matmul (shapes %d types %d vector %d)\n", shapes_ok, types_ok, vector_ok);
+    std::fprintf(stderr, "emu cublasLt: invalid matmul (shapes %d types %d vector %d)\n", shapes_ok, types_ok,
+                 vector_ok);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   emu_submit([=, desc = *desc, a = *a, b = *b, c = *c, dl = *dl] {
-  const float* pa = static_cast<const float*>(A);
-  const float* pb = static_cast<const float*>(B);
-  const float* pc = static_cast<const float*>(C);
-  float* pd = static_cast<float*>(D);
-  auto at = [&](uint64_t i, uint64_t l) { return na ? pa[i + l * a.ld] : pa[l + i * a.ld]; };  // op(A)[i, l]
-  auto bt = [&](uint64_t l, uint64_t j) { return nb ? pb[l + j * b.ld] : pb[j + l * b.ld]; };  // op(B)[l, j]
-  float* vec = static_cast<float*>(desc.bias);
-  if (desc.epilogue == CUBLASLT_EPILOGUE_BGRADB)  // read B before D is written (they never alias in Linea)
-    for (uint64_t j = 0; j < n; ++j) {
-      double sum = 0;
-      for (uint64_t l = 0; l < k; ++l) sum += bt(l, j);
-      vec[j] = static_cast<float>(sum);
-    }
-  std::vector<float> out(m * n);
-  for (uint64_t j = 0; j < n; ++j)
-    for (uint64_t i = 0; i < m; ++i) {
-      double s = 0;
-      for (uint64_t l = 0; l < k; ++l) s += round_input(at(i, l), desc.compute) * round_input(bt(l, j), desc.compute);
-      float r = static_cast<float>(al * s + (be == 0.0f ? 0.0 : be * pc[i + j * c.ld]));  // a float32 accumulator
-      if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) r = r + vec[i];
-      out[i + j * m] = r;
-    }
-  for (uint64_t j = 0; j < n; ++j)
-    for (uint64_t i = 0; i < m; ++i) pd[i + j * dl.ld] = out[i + j * m];
+    const float* pa = static_cast<const float*>(A);
+    const float* pb = static_cast<const float*>(B);
+    const float* pc = static_cast<const float*>(C);
+    float* pd = static_cast<float*>(D);
+    auto at = [&](uint64_t i, uint64_t l) { return na ? pa[i + l * a.ld] : pa[l + i * a.ld]; };  // op(A)[i, l]
+    auto bt = [&](uint64_t l, uint64_t j) { return nb ? pb[l + j * b.ld] : pb[j + l * b.ld]; };  // op(B)[l, j]
+    float* vec = static_cast<float*>(desc.bias);
+    if (desc.epilogue == CUBLASLT_EPILOGUE_BGRADB)  // read B before D is written (they never alias in Linea)
+      for (uint64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (uint64_t l = 0; l < k; ++l) sum += bt(l, j);
+        vec[j] = static_cast<float>(sum);
+      }
+    std::vector<float> out(m * n);
+    for (uint64_t j = 0; j < n; ++j)
+      for (uint64_t i = 0; i < m; ++i) {
+        double s = 0;
+        for (uint64_t l = 0; l < k; ++l) s += round_input(at(i, l), desc.compute) * round_input(bt(l, j), desc.compute);
+        float r = static_cast<float>(al * s + (be == 0.0f ? 0.0 : be * pc[i + j * c.ld]));  // a float32 accumulator
+        if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) r = r + vec[i];
+        out[i + j * m] = r;
+      }
+    for (uint64_t j = 0; j < n; ++j)
+      for (uint64_t i = 0; i < m; ++i) pd[i + j * dl.ld] = out[i + j * m];
   });
   return CUBLAS_STATUS_SUCCESS;
 }
