@@ -3,21 +3,21 @@
 // loop owns the rest:
 //
 //   for each epoch (its length: the batches the loader's sampler yields for it):
-//     for each batch:  lr = schedule(step); zero_grad; r = hooks.step(batch); r.loss.backward();
-//                      guard = {norm, clipping coefficient, finite?} (nn::step_guard);
-//                      opt.step_guarded(guard); moving average; loss, guard and stats copied
-//                      back; settle the step two before (guard's verdict, stats, metrics.jsonl
-//                      "step" record every log_every steps, progress bar);
-//                      checkpoint every checkpoint_every steps
-//     evaluate (eval mode, no graph, on a fork of the RNG); "epoch" record; checkpoint; curves.png
-//   summary.json
+//     for each batch:  step: lr = schedule(step); zero_grad; r = hooks.step(batch);
+//                      r.loss.backward() (summed over the ranks: step_reducer.h); the guard
+//                      {norm, clipping coefficient, finite?} (nn::step_guard);
+//                      opt.step_guarded(guard); moving average; the read-back queued
+//                      settle the step two before: the guard's verdict, the running sums, a
+//                      metrics.jsonl "step" record every log_every steps, the progress bar
+//                      checkpoint every checkpoint_every steps; a signal stops after the step
+//     end of the epoch: evaluate (eval mode, no graph, on a fork of the RNG); "epoch" record;
+//                      checkpoint; curves.png
+//   the final evaluation with the selected weights (hooks.finish); summary.json
 //
 // --cuda-graph (RunOptions::cuda_graph): after one uncaptured step (the warm-up: optimizer state,
 // library handles and plans), the step (forward, backward, guard, optimizer step, moving
-// average) is captured as a CUDA graph per batch shape (core/cuda_graph.h; at most 8 shapes,
-// the least recently used dropped first) and replayed with one launch: the batch is copied
-// into the graph's static input tensors, the learning rates and the per-example draws' base
-// counter into device memory, and a replay computes what an uncaptured step would, bit for bit.
+// average) is captured as a CUDA graph per batch shape and replayed with one launch
+// (graph_steps.h): a replay computes what an uncaptured step would, bit for bit.
 // Refused under data parallelism, on the CPU, and with mechanisms that draw with cuRAND every
 // step (the capture names the call).
 // Checkpoints (nn/checkpoint.h) hold the model, optimizer, RNG, step, the position in the epoch,
@@ -55,14 +55,10 @@
 //                 stops early after `patience` evaluations without improvement
 //   hooks.finish  runs once after training, with the selected weights loaded (the best, else
 //                 the average, else the last): the final evaluation, e.g. on the test set
-// Data parallelism (nn/dist.h; on when the app runs under `mpirun -np N`): the ranks check that
-// their settings and parameter shapes agree, rank 0's weights are broadcast, and the loader
-// yields each rank its slice of every batch (the batch size stays the whole batch: N ranks train
-// the same run as one process, and a checkpoint resumes under any N). Per step: each rank's
-// forward runs inside a BatchRowsGuard at its slice's first example (per-example random draws
-// match one process's), the weighted losses are summed across ranks (the loss, the non-finite
-// guard and the logs see the whole batch's), and the gradients are averaged in buckets while the
-// backward runs (nn/data_parallel.h). The running stats are summed across ranks at log points.
+// Data parallelism (nn/dist.h; on when the app runs under `mpirun -np N`): N ranks train the same
+// run as one process, each on its slice of every batch (step_reducer.h); the loss, the
+// non-finite guard and the logs see the whole batch's, and the running stats are summed across
+// ranks at log points.
 // Rank 0 alone evaluates (the others wait at the next step), prints, and writes metrics.jsonl,
 // checkpoints, curves and summary.json; evaluation results are broadcast so that model
 // selection and early stopping decide the same everywhere.
