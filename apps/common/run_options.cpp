@@ -105,10 +105,6 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group,
       ->check(non_negative_number());
 }
 
-std::string ModelOptions::weights_dir() const {
-  return std::filesystem::exists(checkpoint + "/best/model.safetensors") ? checkpoint + "/best" : checkpoint;
-}
-
 void add_model_flags(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--checkpoint", o.checkpoint,
                  "checkpoint folder (a training run's checkpoint: its best weights; or a best/ folder)")

@@ -53,11 +53,6 @@ struct ModelOptions {
   std::string checkpoint;        // a training run's checkpoint folder, or a folder of weights
   std::string device = "auto";   // cpu, cuda or auto
   int threads = 0;               // CPU threads (0: all cores)
-
-  // The weights --checkpoint names: a training checkpoint's best/ folder when it has one (the
-  // best weights, not the last step's), else the folder itself (a best/ folder, or any folder
-  // with model.safetensors and config.json).
-  std::string weights_dir() const;
 };
 void add_model_flags(CLI::App& cmd, ModelOptions& options);
 

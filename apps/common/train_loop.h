@@ -131,12 +131,13 @@ struct SelectOptions {
 
 // curves.png: the logged steps' loss and the epochs' train loss, evaluation loss and main metric.
 struct CurveOptions {
-  std::string title;                         // e.g. "vit: softmax attention, training loss and test accuracy"
-  std::string train_loss = "train loss";     // label of the training loss
-  std::string eval_loss_key, eval_loss;      // e.g. "test_loss", "test loss" (empty key: none)
-  std::string metric_key, metric;            // e.g. "test_accuracy", "test accuracy" (right axis)
-  double metric_scale = 1.0;                 // e.g. 100 to plot a fraction in percent
-  std::string ylabel = "loss", y2label;      // axis labels
+  std::string title;                      // e.g. "vit: softmax attention, training loss and test accuracy"
+  std::string train_loss = "train loss";  // label of the training loss
+  std::string eval_loss;                  // key of the evaluation's loss, e.g. "test_loss" ("": none)
+  std::string metric;                     // key of its main metric, e.g. "test_accuracy" (right axis; "": none)
+  double metric_scale = 1.0;              // e.g. 100 to plot a fraction in percent
+  std::string ylabel = "loss";            // left axis
+  std::string metric_label;               // default: the key in words, with "(%)" when scaled by 100
 };
 
 struct TrainSetup {

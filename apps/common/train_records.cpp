@@ -96,10 +96,21 @@ double epoch_position(const nn::DataLoader& loader, int64_t epoch, int64_t batch
   return static_cast<double>(epoch * n + batch) / static_cast<double>(n);
 }
 
+namespace {
+// "test_accuracy" -> "test accuracy"
+std::string in_words(std::string key) {
+  for (char& ch : key)
+    if (ch == '_') ch = ' ';
+  return key;
+}
+}  // namespace
+
 void draw_curves(const TrainSetup& setup, const std::string& out_dir) {
   const CurveOptions& c = setup.curves;
+  const std::string metric_label =
+      !c.metric_label.empty() ? c.metric_label : in_words(c.metric) + (c.metric_scale == 100 ? " (%)" : "");
   Series step_loss{c.train_loss + " (logged steps)", {}, {}}, epoch_train{c.train_loss + " (epoch mean)", {}, {}};
-  Series eval_loss{c.eval_loss, {}, {}}, metric{c.metric + " (right axis)", {}, {}};
+  Series eval_loss{in_words(c.eval_loss), {}, {}}, metric{metric_label + " (right axis)", {}, {}};
   epoch_train.points = eval_loss.points = metric.points = true;
   metric.right_axis = true;
   // Records without the numbers a curve needs (a hand-edited or foreign file) are left out.
@@ -113,13 +124,13 @@ void draw_curves(const TrainSetup& setup, const std::string& out_dir) {
       const double e = r["epoch"].get<double>();
       epoch_train.x.push_back(e);
       epoch_train.y.push_back(r["train_loss"].get<double>());
-      if (!c.eval_loss_key.empty() && number(r, c.eval_loss_key)) {
+      if (!c.eval_loss.empty() && number(r, c.eval_loss)) {
         eval_loss.x.push_back(e);
-        eval_loss.y.push_back(r[c.eval_loss_key].get<double>());
+        eval_loss.y.push_back(r[c.eval_loss].get<double>());
       }
-      if (!c.metric_key.empty() && number(r, c.metric_key)) {
+      if (!c.metric.empty() && number(r, c.metric)) {
         metric.x.push_back(e);
-        metric.y.push_back(c.metric_scale * r[c.metric_key].get<double>());
+        metric.y.push_back(c.metric_scale * r[c.metric].get<double>());
       }
     }
   }
@@ -127,10 +138,10 @@ void draw_curves(const TrainSetup& setup, const std::string& out_dir) {
   fig.title = c.title.empty() ? setup.app + ": training" : c.title;
   fig.xlabel = "epoch";
   fig.ylabel = c.ylabel;
-  fig.y2label = c.y2label;
+  fig.y2label = c.metric.empty() ? "" : metric_label;
   fig.series = {step_loss, epoch_train};
-  if (!c.eval_loss_key.empty()) fig.series.push_back(eval_loss);
-  if (!c.metric_key.empty()) fig.series.push_back(metric);
+  if (!c.eval_loss.empty()) fig.series.push_back(eval_loss);
+  if (!c.metric.empty()) fig.series.push_back(metric);
   std::string err;
   if (!plot_png(out_dir + "/curves.png", fig, &err))
     std::fprintf(stderr, "%s: warning: curves.png not drawn: %s\n", setup.app.c_str(), err.c_str());

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "apps/common/app_run.h"
 #include "apps/common/device.h"
 #include "apps/common/app_main.h"
 #include "apps/common/progress.h"
@@ -31,11 +32,9 @@ using namespace linea;
 namespace {
 
 protein::Predictor load_predictor(const apps::ModelOptions& o) {
-  set_num_threads(o.threads);
-  const Device device = apps::resolve_device("protein", o.device);
-  const std::string dir = o.weights_dir();
-  protein::Predictor p = protein::Predictor::load(dir, device);
-  std::fprintf(stderr, "protein: weights from %s on %s\n", dir.c_str(), apps::device_name(device).c_str());
+  const apps::ModelRun m = apps::start_model_run("protein", o);
+  protein::Predictor p = protein::Predictor::load(m.weights_dir, m.device);
+  std::fprintf(stderr, "protein: weights from %s on %s\n", m.weights_dir.c_str(), apps::device_name(m.device).c_str());
   return p;
 }
 

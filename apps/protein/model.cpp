@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "alphabet.h"
+#include "apps/common/config_json.h"
 #include "attention/registry.h"
 #include "autograd/ops.h"
 #include "core/error.h"
@@ -16,36 +17,8 @@ using json = nlohmann::json;
 
 namespace protein {
 
-json model_json(const ModelConfig& c) {
-  return {{"dim", c.dim},         {"heads", c.heads},         {"layers", c.layers},       {"mlp_hidden", c.mlp_hidden},
-          {"dropout", c.dropout}, {"attention", c.attention}, {"positions", c.positions}, {"max_len", c.max_len}};
-}
-
-namespace {
-// j[key] as a T; a missing key or a value of another type is a linea::Error naming the key.
-template <typename T> T field(const json& j, const char* key) {
-  LINEA_CHECK(j.is_object(), "protein: the model config must be a JSON object, got ", j.type_name());
-  LINEA_CHECK(j.contains(key), "protein: the model config has no \"", key, "\"");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    LINEA_FAIL("protein: the model config's \"", key, "\" has the wrong type (", j.at(key).type_name(), ": ",
-               j.at(key).dump(), ")");
-  }
-}
-}  // namespace
-
 ModelConfig model_from_json(const json& j) {
-  ModelConfig c;
-  c.dim = field<int64_t>(j, "dim");
-  c.heads = field<int64_t>(j, "heads");
-  c.layers = field<int64_t>(j, "layers");
-  c.mlp_hidden = field<int64_t>(j, "mlp_hidden");
-  c.dropout = field<double>(j, "dropout");
-  c.attention = field<std::string>(j, "attention");
-  c.positions = field<std::string>(j, "positions");
-  c.max_len = field<int64_t>(j, "max_len");
-  return c;
+  return linea::apps::config_from_json<ModelConfig>(j, "protein: the model config");
 }
 
 namespace {

@@ -29,8 +29,9 @@ struct ModelConfig {
   int64_t max_len = 256;              // tokens per window, with <cls>/<eos>
 };
 
-nlohmann::json model_json(const ModelConfig& c);
-ModelConfig model_from_json(const nlohmann::json& j);  // a missing key is a linea::Error naming it
+// config.json's "model" (apps/common/config_json.h): json(config), model_from_json(j).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, dim, heads, layers, mlp_hidden, dropout, attention, positions, max_len)
+ModelConfig model_from_json(const nlohmann::json& j);  // a missing key or a wrong type is a linea::Error naming it
 
 class ProteinLM : public linea::nn::Module {
  public:

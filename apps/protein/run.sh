@@ -13,17 +13,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-PACKAGES=(cmake ninja-build g++ make pkg-config libopenblas-dev libopenblas-openmp-dev libfftw3-dev zlib1g-dev
-  nlohmann-json3-dev libstb-dev libcli11-dev libgtest-dev gnuplot-nox mmseqs2 mmseqs2-examples)
-bash tests/install_packages.sh "${PACKAGES[@]}"
-
-BUILD=${LINEA_BUILD_DIR:-build/release}
-echo "== build ($BUILD, Release)"
-mkdir -p "$BUILD"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD/configure.log" 2>&1 ||
-  { cat "$BUILD/configure.log"; exit 1; }
-grep -E "Linea: (CUDA backend|OpenBLAS)" "$BUILD/configure.log" || true
-cmake --build "$BUILD" -j"$(nproc)" --target protein
+source apps/common/app_script.sh
+app_build mmseqs2 mmseqs2-examples -- protein
 PROTEIN="$BUILD/apps/protein/protein"
 
 DATA=${LINEA_DATA:-data/protein}
@@ -38,11 +29,10 @@ start=$(date +%s)
 "$PROTEIN" train --data "$DATA" --out "$OUT" "$@"
 end=$(date +%s)
 
-field() { grep -oE "\"$1\": [0-9.eE+-]+" "$OUT/summary.json" | head -1 | awk -v s="$2" '{printf "%.2f", $2 * s}'; }
 echo
-echo "protein: test masked accuracy $(field test_masked_accuracy 100)%, perplexity $(field test_perplexity 1);" \
-  "empirical baseline $(field baseline_masked_accuracy 100)%, $(field baseline_perplexity 1); after" \
-  "$(((end - start) / 60)) min $(((end - start) % 60)) s"
+echo "protein: test masked accuracy $(app_field test_masked_accuracy 100)%, perplexity $(app_field test_perplexity);" \
+  "empirical baseline $(app_field baseline_masked_accuracy 100)%, $(app_field baseline_perplexity); after" \
+  "$(app_elapsed "$start" "$end")"
 echo "protein: outputs: $OUT/summary.json, $OUT/metrics.jsonl, $OUT/curves.png; checkpoint $OUT/checkpoint"
 echo "protein: use it with: $PROTEIN fill --checkpoint $OUT/checkpoint 'MKT<mask>LLIL<mask>AV'"
 echo "protein:              $PROTEIN embed --checkpoint $OUT/checkpoint seqs.fasta --out emb.safetensors"

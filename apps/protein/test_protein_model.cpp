@@ -258,7 +258,7 @@ TEST(ProteinModel, ConfigJsonRoundTripAndErrors) {
   ModelConfig c = toy_config("performer:features=8", 40);
   c.dropout = 0.25;
   c.positions = "none";
-  const json j = model_json(c);
+  const json j = nlohmann::json(c);
   const ModelConfig r = model_from_json(json::parse(j.dump()));
   EXPECT_EQ(r.dim, c.dim);
   EXPECT_EQ(r.heads, c.heads);
@@ -268,7 +268,7 @@ TEST(ProteinModel, ConfigJsonRoundTripAndErrors) {
   EXPECT_EQ(r.attention, c.attention);
   EXPECT_EQ(r.positions, c.positions);
   EXPECT_EQ(r.max_len, c.max_len);
-  EXPECT_EQ(model_json(r), j);
+  EXPECT_EQ(nlohmann::json(r), j);
   for (const char* key : {"dim", "heads", "layers", "mlp_hidden", "dropout", "attention", "positions", "max_len"}) {
     json missing = j;
     missing.erase(std::string(key));
@@ -315,7 +315,7 @@ namespace {
 // A checkpoint folder as a training run leaves it: config.json and model.safetensors.
 void save_checkpoint(const std::string& dir, const ProteinLM& m, const std::string& format = kConfigFormat) {
   std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << json{{"format", format}, {"model", model_json(m.config())}}.dump(2);
+  std::ofstream(dir + "/config.json") << json{{"format", format}, {"model", nlohmann::json(m.config())}}.dump(2);
   nn::save_module(dir + "/model.safetensors", m);
 }
 
@@ -479,14 +479,14 @@ TEST(ProteinPredictor, RefusesOtherCheckpoints) {
   save_checkpoint(d2, *m);
   std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}}.dump();
   EXPECT_LINEA_ERROR(Predictor::load(d2), "has no \"model\"");
-  json mj = model_json(m->config());
+  json mj = nlohmann::json(m->config());
   mj.erase("max_len");
   std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}, {"model", mj}}.dump();
   EXPECT_LINEA_ERROR(Predictor::load(d2), "\"max_len\"");
   // Weights of another shape.
   ModelConfig other = m->config();
   other.dim = 8;
-  std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}, {"model", model_json(other)}}.dump();
+  std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}, {"model", nlohmann::json(other)}}.dump();
   EXPECT_THROW(Predictor::load(d2), linea::Error);
 }
 

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "alphabet.h"
+#include "apps/common/app_run.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/progress.h"
@@ -124,15 +125,14 @@ std::string tally_text(const std::string& name, const Tally& t) {
 
 }  // namespace
 
+// The flags that define a run (config.json's "run", with the data, the masking and the seed).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainOptions, pack, max_tokens, epochs, lr, schedule, warmup, weight_decay, clip,
+                                   ema, patience)
+
 TrainReport run_training(const TrainOptions& o) {
   const apps::RunOptions& run = o.run;
-  set_num_threads(run.threads);  // 0 keeps the defaults
-  const Device device = apps::resolve_device("protein", run.device);
-  apps::apply_precision("protein", run.precision, device);
+  const Device device = apps::start_run("protein", run, kConfigFormat);
   const std::string ckpt_dir = run.checkpoint();
-  // --resume from another app's checkpoint says so, rather than listing every setting as changed.
-  if (run.resume && nn::checkpoint_exists(ckpt_dir))
-    linea::apps::read_checkpoint_config(ckpt_dir, "protein", kConfigFormat);
   LINEA_CHECK(o.pack == 0 || o.pack >= 3, "protein: --pack ", o.pack, " must be 0 (off) or at least 3 tokens");
 
   // ---- data ----
@@ -176,23 +176,14 @@ TrainReport run_training(const TrainOptions& o) {
   if (query_seqs) query_set = std::make_unique<MaskedLMDataset>(query_seqs, eval_opts);
 
   // ---- the checkpoint's config ----
-  json run_cfg = {{"data", fs::absolute(o.data_dir).lexically_normal().string()},
+  json run_cfg = o;
+  run_cfg.update({{"data", fs::absolute(o.data_dir).lexically_normal().string()},
                   {"train_sequences", train_seqs->size()},
-                  {"pack", o.pack},
                   {"mask_prob", o.masking.prob},
                   {"mask_token", o.masking.mask_token},
                   {"random_token", o.masking.random_token},
-                  {"max_tokens", o.max_tokens},
-                  {"epochs", o.epochs},
-                  {"lr", o.lr},
-                  {"schedule", o.schedule},
-                  {"warmup", o.warmup},
-                  {"weight_decay", o.weight_decay},
-                  {"clip", o.clip},
-                  {"ema", o.ema},
-                  {"patience", o.patience},
-                  {"seed", run.seed}};
-  json config = {{"format", kConfigFormat}, {"model", model_json(mc)}, {"data", data.json}, {"run", run_cfg}};
+                  {"seed", run.seed}});
+  json config = {{"format", kConfigFormat}, {"model", mc}, {"data", data.json}, {"run", run_cfg}};
 
   // ---- model and optimizer ----
   manual_seed(run.seed);
@@ -252,14 +243,10 @@ TrainReport run_training(const TrainOptions& o) {
     report.baseline_perplexity = v.value("baseline_perplexity", 0.0);
   };
   if (run.eval_only) {  // the best weights of the checkpoint (else its last)
-    const std::string best = ckpt_dir + "/best";
-    const std::string dir = fs::exists(best + "/model.safetensors") ? best : ckpt_dir;
-    Predictor loaded = Predictor::load(dir, device);
-    const apps::Metrics m = apps::evaluate_forked(loaded.model(), device, [&] { return final_eval(loaded.model()); });
-    std::printf("protein: %s (weights from %s)\n", m.text.c_str(), dir.c_str());
-    fs::create_directories(run.out_dir);
-    nn::write_text_file_atomic(run.out_dir + "/eval.json", m.values.dump(2) + "\n");
-    fill_report(m.values);
+    fill_report(apps::eval_only("protein", run, [&](const std::string& dir) {
+                  Predictor loaded = Predictor::load(dir, device);
+                  return apps::evaluate_forked(loaded.model(), device, [&] { return final_eval(loaded.model()); });
+                }).values);
     return report;
   }
 
@@ -292,15 +279,9 @@ TrainReport run_training(const TrainOptions& o) {
   setup.on_epoch = [&](int64_t epoch) { train_set->set_epoch(epoch); };
   setup.ema_decay = o.ema;
   setup.select = {"valid_perplexity", false, o.patience};
-  setup.curves.title = "protein: " + mc.attention + " attention, masked-LM loss and valid accuracy";
-  setup.curves.train_loss = "train loss (masked positions)";
-  setup.curves.eval_loss_key = "valid_loss";
-  setup.curves.eval_loss = "valid loss";
-  setup.curves.metric_key = "valid_masked_accuracy";
-  setup.curves.metric = "valid masked accuracy (%)";
-  setup.curves.metric_scale = 100;
-  setup.curves.ylabel = "loss (nats per masked residue)";
-  setup.curves.y2label = "valid masked accuracy (%)";
+  setup.curves = {"protein: " + mc.attention + " attention, masked-LM loss and valid accuracy",
+                  "train loss (masked positions)", "valid_loss", "valid_masked_accuracy", 100,
+                  "loss (nats per masked residue)", ""};
 
   apps::TrainHooks hooks;
   // Residues in a batch (the throughput unit) and chosen positions (the loss's denominator, and
@@ -342,22 +323,19 @@ TrainReport run_training(const TrainOptions& o) {
   };
   hooks.finish = [&] { return final_eval(*model); };
   hooks.summary = [&](json& summary) {
-    summary.update({{"model", model_json(mc)}, {"run", run_cfg}, {"data", data.json}});
+    summary.update({{"model", mc}, {"run", run_cfg}, {"data", data.json}});
   };
   const apps::TrainResult tr = apps::train(setup, hooks, run);
 
   fill_report(tr.final_eval.values);
   report.steps = tr.final_step;
   report.train_residues_per_s = tr.units_per_s;
-  std::printf("\nprotein: test masked accuracy %.2f%%, perplexity %.3f; baseline %.2f%%, %.3f; best valid perplexity "
-              "%.3f at step %lld; %s wall, %.0f train residues/s on %s\n",
-              100 * report.test_masked_accuracy, report.test_perplexity, 100 * report.baseline_masked_accuracy,
-              report.baseline_perplexity, tr.best_value, static_cast<long long>(tr.best_step),
-              apps::format_duration(tr.wall_s).c_str(), tr.units_per_s, apps::device_name(device).c_str());
-  std::printf("protein: outputs in %s: metrics.jsonl, summary.json, curves.png; checkpoint %s (best weights in "
-              "%s/best)\n",
-              run.out_dir.c_str(), ckpt_dir.c_str(), ckpt_dir.c_str());
-  std::fflush(stdout);
+  apps::report_run(setup, run, tr,
+                   "test masked accuracy " + fmt("%.2f%%", 100 * report.test_masked_accuracy) + ", perplexity " +
+                       fmt("%.3f", report.test_perplexity) + "; baseline " +
+                       fmt("%.2f%%", 100 * report.baseline_masked_accuracy) + ", " +
+                       fmt("%.3f", report.baseline_perplexity) + "; best valid perplexity " +
+                       fmt("%.3f", tr.best_value) + " at step " + std::to_string(tr.best_step));
   return report;
 }
 

@@ -16,7 +16,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "apps/common/app_run.h"
 #include "apps/common/device.h"
+#include "apps/common/run_options.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/runtime.h"
@@ -53,26 +55,22 @@ Batches make_batches(translate::Translator& tr, const std::vector<std::string>& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string checkpoint, input, json_path, device_arg = "auto";
+  apps::ModelOptions model;  // --checkpoint --device --threads
+  std::string input, json_path;
   int64_t sentences = 200, batch = 32;
-  int threads = 0;
   translate::SearchOptions beam;
   CLI::App app{"translate-bench-decode: incremental decoding against recomputing the prefix"};
-  app.add_option("--checkpoint", checkpoint, "translate checkpoint folder (its best/ weights when present)")->required();
+  apps::add_model_flags(app, model);
   app.add_option("--input", input, "source sentences, one per line")->required();
   app.add_option("--sentences", sentences, "the first N lines")->capture_default_str()->check(CLI::Range(1, 1000000));
   app.add_option("--batch", batch, "sentences per batch")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--beam", beam.beam, "beam size of the beam-search row")->capture_default_str()->check(CLI::Range(1, 1000));
-  app.add_option("--device", device_arg, "cpu, cuda or auto")->capture_default_str();
-  app.add_option("--threads", threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--json", json_path, "append the rows as JSON lines here");
   CLI11_PARSE(app, argc, argv);
   try {
-    set_num_threads(threads);
-    const Device device = apps::resolve_device("translate-bench-decode", device_arg);
-    std::string dir = checkpoint;
-    if (std::ifstream(dir + "/best/model.safetensors").good()) dir += "/best";
-    translate::Translator tr = translate::Translator::load(dir, device);
+    const apps::ModelRun m = apps::start_model_run("translate-bench-decode", model);
+    const Device device = m.device;
+    translate::Translator tr = translate::Translator::load(m.weights_dir, device);
     tr.model().eval();
     NoGradGuard ng;
     std::ifstream in(input);

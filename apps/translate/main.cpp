@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "apps/common/app_run.h"
 #include "apps/common/device.h"
 #include "apps/common/app_main.h"
 #include "apps/common/progress.h"
@@ -57,12 +58,10 @@ void add_search_flags(CLI::App& app, translate::SearchOptions& s, const std::str
 // Translates lines from a file or stdin; with --nbest N > 1 each line gives N lines
 // "<line number> ||| <translation> ||| <score>" (the Moses n-best format).
 int run_decode(const DecodeOptions& o) {
-  set_num_threads(o.model.threads);
-  const Device device = apps::resolve_device("translate", o.model.device);
-  const std::string dir = o.model.weights_dir();
-  translate::Translator tr = translate::Translator::load(dir, device);
-  std::fprintf(stderr, "translate: weights from %s on %s; beam %lld\n", dir.c_str(),
-               apps::device_name(device).c_str(), static_cast<long long>(o.search.beam));
+  const apps::ModelRun m = apps::start_model_run("translate", o.model);
+  translate::Translator tr = translate::Translator::load(m.weights_dir, m.device);
+  std::fprintf(stderr, "translate: weights from %s on %s; beam %lld\n", m.weights_dir.c_str(),
+               apps::device_name(m.device).c_str(), static_cast<long long>(o.search.beam));
 
   std::ifstream file;
   if (!o.input.empty() && o.input != "-") {

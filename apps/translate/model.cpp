@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "apps/common/config_json.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "nn/init.h"
@@ -11,38 +12,8 @@ using json = nlohmann::json;
 
 namespace translate {
 
-json model_json(const ModelConfig& c) {
-  return {{"src_vocab", c.src_vocab},         {"tgt_vocab", c.tgt_vocab},
-          {"joint_vocab", c.joint_vocab},     {"dim", c.dim},
-          {"heads", c.heads},                 {"enc_layers", c.enc_layers},
-          {"dec_layers", c.dec_layers},       {"mlp_hidden", c.mlp_hidden},
-          {"dropout", c.dropout},             {"enc_attention", c.enc_attention},
-          {"dec_attention", c.dec_attention}, {"cross_attention", c.cross_attention},
-          {"positions", c.positions},         {"max_len", c.max_len},
-          {"pad_id", c.pad_id},               {"bos_id", c.bos_id},
-          {"eos_id", c.eos_id}};
-}
-
 ModelConfig model_from_json(const json& j) {
-  ModelConfig c;
-  c.src_vocab = j.at("src_vocab");
-  c.tgt_vocab = j.at("tgt_vocab");
-  c.joint_vocab = j.at("joint_vocab");
-  c.dim = j.at("dim");
-  c.heads = j.at("heads");
-  c.enc_layers = j.at("enc_layers");
-  c.dec_layers = j.at("dec_layers");
-  c.mlp_hidden = j.at("mlp_hidden");
-  c.dropout = j.at("dropout");
-  c.enc_attention = j.at("enc_attention");
-  c.dec_attention = j.at("dec_attention");
-  c.cross_attention = j.at("cross_attention");
-  c.positions = j.at("positions");
-  c.max_len = j.at("max_len");
-  c.pad_id = j.at("pad_id");
-  c.bos_id = j.at("bos_id");
-  c.eos_id = j.at("eos_id");
-  return c;
+  return linea::apps::config_from_json<ModelConfig>(j, "translate: the model config");
 }
 
 namespace {

@@ -34,8 +34,11 @@ struct ModelConfig {
   int64_t pad_id = 0, bos_id = 2, eos_id = 3;
 };
 
-nlohmann::json model_json(const ModelConfig& c);
-ModelConfig model_from_json(const nlohmann::json& j);
+// config.json's "model" (apps/common/config_json.h): json(config), model_from_json(j).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, src_vocab, tgt_vocab, joint_vocab, dim, heads, enc_layers, dec_layers,
+                                   mlp_hidden, dropout, enc_attention, dec_attention, cross_attention, positions,
+                                   max_len, pad_id, bos_id, eos_id)
+ModelConfig model_from_json(const nlohmann::json& j);  // a missing key or a wrong type is a linea::Error naming it
 
 class Seq2Seq : public linea::nn::Module {
  public:

@@ -13,18 +13,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-PACKAGES=(cmake ninja-build g++ make pkg-config libopenblas-dev libopenblas-openmp-dev libfftw3-dev zlib1g-dev
-  nlohmann-json3-dev libstb-dev libcli11-dev libgtest-dev gnuplot-nox libsword-dev sword-text-web sword-text-sparv
-  libsentencepiece-dev)
-bash tests/install_packages.sh "${PACKAGES[@]}"
-
-BUILD=${LINEA_BUILD_DIR:-build/release}
-echo "== build ($BUILD, Release)"
-mkdir -p "$BUILD"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD/configure.log" 2>&1 ||
-  { cat "$BUILD/configure.log"; exit 1; }
-grep -E "Linea: (CUDA backend|OpenBLAS)" "$BUILD/configure.log" || true
-cmake --build "$BUILD" -j"$(nproc)" --target translate linea-bleu
+source apps/common/app_script.sh
+app_build libsword-dev sword-text-web sword-text-sparv libsentencepiece-dev -- translate linea-bleu
 TRANSLATE="$BUILD/apps/translate/translate"
 
 DATA=${LINEA_DATA:-data/translate}
@@ -39,9 +29,8 @@ start=$(date +%s)
 "$TRANSLATE" train --data "$DATA" --out "$OUT" "$@"
 end=$(date +%s)
 
-field() { grep -oE "\"$1\": [0-9.eE+-]+" "$OUT/summary.json" | head -1 | awk '{printf "%.2f", $2}'; }
 echo
-echo "translate: test BLEU $(field test_bleu) (beam), $(field test_bleu_greedy) (greedy) after" \
-  "$(((end - start) / 60)) min $(((end - start) % 60)) s"
+echo "translate: test BLEU $(app_field test_bleu) (beam), $(app_field test_bleu_greedy) (greedy) after" \
+  "$(app_elapsed "$start" "$end")"
 echo "translate: outputs: $OUT/summary.json, $OUT/metrics.jsonl, $OUT/curves.png, $OUT/test.beam.*; checkpoint $OUT/checkpoint"
 echo "translate: translate text with: $TRANSLATE decode --checkpoint $OUT/checkpoint < input.txt"

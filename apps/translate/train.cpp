@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "apps/common/app_run.h"
 #include "apps/common/device.h"
 #include "apps/common/progress.h"
 #include "apps/common/train_loop.h"
@@ -68,14 +69,13 @@ std::vector<std::string> best_of(const std::vector<std::vector<std::string>>& nb
 
 }  // namespace
 
+// The flags that define a run (config.json's "run", with the data and the seed).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainOptions, max_tokens, epochs, lr, warmup, weight_decay, label_smoothing, clip,
+                                   ema, patience)
+
 TrainReport run_training(const TrainOptions& o) {
   const apps::RunOptions& run = o.run;
-  set_num_threads(run.threads);  // 0 keeps the defaults
-  const Device device = apps::resolve_device("translate", run.device);
-  apps::apply_precision("translate", run.precision, device);
-  const std::string ckpt_dir = run.checkpoint();
-  // --resume from another app's checkpoint says so, rather than listing every setting as changed.
-  if (run.resume && nn::checkpoint_exists(ckpt_dir)) apps::read_checkpoint_config(ckpt_dir, "translate", kConfigFormat);
+  const Device device = apps::start_run("translate", run, kConfigFormat);
 
   // ---- data and tokenizers ----
   const Manifest data = read_manifest(o.data_dir);
@@ -102,20 +102,12 @@ TrainReport run_training(const TrainOptions& o) {
   std::map<std::string, std::string> files;
   files[src_file] = src_tok->bytes();
   files[tgt_file] = tgt_tok->bytes();
-  json run_cfg = {{"data", fs::absolute(o.data_dir).lexically_normal().string()},
+  json run_cfg = o;
+  run_cfg.update({{"data", fs::absolute(o.data_dir).lexically_normal().string()},
                   {"train_pairs", train_set->size()},
-                  {"max_tokens", o.max_tokens},
-                  {"epochs", o.epochs},
-                  {"lr", o.lr},
-                  {"warmup", o.warmup},
-                  {"weight_decay", o.weight_decay},
-                  {"label_smoothing", o.label_smoothing},
-                  {"clip", o.clip},
-                  {"ema", o.ema},
-                  {"patience", o.patience},
-                  {"seed", run.seed}};
+                  {"seed", run.seed}});
   json config = {{"format", kConfigFormat},
-                 {"model", model_json(mc)},
+                 {"model", mc},
                  {"tokenizers", {{"source", src_file}, {"target", tgt_file}}},
                  {"languages", {{"source", data.src_lang}, {"target", data.tgt_lang}}},
                  {"data", data.json},
@@ -193,17 +185,14 @@ TrainReport run_training(const TrainOptions& o) {
 
   TrainReport report;
   if (run.eval_only) {  // the best weights of the checkpoint (else its last), on the test split
-    const std::string best = ckpt_dir + "/best";
-    const std::string dir = fs::exists(best + "/model.safetensors") ? best : ckpt_dir;
-    Translator loaded = Translator::load(dir, device);
-    LINEA_CHECK(loaded.source_tokenizer().bytes() == src_tok->bytes() &&
-                    loaded.target_tokenizer().bytes() == tgt_tok->bytes(),
-                "translate: --eval-only: the checkpoint in '", dir, "' was trained with other tokenizers than the "
-                "data in '", o.data_dir, "' (pass the --data it was trained on)");
-    fs::create_directories(run.out_dir);  // the hypotheses files go there first
-    const apps::Metrics m = apps::evaluate_forked(loaded.model(), device, [&] { return test_of(loaded); });
-    std::printf("translate: %s (weights from %s)\n", m.text.c_str(), dir.c_str());
-    nn::write_text_file_atomic(run.out_dir + "/eval.json", m.values.dump(2) + "\n");
+    const apps::Metrics m = apps::eval_only("translate", run, [&](const std::string& dir) {
+      Translator loaded = Translator::load(dir, device);
+      LINEA_CHECK(loaded.source_tokenizer().bytes() == src_tok->bytes() &&
+                      loaded.target_tokenizer().bytes() == tgt_tok->bytes(),
+                  "translate: --eval-only: the checkpoint in '", dir, "' was trained with other tokenizers than the "
+                  "data in '", o.data_dir, "' (pass the --data it was trained on)");
+      return apps::evaluate_forked(loaded.model(), device, [&] { return test_of(loaded); });
+    });
     report.test_bleu = m.values["test_bleu"];
     report.test_bleu_greedy = m.values["test_bleu_greedy"];
     return report;
@@ -229,15 +218,10 @@ TrainReport run_training(const TrainOptions& o) {
   setup.files = files;
   setup.ema_decay = o.ema;
   setup.select = {"valid_bleu", true, o.patience};
-  setup.curves.title = "translate: " + mc.enc_attention + " / " + mc.dec_attention + " / " + mc.cross_attention +
-                       " attention, loss and valid BLEU";
-  setup.curves.train_loss = "train loss, label-smoothed";
-  setup.curves.eval_loss_key = "valid_loss";
-  setup.curves.eval_loss = "valid loss";
-  setup.curves.metric_key = "valid_bleu";
-  setup.curves.metric = "valid BLEU (greedy)";
-  setup.curves.ylabel = "loss (nats per token)";
-  setup.curves.y2label = "valid BLEU";
+  setup.curves = {"translate: " + mc.enc_attention + " / " + mc.dec_attention + " / " + mc.cross_attention +
+                      " attention, loss and valid BLEU",
+                  "train loss, label-smoothed", "valid_loss", "valid_bleu", 1.0, "loss (nats per token)",
+                  "valid BLEU (greedy)"};
 
   apps::TrainHooks hooks;
   hooks.step = [&](const nn::Batch& b) { return train_step(*model, b, device, pad, o.label_smoothing); };
@@ -248,7 +232,7 @@ TrainReport run_training(const TrainOptions& o) {
   };
   hooks.finish = [&] { return test_of(translator); };
   hooks.summary = [&](json& summary) {
-    summary.update({{"model", model_json(mc)}, {"run", run_cfg}, {"data", data.json}});
+    summary.update({{"model", mc}, {"run", run_cfg}, {"data", data.json}});
   };
   const apps::TrainResult tr = apps::train(setup, hooks, run);
 
@@ -257,15 +241,12 @@ TrainReport run_training(const TrainOptions& o) {
   report.best_valid_bleu = tr.best_value;
   report.steps = tr.final_step;
   report.train_tokens_per_s = tr.units_per_s;
-  std::printf("\ntranslate: test BLEU %.2f (beam %lld), %.2f (greedy); best valid BLEU %.2f at step %lld; %s wall, "
-              "%.0f train tokens/s on %s\n",
-              report.test_bleu, static_cast<long long>(o.search.beam), report.test_bleu_greedy, tr.best_value,
-              static_cast<long long>(tr.best_step), apps::format_duration(tr.wall_s).c_str(), tr.units_per_s,
-              apps::device_name(device).c_str());
-  std::printf("translate: outputs in %s: metrics.jsonl, summary.json, curves.png, test.beam.%s, test.greedy.%s; "
-              "checkpoint %s (best weights in %s/best)\n",
-              run.out_dir.c_str(), data.tgt_lang.c_str(), data.tgt_lang.c_str(), ckpt_dir.c_str(), ckpt_dir.c_str());
-  std::fflush(stdout);
+  const std::string ext = "." + data.tgt_lang;
+  apps::report_run(setup, run, tr,
+                   "test BLEU " + fmt("%.2f", report.test_bleu) + " (beam " + std::to_string(o.search.beam) + "), " +
+                       fmt("%.2f", report.test_bleu_greedy) + " (greedy); best valid BLEU " +
+                       fmt("%.2f", tr.best_value) + " at step " + std::to_string(tr.best_step),
+                   {"test.beam" + ext, "test.greedy" + ext});
   return report;
 }
 

@@ -16,7 +16,7 @@
 
 namespace translate {
 
-// config.json of a translate checkpoint: {"format": kConfigFormat, "model": model_json(...),
+// config.json of a translate checkpoint: {"format": kConfigFormat, "model": json(ModelConfig),
 // "tokenizers": {"source": file, "target": file} (files of the same folder), "data": ..., "run": ...}.
 inline constexpr const char* kConfigFormat = "linea-translate/1";
 

@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "nn/layers.h"
 #include "attention/transformer.h"
 
@@ -32,6 +34,9 @@ struct VitConfig {
   // points lower test accuracy after a 3-epoch run of the default ViT on Fashion-MNIST).
   std::string init = "pytorch";
 };
+// config.json's "model" (apps/common/config_json.h).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(VitConfig, image_size, channels, classes, patch, dim, depth, heads, mlp_ratio,
+                                   dropout, pool, attention, init)
 
 class VisionTransformer : public linea::nn::Module {
  public:

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/common/app_run.h"
+#include "apps/common/config_json.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/progress.h"
@@ -28,51 +30,25 @@ using namespace linea;
 
 namespace vit {
 
+// The flags that define a run (config.json's "run", with the data and the seed).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainOptions, batch_size, epochs, lr, min_lr, weight_decay, warmup_epochs,
+                                   label_smoothing, clip, crop_padding, flip)
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using apps::seconds_since;
 std::string fmt(const char* f, double v) { return apps::format_number(f, v); }
 
-json model_json(const VitConfig& c) {
-  return {{"image_size", c.image_size}, {"channels", c.channels}, {"classes", c.classes},    {"patch", c.patch},
-          {"dim", c.dim},               {"depth", c.depth},       {"heads", c.heads},        {"mlp_ratio", c.mlp_ratio},
-          {"dropout", c.dropout},       {"pool", c.pool},         {"attention", c.attention}, {"init", c.init}};
-}
-
-VitConfig model_from_json(const json& j) {
-  VitConfig c;
-  c.image_size = j.at("image_size");
-  c.channels = j.at("channels");
-  c.classes = j.at("classes");
-  c.patch = j.at("patch");
-  c.dim = j.at("dim");
-  c.depth = j.at("depth");
-  c.heads = j.at("heads");
-  c.mlp_ratio = j.at("mlp_ratio");
-  c.dropout = j.at("dropout");
-  c.pool = j.at("pool");
-  c.attention = j.at("attention");
-  c.init = j.value("init", "trunc_normal");
-  return c;
-}
+// "init" may be missing: checkpoints from before --init.
+VitConfig model_from_json(const json& j) { return apps::config_from_json<VitConfig>(j, "the model config", {"init"}); }
 
 // The flags that define a run: a resumed run must use the same ones (the others — device,
 // threads, logging, --max-steps — may change between the interrupted and the resumed run).
 json run_json(const TrainOptions& o, const ImageData& d) {
-  return {{"data", d.source},
-          {"train_examples", d.train_images.size(0)},
-          {"batch_size", o.batch_size},
-          {"epochs", o.epochs},
-          {"lr", o.lr},
-          {"min_lr", o.min_lr},
-          {"weight_decay", o.weight_decay},
-          {"warmup_epochs", o.warmup_epochs},
-          {"label_smoothing", o.label_smoothing},
-          {"clip", o.clip},
-          {"crop_padding", o.crop_padding},
-          {"flip", o.flip},
-          {"seed", o.run.seed}};
+  json j = o;
+  j.update({{"data", d.source}, {"train_examples", d.train_images.size(0)}, {"seed", o.run.seed}});
+  return j;
 }
 
 // What --predict needs besides the weights: the model, the class names and the normalization.
@@ -86,7 +62,7 @@ struct CheckpointConfig {
 constexpr const char* kConfigFormat = "linea-vit/1";
 
 json config_json(const CheckpointConfig& c) {
-  return {{"format", kConfigFormat}, {"model", model_json(c.model)}, {"classes", c.classes},
+  return {{"format", kConfigFormat}, {"model", c.model}, {"classes", c.classes},
           {"normalize", {{"mean", c.mean}, {"std", c.std}}}, {"run", c.run}};
 }
 
@@ -152,20 +128,33 @@ apps::Metrics metrics_of(const EvalResult& r) {
           "test loss " + fmt("%.4f", r.loss) + " acc " + fmt("%.2f%%", 100 * r.accuracy)};
 }
 
+void print_confusion(const std::vector<std::string>& classes, const json& per_class,
+                     const std::vector<std::vector<int64_t>>& confusion) {
+  const auto K = static_cast<int64_t>(classes.size());
+  std::printf("\nper-class test accuracy:\n");
+  for (int64_t k = 0; k < K; ++k)
+    std::printf("  %-14s %6.2f%%\n", classes[k].c_str(), 100 * per_class[classes[k]].get<double>());
+  std::printf("confusion matrix (rows: true class, columns: predicted):\n     ");
+  for (int64_t j = 0; j < K; ++j) std::printf("%6lld", static_cast<long long>(j));
+  std::printf("\n");
+  for (int64_t k = 0; k < K; ++k) {
+    std::printf("  %2lld ", static_cast<long long>(k));
+    for (int64_t j = 0; j < K; ++j) std::printf("%6lld", static_cast<long long>(confusion[k][j]));
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& o) {
   const apps::RunOptions& run = o.run;
-  set_num_threads(run.threads);  // 0 keeps the defaults
-  const Device device = apps::resolve_device("vit", run.device);
-  apps::apply_precision("vit", run.precision, device);
+  const Device device = apps::start_run("vit", run, kConfigFormat);
   LINEA_CHECK(o.batch_size >= 1 && o.epochs >= 1, "vit: --batch-size ", o.batch_size, " and --epochs ", o.epochs,
               " must be positive");
   LINEA_CHECK(o.lr > 0 && o.min_lr >= 0 && o.weight_decay >= 0 && o.warmup_epochs >= 0 && o.clip >= 0 &&
                   o.label_smoothing >= 0 && o.label_smoothing < 1,
               "vit: bad optimization flags: --lr ", o.lr, " --min-lr ", o.min_lr, " --weight-decay ", o.weight_decay,
               " --warmup ", o.warmup_epochs, " --clip ", o.clip, " --label-smoothing ", o.label_smoothing);
-  const std::string ckpt_dir = run.checkpoint();
   // A bad --attention spec fails now, not after loading the data.
   LINEA_CHECK(o.model.heads >= 1 && o.model.dim % o.model.heads == 0, "vit: --dim ", o.model.dim,
               " is not divisible by --heads ", o.model.heads);
@@ -193,33 +182,27 @@ TrainResult run_training(const TrainOptions& o) {
   model->to(device);
   // No weight decay for biases, norms, the positional embedding and the CLS token (as timm's ViT).
   nn::AdamW opt(nn::decay_groups(*model, o.lr, o.weight_decay, {"pos.", "cls_token"}));
+  const int64_t eval_batch = std::max<int64_t>(o.batch_size, 256);
+  EvalResult last_eval;
+  const auto evaluate_test = [&](const std::string& label) {
+    last_eval = evaluate(*model, data.test_images, data.test_labels, device, eval_batch, label, run.progress);
+    return metrics_of(last_eval);
+  };
 
   if (run.eval_only) {
-    LINEA_CHECK(nn::checkpoint_exists(ckpt_dir), "vit: --eval-only needs a checkpoint, but '", ckpt_dir,
-                "' holds none");
-    CheckpointConfig saved = read_config(ckpt_dir);
-    const std::string diff = apps::config_diff(model_json(saved.model), model_json(cfg.model), {});
-    LINEA_CHECK(diff.empty(), "vit: --eval-only: the checkpoint in '", ckpt_dir,
-                "' was made with another model; use the same flags (or another --checkpoint/--out):", diff);
-    nn::load_checkpoint(ckpt_dir, *model, opt);
-    nn::check_finite_weights(*model, "vit: --eval-only: '" + ckpt_dir + "/model.safetensors'");
-    // The model was trained on data normalized with these (the test images may differ).
-    normalize_(data.test_images, saved.mean, saved.std);
-    const int64_t eval_batch = std::max<int64_t>(o.batch_size, 256);
-    EvalResult ev;
-    apps::evaluate_forked(*model, device, [&] {
-      ev = evaluate(*model, data.test_images, data.test_labels, device, eval_batch, "test", run.progress);
-      return apps::Metrics{};
+    apps::eval_only("vit", run, [&](const std::string& dir) {
+      CheckpointConfig saved = read_config(dir);
+      const std::string diff = apps::config_diff(json(saved.model), json(cfg.model), {});
+      LINEA_CHECK(diff.empty(), "vit: --eval-only: the checkpoint in '", dir,
+                  "' was made with another model; use the same flags (or another --checkpoint/--out):", diff);
+      nn::load_checkpoint(dir, *model, opt);
+      nn::check_finite_weights(*model, "vit: --eval-only: '" + dir + "/model.safetensors'");
+      // The model was trained on data normalized with these (the test images may differ).
+      normalize_(data.test_images, saved.mean, saved.std);
+      return apps::evaluate_forked(*model, device, [&] { return evaluate_test("test"); });
     });
-    std::printf("vit: test loss %.4f, accuracy %.2f%% (%lld images, %.0f images/s)\n", ev.loss, 100 * ev.accuracy,
-                static_cast<long long>(data.test_images.size(0)), ev.images_per_s);
-    TrainResult result;
-    result.test_accuracy = ev.accuracy;
-    result.test_loss = ev.loss;
-    return result;
+    return {last_eval.accuracy, last_eval.loss, {}, 0, 0};
   }
-  // --resume from another app's checkpoint says so, rather than listing every setting as changed.
-  if (run.resume && nn::checkpoint_exists(ckpt_dir)) read_config(ckpt_dir);
   normalize_(data.train_images, cfg.mean, cfg.std);
   normalize_(data.test_images, cfg.mean, cfg.std);
 
@@ -263,24 +246,12 @@ TrainResult run_training(const TrainOptions& o) {
   setup.config = config_json(cfg);
   setup.resume_keys = {"model", "run"};
   setup.on_epoch = [&](int64_t epoch) { train_set->set_epoch(epoch); };
-  setup.curves.title = "vit: " + cfg.model.attention + " attention, training loss and test accuracy";
-  setup.curves.train_loss = "train loss, label-smoothed";
-  setup.curves.eval_loss_key = "test_loss";
-  setup.curves.eval_loss = "test loss";
-  setup.curves.metric_key = "test_accuracy";
-  setup.curves.metric = "test accuracy";
-  setup.curves.metric_scale = 100;
-  setup.curves.ylabel = "loss (cross-entropy)";
-  setup.curves.y2label = "test accuracy (%)";
+  setup.curves = {"vit: " + cfg.model.attention + " attention, training loss and test accuracy",
+                  "train loss, label-smoothed", "test_loss", "test_accuracy", 100, "loss (cross-entropy)", ""};
 
-  EvalResult last_eval;
   apps::TrainHooks hooks;
   hooks.step = [&](const nn::Batch& batch) { return train_step(*model, batch, device, o.label_smoothing); };
-  hooks.evaluate = [&](const std::string& label) {
-    last_eval = evaluate(*model, data.test_images, data.test_labels, device, std::max<int64_t>(o.batch_size, 256),
-                         label, run.progress);
-    return metrics_of(last_eval);
-  };
+  hooks.evaluate = evaluate_test;
   hooks.format_stats = [](const std::map<std::string, double>& s) {
     return "acc " + fmt("%.2f%%", 100 * s.at("accuracy"));
   };
@@ -297,7 +268,7 @@ TrainResult run_training(const TrainOptions& o) {
                     {"confusion_matrix", last_eval.confusion},
                     {"confusion_matrix_rows", "true class"},
                     {"attention", cfg.model.attention},
-                    {"model", model_json(cfg.model)},
+                    {"model", cfg.model},
                     {"run", cfg.run}});
   };
   const apps::TrainResult tr = apps::train(setup, hooks, run);
@@ -305,32 +276,12 @@ TrainResult run_training(const TrainOptions& o) {
   result.step_losses = tr.step_losses;
   result.steps = tr.final_step - tr.start_step;
   result.train_images_per_s = tr.units_per_s;
-  if (linea::dist::rank() != 0) {  // data parallel: rank 0 evaluated and reports
-    result.test_accuracy = tr.last_eval.values.value("test_accuracy", 0.0);
-    result.test_loss = tr.last_eval.values.value("test_loss", 0.0);
-    return result;
-  }
-
-  // ---- report ----
-  std::printf("\nper-class test accuracy:\n");
-  for (int64_t k = 0; k < K; ++k)
-    std::printf("  %-14s %6.2f%%\n", data.classes[k].c_str(), 100 * per_class[data.classes[k]].get<double>());
-  std::printf("confusion matrix (rows: true class, columns: predicted):\n     ");
-  for (int64_t j = 0; j < K; ++j) std::printf("%6lld", static_cast<long long>(j));
-  std::printf("\n");
-  for (int64_t k = 0; k < K; ++k) {
-    std::printf("  %2lld ", static_cast<long long>(k));
-    for (int64_t j = 0; j < K; ++j) std::printf("%6lld", static_cast<long long>(last_eval.confusion[k][j]));
-    std::printf("\n");
-  }
-  std::printf("\nvit: test accuracy %.2f%% after %lld steps (%s wall, %.0f train images/s on %s)\n",
-              100 * last_eval.accuracy, static_cast<long long>(tr.final_step), apps::format_duration(tr.wall_s).c_str(),
-              tr.units_per_s, apps::device_name(device).c_str());
-  std::printf("vit: outputs in %s: metrics.jsonl, summary.json, curves.png; checkpoint %s\n", run.out_dir.c_str(),
-              ckpt_dir.c_str());
-  std::fflush(stdout);
-  result.test_accuracy = last_eval.accuracy;
-  result.test_loss = last_eval.loss;
+  result.test_accuracy = tr.last_eval.values.value("test_accuracy", 0.0);  // rank 0's, on every rank
+  result.test_loss = tr.last_eval.values.value("test_loss", 0.0);
+  if (linea::dist::rank() == 0) print_confusion(data.classes, per_class, last_eval.confusion);
+  apps::report_run(setup, run, tr,
+                   "test accuracy " + fmt("%.2f%%", 100 * result.test_accuracy) + " after " +
+                       std::to_string(tr.final_step) + " steps");
   return result;
 }
 
