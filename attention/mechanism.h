@@ -129,6 +129,8 @@ class AttentionMechanism : public nn::Module {
 
   // Names of the random quantities this mechanism draws (empty for deterministic ones).
   virtual std::vector<std::string> sample_names() const { return {}; }
+  // True when eval mode still draws them (unbiased RA: its eval output stays a sample).
+  virtual bool draws_in_eval() const { return false; }
   // Uses these values instead of drawing (converted to the inputs' device and float dtype at
   // each forward; shapes checked there). Names outside sample_names() throw.
   void set_samples(const AttentionSamples& samples);

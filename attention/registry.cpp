@@ -140,47 +140,96 @@ void AttentionSpec::check_all_used() const {
 namespace {
 struct Registry {
   std::mutex mu;
-  std::map<std::string, AttentionFactory> factories{
-      {"softmax", make_softmax}, {"performer", make_performer}, {"ra", make_ra},
-      {"lara", make_lara},       {"nprf_rpe", make_nprf_rpe},
-  };
+  std::map<std::string, AttentionInfo> mechanisms;
+  Registry() {
+    // The built-in mechanisms, each described in its folder.
+    for (AttentionInfo info : {softmax_info(), performer_info(), ra_info(), lara_info(), nprf_rpe_info()})
+      mechanisms[info.name] = std::move(info);
+  }
 };
 
 Registry& registry() {
   static Registry r;
   return r;
 }
+
+bool supports(const AttentionSupport& s, AttentionUse use) {
+  return use == AttentionUse::Self || (use == AttentionUse::CausalSelf ? s.causal : s.cross);
+}
 }  // namespace
 
-void register_attention(const std::string& name, AttentionFactory factory) {
-  LINEA_CHECK(valid_token(name), "register_attention: invalid name '", name, "'");
-  LINEA_CHECK(factory != nullptr, "register_attention: empty factory for '", name, "'");
+void register_attention(AttentionInfo info) {
+  LINEA_CHECK(valid_token(info.name), "register_attention: invalid name '", info.name, "'");
+  LINEA_CHECK(info.factory != nullptr, "register_attention: empty factory for '", info.name, "'");
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  LINEA_CHECK(r.factories.count(name) == 0, "register_attention: '", name, "' is already registered");
-  r.factories[name] = std::move(factory);
+  LINEA_CHECK(r.mechanisms.count(info.name) == 0, "register_attention: '", info.name, "' is already registered");
+  const std::string name = info.name;
+  r.mechanisms[name] = std::move(info);
+}
+
+void register_attention(const std::string& name, AttentionFactory factory) {
+  AttentionInfo info;
+  info.name = name;
+  info.factory = std::move(factory);
+  register_attention(std::move(info));
 }
 
 std::vector<std::string> registered_attentions() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   std::vector<std::string> names;
-  for (auto& [n, _] : r.factories) names.push_back(n);
+  for (auto& [n, _] : r.mechanisms) names.push_back(n);
   return names;
+}
+
+AttentionInfo attention_info(const std::string& name) {
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.mechanisms.find(name);
+    if (it != r.mechanisms.end()) return it->second;
+  }
+  LINEA_FAIL("unknown attention '", name, "' (known: ", join(registered_attentions()), ")");
+}
+
+std::vector<std::string> attentions_for(AttentionUse use) {
+  std::vector<std::string> names;
+  for (const std::string& n : registered_attentions())
+    if (supports(attention_info(n).support, use)) names.push_back(n);
+  return names;
+}
+
+std::string attention_flag_help(AttentionUse use) {
+  return join(attentions_for(use)) + ", with options as name:key=value,... (e.g. performer:features=64; " +
+         "linea-attn --list shows each one's options)";
+}
+
+std::string describe_attentions() {
+  std::string out;
+  for (const std::string& n : registered_attentions()) {
+    const AttentionInfo info = attention_info(n);
+    out += n + (info.summary.empty() ? "" : ": " + info.summary) + "\n";
+    out += "  supports: " + info.support.str() + "\n";
+    for (const AttentionOption& o : info.options)
+      out += "  " + o.key + "=" + o.default_value + (o.meaning.empty() ? "" : "  " + o.meaning) + "\n";
+  }
+  return out;
+}
+
+std::string with_length(const std::string& spec_text, int64_t length) {
+  AttentionSpec spec = AttentionSpec::parse(spec_text);
+  const std::string key = attention_info(spec.name).length_option;
+  if (key.empty() || spec.options.count(key)) return spec_text;
+  spec.options[key] = std::to_string(length);
+  return spec.str();
 }
 
 std::shared_ptr<AttentionMechanism> make_attention(const AttentionSpec& spec, int64_t heads, int64_t head_dim,
                                                    AttentionUse use) {
   LINEA_CHECK(heads > 0 && head_dim > 0, "make_attention('", spec.str(),
               "'): heads and head_dim must be positive, got ", heads, " and ", head_dim);
-  AttentionFactory factory;
-  {
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.factories.find(spec.name);
-    if (it != r.factories.end()) factory = it->second;
-  }
-  if (!factory) LINEA_FAIL("unknown attention '", spec.name, "' (known: ", join(registered_attentions()), ")");
+  const AttentionFactory factory = attention_info(spec.name).factory;
   std::shared_ptr<AttentionMechanism> m = factory(spec, heads, head_dim);
   LINEA_CHECK(m != nullptr, "make_attention: the factory of '", spec.name, "' returned null");
   spec.check_all_used();

@@ -233,9 +233,10 @@ TEST(AttentionSupport, UnsupportedUsesFailWhenBuilt) {
   EXPECT_LINEA_ERROR(attn::MultiHeadAttention(8, 4, perf), "was built for 2 heads of dim 4");
   attn::MultiHeadAttention by_instance(8, 2, perf, {attn::AttentionUse::CausalSelf});
   EXPECT_EQ(by_instance.mechanism().get(), perf.get());
-  for (const char* spec : {"softmax", "performer", "nprf_rpe"}) {
-    auto m = attn::make_attention(spec, 2, 4, attn::AttentionUse::CausalSelf);
-    EXPECT_TRUE(m->support().causal && m->support().incremental && m->support().cross) << spec;
+  for (const std::string& name : attn::registered_attentions()) {
+    if (!attn::attention_info(name).support.incremental) continue;
+    auto m = attn::make_attention(name, 2, 4, attn::AttentionUse::CausalSelf);
+    EXPECT_TRUE(m->support().causal && m->support().incremental && m->support().cross) << name;
   }
 }
 

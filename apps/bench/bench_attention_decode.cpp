@@ -51,8 +51,16 @@ void synchronize(const Device& d) {
   (void)d;
 }
 
+std::string incremental_attentions() {
+  std::string names;
+  for (const std::string& n : linea::attn::registered_attentions())
+    if (linea::attn::attention_info(n).support.incremental) names += (names.empty() ? "" : ",") + n;
+  return names;
+}
+
 struct Options {
-  std::string specs = "softmax,performer,nprf_rpe", report = "128,512,2048", device = "auto", json_path;
+  // The mechanisms that decode one step at a time (attention/registry.h).
+  std::string specs = incremental_attentions(), report = "128,512,2048", device = "auto", json_path;
   int64_t length = 2048, batch = 1, heads = 4, dim = 64, window = 16;
   int threads = 0;
   double max_seconds = 120;
@@ -62,8 +70,7 @@ struct Options {
 // Per-step milliseconds at each reported prefix length (missing: the run was cut short).
 std::map<int64_t, double> run(const std::string& spec_in, const Options& o, const std::vector<int64_t>& report,
                               const Device& device, std::string* note) {
-  linea::attn::AttentionSpec spec = linea::attn::AttentionSpec::parse(spec_in);
-  if (spec.name == "nprf_rpe" && !spec.options.count("max_len")) spec.options["max_len"] = std::to_string(o.length);
+  const std::string spec = linea::attn::with_length(spec_in, o.length);
   auto m = linea::attn::make_attention(spec, o.heads, o.dim, linea::attn::AttentionUse::CausalSelf);
   m->to(device);
   m->eval();

@@ -69,10 +69,8 @@ using linea::Tensor;
 using linea::attn::AttentionOptions;
 using linea::attn::AttentionSpec;
 
-// The option that sets a mechanism's number of random samples.
-std::string sample_key(const std::string& name) {
-  return (name == "performer" || name == "nprf_rpe") ? "features" : "samples";
-}
+// The option that sets a mechanism's number of random features or samples ("": exact).
+std::string sample_key(const std::string& name) { return linea::attn::attention_info(name).count_option; }
 
 struct Inputs {
   Tensor q, k, v;  // [B, H, N, D], [B, H, M, D], [B, H, M, Dv]
@@ -237,8 +235,8 @@ int main(int argc, char** argv) {
     // A spec that cannot be built (an unknown name, key or value) is an error now, not a column of n/a.
     for (size_t j = 0; j < specs.size(); ++j) {
       AttentionSpec spec = parsed[j];
-      if (spec.name != "softmax" && !spec.has(sample_key(spec.name)))
-        spec.options[sample_key(spec.name)] = std::to_string(samples.front());
+      const std::string key = sample_key(spec.name);
+      if (!key.empty() && !spec.has(key)) spec.options[key] = std::to_string(samples.front());
       attn::make_attention(spec, H, D);
     }
 
@@ -252,9 +250,9 @@ int main(int argc, char** argv) {
         Cell& c = cells[s][j];
         AttentionSpec spec = parsed[j];
         try {
-          // softmax (exact; a sanity column whose MSE is rounding only) takes no sample count.
-          if (spec.name != "softmax") {
-            const std::string key = sample_key(spec.name);
+          // An exact mechanism (softmax: a sanity column whose MSE is rounding only) takes no sample count.
+          const std::string key = sample_key(spec.name);
+          if (!key.empty()) {
             LINEA_CHECK(!spec.has(key), "attention-mse: spec '", specs[j], "' sets ", key,
                         " itself; --samples sets it (leave it out)");
             spec.options[key] = std::to_string(samples[s]);

@@ -94,7 +94,7 @@ struct Result {
 int main(int argc, char** argv) {
   linea::apps::tune_process(argv, /*short_openmp_spin=*/false);  // OpenBLAS kernels that fit the CPU
   CLI::App app{"attention-scaling: forward+backward time and peak memory vs sequence length, relative to softmax"};
-  std::string specs_arg = "softmax,performer,ra,lara,nprf_rpe", device_arg = "cpu",
+  std::string specs_arg = linea::join(linea::attn::registered_attentions(), ","), device_arg = "cpu",
               json_path = "attention_scaling.jsonl";
   std::vector<int64_t> lengths;
   int64_t batch = 1, heads = 2, dim = 64;
@@ -134,10 +134,7 @@ int main(int argc, char** argv) {
     std::vector<AttentionSpec> parsed;
     for (const auto& s : specs) parsed.push_back(AttentionSpec::parse(s));
     // A spec that cannot be built (an unknown name, key or value) is an error now, not a column of n/a.
-    for (AttentionSpec spec : parsed) {
-      if (spec.name == "nprf_rpe" && !spec.has("max_len")) spec.options["max_len"] = std::to_string(lengths.front());
-      attn::make_attention(spec, heads, dim);
-    }
+    for (const std::string& spec : specs) attn::make_attention(attn::with_length(spec, lengths.front()), heads, dim);
     int base = -1;  // the softmax column the ratios refer to
     for (size_t j = 0; j < specs.size() && base < 0; ++j)
       if (parsed[j].name == "softmax") base = static_cast<int>(j);
@@ -223,9 +220,7 @@ int main(int argc, char** argv) {
       auto warm_up = [&](size_t j) {
         Result& r = res[i][j];
         guarded(j, [&] {
-          AttentionSpec spec = parsed[j];
-          if (spec.name == "nprf_rpe" && !spec.has("max_len")) spec.options["max_len"] = std::to_string(L);
-          kernels[j] = attn::make_attention(spec, heads, dim);
+          kernels[j] = attn::make_attention(attn::with_length(specs[j], L), heads, dim);
           kernels[j]->to(device);
           kernels[j]->train();
           r.status = Result::Ok;

@@ -22,22 +22,20 @@ ModelConfig model_from_json(const json& j) {
 }
 
 namespace {
-// The spec the encoder is built with: nprf_rpe's relative-position table must reach across a
-// whole window, so it gets max_len = the model's unless the spec says otherwise (and a smaller
-// one is refused here rather than at the first long batch). Other specs are passed as written;
-// the registry reports a malformed or unknown one.
+// The spec the encoder is built with: a mechanism built for a longest sequence (its length
+// option, e.g. nprf_rpe's relative-position table) must reach across a whole window, so it gets
+// the model's unless the spec says otherwise (and a shorter one is refused here rather than at
+// the first long batch). Other specs are passed as written; the registry reports a malformed or
+// unknown one.
 std::string encoder_spec(const ModelConfig& c) {
-  attn::AttentionSpec spec = attn::AttentionSpec::parse(c.attention);
-  if (spec.name != "nprf_rpe") return c.attention;
-  if (!spec.has("max_len")) {
-    spec.options["max_len"] = std::to_string(c.max_len);
-  } else {
-    const int64_t rpe_len = spec.get_int("max_len", c.max_len);
-    LINEA_CHECK(rpe_len >= c.max_len, "protein: --attention '", c.attention, "' has max_len=", rpe_len,
-                ", shorter than the model's windows (--max-len ", c.max_len,
-                "); leave max_len out of the spec to use --max-len");
-  }
-  return spec.str();
+  const attn::AttentionSpec spec = attn::AttentionSpec::parse(c.attention);
+  const std::string key = attn::attention_info(spec.name).length_option;
+  if (key.empty()) return c.attention;
+  const int64_t len = spec.get_int(key, c.max_len);
+  LINEA_CHECK(len >= c.max_len, "protein: --attention '", c.attention, "' has ", key, "=", len,
+              ", shorter than the model's windows (--max-len ", c.max_len, "); leave ", key,
+              " out of the spec to use --max-len");
+  return attn::with_length(c.attention, c.max_len);
 }
 }  // namespace
 

@@ -114,21 +114,17 @@ int run(const Args& a) {
     LINEA_CHECK(is_floating(rpe.dtype()), a.in, ": rpe must be F32 or F64, got ", dtype_name(rpe.dtype()));
 
   // ---- the mechanism --------------------------------------------------------------------------
-  // nprf_rpe's bias table must have max_len = L of the given rpe; without rpe, any L >= max(N, M)
-  // computes the same (the bias starts at zero), so the smallest is used.
-  attn::AttentionSpec spec = attn::AttentionSpec::parse(a.spec);
-  if (spec.name == "nprf_rpe") {
-    const int64_t L = rpe.defined() ? rpe_length(rpe, H, N, M) : std::max(N, M);
-    if (spec.options.count("max_len")) {
-      attn::AttentionSpec probe = spec;
-      LINEA_CHECK(!rpe.defined() || probe.get_int("max_len", -1) == L, "spec '", a.spec,
-                  "' names max_len=", spec.options.at("max_len"), " but rpe ", shape_str(rpe.shape()), " has L = ", L,
-                  " (drop max_len from the spec, or make them agree)");
-    } else {
-      spec.options["max_len"] = std::to_string(L);
-    }
-  }
-  const std::string built_spec = spec.str();
+  // A mechanism built for a longest sequence (its length option: nprf_rpe's bias table) gets L of
+  // the given rpe; without rpe, any L >= max(N, M) computes the same (the bias starts at zero), so
+  // the smallest is used.
+  const attn::AttentionSpec spec = attn::AttentionSpec::parse(a.spec);
+  const std::string length_key = attn::attention_info(spec.name).length_option;
+  const int64_t L = length_key.empty() ? 0 : rpe.defined() ? rpe_length(rpe, H, N, M) : std::max(N, M);
+  if (!length_key.empty() && spec.options.count(length_key))
+    LINEA_CHECK(!rpe.defined() || spec.get_int(length_key, -1) == L, "spec '", a.spec, "' names ", length_key, "=",
+                spec.options.at(length_key), " but rpe ", shape_str(rpe.shape()), " has L = ", L, " (drop ",
+                length_key, " from the spec, or make them agree)");
+  const std::string built_spec = length_key.empty() ? a.spec : attn::with_length(a.spec, L);
   std::shared_ptr<attn::AttentionMechanism> mech = attn::make_attention(built_spec, H, D);
   mech->to(device);
   mech->to(dt);  // parameters (rpe) in the computation's dtype
@@ -220,12 +216,13 @@ int main(int argc, char** argv) {
       "when dout is given) plus the random quantities it used.",
       "linea-attn"};
   Args a;
-  app.add_option("--spec", a.spec, "attention spec, e.g. softmax, performer:features=64, ra:samples=2")->required();
+  // --list alone prints the registered mechanisms, their support and options (attention/registry.h).
+  CLI::Option* list = app.add_flag("--list", "print every mechanism with what it supports and its options, and exit");
+  app.add_option("--spec", a.spec, "attention spec: " + attn::attention_flag_help(attn::AttentionUse::Self));
   app.add_option("--in", a.in,
                  "input safetensors: q [B,H,N,D], k [B,H,M,D], v [B,H,M,Dv]; optional dout, key_padding_mask [B,M], "
-                 "omega, eps, ra_index, rpe [H,2L-1]")
-      ->required();
-  app.add_option("--out", a.out, "output safetensors: out, dq, dk, dv, drpe, the samples used, metadata")->required();
+                 "omega, eps, ra_index, rpe [H,2L-1]");
+  app.add_option("--out", a.out, "output safetensors: out, dq, dk, dv, drpe, the samples used, metadata");
   app.add_flag("--causal", a.causal, "key m visible to query n iff m <= n");
   app.add_flag("--eval", a.eval, "eval mode (default: train mode)");
   app.add_option("--device", a.device, "cpu, cuda, cuda:N or auto (default cpu)");
@@ -236,6 +233,15 @@ int main(int argc, char** argv) {
     std::cerr << "linea-attn: " << e.what() << " (see --help)\n";
     return 1;
   }
+  if (list->count() > 0) {
+    std::cout << attn::describe_attentions();
+    return 0;
+  }
+  for (const char* flag : {"--spec", "--in", "--out"})
+    if (app.get_option(flag)->count() == 0) {
+      std::cerr << "linea-attn: " << flag << " is required (see --help)\n";
+      return 1;
+    }
   try {
     return run(a);
   } catch (const std::exception& e) {  // linea::Error, and anything unexpected, the same way

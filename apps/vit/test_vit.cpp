@@ -22,6 +22,7 @@
 #include "fake_data.h"
 #include "linea.h"
 #include "tests/test_util.h"
+#include "attention/registry.h"
 #include "train.h"
 
 namespace fs = std::filesystem;
@@ -93,8 +94,7 @@ TEST_P(VitSmoke, LossFallsAndStaysFinite) {
   EXPECT_GT(r.test_accuracy, 0.2) << GetParam();  // chance is 0.1
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryAttention, VitSmoke,
-                         ::testing::Values("softmax", "performer", "ra", "lara", "nprf_rpe"),
+INSTANTIATE_TEST_SUITE_P(EveryAttention, VitSmoke, ::testing::ValuesIn(linea::attn::registered_attentions()),
                          [](const auto& info) { return info.param; });
 
 // ---- outputs, resume, predict -------------------------------------------------------------------

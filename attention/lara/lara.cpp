@@ -159,4 +159,20 @@ std::shared_ptr<AttentionMechanism> make_lara(const AttentionSpec& spec, int64_t
       spec.get_bool("adaptive", false), noise, spec.get_double("beta", 1.0));
 }
 
+AttentionInfo lara_info() {
+  AttentionInfo i;
+  i.name = "lara";
+  i.summary = "linear randomized attention: C proposals from segment landmarks, multiple importance sampling, O(C L)";
+  i.support = {false, false, false, false};
+  i.options = {{"samples", "16", "landmarks C (proposals)"},
+               {"proposal", "qk", "qk: segment means of q and k; mixed: the key-landmark attention variant (ViT)"},
+               {"adaptive", "0", "1: proposal means through LayerNorm(Linear(.))"},
+               {"noise", "1", "scale of the proposals' noise in training"},
+               {"beta", "1", "weight of the query-specific term of the mixture weights"}};
+  i.factory = make_lara;
+  i.test_specs = {"lara:samples=3", "lara:samples=2,proposal=mixed", "lara:samples=2,adaptive=1"};
+  i.count_option = "samples";
+  return i;
+}
+
 }  // namespace linea::attn

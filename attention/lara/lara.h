@@ -95,5 +95,7 @@ Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, co
 // Spec "lara[:samples=C][,proposal=qk|mixed][,adaptive=0|1][,noise=x][,beta=x]" (C > 0, default
 // 16; proposal default qk; adaptive default 0; noise >= 0, default 1; beta default 1).
 std::shared_ptr<AttentionMechanism> make_lara(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+// What lara is, for the registry (attention/registry.h): summary, support, options, test specs.
+AttentionInfo lara_info();
 
 }  // namespace linea::attn

@@ -267,4 +267,21 @@ std::shared_ptr<AttentionMechanism> make_nprf_rpe(const AttentionSpec& spec, int
   return std::make_shared<NprfRpeAttention>(heads, head_dim, features, max_len, redraw, dense);
 }
 
+AttentionInfo nprf_rpe_info() {
+  AttentionInfo i;
+  i.name = "nprf_rpe";
+  i.summary = "normalized positive random features with a relative positional bias, Toeplitz product by FFT, "
+              "O(L log L)";
+  i.support = {true, true, true, true};
+  i.options = {{"features", "64", "random features"},
+               {"max_len", "512", "longest sequence: the relative-position table spans 2 max_len - 1 offsets"},
+               {"redraw", "1", "draw new features every N training forwards (0: never)"},
+               {"dense", "auto", "1: the dense O(L^2) path; 0: the FFT path; auto: the faster for the shapes"}};
+  i.factory = make_nprf_rpe;
+  i.test_specs = {"nprf_rpe:features=8,max_len=8"};
+  i.count_option = "features";
+  i.length_option = "max_len";
+  return i;
+}
+
 }  // namespace linea::attn

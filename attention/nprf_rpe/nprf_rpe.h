@@ -98,5 +98,7 @@ class NprfRpeAttention : public AttentionMechanism {
 
 // The factory registered as "nprf_rpe" (attention/builtin.cpp).
 std::shared_ptr<AttentionMechanism> make_nprf_rpe(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+// What nprf_rpe is, for the registry (attention/registry.h): summary, support, options, test specs.
+AttentionInfo nprf_rpe_info();
 
 }  // namespace linea::attn

@@ -338,4 +338,21 @@ std::shared_ptr<AttentionMechanism> make_performer(const AttentionSpec& spec, in
   return std::make_shared<PerformerAttention>(heads, head_dim, features, feature_map, redraw, chunk, orthogonal);
 }
 
+AttentionInfo performer_info() {
+  AttentionInfo i;
+  i.name = "performer";
+  i.summary = "FAVOR+ random features (Performer), O(L F D); causal through prefix sums";
+  i.support = {true, true, true, false};
+  i.options = {{"features", "128", "random features F"},
+               {"feature_map", "softmax", "softmax (positive FAVOR+), relu or trf (sin/cos)"},
+               {"redraw", "1", "draw new features every N training forwards (0: never)"},
+               {"chunk", "64", "positions per block of the causal prefix sums"},
+               {"orthogonal", "1", "orthogonal blocks of feature rows"}};
+  i.factory = make_performer;
+  i.test_specs = {"performer:features=8", "performer:features=8,feature_map=relu",
+                  "performer:features=4,feature_map=trf"};
+  i.count_option = "features";
+  return i;
+}
+
 }  // namespace linea::attn

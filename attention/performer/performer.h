@@ -98,5 +98,7 @@ class PerformerAttention : public AttentionMechanism {
 
 // The factory behind the spec name "performer" (attention/builtin.cpp).
 std::shared_ptr<AttentionMechanism> make_performer(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+// What performer is, for the registry (attention/registry.h): summary, support, options, test specs.
+AttentionInfo performer_info();
 
 }  // namespace linea::attn

@@ -100,4 +100,17 @@ std::shared_ptr<AttentionMechanism> make_ra(const AttentionSpec& spec, int64_t h
   return std::make_shared<RandomizedAttention>(heads, head_dim, samples, spec.get_bool("biased", false));
 }
 
+AttentionInfo ra_info() {
+  AttentionInfo i;
+  i.name = "ra";
+  i.summary = "randomized attention: softmax attention estimated from S samples per query, O(L^2 S)";
+  i.support = {false, true, false, false};
+  i.options = {{"samples", "1", "samples S per query"},
+               {"biased", "0", "1: the biased estimator (the mixture's expected component, deterministic in eval)"}};
+  i.factory = make_ra;
+  i.test_specs = {"ra:samples=2", "ra:samples=2,biased=1"};
+  i.count_option = "samples";
+  return i;
+}
+
 }  // namespace linea::attn

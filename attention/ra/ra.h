@@ -46,6 +46,7 @@ class RandomizedAttention : public AttentionMechanism {
   // cross-attention works.
   AttentionSupport support() const override { return {false, true, false, false}; }
   std::vector<std::string> sample_names() const override;
+  bool draws_in_eval() const override { return !biased_; }
   std::string extra_repr() const override;
 
   int64_t samples() const { return samples_; }
@@ -63,5 +64,7 @@ class RandomizedAttention : public AttentionMechanism {
 
 // Spec "ra[:samples=S][,biased=0|1]" (S > 0, default 1; biased default 0).
 std::shared_ptr<AttentionMechanism> make_ra(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+// What ra is, for the registry (attention/registry.h): summary, support, options, test specs.
+AttentionInfo ra_info();
 
 }  // namespace linea::attn

@@ -69,4 +69,15 @@ std::shared_ptr<AttentionMechanism> make_softmax(const AttentionSpec& spec, int6
   return std::make_shared<SoftmaxAttention>(heads, head_dim, spec.get_double("dropout", 0.0));
 }
 
+AttentionInfo softmax_info() {
+  AttentionInfo i;
+  i.name = "softmax";
+  i.summary = "exact scaled dot-product attention, O(L^2)";
+  i.support = {true, true, true, false};
+  i.options = {{"dropout", "0", "dropout on the attention probabilities in training"}};
+  i.factory = make_softmax;
+  i.test_specs = {"softmax"};
+  return i;
+}
+
 }  // namespace linea::attn

@@ -42,5 +42,7 @@ class SoftmaxAttention : public AttentionMechanism {
 
 // The factory registered as "softmax".
 std::shared_ptr<AttentionMechanism> make_softmax(const AttentionSpec& spec, int64_t heads, int64_t head_dim);
+// What softmax is, for the registry (attention/registry.h): summary, support, options, test specs.
+AttentionInfo softmax_info();
 
 }  // namespace linea::attn
