@@ -97,6 +97,31 @@ TEST_P(VitSmoke, LossFallsAndStaysFinite) {
 INSTANTIATE_TEST_SUITE_P(EveryAttention, VitSmoke, ::testing::ValuesIn(linea::attn::registered_attentions()),
                          [](const auto& info) { return info.param; });
 
+// --time-budget: a budget far below one epoch trains one; a generous one all of --epochs; the
+// epochs chosen are the run's (config.json), and --resume keeps them without probing again.
+TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
+  TempDir dir;
+  const std::string data = (dir.path / "data").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, 256, 64);
+  auto run_epochs = [&](const vit::TrainOptions& o) {
+    return json::parse(linea::test::read_all(o.run.checkpoint() + "/config.json")).at("run").at("epochs").get<int64_t>();
+  };
+  vit::TrainOptions tight = small_run(data, (dir.path / "tight").string(), "softmax");
+  tight.time_budget = 1e-6;
+  EXPECT_EQ(vit::run_training(tight).steps, 4);  // one epoch of 256 / 64
+  EXPECT_EQ(run_epochs(tight), 1);
+  vit::TrainOptions roomy = small_run(data, (dir.path / "roomy").string(), "softmax");
+  roomy.time_budget = 1e6;
+  roomy.run.max_steps = 6;  // stops inside epoch 2 of the 4 that fit
+  EXPECT_EQ(vit::run_training(roomy).steps, 6);
+  EXPECT_EQ(run_epochs(roomy), 4);
+  roomy.run.max_steps = 0;
+  roomy.run.resume = true;
+  roomy.time_budget = 1e6;
+  EXPECT_EQ(vit::run_training(roomy).steps, 10);  // the rest of the 4 epochs
+}
+
 // ---- outputs, resume, predict -------------------------------------------------------------------
 
 TEST(VitRun, WritesMetricsSummaryCurvesAndCheckpoint) {

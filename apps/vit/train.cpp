@@ -32,7 +32,7 @@ namespace vit {
 
 // The flags that define a run (config.json's "run", with the data and the seed).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainOptions, batch_size, epochs, lr, min_lr, weight_decay, warmup_epochs,
-                                   label_smoothing, clip, crop_padding, flip)
+                                   label_smoothing, clip, crop_padding, flip, time_budget)
 
 namespace {
 
@@ -128,6 +128,47 @@ apps::Metrics metrics_of(const EvalResult& r) {
           "test loss " + fmt("%.4f", r.loss) + " acc " + fmt("%.2f%%", 100 * r.accuracy)};
 }
 
+// --time-budget: the epochs that fit in the budget, at most o.epochs. A few training steps of a
+// scratch model of the same config on the first images give the speed (the run's own model, data
+// order and random streams are left as they were); an evaluation is taken as a third of a
+// training step per image.
+int64_t epochs_within_budget(const TrainOptions& o, const VitConfig& config, const ImageData& data, Device device) {
+  constexpr int kWarmup = 3, kTimed = 12;
+  const std::vector<uint64_t> rng_cpu = get_rng_state(kCPU);
+  const std::vector<uint64_t> rng_dev = device.is_cuda() ? get_rng_state(device) : std::vector<uint64_t>{};
+  double seconds = 0;
+  {
+    VisionTransformer scratch(config);
+    scratch.to(device);
+    scratch.train();
+    nn::AdamW opt(nn::decay_groups(scratch, o.lr, o.weight_decay, {"pos.", "cls_token"}));
+    const int64_t B = std::min<int64_t>(o.batch_size, data.train_images.size(0));
+    nn::Batch batch;
+    batch.set("input", narrow(data.train_images, 0, 0, B));
+    batch.set("target", narrow(data.train_labels, 0, 0, B));
+    for (int i = 0; i < kWarmup + kTimed; ++i) {
+      const auto t0 = Clock::now();
+      opt.zero_grad();
+      apps::StepResult r = train_step(scratch, batch, device, o.label_smoothing);
+      r.loss.backward();
+      opt.step();
+      r.loss.item();  // the device's work done
+      if (i >= kWarmup) seconds += seconds_since(t0);
+    }
+  }
+  set_rng_state(rng_cpu, kCPU);
+  if (device.is_cuda()) set_rng_state(rng_dev, device);
+  const double step_s = seconds / kTimed, B = static_cast<double>(std::min<int64_t>(o.batch_size, data.train_images.size(0)));
+  const double epoch_s = step_s * (std::floor(data.train_images.size(0) / B) + data.test_images.size(0) / (3 * B));
+  const int64_t fit = static_cast<int64_t>(std::floor(o.time_budget / epoch_s));
+  const int64_t epochs = std::clamp<int64_t>(fit, 1, o.epochs);
+  std::printf("vit: --time-budget %s s: %.0f images/s on %d probe steps, an epoch with its evaluation about %s: %lld "
+              "of --epochs %lld\n",
+              fmt("%g", o.time_budget).c_str(), B / step_s, kTimed, apps::format_duration(epoch_s).c_str(),
+              static_cast<long long>(epochs), static_cast<long long>(o.epochs));
+  return epochs;
+}
+
 void print_confusion(const std::vector<std::string>& classes, const json& per_class,
                      const std::vector<std::vector<int64_t>>& confusion) {
   const auto K = static_cast<int64_t>(classes.size());
@@ -146,7 +187,8 @@ void print_confusion(const std::vector<std::string>& classes, const json& per_cl
 
 }  // namespace
 
-TrainResult run_training(const TrainOptions& o) {
+TrainResult run_training(const TrainOptions& options) {
+  TrainOptions o = options;  // --time-budget may lower the epochs
   const apps::RunOptions& run = o.run;
   const Device device = apps::start_run("vit", run, kConfigFormat);
   LINEA_CHECK(o.batch_size >= 1 && o.epochs >= 1, "vit: --batch-size ", o.batch_size, " and --epochs ", o.epochs,
@@ -171,6 +213,14 @@ TrainResult run_training(const TrainOptions& o) {
   cfg.model.classes = static_cast<int64_t>(data.classes.size());
   cfg.classes = data.classes;
   channel_stats(data.train_images, cfg.mean, cfg.std);
+  if (o.time_budget > 0 && !run.eval_only) {
+    // A resumed run keeps the epochs it chose; a new one measures.
+    const std::string ckpt = run.checkpoint();
+    if (run.resume && nn::checkpoint_exists(ckpt))
+      o.epochs = read_config(ckpt).run.value("epochs", o.epochs);
+    else
+      o.epochs = epochs_within_budget(o, cfg.model, data, device);
+  }
   cfg.run = run_json(o, data);
   const int64_t n_train = data.train_images.size(0);
   LINEA_CHECK(n_train / o.batch_size >= 1, "vit: --batch-size ", o.batch_size, " is larger than the ", n_train,

@@ -39,6 +39,10 @@ struct TrainOptions {
   double clip = 1.0;  // max global gradient norm (0: off)
   int64_t crop_padding = 0;  // off by default: at a 10-epoch budget it cost accuracy (README)
   bool flip = true;
+  // > 0: train at most the epochs that fit in this many seconds (evaluations included) at the
+  // speed of a few probe steps, and at most `epochs`. The epochs chosen are the run's (config.json),
+  // so --resume continues them without probing again.
+  double time_budget = 0;
   // running: device, threads, out, checkpoint, resume, eval-only, logging, --max-steps, seed, ...
   linea::apps::RunOptions run = default_run();
 
