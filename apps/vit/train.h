@@ -37,7 +37,7 @@ struct TrainOptions {
   double warmup_epochs = 0.5;
   double label_smoothing = 0.1;
   double clip = 1.0;  // max global gradient norm (0: off)
-  int64_t crop_padding = 0;  // off by default: at a 10-epoch budget it cost accuracy (README)
+  int64_t crop_padding = 0;  // off by default: at a 10-epoch budget it cost accuracy (apps/vit/README.md)
   bool flip = true;
   // running: device, threads, out, checkpoint, resume, eval-only, logging, --max-steps, seed, ...
   linea::apps::RunOptions run = default_run();
