@@ -198,7 +198,7 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 // m > n + query_offset, or where key_padding (Bool [B, M], true = padding) says so; a query
 // that sees no key gets 0. With keep_probs (and a gradient to compute) it keeps the
 // probabilities [B, H, N, M] for the backward; without, it keeps no [N, M] tensor and the
-// backward recomputes the scores blockwise (one more q k^T product and exp: about 15% slower).
+// backward recomputes the scores blockwise (one more q k^T product and exp per score).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                                     bool causal = false, int64_t query_offset = 0, const Tensor& key_padding = Tensor(),
                                     bool keep_probs = false);

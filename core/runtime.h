@@ -24,9 +24,10 @@ std::string blas_kernels();
 // The OPENBLAS_CORETYPE that would use this CPU's vector units when the kernels in use do not,
 // "" when they do (or the CPU has no AVX2). OpenBLAS picks its kernels from the CPU's model
 // number, so a release older than the CPU falls back to its generic SSE3 kernels ("Prescott"):
-// Debian's 0.3.21 on a Xeon of model 207 ran Linea's softmax attention 4-8x slower than with
-// its SkylakeX kernels. The choice only happens when OpenBLAS loads, so a program that wants it
-// sets the variable and restarts itself (apps/common/process_env.h).
+// Debian's 0.3.21 on a Xeon of model 207 ran Linea's softmax attention several times slower
+// than with its SkylakeX kernels (apps/bench/README.md). The choice only happens when OpenBLAS
+// loads, so a program that wants it sets the variable and restarts itself
+// (apps/common/process_env.h).
 std::string fitting_blas_kernels();
 // The rule behind it, for kernels `in_use` on a CPU with (avx2 and fma) / AVX-512 (F, BW, DQ,
 // VL): "SkylakeX" or "Haswell" when in_use is not one of OpenBLAS's AVX2 (or newer) core types.

@@ -1,4 +1,4 @@
-// The README's worked example of adding a differentiable op, compiled and tested as written:
+// autograd/README.md's worked example of adding a differentiable op, compiled and tested as written:
 // softplus(x) = log(1 + exp(x)), forward from the ordinary ops, backward g * sigmoid(x).
 #include "test_util.h"
 

@@ -10,15 +10,15 @@
 //   when it loads, and a release older than the CPU falls back to generic SSE3 kernels
 //   (core/runtime.h, fitting_blas_kernels). Then the variable is set to the core type that
 //   matches the CPU's vector units: on a Xeon of model 207 under Debian's OpenBLAS 0.3.21,
-//   "Prescott" -> "SkylakeX" took softmax attention at L = 1024 from 64 to 8.4 ms.
+//   "Prescott" -> "SkylakeX" made softmax attention several times faster.
 // - OpenMP's spin-waiting (GOMP_SPINCOUNT=10000; apps only, `short_openmp_spin`): with neither
 //   OMP_WAIT_POLICY nor GOMP_SPINCOUNT set, a libgomp worker that runs out of work spins for
 //   about 300,000 iterations before it sleeps. A training step is many short parallel loops
 //   between serial stretches (autograd, small ops, the loader's prefetch thread), so on a 2-core
-//   machine the spinning worker took CPU time the others needed: the default ViT trained at
-//   523-609 images/s with the default policy and 795-859 with GOMP_SPINCOUNT=10000 (three
-//   alternating runs each, same binary). Fully passive waiting (OMP_WAIT_POLICY=passive) costs
-//   the short loops instead (performer's forward+backward at L = 1024: 1.1 -> 5.0 ms).
+//   machine the spinning worker took CPU time the others needed, and the default ViT trained
+//   markedly slower than with GOMP_SPINCOUNT=10000. Fully passive waiting
+//   (OMP_WAIT_POLICY=passive) costs the short loops instead. The figures: apps/bench/README.md,
+//   "Environment switches".
 //
 // Both libraries read their variables once, when they load, so when anything was set the
 // program restarts itself (execv of /proc/self/exe with the same arguments) and the restarted

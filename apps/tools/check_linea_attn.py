@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks linea-attn against an independent PyTorch float64 implementation of the five mechanisms'
-formulas (the papers', as the README's attention section states them), written without Linea's C++.
+formulas (the papers', as attention/README.md states them), written without Linea's C++.
 
 For every spec x variant (bidirectional, causal where supported, key padding, cross-attention
 where supported, eval; float64 and float32) it draws inputs and every random quantity (omega,

@@ -37,7 +37,7 @@ struct TrainOptions {
   double warmup_epochs = 0.5;
   double label_smoothing = 0.1;
   double clip = 1.0;  // max global gradient norm (0: off)
-  int64_t crop_padding = 0;  // off by default: at a 10-epoch budget it cost accuracy (README)
+  int64_t crop_padding = 0;  // off by default: at a 10-epoch budget it cost accuracy (apps/vit/README.md)
   bool flip = true;
   // > 0: train at most the epochs that fit in this many seconds (evaluations included) at the
   // speed of a few probe steps, and at most `epochs`. The epochs chosen are the run's (config.json),

@@ -172,23 +172,15 @@ Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor&
 
 // ---- the choice of path ------------------------------------------------------------------------
 
-// Both paths compute the same formula; which is faster depends on shapes only. Forward+backward
-// in float32 on this project's 2-core CPU machine, one thread, B*H = 2 (apps/bench
-// attention-scaling --threads 1, median of 3; 2026-11-25, with the fused FFT kernel
-// toeplitz_attention at two value channels per complex transform, measured FFTW plans), the two
-// costs fit
-//   FFT   ~ 1.27 ns * S*(Dv+1)*(N+M)*log2(N+M)   (S*(Dv+1) channels, v and a column of ones)
-//   dense ~ 0.106 ns * N*M*(S+Dv+333)            (GEMMs over S and Dv, ~35 ns elementwise per entry)
-// within ~25% at N = M = 256..4096, S in {16, 64}, Dv in {16, 64}. Measured, ms (FFT / dense):
-//      N = M              512          1024          2048           4096
-//      S=64, Dv=16    12.0 / 9.0   25.2 / 38.7   55.5 / 172    143 / 705
-//      S=64, Dv=64    39.5 / 12.2  87.7 / 49.4    187 / 200    500 / 816
-//      S=16, Dv=16    3.1 / 7.0     7.0 / 32.8   14.9 / 160   39.2 / 646
-// (S=64, Dv=16 at 768: 25.0 / 21.7; S = Dv = 16 at 128: 0.75 / 0.57, at 256: 1.52 / 1.80.)
+// Both paths compute the same formula; which is faster depends on shapes only, so the choice is a
+// cost model of the shapes, fitted to forward+backward CPU timings of both paths (the timings and
+// the fit: apps/bench/README.md, "nprf_rpe: the dense or the FFT path"). In units of one term of
+// the dense path's GEMMs:
+//   FFT   ~ 12 * S*(Dv+1)*(N+M)*log2(N+M)   (S*(Dv+1) channels, v and a column of ones)
+//   dense ~ N*M*(S+Dv+333)                   (GEMMs over S and Dv, and the elementwise work per entry)
 // So auto switches to FFT at N = M ~ 150 (S = Dv = 16), ~650 (S = 64, Dv = 16: the ViT's heads
 // at the default features) and ~2700 (S = Dv = 64). The dense path is also the more accurate one
-// in float32 (nprf_rpe.h); its memory grows as N*M (1 GB at N = M = 4096, B*H = 2, against
-// ~50 MB for FFT). Not measured on CUDA: the same rule applies there.
+// in float32 (nprf_rpe.h); its memory grows as N*M. The same rule applies on CUDA.
 bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv) {
   const double n = static_cast<double>(N), m = static_cast<double>(M);
   const double dense_cost = n * m * static_cast<double>(S + Dv + 333);

@@ -17,9 +17,9 @@ Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          double dropout = 0.0, bool training = false);
 // The fused kernel keeps the probabilities for its backward while one [B, H, N, M] tensor of
 // them takes at most kKeepProbsBytes, and recomputes them block by block beyond that (one more
-// GEMM and exp per score, about 15% slower), so that long sequences fit. Keeping them, it runs
-// 1.2-1.5x faster than the composed formula at every size measured on this project's 2-core
-// CPU (ViT's N = 50 to N = 8192), which holds about three such tensors through the backward.
+// GEMM and exp per score), so that long sequences fit. Keeping them, it runs faster than the
+// composed formula at every size measured on the CPU (ViT's N = 50 to N = 8192; figures in
+// apps/bench/README.md), which holds about three such tensors through the backward.
 constexpr double kKeepProbsBytes = 512.0 * 1024 * 1024;
 bool fused_kernel_keeps_probs(const Tensor& q, const Tensor& k);
 // The same formula composed from ops (matmul, masked softmax, dropout, matmul): the CUDA path,

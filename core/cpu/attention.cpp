@@ -25,7 +25,7 @@ using detail::Workspace;
 
 // Query rows per work item: about kBlockBytes of scores (256 rows at M = 4096 in float32), which
 // stay in L2/L3 between the GEMMs that read them. Fewer rows would cost more packing: OpenBLAS
-// packs the whole of k (or v) again for every block (at M = 4096, 64 rows ran ~5% slower).
+// packs the whole of k (or v) again for every block (measured: apps/bench/README.md).
 constexpr int64_t kBlockBytes = int64_t(4) << 20;
 constexpr int64_t kMinRows = 32, kMaxRows = 256;
 

@@ -56,9 +56,9 @@ std::vector<int64_t> batch_offsets(const Tensor& t, int64_t batch) {
 // With OpenBLAS's OpenMP build (what CMake links when it is installed), a batch of at least
 // as many matrices as threads runs one GEMM per thread (OpenBLAS runs single-threaded inside
 // our parallel region): GEMMs with a small side, [4096, 64] x [64, 16] say, gain nothing from
-// OpenBLAS's own threads (measured ~100 us with 1 or 2), so two heads took twice as long one
-// after the other. With the pthread build the loop stays sequential: calling it from an
-// OpenMP-parallel loop measured ~10x slower on batches of small GEMMs.
+// OpenBLAS's own threads, so one GEMM per thread is how such a batch uses the cores. With the
+// pthread build the loop stays sequential: calling it from an OpenMP-parallel loop is much
+// slower on batches of small GEMMs (figures: apps/bench/README.md).
 bool blas_is_openmp() {
   static const bool openmp = openblas_get_parallel() == 2;  // 0 sequential, 1 pthreads, 2 OpenMP
   return openmp;
@@ -90,7 +90,7 @@ void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, i
   if (!par) {
     // No OpenMP region around the calls, not even an inactive one: inside it, OpenBLAS's own
     // parallel GEMM is a nested region and gets a fresh team of threads at every call (a
-    // linear layer's single GEMM went 25% slower that way on 2 cores).
+    // linear layer's single GEMM ran measurably slower that way: apps/bench/README.md).
     for (int64_t i = 0; i < batch; ++i) one(i);
     return;
   }

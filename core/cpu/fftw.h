@@ -5,10 +5,10 @@
 // process exit.
 //
 // Measured plans, kept per machine: FFTW_MEASURE picks a transform's algorithm by timing
-// candidates (here 1.3-1.9x faster than FFTW_ESTIMATE's guess: 29-33 against 55 us for one
-// complex float transform of 16384), so two processes could pick different algorithms and
-// round differently, and a resumed run would not continue bit for bit. So a measured plan's
-// choice is written to a wisdom file (fftw_wisdom.cpp: $LINEA_FFTW_WISDOM, else
+// candidates (faster than FFTW_ESTIMATE's guess; figures in apps/bench/README.md), so two
+// processes could pick different algorithms and round differently, and a resumed run would not
+// continue bit for bit. So a measured plan's choice is written to a wisdom file
+// (fftw_wisdom.cpp: $LINEA_FFTW_WISDOM, else
 // $XDG_CACHE_HOME/linea or ~/.cache/linea) and every later process on the machine plans that
 // shape from it, under a file lock, never measuring it again. Where no such folder can be
 // used, or with LINEA_FFTW_WISDOM=off, plans are FFTW_ESTIMATE's (deterministic by

@@ -17,7 +17,7 @@
 
 // LINEA_VEC_CLONES on a function holding a loop over these: GCC compiles it for AVX2 as well as
 // for the default x86-64 target and picks one at load time (target_clones, an ifunc): twice the
-// vector width (measured 2.4x on GELU). AVX2 without FMA, so both versions do the same IEEE
+// vector width (the speed-up: apps/bench/README.md). AVX2 without FMA, so both versions do the same IEEE
 // operations and elementwise results are identical bits (a vectorized sum's order still
 // depends on the width).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__AVX2__)
