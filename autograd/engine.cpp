@@ -182,133 +182,173 @@ void accumulate_leaf(detail::AutogradMeta& leaf, const Tensor& g) {
   }
   leaf.grad = raw::binary(BinaryOp::Add, leaf.grad, g);
 }
+
+using NodePtr = detail::Node*;
+
+// One backward pass: the gradients waiting at each node, and how many graph edges into each
+// node (and into each leaf with a grad-ready hook) have yet to deliver theirs.
+class BackwardPass {
+ public:
+  explicit BackwardPass(bool retain_graph) : retain_graph_(retain_graph) {}
+
+  // The outputs' gradients: a leaf output's goes to its .grad, the others wait at their nodes.
+  void seed(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const Tensor& y = outputs[i];
+      const Tensor& g = grad_outputs[i];
+      LINEA_CHECK(y.requires_grad(), "backward: the tensor (shape ", shape_str(y.shape()),
+                  ") does not require grad and has no grad_fn");
+      LINEA_CHECK(g.defined() && g.shape() == y.shape() && g.dtype() == y.dtype() && g.device() == y.device(),
+                  "backward: gradient (shape ", g.defined() ? shape_str(g.shape()) : "undefined",
+                  ") does not match the output (shape ", shape_str(y.shape()), ", ", dtype_name(y.dtype()), ")");
+      auto& m = *y.impl().autograd;
+      if (!m.grad_fn) {  // backward on a leaf: its gradient is the given one
+        accumulate_leaf(m, g);
+        continue;
+      }
+      NodePtr n = m.grad_fn.get();
+      auto it = pending_.find(n);
+      if (it == pending_.end()) {
+        pending_[n] = g;
+        roots_.push_back(m.grad_fn);
+      } else {
+        it->second = raw::binary(BinaryOp::Add, it->second, g);
+      }
+    }
+  }
+
+  // Counts, for every node reachable from the roots, how many graph edges point at it
+  // (iterative DFS: no recursion on deep graphs). Leaves with a grad-ready hook count their
+  // edges too: the hook runs when the count drops to 0.
+  void count_dependencies() {
+    std::vector<NodePtr> stack;
+    for (auto& r : roots_) {
+      if (deps_.emplace(r.get(), 0).second) stack.push_back(r.get());
+    }
+    while (!stack.empty()) {
+      NodePtr n = stack.back();
+      stack.pop_back();
+      for (auto& e : n->next) {
+        if (e.leaf && e.leaf->grad_ready) leaf_deps_[e.leaf.get()]++;
+        if (!e.node) continue;
+        auto [it, inserted] = deps_.emplace(e.node.get(), 0);
+        it->second++;
+        if (inserted) stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  // Kahn's algorithm: a node runs once all its consumers have delivered their gradients.
+  void run() {
+    for (auto& r : roots_)
+      if (deps_[r.get()] == 0) ready_.push_back(r.get());
+    while (!ready_.empty()) {
+      NodePtr n = ready_.back();
+      ready_.pop_back();
+      Tensor g = std::move(pending_[n]);
+      pending_.erase(n);
+      std::vector<Tensor> grads = call_backward(*n, g);
+      for (size_t i = 0; i < grads.size(); ++i) deliver(*n, i, grads[i]);
+    }
+  }
+
+ private:
+  // Runs n's backward on its summed output gradient g (after checking that it still can and that
+  // nothing it recorded was modified in place), then frees its saved tensors unless retain_graph.
+  std::vector<Tensor> call_backward(detail::Node& n, const Tensor& g) {
+    LINEA_CHECK(n.backward != nullptr, "backward: trying to backward through the graph a second time (at ", n.name,
+                "); its saved tensors were freed. Pass retain_graph = true to the first backward");
+    for (const auto& [storage, version] : n.versions) {
+      auto st = storage.lock();
+      LINEA_CHECK(!st || st->version == version, "backward: a tensor used by ", n.name,
+                  " was modified by an in-place operation after ", n.name, " recorded it (storage version ",
+                  st ? st->version : 0, ", expected ", version, "); write into a clone instead");
+    }
+    std::vector<Tensor> grads = n.backward(g);
+    if (!retain_graph_) n.backward = nullptr;  // frees the saved tensors
+    LINEA_CHECK(grads.size() == n.next.size(), "backward: ", n.name, " returned ", grads.size(), " gradients for ",
+                n.next.size(), " inputs");
+    return grads;
+  }
+
+  // Input i's gradient gi (undefined: none) along n's edge i: summed into the node's pending
+  // gradient or accumulated into the leaf's .grad.
+  void deliver(detail::Node& n, size_t i, const Tensor& gi) {
+    detail::Edge& e = n.next[i];
+    if (e.node) {
+      // A consumer that yields no gradient still counts as delivered.
+      if (gi.defined()) {
+        check_shape(n, i, gi);
+        auto it = pending_.find(e.node.get());
+        if (it == pending_.end() || !it->second.defined())
+          pending_[e.node.get()] = gi;
+        else
+          it->second = raw::binary(BinaryOp::Add, it->second, gi);
+      }
+      if (--deps_[e.node.get()] == 0) {
+        if (pending_[e.node.get()].defined())
+          ready_.push_back(e.node.get());
+        else
+          skip_without_gradient(e.node.get());
+      }
+    } else if (e.leaf) {
+      if (gi.defined()) {
+        check_shape(n, i, gi);
+        accumulate_leaf(*e.leaf, gi);
+      }
+      leaf_delivered(e.leaf.get());
+    }
+  }
+
+  void check_shape(const detail::Node& n, size_t i, const Tensor& gi) const {
+    LINEA_CHECK(gi.shape() == n.input_shapes[i], "backward: ", n.name, " produced a gradient of shape ",
+                shape_str(gi.shape()), " for input ", i, " of shape ", shape_str(n.input_shapes[i]));
+  }
+
+  // No gradient reached this node: propagate "nothing" by running nothing, but its inputs'
+  // counters must still drop. Walk it with an undefined gradient.
+  void skip_without_gradient(NodePtr node) {
+    std::vector<NodePtr> quiet{node};
+    while (!quiet.empty()) {
+      NodePtr q = quiet.back();
+      quiet.pop_back();
+      pending_.erase(q);
+      for (auto& qe : q->next) {
+        if (qe.leaf) leaf_delivered(qe.leaf.get());
+        if (qe.node && --deps_[qe.node.get()] == 0) {
+          if (pending_.count(qe.node.get()) && pending_[qe.node.get()].defined())
+            ready_.push_back(qe.node.get());
+          else
+            quiet.push_back(qe.node.get());
+        }
+      }
+    }
+  }
+
+  // One more edge into `leaf` has delivered; the last one runs its grad-ready hook.
+  void leaf_delivered(detail::AutogradMeta* leaf) {
+    if (leaf_deps_.empty() || !leaf->grad_ready) return;
+    auto it = leaf_deps_.find(leaf);
+    if (it != leaf_deps_.end() && --it->second == 0) leaf->grad_ready();
+  }
+
+  const bool retain_graph_;
+  std::unordered_map<NodePtr, Tensor> pending_;  // summed gradients of the nodes yet to run
+  std::unordered_map<NodePtr, int> deps_;        // edges into each node yet to deliver
+  std::unordered_map<detail::AutogradMeta*, int> leaf_deps_;
+  std::vector<std::shared_ptr<detail::Node>> roots_;
+  std::vector<NodePtr> ready_;  // nodes whose gradient is complete
+};
 }  // namespace
 
 void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph) {
   LINEA_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(), " outputs but ", grad_outputs.size(),
               " gradients");
   NoGradGuard no_grad;
-  using NodePtr = detail::Node*;
-  std::unordered_map<NodePtr, Tensor> pending;
-  std::unordered_map<NodePtr, int> deps;
-  std::vector<std::shared_ptr<detail::Node>> roots;
-
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const Tensor& y = outputs[i];
-    const Tensor& g = grad_outputs[i];
-    LINEA_CHECK(y.requires_grad(), "backward: the tensor (shape ", shape_str(y.shape()),
-                ") does not require grad and has no grad_fn");
-    LINEA_CHECK(g.defined() && g.shape() == y.shape() && g.dtype() == y.dtype() && g.device() == y.device(),
-                "backward: gradient (shape ", g.defined() ? shape_str(g.shape()) : "undefined",
-                ") does not match the output (shape ", shape_str(y.shape()), ", ", dtype_name(y.dtype()), ")");
-    auto& m = *y.impl().autograd;
-    if (!m.grad_fn) {  // backward on a leaf: its gradient is the given one
-      accumulate_leaf(m, g);
-      continue;
-    }
-    NodePtr n = m.grad_fn.get();
-    auto it = pending.find(n);
-    if (it == pending.end()) {
-      pending[n] = g;
-      roots.push_back(m.grad_fn);
-    } else {
-      it->second = raw::binary(BinaryOp::Add, it->second, g);
-    }
-  }
-
-  // Count, for every node reachable from the roots, how many graph edges point at it
-  // (iterative DFS: no recursion on deep graphs).
-  std::vector<NodePtr> stack;
-  for (auto& r : roots) {
-    if (deps.emplace(r.get(), 0).second) stack.push_back(r.get());
-  }
-  // Leaves with a grad-ready hook count their edges too: the hook runs when the count drops to 0.
-  std::unordered_map<detail::AutogradMeta*, int> leaf_deps;
-  while (!stack.empty()) {
-    NodePtr n = stack.back();
-    stack.pop_back();
-    for (auto& e : n->next) {
-      if (e.leaf && e.leaf->grad_ready) leaf_deps[e.leaf.get()]++;
-      if (!e.node) continue;
-      auto [it, inserted] = deps.emplace(e.node.get(), 0);
-      it->second++;
-      if (inserted) stack.push_back(e.node.get());
-    }
-  }
-  const auto leaf_delivered = [&](detail::AutogradMeta* leaf) {
-    if (leaf_deps.empty() || !leaf->grad_ready) return;
-    auto it = leaf_deps.find(leaf);
-    if (it != leaf_deps.end() && --it->second == 0) leaf->grad_ready();
-  };
-
-  // Kahn's algorithm: a node runs once all its consumers have delivered their gradients.
-  std::vector<NodePtr> ready;
-  for (auto& r : roots)
-    if (deps[r.get()] == 0) ready.push_back(r.get());
-  while (!ready.empty()) {
-    NodePtr n = ready.back();
-    ready.pop_back();
-    Tensor g = std::move(pending[n]);
-    pending.erase(n);
-    LINEA_CHECK(n->backward != nullptr, "backward: trying to backward through the graph a second time (at ", n->name,
-                "); its saved tensors were freed. Pass retain_graph = true to the first backward");
-    for (const auto& [storage, version] : n->versions) {
-      auto st = storage.lock();
-      LINEA_CHECK(!st || st->version == version, "backward: a tensor used by ", n->name,
-                  " was modified by an in-place operation after ", n->name, " recorded it (storage version ",
-                  st ? st->version : 0, ", expected ", version, "); write into a clone instead");
-    }
-    std::vector<Tensor> grads = n->backward(g);
-    if (!retain_graph) n->backward = nullptr;  // frees the saved tensors
-    LINEA_CHECK(grads.size() == n->next.size(), "backward: ", n->name, " returned ", grads.size(), " gradients for ",
-                n->next.size(), " inputs");
-    for (size_t i = 0; i < grads.size(); ++i) {
-      detail::Edge& e = n->next[i];
-      const Tensor& gi = grads[i];
-      if (e.node) {
-        // A consumer that yields no gradient still counts as delivered.
-        if (gi.defined()) {
-          LINEA_CHECK(gi.shape() == n->input_shapes[i], "backward: ", n->name, " produced a gradient of shape ",
-                      shape_str(gi.shape()), " for input ", i, " of shape ", shape_str(n->input_shapes[i]));
-          auto it = pending.find(e.node.get());
-          if (it == pending.end() || !it->second.defined())
-            pending[e.node.get()] = gi;
-          else
-            it->second = raw::binary(BinaryOp::Add, it->second, gi);
-        }
-        if (--deps[e.node.get()] == 0) {
-          if (pending[e.node.get()].defined())
-            ready.push_back(e.node.get());
-          else {
-            // No gradient reached this node: propagate "nothing" by running nothing, but its
-            // inputs' counters must still drop. Walk it with an undefined gradient.
-            std::vector<NodePtr> quiet{e.node.get()};
-            while (!quiet.empty()) {
-              NodePtr q = quiet.back();
-              quiet.pop_back();
-              pending.erase(q);
-              for (auto& qe : q->next) {
-                if (qe.leaf) leaf_delivered(qe.leaf.get());
-                if (qe.node && --deps[qe.node.get()] == 0) {
-                  if (pending.count(qe.node.get()) && pending[qe.node.get()].defined())
-                    ready.push_back(qe.node.get());
-                  else
-                    quiet.push_back(qe.node.get());
-                }
-              }
-            }
-          }
-        }
-      } else if (e.leaf) {
-        if (gi.defined()) {
-          LINEA_CHECK(gi.shape() == n->input_shapes[i], "backward: ", n->name, " produced a gradient of shape ",
-                      shape_str(gi.shape()), " for input ", i, " of shape ", shape_str(n->input_shapes[i]));
-          accumulate_leaf(*e.leaf, gi);
-        }
-        leaf_delivered(e.leaf.get());
-      }
-    }
-  }
+  BackwardPass pass(retain_graph);
+  pass.seed(outputs, grad_outputs);
+  pass.count_dependencies();
+  pass.run();
 }
 
 void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook) {

@@ -1,6 +1,6 @@
-// NCCL collectives for linea::dist (see nccl.h). Compiled into every CUDA build; the body only
-// when CMake found NCCL (LINEA_WITH_NCCL), else each call is an error naming what is missing.
-#include "cuda/nccl.h"
+// NCCL collectives for linea::dist (see core/cuda_nccl.h). Compiled into every CUDA build; the
+// body only when CMake found NCCL (LINEA_WITH_NCCL), else core/cuda_nccl.cpp stands in.
+#include "core/cuda_nccl.h"
 
 #include "core/error.h"
 
@@ -78,6 +78,8 @@ void end() {
 }
 }  // namespace
 
+bool available() { return true; }
+
 std::string unique_id() {
   ncclUniqueId id;
   LINEA_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -135,24 +137,4 @@ void finalize() {
 
 }  // namespace linea::cuda::nccl
 
-#else  // no NCCL in this build
-
-namespace linea::cuda::nccl {
-namespace {
-[[noreturn]] void missing() {
-  LINEA_FAIL(
-      "this build of Linea has no NCCL (CMake did not find nccl.h and libnccl): collectives on CUDA "
-      "tensors go through host memory and MPI");
-}
-}  // namespace
-std::string unique_id() { missing(); }
-void init(const std::string&, int, int) { missing(); }
-bool initialized() { return false; }
-void all_reduce(void*, size_t, DType, Op) { missing(); }
-void broadcast(void*, size_t, DType, int) { missing(); }
-void all_gather(const void*, void*, size_t, DType) { missing(); }
-void wait_on_compute() {}
-void finalize() {}
-}  // namespace linea::cuda::nccl
-
-#endif
+#endif  // LINEA_WITH_NCCL
