@@ -56,10 +56,10 @@ struct AttentionOption {
 // What a mechanism registers: the one place that says what it is. The apps' --help, linea-attn,
 // the benchmarks and the shared test suites (tests/attention_suite.h) read it from here.
 struct AttentionInfo {
-  std::string name;     // the spec's name, e.g. "performer"
-  std::string summary;  // one line: what it computes and its cost
-  AttentionSupport support;               // what it can be built for (the suite checks the built one says the same)
-  std::vector<AttentionOption> options;   // every key its factory reads, with the defaults it uses
+  std::string name;                      // the spec's name, e.g. "performer"
+  std::string summary;                   // one line: what it computes and its cost
+  AttentionSupport support;              // what it can be built for (the suite checks the built one says the same)
+  std::vector<AttentionOption> options;  // every key its factory reads, with the defaults it uses
   AttentionFactory factory;
   // Small settings for the shared suites (few features or samples keep float64 gradchecks fast).
   std::vector<std::string> test_specs;

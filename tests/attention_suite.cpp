@@ -40,7 +40,8 @@ Tensor padding(int64_t M) {
 // Sets every parameter to small random values (rpe starts at 0, adaptive LayerNorm at 1/0).
 void randomize_parameters(nn::Module& m) {
   NoGradGuard ng;
-  for (auto& [name, p] : m.named_parameters()) nn::replace_data(p, mul(randn(p.shape(), TensorOptions(p.dtype())), 0.3));
+  for (auto& [name, p] : m.named_parameters())
+    nn::replace_data(p, mul(randn(p.shape(), TensorOptions(p.dtype())), 0.3));
 }
 
 attn::AttentionInfo info_of(const std::string& spec) {

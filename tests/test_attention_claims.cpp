@@ -15,8 +15,7 @@ namespace linea {
 namespace {
 
 using test::AttentionSuite;
-INSTANTIATE_TEST_SUITE_P(Registered, AttentionSuite, ::testing::ValuesIn(test::suite_specs()),
-                         test::spec_test_name);
+INSTANTIATE_TEST_SUITE_P(Registered, AttentionSuite, ::testing::ValuesIn(test::suite_specs()), test::spec_test_name);
 
 using test::f64;
 

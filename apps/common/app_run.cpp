@@ -20,7 +20,8 @@ Device start_run(const std::string& app, const RunOptions& run, const std::strin
   const Device device = resolve_device(app, run.device);
   apply_precision(app, run.precision, device);
   // --resume from another app's checkpoint says so, rather than listing every setting as changed.
-  if (run.resume && nn::checkpoint_exists(run.checkpoint())) read_checkpoint_config(run.checkpoint(), app, config_format);
+  if (run.resume && nn::checkpoint_exists(run.checkpoint()))
+    read_checkpoint_config(run.checkpoint(), app, config_format);
   return device;
 }
 
@@ -36,8 +37,8 @@ std::string best_weights_dir(const std::string& dir) {
 Metrics eval_only(const std::string& app, const RunOptions& run,
                   const std::function<Metrics(const std::string& weights_dir)>& evaluate) {
   const std::string dir = best_weights_dir(run.checkpoint());
-  LINEA_CHECK(fs::exists(dir + "/model.safetensors"), app, ": --eval-only needs a checkpoint, but '",
-              run.checkpoint(), "' holds none");
+  LINEA_CHECK(fs::exists(dir + "/model.safetensors"), app, ": --eval-only needs a checkpoint, but '", run.checkpoint(),
+              "' holds none");
   std::error_code ec;
   fs::create_directories(run.out_dir, ec);  // the evaluation may write files there (e.g. hypotheses)
   LINEA_CHECK(!ec, app, ": cannot create the output folder '", run.out_dir, "' (--out): ", ec.message());

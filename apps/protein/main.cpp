@@ -16,9 +16,9 @@
 #include <cstdio>
 #include <iostream>
 
+#include "apps/common/app_main.h"
 #include "apps/common/app_run.h"
 #include "apps/common/device.h"
-#include "apps/common/app_main.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "attention/registry.h"
@@ -98,9 +98,11 @@ int main(int argc, char** argv) {
       ->group(data)
       ->capture_default_str()
       ->check(linea::apps::finite_range(0.001, 1.0));
-  train_cmd->add_option("--attention", t.model.attention,
-                        "self-attention: " + attn::attention_flag_help(attn::AttentionUse::Self))
-      ->group(model)->capture_default_str();
+  train_cmd
+      ->add_option("--attention", t.model.attention,
+                   "self-attention: " + attn::attention_flag_help(attn::AttentionUse::Self))
+      ->group(model)
+      ->capture_default_str();
   train_cmd->add_option("--dim", t.model.dim, "model width")->group(model)->capture_default_str()->check(CLI::Range(1, 16384));
   train_cmd->add_option("--heads", t.model.heads, "attention heads (must divide --dim)")->group(model)
       ->capture_default_str()->check(CLI::Range(1, 256));

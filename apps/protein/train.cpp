@@ -280,8 +280,12 @@ TrainReport run_training(const TrainOptions& o) {
   setup.ema_decay = o.ema;
   setup.select = {"valid_perplexity", false, o.patience};
   setup.curves = {"protein: " + mc.attention + " attention, masked-LM loss and valid accuracy",
-                  "train loss (masked positions)", "valid_loss", "valid_masked_accuracy", 100,
-                  "loss (nats per masked residue)", ""};
+                  "train loss (masked positions)",
+                  "valid_loss",
+                  "valid_masked_accuracy",
+                  100,
+                  "loss (nats per masked residue)",
+                  ""};
 
   apps::TrainHooks hooks;
   // Residues in a batch (the throughput unit) and chosen positions (the loss's denominator, and
@@ -322,9 +326,7 @@ TrainReport run_training(const TrainOptions& o) {
     return "acc " + fmt("%.2f%%", 100 * s.at("correct") / chosen) + " ppl " + fmt("%.3f", std::exp(s.at("nll") / chosen));
   };
   hooks.finish = [&] { return final_eval(*model); };
-  hooks.summary = [&](json& summary) {
-    summary.update({{"model", mc}, {"run", run_cfg}, {"data", data.json}});
-  };
+  hooks.summary = [&](json& summary) { summary.update({{"model", mc}, {"run", run_cfg}, {"data", data.json}}); };
   const apps::TrainResult tr = apps::train(setup, hooks, run);
 
   fill_report(tr.final_eval.values);

@@ -122,8 +122,8 @@ int run(const Args& a) {
   const int64_t L = length_key.empty() ? 0 : rpe.defined() ? rpe_length(rpe, H, N, M) : std::max(N, M);
   if (!length_key.empty() && spec.options.count(length_key))
     LINEA_CHECK(!rpe.defined() || spec.get_int(length_key, -1) == L, "spec '", a.spec, "' names ", length_key, "=",
-                spec.options.at(length_key), " but rpe ", shape_str(rpe.shape()), " has L = ", L, " (drop ",
-                length_key, " from the spec, or make them agree)");
+                spec.options.at(length_key), " but rpe ", shape_str(rpe.shape()), " has L = ", L, " (drop ", length_key,
+                " from the spec, or make them agree)");
   const std::string built_spec = length_key.empty() ? a.spec : attn::with_length(a.spec, L);
   std::shared_ptr<attn::AttentionMechanism> mech = attn::make_attention(built_spec, H, D);
   mech->to(device);

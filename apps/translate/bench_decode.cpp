@@ -64,7 +64,9 @@ int main(int argc, char** argv) {
   app.add_option("--input", input, "source sentences, one per line")->required();
   app.add_option("--sentences", sentences, "the first N lines")->capture_default_str()->check(CLI::Range(1, 1000000));
   app.add_option("--batch", batch, "sentences per batch")->capture_default_str()->check(CLI::Range(1, 100000));
-  app.add_option("--beam", beam.beam, "beam size of the beam-search row")->capture_default_str()->check(CLI::Range(1, 1000));
+  app.add_option("--beam", beam.beam, "beam size of the beam-search row")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   app.add_option("--json", json_path, "append the rows as JSON lines here");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -16,9 +16,9 @@
 #include <fstream>
 #include <iostream>
 
+#include "apps/common/app_main.h"
 #include "apps/common/app_run.h"
 #include "apps/common/device.h"
-#include "apps/common/app_main.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "attention/registry.h"
@@ -135,15 +135,21 @@ int main(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand("train", "train on prepared data, then report test BLEU");
   const std::string data = "Data", model = "Model", train = "Training", eval = "Evaluation";
   train_cmd->add_option("--data", t.data_dir, "folder written by `translate prepare`")->group(data)->capture_default_str();
-  train_cmd->add_option("--enc-attention", t.model.enc_attention,
-                        "encoder self-attention: " + attn::attention_flag_help(attn::AttentionUse::Self))
-      ->group(model)->capture_default_str();
-  train_cmd->add_option("--dec-attention", t.model.dec_attention,
-                        "decoder causal self-attention: " + attn::attention_flag_help(attn::AttentionUse::CausalSelf))
-      ->group(model)->capture_default_str();
-  train_cmd->add_option("--cross-attention", t.model.cross_attention,
-                        "decoder cross-attention on the source: " + attn::attention_flag_help(attn::AttentionUse::Cross))
-      ->group(model)->capture_default_str();
+  train_cmd
+      ->add_option("--enc-attention", t.model.enc_attention,
+                   "encoder self-attention: " + attn::attention_flag_help(attn::AttentionUse::Self))
+      ->group(model)
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--dec-attention", t.model.dec_attention,
+                   "decoder causal self-attention: " + attn::attention_flag_help(attn::AttentionUse::CausalSelf))
+      ->group(model)
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--cross-attention", t.model.cross_attention,
+                   "decoder cross-attention on the source: " + attn::attention_flag_help(attn::AttentionUse::Cross))
+      ->group(model)
+      ->capture_default_str();
   train_cmd->add_option("--dim", t.model.dim, "model width")->group(model)->capture_default_str()->check(CLI::Range(1, 16384));
   train_cmd->add_option("--heads", t.model.heads, "attention heads (must divide --dim)")->group(model)
       ->capture_default_str()->check(CLI::Range(1, 256));

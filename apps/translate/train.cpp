@@ -189,8 +189,10 @@ TrainReport run_training(const TrainOptions& o) {
       Translator loaded = Translator::load(dir, device);
       LINEA_CHECK(loaded.source_tokenizer().bytes() == src_tok->bytes() &&
                       loaded.target_tokenizer().bytes() == tgt_tok->bytes(),
-                  "translate: --eval-only: the checkpoint in '", dir, "' was trained with other tokenizers than the "
-                  "data in '", o.data_dir, "' (pass the --data it was trained on)");
+                  "translate: --eval-only: the checkpoint in '", dir,
+                  "' was trained with other tokenizers than the "
+                  "data in '",
+                  o.data_dir, "' (pass the --data it was trained on)");
       return apps::evaluate_forked(loaded.model(), device, [&] { return test_of(loaded); });
     });
     report.test_bleu = m.values["test_bleu"];
@@ -220,7 +222,11 @@ TrainReport run_training(const TrainOptions& o) {
   setup.select = {"valid_bleu", true, o.patience};
   setup.curves = {"translate: " + mc.enc_attention + " / " + mc.dec_attention + " / " + mc.cross_attention +
                       " attention, loss and valid BLEU",
-                  "train loss, label-smoothed", "valid_loss", "valid_bleu", 1.0, "loss (nats per token)",
+                  "train loss, label-smoothed",
+                  "valid_loss",
+                  "valid_bleu",
+                  1.0,
+                  "loss (nats per token)",
                   "valid BLEU (greedy)"};
 
   apps::TrainHooks hooks;
@@ -231,9 +237,7 @@ TrainReport run_training(const TrainOptions& o) {
     return "ppl " + fmt("%.2f", std::exp(s.at("nll")));
   };
   hooks.finish = [&] { return test_of(translator); };
-  hooks.summary = [&](json& summary) {
-    summary.update({{"model", mc}, {"run", run_cfg}, {"data", data.json}});
-  };
+  hooks.summary = [&](json& summary) { summary.update({{"model", mc}, {"run", run_cfg}, {"data", data.json}}); };
   const apps::TrainResult tr = apps::train(setup, hooks, run);
 
   report.test_bleu = tr.final_eval.values.value("test_bleu", 0.0);

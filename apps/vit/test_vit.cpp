@@ -18,11 +18,11 @@
 
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
+#include "attention/registry.h"
 #include "data.h"
 #include "fake_data.h"
 #include "linea.h"
 #include "tests/test_util.h"
-#include "attention/registry.h"
 #include "train.h"
 
 namespace fs = std::filesystem;
@@ -105,7 +105,10 @@ TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
   fs::create_directories(data);
   write_fake_fashion_mnist(data, 256, 64);
   auto run_epochs = [&](const vit::TrainOptions& o) {
-    return json::parse(linea::test::read_all(o.run.checkpoint() + "/config.json")).at("run").at("epochs").get<int64_t>();
+    return json::parse(linea::test::read_all(o.run.checkpoint() + "/config.json"))
+        .at("run")
+        .at("epochs")
+        .get<int64_t>();
   };
   vit::TrainOptions tight = small_run(data, (dir.path / "tight").string(), "softmax");
   tight.time_budget = 1e-6;

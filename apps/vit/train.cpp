@@ -14,9 +14,9 @@
 #include "apps/common/metrics.h"
 #include "apps/common/progress.h"
 #include "apps/common/train_loop.h"
+#include "attention/transformer.h"
 #include "autograd/ops.h"
 #include "data.h"
-#include "attention/transformer.h"
 #include "nn/checkpoint.h"
 #include "nn/dist.h"
 #include "nn/optim.h"
@@ -62,8 +62,11 @@ struct CheckpointConfig {
 constexpr const char* kConfigFormat = "linea-vit/1";
 
 json config_json(const CheckpointConfig& c) {
-  return {{"format", kConfigFormat}, {"model", c.model}, {"classes", c.classes},
-          {"normalize", {{"mean", c.mean}, {"std", c.std}}}, {"run", c.run}};
+  return {{"format", kConfigFormat},
+          {"model", c.model},
+          {"classes", c.classes},
+          {"normalize", {{"mean", c.mean}, {"std", c.std}}},
+          {"run", c.run}};
 }
 
 CheckpointConfig read_config(const std::string& dir) {
@@ -158,14 +161,16 @@ int64_t epochs_within_budget(const TrainOptions& o, const VitConfig& config, con
   }
   set_rng_state(rng_cpu, kCPU);
   if (device.is_cuda()) set_rng_state(rng_dev, device);
-  const double step_s = seconds / kTimed, B = static_cast<double>(std::min<int64_t>(o.batch_size, data.train_images.size(0)));
+  const double step_s = seconds / kTimed,
+               B = static_cast<double>(std::min<int64_t>(o.batch_size, data.train_images.size(0)));
   const double epoch_s = step_s * (std::floor(data.train_images.size(0) / B) + data.test_images.size(0) / (3 * B));
   const int64_t fit = static_cast<int64_t>(std::floor(o.time_budget / epoch_s));
   const int64_t epochs = std::clamp<int64_t>(fit, 1, o.epochs);
-  std::printf("vit: --time-budget %s s: %.0f images/s on %d probe steps, an epoch with its evaluation about %s: %lld "
-              "of --epochs %lld\n",
-              fmt("%g", o.time_budget).c_str(), B / step_s, kTimed, apps::format_duration(epoch_s).c_str(),
-              static_cast<long long>(epochs), static_cast<long long>(o.epochs));
+  std::printf(
+      "vit: --time-budget %s s: %.0f images/s on %d probe steps, an epoch with its evaluation about %s: %lld "
+      "of --epochs %lld\n",
+      fmt("%g", o.time_budget).c_str(), B / step_s, kTimed, apps::format_duration(epoch_s).c_str(),
+      static_cast<long long>(epochs), static_cast<long long>(o.epochs));
   return epochs;
 }
 
@@ -297,7 +302,12 @@ TrainResult run_training(const TrainOptions& options) {
   setup.resume_keys = {"model", "run"};
   setup.on_epoch = [&](int64_t epoch) { train_set->set_epoch(epoch); };
   setup.curves = {"vit: " + cfg.model.attention + " attention, training loss and test accuracy",
-                  "train loss, label-smoothed", "test_loss", "test_accuracy", 100, "loss (cross-entropy)", ""};
+                  "train loss, label-smoothed",
+                  "test_loss",
+                  "test_accuracy",
+                  100,
+                  "loss (cross-entropy)",
+                  ""};
 
   apps::TrainHooks hooks;
   hooks.step = [&](const nn::Batch& batch) { return train_step(*model, batch, device, o.label_smoothing); };

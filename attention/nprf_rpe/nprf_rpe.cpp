@@ -262,8 +262,9 @@ std::shared_ptr<AttentionMechanism> make_nprf_rpe(const AttentionSpec& spec, int
 AttentionInfo nprf_rpe_info() {
   AttentionInfo i;
   i.name = "nprf_rpe";
-  i.summary = "normalized positive random features with a relative positional bias, Toeplitz product by FFT, "
-              "O(L log L)";
+  i.summary =
+      "normalized positive random features with a relative positional bias, Toeplitz product by FFT, "
+      "O(L log L)";
   i.support = {true, true, true, true};
   i.options = {{"features", "64", "random features"},
                {"max_len", "512", "longest sequence: the relative-position table spans 2 max_len - 1 offsets"},

@@ -16,14 +16,14 @@ Tensor ReluLinearAttention::forward(const Tensor& q, const Tensor& k, const Tens
                                     const attn::AttentionOptions& opts) {
   attn::check_attention_inputs("relu_linear attention", q, k, v, opts);
   LINEA_CHECK(!opts.causal, "relu_linear attention: no causal form (support() says so)");
-  Tensor phi_q = relu(q), phi_k = relu(k);  // [B, H, N, D], [B, H, M, D]
-  if (opts.key_padding_mask.defined()) {    // padded keys get phi = 0: they add nothing
+  Tensor phi_q = relu(q), phi_k = relu(k);            // [B, H, N, D], [B, H, M, D]
+  if (opts.key_padding_mask.defined()) {              // padded keys get phi = 0: they add nothing
     const Tensor pad = attn::key_padding_bool(opts);  // [B, M]
     phi_k = where(reshape(pad, {pad.size(0), 1, pad.size(1), 1}), 0.0, phi_k);
   }
-  const Tensor kv = matmul(transpose(phi_k, 2, 3), v);              // [B, H, D, Dv]
-  const Tensor z = unsqueeze(sum(phi_k, {2}), -1);                  // [B, H, D, 1]
-  return matmul(phi_q, kv) / (matmul(phi_q, z) + eps_);             // [B, H, N, Dv]
+  const Tensor kv = matmul(transpose(phi_k, 2, 3), v);   // [B, H, D, Dv]
+  const Tensor z = unsqueeze(sum(phi_k, {2}), -1);       // [B, H, D, 1]
+  return matmul(phi_q, kv) / (matmul(phi_q, z) + eps_);  // [B, H, N, Dv]
 }
 
 std::string ReluLinearAttention::extra_repr() const {
