@@ -4,8 +4,8 @@
 // CMakeLists.txt), so the test fails as soon as one of them changes without the other.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <fstream>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -26,21 +26,36 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
+bool name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The name at the start of s ("pow" in "pow(x, a)", "gelu" in "gelu (erf)"); "" when s starts
+// with something else.
+std::string leading_name(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return "";
+  size_t n = 0;
+  while (n < s.size() && name_char(s[n])) ++n;
+  return s.substr(0, n);
+}
+
 std::string join(const std::set<std::string>& names) {
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
   return out;
 }
 
-// The functions declared in ops.h: a line that starts with a return type, then the name and "(".
-// The operators are left out: each one is spelled by a named op (+ is add, == is eq, ...).
+// The functions declared in ops.h: a line that starts with the return type (not indented, not a
+// comment), then the name and "(". The operators are left out: each one is spelled by a named op
+// (+ is add, == is eq, ...), and "operator+(" has no name right before its "(".
 std::set<std::string> declared_ops() {
-  static const std::regex declaration(R"(^(?:const )?[\w:]+(?:<[^>]*>)?&? (\w+)\()");
   std::set<std::string> ops;
   std::istringstream in(read_source("autograd/ops.h"));
-  std::smatch m;
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_search(line, m, declaration)) ops.insert(m[1]);
+  for (std::string line; std::getline(in, line);) {
+    const size_t paren = line.find('(');
+    if (line.empty() || !name_char(line[0]) || paren == std::string::npos) continue;
+    size_t start = paren;
+    while (start > 0 && name_char(line[start - 1])) --start;
+    if (start > 0 && start < paren && line[start - 1] == ' ') ops.insert(line.substr(start, paren - start));
+  }
   return ops;
 }
 
@@ -54,17 +69,15 @@ std::set<std::string> table_ops(std::vector<std::string>* unreadable) {
   }
   EXPECT_TRUE(in.good()) << "autograd/README.md has no table headed | op | forward | gradient(s) |";
   std::getline(in, line);  // |---|---|---|
-  static const std::regex name(R"(^[A-Za-z_]\w*)");
   std::set<std::string> ops;
   while (std::getline(in, line) && line.rfind("|", 0) == 0) {
     const std::string cell = line.substr(1, line.find('|', 1) - 1);
     for (size_t start = 0; start <= cell.size();) {
       size_t slash = cell.find(" / ", start);
       if (slash == std::string::npos) slash = cell.size();
-      const std::string piece = trim(cell.substr(start, slash - start));
-      std::smatch m;
-      if (std::regex_search(piece, m, name))
-        ops.insert(m[0]);
+      const std::string piece = trim(cell.substr(start, slash - start)), op = leading_name(piece);
+      if (!op.empty())
+        ops.insert(op);
       else
         unreadable->push_back(piece + "  (in the row: " + line + ")");
       start = slash + 3;

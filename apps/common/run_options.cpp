@@ -105,6 +105,25 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::string& train_group,
       ->check(non_negative_number());
 }
 
+void add_clip_flag(CLI::App& app, double& clip, const std::string& group) {
+  app.add_option("--clip", clip, "clip the global gradient norm to this (0: off)")
+      ->group(group)
+      ->capture_default_str()
+      ->check(non_negative_number());
+}
+
+void add_selection_flags(CLI::App& app, double& ema, int64_t& patience, const std::string& metric,
+                         const std::string& group) {
+  app.add_option("--ema", ema, "moving average of the weights for evaluation and the best checkpoint (0: off, e.g. 0.999)")
+      ->group(group)
+      ->capture_default_str()
+      ->check(finite_range(0.0, 0.999999));
+  app.add_option("--patience", patience, "stop after N epochs without a better " + metric + " (0: never)")
+      ->group(group)
+      ->capture_default_str()
+      ->check(non_negative_number());
+}
+
 void add_model_flags(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--checkpoint", o.checkpoint,
                  "checkpoint folder (a training run's checkpoint: its best weights; or a best/ folder)")

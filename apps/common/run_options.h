@@ -47,6 +47,13 @@ struct RunOptions {
 void add_run_flags(CLI::App& app, RunOptions& options, const std::string& train_group = "Training",
                    const std::string& run_group = "Running");
 
+// The flags of the loop's optional features, bound to the app's fields (each app keeps them in
+// its own options): --clip (TrainSetup::clip), and --ema (ema_decay) with --patience
+// (select.patience; `metric` says what it waits for, e.g. "valid BLEU").
+void add_clip_flag(CLI::App& app, double& clip, const std::string& group);
+void add_selection_flags(CLI::App& app, double& ema, int64_t& patience, const std::string& metric,
+                         const std::string& group);
+
 // The flags of a command that uses a trained model (translate decode, protein fill and embed):
 // --checkpoint (required), --device, --threads.
 struct ModelOptions {

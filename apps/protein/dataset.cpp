@@ -10,6 +10,7 @@
 
 #include "alphabet.h"
 #include "core/error.h"
+#include "apps/common/prepared_data.h"
 #include "nn/io_util.h"
 #include "nn/readers.h"
 #include "nn/sampler.h"
@@ -41,13 +42,10 @@ double unit(uint64_t h) { return static_cast<double>(h >> 11) * (1.0 / 900719925
 
 Manifest read_manifest(const std::string& data_dir) {
   const std::string path = (fs::path(data_dir) / "data.json").string();
-  LINEA_CHECK(fs::is_regular_file(path), "protein: '", data_dir, "' holds no prepared data (no data.json); run "
-              "`protein prepare --out ", data_dir, "` first");
-  const std::vector<char> bytes = linea::nn::detail::read_file_bytes(path, "protein: data manifest");
   Manifest m;
   m.dir = data_dir;
+  m.json = linea::apps::read_data_json("protein", data_dir);
   try {
-    m.json = json::parse(bytes.begin(), bytes.end());
     const std::string format = m.json.at("format");
     LINEA_CHECK(format == kDataFormat, "protein: '", path, "' is a '", format, "' manifest, not ", kDataFormat,
                 "; run `protein prepare --out ", data_dir, "` again");

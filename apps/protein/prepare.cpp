@@ -24,6 +24,7 @@
 #include "alphabet.h"
 #include "core/error.h"
 #include "apps/common/metrics.h"
+#include "apps/common/prepared_data.h"
 #include "nn/io_util.h"
 #include "nn/readers.h"
 #include "nn/sampler.h"
@@ -291,13 +292,8 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
               ": --min-seq-id and --coverage must be in [0, 1], got ", o.min_seq_id, " and ", o.coverage);
   LINEA_CHECK(o.threads >= 0, kOp, ": --threads must be >= 0, got ", o.threads);
   LINEA_CHECK(!o.mmseqs.empty(), kOp, ": --mmseqs is empty");
-  std::string out_str = o.out;
-  while (out_str.size() > 1 && out_str.back() == '/') out_str.pop_back();
-  LINEA_CHECK(!out_str.empty(), kOp, ": --out is empty");
+  const std::string out_str = linea::apps::prepared_data_out(kOp, o.out);
   const fs::path out(out_str);
-  LINEA_CHECK(!fs::exists(out) || (fs::is_directory(out) && (fs::is_empty(out) || fs::exists(out / "data.json"))),
-              kOp, ": refusing to replace '", out_str, "': it exists and is not a prepared data folder (no data.json); "
-              "remove it or choose another --out");
 
   say("reading " + o.fasta + " ...");
   const bool default_fasta = o.fasta == kDefaultFasta, default_query = o.query == kDefaultQuery;

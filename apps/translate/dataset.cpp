@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "apps/common/prepared_data.h"
 #include "nn/io_util.h"
 
 namespace fs = std::filesystem;
@@ -30,13 +31,10 @@ std::vector<std::string> read_lines(const std::string& path) {
 
 Manifest read_manifest(const std::string& data_dir) {
   const std::string path = (fs::path(data_dir) / "data.json").string();
-  LINEA_CHECK(fs::is_regular_file(path), "translate: '", data_dir, "' holds no prepared data (no data.json); run "
-              "`translate prepare --out ", data_dir, "` first");
-  const std::vector<char> bytes = nn::detail::read_file_bytes(path, "translate: data manifest");
   Manifest m;
   m.dir = data_dir;
+  m.json = linea::apps::read_data_json("translate", data_dir);
   try {
-    m.json = json::parse(bytes.begin(), bytes.end());
     LINEA_CHECK(m.json.at("format") == "linea-translate-data" && m.json.at("version") == 1, "translate: '", path,
                 "' is not a version-1 linea-translate-data manifest; run `translate prepare` again");
     m.src_lang = m.json.at("src_lang");

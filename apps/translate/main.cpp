@@ -185,21 +185,8 @@ int main(int argc, char** argv) {
       ->group(train)
       ->capture_default_str()
       ->check(linea::apps::finite_range(0.0, 0.99));
-  train_cmd->add_option("--clip", t.clip, "clip the global gradient norm to this (0: off)")
-      ->group(train)
-      ->capture_default_str()
-      ->check(linea::apps::non_negative_number());
-  train_cmd
-      ->add_option("--ema", t.ema,
-                   "moving average of the weights for evaluation and the best checkpoint "
-                   "(0: off, e.g. 0.999)")
-      ->group(train)
-      ->capture_default_str()
-      ->check(linea::apps::finite_range(0.0, 0.999999));
-  train_cmd->add_option("--patience", t.patience, "stop after N epochs without a better valid BLEU (0: never)")
-      ->group(train)
-      ->capture_default_str()
-      ->check(linea::apps::non_negative_number());
+  apps::add_clip_flag(*train_cmd, t.clip, train);
+  apps::add_selection_flags(*train_cmd, t.ema, t.patience, "valid BLEU", train);
   add_search_flags(*train_cmd, t.search, eval);
   train_cmd->add_option("--valid-sentences", t.valid_sentences, "greedy valid BLEU on the first N valid pairs (0: all)")
       ->group(eval)

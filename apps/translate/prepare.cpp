@@ -18,6 +18,7 @@
 #include "bible.h"
 #include "core/error.h"
 #include "apps/common/metrics.h"
+#include "apps/common/prepared_data.h"
 #include "nn/io_util.h"
 #include "nn/sampler.h"
 #include "tokenizer.h"
@@ -250,13 +251,8 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
               o.vocab, "'");
   LINEA_CHECK(o.valid_size >= 0 && o.test_size >= 0 && o.max_length >= 0 && o.max_ratio >= 0,
               "translate prepare: sizes and limits must be >= 0");
-  std::string out_str = o.out;
-  while (out_str.size() > 1 && out_str.back() == '/') out_str.pop_back();
+  const std::string out_str = linea::apps::prepared_data_out("translate prepare", o.out);
   const fs::path out(out_str);
-  LINEA_CHECK(!out_str.empty(), "translate prepare: --out is empty");
-  LINEA_CHECK(!fs::exists(out) || (fs::is_directory(out) && (fs::is_empty(out) || fs::exists(out / "data.json"))),
-              "translate prepare: refusing to replace '", out_str, "': it exists and is not a prepared data folder (no "
-              "data.json); remove it or choose another --out");
 
   say(o.src_file.empty() ? "reading the Bible with SWORD ..." : "reading " + o.src_file + " and " + o.tgt_file + " ...");
   Corpus c = o.src_file.empty() ? load_bible() : load_files(o.src_file, o.tgt_file);

@@ -95,10 +95,7 @@ int run_cli(int argc, char** argv) {
       ->group(train)
       ->capture_default_str()
       ->check(linea::apps::finite_range(0.0, 0.99));
-  app.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")
-      ->group(train)
-      ->capture_default_str()
-      ->check(linea::apps::non_negative_number());
+  linea::apps::add_clip_flag(app, o.clip, train);
   app.add_option("--crop-padding", o.crop_padding,
                  "augmentation: random crop of the image zero-padded by N pixels (0: off)")
       ->group(train)
