@@ -114,7 +114,8 @@ void add_clip_flag(CLI::App& app, double& clip, const std::string& group) {
 
 void add_selection_flags(CLI::App& app, double& ema, int64_t& patience, const std::string& metric,
                          const std::string& group) {
-  app.add_option("--ema", ema, "moving average of the weights for evaluation and the best checkpoint (0: off, e.g. 0.999)")
+  app.add_option("--ema", ema,
+                 "moving average of the weights for evaluation and the best checkpoint (0: off, e.g. 0.999)")
       ->group(group)
       ->capture_default_str()
       ->check(finite_range(0.0, 0.999999));

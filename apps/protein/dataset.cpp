@@ -9,8 +9,8 @@
 #include <numeric>
 
 #include "alphabet.h"
-#include "core/error.h"
 #include "apps/common/prepared_data.h"
+#include "core/error.h"
 #include "nn/io_util.h"
 #include "nn/readers.h"
 #include "nn/sampler.h"

@@ -22,9 +22,9 @@
 #include <unordered_set>
 
 #include "alphabet.h"
-#include "core/error.h"
 #include "apps/common/metrics.h"
 #include "apps/common/prepared_data.h"
+#include "core/error.h"
 #include "nn/io_util.h"
 #include "nn/readers.h"
 #include "nn/sampler.h"

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "core/error.h"
 #include "apps/common/prepared_data.h"
+#include "core/error.h"
 #include "nn/io_util.h"
 
 namespace fs = std::filesystem;

@@ -15,10 +15,10 @@
 #include <set>
 #include <sstream>
 
-#include "bible.h"
-#include "core/error.h"
 #include "apps/common/metrics.h"
 #include "apps/common/prepared_data.h"
+#include "bible.h"
+#include "core/error.h"
 #include "nn/io_util.h"
 #include "nn/sampler.h"
 #include "tokenizer.h"
