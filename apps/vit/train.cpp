@@ -48,6 +48,7 @@ VitConfig model_from_json(const json& j) { return apps::config_from_json<VitConf
 json run_json(const TrainOptions& o, const ImageData& d) {
   json j = o;
   j.update({{"data", d.source}, {"train_examples", d.train_images.size(0)}, {"seed", o.run.seed}});
+  if (o.time_budget == 0) j.erase("time_budget");  // as before the flag: older checkpoints resume
   return j;
 }
 
