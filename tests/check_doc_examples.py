@@ -18,15 +18,8 @@ import re
 import sys
 
 MARKER = re.compile(r"^\s*<!--\s*compiled:\s*(\S+)\s*-->\s*$")
-SKIP_DIRS = {".git", "build", "node_modules", "runs", "data", "gpu"}
-
-
-def readmes(root):
-    for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith("build"))
-        for f in sorted(files):
-            if f == "README.md":
-                yield os.path.join(d, f)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from doc_files import readmes  # noqa: E402
 
 
 def strip_blank_lines(lines):

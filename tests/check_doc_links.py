@@ -14,31 +14,17 @@ import os
 import re
 import sys
 
-SKIP_DIRS = {".git", "build", "node_modules", "runs", "data", "gpu"}
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
-def readmes(root):
-    for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith("build"))
-        for f in sorted(files):
-            if f == "README.md":
-                yield os.path.join(d, f)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from doc_files import outside_fences, readmes  # noqa: E402
 
 
 def prose_lines(text):
     """(line number, line) outside fenced code blocks, with inline code removed."""
-    fence = None
-    for n, line in enumerate(text.split("\n"), 1):
-        s = line.strip()
-        if fence:
-            if s.startswith(fence):
-                fence = None
-            continue
-        if s.startswith("```") or s.startswith("~~~"):
-            fence = s[:3]
-            continue
+    for n, line in outside_fences(text):
         yield n, re.sub(r"`[^`]*`", "", line)
 
 
@@ -50,16 +36,8 @@ def slug(heading):
 
 def anchors(path):
     """Anchors of a file's headings, inline code included (GitHub keeps its text)."""
-    seen, out, fence = {}, set(), None
-    for line in open(path, encoding="utf-8").read().split("\n"):
-        s = line.strip()
-        if fence:
-            if s.startswith(fence):
-                fence = None
-            continue
-        if s.startswith("```") or s.startswith("~~~"):
-            fence = s[:3]
-            continue
+    seen, out = {}, set()
+    for _, line in outside_fences(open(path, encoding="utf-8").read()):
         m = HEADING.match(line)
         if m:
             base = slug(m.group(2))
