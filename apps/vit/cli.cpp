@@ -66,8 +66,8 @@ int run_cli(int argc, char** argv) {
   auto* train = "Training";
   app.add_option("--epochs", o.epochs, "training epochs")->group(train)->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--time-budget", o.time_budget,
-                 "seconds the run may take: train the epochs that fit, measured on a few probe steps (at most "
-                 "--epochs; 0: off)")
+                 "seconds the run may take, from loading the data: train the epochs that fit at the speed of "
+                 "probe steps (at most --epochs; 0: off)")
       ->group(train)
       ->capture_default_str()
       ->check(linea::apps::non_negative_number());

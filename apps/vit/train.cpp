@@ -132,46 +132,69 @@ apps::Metrics metrics_of(const EvalResult& r) {
           "test loss " + fmt("%.4f", r.loss) + " acc " + fmt("%.2f%%", 100 * r.accuracy)};
 }
 
-// --time-budget: the epochs that fit in the budget, at most o.epochs. A few training steps of a
-// scratch model of the same config on the first images give the speed (the run's own model, data
-// order and random streams are left as they were); an evaluation is taken as a third of a
-// training step per image.
-int64_t epochs_within_budget(const TrainOptions& o, const VitConfig& config, const ImageData& data, Device device) {
-  constexpr int kWarmup = 3, kTimed = 12;
+// --time-budget: the epochs that fit in what is left of the budget, at most o.epochs. The budget
+// counts from the start of run_training (loading the data and this probe are spent from it).
+// The speed is that of a scratch model of the same config, trained on the run's augmenting
+// dataset through a loader of its own (another order) for at least 12 steps and 1% of the budget
+// (a short probe misjudges a noisy machine), and evaluated on two batches of test images; the
+// run's model, data order and random streams are left as they were.
+int64_t epochs_within_budget(const TrainOptions& o, const VitConfig& config,
+                             const std::shared_ptr<const nn::Dataset>& train_set, const ImageData& data,
+                             int64_t eval_batch, Device device, Clock::time_point started) {
+  constexpr int kWarmup = 3, kMinTimed = 12;
   const std::vector<uint64_t> rng_cpu = get_rng_state(kCPU);
   const std::vector<uint64_t> rng_dev = device.is_cuda() ? get_rng_state(device) : std::vector<uint64_t>{};
-  double seconds = 0;
+  const int64_t B = o.batch_size, steps_per_epoch = data.train_images.size(0) / B;
+  double train_s = 0, eval_s = 0;
+  int64_t timed = 0;
+  const int64_t eval_n = std::min<int64_t>(2 * eval_batch, data.test_images.size(0));
   {
     VisionTransformer scratch(config);
     scratch.to(device);
-    scratch.train();
     nn::AdamW opt(nn::decay_groups(scratch, o.lr, o.weight_decay, {"pos.", "cls_token"}));
-    const int64_t B = std::min<int64_t>(o.batch_size, data.train_images.size(0));
+    nn::DataLoader loader(train_set, nn::DataLoaderOptions{B, true, o.run.seed ^ 0x9e3779b9ULL, true});
     nn::Batch batch;
-    batch.set("input", narrow(data.train_images, 0, 0, B));
-    batch.set("target", narrow(data.train_labels, 0, 0, B));
-    for (int i = 0; i < kWarmup + kTimed; ++i) {
-      const auto t0 = Clock::now();
+    auto t0 = Clock::now();
+    for (int64_t i = 0; i < kWarmup + steps_per_epoch; ++i) {
+      if (i == kWarmup) t0 = Clock::now();
+      if (i >= kWarmup) {
+        timed = i - kWarmup;
+        train_s = seconds_since(t0);
+        if (timed >= kMinTimed && train_s >= 0.01 * o.time_budget) break;
+      }
+      if (!loader.next(batch)) {
+        loader.reset(loader.epoch() + 1);
+        loader.next(batch);
+      }
+      scratch.train();
       opt.zero_grad();
       apps::StepResult r = train_step(scratch, batch, device, o.label_smoothing);
       r.loss.backward();
       opt.step();
       r.loss.item();  // the device's work done
-      if (i >= kWarmup) seconds += seconds_since(t0);
     }
+    scratch.eval();
+    NoGradGuard no_grad;
+    const auto e0 = Clock::now();
+    evaluate(scratch, narrow(data.test_images, 0, 0, eval_n), narrow(data.test_labels, 0, 0, eval_n), device,
+             eval_batch, "", false);
+    eval_s = seconds_since(e0);
   }
   set_rng_state(rng_cpu, kCPU);
   if (device.is_cuda()) set_rng_state(rng_dev, device);
-  const double step_s = seconds / kTimed,
-               B = static_cast<double>(std::min<int64_t>(o.batch_size, data.train_images.size(0)));
-  const double epoch_s = step_s * (std::floor(data.train_images.size(0) / B) + data.test_images.size(0) / (3 * B));
-  const int64_t fit = static_cast<int64_t>(std::floor(o.time_budget / epoch_s));
-  const int64_t epochs = std::clamp<int64_t>(fit, 1, o.epochs);
+  const double step_s = train_s / static_cast<double>(std::max<int64_t>(timed, 1)),
+               eval_per_image = eval_s / static_cast<double>(eval_n);
+  const double epoch_s = step_s * static_cast<double>(steps_per_epoch) +
+                         eval_per_image * static_cast<double>(data.test_images.size(0));
+  const double spent = seconds_since(started), left = o.time_budget - spent;
+  const int64_t epochs = std::clamp<int64_t>(static_cast<int64_t>(std::floor(left / epoch_s)), 1, o.epochs);
   std::printf(
-      "vit: --time-budget %s s: %.0f images/s on %d probe steps, an epoch with its evaluation about %s: %lld "
-      "of --epochs %lld\n",
-      fmt("%g", o.time_budget).c_str(), B / step_s, kTimed, apps::format_duration(epoch_s).c_str(),
-      static_cast<long long>(epochs), static_cast<long long>(o.epochs));
+      "vit: --time-budget %s s: %s spent (data, probe); %.0f images/s on %lld probe steps, evaluation %.0f "
+      "images/s: an epoch with its evaluation about %s; %lld of --epochs %lld fit in the %s left\n",
+      fmt("%g", o.time_budget).c_str(), apps::format_duration(spent).c_str(), static_cast<double>(B) / step_s,
+      static_cast<long long>(timed), 1 / eval_per_image, apps::format_duration(epoch_s).c_str(),
+      static_cast<long long>(epochs), static_cast<long long>(o.epochs),
+      apps::format_duration(std::max(left, 0.0)).c_str());
   return epochs;
 }
 
@@ -194,7 +217,8 @@ void print_confusion(const std::vector<std::string>& classes, const json& per_cl
 }  // namespace
 
 TrainResult run_training(const TrainOptions& options) {
-  TrainOptions o = options;  // --time-budget may lower the epochs
+  const auto started = Clock::now();  // --time-budget counts from here
+  TrainOptions o = options;           // --time-budget may lower the epochs
   const apps::RunOptions& run = o.run;
   const Device device = apps::start_run("vit", run, kConfigFormat);
   LINEA_CHECK(o.batch_size >= 1 && o.epochs >= 1, "vit: --batch-size ", o.batch_size, " and --epochs ", o.epochs,
@@ -219,15 +243,6 @@ TrainResult run_training(const TrainOptions& options) {
   cfg.model.classes = static_cast<int64_t>(data.classes.size());
   cfg.classes = data.classes;
   channel_stats(data.train_images, cfg.mean, cfg.std);
-  if (o.time_budget > 0 && !run.eval_only) {
-    // A resumed run keeps the epochs it chose; a new one measures.
-    const std::string ckpt = run.checkpoint();
-    if (run.resume && nn::checkpoint_exists(ckpt))
-      o.epochs = read_config(ckpt).run.value("epochs", o.epochs);
-    else
-      o.epochs = epochs_within_budget(o, cfg.model, data, device);
-  }
-  cfg.run = run_json(o, data);
   const int64_t n_train = data.train_images.size(0);
   LINEA_CHECK(n_train / o.batch_size >= 1, "vit: --batch-size ", o.batch_size, " is larger than the ", n_train,
               " training images");
@@ -270,6 +285,19 @@ TrainResult run_training(const TrainOptions& options) {
         for (size_t c = 0; c < cfg.mean.size(); ++c) f.push_back(static_cast<float>(-cfg.mean[c] / cfg.std[c]));
         return f;
       }());
+  if (o.time_budget > 0) {
+    // A resumed run keeps the epochs it chose; a new one measures.
+    const std::string ckpt = run.checkpoint();
+    if (run.resume && nn::checkpoint_exists(ckpt))
+      o.epochs = read_config(ckpt).run.value("epochs", o.epochs);
+    else
+      o.epochs = epochs_within_budget(o, cfg.model, train_set, data, eval_batch, device, started);
+    // Data parallel: rank 0's choice everywhere (each rank probed its own speed).
+    std::string epochs = std::to_string(o.epochs);
+    dist::broadcast_string(epochs, 0);
+    o.epochs = std::stoll(epochs);
+  }
+  cfg.run = run_json(o, data);
   nn::DataLoader loader(train_set, std::make_shared<nn::FixedSizeBatchSampler>(n_train, o.batch_size,
                                                                                /*shuffle=*/true, run.seed,
                                                                                /*drop_last=*/true));
