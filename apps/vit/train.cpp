@@ -184,8 +184,8 @@ int64_t epochs_within_budget(const TrainOptions& o, const VitConfig& config,
   if (device.is_cuda()) set_rng_state(rng_dev, device);
   const double step_s = train_s / static_cast<double>(std::max<int64_t>(timed, 1)),
                eval_per_image = eval_s / static_cast<double>(eval_n);
-  const double epoch_s = step_s * static_cast<double>(steps_per_epoch) +
-                         eval_per_image * static_cast<double>(data.test_images.size(0));
+  const double epoch_s =
+      step_s * static_cast<double>(steps_per_epoch) + eval_per_image * static_cast<double>(data.test_images.size(0));
   const double spent = seconds_since(started), left = o.time_budget - spent;
   const int64_t epochs = std::clamp<int64_t>(static_cast<int64_t>(std::floor(left / epoch_s)), 1, o.epochs);
   std::printf(
@@ -277,14 +277,15 @@ TrainResult run_training(const TrainOptions& options) {
   normalize_(data.train_images, cfg.mean, cfg.std);
   normalize_(data.test_images, cfg.mean, cfg.std);
 
-  auto train_set = std::make_shared<AugmentedImages>(
-      data.train_images, data.train_labels, o.crop_padding, o.flip, run.seed ^ 0x5eedULL,
-      // a black pixel after normalization, for the crop's padding
-      [&] {
-        std::vector<float> f;
-        for (size_t c = 0; c < cfg.mean.size(); ++c) f.push_back(static_cast<float>(-cfg.mean[c] / cfg.std[c]));
-        return f;
-      }());
+  auto train_set = std::make_shared<AugmentedImages>(data.train_images, data.train_labels, o.crop_padding, o.flip,
+                                                     run.seed ^ 0x5eedULL,
+                                                     // a black pixel after normalization, for the crop's padding
+                                                     [&] {
+                                                       std::vector<float> f;
+                                                       for (size_t c = 0; c < cfg.mean.size(); ++c)
+                                                         f.push_back(static_cast<float>(-cfg.mean[c] / cfg.std[c]));
+                                                       return f;
+                                                     }());
   if (o.time_budget > 0) {
     // A resumed run keeps the epochs it chose; a new one measures.
     const std::string ckpt = run.checkpoint();
@@ -308,11 +309,12 @@ TrainResult run_training(const TrainOptions& options) {
               static_cast<long long>(n_train), static_cast<long long>(data.test_images.size(0)),
               static_cast<long long>(cfg.model.channels), static_cast<long long>(cfg.model.image_size),
               static_cast<long long>(cfg.model.image_size), data.classes.size());
-  std::printf("vit: ViT patch %lld, dim %lld, depth %lld, heads %lld, mlp ratio %g, pool %s, attention %s: %lld "
-              "parameters\n",
-              static_cast<long long>(cfg.model.patch), static_cast<long long>(cfg.model.dim),
-              static_cast<long long>(cfg.model.depth), static_cast<long long>(cfg.model.heads), cfg.model.mlp_ratio,
-              cfg.model.pool.c_str(), cfg.model.attention.c_str(), static_cast<long long>(model->num_parameters()));
+  std::printf(
+      "vit: ViT patch %lld, dim %lld, depth %lld, heads %lld, mlp ratio %g, pool %s, attention %s: %lld "
+      "parameters\n",
+      static_cast<long long>(cfg.model.patch), static_cast<long long>(cfg.model.dim),
+      static_cast<long long>(cfg.model.depth), static_cast<long long>(cfg.model.heads), cfg.model.mlp_ratio,
+      cfg.model.pool.c_str(), cfg.model.attention.c_str(), static_cast<long long>(model->num_parameters()));
   std::printf("vit: device %s\n", apps::device_name(device).c_str());
 
   // ---- the shared loop: what is about images goes in the setup and the hooks ----
@@ -396,8 +398,7 @@ std::vector<std::string> predict(const std::vector<std::string>& images, const s
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
     std::string line = path + ":";
-    for (int64_t i = 0; i < k; ++i)
-      line += (i ? ", " : " ") + cfg.classes[order[i]] + " " + fmt("%.3f", p[order[i]]);
+    for (int64_t i = 0; i < k; ++i) line += (i ? ", " : " ") + cfg.classes[order[i]] + " " + fmt("%.3f", p[order[i]]);
     std::printf("%s\n", line.c_str());
     lines.push_back(line);
   }
