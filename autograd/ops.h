@@ -193,11 +193,11 @@ Tensor dropout(const Tensor& x, double p, bool training);
 // dropout(act(x), p, training) with the activation (UnaryOp::GeluErf, GeluTanh or Relu) folded
 // into the dropout's kernel, forward and backward (the same values; the mask drawn as dropout's).
 Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training);
-// Fused softmax attention (CPU only): softmax(scale q k^T) v for q [B, H, N, D], k [B, H, M, D],
+// Fused softmax attention (CPU and CUDA): softmax(scale q k^T) v for q [B, H, N, D], k [B, H, M, D],
 // v [B, H, M, E], where key m is hidden from query n (probability 0) when causal and
 // m > n + query_offset, or where key_padding (Bool [B, M], true = padding) says so; a query
-// that sees no key gets 0. With keep_probs (and a gradient to compute) it keeps the
-// probabilities [B, H, N, M] for the backward; without, it keeps no [N, M] tensor and the
+// that sees no key gets 0. With keep_probs (and a gradient to compute) the CPU kernel keeps the
+// probabilities [B, H, N, M] for the backward (the CUDA kernel never does); without, it keeps no [N, M] tensor and the
 // backward recomputes the scores blockwise (one more q k^T product and exp per score).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                                     bool causal = false, int64_t query_offset = 0, const Tensor& key_padding = Tensor(),

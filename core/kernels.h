@@ -261,7 +261,17 @@ struct FoldedDropout {
   /* (x, grad, out [rows, ...] contiguous): out = dropout(op(x)); with grad defined, the backward */                   \
   /* out = op'(x) * dropout(grad) */                                                                                 \
   void activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, const FoldedDropout& drop,               \
-                          const Tensor& out);
+                          const Tensor& out);                                                                        \
+  /* Softmax attention (raw::sdpa): q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], one float dtype; key m hidden */  \
+  /* from query n when causal and m > n + offset or pad (Bool [B, M]; undefined: none) marks it. Writes out       */  \
+  /* [B, H, N, E] and lse [B, H, N] (the log-sum-exp of the row's visible scaled scores; a row that sees no key:  */  \
+  /* out 0, lse -inf) and, when defined (the CPU only), the probabilities [B, H, N, M] for the backward.          */  \
+  void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,    \
+                    const Tensor& pad, const Tensor& out, const Tensor& lse, const Tensor& probs);                   \
+  /* dq, dk, dv (overwritten) from dout and the forward's out, lse and probs (undefined: recomputed) */              \
+  void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,        \
+                     const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,            \
+                     const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
 namespace cpu {
 LINEA_KERNEL_API

@@ -1,10 +1,11 @@
 // linea::raw::sdpa, toeplitz_attention, positive_features, linear_attention and lara_mixture with
-// their backwards: argument checks, allocation and
-// the calls of the fused CPU kernels (core/cpu/attention.h). CPU only: on CUDA, the attention
-// layers compose the same formulas from ops (attention/softmax/, attention/nprf_rpe/).
+// their backwards: argument checks, allocation and the calls of the fused kernels: sdpa on either
+// device (core/kernels.h), the other four on the CPU only so far (core/cpu/attention.h; on
+// CUDA the attention layers compose the same formulas from ops).
 #include <cmath>
 
 #include "core/cpu/attention.h"
+#include "core/dispatch.h"
 #include "core/ops.h"
 
 namespace linea::raw {
@@ -15,8 +16,9 @@ void check_sdpa_args(const char* op, const Tensor& q, const Tensor& k, const Ten
   check_defined(op, q, "q");
   check_defined(op, k, "k");
   check_defined(op, v, "v");
-  LINEA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": expected q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], got q ",
-              shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
+  LINEA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
+              ": expected q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], got q ", shape_str(q.shape()), ", k ",
+              shape_str(k.shape()), ", v ", shape_str(v.shape()));
   LINEA_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) && v.size(0) == q.size(0) &&
                   v.size(1) == q.size(1) && v.size(2) == k.size(2),
               op, ": shapes do not match: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
@@ -28,7 +30,6 @@ void check_sdpa_args(const char* op, const Tensor& q, const Tensor& k, const Ten
   check_same_dtype(op, q, v);
   check_same_device(op, q, k);
   check_same_device(op, q, v);
-  LINEA_CHECK(!q.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose softmax(q k^T) v from ops");
   LINEA_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
   LINEA_CHECK(offset >= 0, op, ": query offset must be >= 0, got ", offset);
   if (pad.defined()) {
@@ -46,10 +47,11 @@ std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, doub
   const TensorOptions opts(q.dtype(), q.device());
   Tensor out = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, opts);
-  Tensor probs = keep_probs ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, opts) : Tensor();
+  // The CUDA kernel never keeps the probabilities: recomputing them is cheaper than O(N M) memory.
+  Tensor probs = keep_probs && q.is_cpu() ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, opts) : Tensor();
   if (out.numel() > 0 || lse.numel() > 0)
-    cpu::sdpa_forward(contiguous(q), contiguous(k), contiguous(v), scale, causal, offset,
-                      pad.defined() ? contiguous(pad) : Tensor(), out, lse, probs);
+    LINEA_BACKEND(q.device(), sdpa_forward, contiguous(q), contiguous(k), contiguous(v), scale, causal, offset,
+                  pad.defined() ? contiguous(pad) : Tensor(), out, lse, probs);
   return {out, lse, probs};
 }
 
@@ -68,9 +70,9 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
   if (probs.defined()) check_same_dtype("sdpa_backward", q, probs);
   Tensor dq = empty(q.shape(), q.options()), dk = empty(k.shape(), k.options()), dv = empty(v.shape(), v.options());
   if (q.numel() + k.numel() + v.numel() > 0)
-    cpu::sdpa_backward(contiguous(q), contiguous(k), contiguous(v), contiguous(out), contiguous(lse),
-                       probs.defined() ? contiguous(probs) : Tensor(), contiguous(grad), scale, causal, offset,
-                       pad.defined() ? contiguous(pad) : Tensor(), dq, dk, dv);
+    LINEA_BACKEND(q.device(), sdpa_backward, contiguous(q), contiguous(k), contiguous(v), contiguous(out),
+                  contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), contiguous(grad), scale, causal,
+                  offset, pad.defined() ? contiguous(pad) : Tensor(), dq, dk, dv);
   return {dq, dk, dv};
 }
 
@@ -81,9 +83,9 @@ void check_toeplitz_args(const char* op, const Tensor& c, const Tensor& pq, cons
   check_defined(op, pq, "phi_q");
   check_defined(op, pk, "phi_k");
   check_defined(op, v, "v");
-  LINEA_CHECK(pq.dim() == 4 && pk.dim() == 4 && v.dim() == 4 && pk.size(0) == pq.size(0) &&
-                  pk.size(1) == pq.size(1) && pk.size(3) == pq.size(3) && v.size(0) == pq.size(0) &&
-                  v.size(1) == pq.size(1) && v.size(2) == pk.size(2),
+  LINEA_CHECK(pq.dim() == 4 && pk.dim() == 4 && v.dim() == 4 && pk.size(0) == pq.size(0) && pk.size(1) == pq.size(1) &&
+                  pk.size(3) == pq.size(3) && v.size(0) == pq.size(0) && v.size(1) == pq.size(1) &&
+                  v.size(2) == pk.size(2),
               op, ": expected phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], got phi_q ",
               shape_str(pq.shape()), ", phi_k ", shape_str(pk.shape()), ", v ", shape_str(v.shape()));
   const int64_t B = pq.size(0), H = pq.size(1), N = pq.size(2), M = pk.size(2);
@@ -102,8 +104,7 @@ void check_toeplitz_args(const char* op, const Tensor& c, const Tensor& pq, cons
 }
 }  // namespace
 
-Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
-                          int64_t fft_len) {
+Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, int64_t fft_len) {
   check_toeplitz_args("toeplitz_attention", c, phi_q, phi_k, v, fft_len);
   Tensor y = empty({phi_q.size(0), phi_q.size(1), phi_q.size(2), v.size(3)}, v.options());
   if (y.numel() > 0)
@@ -125,8 +126,8 @@ std::vector<Tensor> toeplitz_attention_backward(const Tensor& grad, const Tensor
     for (Tensor* t : {&dc, &dpq, &dpk}) t->zero_();
     return {dc, dpq, dpk, dv};
   }
-  cpu::toeplitz_attention_backward(contiguous(c), contiguous(phi_q), contiguous(phi_k), contiguous(v),
-                                   contiguous(grad), fft_len, dc, dpq, dpk, dv);
+  cpu::toeplitz_attention_backward(contiguous(c), contiguous(phi_q), contiguous(phi_k), contiguous(v), contiguous(grad),
+                                   fft_len, dc, dpq, dpk, dv);
   return {dc, dpq, dpk, dv};
 }
 
@@ -169,7 +170,8 @@ std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor&
               " and phi ", shape_str(phi.shape()), " must be ", shape_str(want));
   check_same_dtype("positive_features_backward", x, grad);
   check_same_dtype("positive_features_backward", x, phi);
-  if (phi.numel() == 0) return {zeros(x.shape(), x.options()), want_domega ? zeros(omega.shape(), omega.options()) : Tensor()};
+  if (phi.numel() == 0)
+    return {zeros(x.shape(), x.options()), want_domega ? zeros(omega.shape(), omega.options()) : Tensor()};
   // The kernel overwrites both.
   Tensor dx = empty(x.shape(), x.options());
   Tensor dw = want_domega ? empty(omega.shape(), omega.options()) : Tensor();

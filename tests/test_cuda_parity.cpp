@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "core/cuda_counters.h"
+#include "core/dispatch.h"
+#include "core/kernels.h"
 #include "core/ops_optim.h"
 #include "core/precision.h"
 #include "tests/test_util.h"
@@ -677,6 +679,89 @@ TEST(CudaParity, Softmax) {
   }
 }
 
+// ---- fused attention kernels -------------------------------------------------------------------
+// The backend kernels called directly, their outputs filled with NaN first (a row or element the
+// CUDA kernel forgets to write fails), against the CPU kernel on the same random inputs. Sizes
+// are not multiples of the CUDA tiles (16 or 32 rows, head dims padded to 32/64/128), with
+// cross-attention, causal masks with a query offset (a decoding step), key padding and a batch
+// whose keys are all padding (rows that see nothing: out 0, lse -inf, zero gradients).
+TEST(CudaParity, SoftmaxAttentionKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(11);
+  struct Case {
+    int64_t B, H, N, M, D, E;
+    bool causal;
+    int64_t offset;
+    bool pad;
+  };
+  const std::vector<Case> cases = {
+      {2, 3, 37, 45, 17, 23, false, 0, true},   // cross-attention, padding, odd sizes
+      {1, 2, 50, 50, 64, 64, true, 0, false},   // causal self-attention (the ViT's 50 tokens)
+      {2, 1, 5, 70, 32, 40, true, 65, true},    // a few new queries after 65 cached keys
+      {1, 1, 33, 20, 96, 80, false, 0, false},  // head dims of the 128 tiles
+      {3, 2, 1, 1, 8, 8, true, 0, false},       // one token
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      const int64_t dim = std::max(c.D, c.E);
+      if (dt == DType::Float64 && dim > 64) continue;  // float64 tiles stop at 64
+      SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +
+                           std::to_string(c.M) + " D " + std::to_string(c.D) + " E " + std::to_string(c.E) +
+                           (c.causal ? " causal" : "") + (c.pad ? " padded" : ""),
+                       dt));
+      const Tensor q = rnd({c.B, c.H, c.N, c.D}, dt), k = rnd({c.B, c.H, c.M, c.D}, dt),
+                   v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
+      Tensor pad;
+      if (c.pad) {  // batch 0: every third key padded; the last batch: all of them
+        std::vector<int64_t> mask(static_cast<size_t>(c.B * c.M), 0);
+        for (int64_t m = 0; m < c.M; ++m) mask[m] = m % 3 == 1;
+        for (int64_t m = 0; m < c.M; ++m) mask[(c.B - 1) * c.M + m] = c.B > 1 ? 1 : mask[m];
+        pad = ints(mask, {c.B, c.M}).to(DType::Bool);
+      }
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      const TensorOptions cpu_opts(dt), dev_opts = TensorOptions(dt).with_device(kCuda);
+      const auto poisoned = [&](const Shape& shape) { return full(shape, NAN, dev_opts); };
+      Tensor out = empty({c.B, c.H, c.N, c.E}, cpu_opts), lse = empty({c.B, c.H, c.N}, cpu_opts);
+      cpu::sdpa_forward(q, k, v, scale, c.causal, c.offset, pad, out, lse, Tensor());
+      const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda),
+                   pd = pad.defined() ? pad.to(kCuda) : Tensor();
+      Tensor out_d = poisoned(out.shape()), lse_d = poisoned(lse.shape());
+      LINEA_BACKEND(kCuda, sdpa_forward, qd, kd, vd, scale, c.causal, c.offset, pd, out_d, lse_d, Tensor());
+      const double long_sum = 4;  // sums over up to 128 dims and 70 keys, in another order
+      EXPECT_TRUE(matches(out_d, out, long_sum, "out"));
+      EXPECT_TRUE(matches(lse_d, lse, long_sum, "lse"));
+
+      Tensor dq = empty(q.shape(), cpu_opts), dk = empty(k.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts);
+      cpu::sdpa_backward(q, k, v, out, lse, Tensor(), dout, scale, c.causal, c.offset, pad, dq, dk, dv);
+      Tensor dq_d = poisoned(q.shape()), dk_d = poisoned(k.shape()), dv_d = poisoned(v.shape());
+      LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out_d, lse_d, Tensor(), dd, scale, c.causal, c.offset, pd, dq_d,
+                    dk_d, dv_d);
+      EXPECT_TRUE(matches(dq_d, dq, long_sum, "dq"));
+      EXPECT_TRUE(matches(dk_d, dk, long_sum, "dk"));
+      EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+    }
+  }
+}
+
+// Through the public op: the values and the gradients of every input.
+TEST(CudaParity, ScaledDotProductAttention) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(12);
+  for (DType dt : kFloatTypes) {
+    const Tensor pad = ints({0, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0}, {2, 7}).to(DType::Bool);
+    expect_parity(
+        tag("sdpa padded", dt),
+        [](const std::vector<Tensor>& x) {
+          return scaled_dot_product_attention(x[0], x[1], x[2], 0.3, false, 0, x[3]);
+        },
+        {rnd({2, 2, 19, 12}, dt), rnd({2, 2, 7, 12}, dt), rnd({2, 2, 7, 9}, dt), pad}, 4);
+    expect_parity(
+        tag("sdpa causal", dt),
+        [](const std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 0.25, true); },
+        {rnd({1, 3, 41, 16}, dt), rnd({1, 3, 41, 16}, dt), rnd({1, 3, 41, 16}, dt)}, 4);
+  }
+}
+
 TEST(CudaParity, AddLayerNorm) {
   LINEA_REQUIRE_CUDA();
   manual_seed(18);
@@ -873,12 +958,13 @@ TEST(CudaParity, IndexAddAndScatterAddEqualTheCpuBitForBit) {
     // Over 65536 positions the kernels add with atomics: equal up to the order's rounding (sums of
     // ~1750 terms: scale 10).
     const Tensor many = randint(0, 40, {70000}), msrc = rnd({70000, 2}, dt), mbase = rnd({40, 2}, dt);
-    expect_parity(tag("index_add, 70000 positions", dt),
-                  [](const std::vector<Tensor>& v) { return raw::index_add(v[0], 0, v[1], v[2]); },
-                  {mbase, many, msrc}, 10.0);
-    expect_parity(tag("scatter_add, 70000 positions", dt),
-                  [](const std::vector<Tensor>& v) { return raw::scatter_add(v[0], 0, v[1], v[2]); },
-                  {mbase, many.reshape({35000, 2}), msrc.narrow(0, 0, 35000).contiguous()}, 10.0);
+    expect_parity(
+        tag("index_add, 70000 positions", dt),
+        [](const std::vector<Tensor>& v) { return raw::index_add(v[0], 0, v[1], v[2]); }, {mbase, many, msrc}, 10.0);
+    expect_parity(
+        tag("scatter_add, 70000 positions", dt),
+        [](const std::vector<Tensor>& v) { return raw::scatter_add(v[0], 0, v[1], v[2]); },
+        {mbase, many.reshape({35000, 2}), msrc.narrow(0, 0, 35000).contiguous()}, 10.0);
   }
 }
 

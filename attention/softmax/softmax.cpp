@@ -1,4 +1,5 @@
-// The softmax mechanism (see softmax.h), composed from differentiable ops.
+// The softmax mechanism (see softmax.h): the fused kernel (either device), or the formula
+// composed from differentiable ops when the probabilities need dropout.
 #include "attention/softmax/softmax.h"
 
 #include <cmath>
@@ -27,7 +28,7 @@ bool fused_kernel_keeps_probs(const Tensor& q, const Tensor& k) {
 Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
                          double dropout_p, bool training) {
   check_softmax_inputs(q, k, v, opts, dropout_p);
-  if (q.is_cpu() && !(training && dropout_p > 0.0))
+  if (!(training && dropout_p > 0.0))
     return scaled_dot_product_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), opts.causal,
                                         opts.query_offset, key_padding_bool(opts), fused_kernel_keeps_probs(q, k));
   return softmax_attention_composed(q, k, v, opts, dropout_p, training);

@@ -11,19 +11,19 @@
 namespace linea::attn {
 
 // Exact scaled dot-product attention with dropout p on the attention weights when training.
-// Differentiable in q, k, v. On the CPU without dropout it runs the fused kernel
+// Differentiable in q, k, v. Without dropout it runs the fused kernel on either device
 // (scaled_dot_product_attention), otherwise the composed formula.
 Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {},
                          double dropout = 0.0, bool training = false);
-// The fused kernel keeps the probabilities for its backward while one [B, H, N, M] tensor of
-// them takes at most kKeepProbsBytes, and recomputes them block by block beyond that (one more
+// The fused CPU kernel keeps the probabilities for its backward while one [B, H, N, M] tensor of
+// them takes at most kKeepProbsBytes (the CUDA kernel always recomputes them: memory O(N)), and recomputes them block by block beyond that (one more
 // GEMM and exp per score), so that long sequences fit. Keeping them, it runs faster than the
 // composed formula at every size measured on the CPU (ViT's N = 50 to N = 8192; figures in
 // apps/bench/README.md), which holds about three such tensors through the backward.
 constexpr double kKeepProbsBytes = 512.0 * 1024 * 1024;
 bool fused_kernel_keeps_probs(const Tensor& q, const Tensor& k);
-// The same formula composed from ops (matmul, masked softmax, dropout, matmul): the CUDA path,
-// the path with dropout, and the reference the fused kernel is tested against.
+// The same formula composed from ops (matmul, masked softmax, dropout, matmul): the path with
+// dropout, and the reference the fused kernel is tested against.
 Tensor softmax_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {},
                                   double dropout = 0.0, bool training = false);
 

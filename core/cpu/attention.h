@@ -1,5 +1,6 @@
-// Fused CPU attention kernels, CPU only (the CUDA backend composes the same formulas from its
-// ops); called through the raw:: functions of core/ops.h, which check the arguments.
+// Fused CPU attention kernels; called through the raw:: functions of core/ops.h, which check the
+// arguments. Softmax attention is a backend kernel of both devices (core/kernels.h; on CUDA
+// cuda/attention.cu); the other four are CPU only so far (the CUDA backend composes them).
 //
 // Softmax attention (raw::sdpa), per (b, h) a block of query rows at a time, the block's scores
 // staying in cache:
@@ -12,22 +13,12 @@
 
 #include <cstdint>
 
+#include "core/kernels.h"
 #include "core/tensor.h"
 
 namespace linea::cpu {
 
-// q [B, H, N, D], k [B, H, M, D], v [B, H, M, E]: contiguous, one float dtype. Key m is hidden
-// from query n when causal and m > n + offset, or when pad (Bool [B, M] contiguous, true =
-// padding; undefined: none) marks it. Writes out [B, H, N, E], lse [B, H, N] and, when defined,
-// probs [B, H, N, M].
-void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                  const Tensor& pad, const Tensor& out, const Tensor& lse, const Tensor& probs);
-
-// The gradients dq, dk, dv (same shapes as q, k, v; overwritten) from dout [B, H, N, E] and the
-// forward's out, lse and probs (undefined: recompute them).
-void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
-                   const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// sdpa_forward / sdpa_backward: declared with every backend kernel (core/kernels.h).
 
 // Toeplitz-modulated linear attention without the [S, E] outer products in memory
 // (raw::toeplitz_attention; nprf_rpe's FFT path). Per (b, h):
