@@ -215,11 +215,11 @@ Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& ph
 // x and omega (c held constant). attention/common's positive_random_features picks it or the
 // composed formula by device.
 Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& key_padding = Tensor());
-// Bidirectional linear attention, fused (CPU only): out_n = phi_q_n (sum_m phi_k_m v_m^T) / den_n,
+// Bidirectional linear attention, fused (CPU and CUDA): out_n = phi_q_n (sum_m phi_k_m v_m^T) / den_n,
 // den_n = phi_q_n . sum_m phi_k_m, for phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E] (all
 // dims > 0), where |den_n| < den_guard is replaced by den_guard with den_n's sign (0 counting as
 // +; no gradient through it). Differentiable in all three; keeps only [B, H, S, E + 1] and
-// [B, H, N] besides its inputs and output for the backward (performer's CPU path).
+// [B, H, N] besides its inputs and output for the backward (performer's bidirectional path).
 Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double den_guard);
 // LARA's mixture weights, fused (CPU only): per (b, h), t = softmax over n of q qbar^T,
 // a = self_w + beta (t - mean_c t), mix = softmax_c(log max(a, floor) + q w^T - |q|^2/2 + bias)

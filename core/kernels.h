@@ -271,7 +271,18 @@ struct FoldedDropout {
   /* dq, dk, dv (overwritten) from dout and the forward's out, lse and probs (undefined: recomputed) */              \
   void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,        \
                      const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,            \
-                     const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+                     const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv);                \
+  /* Bidirectional linear attention (raw::linear_attention; performer's): out_n = phi_q_n KV / den~_n, KV =      */  \
+  /* sum_m phi_k_m v_m^T, den_n = phi_q_n . sum_m phi_k_m, den~ = den where |den| >= guard, else guard with den's  */  \
+  /* sign (0 counting as +). phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], one float dtype, all dims   */  \
+  /* > 0. Writes out [B, H, N, E], den [B, H, N] (unguarded) and kvz [B, H, S, E + 1] = [KV, sum_m phi_k_m].      */  \
+  void linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double guard,           \
+                                const Tensor& out, const Tensor& den, const Tensor& kvz);                            \
+  /* dphi_q, dphi_k, dv (overwritten) from dout and the forward's out, den and kvz; the guard is a constant (no  */  \
+  /* gradient reaches den where it is active) */                                                                     \
+  void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& out,      \
+                                 const Tensor& den, const Tensor& kvz, const Tensor& dout, double guard,            \
+                                 const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv);
 
 namespace cpu {
 LINEA_KERNEL_API

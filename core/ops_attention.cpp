@@ -1,7 +1,7 @@
 // linea::raw::sdpa, toeplitz_attention, positive_features, linear_attention and lara_mixture with
-// their backwards: argument checks, allocation and the calls of the fused kernels: sdpa on either
-// device (core/kernels.h), the other four on the CPU only so far (core/cpu/attention.h; on
-// CUDA the attention layers compose the same formulas from ops).
+// their backwards: argument checks, allocation and the calls of the fused kernels: sdpa and
+// linear_attention on either device (core/kernels.h), the other three on the CPU only so far
+// (core/cpu/attention.h; on CUDA the attention layers compose the same formulas from ops).
 #include <cmath>
 
 #include "core/cpu/attention.h"
@@ -197,7 +197,6 @@ void check_linear_args(const char* op, const Tensor& pq, const Tensor& pk, const
     check_same_dtype(op, v, *t);
     check_same_device(op, v, *t);
   }
-  LINEA_CHECK(!v.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose it from ops");
 }
 }  // namespace
 
@@ -206,7 +205,8 @@ std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, c
   const int64_t B = phi_q.size(0), H = phi_q.size(1), N = phi_q.size(2), S = phi_q.size(3), E = v.size(3);
   Tensor out = empty({B, H, N, E}, v.options()), den = empty({B, H, N}, v.options()),
          kvz = empty({B, H, S, E + 1}, v.options());
-  cpu::linear_attention_forward(contiguous(phi_q), contiguous(phi_k), contiguous(v), guard, out, den, kvz);
+  LINEA_BACKEND(v.device(), linear_attention_forward, contiguous(phi_q), contiguous(phi_k), contiguous(v), guard, out,
+                den, kvz);
   return {out, den, kvz};
 }
 
@@ -225,8 +225,8 @@ std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& 
   for (const Tensor* t : {&grad, &out, &den, &kvz}) check_same_dtype(op, v, *t);
   Tensor dpq = empty(phi_q.shape(), phi_q.options()), dpk = empty(phi_k.shape(), phi_k.options()),
          dv = empty(v.shape(), v.options());
-  cpu::linear_attention_backward(contiguous(phi_q), contiguous(phi_k), contiguous(v), contiguous(out), contiguous(den),
-                                 contiguous(kvz), contiguous(grad), guard, dpq, dpk, dv);
+  LINEA_BACKEND(v.device(), linear_attention_backward, contiguous(phi_q), contiguous(phi_k), contiguous(v),
+                contiguous(out), contiguous(den), contiguous(kvz), contiguous(grad), guard, dpq, dpk, dv);
   return {dpq, dpk, dv};
 }
 

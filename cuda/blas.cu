@@ -83,25 +83,25 @@ int as_int(int64_t v, const char* what) {
 template <typename T>
 void gemm_call(const T* a, MatLayout la, int64_t sa, const T* b, MatLayout lb, int64_t sb, T* c, int64_t ldc_,
                int64_t sc, int64_t M, int64_t N, int64_t K, int64_t count, double alpha, const T* const* pa = nullptr,
-               const T* const* pb = nullptr, T* const* pc = nullptr) {
+               const T* const* pb = nullptr, T* const* pc = nullptr, double beta = 0.0) {
   const cublasOperation_t op_b = lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int m = as_int(N, "N"), n = as_int(M, "M"), k = as_int(K, "K"), batch = as_int(count, "batch");
   const int lda = as_int(lb.ld, "ld(b)"), ldb = as_int(la.ld, "ld(a)"), ldc = as_int(ldc_, "ld(out)");
   // alpha and beta in the compute type's scalar type: float for the 32F types, double for 64F.
-  const T al = static_cast<T>(alpha), zero = T(0);
+  const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
   constexpr cudaDataType_t type = Gemm<T>::type;
   const cublasComputeType_t compute = Gemm<T>::compute();
   count_work(counter_cells().library_calls);
   if (pa != nullptr) {
     LINEA_CUBLAS_CHECK(cublasGemmBatchedEx(cublas(), op_b, op_a, m, n, k, &al, reinterpret_cast<const void* const*>(pb),
-                                           type, lda, reinterpret_cast<const void* const*>(pa), type, ldb, &zero,
+                                           type, lda, reinterpret_cast<const void* const*>(pa), type, ldb, &be,
                                            reinterpret_cast<void* const*>(pc), type, ldc, batch, compute,
                                            CUBLAS_GEMM_DEFAULT));
     return;
   }
   LINEA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), op_b, op_a, m, n, k, &al, b, type, lda, sb, a, type, ldb, sa,
-                                                &zero, c, type, ldc, sc, batch, compute, CUBLAS_GEMM_DEFAULT));
+                                                &be, c, type, ldc, sc, batch, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 // The pointers of product i of a batch of `count`: a, b and c at their batch offsets (the
@@ -270,6 +270,20 @@ template <typename T> __global__ void add_bias_kernel(T* out, const T* bias, int
 }
 
 }  // namespace
+
+namespace detail {
+template <typename T>
+void gemm_strided(const T* a, bool a_trans, int64_t lda, int64_t sa, const T* b, bool b_trans, int64_t ldb, int64_t sb,
+                  T* c, int64_t ldc, int64_t sc, int64_t M, int64_t N, int64_t K, int64_t count, double alpha,
+                  double beta) {
+  gemm_call<T>(a, MatLayout{a_trans, lda}, sa, b, MatLayout{b_trans, ldb}, sb, c, ldc, sc, M, N, K, count, alpha,
+               nullptr, nullptr, nullptr, beta);
+}
+template void gemm_strided<float>(const float*, bool, int64_t, int64_t, const float*, bool, int64_t, int64_t, float*,
+                                  int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, double);
+template void gemm_strided<double>(const double*, bool, int64_t, int64_t, const double*, bool, int64_t, int64_t,
+                                   double*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, double);
+}  // namespace detail
 
 // out [R, N] = x [R, K] @ w^T + b; w [N, K] contiguous, b [N] or undefined, out contiguous
 void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out) {

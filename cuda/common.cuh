@@ -200,6 +200,15 @@ template <typename A, typename Op> __device__ A tree_reduce_y(A v, Op op, A* sh)
   return result;
 }
 
+// C_i [M, N] (row-major, rows ldc apart) = alpha op(A_i) [M, K] op(B_i) [K, N] + beta C_i for
+// i < count, operand i at a + i*sa, b + i*sb, c + i*sc; an operand is row-major with rows ld
+// apart, or column-major (trans) with columns ld apart: one cuBLAS strided-batched call at the
+// matmul precision (cuda/blas.cu). For kernels that are GEMMs with a little around them.
+template <typename T>
+void gemm_strided(const T* a, bool a_trans, int64_t lda, int64_t sa, const T* b, bool b_trans, int64_t ldb, int64_t sb,
+                  T* c, int64_t ldc, int64_t sc, int64_t M, int64_t N, int64_t K, int64_t count, double alpha,
+                  double beta = 0.0);
+
 // Accumulator of sums: double for floating types (as the CPU kernels), int64 for int64.
 template <typename T> struct AccOf { using type = double; };
 template <> struct AccOf<int64_t> { using type = int64_t; };

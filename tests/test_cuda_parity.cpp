@@ -743,6 +743,58 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
   }
 }
 
+// Bidirectional linear attention's kernels, as the softmax ones above: positive features (the
+// performer's), some query rows so small that the denominator guard is active, NaN-poisoned
+// outputs, sizes that are not powers of two.
+TEST(CudaParity, LinearAttentionKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(13);
+  struct Case {
+    int64_t B, H, N, M, S, E;
+  };
+  const std::vector<Case> cases = {{2, 3, 37, 45, 17, 23}, {1, 1, 1, 1, 1, 1}, {1, 2, 70, 5, 64, 16}};
+  const double guard = 1e-3;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +
+                           std::to_string(c.M) + " S " + std::to_string(c.S) + " E " + std::to_string(c.E),
+                       dt));
+      Tensor pq = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5)), pk = exp(rnd({c.B, c.H, c.M, c.S}, dt, 0.5));
+      // every fifth query row tiny: its denominator falls under the guard
+      Tensor tiny = ints(
+                        [&] {
+                          std::vector<int64_t> r(static_cast<size_t>(c.N));
+                          for (int64_t n = 0; n < c.N; ++n) r[n] = n % 5 == 2;
+                          return r;
+                        }(),
+                        {1, 1, c.N, 1})
+                        .to(DType::Bool);
+      pq = where(tiny, mul(pq, 1e-7), pq);
+      const Tensor v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
+      const TensorOptions cpu_opts(dt), dev_opts = TensorOptions(dt).with_device(kCuda);
+      const auto poisoned = [&](const Shape& shape) { return full(shape, NAN, dev_opts); };
+      const Shape out_s{c.B, c.H, c.N, c.E}, den_s{c.B, c.H, c.N}, kvz_s{c.B, c.H, c.S, c.E + 1};
+      Tensor out = empty(out_s, cpu_opts), den = empty(den_s, cpu_opts), kvz = empty(kvz_s, cpu_opts);
+      cpu::linear_attention_forward(pq, pk, v, guard, out, den, kvz);
+      const Tensor pqd = pq.to(kCuda), pkd = pk.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda);
+      Tensor out_d = poisoned(out_s), den_d = poisoned(den_s), kvz_d = poisoned(kvz_s);
+      LINEA_BACKEND(kCuda, linear_attention_forward, pqd, pkd, vd, guard, out_d, den_d, kvz_d);
+      const double long_sum = 8;  // sums over up to 64 features and 45 keys, in another order
+      EXPECT_TRUE(matches(out_d, out, long_sum, "out"));
+      EXPECT_TRUE(matches(den_d, den, long_sum, "den"));
+      EXPECT_TRUE(matches(kvz_d, kvz, long_sum, "kvz"));
+
+      Tensor dpq = empty(pq.shape(), cpu_opts), dpk = empty(pk.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts);
+      cpu::linear_attention_backward(pq, pk, v, out, den, kvz, dout, guard, dpq, dpk, dv);
+      Tensor dpq_d = poisoned(pq.shape()), dpk_d = poisoned(pk.shape()), dv_d = poisoned(v.shape());
+      LINEA_BACKEND(kCuda, linear_attention_backward, pqd, pkd, vd, out_d, den_d, kvz_d, dd, guard, dpq_d, dpk_d, dv_d);
+      EXPECT_TRUE(matches(dpq_d, dpq, long_sum, "dphi_q"));
+      EXPECT_TRUE(matches(dpk_d, dpk, long_sum, "dphi_k"));
+      EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+    }
+  }
+}
+
 // Through the public op: the values and the gradients of every input.
 TEST(CudaParity, ScaledDotProductAttention) {
   LINEA_REQUIRE_CUDA();

@@ -209,13 +209,7 @@ Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tenso
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
   auto [phi_q, phi_k] = features_of(q, k, opts);  // [B, H, N, F], [B, H, M, F]
   if (!opts.causal) {
-    if (!q.is_cuda()) return linear_attention(phi_q, phi_k, v, kDenGuard);  // the same formula, fused
-    // sum_m phi(k_m) v_m^T [B, H, F, Dv] and sum_m phi(k_m) [B, H, F, 1], then phi(q_n) times
-    // each: two small products instead of one with a column of ones, which would copy v.
-    const Tensor kt = transpose(phi_k, -2, -1);
-    const Tensor num = matmul(phi_q, matmul(kt, v));                        // [B, H, N, Dv]
-    const Tensor den = matmul(phi_q, sum(phi_k, {2}, /*keepdim=*/false).unsqueeze(-1));  // [B, H, N, 1]
-    return num / guard_denominator(den);
+    return linear_attention(phi_q, phi_k, v, kDenGuard);  // fused, on either device
   }
   // v with a column of ones [B, H, M, Dv+1]: one product gives numerator and denominator.
   Tensor v1 = cat({v, ones({B, H, M, 1}, v.options())}, -1);

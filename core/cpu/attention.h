@@ -1,6 +1,7 @@
 // Fused CPU attention kernels; called through the raw:: functions of core/ops.h, which check the
-// arguments. Softmax attention is a backend kernel of both devices (core/kernels.h; on CUDA
-// cuda/attention.cu); the other four are CPU only so far (the CUDA backend composes them).
+// arguments. Softmax and linear attention are backend kernels of both devices (core/kernels.h;
+// on CUDA cuda/attention.cu, cuda/linear_attention.cu); the other three are CPU only so far
+// (on CUDA the mechanisms compose them from ops).
 //
 // Softmax attention (raw::sdpa), per (b, h) a block of query rows at a time, the block's scores
 // staying in cache:
@@ -50,18 +51,7 @@ void positive_features_forward(const Tensor& x, const Tensor& omega, bool per_ro
 void positive_features_backward(const Tensor& x, const Tensor& omega, const Tensor& phi, const Tensor& dphi,
                                 const Tensor& dx, const Tensor& domega);
 
-// Bidirectional linear attention (raw::linear_attention; performer's CPU path):
-//   out_n = phi_q_n KV / den~_n,  KV = sum_m phi_k_m v_m^T,  den_n = phi_q_n . sum_m phi_k_m
-// with den~ = den where |den| >= guard, else guard with den's sign (0 counting as +). phi_q
-// [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E] contiguous, one float dtype, all dims > 0.
-// Writes out [B, H, N, E], den [B, H, N] (unguarded) and kvz [B, H, S, E + 1] = [KV, sum_m phi_k_m].
-void linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double guard,
-                              const Tensor& out, const Tensor& den, const Tensor& kvz);
-// dphi_q, dphi_k, dv (overwritten) from dout and the forward's out, den and kvz; the guard is a
-// constant (no gradient reaches den where it is active).
-void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& out,
-                               const Tensor& den, const Tensor& kvz, const Tensor& dout, double guard,
-                               const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv);
+// linear_attention_forward / _backward: declared with every backend kernel (core/kernels.h).
 
 // LARA's mixture weights (raw::lara_mixture; attention/lara/), per (b, h):
 //   t = softmax over n of q~ qbar^T,  a = self_w + beta (t - mean_c t),
