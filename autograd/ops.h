@@ -208,12 +208,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // [S, E] products per key are kept (nprf_rpe's FFT path). Differentiable in all four.
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
                           int64_t fft_len);
-// Positive random features, fused (CPU only): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S) for
+// Positive random features, fused (CPU and CUDA): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S) for
 // x [B, H, L, D] and omega [H, S, D] (the rows of W_h), c a detached stabilizer that cancels in
 // an attention ratio: the row's max over s (per_row) or the max over the (b, h)'s unpadded rows
 // and s. Rows marked by key_padding (Bool [B, L], true = padding) get phi = 0. Differentiable in
-// x and omega (c held constant). attention/common's positive_random_features picks it or the
-// composed formula by device.
+// x and omega (c held constant). The performer's and nprf_rpe's feature map.
 Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& key_padding = Tensor());
 // Bidirectional linear attention, fused (CPU and CUDA): out_n = phi_q_n (sum_m phi_k_m v_m^T) / den_n,
 // den_n = phi_q_n . sum_m phi_k_m, for phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E] (all

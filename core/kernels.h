@@ -282,7 +282,17 @@ struct FoldedDropout {
   /* gradient reaches den where it is active) */                                                                     \
   void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& out,      \
                                  const Tensor& den, const Tensor& kvz, const Tensor& dout, double guard,            \
-                                 const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv);
+                                 const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv);              \
+  /* Positive random features (FAVOR+; raw::positive_features): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S) for   */  \
+  /* x [B, H, L, D] and omega [H, S, D] (the rows of W_h), c (cancels in the attention ratio) the row's max over  */  \
+  /* s (per_row) or the max over the (b, h)'s unpadded rows and s. Rows marked by pad (Bool [B, L]; undefined:   */  \
+  /* none) get phi = 0. One float dtype; writes phi [B, H, L, S]. */                                                  \
+  void positive_features_forward(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& pad,            \
+                                 const Tensor& phi);                                                                 \
+  /* dx = dl W - (sum_s dl) x with dl = dphi * phi and, when domega is defined, dW_h = sum_b dl^T x; c counts as   */  \
+  /* a constant. dx, domega: overwritten. */                                                                          \
+  void positive_features_backward(const Tensor& x, const Tensor& omega, const Tensor& phi, const Tensor& dphi,     \
+                                  const Tensor& dx, const Tensor& domega);
 
 namespace cpu {
 LINEA_KERNEL_API

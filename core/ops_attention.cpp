@@ -1,7 +1,7 @@
 // linea::raw::sdpa, toeplitz_attention, positive_features, linear_attention and lara_mixture with
-// their backwards: argument checks, allocation and the calls of the fused kernels: sdpa and
-// linear_attention on either device (core/kernels.h), the other three on the CPU only so far
-// (core/cpu/attention.h; on CUDA the attention layers compose the same formulas from ops).
+// their backwards: argument checks, allocation and the calls of the fused kernels: sdpa,
+// positive_features and linear_attention on either device (core/kernels.h), the other two on
+// the CPU only so far (core/cpu/attention.h; on CUDA the attention layers compose them from ops).
 #include <cmath>
 
 #include "core/cpu/attention.h"
@@ -142,12 +142,12 @@ void check_features_args(const char* op, const Tensor& x, const Tensor& omega, c
   LINEA_CHECK(is_floating(x.dtype()), op, ": expected float32 or float64, got ", dtype_name(x.dtype()));
   check_same_dtype(op, x, omega);
   check_same_device(op, x, omega);
-  LINEA_CHECK(!x.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose it from ops");
-  if (pad.defined())
-    LINEA_CHECK(pad.dtype() == DType::Bool && pad.dim() == 2 && pad.size(0) == x.size(0) && pad.size(1) == x.size(2) &&
-                    !pad.device().is_cuda(),
-                op, ": pad must be a CPU Bool [B, L] = [", x.size(0), ", ", x.size(2), "], got ",
-                dtype_name(pad.dtype()), " ", shape_str(pad.shape()));
+  if (pad.defined()) {
+    LINEA_CHECK(pad.dtype() == DType::Bool && pad.dim() == 2 && pad.size(0) == x.size(0) && pad.size(1) == x.size(2),
+                op, ": pad must be a Bool [B, L] = [", x.size(0), ", ", x.size(2), "], got ", dtype_name(pad.dtype()),
+                " ", shape_str(pad.shape()));
+    check_same_device(op, x, pad);
+  }
 }
 }  // namespace
 
@@ -155,8 +155,8 @@ Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, con
   check_features_args("positive_features", x, omega, pad);
   Tensor phi = empty({x.size(0), x.size(1), x.size(2), omega.size(1)}, x.options());
   if (phi.numel() > 0)
-    cpu::positive_features_forward(contiguous(x), contiguous(omega), per_row,
-                                   pad.defined() ? contiguous(pad) : Tensor(), phi);
+    LINEA_BACKEND(x.device(), positive_features_forward, contiguous(x), contiguous(omega), per_row,
+                  pad.defined() ? contiguous(pad) : Tensor(), phi);
   return phi;
 }
 
@@ -175,7 +175,8 @@ std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor&
   // The kernel overwrites both.
   Tensor dx = empty(x.shape(), x.options());
   Tensor dw = want_domega ? empty(omega.shape(), omega.options()) : Tensor();
-  cpu::positive_features_backward(contiguous(x), contiguous(omega), contiguous(phi), contiguous(grad), dx, dw);
+  LINEA_BACKEND(x.device(), positive_features_backward, contiguous(x), contiguous(omega), contiguous(phi),
+                contiguous(grad), dx, dw);
   return {dx, dw};
 }
 

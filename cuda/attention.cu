@@ -422,14 +422,12 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   }
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
     using T = scalar_t;
-    // delta [B, H, N], scratch from the caching allocator: freed at once, reused only by work
-    // queued after this on the same stream.
-    T* delta = static_cast<T*>(allocator().allocate(sizeof(T) * static_cast<size_t>(rows)));
+    DeviceScratch<T> delta_scratch(rows);  // delta [B, H, N]
+    T* delta = delta_scratch.p;
     sdpa_delta_kernel<T><<<grid_for(rows), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), rows, a.s.E, delta);
     LINEA_KERNEL_LAUNCH_CHECK();
     with_tiles<T>(a.s, "sdpa_backward",
                   [&](auto t) { backward_tiles<T, decltype(t)::DM, decltype(t)::B>(a, dout, lse, delta, dq, dk, dv); });
-    allocator().deallocate(delta);
   });
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/cuda_counters.h"
+#include "core/cuda_interface.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
@@ -208,6 +209,17 @@ template <typename T>
 void gemm_strided(const T* a, bool a_trans, int64_t lda, int64_t sa, const T* b, bool b_trans, int64_t ldb, int64_t sb,
                   T* c, int64_t ldc, int64_t sc, int64_t M, int64_t N, int64_t K, int64_t count, double alpha,
                   double beta = 0.0);
+
+// Scratch device memory of n T's from the caching allocator for the work queued while it lives;
+// freed at the end of the scope, its blocks then go only to work queued later on the same stream.
+template <typename T> struct DeviceScratch {
+  T* p;
+  explicit DeviceScratch(int64_t n)
+      : p(static_cast<T*>(allocator().allocate(sizeof(T) * static_cast<size_t>(n > 0 ? n : 1)))) {}
+  ~DeviceScratch() { allocator().deallocate(p); }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+};
 
 // Accumulator of sums: double for floating types (as the CPU kernels), int64 for int64.
 template <typename T> struct AccOf { using type = double; };

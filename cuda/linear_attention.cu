@@ -81,15 +81,6 @@ LinearDims dims_of(const Tensor& pq, const Tensor& pk, const Tensor& v) {
   return {pq.size(0) * pq.size(1), pq.size(2), pk.size(2), pq.size(3), v.size(3)};
 }
 
-// Scratch from the caching allocator, freed when it goes out of scope (reused only by work
-// queued later on the same stream).
-template <typename T> struct Scratch {
-  T* p;
-  explicit Scratch(int64_t n) : p(static_cast<T*>(allocator().allocate(sizeof(T) * static_cast<size_t>(n)))) {}
-  ~Scratch() { allocator().deallocate(p); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
 
 }  // namespace
 
@@ -106,7 +97,7 @@ void linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Te
     key_sums_kernel<T><<<grid_for(d.BH * d.S), kBlockSize, 0, stream()>>>(cptr<T>(phi_k), d, kv);
     LINEA_KERNEL_LAUNCH_CHECK();
     // [num, den] [N, E + 1] = phi_q [N, S] kvz [S, E + 1]
-    Scratch<T> nd(d.BH * d.N * E1);
+    DeviceScratch<T> nd(d.BH * d.N * E1);
     gemm_strided<T>(cptr<T>(phi_q), false, d.S, d.N * d.S, kv, false, E1, d.S * E1, nd.p, E1, d.N * E1, d.N, E1, d.S,
                     d.BH, 1.0);
     divide_kernel<T>
@@ -122,7 +113,7 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
   LINEA_DISPATCH_FLOAT(v.dtype(), "linear_attention_backward", [&] {
     using T = scalar_t;
     const int64_t E1 = d.E1();
-    Scratch<T> G(d.BH * d.N * E1), dkvz(d.BH * d.S * E1);
+    DeviceScratch<T> G(d.BH * d.N * E1), dkvz(d.BH * d.S * E1);
     g_kernel<T><<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), cptr<T>(den), d,
                                                                    static_cast<T>(guard), G.p);
     LINEA_KERNEL_LAUNCH_CHECK();

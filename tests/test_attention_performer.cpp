@@ -550,7 +550,7 @@ TEST(PositiveFeatures, BadInputsThrow) {
   EXPECT_LINEA_ERROR(positive_features(x, randn({2, 0, 4}), true), "has no features");
   EXPECT_LINEA_ERROR(positive_features(x, w.to(DType::Float64), true), "positive_features");
   EXPECT_LINEA_ERROR(positive_features(x, w, false, zeros({1, 4}, DType::Bool)),
-                     "positive_features: pad must be a CPU Bool [B, L] = [1, 3], got bool [1, 4]");
+                     "positive_features: pad must be a Bool [B, L] = [1, 3], got bool [1, 4]");
   EXPECT_LINEA_ERROR(positive_features(zeros({1, 2, 3, 4}, DType::Int64), zeros({2, 5, 4}, DType::Int64), true),
                      "positive_features: expected float32 or float64");
 }

@@ -795,6 +795,59 @@ TEST(CudaParity, LinearAttentionKernel) {
   }
 }
 
+// The positive random features' kernels, as above: both stabilizers (per row for queries, per
+// (b, h) over the unpadded rows for keys), padded rows and a batch that is all padding,
+// NaN-poisoned outputs, the weight gradient with and without.
+TEST(CudaParity, PositiveFeaturesKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(14);
+  struct Case {
+    int64_t B, H, L, D, S;
+  };
+  const std::vector<Case> cases = {{2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {3, 2, 70, 16, 64}};
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      for (bool per_row : {true, false}) {
+        for (bool padded : {false, true}) {
+          SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " L " + std::to_string(c.L) +
+                               " D " + std::to_string(c.D) + " S " + std::to_string(c.S) +
+                               (per_row ? " per row" : " per sequence") + (padded ? " padded" : ""),
+                           dt));
+          const Tensor x = rnd({c.B, c.H, c.L, c.D}, dt, 0.5), w = rnd({c.H, c.S, c.D}, dt),
+                       dphi = rnd({c.B, c.H, c.L, c.S}, dt);
+          Tensor pad;
+          if (padded) {  // batch 0: every fourth row padded; the last batch: all of them
+            std::vector<int64_t> mask(static_cast<size_t>(c.B * c.L), 0);
+            for (int64_t l = 0; l < c.L; ++l) mask[l] = l % 4 == 3;
+            for (int64_t l = 0; l < c.L; ++l) mask[(c.B - 1) * c.L + l] = c.B > 1 ? 1 : mask[l];
+            pad = ints(mask, {c.B, c.L}).to(DType::Bool);
+          }
+          const TensorOptions cpu_opts(dt), dev_opts = TensorOptions(dt).with_device(kCuda);
+          const auto poisoned = [&](const Shape& shape) { return full(shape, NAN, dev_opts); };
+          Tensor phi = empty(dphi.shape(), cpu_opts);
+          cpu::positive_features_forward(x, w, per_row, pad, phi);
+          const Tensor xd = x.to(kCuda), wd = w.to(kCuda), gd = dphi.to(kCuda),
+                       pd = pad.defined() ? pad.to(kCuda) : Tensor();
+          Tensor phi_d = poisoned(phi.shape());
+          LINEA_BACKEND(kCuda, positive_features_forward, xd, wd, per_row, pd, phi_d);
+          const double long_sum = 8;  // sums over up to 17 dims, exp of them
+          EXPECT_TRUE(matches(phi_d, phi, long_sum, "phi"));
+          for (bool want_w : {true, false}) {
+            Tensor dx = empty(x.shape(), cpu_opts), dw = want_w ? empty(w.shape(), cpu_opts) : Tensor();
+            cpu::positive_features_backward(x, w, phi, dphi, dx, dw);
+            Tensor dx_d = poisoned(x.shape()), dw_d = want_w ? poisoned(w.shape()) : Tensor();
+            LINEA_BACKEND(kCuda, positive_features_backward, xd, wd, phi_d, gd, dx_d, dw_d);
+            EXPECT_TRUE(matches(dx_d, dx, long_sum, "dx"));
+            if (want_w) {
+              EXPECT_TRUE(matches(dw_d, dw, long_sum * 4, "domega"));  // summed over B * L rows
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Through the public op: the values and the gradients of every input.
 TEST(CudaParity, ScaledDotProductAttention) {
   LINEA_REQUIRE_CUDA();

@@ -10,19 +10,6 @@ Tensor scaled(const Tensor& x) { return mul(x, std::pow(static_cast<double>(x.si
 
 Tensor sq_norm(const Tensor& x) { return sum(square(x), {-1}, /*keepdim=*/true); }
 
-Tensor positive_random_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& pad) {
-  if (!x.is_cuda()) return positive_features(x, omega, per_row, pad);
-  const int64_t B = x.size(0), L = x.size(2);
-  const Tensor pad4 = pad.defined() ? reshape(pad, {B, 1, L, 1}) : Tensor();
-  Tensor l = matmul(x, transpose(omega, -2, -1)) - sq_norm(x) * 0.5;  // [B, H, L, S]
-  // Padded rows at the lowest finite value: left out of the max, and exp() of them is 0.
-  if (pad4.defined()) l = masked_fill(l, pad4, dtype_lowest(l.dtype()));
-  const Tensor c = per_row ? max(l.detach(), {-1}, /*keepdim=*/true) : max(l.detach(), {2, 3}, /*keepdim=*/true);
-  Tensor phi = exp(l - c) * (1.0 / std::sqrt(static_cast<double>(omega.size(1))));
-  // Rows that are all padding (c = lowest too) would give exp(0) = 1: zeroed explicitly.
-  return pad4.defined() ? masked_fill(phi, pad4, 0.0) : phi;
-}
-
 Tensor log_xi(const Tensor& w, const Tensor& x) {
   // [..., P, M] = w x^T - (|x|^2 / 2)^T ; x^T is a view, no copy.
   return sub(matmul(w, transpose(x, -2, -1)), mul(transpose(sq_norm(x), -2, -1), 0.5));

@@ -21,12 +21,6 @@ Tensor log_xi(const Tensor& w, const Tensor& x);
 // Squared norm over the last dim, kept: x [..., D] -> [..., 1].
 Tensor sq_norm(const Tensor& x);
 
-// Positive random features phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S), x [B, H, L, D], omega
-// [H, S, D], with the detached stabilizer c = the row's max (per_row: queries) or the max over
-// the (b, h)'s unpadded rows (keys; pad Bool [B, L] or undefined, padded rows get 0). The fused
-// CPU op (linea::positive_features) on the CPU, the same formula composed from ops elsewhere.
-Tensor positive_random_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& pad);
-
 // logsumexp over `dim` leaving out entries where `hidden` (Bool, broadcast) is true; a slice with
 // every entry hidden gives the dtype's lowest finite value (so exp() of it is 0), not -inf/NaN.
 Tensor masked_logsumexp(const Tensor& logits, const Tensor& hidden, int64_t dim, bool keepdim);

@@ -66,10 +66,10 @@ Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tens
   Terms t;
 
   // Query features stabilized per row (phi(q^_i) / max_s phi(q^_i)_s), key features per (b, h)
-  // over the unpadded keys, padded keys exactly 0 (fused on the CPU; attention/common).
+  // over the unpadded keys, padded keys exactly 0 (fused: autograd's positive_features).
   Tensor pad = key_padding_bool(opts);  // Bool [B, M] or undefined
-  t.phi_q = positive_random_features(unit(q), omega, /*per_row=*/true, Tensor());  // [B, H, N, S]
-  t.phi_k = positive_random_features(unit(k), omega, /*per_row=*/false, pad);      // [B, H, M, S]
+  t.phi_q = positive_features(unit(q), omega, /*per_row=*/true, Tensor());  // [B, H, N, S]
+  t.phi_k = positive_features(unit(k), omega, /*per_row=*/false, pad);      // [B, H, M, S]
 
   // Bias of the relative positions j - (n + o) for j - n = -(N-1)..(M-1), i.e. rpe indices
   // L-N-o .. L+M-2-o; causal hides the positive ones (c index > N-1+o).

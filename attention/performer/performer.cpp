@@ -134,8 +134,8 @@ Tensor PerformerAttention::query_features(const Tensor& q, const Tensor& omega) 
   const Tensor qs = scaled(q);
   const double inv_sqrt_s = 1.0 / std::sqrt(static_cast<double>(features_));
   switch (feature_map_) {
-    case FeatureMap::Softmax:  // exp(W q~ - |q~|^2/2 - the row's max) / sqrt(S), fused on the CPU
-      return positive_random_features(qs, omega, /*per_row=*/true, Tensor());  // [B, H, N, S]
+    case FeatureMap::Softmax:  // exp(W q~ - |q~|^2/2 - the row's max) / sqrt(S), fused
+      return positive_features(qs, omega, /*per_row=*/true, Tensor());  // [B, H, N, S]
     case FeatureMap::Relu:  // bounded, no stabilizer needed
       return relu(projections(qs, omega)) + kReluFloor;
     case FeatureMap::Trf: {
@@ -184,9 +184,9 @@ std::pair<Tensor, Tensor> PerformerAttention::features_of(const Tensor& q, const
   const Tensor omega = current_omega(q);  // [H, S, D]
   const int64_t B = k.size(0), M = k.size(2);
   Tensor pad = key_padding_bool(opts);
-  // The softmax map's keys: one stabilizer per (b, h), fused on the CPU (stabilized_keys' formula).
+  // The softmax map's keys: one stabilizer per (b, h), fused (stabilized_keys' formula).
   if (feature_map_ == FeatureMap::Softmax)
-    return {query_features(q, omega), positive_random_features(scaled(k), omega, /*per_row=*/false, pad)};
+    return {query_features(q, omega), positive_features(scaled(k), omega, /*per_row=*/false, pad)};
   if (pad.defined()) pad = reshape(pad, {B, 1, M, 1});
   KeyParts parts = key_parts(k, omega);
   Tensor c = parts.log_scale.defined() ? key_stabilizer(parts.log_scale, pad) : Tensor();

@@ -1,7 +1,8 @@
 // Fused CPU attention kernels; called through the raw:: functions of core/ops.h, which check the
-// arguments. Softmax and linear attention are backend kernels of both devices (core/kernels.h;
-// on CUDA cuda/attention.cu, cuda/linear_attention.cu); the other three are CPU only so far
-// (on CUDA the mechanisms compose them from ops).
+// arguments. Softmax attention, the positive random features and linear attention are backend
+// kernels of both devices (core/kernels.h; on CUDA cuda/attention.cu, cuda/random_features.cu,
+// cuda/linear_attention.cu); the other two are CPU only so far (on CUDA the mechanisms compose
+// them from ops).
 //
 // Softmax attention (raw::sdpa), per (b, h) a block of query rows at a time, the block's scores
 // staying in cache:
@@ -38,20 +39,7 @@ void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Ten
                                  const Tensor& dy, int64_t fft_len, const Tensor& dc, const Tensor& dphi_q,
                                  const Tensor& dphi_k, const Tensor& dv);
 
-// Positive random features (FAVOR+; performer's and nprf_rpe's feature map), fused
-// (raw::positive_features): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S) for x [B, H, L, D] (already
-// scaled or normalized by the caller) and omega [H, S, D] (the rows of W_h), with c, a constant
-// that cancels in the attention ratio, the row's max over s (per_row) or the max over the (b, h)'s
-// unpadded rows and s. Rows marked by pad (Bool [B, L] contiguous; undefined: none) get phi = 0.
-// All contiguous, one float dtype; writes phi [B, H, L, S].
-void positive_features_forward(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& pad,
-                               const Tensor& phi);
-// dx = dl W - (sum_s dl) x with dl = dphi * phi, and, when domega is defined, dW_h = sum_b
-// dl^T x: from the forward's phi (c counts as a constant). dx, domega: overwritten.
-void positive_features_backward(const Tensor& x, const Tensor& omega, const Tensor& phi, const Tensor& dphi,
-                                const Tensor& dx, const Tensor& domega);
-
-// linear_attention_forward / _backward: declared with every backend kernel (core/kernels.h).
+// positive_features_*, linear_attention_*: declared with every backend kernel (core/kernels.h).
 
 // LARA's mixture weights (raw::lara_mixture; attention/lara/), per (b, h):
 //   t = softmax over n of q~ qbar^T,  a = self_w + beta (t - mean_c t),
