@@ -320,19 +320,30 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 
 // ---- fused attention ----------------------------------------------------------------------------
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                                    int64_t query_offset, const Tensor& key_padding, bool keep_probs) {
+                                    int64_t query_offset, const Tensor& key_padding, bool keep_probs,
+                                    double dropout_p) {
   const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
   const bool grad = needs_grad({&q, &k, &v});
+  LINEA_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "scaled_dot_product_attention: dropout_p must be in [0, 1), got ",
+              dropout_p);
+  // Dropout of the probabilities: a per-example draw, the backward drawing the same factors again.
+  FoldedDropout drop;
+  if (dropout_p > 0.0) {
+    const ExampleDraw d = reserve_example_draw(q.device());
+    drop = FoldedDropout{dropout_p, d.seed, d.draw, d.first_row, d.base};
+    keep_probs = false;
+  }
   // The kernel reads contiguous q, k, v: copied here once (heads split off a [B, N, H*D]
   // projection are strided views) and kept so, so that the backward does not copy them again.
   const Tensor qc = raw::contiguous(q.detach()), kc = raw::contiguous(k.detach()), vc = raw::contiguous(v.detach());
   std::vector<Tensor> r =
-      raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, grad && keep_probs);  // out, lse, probs
+      raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, grad && keep_probs, drop);  // out, lse, probs
   if (!grad) return r[0];
   return attach(r[0], "scaled_dot_product_attention", {q, k, v},
                 [qd = qc, kd = kc, vd = vc, out = r[0].detach(), lse = r[1], probs = r[2], scale, causal, query_offset,
-                 pad](const Tensor& g) -> std::vector<Tensor> {
-                  return raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad, probs);
+                 pad, drop](const Tensor& g) -> std::vector<Tensor> {
+                  return raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad, probs,
+                                            drop);
                 });
 }
 

@@ -199,12 +199,15 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 // that sees no key gets 0. With keep_probs (and a gradient to compute) the CPU kernel keeps the
 // probabilities [B, H, N, M] for the backward (the CUDA kernel never does); without, it keeps no [N, M] tensor and the
 // backward recomputes the scores blockwise (one more q k^T product and exp per score).
+// dropout_p > 0 (pass 0 in evaluation, as PyTorch's): each probability is dropped with that
+// probability (the rest scaled by 1 / (1 - dropout_p)) before the product with v, from a
+// per-example draw (as dropout() of the [B, H, N, M] probabilities would be); nothing kept.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                                     bool causal = false, int64_t query_offset = 0, const Tensor& key_padding = Tensor(),
-                                    bool keep_probs = false);
-// Toeplitz-modulated linear attention (CPU only): y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m
+                                    bool keep_probs = false, double dropout_p = 0.0);
+// Toeplitz-modulated linear attention, fused (CPU and CUDA): y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m
 // for c [H or B, H, N+M-1] (c_t at index t + N - 1), phi_q [B, H, N, S], phi_k [B, H, M, S],
-// v [B, H, M, E], by real FFTs of length fft_len >= N + M - 1, one feature at a time: no
+// v [B, H, M, E], by FFTs of length fft_len >= N + M - 1, a feature at a time: no
 // [S, E] products per key are kept (nprf_rpe's FFT path). Differentiable in all four.
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
                           int64_t fft_len);
@@ -220,11 +223,10 @@ Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, con
 // +; no gradient through it). Differentiable in all three; keeps only [B, H, S, E + 1] and
 // [B, H, N] besides its inputs and output for the backward (performer's bidirectional path).
 Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double den_guard);
-// LARA's mixture weights, fused (CPU only): per (b, h), t = softmax over n of q qbar^T,
+// LARA's mixture weights, fused (CPU and CUDA): per (b, h), t = softmax over n of q qbar^T,
 // a = self_w + beta (t - mean_c t), mix = softmax_c(log max(a, floor) + q w^T - |q|^2/2 + bias)
 // for q [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C] -> mix [B, H, N, C].
-// Differentiable in all five (no gradient where a < floor). attention/lara picks it or the
-// composed formula by device.
+// Differentiable in all five (no gradient where a < floor). attention/lara's mixture weights.
 Tensor lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,
                     double beta, double floor);
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/random_math.h"
 #include "core/tensor.h"
 
 namespace linea {
@@ -145,6 +146,19 @@ struct FoldedDropout {
   const uint64_t* draw_base = nullptr;  // a captured CUDA graph's base counter (see uniform_rows)
 };
 
+// The per-element form of a FoldedDropout (off when p == 0); draw_base is the caller's to add.
+template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDropout& d) {
+  detail::ExampleDropout<T> e;
+  if (d.p <= 0) return e;
+  e.on = true;
+  e.keep = static_cast<T>(1.0 - d.p);
+  e.scale = static_cast<T>(1.0 / (1.0 - d.p));
+  e.seed = d.seed;
+  e.draw = d.draw;
+  e.first_row = d.first_row;
+  return e;
+}
+
 #define LINEA_KERNEL_API                                                                                             \
   /* out (any layout) = value */                                                                                     \
   void fill(const Tensor& out, double value);                                                                        \
@@ -262,16 +276,21 @@ struct FoldedDropout {
   /* out = op'(x) * dropout(grad) */                                                                                 \
   void activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, const FoldedDropout& drop,               \
                           const Tensor& out);                                                                        \
-  /* Softmax attention (raw::sdpa): q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], one float dtype; key m hidden */  \
-  /* from query n when causal and m > n + offset or pad (Bool [B, M]; undefined: none) marks it. Writes out       */  \
-  /* [B, H, N, E] and lse [B, H, N] (the log-sum-exp of the row's visible scaled scores; a row that sees no key:  */  \
-  /* out 0, lse -inf) and, when defined (the CPU only), the probabilities [B, H, N, M] for the backward.          */  \
-  void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,    \
-                    const Tensor& pad, const Tensor& out, const Tensor& lse, const Tensor& probs);                   \
-  /* dq, dk, dv (overwritten) from dout and the forward's out, lse and probs (undefined: recomputed) */              \
-  void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,        \
-                     const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,            \
-                     const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv);                \
+  /* Softmax attention (raw::sdpa): q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], one float dtype; key m hidden */   \
+  /* from query n when causal and m > n + offset or pad (Bool [B, M]; undefined: none) marks it. Writes out */         \
+  /* [B, H, N, E] and lse [B, H, N] (the log-sum-exp of the row's visible scaled scores; a row that sees no key: */    \
+  /* out 0, lse -inf) and, when defined (the CPU only), the probabilities [B, H, N, M] for the backward. With */       \
+  /* drop.p > 0 each probability is multiplied by its dropout factor before the product with v: element */             \
+  /* (h N + n) M + m of example b as dropout_rows draws them for a [B, H, N, M] tensor (probs then undefined) */       \
+  void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,      \
+                    const Tensor& pad, const FoldedDropout& drop, const Tensor& out, const Tensor& lse,                \
+                    const Tensor& probs);                                                                              \
+  /* dq, dk, dv (overwritten) from dout and the forward's out, lse and probs (undefined: recomputed); the same */      \
+  /* dropout factors drawn again */                                                                                    \
+  void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,          \
+                     const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,               \
+                     const Tensor& pad, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk,                 \
+                     const Tensor& dv);                                                                                \
   /* Bidirectional linear attention (raw::linear_attention; performer's): out_n = phi_q_n KV / den~_n, KV =      */  \
   /* sum_m phi_k_m v_m^T, den_n = phi_q_n . sum_m phi_k_m, den~ = den where |den| >= guard, else guard with den's  */  \
   /* sign (0 counting as +). phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], one float dtype, all dims   */  \
@@ -292,7 +311,29 @@ struct FoldedDropout {
   /* dx = dl W - (sum_s dl) x with dl = dphi * phi and, when domega is defined, dW_h = sum_b dl^T x; c counts as   */  \
   /* a constant. dx, domega: overwritten. */                                                                          \
   void positive_features_backward(const Tensor& x, const Tensor& omega, const Tensor& phi, const Tensor& dphi,     \
-                                  const Tensor& dx, const Tensor& domega);
+                                  const Tensor& dx, const Tensor& domega);                                             \
+  /* Toeplitz-modulated linear attention (raw::toeplitz_attention; nprf_rpe's FFT path), per (b, h): */                \
+  /* y_n = sum_s phi_q_ns sum_m c_{m-n} phi_k_ms v_m, through transforms of length fft_len >= N + M - 1 one */         \
+  /* (feature, value channel) at a time (memory O((N + M) S), not O(N S E)). c [H or B*H, N+M-1] holds c_t */          \
+  /* at t + N - 1 for t = m - n; phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E] contiguous, one float */       \
+  /* dtype; y [B, H, N, E]. */                                                                                         \
+  void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,          \
+                                  int64_t fft_len, const Tensor& y);                                                   \
+  /* dc (c's shape; summed over the batch when c is per head), dphi_q, dphi_k, dv: overwritten */                      \
+  void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,         \
+                                   const Tensor& dy, int64_t fft_len, const Tensor& dc, const Tensor& dphi_q,          \
+                                   const Tensor& dphi_k, const Tensor& dv);                                            \
+  /* LARA's mixture weights (raw::lara_mixture; attention/lara/), per (b, h): t = softmax over n of */                 \
+  /* q~ qbar^T, a = self_w + beta (t - mean_c t), mix = softmax_c(log max(a, floor) + q~ w^T - |q~|^2/2 + bias) */     \
+  /* for q~ [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C]; contiguous, one float dtype, */          \
+  /* every dim > 0. Writes mix, t and a [B, H, N, C] (the last two for the backward). */                               \
+  void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,                \
+                            const Tensor& bias, double beta, double floor, const Tensor& mix, const Tensor& t,         \
+                            const Tensor& a);                                                                          \
+  /* dq, dqbar, dw, dself_w, dbias (overwritten) from dmix and the forward's mix, t and a */                           \
+  void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t, \
+                             const Tensor& a, const Tensor& dmix, double beta, double floor, const Tensor& dq,         \
+                             const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w, const Tensor& dbias);
 
 namespace cpu {
 LINEA_KERNEL_API

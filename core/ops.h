@@ -87,27 +87,29 @@ std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& targe
                                        double smoothing);
 Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                                    int64_t ignore_index, double smoothing);
-// Fused softmax attention, CPU only (core/cpu/attention.h; CUDA composes it from ops):
+// Fused softmax attention (the fused kernels of both devices: core/kernels.h):
 // q [B, H, N, D], k [B, H, M, D], v [B, H, M, E]; key m hidden from query n when causal and
 // m > n + offset, or where pad (Bool [B, M], true = padding; undefined: none) says so.
-// Returns {out [B, H, N, E], lse [B, H, N], probs [B, H, N, M]} (probs only with keep_probs,
-// else undefined).
+// Returns {out [B, H, N, E], lse [B, H, N], probs [B, H, N, M]} (probs only with keep_probs on
+// the CPU, else undefined). drop (p in [0, 1)): dropout of the probabilities (core/kernels.h),
+// which cannot be combined with keep_probs.
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                         const Tensor& pad, bool keep_probs = false);
+                         const Tensor& pad, bool keep_probs = false, const FoldedDropout& drop = FoldedDropout());
 // Returns {dq, dk, dv} from grad [B, H, N, E] and the forward's out, lse and probs (undefined:
-// recomputed block by block).
+// recomputed block by block); drop as in the forward.
 std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
-                                  const Tensor& pad, const Tensor& probs = Tensor());
-// Toeplitz-modulated linear attention, CPU only (core/cpu/attention.h): y_n = sum_m c_{m-n}
+                                  const Tensor& pad, const Tensor& probs = Tensor(),
+                                  const FoldedDropout& drop = FoldedDropout());
+// Toeplitz-modulated linear attention, fused: y_n = sum_m c_{m-n}
 // (phi_q_n . phi_k_m) v_m for c [H, N+M-1] or [B, H, N+M-1] (c_t at t + N - 1), phi_q
-// [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by real FFTs of length fft_len >= N + M - 1.
+// [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by FFTs of length fft_len >= N + M - 1.
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
                           int64_t fft_len);
 // Returns {dc, dphi_q, dphi_k, dv} from grad [B, H, N, E].
 std::vector<Tensor> toeplitz_attention_backward(const Tensor& grad, const Tensor& c, const Tensor& phi_q,
                                                 const Tensor& phi_k, const Tensor& v, int64_t fft_len);
-// Positive random features, fused, CPU only (core/cpu/attention.h): phi = exp(x W_h^T - |x|^2/2
+// Positive random features, fused: phi = exp(x W_h^T - |x|^2/2
 // - c) / sqrt(S) for x [B, H, L, D], omega [H, S, D], c the row's max (per_row) or the (b, h)'s
 // max over unpadded rows; rows marked by pad (Bool [B, L]; undefined: none) get 0.
 Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, const Tensor& pad);
@@ -115,7 +117,7 @@ Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, con
 // forward's phi.
 std::vector<Tensor> positive_features_backward(const Tensor& grad, const Tensor& x, const Tensor& omega,
                                                const Tensor& phi, bool want_domega);
-// Bidirectional linear attention, fused, CPU only (core/cpu/attention.h): out_n = phi_q_n
+// Bidirectional linear attention, fused: out_n = phi_q_n
 // (sum_m phi_k_m v_m^T) / den~_n, den_n = phi_q_n . sum_m phi_k_m, den~ = den with |den| < guard
 // replaced by guard carrying den's sign. Returns {out [B, H, N, E], den [B, H, N] (unguarded),
 // kvz [B, H, S, E + 1]} (the last two for the backward).
@@ -124,7 +126,7 @@ std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, c
 std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
                                               const Tensor& v, const Tensor& out, const Tensor& den, const Tensor& kvz,
                                               double guard);
-// LARA's mixture weights, fused, CPU only (core/cpu/attention.h). Returns {mix, t, a}, all
+// LARA's mixture weights, fused. Returns {mix, t, a}, all
 // [B, H, N, C] (t and a for the backward).
 std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
                                  const Tensor& bias, double beta, double floor);

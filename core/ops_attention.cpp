@@ -1,10 +1,8 @@
 // linea::raw::sdpa, toeplitz_attention, positive_features, linear_attention and lara_mixture with
-// their backwards: argument checks, allocation and the calls of the fused kernels: sdpa,
-// positive_features and linear_attention on either device (core/kernels.h), the other two on
-// the CPU only so far (core/cpu/attention.h; on CUDA the attention layers compose them from ops).
+// their backwards: argument checks, allocation and the calls of the fused kernels of either device
+// (core/kernels.h; core/cpu/ and cuda/).
 #include <cmath>
 
-#include "core/cpu/attention.h"
 #include "core/dispatch.h"
 #include "core/ops.h"
 
@@ -39,11 +37,19 @@ void check_sdpa_args(const char* op, const Tensor& q, const Tensor& k, const Ten
     check_same_device(op, q, pad);
   }
 }
+
+void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_probs) {
+  LINEA_CHECK(drop.p >= 0.0 && drop.p < 1.0, op, ": dropout probability must be in [0, 1), got ", drop.p);
+  LINEA_CHECK(!(keep_probs && drop.p > 0.0), op,
+              ": kept probabilities and dropout do not go together (the backward draws the dropout again from "
+              "recomputed probabilities)");
+}
 }  // namespace
 
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                         const Tensor& pad, bool keep_probs) {
+                         const Tensor& pad, bool keep_probs, const FoldedDropout& drop) {
   check_sdpa_args("sdpa", q, k, v, scale, offset, pad);
+  check_sdpa_dropout("sdpa", drop, keep_probs);
   const TensorOptions opts(q.dtype(), q.device());
   Tensor out = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, opts);
@@ -51,14 +57,15 @@ std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, doub
   Tensor probs = keep_probs && q.is_cpu() ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, opts) : Tensor();
   if (out.numel() > 0 || lse.numel() > 0)
     LINEA_BACKEND(q.device(), sdpa_forward, contiguous(q), contiguous(k), contiguous(v), scale, causal, offset,
-                  pad.defined() ? contiguous(pad) : Tensor(), out, lse, probs);
+                  pad.defined() ? contiguous(pad) : Tensor(), drop, out, lse, probs);
   return {out, lse, probs};
 }
 
 std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
-                                  const Tensor& pad, const Tensor& probs) {
+                                  const Tensor& pad, const Tensor& probs, const FoldedDropout& drop) {
   check_sdpa_args("sdpa_backward", q, k, v, scale, offset, pad);
+  check_sdpa_dropout("sdpa_backward", drop, probs.defined());
   check_defined("sdpa_backward", grad, "grad");
   LINEA_CHECK(grad.shape() == out.shape() && lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}),
               "sdpa_backward: grad ", shape_str(grad.shape()), ", out ", shape_str(out.shape()), " and lse ",
@@ -72,7 +79,7 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
   if (q.numel() + k.numel() + v.numel() > 0)
     LINEA_BACKEND(q.device(), sdpa_backward, contiguous(q), contiguous(k), contiguous(v), contiguous(out),
                   contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), contiguous(grad), scale, causal,
-                  offset, pad.defined() ? contiguous(pad) : Tensor(), dq, dk, dv);
+                  offset, pad.defined() ? contiguous(pad) : Tensor(), drop, dq, dk, dv);
   return {dq, dk, dv};
 }
 
@@ -100,7 +107,6 @@ void check_toeplitz_args(const char* op, const Tensor& c, const Tensor& pq, cons
     check_same_dtype(op, v, *t);
     check_same_device(op, v, *t);
   }
-  LINEA_CHECK(!v.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose it from ops");
 }
 }  // namespace
 
@@ -108,7 +114,8 @@ Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& ph
   check_toeplitz_args("toeplitz_attention", c, phi_q, phi_k, v, fft_len);
   Tensor y = empty({phi_q.size(0), phi_q.size(1), phi_q.size(2), v.size(3)}, v.options());
   if (y.numel() > 0)
-    cpu::toeplitz_attention_forward(contiguous(c), contiguous(phi_q), contiguous(phi_k), contiguous(v), fft_len, y);
+    LINEA_BACKEND(v.device(), toeplitz_attention_forward, contiguous(c), contiguous(phi_q), contiguous(phi_k),
+                  contiguous(v), fft_len, y);
   return y;
 }
 
@@ -126,8 +133,8 @@ std::vector<Tensor> toeplitz_attention_backward(const Tensor& grad, const Tensor
     for (Tensor* t : {&dc, &dpq, &dpk}) t->zero_();
     return {dc, dpq, dpk, dv};
   }
-  cpu::toeplitz_attention_backward(contiguous(c), contiguous(phi_q), contiguous(phi_k), contiguous(v), contiguous(grad),
-                                   fft_len, dc, dpq, dpk, dv);
+  LINEA_BACKEND(v.device(), toeplitz_attention_backward, contiguous(c), contiguous(phi_q), contiguous(phi_k),
+                contiguous(v), contiguous(grad), fft_len, dc, dpq, dpk, dv);
   return {dc, dpq, dpk, dv};
 }
 
@@ -252,7 +259,6 @@ void check_mixture_args(const char* op, const Tensor& q, const Tensor& qbar, con
     check_same_dtype(op, q, *t);
     check_same_device(op, q, *t);
   }
-  LINEA_CHECK(!q.device().is_cuda(), op, ": the fused kernel is CPU only; on CUDA compose it from ops");
 }
 }  // namespace
 
@@ -261,8 +267,8 @@ std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tens
   check_mixture_args("lara_mixture", q, qbar, w, self_w, bias);
   const Shape shape{q.size(0), q.size(1), q.size(2), qbar.size(2)};
   Tensor mix = empty(shape, q.options()), t = empty(shape, q.options()), a = empty(shape, q.options());
-  cpu::lara_mixture_forward(contiguous(q), contiguous(qbar), contiguous(w), contiguous(self_w), contiguous(bias), beta,
-                            floor, mix, t, a);
+  LINEA_BACKEND(q.device(), lara_mixture_forward, contiguous(q), contiguous(qbar), contiguous(w), contiguous(self_w),
+                contiguous(bias), beta, floor, mix, t, a);
   return {mix, t, a};
 }
 
@@ -279,8 +285,8 @@ std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, c
   Tensor dq = empty(q.shape(), q.options()), dqbar = empty(qbar.shape(), q.options()),
          dw = empty(w.shape(), q.options()), dself_w = empty({q.size(0), q.size(1), qbar.size(2)}, q.options()),
          dbias = empty(dself_w.shape(), q.options());
-  cpu::lara_mixture_backward(contiguous(q), contiguous(qbar), contiguous(w), contiguous(mix), contiguous(t),
-                             contiguous(a), contiguous(grad), beta, floor, dq, dqbar, dw, dself_w, dbias);
+  LINEA_BACKEND(q.device(), lara_mixture_backward, contiguous(q), contiguous(qbar), contiguous(w), contiguous(mix),
+                contiguous(t), contiguous(a), contiguous(grad), beta, floor, dq, dqbar, dw, dself_w, dbias);
   return {dq, dqbar, dw, dself_w, dbias};
 }
 

@@ -86,4 +86,20 @@ template <typename T> LINEA_HD T dropout_factor(const uint32_t w[4], int64_t j, 
   return uniform_from_block<T>(w, j, 0.0, 1.0) < keep ? scale : T(0);
 }
 
+// dropout_rows's mask one element at a time: the factor of element j of example `row` (its index
+// within the call's rows; first_row is added), one Philox block per call. For kernels that drop
+// what they compute rather than a tensor (fused softmax attention's probabilities).
+template <typename T> struct ExampleDropout {
+  bool on = false;
+  T keep = 1, scale = 1;
+  uint64_t seed = 0, draw = 0;
+  int64_t first_row = 0;
+  LINEA_HD T factor(int64_t row, int64_t j) const {
+    constexpr int64_t per = uniforms_per_block<T>();
+    uint32_t w[4];
+    example_block(seed, draw, first_row + row, j / per, w);
+    return dropout_factor<T>(w, j % per, keep, scale);
+  }
+};
+
 }  // namespace linea::detail

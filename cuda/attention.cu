@@ -24,6 +24,7 @@
 namespace linea::cuda {
 
 using namespace detail;
+using linea::detail::ExampleDropout;
 
 namespace {
 
@@ -110,7 +111,7 @@ __device__ __forceinline__ void accumulate_patch_t(const T* p, const T* x, T (&a
 
 template <typename T, int DM, int B>
 __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const uint8_t* pad, T scale, SdpaShape s,
-                                    int64_t heads, T* out, T* lse) {
+                                    int64_t heads, ExampleDropout<T> drop, const uint64_t* draw_base, T* out, T* lse) {
   constexpr int TR = B / kRowThreads, TC = B / kColThreads, TD = DM / kColThreads;
   T* qs = shared_mem<T>();      // [B, DM]
   T* ks = qs + B * DM;          // [B, DM]
@@ -122,6 +123,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * B;
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  if (drop.on && draw_base) drop.draw += *draw_base;
   load_tile<T, DM>(qs, q + bh * s.N * s.D, n0, B, s.N, s.D);
   for (int r = tid; r < B; r += kThreads) row_m[r] = neg_inf<T>(), row_l[r] = T(0);
   T o[TR][TD];
@@ -160,6 +162,10 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
         for (int c = 0; c < B; ++c) {
           row[c] = d_exp(row[c] - mx);
           sum += row[c];
+        }
+        if (drop.on && n0 + r < s.N) {  // the sum (and lse) stay the undropped ones
+          const int64_t j0 = ((bh % heads) * s.N + n0 + r) * s.M + m0;
+          for (int c = 0; c < B && m0 + c < s.M; ++c) row[c] *= drop.factor(bh / heads, j0 + c);
         }
         row_a[r] = d_exp(row_m[r] - mx);
       }
@@ -203,11 +209,13 @@ __global__ void sdpa_delta_kernel(const T* dout, const T* out, int64_t rows, int
 }
 
 // For a query tile (qs, dos, row lse and delta) against a key tile (ks, vs): p = exp(scale s - lse)
-// and ds = p (dout . v - delta), both [B, B + 1] in shared memory, 0 where hidden.
+// and ds = p (dout . v - delta), both [B, B + 1] in shared memory, 0 where hidden. With dropout
+// factors z: z p (what multiplied v) and ds = p (z dout . v - delta).
 template <typename T, int DM, int B>
 __device__ __forceinline__ void probs_and_dscores(const T* qs, const T* ks, const T* vs, const T* dos, const T* row_lse,
                                                   const T* row_delta, T* ps, T* dss, T scale, const SdpaShape& s,
-                                                  const uint8_t* pad_b, int64_t n0, int64_t m0, int ty, int tx) {
+                                                  const uint8_t* pad_b, const ExampleDropout<T>& drop, int64_t bh,
+                                                  int64_t heads, int64_t n0, int64_t m0, int ty, int tx) {
   constexpr int TR = B / kRowThreads, TC = B / kColThreads;
   T sc[TR][TC], dp[TR][TC];
   dot_patch<T, DM, TR, TC>(qs, ks, sc, ty, tx);
@@ -221,16 +229,17 @@ __device__ __forceinline__ void probs_and_dscores(const T* qs, const T* ks, cons
       const T l = row_lse[r];
       const bool off = n >= s.N || m >= s.M || l == neg_inf<T>() || hidden(s, pad_b, n, m);
       const T p = off ? T(0) : d_exp(sc[i][j] * scale - l);
-      ps[r * (B + 1) + c] = p;
-      dss[r * (B + 1) + c] = p * (dp[i][j] - row_delta[r]);
+      const T z = drop.on && !off ? drop.factor(bh / heads, ((bh % heads) * s.N + n) * s.M + m) : T(1);
+      ps[r * (B + 1) + c] = z * p;
+      dss[r * (B + 1) + c] = p * (z * dp[i][j] - row_delta[r]);
     }
 }
 
 // dk, dv for BC = B keys: over the query tiles that may see them.
 template <typename T, int DM, int B>
 __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, const T* dout, const T* lse,
-                                         const T* delta, const uint8_t* pad, T scale, SdpaShape s, int64_t heads, T* dk,
-                                         T* dv) {
+                                         const T* delta, const uint8_t* pad, T scale, SdpaShape s, int64_t heads,
+                                         ExampleDropout<T> drop, const uint64_t* draw_base, T* dk, T* dv) {
   constexpr int TK = B / kRowThreads, TD = DM / kColThreads;
   T* ks = shared_mem<T>();
   T* vs = ks + B * DM;
@@ -243,6 +252,7 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, m0 = static_cast<int64_t>(blockIdx.x) * B;
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  if (drop.on && draw_base) drop.draw += *draw_base;
   load_tile<T, DM>(ks, k + bh * s.M * s.D, m0, B, s.M, s.D);
   load_tile<T, DM>(vs, v + bh * s.M * s.E, m0, B, s.M, s.E);
   T dk_acc[TK][TD], dv_acc[TK][TD];
@@ -262,7 +272,8 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
       row_delta[r] = in ? delta[bh * s.N + n0 + r] : T(0);
     }
     __syncthreads();
-    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, n0, m0, ty, tx);
+    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, drop, bh, heads, n0, m0,
+                                ty, tx);
     __syncthreads();
     accumulate_patch_t<T, DM, TK, B, B>(ps, dos, dv_acc, ty, tx);  // dv += p^T dout
     accumulate_patch_t<T, DM, TK, B, B>(dss, qs, dk_acc, ty, tx);  // dk += ds^T q (scaled below)
@@ -283,7 +294,8 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
 // dq for BR = B queries: over the key tiles they may see.
 template <typename T, int DM, int B>
 __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, const T* dout, const T* lse, const T* delta,
-                                        const uint8_t* pad, T scale, SdpaShape s, int64_t heads, T* dq) {
+                                        const uint8_t* pad, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
+                                        const uint64_t* draw_base, T* dq) {
   constexpr int TR = B / kRowThreads, TD = DM / kColThreads;
   T* qs = shared_mem<T>();
   T* dos = qs + B * DM;
@@ -296,6 +308,7 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * B;
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  if (drop.on && draw_base) drop.draw += *draw_base;
   load_tile<T, DM>(qs, q + bh * s.N * s.D, n0, B, s.N, s.D);
   load_tile<T, DM>(dos, dout + bh * s.N * s.E, n0, B, s.N, s.E);
   for (int r = tid; r < B; r += kThreads) {
@@ -314,7 +327,8 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
     load_tile<T, DM>(ks, k + bh * s.M * s.D, m0, B, s.M, s.D);
     load_tile<T, DM>(vs, v + bh * s.M * s.E, m0, B, s.M, s.E);
     __syncthreads();
-    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, n0, m0, ty, tx);
+    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, drop, bh, heads, n0, m0,
+                                ty, tx);
     __syncthreads();
     accumulate_patch<T, DM, TR, B>(dss, ks, dq_acc, ty, tx);  // dq += ds k (scaled below)
   }
@@ -343,13 +357,15 @@ struct SdpaArgs {
   const Tensor &q, &k, &v, &pad;
   double scale;
   SdpaShape s;
+  const FoldedDropout& drop;
 };
 
 template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
   const dim3 grid(static_cast<unsigned>((a.s.N + B - 1) / B), static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
   sdpa_forward_kernel<T, DM, B><<<grid, kThreads, forward_smem<T, DM, B>(), stream()>>>(
       cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr,
-      static_cast<T>(a.scale), a.s, a.q.size(1), ptr<T>(out), ptr<T>(lse));
+      static_cast<T>(a.scale), a.s, a.q.size(1), example_dropout<T>(a.drop), a.drop.draw_base, ptr<T>(out),
+      ptr<T>(lse));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -359,15 +375,16 @@ void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, co
   const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
   const uint8_t* pad = a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr;
   const T scale = static_cast<T>(a.scale);
+  const ExampleDropout<T> drop = example_dropout<T>(a.drop);
   sdpa_backward_dkv_kernel<T, DM, B>
       <<<dim3(static_cast<unsigned>((a.s.M + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
           cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), cptr<T>(dout), cptr<T>(lse), delta, pad, scale, a.s, a.q.size(1),
-          ptr<T>(dk), ptr<T>(dv));
+          drop, a.drop.draw_base, ptr<T>(dk), ptr<T>(dv));
   LINEA_KERNEL_LAUNCH_CHECK();
   sdpa_backward_dq_kernel<T, DM, B>
       <<<dim3(static_cast<unsigned>((a.s.N + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
           cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), cptr<T>(dout), cptr<T>(lse), delta, pad, scale, a.s, a.q.size(1),
-          ptr<T>(dq));
+          drop, a.drop.draw_base, ptr<T>(dq));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -399,9 +416,10 @@ SdpaShape sdpa_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool cau
 }  // namespace
 
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                  const Tensor& pad, const Tensor& out, const Tensor& lse, const Tensor& probs) {
+                  const Tensor& pad, const FoldedDropout& drop, const Tensor& out, const Tensor& lse,
+                  const Tensor& probs) {
   LINEA_CHECK(!probs.defined(), "sdpa: the CUDA kernel keeps no probabilities (its backward recomputes them)");
-  const SdpaArgs a{q, k, v, pad, scale, sdpa_shape(q, k, v, causal, offset)};
+  const SdpaArgs a{q, k, v, pad, scale, sdpa_shape(q, k, v, causal, offset), drop};
   if (q.size(0) * q.size(1) == 0 || a.s.N == 0) return;
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     with_tiles<scalar_t>(a.s, "sdpa",
@@ -411,9 +429,9 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
-                   const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                   const Tensor& pad, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   LINEA_CHECK(!probs.defined(), "sdpa_backward: the CUDA kernel recomputes the probabilities; got kept ones");
-  const SdpaArgs a{q, k, v, pad, scale, sdpa_shape(q, k, v, causal, offset)};
+  const SdpaArgs a{q, k, v, pad, scale, sdpa_shape(q, k, v, causal, offset), drop};
   const int64_t rows = q.size(0) * q.size(1) * a.s.N;
   if (q.size(0) * q.size(1) == 0) return;
   if (a.s.N == 0 || a.s.M == 0) {  // nothing to sum: zero gradients

@@ -210,6 +210,13 @@ void gemm_strided(const T* a, bool a_trans, int64_t lda, int64_t sa, const T* b,
                   T* c, int64_t ldc, int64_t sc, int64_t M, int64_t N, int64_t K, int64_t count, double alpha,
                   double beta = 0.0);
 
+// Batched real transforms of length n on device arrays, rows packed (cuda/fft.cu's cached cuFFT
+// plans): rfft_rows in [batch, n] -> out [batch, n/2+1] complex (interleaved), irfft_rows back,
+// unnormalized (the caller scales). Both may overwrite `in` (cuFFT's out-of-place C2R does);
+// irfft_rows assumes zero imaginary parts at bin 0 and (n even) bin n/2.
+template <typename T> void rfft_rows(T* in, T* out, int64_t batch, int64_t n);
+template <typename T> void irfft_rows(T* in, T* out, int64_t batch, int64_t n);
+
 // Scratch device memory of n T's from the caching allocator for the work queued while it lives;
 // freed at the end of the scope, its blocks then go only to work queued later on the same stream.
 template <typename T> struct DeviceScratch {

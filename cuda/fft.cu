@@ -112,40 +112,20 @@ template <typename T> __global__ void length1_kernel(const T* in, T* out, int64_
 }
 
 template <typename T> void rfft_impl(const Tensor& x, const Tensor& out, int64_t batch, int64_t n) {
-  if (n == 1) {
-    length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(cptr<T>(x), ptr<T>(out), batch, true);
-    LINEA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
   const int64_t count = batch * n;
   DeviceBuffer in(sizeof(T) * static_cast<size_t>(count));
   count_work(counter_cells().device_copies);
   LINEA_CUDA_CHECK(cudaMemcpyAsync(in.get(), x.data_ptr(), sizeof(T) * static_cast<size_t>(count),
                                    cudaMemcpyDeviceToDevice, stream()));
-  PlanCache& cache = plan_cache();
-  std::lock_guard<std::mutex> lock(cache.mu);
-  cufftHandle plan = get_plan(cache, out.dtype(), n, batch, true);
-  count_work(counter_cells().library_calls);
-  LINEA_CUFFT_CHECK(exec_r2c(plan, in.as<T>(), ptr<T>(out)));
+  rfft_rows<T>(in.as<T>(), ptr<T>(out), batch, n);
 }
 
 template <typename T> void irfft_impl(const Tensor& spec, const Tensor& out, int64_t batch, int64_t n) {
-  if (n == 1) {
-    length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(cptr<T>(spec), ptr<T>(out), batch, false);
-    LINEA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
   const int64_t nf = n / 2 + 1, count = batch * nf * 2;
   DeviceBuffer in(sizeof(T) * static_cast<size_t>(count));
   prepare_spectrum_kernel<T><<<grid_for(count), kBlockSize, 0, stream()>>>(cptr<T>(spec), in.as<T>(), batch, nf, n);
   LINEA_KERNEL_LAUNCH_CHECK();
-  {
-    PlanCache& cache = plan_cache();
-    std::lock_guard<std::mutex> lock(cache.mu);
-    cufftHandle plan = get_plan(cache, out.dtype(), n, batch, false);
-    count_work(counter_cells().library_calls);
-    LINEA_CUFFT_CHECK(exec_c2r(plan, in.as<T>(), ptr<T>(out)));
-  }
+  irfft_rows<T>(in.as<T>(), ptr<T>(out), batch, n);
   scale_kernel<T><<<grid_for(batch * n), kBlockSize, 0, stream()>>>(ptr<T>(out), batch * n, T(1) / static_cast<T>(n));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
@@ -157,6 +137,39 @@ void check_aligned(const char* op, const Tensor& t) {
 }
 
 }  // namespace
+
+namespace detail {
+template <typename T> void rfft_rows(T* in, T* out, int64_t batch, int64_t n) {
+  if (n == 1) {
+    length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(in, out, batch, true);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  PlanCache& cache = plan_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  cufftHandle plan = get_plan(cache, DTypeOf<T>::value, n, batch, true);
+  count_work(counter_cells().library_calls);
+  LINEA_CUFFT_CHECK(exec_r2c(plan, in, out));
+}
+
+template <typename T> void irfft_rows(T* in, T* out, int64_t batch, int64_t n) {
+  if (n == 1) {
+    length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(in, out, batch, false);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  PlanCache& cache = plan_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  cufftHandle plan = get_plan(cache, DTypeOf<T>::value, n, batch, false);
+  count_work(counter_cells().library_calls);
+  LINEA_CUFFT_CHECK(exec_c2r(plan, in, out));
+}
+
+template void rfft_rows<float>(float*, float*, int64_t, int64_t);
+template void rfft_rows<double>(double*, double*, int64_t, int64_t);
+template void irfft_rows<float>(float*, float*, int64_t, int64_t);
+template void irfft_rows<double>(double*, double*, int64_t, int64_t);
+}  // namespace detail
 
 // x [batch, n] real -> out [batch, n/2+1, 2] (re, im), unnormalized
 void rfft(const Tensor& x, const Tensor& out, int64_t batch, int64_t n) {

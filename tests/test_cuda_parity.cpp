@@ -8,6 +8,7 @@
 // Not here: tests that run without a GPU (tests/test_cuda_basics.cpp).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -63,6 +64,10 @@ const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64};
 
 // CPU input: N(0, scale^2) in dtype dt (drawn in float64 from the CPU generator, then converted).
 Tensor rnd(const Shape& s, DType dt, double scale = 1.0) { return mul(randn(s, test::f64()), scale).to(dt); }
+
+// A CUDA output of a kernel under test: NaN everywhere, so that an element the kernel does not
+// write fails the comparison.
+Tensor poisoned(const Shape& shape, DType dt) { return full(shape, NAN, TensorOptions(dt).with_device(kCuda)); }
 
 // Int64 tensor from values.
 Tensor ints(const std::vector<int64_t>& v, const Shape& s) { return from_vector<int64_t>(v, s); }
@@ -719,26 +724,29 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
         pad = ints(mask, {c.B, c.M}).to(DType::Bool);
       }
       const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-      const TensorOptions cpu_opts(dt), dev_opts = TensorOptions(dt).with_device(kCuda);
-      const auto poisoned = [&](const Shape& shape) { return full(shape, NAN, dev_opts); };
-      Tensor out = empty({c.B, c.H, c.N, c.E}, cpu_opts), lse = empty({c.B, c.H, c.N}, cpu_opts);
-      cpu::sdpa_forward(q, k, v, scale, c.causal, c.offset, pad, out, lse, Tensor());
+      const TensorOptions cpu_opts(dt);
       const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda),
                    pd = pad.defined() ? pad.to(kCuda) : Tensor();
-      Tensor out_d = poisoned(out.shape()), lse_d = poisoned(lse.shape());
-      LINEA_BACKEND(kCuda, sdpa_forward, qd, kd, vd, scale, c.causal, c.offset, pd, out_d, lse_d, Tensor());
-      const double long_sum = 4;  // sums over up to 128 dims and 70 keys, in another order
-      EXPECT_TRUE(matches(out_d, out, long_sum, "out"));
-      EXPECT_TRUE(matches(lse_d, lse, long_sum, "lse"));
+      // without dropout, and with the probabilities dropped (both devices draw the same factors)
+      for (const FoldedDropout& drop : {FoldedDropout{}, FoldedDropout{0.3, 1234, 7, 2, nullptr}}) {
+        SCOPED_TRACE(drop.p > 0 ? "dropout 0.3" : "no dropout");
+        Tensor out = empty({c.B, c.H, c.N, c.E}, cpu_opts), lse = empty({c.B, c.H, c.N}, cpu_opts);
+        cpu::sdpa_forward(q, k, v, scale, c.causal, c.offset, pad, drop, out, lse, Tensor());
+        Tensor out_d = poisoned(out.shape(), dt), lse_d = poisoned(lse.shape(), dt);
+        LINEA_BACKEND(kCuda, sdpa_forward, qd, kd, vd, scale, c.causal, c.offset, pd, drop, out_d, lse_d, Tensor());
+        const double long_sum = 4;  // sums over up to 128 dims and 70 keys, in another order
+        EXPECT_TRUE(matches(out_d, out, long_sum, "out"));
+        EXPECT_TRUE(matches(lse_d, lse, long_sum, "lse"));
 
-      Tensor dq = empty(q.shape(), cpu_opts), dk = empty(k.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts);
-      cpu::sdpa_backward(q, k, v, out, lse, Tensor(), dout, scale, c.causal, c.offset, pad, dq, dk, dv);
-      Tensor dq_d = poisoned(q.shape()), dk_d = poisoned(k.shape()), dv_d = poisoned(v.shape());
-      LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out_d, lse_d, Tensor(), dd, scale, c.causal, c.offset, pd, dq_d,
-                    dk_d, dv_d);
-      EXPECT_TRUE(matches(dq_d, dq, long_sum, "dq"));
-      EXPECT_TRUE(matches(dk_d, dk, long_sum, "dk"));
-      EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+        Tensor dq = empty(q.shape(), cpu_opts), dk = empty(k.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts);
+        cpu::sdpa_backward(q, k, v, out, lse, Tensor(), dout, scale, c.causal, c.offset, pad, drop, dq, dk, dv);
+        Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt);
+        LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out_d, lse_d, Tensor(), dd, scale, c.causal, c.offset, pd, drop,
+                      dq_d, dk_d, dv_d);
+        EXPECT_TRUE(matches(dq_d, dq, long_sum, "dq"));
+        EXPECT_TRUE(matches(dk_d, dk, long_sum, "dk"));
+        EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+      }
     }
   }
 }
@@ -771,13 +779,12 @@ TEST(CudaParity, LinearAttentionKernel) {
                         .to(DType::Bool);
       pq = where(tiny, mul(pq, 1e-7), pq);
       const Tensor v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
-      const TensorOptions cpu_opts(dt), dev_opts = TensorOptions(dt).with_device(kCuda);
-      const auto poisoned = [&](const Shape& shape) { return full(shape, NAN, dev_opts); };
+      const TensorOptions cpu_opts(dt);
       const Shape out_s{c.B, c.H, c.N, c.E}, den_s{c.B, c.H, c.N}, kvz_s{c.B, c.H, c.S, c.E + 1};
       Tensor out = empty(out_s, cpu_opts), den = empty(den_s, cpu_opts), kvz = empty(kvz_s, cpu_opts);
       cpu::linear_attention_forward(pq, pk, v, guard, out, den, kvz);
       const Tensor pqd = pq.to(kCuda), pkd = pk.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda);
-      Tensor out_d = poisoned(out_s), den_d = poisoned(den_s), kvz_d = poisoned(kvz_s);
+      Tensor out_d = poisoned(out_s, dt), den_d = poisoned(den_s, dt), kvz_d = poisoned(kvz_s, dt);
       LINEA_BACKEND(kCuda, linear_attention_forward, pqd, pkd, vd, guard, out_d, den_d, kvz_d);
       const double long_sum = 8;  // sums over up to 64 features and 45 keys, in another order
       EXPECT_TRUE(matches(out_d, out, long_sum, "out"));
@@ -786,7 +793,7 @@ TEST(CudaParity, LinearAttentionKernel) {
 
       Tensor dpq = empty(pq.shape(), cpu_opts), dpk = empty(pk.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts);
       cpu::linear_attention_backward(pq, pk, v, out, den, kvz, dout, guard, dpq, dpk, dv);
-      Tensor dpq_d = poisoned(pq.shape()), dpk_d = poisoned(pk.shape()), dv_d = poisoned(v.shape());
+      Tensor dpq_d = poisoned(pq.shape(), dt), dpk_d = poisoned(pk.shape(), dt), dv_d = poisoned(v.shape(), dt);
       LINEA_BACKEND(kCuda, linear_attention_backward, pqd, pkd, vd, out_d, den_d, kvz_d, dd, guard, dpq_d, dpk_d, dv_d);
       EXPECT_TRUE(matches(dpq_d, dpq, long_sum, "dphi_q"));
       EXPECT_TRUE(matches(dpk_d, dpk, long_sum, "dphi_k"));
@@ -822,20 +829,19 @@ TEST(CudaParity, PositiveFeaturesKernel) {
             for (int64_t l = 0; l < c.L; ++l) mask[(c.B - 1) * c.L + l] = c.B > 1 ? 1 : mask[l];
             pad = ints(mask, {c.B, c.L}).to(DType::Bool);
           }
-          const TensorOptions cpu_opts(dt), dev_opts = TensorOptions(dt).with_device(kCuda);
-          const auto poisoned = [&](const Shape& shape) { return full(shape, NAN, dev_opts); };
+          const TensorOptions cpu_opts(dt);
           Tensor phi = empty(dphi.shape(), cpu_opts);
           cpu::positive_features_forward(x, w, per_row, pad, phi);
           const Tensor xd = x.to(kCuda), wd = w.to(kCuda), gd = dphi.to(kCuda),
                        pd = pad.defined() ? pad.to(kCuda) : Tensor();
-          Tensor phi_d = poisoned(phi.shape());
+          Tensor phi_d = poisoned(phi.shape(), dt);
           LINEA_BACKEND(kCuda, positive_features_forward, xd, wd, per_row, pd, phi_d);
           const double long_sum = 8;  // sums over up to 17 dims, exp of them
           EXPECT_TRUE(matches(phi_d, phi, long_sum, "phi"));
           for (bool want_w : {true, false}) {
             Tensor dx = empty(x.shape(), cpu_opts), dw = want_w ? empty(w.shape(), cpu_opts) : Tensor();
             cpu::positive_features_backward(x, w, phi, dphi, dx, dw);
-            Tensor dx_d = poisoned(x.shape()), dw_d = want_w ? poisoned(w.shape()) : Tensor();
+            Tensor dx_d = poisoned(x.shape(), dt), dw_d = want_w ? poisoned(w.shape(), dt) : Tensor();
             LINEA_BACKEND(kCuda, positive_features_backward, xd, wd, phi_d, gd, dx_d, dw_d);
             EXPECT_TRUE(matches(dx_d, dx, long_sum, "dx"));
             if (want_w) {
@@ -844,6 +850,124 @@ TEST(CudaParity, PositiveFeaturesKernel) {
           }
         }
       }
+    }
+  }
+}
+
+// LARA's mixture-weight kernels, as above: sizes off every block shape, N past one column
+// block's 256 threads, a beta large enough that the floor clamps some weights (no gradient
+// there), NaN-poisoned outputs.
+TEST(CudaParity, LaraMixtureKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(15);
+  struct Case {
+    int64_t B, H, N, C, D;
+  };
+  const std::vector<Case> cases = {{2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {1, 2, 300, 16, 8}};
+  const double floor = 1e-8;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      for (double beta : {1.0, 40.0}) {
+        SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) +
+                             " C " + std::to_string(c.C) + " D " + std::to_string(c.D) + " beta " +
+                             std::to_string(beta),
+                         dt));
+        const Tensor q = rnd({c.B, c.H, c.N, c.D}, dt, 0.5), qbar = rnd({c.B, c.H, c.C, c.D}, dt, 0.5),
+                     w = rnd({c.B, c.H, c.C, c.D}, dt, 0.5), self_w = exp(rnd({c.B, c.H, c.C}, dt, 0.3)),
+                     bias = rnd({c.B, c.H, c.C}, dt), dmix = rnd({c.B, c.H, c.N, c.C}, dt);
+        const TensorOptions cpu_opts(dt);
+        const Shape ms{c.B, c.H, c.N, c.C};
+        Tensor mix = empty(ms, cpu_opts), t = empty(ms, cpu_opts), a = empty(ms, cpu_opts);
+        cpu::lara_mixture_forward(q, qbar, w, self_w, bias, beta, floor, mix, t, a);
+        const Tensor qd = q.to(kCuda), qbd = qbar.to(kCuda), wd = w.to(kCuda), swd = self_w.to(kCuda),
+                     bd = bias.to(kCuda), gd = dmix.to(kCuda);
+        Tensor mix_d = poisoned(ms, dt), t_d = poisoned(ms, dt), a_d = poisoned(ms, dt);
+        LINEA_BACKEND(kCuda, lara_mixture_forward, qd, qbd, wd, swd, bd, beta, floor, mix_d, t_d, a_d);
+        const double long_sum = 8;  // sums over up to 300 rows and 23 dims, exp and log of them
+        EXPECT_TRUE(matches(mix_d, mix, long_sum, "mix"));
+        EXPECT_TRUE(matches(t_d, t, long_sum, "t"));
+        EXPECT_TRUE(matches(a_d, a, long_sum * beta, "a"));  // beta times t's error
+
+        Tensor dq = empty(q.shape(), cpu_opts), dqbar = empty(qbar.shape(), cpu_opts), dw = empty(w.shape(), cpu_opts),
+               dsw = empty(self_w.shape(), cpu_opts), db = empty(bias.shape(), cpu_opts);
+        cpu::lara_mixture_backward(q, qbar, w, mix, t, a, dmix, beta, floor, dq, dqbar, dw, dsw, db);
+        Tensor dq_d = poisoned(q.shape(), dt), dqbar_d = poisoned(qbar.shape(), dt), dw_d = poisoned(w.shape(), dt),
+               dsw_d = poisoned(self_w.shape(), dt), db_d = poisoned(bias.shape(), dt);
+        // from the CPU's forward state, so that a clamp decided differently by a rounding
+        // cannot make the gradients differ
+        LINEA_BACKEND(kCuda, lara_mixture_backward, qd, qbd, wd, mix.to(kCuda), t.to(kCuda), a.to(kCuda), gd, beta,
+                      floor, dq_d, dqbar_d, dw_d, dsw_d, db_d);
+        const double grad_sum = long_sum * beta;  // dt is beta times dalpha
+        EXPECT_TRUE(matches(dq_d, dq, grad_sum, "dq"));
+        EXPECT_TRUE(matches(dqbar_d, dqbar, grad_sum, "dqbar"));
+        EXPECT_TRUE(matches(dw_d, dw, grad_sum, "dw"));
+        EXPECT_TRUE(matches(dsw_d, dsw, grad_sum, "dself_w"));
+        EXPECT_TRUE(matches(db_d, db, grad_sum, "dbias"));
+      }
+    }
+  }
+}
+
+// The Toeplitz attention kernels (nprf_rpe's FFT path), as above: c per head and per (b, h),
+// even and odd transform lengths, length 1 and 2; each case in the default chunks, in chunks of
+// one (b, h, channel) group and of two (a head's channels split between chunks); a second run
+// gives the same bits.
+TEST(CudaParity, ToeplitzAttentionKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(16);
+  struct Case {
+    int64_t B, H, N, M, S, E, n;
+    bool per_batch;  // c [B, H, L] rather than [H, L]
+  };
+  const std::vector<Case> cases = {{2, 3, 7, 9, 5, 3, 16, false},
+                                   {2, 1, 12, 5, 4, 5, 23, true},
+                                   {1, 2, 1, 1, 1, 1, 1, false},
+                                   {1, 1, 1, 2, 2, 2, 2, true}};
+  const char* env = "LINEA_TOEPLITZ_CHUNK_BYTES";
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      const int64_t L = c.N + c.M - 1;
+      const Tensor cc = c.per_batch ? rnd({c.B, c.H, L}, dt, 0.5) : rnd({c.H, L}, dt, 0.5);
+      const Tensor pq = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5)), pk = exp(rnd({c.B, c.H, c.M, c.S}, dt, 0.5)),
+                   v = rnd({c.B, c.H, c.M, c.E}, dt), dy = rnd({c.B, c.H, c.N, c.E}, dt);
+      const TensorOptions cpu_opts(dt);
+      Tensor y = empty({c.B, c.H, c.N, c.E}, cpu_opts);
+      cpu::toeplitz_attention_forward(cc, pq, pk, v, c.n, y);
+      Tensor dc = empty(cc.shape(), cpu_opts), dpq = empty(pq.shape(), cpu_opts), dpk = empty(pk.shape(), cpu_opts),
+             dv = empty(v.shape(), cpu_opts);
+      cpu::toeplitz_attention_backward(cc, pq, pk, v, dy, c.n, dc, dpq, dpk, dv);
+      const Tensor cd = cc.to(kCuda), pqd = pq.to(kCuda), pkd = pk.to(kCuda), vd = v.to(kCuda), dyd = dy.to(kCuda);
+      const int64_t group_bytes = c.S * 2 * (c.n / 2 + 1) * static_cast<int64_t>(dtype_size(dt));
+      for (int64_t groups : {0, 1, 2}) {  // 0: the default chunks
+        SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) +
+                             " M " + std::to_string(c.M) + " S " + std::to_string(c.S) + " E " + std::to_string(c.E) +
+                             " n " + std::to_string(c.n) + (c.per_batch ? " c per (b, h)" : "") + " chunk groups " +
+                             std::to_string(groups),
+                         dt));
+        if (groups)
+          ::setenv(env, std::to_string(groups * group_bytes).c_str(), 1);
+        else
+          ::unsetenv(env);
+        std::vector<Tensor> runs;
+        for (int run = 0; run < 2; ++run) {
+          Tensor y_d = poisoned(y.shape(), dt), dc_d = poisoned(dc.shape(), dt), dpq_d = poisoned(pq.shape(), dt),
+                 dpk_d = poisoned(pk.shape(), dt), dv_d = poisoned(v.shape(), dt);
+          LINEA_BACKEND(kCuda, toeplitz_attention_forward, cd, pqd, pkd, vd, c.n, y_d);
+          LINEA_BACKEND(kCuda, toeplitz_attention_backward, cd, pqd, pkd, vd, dyd, c.n, dc_d, dpq_d, dpk_d, dv_d);
+          const double long_sum = 16;  // transforms of up to 23 points over up to 12 keys, 5 features
+          EXPECT_TRUE(matches(y_d, y, long_sum, "y"));
+          EXPECT_TRUE(matches(dc_d, dc, long_sum * 4, "dc"));  // summed over the batch, features, channels
+          EXPECT_TRUE(matches(dpq_d, dpq, long_sum, "dphi_q"));
+          EXPECT_TRUE(matches(dpk_d, dpk, long_sum, "dphi_k"));
+          EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+          runs.push_back(cat({reshape(y_d, {-1}), reshape(dc_d, {-1}), reshape(dpq_d, {-1}), reshape(dpk_d, {-1}),
+                              reshape(dv_d, {-1})},
+                             0)
+                             .to(kCPU));
+        }
+        EXPECT_TRUE(test::all_close(runs[0], runs[1], 0.0, 0.0)) << "two runs differ";
+      }
+      ::unsetenv(env);
     }
   }
 }

@@ -153,12 +153,14 @@ TEST(GradCheck, MultiHeadAttention) {
   EXPECT_MODULE_GRADCHECK(*nob, m, {randn64({2, 3, 4})});
 }
 
-// The fused CPU kernel (what softmax_attention runs on the CPU), with its probabilities kept
-// or recomputed in the backward, and the composed formula (dropout, CUDA).
-Fn kAttention(attn::AttentionOptions o, bool keep_probs = false) {
-  return [o, keep_probs](const std::vector<Tensor>& x) {
+// The fused CPU kernel (what softmax_attention runs), with its probabilities kept or recomputed
+// in the backward, or dropped (the mask frozen: the same seed before every evaluation), and the
+// composed formula (the reference).
+Fn kAttention(attn::AttentionOptions o, bool keep_probs = false, double dropout = 0.0) {
+  return [o, keep_probs, dropout](const std::vector<Tensor>& x) {
+    manual_seed(99);
     return scaled_dot_product_attention(x[0], x[1], x[2], 1.0 / std::sqrt(static_cast<double>(x[0].size(3))), o.causal,
-                                        o.query_offset, attn::key_padding_bool(o), keep_probs);
+                                        o.query_offset, attn::key_padding_bool(o), keep_probs, dropout);
   };
 }
 Fn kAttentionComposed(attn::AttentionOptions o) {
@@ -194,6 +196,8 @@ TEST(GradCheck, SoftmaxAttentionPadded) {
   EXPECT_GRADCHECK(kAttention(o), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
   EXPECT_GRADCHECK(kAttention(o, true), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
   EXPECT_GRADCHECK(kAttentionComposed(o), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
+  // Dropout of the probabilities, padded and causal.
+  EXPECT_GRADCHECK(kAttention(o, false, 0.4), {randn64({2, 2, 4, 2}), randn64({2, 2, 4, 2}), randn64({2, 2, 4, 3})});
 }
 
 TEST(GradCheck, TransformerEncoderLayer) {

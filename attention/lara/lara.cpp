@@ -114,10 +114,8 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   Tensor lk = log_xi(w, ks);
   Tensor probs = masked_softmax(lk, pad, -1);                       // [B, H, C, M]
   Tensor lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);  // [B, H, C]
-  // The [B, H, N, C] part (mixture_weights), fused on the CPU.
-  Tensor bias = sub(lse_k, l_diag);
-  Tensor mix = q.is_cuda() ? mixture_weights(qs, qbar, w, self_w, bias, beta_)
-                           : lara_mixture(qs, qbar, w, self_w, bias, beta_, kAlphaFloor);
+  // The [B, H, N, C] part, fused (mixture_weights composes the same from ops).
+  Tensor mix = lara_mixture(qs, qbar, w, self_w, sub(lse_k, l_diag), beta_, kAlphaFloor);
   return {mix, probs};
 }
 

@@ -85,8 +85,8 @@ class LinearRandomizedAttention : public AttentionMechanism {
   Tensor member_cache_;
 };
 
-// The mixture weights softmax_c(log u_nc) [B, H, N, C] composed from ops (the CUDA path; on the
-// CPU the fused linea::lara_mixture computes the same): t = softmax over n of q~ qbar^T,
+// The mixture weights softmax_c(log u_nc) [B, H, N, C] composed from ops: the reference the fused
+// linea::lara_mixture (the layer's path) is tested against. t = softmax over n of q~ qbar^T,
 // alpha = max(self_w + beta (t - mean_c t), 1e-8), log u = log alpha + log xi(q~_n, w_c) + bias_c,
 // for q~ [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C].
 Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, const Tensor& self_w,

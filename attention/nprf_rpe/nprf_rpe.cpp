@@ -126,10 +126,8 @@ Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   check_attention_inputs(kWho, q, k, v, opts);
   check_tables(q, k, omega, rpe, opts.query_offset);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
-  const int64_t S = omega.size(1);
   Terms t = terms(q, k, omega, rpe, opts);
   if (dense) return matmul(dense_attention(t, N, M), v);
-  if (q.is_cuda()) return fft_composed(t, v, B, H, N, M, Dv, S);
   // [num, den] in one product: v with a column of ones.
   Tensor y = toeplitz_attention(t.c, t.phi_q, t.phi_k, cat({v, ones({B, H, M, 1}, v.options())}, -1),
                                 fft_length(N + M - 1));

@@ -29,13 +29,12 @@ namespace linea::attn {
 // The nprf_rpe output [B, H, N, Dv] for q [B, H, N, D], k [B, H, M, D], v [B, H, M, Dv], feature
 // rows omega [H, S, D] and the bias table rpe [H, 2L-1] (L >= max(N, M)); omega and rpe are
 // converted to q's dtype and device. dense: the O(N M) path instead of the FFT one. The FFT path
-// runs the fused toeplitz_attention kernel on the CPU (no [S, Dv] products per key in memory)
-// and the composed one (nprf_rpe_attention_fft_composed) on CUDA.
+// runs the fused toeplitz_attention kernel (no [S, Dv] products per key in memory).
 // Differentiable in q, k, v, rpe (and omega).
 Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, const Tensor& rpe,
                           const AttentionOptions& opts = {}, bool dense = false);
 // The FFT path composed from ops (toeplitz_matmul_channels_first over the S * Dv channels of
-// phi(k) v^T): the CUDA path and the reference the fused CPU kernel is tested against.
+// phi(k) v^T): the reference the fused kernel is tested against.
 Tensor nprf_rpe_attention_fft_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
                                        const Tensor& rpe, const AttentionOptions& opts = {});
 

@@ -1,5 +1,5 @@
-// The softmax mechanism (see softmax.h): the fused kernel (either device), or the formula
-// composed from differentiable ops when the probabilities need dropout.
+// The softmax mechanism (see softmax.h): the fused kernel (either device, dropout included); the
+// formula composed from differentiable ops is the reference it is tested against.
 #include "attention/softmax/softmax.h"
 
 #include <cmath>
@@ -28,10 +28,9 @@ bool fused_kernel_keeps_probs(const Tensor& q, const Tensor& k) {
 Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
                          double dropout_p, bool training) {
   check_softmax_inputs(q, k, v, opts, dropout_p);
-  if (!(training && dropout_p > 0.0))
-    return scaled_dot_product_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), opts.causal,
-                                        opts.query_offset, key_padding_bool(opts), fused_kernel_keeps_probs(q, k));
-  return softmax_attention_composed(q, k, v, opts, dropout_p, training);
+  return scaled_dot_product_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), opts.causal,
+                                      opts.query_offset, key_padding_bool(opts), fused_kernel_keeps_probs(q, k),
+                                      training ? dropout_p : 0.0);
 }
 
 Tensor softmax_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,

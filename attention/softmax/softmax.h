@@ -11,8 +11,8 @@
 namespace linea::attn {
 
 // Exact scaled dot-product attention with dropout p on the attention weights when training.
-// Differentiable in q, k, v. Without dropout it runs the fused kernel on either device
-// (scaled_dot_product_attention), otherwise the composed formula.
+// Differentiable in q, k, v. The fused kernel on either device (scaled_dot_product_attention),
+// the dropout drawn inside it.
 Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {},
                          double dropout = 0.0, bool training = false);
 // The fused CPU kernel keeps the probabilities for its backward while one [B, H, N, M] tensor of
@@ -22,8 +22,9 @@ Tensor softmax_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
 // apps/bench/README.md), which holds about three such tensors through the backward.
 constexpr double kKeepProbsBytes = 512.0 * 1024 * 1024;
 bool fused_kernel_keeps_probs(const Tensor& q, const Tensor& k);
-// The same formula composed from ops (matmul, masked softmax, dropout, matmul): the path with
-// dropout, and the reference the fused kernel is tested against.
+// The same formula composed from ops (matmul, masked softmax, dropout, matmul): the reference the
+// fused kernel is tested against (its dropout draws the same mask as the fused kernel's when the
+// generator is at the same state).
 Tensor softmax_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {},
                                   double dropout = 0.0, bool training = false);
 

@@ -45,11 +45,10 @@ struct Problem {
   int64_t offset;
   const uint8_t* pad;  // [B, M] or null
   int64_t R;           // query rows per block: at most kMaxRows, the blocks as even as possible
+  FoldedDropout drop;  // of the probabilities (p == 0: none)
   int64_t blocks() const { return N == 0 ? 0 : (N + R - 1) / R; }
   // Keys [0, keys_of_block) are visible to some row of the block starting at query i0.
-  int64_t keys_of_block(int64_t i0, int64_t rows) const {
-    return causal ? std::min(M, i0 + rows + offset) : M;
-  }
+  int64_t keys_of_block(int64_t i0, int64_t rows) const { return causal ? std::min(M, i0 + rows + offset) : M; }
   // Keys [0, end) pass the causal test for query i (padding aside); at most mv.
   int64_t visible_end(int64_t i, int64_t mv) const { return causal ? std::clamp<int64_t>(i + offset + 1, 0, mv) : mv; }
 };
@@ -95,6 +94,13 @@ template <typename T> T softmax_row(T* s, int64_t mv, int64_t ve, const uint8_t*
   return mx + static_cast<T>(std::log(sum));
 }
 
+// p_m *= its dropout factor for m < mv: row n of head h of example b, elements (h N + n) M + m.
+template <typename T> void drop_row(const Problem& p, int64_t b, int64_t h, int64_t n, T* row, int64_t mv) {
+  const auto d = example_dropout<T>(p.drop);
+  const int64_t j0 = (h * p.N + n) * p.M;
+  for (int64_t m = 0; m < mv; ++m) row[m] *= d.factor(b, j0 + m);
+}
+
 // p = exp(s - lse) over the visible keys, 0 elsewhere (the forward's probabilities again).
 template <typename T> void probabilities_row(T* s, int64_t mv, int64_t ve, const uint8_t* padb, T lse) {
   if (lse == -std::numeric_limits<T>::infinity()) {
@@ -138,7 +144,10 @@ void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v,
         continue;
       }
       gemm(false, true, rows, mv, p.D, scale, qb, p.D, k + bh * p.M * p.D, p.D, T(0), sb, ld);
-      for (int64_t r = 0; r < rows; ++r) lb[r] = softmax_row(sb + r * ld, mv, p.visible_end(i0 + r, mv), padb);
+      for (int64_t r = 0; r < rows; ++r) {
+        lb[r] = softmax_row(sb + r * ld, mv, p.visible_end(i0 + r, mv), padb);
+        if (p.drop.p > 0) drop_row(p, b, bh % p.H, i0 + r, sb + r * ld, mv);  // lse stays the undropped one
+      }
       gemm(false, false, rows, p.E, mv, T(1), sb, ld, v + bh * p.M * p.E, p.E, T(0), ob, p.E);
     }
   }
@@ -148,6 +157,19 @@ void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v,
 template <typename T> LINEA_VEC_CLONES void softmax_grad_row(const T* p, T* dp, int64_t n, T d) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - d);
+}
+
+// With dropout factors z: dp = p (z dp - d) (dp the gradient of the dropped z p), then p = z p
+// for dV.
+template <typename T>
+void dropped_softmax_grad_row(const Problem& p, int64_t b, int64_t h, int64_t n, T* pr, T* dp, int64_t mv, T d) {
+  const auto drop = example_dropout<T>(p.drop);
+  const int64_t j0 = (h * p.N + n) * p.M;
+  for (int64_t m = 0; m < mv; ++m) {
+    const T z = drop.factor(b, j0 + m);
+    dp[m] = pr[m] * (z * dp[m] - d);
+    pr[m] *= z;
+  }
 }
 
 // One block's share of the backward: dq rows written, dk and dv rows [0, mv) accumulated. The
@@ -178,15 +200,18 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
       probabilities_row(s + r * mv, mv, p.visible_end(i0 + r, mv), padb, lse[bh * p.N + i0 + r]);
   }
   gemm(false, true, rows, mv, p.E, T(1), gb, p.E, vb, p.E, T(0), dp, mv);  // dP = dO V^T
-  gemm(true, false, mv, p.E, rows, T(1), pb, ld, gb, p.E, T(1), dv_bh, p.E);  // dV += P^T dO
   for (int64_t r = 0; r < rows; ++r) {
-    // dS = P (dP - rowsum(dO * O)), the softmax backward
+    // dS = P (dP - rowsum(dO * O)), the softmax backward (with dropout: P (Z dP - ...), P = Z P)
     double dot = 0;
     for (int64_t e = 0; e < p.E; ++e) dot += static_cast<double>(gb[r * p.E + e]) * ob[r * p.E + e];
     const T d = static_cast<T>(dot);
-    softmax_grad_row(pb + r * ld, dp + r * mv, mv, d);
+    if (p.drop.p > 0)
+      dropped_softmax_grad_row(p, b, bh % p.H, i0 + r, s + r * mv, dp + r * mv, mv, d);
+    else
+      softmax_grad_row(pb + r * ld, dp + r * mv, mv, d);
   }
-  gemm(false, false, rows, p.D, mv, scale, dp, mv, kb, p.D, T(0), dqb, p.D);  // dQ = scale dS K
+  gemm(true, false, mv, p.E, rows, T(1), pb, ld, gb, p.E, T(1), dv_bh, p.E);   // dV += P^T dO
+  gemm(false, false, rows, p.D, mv, scale, dp, mv, kb, p.D, T(0), dqb, p.D);   // dQ = scale dS K
   gemm(true, false, mv, p.D, rows, scale, dp, mv, qb, p.D, T(1), dk_bh, p.D);  // dK += scale dS^T Q
 }
 
@@ -249,20 +274,23 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
   }
 }
 
-Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset, const Tensor& pad) {
+Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset, const Tensor& pad,
+                   const FoldedDropout& drop) {
   const int64_t N = q.size(2), M = k.size(2);
   const int64_t rows =
       std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(M * dtype_size(q.dtype()), 1), kMinRows, kMaxRows);
   const int64_t nblk = std::max<int64_t>((N + rows - 1) / rows, 1);
-  return {q.size(0), q.size(1), N,      k.size(2), q.size(3), v.size(3), causal, offset,
-          pad.defined() ? static_cast<const uint8_t*>(pad.data_ptr()) : nullptr, std::max<int64_t>((N + nblk - 1) / nblk, 1)};
+  const uint8_t* pad_rows = pad.defined() ? static_cast<const uint8_t*>(pad.data_ptr()) : nullptr;
+  const int64_t R = std::max<int64_t>((N + nblk - 1) / nblk, 1);
+  return {q.size(0), q.size(1), N, M, q.size(3), v.size(3), causal, offset, pad_rows, R, drop};
 }
 
 }  // namespace
 
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                  const Tensor& pad, const Tensor& out, const Tensor& lse, const Tensor& probs) {
-  const Problem p = problem_of(q, k, v, causal, offset, pad);
+                  const Tensor& pad, const FoldedDropout& drop, const Tensor& out, const Tensor& lse,
+                  const Tensor& probs) {
+  const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     forward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
                            out.data<scalar_t>(), lse.data<scalar_t>(),
@@ -272,8 +300,8 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
-                   const Tensor& pad, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-  const Problem p = problem_of(q, k, v, causal, offset, pad);
+                   const Tensor& pad, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
     backward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
                             out.data<scalar_t>(), lse.data<scalar_t>(),

@@ -1,8 +1,7 @@
 // Fused CPU attention kernels; called through the raw:: functions of core/ops.h, which check the
-// arguments. Softmax attention, the positive random features and linear attention are backend
-// kernels of both devices (core/kernels.h; on CUDA cuda/attention.cu, cuda/random_features.cu,
-// cuda/linear_attention.cu); the other two are CPU only so far (on CUDA the mechanisms compose
-// them from ops).
+// arguments. All five are backend kernels of both devices (core/kernels.h; on CUDA
+// cuda/attention.cu, random_features.cu, linear_attention.cu, toeplitz_attention.cu and
+// lara_mixture.cu).
 //
 // Softmax attention (raw::sdpa), per (b, h) a block of query rows at a time, the block's scores
 // staying in cache:
@@ -22,36 +21,11 @@ namespace linea::cpu {
 
 // sdpa_forward / sdpa_backward: declared with every backend kernel (core/kernels.h).
 
-// Toeplitz-modulated linear attention without the [S, E] outer products in memory
-// (raw::toeplitz_attention; nprf_rpe's FFT path). Per (b, h):
-//   y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m = sum_s phi_q_ns sum_m c_{m-n} phi_k_ms v_m
-// one feature s and two value channels at a time: phi_k_ms (v_ma + i v_mb) is transformed (a
-// complex FFT of length fft_len >= N + M - 1: c is real, so both channels share it),
-// multiplied by the spectrum of c's circulant embedding, transformed back and weighted by
-// phi_q_ns. The backward recomputes each feature's transforms (memory O((N + M) S), not
-// O(N S E)). c [H or B*H, N+M-1] holds c_t at t + N - 1 for t = m - n;
-// phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E] contiguous, one float dtype;
-// y [B, H, N, E].
-void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
-                                int64_t fft_len, const Tensor& y);
-// dc (c's shape; summed over the batch when c is per head), dphi_q, dphi_k, dv: overwritten.
-void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
-                                 const Tensor& dy, int64_t fft_len, const Tensor& dc, const Tensor& dphi_q,
-                                 const Tensor& dphi_k, const Tensor& dv);
-
-// positive_features_*, linear_attention_*: declared with every backend kernel (core/kernels.h).
-
-// LARA's mixture weights (raw::lara_mixture; attention/lara/), per (b, h):
-//   t = softmax over n of q~ qbar^T,  a = self_w + beta (t - mean_c t),
-//   mix = softmax_c(log max(a, floor) + q~ w^T - |q~|^2/2 + bias)
-// for q~ [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C]; contiguous, one float
-// dtype, every dim > 0. Writes mix, t and a [B, H, N, C] (the last two for the backward).
-void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
-                          const Tensor& bias, double beta, double floor, const Tensor& mix, const Tensor& t,
-                          const Tensor& a);
-// dq, dqbar, dw, dself_w, dbias (overwritten) from dmix and the forward's mix, t and a.
-void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t,
-                           const Tensor& a, const Tensor& dmix, double beta, double floor, const Tensor& dq,
-                           const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w, const Tensor& dbias);
+// positive_features_*, linear_attention_*, toeplitz_attention_*, lara_mixture_*: declared with
+// every backend kernel (core/kernels.h). The CPU toeplitz kernel (toeplitz_attention.cpp) works
+// one feature and two value channels at a time: phi_k_ms (v_ma + i v_mb) is transformed (a
+// complex FFT: c is real, so both channels share it), multiplied by the spectrum of c's circulant
+// embedding, transformed back and weighted by phi_q_ns; the backward recomputes each feature's
+// transforms.
 
 }  // namespace linea::cpu

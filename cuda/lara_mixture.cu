@@ -1,0 +1,176 @@
+// LARA's mixture weights on CUDA (core/kernels.h; the CPU twin in core/cpu/lara_mixture.cpp,
+// same formulas and order of sums). Per (b, h), [N, C] blocks:
+//   forward   t = q~ qbar^T and l = q~ w^T (strided-batched GEMMs), t = softmax over n (the
+//             column softmax kernel), then one thread per row: a = self_w + beta (t - mean_c t),
+//             log u = log max(a, floor) + l - |q~|^2/2 + bias, mix = softmax_c(log u)
+//   backward  one thread per row: dlu = mix (g - rowsum(g mix)), dt = beta (dalpha - mean_c dalpha)
+//             one column per thread group (the column-reduction skeleton): dbias = colsum(dlu),
+//             dself_w = colsum(dalpha), ds = t (dt - colsum(dt t))
+//             GEMMs: dq~ = dlu w + ds qbar - rowsum(dlu) q~, dw = dlu^T q~, dqbar = ds^T q~
+// Every sum is a GEMM's, one thread's loop or a fixed tree: the same bits every run.
+#include "core/kernels.h"
+#include "cuda/common.cuh"
+
+namespace linea::cuda {
+
+using namespace detail;
+
+namespace {
+
+struct MixDims {
+  int64_t BH, N, C, D;
+};
+
+// t (already the column softmax), l (in mix) -> a and mix, one thread per (bh, n) row.
+template <typename T>
+__global__ void mixture_rows_kernel(const T* q, const T* self_w, const T* bias, const T* t, MixDims d, T beta, T floor,
+                                    T* a, T* mix) {
+  const int64_t rows = d.BH * d.N;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bh = r / d.N;
+    const T* tn = t + r * d.C;
+    const T* sw = self_w + bh * d.C;
+    const T* bb = bias + bh * d.C;
+    T* an = a + r * d.C;
+    T* mn = mix + r * d.C;  // holds l = q~ w^T on entry
+    T mean = 0;
+    for (int64_t c = 0; c < d.C; ++c) mean += tn[c];
+    mean /= static_cast<T>(d.C);
+    T half = 0;
+    for (int64_t j = 0; j < d.D; ++j) half += q[r * d.D + j] * q[r * d.D + j];
+    half *= T(0.5);
+    T mx = neg_inf<T>();
+    for (int64_t c = 0; c < d.C; ++c) {
+      an[c] = sw[c] + beta * (tn[c] - mean);
+      mn[c] = d_log(an[c] > floor ? an[c] : floor) + mn[c] - half + bb[c];
+      mx = mn[c] > mx ? mn[c] : mx;
+    }
+    T sum = 0;
+    for (int64_t c = 0; c < d.C; ++c) sum += (mn[c] = d_exp(mn[c] - mx));
+    for (int64_t c = 0; c < d.C; ++c) mn[c] /= sum;
+  }
+}
+
+// dlu, rowsum(dlu) and dt (into ds) from g, mix and a, one thread per (bh, n) row.
+template <typename T>
+__global__ void mixture_grad_rows_kernel(const T* mix, const T* a, const T* g, MixDims d, T beta, T floor, T* lu,
+                                         T* rowsum, T* ds) {
+  const int64_t rows = d.BH * d.N;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const T *mn = mix + r * d.C, *gn = g + r * d.C, *an = a + r * d.C;
+    T* ln = lu + r * d.C;
+    T* dn = ds + r * d.C;
+    T dot = 0;
+    for (int64_t c = 0; c < d.C; ++c) dot += gn[c] * mn[c];
+    T rsum = 0, dmean = 0;
+    for (int64_t c = 0; c < d.C; ++c) {
+      ln[c] = mn[c] * (gn[c] - dot);
+      rsum += ln[c];
+      dn[c] = an[c] < floor ? T(0) : ln[c] / an[c];  // dalpha for now
+      dmean += dn[c];
+    }
+    rowsum[r] = rsum;
+    dmean /= static_cast<T>(d.C);
+    for (int64_t c = 0; c < d.C; ++c) dn[c] = beta * (dn[c] - dmean);
+  }
+}
+
+// Per column (bh, c) over n: dbias = sum dlu, dself_w = sum dalpha, then ds = t (dt - sum dt t)
+// in place of dt. [BH, N, C] as [outer, r, inner] of the column skeleton.
+template <typename T>
+__global__ void mixture_grad_columns_kernel(const T* lu, const T* a, const T* t, MixDims d, T floor, T* ds, T* dbias,
+                                            T* dself_w) {
+  T* sh = shared_mem<T>();
+  const int64_t columns = d.BH * d.C;
+  for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
+    const Column col = column_at(cb, columns, d.N, d.C);
+    T sb = 0, sw = 0, st = 0;
+    if (col.active)
+      for (int64_t k = threadIdx.y; k < d.N; k += blockDim.y) {
+        const int64_t e = col.base + k * d.C;
+        sb += lu[e];
+        sw += a[e] < floor ? T(0) : lu[e] / a[e];
+        st += ds[e] * t[e];
+      }
+    sb = tree_reduce_y(sb, SumOp(), sh);
+    sw = tree_reduce_y(sw, SumOp(), sh);
+    st = tree_reduce_y(st, SumOp(), sh);
+    if (!col.active) continue;
+    if (threadIdx.y == 0) {
+      dbias[col.c] = sb;
+      dself_w[col.c] = sw;
+    }
+    for (int64_t k = threadIdx.y; k < d.N; k += blockDim.y) {
+      const int64_t e = col.base + k * d.C;
+      ds[e] = t[e] * (ds[e] - st);
+    }
+  }
+}
+
+// dq[r, :] -= rowsum[r] q[r, :]
+template <typename T> __global__ void subtract_rows_kernel(const T* q, const T* rowsum, MixDims d, T* dq) {
+  const int64_t total = d.BH * d.N * d.D;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dq[i] -= rowsum[i / d.D] * q[i];
+}
+
+MixDims dims_of(const Tensor& q, const Tensor& qbar) {
+  return {q.size(0) * q.size(1), q.size(2), qbar.size(2), q.size(3)};
+}
+
+}  // namespace
+
+void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
+                          const Tensor& bias, double beta, double floor, const Tensor& mix, const Tensor& t,
+                          const Tensor& a) {
+  const MixDims d = dims_of(q, qbar);
+  LINEA_DISPATCH_FLOAT(q.dtype(), "lara_mixture", [&] {
+    using T = scalar_t;
+    // t [N, C] = q~ [N, D] qbar^T, l [N, C] = q~ w^T (into mix)
+    gemm_strided<T>(cptr<T>(q), false, d.D, d.N * d.D, cptr<T>(qbar), true, d.D, d.C * d.D, ptr<T>(t), d.C, d.N * d.C,
+                    d.N, d.C, d.D, d.BH, 1.0);
+    gemm_strided<T>(cptr<T>(q), false, d.D, d.N * d.D, cptr<T>(w), true, d.D, d.C * d.D, ptr<T>(mix), d.C, d.N * d.C,
+                    d.N, d.C, d.D, d.BH, 1.0);
+    softmax(t, t, d.BH, d.N, d.C, /*log=*/false);  // over n: [BH, N, C] with r = N
+    mixture_rows_kernel<T><<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(
+        cptr<T>(q), cptr<T>(self_w), cptr<T>(bias), cptr<T>(t), d, static_cast<T>(beta), static_cast<T>(floor),
+        ptr<T>(a), ptr<T>(mix));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t,
+                           const Tensor& a, const Tensor& dmix, double beta, double floor, const Tensor& dq,
+                           const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w, const Tensor& dbias) {
+  const MixDims d = dims_of(q, qbar);
+  LINEA_DISPATCH_FLOAT(q.dtype(), "lara_mixture_backward", [&] {
+    using T = scalar_t;
+    const T fl = static_cast<T>(floor);
+    DeviceScratch<T> lu(d.BH * d.N * d.C), ds(d.BH * d.N * d.C), rowsum(d.BH * d.N);
+    mixture_grad_rows_kernel<T><<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(
+        cptr<T>(mix), cptr<T>(a), cptr<T>(dmix), d, static_cast<T>(beta), fl, lu.p, rowsum.p, ds.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    const dim3 block = column_block(d.N, d.C);
+    mixture_grad_columns_kernel<T><<<column_grid(d.BH * d.C, block), block, sizeof(T) * kBlockSize, stream()>>>(
+        lu.p, cptr<T>(a), cptr<T>(t), d, fl, ds.p, ptr<T>(dbias), ptr<T>(dself_w));
+    LINEA_KERNEL_LAUNCH_CHECK();
+    // dq~ [N, D] = dlu [N, C] w [C, D] + ds qbar - rowsum q~
+    gemm_strided<T>(lu.p, false, d.C, d.N * d.C, cptr<T>(w), false, d.D, d.C * d.D, ptr<T>(dq), d.D, d.N * d.D, d.N,
+                    d.D, d.C, d.BH, 1.0);
+    gemm_strided<T>(ds.p, false, d.C, d.N * d.C, cptr<T>(qbar), false, d.D, d.C * d.D, ptr<T>(dq), d.D, d.N * d.D, d.N,
+                    d.D, d.C, d.BH, 1.0, 1.0);
+    subtract_rows_kernel<T>
+        <<<grid_for(d.BH * d.N * d.D), kBlockSize, 0, stream()>>>(cptr<T>(q), rowsum.p, d, ptr<T>(dq));
+    LINEA_KERNEL_LAUNCH_CHECK();
+    // dw [C, D] = dlu^T [C, N] q~ [N, D], dqbar = ds^T q~
+    gemm_strided<T>(lu.p, true, d.C, d.N * d.C, cptr<T>(q), false, d.D, d.N * d.D, ptr<T>(dw), d.D, d.C * d.D, d.C, d.D,
+                    d.N, d.BH, 1.0);
+    gemm_strided<T>(ds.p, true, d.C, d.N * d.C, cptr<T>(q), false, d.D, d.N * d.D, ptr<T>(dqbar), d.D, d.C * d.D, d.C,
+                    d.D, d.N, d.BH, 1.0);
+  });
+}
+
+}  // namespace linea::cuda

@@ -1,0 +1,284 @@
+// Toeplitz-modulated linear attention on CUDA (core/kernels.h; nprf_rpe's FFT path; the CPU
+// twin in core/cpu/toeplitz_attention.cpp has the derivation):
+//   y_n = sum_s phi_q_ns sum_m c_{m-n} phi_k_ms v_m
+// With g the circulant embedding of c over n >= N + M - 1 (g[t mod n] = c_t), the inner sum is
+// a cross-correlation, IDFT(X conj(G)) for x = phi_k[:, s] v[:, e]; its adjoint (to x) the
+// convolution IDFT(P G); the gradient of g the cross-correlation IDFT(conj(P) X).
+//
+// The work is items (b, h, e, s), one real transform of length n each (batched cuFFT R2C / C2R),
+// taken a chunk of whole groups (b, h, e) at a time so that memory stays O(chunk), bounded by
+// chunk_bytes() rather than the O(B H E S n) of every channel's spectrum at once. Sums over s and
+// over the channels e run in kernels in a fixed order (chunk by chunk, item by item): no
+// atomics, the same bits every run.
+#include <algorithm>
+#include <cstdlib>
+
+#include "core/kernels.h"
+#include "cuda/common.cuh"
+
+namespace linea::cuda {
+
+using namespace detail;
+
+namespace {
+
+// Scratch a chunk may use per buffer (items x n values): 64 MiB, or LINEA_TOEPLITZ_CHUNK_BYTES
+// (read at every call; the parity tests make chunks of one and two groups with it).
+int64_t chunk_bytes() {
+  const char* s = std::getenv("LINEA_TOEPLITZ_CHUNK_BYTES");
+  return s && std::atoll(s) > 0 ? std::atoll(s) : int64_t(64) << 20;
+}
+
+struct ToeplitzDims {
+  int64_t B, H, N, M, S, E, n;
+  bool c_per_batch;  // c [B*H, L] rather than [H, L]
+  __host__ __device__ int64_t nf() const { return n / 2 + 1; }
+  __host__ __device__ int64_t L() const { return N + M - 1; }
+  __host__ __device__ int64_t row_of(int64_t bh) const { return c_per_batch ? bh : bh % H; }
+  __host__ __device__ int64_t rows() const { return c_per_batch ? B * H : H; }
+};
+
+// A chunk: groups [g0, g1) of (bh, e) = (g / E, g % E), each with its S items (s fastest).
+struct Chunk {
+  int64_t g0, g1;
+  __host__ __device__ int64_t items(const ToeplitzDims& d) const { return (g1 - g0) * d.S; }
+  // The heads bh the chunk touches, [head0, head1), and head bh's groups in it, [first, last).
+  __host__ __device__ int64_t head0(const ToeplitzDims& d) const { return g0 / d.E; }
+  __host__ __device__ int64_t head1(const ToeplitzDims& d) const { return (g1 - 1) / d.E + 1; }
+  __device__ int64_t first(const ToeplitzDims& d, int64_t bh) const { return bh * d.E > g0 ? bh * d.E : g0; }
+  __device__ int64_t last(const ToeplitzDims& d, int64_t bh) const { return (bh + 1) * d.E < g1 ? (bh + 1) * d.E : g1; }
+};
+
+// Groups per chunk: as many as fit in chunk_bytes() per buffer, at least one.
+template <typename T> int64_t groups_per_chunk(const ToeplitzDims& d) {
+  const int64_t per_group = d.S * 2 * d.nf() * static_cast<int64_t>(sizeof(T));
+  return std::max<int64_t>(1, std::min<int64_t>(d.B * d.H * d.E, chunk_bytes() / per_group));
+}
+
+#define LINEA_GRID_LOOP(i, total)                                                            \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (total); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// g of every row of c, real [rows, n]: c_0..c_{M-1} at 0..M-1, c_{-t} at n - t, zeros between.
+template <typename T> __global__ void embed_kernel(const T* c, ToeplitzDims d, T* g) {
+  LINEA_GRID_LOOP(i, d.rows() * d.n) {
+    const int64_t r = i / d.n, t = i % d.n;
+    const T* cr = c + r * d.L();
+    T v = T(0);
+    if (t < d.M)
+      v = cr[d.N - 1 + t];
+    else if (t > d.n - d.N)
+      v = cr[d.N - 1 - (d.n - t)];
+    g[i] = v;
+  }
+}
+
+// u [items, n] = w[:, s] x[:, e] over `len` rows (w [BH, len, S], x [BH, len, E]), zeros past len.
+template <typename T>
+__global__ void weighted_rows_kernel(const T* w, const T* x, int64_t len, ToeplitzDims d, Chunk ch, T* u) {
+  LINEA_GRID_LOOP(i, ch.items(d) * d.n) {
+    const int64_t item = i / d.n, t = i % d.n;
+    const int64_t g = ch.g0 + item / d.S, s = item % d.S, bh = g / d.E, e = g % d.E;
+    u[i] = t < len ? w[(bh * len + t) * d.S + s] * x[(bh * len + t) * d.E + e] : T(0);
+  }
+}
+
+// dst [items, nf] = src * (conj ? conj(G) : G) / n for G the item's row of spec [rows, nf]
+// (complex interleaved); the imaginary parts of bin 0 and (n even) bin n/2 set to 0 for C2R.
+template <typename T>
+__global__ void filter_kernel(const T* src, const T* spec, ToeplitzDims d, Chunk ch, bool conj, T* dst) {
+  const int64_t nf = d.nf();
+  const T inv_n = T(1) / static_cast<T>(d.n), sign = conj ? T(-1) : T(1);
+  LINEA_GRID_LOOP(i, ch.items(d) * nf) {
+    const int64_t item = i / nf, k = i % nf;
+    const int64_t bh = (ch.g0 + item / d.S) / d.E;
+    const T* G = spec + 2 * (d.row_of(bh) * nf + k);
+    const T gr = G[0] * inv_n, gi = sign * G[1] * inv_n, xr = src[2 * i], xi = src[2 * i + 1];
+    const bool real_bin = k == 0 || (d.n % 2 == 0 && k == d.n / 2);
+    dst[2 * i] = xr * gr - xi * gi;
+    dst[2 * i + 1] = real_bin ? T(0) : xr * gi + xi * gr;
+  }
+}
+
+// out[bh, i, e] = sum_s w[bh, i, s] y[(g, s), i] for i < len, one thread per (g, i): the forward's
+// output (w = phi_q, len N) and the backward's dv (w = phi_k, len M).
+template <typename T>
+__global__ void contract_features_kernel(const T* w, const T* y, int64_t len, ToeplitzDims d, Chunk ch, T* out) {
+  LINEA_GRID_LOOP(j, (ch.g1 - ch.g0) * len) {
+    const int64_t gi = j / len, i = j % len, g = ch.g0 + gi, bh = g / d.E, e = g % d.E;
+    const T* wr = w + (bh * len + i) * d.S;
+    const T* yg = y + gi * d.S * d.n + i;
+    T acc = T(0);
+    for (int64_t s = 0; s < d.S; ++s) acc += wr[s] * yg[s * d.n];
+    out[(bh * len + i) * d.E + e] = acc;
+  }
+}
+
+// dw[bh, i, s] += sum_e x[bh, i, e] y[(g, s), i] over the chunk's groups of bh, one thread per
+// (bh, i, s) of the chunk's heads (dphi_q: x = dy, len N; dphi_k: x = v, len M).
+template <typename T>
+__global__ void accumulate_features_kernel(const T* x, const T* y, int64_t len, ToeplitzDims d, Chunk ch, T* dw) {
+  LINEA_GRID_LOOP(j, (ch.head1(d) - ch.head0(d)) * len * d.S) {
+    const int64_t bh = ch.head0(d) + j / (len * d.S), i = (j / d.S) % len, s = j % d.S;
+    T acc = T(0);
+    for (int64_t g = ch.first(d, bh); g < ch.last(d, bh); ++g)
+      acc += x[(bh * len + i) * d.E + g - bh * d.E] * y[((g - ch.g0) * d.S + s) * d.n + i];
+    dw[(bh * len + i) * d.S + s] += acc;
+  }
+}
+
+// dG[bh, k] += sum over the chunk's items of bh of conj(P_k) X_k, one thread per (bh, k).
+template <typename T>
+__global__ void accumulate_spectrum_kernel(const T* P, const T* X, ToeplitzDims d, Chunk ch, T* dG) {
+  const int64_t nf = d.nf();
+  LINEA_GRID_LOOP(j, (ch.head1(d) - ch.head0(d)) * nf) {
+    const int64_t bh = ch.head0(d) + j / nf, k = j % nf;
+    const int64_t i0 = (ch.first(d, bh) - ch.g0) * d.S, i1 = (ch.last(d, bh) - ch.g0) * d.S;
+    T re = T(0), im = T(0);
+    for (int64_t item = i0; item < i1; ++item) {
+      const T* p = P + 2 * (item * nf + k);
+      const T* x = X + 2 * (item * nf + k);
+      re += p[0] * x[0] + p[1] * x[1];
+      im += p[0] * x[1] - p[1] * x[0];
+    }
+    dG[2 * (bh * nf + k)] += re;
+    dG[2 * (bh * nf + k) + 1] += im;
+  }
+}
+
+// dc's spectrum per row of c: dG summed over the batch when c is per head (b in order), the
+// imaginary parts of bin 0 and n/2 zeroed. spec [rows, nf].
+template <typename T> __global__ void row_spectrum_kernel(const T* dG, ToeplitzDims d, T* spec) {
+  const int64_t nf = d.nf();
+  LINEA_GRID_LOOP(j, d.rows() * nf) {
+    const int64_t r = j / nf, k = j % nf;
+    T re = T(0), im = T(0);
+    if (d.c_per_batch) {
+      re = dG[2 * j];
+      im = dG[2 * j + 1];
+    } else {
+      for (int64_t b = 0; b < d.B; ++b) {
+        re += dG[2 * ((b * d.H + r) * nf + k)];
+        im += dG[2 * ((b * d.H + r) * nf + k) + 1];
+      }
+    }
+    const bool real_bin = k == 0 || (d.n % 2 == 0 && k == d.n / 2);
+    spec[2 * j] = re;
+    spec[2 * j + 1] = real_bin ? T(0) : im;
+  }
+}
+
+// dc[r, t + N - 1] = dg[r, t mod n] / n for t = -(N-1)..M-1.
+template <typename T> __global__ void extract_kernel(const T* dg, ToeplitzDims d, T* dc) {
+  const T inv_n = T(1) / static_cast<T>(d.n);
+  LINEA_GRID_LOOP(j, d.rows() * d.L()) {
+    const int64_t r = j / d.L(), t = j % d.L() - (d.N - 1);
+    dc[j] = dg[r * d.n + (t >= 0 ? t : d.n + t)] * inv_n;
+  }
+}
+
+#undef LINEA_GRID_LOOP
+
+ToeplitzDims dims_of(const Tensor& c, const Tensor& pq, const Tensor& pk, const Tensor& v, int64_t fft_len) {
+  return {pq.size(0), pq.size(1), pq.size(2), pk.size(2), pq.size(3), v.size(3), fft_len, c.dim() == 3};
+}
+
+// The spectrum of every row of c's embedding, [rows, nf] complex (unnormalized).
+template <typename T> void c_spectrum(const T* c, const ToeplitzDims& d, T* spec) {
+  DeviceScratch<T> g(d.rows() * d.n);
+  embed_kernel<T><<<grid_for(d.rows() * d.n), kBlockSize, 0, stream()>>>(c, d, g.p);
+  LINEA_KERNEL_LAUNCH_CHECK();
+  rfft_rows<T>(g.p, spec, d.rows(), d.n);
+}
+
+// The chunks of groups, in order.
+template <typename T, typename F> void for_each_chunk(const ToeplitzDims& d, F&& f) {
+  const int64_t groups = d.B * d.H * d.E, per = groups_per_chunk<T>(d);
+  for (int64_t g0 = 0; g0 < groups; g0 += per) f(Chunk{g0, std::min(groups, g0 + per)});
+}
+
+}  // namespace
+
+void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                                int64_t fft_len, const Tensor& y) {
+  const ToeplitzDims d = dims_of(c, phi_q, phi_k, v, fft_len);
+  LINEA_DISPATCH_FLOAT(v.dtype(), "toeplitz_attention", [&] {
+    using T = scalar_t;
+    const int64_t nf = d.nf(), per = groups_per_chunk<T>(d) * d.S;
+    DeviceScratch<T> spec(d.rows() * 2 * nf), u(per * d.n), X(per * 2 * nf);
+    c_spectrum<T>(cptr<T>(c), d, spec.p);
+    for_each_chunk<T>(d, [&](const Chunk& ch) {
+      const int64_t items = ch.items(d);
+      // y_s = IDFT(X conj(G)) for x = phi_k[:, s] v[:, e]; out = sum_s phi_q[:, s] y_s
+      weighted_rows_kernel<T>
+          <<<grid_for(items * d.n), kBlockSize, 0, stream()>>>(cptr<T>(phi_k), cptr<T>(v), d.M, d, ch, u.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      rfft_rows<T>(u.p, X.p, items, d.n);
+      filter_kernel<T><<<grid_for(items * nf), kBlockSize, 0, stream()>>>(X.p, spec.p, d, ch, /*conj=*/true, X.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      irfft_rows<T>(X.p, u.p, items, d.n);
+      contract_features_kernel<T>
+          <<<grid_for((ch.g1 - ch.g0) * d.N), kBlockSize, 0, stream()>>>(cptr<T>(phi_q), u.p, d.N, d, ch, ptr<T>(y));
+      LINEA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+}
+
+void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                                 const Tensor& dy, int64_t fft_len, const Tensor& dc, const Tensor& dphi_q,
+                                 const Tensor& dphi_k, const Tensor& dv) {
+  const ToeplitzDims d = dims_of(c, phi_q, phi_k, v, fft_len);
+  LINEA_DISPATCH_FLOAT(v.dtype(), "toeplitz_attention_backward", [&] {
+    using T = scalar_t;
+    const int64_t nf = d.nf(), per = groups_per_chunk<T>(d) * d.S;
+    DeviceScratch<T> spec(d.rows() * 2 * nf), dG(d.B * d.H * 2 * nf), u(per * d.n), X(per * 2 * nf), P(per * 2 * nf),
+        W(per * 2 * nf);
+    c_spectrum<T>(cptr<T>(c), d, spec.p);
+    fill(dphi_q, 0.0);
+    fill(dphi_k, 0.0);
+    count_work(counter_cells().device_copies);
+    LINEA_CUDA_CHECK(cudaMemsetAsync(dG.p, 0, sizeof(T) * static_cast<size_t>(d.B * d.H * 2 * nf), stream()));
+    for_each_chunk<T>(d, [&](const Chunk& ch) {
+      const int64_t items = ch.items(d), groups = ch.g1 - ch.g0;
+      // The forward's X and y_s again: dphi_q[:, s] += sum_e dy[:, e] y_s.
+      weighted_rows_kernel<T>
+          <<<grid_for(items * d.n), kBlockSize, 0, stream()>>>(cptr<T>(phi_k), cptr<T>(v), d.M, d, ch, u.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      rfft_rows<T>(u.p, X.p, items, d.n);
+      filter_kernel<T><<<grid_for(items * nf), kBlockSize, 0, stream()>>>(X.p, spec.p, d, ch, /*conj=*/true, W.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      irfft_rows<T>(W.p, u.p, items, d.n);
+      const int64_t bh_count = ch.head1(d) - ch.head0(d);
+      accumulate_features_kernel<T>
+          <<<grid_for(bh_count * d.N * d.S), kBlockSize, 0, stream()>>>(cptr<T>(dy), u.p, d.N, d, ch, ptr<T>(dphi_q));
+      LINEA_KERNEL_LAUNCH_CHECK();
+      // P = DFT(phi_q[:, s] dy[:, e]); dG += conj(P) X.
+      weighted_rows_kernel<T>
+          <<<grid_for(items * d.n), kBlockSize, 0, stream()>>>(cptr<T>(phi_q), cptr<T>(dy), d.N, d, ch, u.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      rfft_rows<T>(u.p, P.p, items, d.n);
+      accumulate_spectrum_kernel<T><<<grid_for(bh_count * nf), kBlockSize, 0, stream()>>>(P.p, X.p, d, ch, dG.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      // z_s = IDFT(P G), the gradient of phi_k[:, s] v[:, e]: dphi_k[:, s] += sum_e v[:, e] z_s,
+      // dv[:, e] = sum_s phi_k[:, s] z_s.
+      filter_kernel<T><<<grid_for(items * nf), kBlockSize, 0, stream()>>>(P.p, spec.p, d, ch, /*conj=*/false, W.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      irfft_rows<T>(W.p, u.p, items, d.n);
+      accumulate_features_kernel<T>
+          <<<grid_for(bh_count * d.M * d.S), kBlockSize, 0, stream()>>>(cptr<T>(v), u.p, d.M, d, ch, ptr<T>(dphi_k));
+      LINEA_KERNEL_LAUNCH_CHECK();
+      contract_features_kernel<T>
+          <<<grid_for(groups * d.M), kBlockSize, 0, stream()>>>(cptr<T>(phi_k), u.p, d.M, d, ch, ptr<T>(dv));
+      LINEA_KERNEL_LAUNCH_CHECK();
+    });
+    // dc = IDFT(dG) / n per row of c, read at the offsets t = -(N-1)..M-1.
+    row_spectrum_kernel<T><<<grid_for(d.rows() * nf), kBlockSize, 0, stream()>>>(dG.p, d, spec.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    DeviceScratch<T> g(d.rows() * d.n);
+    irfft_rows<T>(spec.p, g.p, d.rows(), d.n);
+    extract_kernel<T><<<grid_for(d.rows() * d.L()), kBlockSize, 0, stream()>>>(g.p, d, ptr<T>(dc));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace linea::cuda
