@@ -235,26 +235,56 @@ __device__ __forceinline__ void probs_and_dscores(const T* qs, const T* ks, cons
     }
 }
 
+// The backward kernels' shared memory: a query tile (q, dout, each row's lse and delta), a key
+// tile (k, v) and the tile pair's p and ds [B, B + 1].
+template <typename T, int DM, int B> struct BackwardTiles {
+  T *qs, *dos, *ks, *vs, *ps, *dss, *row_lse, *row_delta;
+  __device__ BackwardTiles() {
+    qs = shared_mem<T>();
+    dos = qs + B * DM;
+    ks = dos + B * DM;
+    vs = ks + B * DM;
+    ps = vs + B * DM;
+    dss = ps + B * (B + 1);
+    row_lse = dss + B * (B + 1);
+    row_delta = row_lse + B;
+  }
+  // Query rows [n0, n0 + B) of head bh (past N: lse -inf, delta 0, zero rows).
+  __device__ void load_queries(const T* q, const T* dout, const T* lse, const T* delta, const SdpaShape& s,
+                               int64_t bh, int64_t n0) {
+    load_tile<T, DM>(qs, q + bh * s.N * s.D, n0, B, s.N, s.D);
+    load_tile<T, DM>(dos, dout + bh * s.N * s.E, n0, B, s.N, s.E);
+    for (int r = threadIdx.x; r < B; r += kThreads) {
+      const bool in = n0 + r < s.N;
+      row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<T>();
+      row_delta[r] = in ? delta[bh * s.N + n0 + r] : T(0);
+    }
+  }
+  // Key rows [m0, m0 + B) of head bh.
+  __device__ void load_keys(const T* k, const T* v, const SdpaShape& s, int64_t bh, int64_t m0) {
+    load_tile<T, DM>(ks, k + bh * s.M * s.D, m0, B, s.M, s.D);
+    load_tile<T, DM>(vs, v + bh * s.M * s.E, m0, B, s.M, s.E);
+  }
+  // p and ds of the loaded tiles (probs_and_dscores).
+  __device__ void scores(T scale, const SdpaShape& s, const uint8_t* pad_b, const ExampleDropout<T>& drop, int64_t bh,
+                         int64_t heads, int64_t n0, int64_t m0, int ty, int tx) {
+    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, drop, bh, heads, n0, m0,
+                                ty, tx);
+  }
+};
+
 // dk, dv for BC = B keys: over the query tiles that may see them.
 template <typename T, int DM, int B>
 __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, const T* dout, const T* lse,
                                          const T* delta, const uint8_t* pad, T scale, SdpaShape s, int64_t heads,
                                          ExampleDropout<T> drop, const uint64_t* draw_base, T* dk, T* dv) {
   constexpr int TK = B / kRowThreads, TD = DM / kColThreads;
-  T* ks = shared_mem<T>();
-  T* vs = ks + B * DM;
-  T* qs = vs + B * DM;
-  T* dos = qs + B * DM;
-  T* ps = dos + B * DM;
-  T* dss = ps + B * (B + 1);
-  T* row_lse = dss + B * (B + 1);
-  T* row_delta = row_lse + B;
+  BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, m0 = static_cast<int64_t>(blockIdx.x) * B;
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  load_tile<T, DM>(ks, k + bh * s.M * s.D, m0, B, s.M, s.D);
-  load_tile<T, DM>(vs, v + bh * s.M * s.E, m0, B, s.M, s.E);
+  t.load_keys(k, v, s, bh, m0);
   T dk_acc[TK][TD], dv_acc[TK][TD];
 #pragma unroll
   for (int i = 0; i < TK; ++i)
@@ -264,19 +294,12 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
   const int64_t n_begin = s.causal && m0 > s.offset ? (m0 - s.offset) / B * B : int64_t{0};
   for (int64_t n0 = n_begin; n0 < s.N; n0 += B) {
     __syncthreads();
-    load_tile<T, DM>(qs, q + bh * s.N * s.D, n0, B, s.N, s.D);
-    load_tile<T, DM>(dos, dout + bh * s.N * s.E, n0, B, s.N, s.E);
-    for (int r = tid; r < B; r += kThreads) {
-      const bool in = n0 + r < s.N;
-      row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<T>();
-      row_delta[r] = in ? delta[bh * s.N + n0 + r] : T(0);
-    }
+    t.load_queries(q, dout, lse, delta, s, bh, n0);
     __syncthreads();
-    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, drop, bh, heads, n0, m0,
-                                ty, tx);
+    t.scores(scale, s, pad_b, drop, bh, heads, n0, m0, ty, tx);
     __syncthreads();
-    accumulate_patch_t<T, DM, TK, B, B>(ps, dos, dv_acc, ty, tx);  // dv += p^T dout
-    accumulate_patch_t<T, DM, TK, B, B>(dss, qs, dk_acc, ty, tx);  // dk += ds^T q (scaled below)
+    accumulate_patch_t<T, DM, TK, B, B>(t.ps, t.dos, dv_acc, ty, tx);  // dv += p^T dout
+    accumulate_patch_t<T, DM, TK, B, B>(t.dss, t.qs, dk_acc, ty, tx);  // dk += ds^T q (scaled below)
   }
 #pragma unroll
   for (int i = 0; i < TK; ++i) {
@@ -297,25 +320,12 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
                                         const uint8_t* pad, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
                                         const uint64_t* draw_base, T* dq) {
   constexpr int TR = B / kRowThreads, TD = DM / kColThreads;
-  T* qs = shared_mem<T>();
-  T* dos = qs + B * DM;
-  T* ks = dos + B * DM;
-  T* vs = ks + B * DM;
-  T* ps = vs + B * DM;
-  T* dss = ps + B * (B + 1);
-  T* row_lse = dss + B * (B + 1);
-  T* row_delta = row_lse + B;
+  BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * B;
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  load_tile<T, DM>(qs, q + bh * s.N * s.D, n0, B, s.N, s.D);
-  load_tile<T, DM>(dos, dout + bh * s.N * s.E, n0, B, s.N, s.E);
-  for (int r = tid; r < B; r += kThreads) {
-    const bool in = n0 + r < s.N;
-    row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<T>();
-    row_delta[r] = in ? delta[bh * s.N + n0 + r] : T(0);
-  }
+  t.load_queries(q, dout, lse, delta, s, bh, n0);
   T dq_acc[TR][TD];
 #pragma unroll
   for (int i = 0; i < TR; ++i)
@@ -324,13 +334,11 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
   const int64_t m_end = s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M;
   for (int64_t m0 = 0; m0 < m_end; m0 += B) {
     __syncthreads();
-    load_tile<T, DM>(ks, k + bh * s.M * s.D, m0, B, s.M, s.D);
-    load_tile<T, DM>(vs, v + bh * s.M * s.E, m0, B, s.M, s.E);
+    t.load_keys(k, v, s, bh, m0);
     __syncthreads();
-    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, drop, bh, heads, n0, m0,
-                                ty, tx);
+    t.scores(scale, s, pad_b, drop, bh, heads, n0, m0, ty, tx);
     __syncthreads();
-    accumulate_patch<T, DM, TR, B>(dss, ks, dq_acc, ty, tx);  // dq += ds k (scaled below)
+    accumulate_patch<T, DM, TR, B>(t.dss, t.ks, dq_acc, ty, tx);  // dq += ds k (scaled below)
   }
 #pragma unroll
   for (int i = 0; i < TR; ++i) {

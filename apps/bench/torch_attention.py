@@ -21,10 +21,19 @@ random features (no redraw on either side; the draw itself is not what is compar
 Timed work per case, on both sides: out = attention(q, k, v) with q, k, v [B, H, L, D] ~ N(0, 1)
 requiring grad, (out * g).sum(), backward; one warm-up, then the median of --repeats runs.
 
+On a GPU (--device cuda) both sides run there, each case's peak memory is measured too (Linea:
+its allocator's high-water mark; PyTorch: torch.cuda.max_memory_allocated, both less what was
+live before) and printed as a ratio, and PyTorch's softmax is its fused SDPA
+(F.scaled_dot_product_attention). --sdpa (the default on cuda) adds SDPA's time in float32 and in
+bfloat16 at every length as the reference the other mechanisms are held to. A case that runs out
+of memory is n/a. --dims runs every length at several head dims.
+
 Usage:
   apps/bench/torch_attention.py [--linea build/release/apps/bench/attention-scaling]
-      [--lengths 1024,2048,4096,8192] [--specs softmax,performer,lara,nprf_rpe] [--features 16]
-      [--batch 1] [--heads 2] [--dim 64] [--threads 2] [--repeats 5] [--json FILE]
+      [--device cpu|cuda] [--lengths 1024,2048,4096,8192] [--specs softmax,performer,lara,nprf_rpe]
+      [--features 16] [--batch 1] [--heads 2] [--dims 64] [--threads 2] [--repeats 5] [--sdpa]
+      [--json FILE]
+(--linea may be a command with arguments, e.g. a carried bundle's "run.sh bin/attention-scaling".)
 """
 
 import argparse
@@ -32,6 +41,7 @@ import json
 import math
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -48,7 +58,9 @@ def parse_args():
     p.add_argument("--features", type=int, default=16, help="random features (performer, nprf_rpe) or samples (lara, ra)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--dims", "--dim", default="64", help="head dims D (= Dv), comma-separated")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--sdpa", action="store_true", help="also time PyTorch's SDPA in float32 and bfloat16 (on cuda: always)")
     p.add_argument("--threads", type=int, default=2, help="threads for both (OpenMP/OpenBLAS and torch)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -73,8 +85,11 @@ def linea_spec(name, S, L):
 
 # ---- PyTorch-eager formulas ------------------------------------------------------------------
 
-def make_torch_mechanisms(torch, H, D, S, L, gen):
+def make_torch_mechanisms(torch, H, D, S, L, gen, dev):
+    """The formulas with their fixed tables drawn from gen (CPU) and moved to dev; per-call draws
+    (lara's noise, ra's samples) from a generator on dev."""
     F = torch.nn.functional
+    dgen = torch.Generator(device=dev).manual_seed(int(torch.randint(1 << 30, (1,), generator=gen)))
 
     def orthogonal_gaussian():
         # blocks of D orthonormal rows (QR of a Gaussian), each row scaled by a chi(D) length
@@ -87,9 +102,11 @@ def make_torch_mechanisms(torch, H, D, S, L, gen):
                 blocks.append(q.T[:n] * torch.randn(n, D, generator=gen, dtype=torch.float64).norm(dim=1, keepdim=True))
                 left -= n
             rows.append(torch.cat(blocks))
-        return torch.stack(rows).float()  # [H, S, D]
+        return torch.stack(rows).float().to(dev)  # [H, S, D]
 
     def softmax(q, k, v):
+        if dev != "cpu":  # PyTorch's fused kernel: what a GPU user runs
+            return F.scaled_dot_product_attention(q, k, v)
         return torch.softmax((q / math.sqrt(D)) @ k.transpose(-2, -1), -1) @ v
 
     omega_p = orthogonal_gaussian()
@@ -116,14 +133,14 @@ def make_torch_mechanisms(torch, H, D, S, L, gen):
     for c, n in enumerate(sizes):
         member[c, start:start + n] = 1.0
         start += n
-    avg = member / member.sum(-1, keepdim=True)
+    avg = (member / member.sum(-1, keepdim=True)).to(dev)
 
     def lara(q, k, v):
         B = q.shape[0]
         qs, ks = q * D ** -0.25, k * D ** -0.25
         qbar, kbar = avg @ qs, avg @ ks
         mu = qbar + kbar
-        w = mu + torch.randn(B, H, C, D, generator=gen)
+        w = mu + torch.randn(B, H, C, D, generator=dgen, device=dev)
         l = log_xi(w, mu)
         l_diag = (w * mu).sum(-1) - 0.5 * (mu * mu).sum(-1)
         self_w = torch.exp(l_diag - torch.logsumexp(l, -1)).unsqueeze(2)
@@ -141,14 +158,14 @@ def make_torch_mechanisms(torch, H, D, S, L, gen):
         qs, ks = q * D ** -0.25, k * D ** -0.25
         pi = torch.softmax(qs @ ks.transpose(-2, -1), -1)
         with torch.no_grad():
-            index = torch.multinomial(pi.reshape(-1, M), S, replacement=True, generator=gen).reshape(B, H, N * S)
+            index = torch.multinomial(pi.reshape(-1, M), S, replacement=True, generator=dgen).reshape(B, H, N * S)
         k_sel = torch.gather(ks, 2, index.unsqueeze(-1).expand(B, H, N * S, D)).reshape(B, H, N, S, D)
-        w = qs.unsqueeze(3) + k_sel + torch.randn(B, H, N, S, D, generator=gen)
+        w = qs.unsqueeze(3) + k_sel + torch.randn(B, H, N, S, D, generator=dgen, device=dev)
         p = torch.softmax(log_xi(w.reshape(B, H, N * S, D), ks), -1)
         return p.reshape(B, H, N, S, M).mean(3) @ v
 
     omega_n = orthogonal_gaussian()
-    rpe = (0.1 * torch.randn(H, 2 * L - 1, generator=gen)).requires_grad_()
+    rpe = (0.1 * torch.randn(H, 2 * L - 1, generator=gen)).to(dev).requires_grad_()
     n_fft = fft_length(2 * L - 1)
 
     def nprf_rpe(q, k, v):
@@ -176,6 +193,11 @@ def make_torch_mechanisms(torch, H, D, S, L, gen):
     return {"softmax": softmax, "performer": performer, "lara": lara, "ra": ra, "nprf_rpe": nprf_rpe}
 
 
+def fmt(x, spec):
+    """x formatted, or n/a for a case that did not run (out of memory, refused)."""
+    return "n/a" if x is None else format(x, spec)
+
+
 def fft_length(n):
     """The smallest 5-smooth length >= n (Linea's fft_length)."""
     while True:
@@ -188,28 +210,48 @@ def fft_length(n):
         n += 1
 
 
-def time_torch(torch, fn, B, H, L, D, repeats, gen):
-    q, k, v = (torch.randn(B, H, L, D, generator=gen).requires_grad_() for _ in range(3))
-    g = torch.randn(B, H, L, D, generator=gen)
+def time_torch(torch, fn, B, H, L, D, repeats, gen, dev, dtype=None):
+    """Median ms of forward+backward and the peak memory it added (MB; None on the CPU), or
+    (None, [], None) when it runs out of memory."""
+    dtype = dtype or torch.float32
+    q, k, v = (torch.randn(B, H, L, D, generator=gen).to(dev, dtype).requires_grad_() for _ in range(3))
+    g = torch.randn(B, H, L, D, generator=gen).to(dev, dtype)
+    cuda = dev != "cpu"
 
     def step():
         q.grad = k.grad = v.grad = None
         (fn(q, k, v) * g).sum().backward()
 
-    step()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), times
+    try:
+        step()  # warm-up
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            live = torch.cuda.memory_allocated()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        mb = (torch.cuda.max_memory_allocated() - live) / 2**20 if cuda else None
+    except torch.cuda.OutOfMemoryError:
+        q = k = v = g = None
+        torch.cuda.empty_cache()
+        return None, [], None
+    q = k = v = g = None
+    if cuda:
+        torch.cuda.empty_cache()
+    return statistics.median(times), times, mb
 
 
-def time_linea(args, specs, L, repeats=None):
+def time_linea(args, specs, L, D, repeats=None):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "linea.json")
-        cmd = [args.linea, "--specs", ",".join(specs), "--lengths", str(L), "--batch", str(args.batch),
-               "--heads", str(args.heads), "--dim", str(args.dim), "--threads", str(args.threads),
+        cmd = shlex.split(args.linea) + [
+               "--specs", ",".join(specs), "--lengths", str(L), "--batch", str(args.batch), "--device", args.device,
+               "--heads", str(args.heads), "--dim", str(D), "--threads", str(args.threads),
                "--repeats", str(repeats or args.repeats), "--seed", str(args.seed), "--max-seconds", "1000", "--json", out]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
@@ -229,7 +271,9 @@ def same_blas_kernels(args):
     kept for both."""
     if "OPENBLAS_CORETYPE" in os.environ:
         return
-    probe, _ = time_linea(args, ["softmax"], 16, repeats=3)
+    if args.device != "cpu":
+        return
+    probe, _ = time_linea(args, ["softmax"], 16, 16, repeats=3)
     m = re.search(r"(\w+) kernels\)", probe["softmax"]["device"])
     if m:
         os.environ["OPENBLAS_CORETYPE"] = m.group(1)
@@ -253,54 +297,87 @@ def torch_blas_kernels():
 
 def main():
     args = parse_args()
-    if not os.access(args.linea, os.X_OK):
+    if not os.access(shlex.split(args.linea)[0], os.X_OK):
         raise SystemExit(f"torch_attention.py: {args.linea} not found; build it first (cmake --build build/release)")
     same_blas_kernels(args)
     try:
         import torch
     except ImportError:
         raise SystemExit("torch_attention.py: needs PyTorch (Debian: apt-get install python3-torch)")
-    torch_kernels = torch_blas_kernels()
+    torch_kernels = torch_blas_kernels() if args.device == "cpu" else "-"
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
+    dev = args.device
+    if dev == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("torch_attention.py: --device cuda, but this PyTorch sees no GPU")
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 on both sides
+        torch.backends.cudnn.allow_tf32 = False
+    sdpa = args.sdpa or dev == "cuda"
+    if sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        raise SystemExit(f"torch_attention.py: SDPA (--sdpa, --device cuda) needs PyTorch 2.0 or later, "
+                         f"this is {torch.__version__}")
     names = [s for s in args.specs.split(",") if s]
     lengths = [int(x) for x in args.lengths.split(",") if x]
-    S, B, H, D = args.features, args.batch, args.heads, args.dim
+    dims = [int(x) for x in args.dims.split(",") if x]
+    S, B, H = args.features, args.batch, args.heads
+    cols = names + (["SDPA fp32", "SDPA bf16"] if sdpa else [])
 
     results, device = [], "?"
     with open(args.json, "w") as js:
-        for L in lengths:
-            specs = [linea_spec(n, S, L) for n in names]
-            linea, device = time_linea(args, specs, L)
-            gen = torch.Generator().manual_seed(args.seed)
-            mechs = make_torch_mechanisms(torch, H, D, S, L, gen)
-            for name, spec in zip(names, specs):
-                lr = linea[spec]
-                torch_ms, torch_times = time_torch(torch, mechs[name], B, H, L, D, args.repeats, gen)
-                ok = lr["status"] == "ok"
-                row = {"bench": "attention-vs-torch", "length": L, "mechanism": name, "linea_spec": spec,
-                       "linea_ms": lr.get("ms"), "linea_times_ms": lr.get("times_ms"), "linea_status": lr["status"],
-                       "torch_ms": torch_ms, "torch_times_ms": torch_times,
-                       "speedup": torch_ms / lr["ms"] if ok else None, "B": B, "H": H, "D": D, "S": S,
-                       "threads": args.threads, "linea_device": device, "torch": torch.__version__,
-                       "torch_blas_kernels": torch_kernels}
-                results.append(row)
-                js.write(json.dumps(row) + "\n")
-                js.flush()
-                print(f"  L={L:<6} {name:<10} Linea {lr.get('ms', float('nan')):9.2f} ms   "
-                      f"PyTorch {torch_ms:9.2f} ms   {row['speedup'] or float('nan'):.2f}x", flush=True)
+        for D in dims:
+            for L in lengths:
+                specs = [linea_spec(n, S, L) for n in names]
+                linea, device = time_linea(args, specs, L, D)
+                gen = torch.Generator().manual_seed(args.seed)
+                mechs = make_torch_mechanisms(torch, H, D, S, L, gen, dev)
+                cases = [(n, sp, mechs[n], None) for n, sp in zip(names, specs)]
+                if sdpa:
+                    f = torch.nn.functional.scaled_dot_product_attention
+                    cases += [("SDPA fp32", None, f, torch.float32), ("SDPA bf16", None, f, torch.bfloat16)]
+                for name, spec, fn, dtype in cases:
+                    lr = linea[spec] if spec else {}
+                    torch_ms, torch_times, torch_mb = time_torch(torch, fn, B, H, L, D, args.repeats, gen, dev, dtype)
+                    ok = lr.get("status") == "ok"
+                    row = {"bench": "attention-vs-torch", "length": L, "mechanism": name, "linea_spec": spec,
+                           "linea_ms": lr.get("ms"), "linea_times_ms": lr.get("times_ms"),
+                           "linea_status": lr.get("status"), "linea_peak_mb": lr.get("peak_mb"),
+                           "torch_ms": torch_ms, "torch_times_ms": torch_times, "torch_peak_mb": torch_mb,
+                           "speedup": torch_ms / lr["ms"] if ok and torch_ms else None,
+                           "memory_ratio": lr["peak_mb"] / torch_mb if ok and torch_mb else None,
+                           "B": B, "H": H, "D": D, "S": S, "device": dev, "threads": args.threads,
+                           "linea_device": device, "torch": torch.__version__,
+                           "torch_device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+                           "torch_blas_kernels": torch_kernels}
+                    results.append(row)
+                    js.write(json.dumps(row) + "\n")
+                    js.flush()
+                    lm = lr.get("ms") if ok else None
+                    mem = f"   memory {fmt(row['memory_ratio'], '.2f')}x" if dev == "cuda" else ""
+                    print(f"  D={D:<4} L={L:<6} {name:<10} Linea {fmt(lm, '9.2f')} ms   PyTorch {fmt(torch_ms, '9.2f')} ms"
+                          f"   {fmt(row['speedup'], '.2f')}x{mem}", flush=True)
 
-    print(f"\nspeed-up of Linea over PyTorch {torch.__version__} eager (PyTorch time / Linea time), "
-          f"forward+backward, float32, B={B}, H={H}, D={D}, {S} features/samples, {args.threads} threads, "
-          f"median of {args.repeats}; Linea on {device}; PyTorch on OpenBLAS {torch_kernels} kernels\n")
-    print("| L | " + " | ".join(names) + " |")
-    print("|---|" + "---|" * len(names))
-    for L in lengths:
-        cells = []
-        for name in names:
-            r = next(r for r in results if r["length"] == L and r["mechanism"] == name)
-            cells.append(f"{r['speedup']:.2f}x" if r["speedup"] else "n/a")
-        print(f"| {L} | " + " | ".join(cells) + " |")
+    where = (f"on {torch.cuda.get_device_name()}" if dev == "cuda" else
+             f"{args.threads} threads; Linea on {device}; PyTorch on OpenBLAS {torch_kernels} kernels")
+    print(f"\nforward+backward, float32 (the SDPA bf16 column in bfloat16), B={B}, H={H}, {S} features/samples, "
+          f"median of {args.repeats}, {where}. Mechanism cells: Linea ms / PyTorch ms (speed-up of Linea"
+          + (", Linea's peak memory / PyTorch's)" if dev == "cuda" else ")") + "; SDPA cells: PyTorch ms\n")
+    for D in dims:
+        print(f"D = {D}\n")
+        print("| L | " + " | ".join(cols) + " |")
+        print("|---|" + "---|" * len(cols))
+        for L in lengths:
+            cells = []
+            for name in cols:
+                r = next(r for r in results if r["length"] == L and r["mechanism"] == name and r["D"] == D)
+                if r["linea_spec"] is None:
+                    cells.append(fmt(r["torch_ms"], ".3g"))
+                    continue
+                mem = f", {fmt(r['memory_ratio'], '.2f')}x mem" if dev == "cuda" else ""
+                cells.append(f"{fmt(r['linea_ms'] if r['linea_status'] == 'ok' else None, '.3g')} / "
+                             f"{fmt(r['torch_ms'], '.3g')} ({fmt(r['speedup'], '.2f')}x{mem})")
+            print(f"| {L} | " + " | ".join(cells) + " |")
+        print()
     print(f"\nwrote {args.json}")
 
 

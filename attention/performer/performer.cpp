@@ -214,35 +214,30 @@ Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tenso
   // v with a column of ones [B, H, M, Dv+1]: one product gives numerator and denominator.
   Tensor v1 = cat({v, ones({B, H, M, 1}, v.options())}, -1);
   // Chunks of T queries [c0, c0+T), at positions o+c0.. among the keys (o = query_offset): keys
-  // before o+c0 come through the carried state sum_m phi(k_m) [v_m, 1]^T [B, H, F, Dv+1]; the
-  // chunk's own keys [o+c0, o+c0+T) through the masked quadratic phi(q_c) phi(k_c)^T (lower
-  // triangle, diagonal included). Keys past the last query's position are never visible.
-  const int64_t o = opts.query_offset, T = std::min(chunk_, N), Mv = std::min(M, N + o);
-  const Tensor tri = chunk_triangle(T, q);  // [T, T]
-  std::vector<Tensor> outs;
-  Tensor state;
-  if (o > 0) {
-    const int64_t m0 = std::min(o, M);
-    state = matmul(transpose(narrow(phi_k, 2, 0, m0), -2, -1), narrow(v1, 2, 0, m0));
-  }
-  for (int64_t c0 = 0; c0 < N; c0 += T) {
-    const int64_t Tc = std::min(T, N - c0), k0 = c0 + o;
-    Tensor qc = narrow(phi_q, 2, c0, Tc);  // [B, H, Tc, F]
-    Tensor oc = state.defined() ? matmul(qc, state) : Tensor();
-    if (k0 < Mv) {
-      const int64_t Tk = std::min(k0 + Tc, Mv) - k0;
-      Tensor kc = narrow(phi_k, 2, k0, Tk), vc = narrow(v1, 2, k0, Tk);  // [B, H, Tk, F], [B, H, Tk, Dv+1]
-      Tensor a = matmul(qc, transpose(kc, -2, -1)) * narrow(narrow(tri, 0, 0, Tc), 1, 0, Tk);
-      Tensor intra = matmul(a, vc);  // [B, H, Tc, Dv+1]
-      oc = oc.defined() ? oc + intra : intra;
-      if (c0 + Tc < N) {
-        Tensor kv = matmul(transpose(kc, -2, -1), vc);  // [B, H, F, Dv+1]
-        state = state.defined() ? state + kv : kv;
-      }
-    }
-    outs.push_back(oc);
-  }
-  return ratio(outs.size() == 1 ? outs[0] : cat(outs, 2), Dv);
+  // before o+c0 come through the chunk's state, the exclusive prefix sum over the earlier chunks
+  // of phi(k)^T [v, 1] [F, Dv+1] (plus the keys before o); the chunk's own keys [o+c0, o+c0+T)
+  // through the masked quadratic phi(q_c) phi(k_c)^T (lower triangle, diagonal included). Keys
+  // past the last query's position are never visible. All chunks at once: the aligned keys and
+  // the queries padded with zero rows to nc whole chunks (a zero key adds nothing, a padded
+  // query's row is dropped), a few batched products and one cumsum whatever N is.
+  const int64_t o = opts.query_offset, T = std::min(chunk_, N), nc = (N + T - 1) / T, F = phi_q.size(3);
+  const int64_t m0 = std::min(o, M), m1 = std::min(M, o + N);  // the keys at query positions
+  // rows [r0, r1) of x [B, H, L, C] as [B, H, nc, T, C], zero rows appended
+  const auto chunks = [&](const Tensor& x, int64_t r0, int64_t r1) {
+    const int64_t C = x.size(3);
+    if (r1 == r0) return zeros({B, H, nc, T, C}, x.options());
+    Tensor y = r1 - r0 < x.size(2) ? narrow(x, 2, r0, r1 - r0) : x;
+    if (r1 - r0 < nc * T) y = cat({y, zeros({B, H, nc * T - (r1 - r0), C}, x.options())}, 2);
+    return reshape(y, {B, H, nc, T, C});
+  };
+  const Tensor qc = chunks(phi_q, 0, N), kc = chunks(phi_k, m0, m1), vc = chunks(v1, m0, m1);
+  const Tensor kv = matmul(transpose(kc, -2, -1), vc);  // [B, H, nc, F, Dv+1]
+  Tensor state = zeros({B, H, 1, F, Dv + 1}, v.options());
+  if (nc > 1) state = cat({state, narrow(cumsum(kv, 2), 2, 0, nc - 1)}, 2);
+  if (m0 > 0) state = state + unsqueeze(matmul(transpose(narrow(phi_k, 2, 0, m0), -2, -1), narrow(v1, 2, 0, m0)), 2);
+  const Tensor intra = matmul(matmul(qc, transpose(kc, -2, -1)) * chunk_triangle(T, q), vc);
+  const Tensor out = reshape(matmul(qc, state) + intra, {B, H, nc * T, Dv + 1});  // [B, H, nc T, Dv+1]
+  return ratio(nc * T > N ? narrow(out, 2, 0, N) : out, Dv);
 }
 
 Tensor PerformerAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {

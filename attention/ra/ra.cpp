@@ -1,5 +1,6 @@
 // Randomized attention (see ra.h): the mixture sampling of the component indices (raw ops, no
-// graph) and the estimator itself, composed from differentiable ops batched over [B, H, N, S].
+// graph), the samples w_ns (biased RA's mixture mean through the fused softmax attention), and
+// the estimator composed from differentiable ops batched over [B, H, N, S].
 #include "attention/ra/ra.h"
 
 namespace linea::attn {
@@ -38,25 +39,26 @@ Tensor RandomizedAttention::draw_index(const Tensor& pi, int64_t S) {
   return minimum(count, last);
 }
 
-Tensor RandomizedAttention::weights(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who) {
+RandomizedAttention::Samples RandomizedAttention::draw(const Tensor& q, const Tensor& k, const AttentionOptions& opts,
+                                                       const char* who) {
   check_attention_inputs(who, q, k, k, opts);
   LINEA_CHECK(!opts.causal, "ra: causal attention is not supported (randomized attention is bidirectional)");
   LINEA_CHECK(is_floating(q.dtype()), who, ": expected float32/float64 inputs, got ", dtype_name(q.dtype()));
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), M = k.size(2), S = samples_;
-  Tensor pad = padded_keys(opts);         // Bool [B, 1, 1, M] (true = padded) or undefined
   Tensor qs = scaled(q), ks = scaled(k);  // q~ [B, H, N, D], k~ [B, H, M, D]
-  // pi_n = softmax_m(q~_n.k~_m), padded keys excluded: [B, H, N, M]
-  Tensor pi = masked_softmax(matmul(qs, transpose(ks, -2, -1)), pad, -1);
 
   // The component means of w_ns: [B, H, N, S, D] (unbiased) or [B, H, N, 1, D] (biased).
   Tensor centre;
   if (biased_) {
-    centre = unsqueeze(add(qs, matmul(pi, ks)), 3);  // q~_n + sum_m pi_nm k~_m
+    // q~_n + sum_m pi_nm k~_m, pi_n = softmax_m(q~_n.k~_m) over the unpadded keys: fused.
+    centre = unsqueeze(add(qs, scaled_dot_product_attention(qs, ks, ks, 1.0, false, 0, key_padding_bool(opts))), 3);
   } else {
     bool drew = false;
     Tensor index = sample("ra_index", {B, H, N, S}, q, [&] {
       drew = true;
-      return draw_index(pi.detach(), S);
+      // pi_n = softmax_m(q~_n.k~_m), padded keys excluded: [B, H, N, M], no gradient
+      const Tensor pi = masked_softmax(matmul(qs.detach(), transpose(ks.detach(), -2, -1)), padded_keys(opts), -1);
+      return draw_index(pi, S);
     });
     if (!drew) {  // explicit or frozen values: check them once here (a host sync, but not in training draws)
       LINEA_CHECK(index.dtype() == DType::Int64, "ra: sample 'ra_index' must be int64, got ",
@@ -77,21 +79,24 @@ Tensor RandomizedAttention::weights(const Tensor& q, const Tensor& k, const Atte
     Tensor eps = sample("eps", {B, H, N, S, D}, q, [&] { return normal_per_example({B, H, N, S, D}, 0.0, 1.0, q.options()); });
     w = add(centre, eps);
   }
-  const int64_t Sw = w.size(3);
+  return {w, ks};
+}
 
+Tensor RandomizedAttention::weights(const Samples& d, const AttentionOptions& opts) {
+  const int64_t B = d.w.size(0), H = d.w.size(1), N = d.w.size(2), Sw = d.w.size(3), D = d.w.size(4),
+                M = d.ks.size(2);
   // softmax_m(log xi(k~_m, w_ns)), padded keys excluded: [B, H, N*Sw, M] -> average over s.
-  Tensor logits = log_xi(reshape(w, {B, H, N * Sw, D}), ks);
-  Tensor p = masked_softmax(logits, pad, -1);
+  Tensor p = masked_softmax(log_xi(reshape(d.w, {B, H, N * Sw, D}), d.ks), padded_keys(opts), -1);
   return mean(reshape(p, {B, H, N, Sw, M}), {3});  // [B, H, N, M]
 }
 
 Tensor RandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   check_attention_inputs("ra", q, k, v, opts);
-  return matmul(weights(q, k, opts, "ra"), v);  // [B, H, N, M] @ [B, H, M, Dv]
+  return matmul(weights(draw(q, k, opts, "ra"), opts), v);  // [B, H, N, M] @ [B, H, M, Dv]
 }
 
 Tensor RandomizedAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
-  return weights(q, k, opts, "ra attention_matrix");
+  return weights(draw(q, k, opts, "ra attention_matrix"), opts);
 }
 
 std::shared_ptr<AttentionMechanism> make_ra(const AttentionSpec& spec, int64_t heads, int64_t head_dim) {

@@ -22,8 +22,12 @@
 // freeze_samples()/set_samples() make it deterministic.
 //
 // Cost O(S N M D) time, O(S N M) memory (it is an estimator of softmax attention, not a linear
-// one). Key padding supported; causal is not (error); cross-attention (M != N) is allowed since
-// every formula is per query.
+// one). Biased RA's mixture mean, softmax(q~ k~^T) k~, is the fused softmax attention; unbiased
+// RA's pi_n [B, H, N, M] exists only while the indices are drawn (no gradient: the inverse CDF
+// needs a whole row). The second pass, softmax_m(w_ns.k~_m - |k~_m|^2/2), is composed: the fused
+// kernel has no per-key bias, and carrying -|k~|^2/2 as one more dimension would push D = 128
+// past the CUDA kernel's head dims. Key padding supported; causal is not (error);
+// cross-attention (M != N) is allowed since every formula is per query.
 #pragma once
 
 #include <memory>
@@ -53,8 +57,14 @@ class RandomizedAttention : public AttentionMechanism {
   bool biased() const { return biased_; }
 
  private:
-  // The averaged attention weights [B, H, N, M]; `who` names the caller in errors.
-  Tensor weights(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who);
+  // The samples w_ns [B, H, N, Sw, D] (Sw = 1 for biased RA in eval) and k~ [B, H, M, D]; `who`
+  // names the caller in errors.
+  struct Samples {
+    Tensor w, ks;
+  };
+  Samples draw(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who);
+  // The averaged attention weights [B, H, N, M] of the samples.
+  static Tensor weights(const Samples& d, const AttentionOptions& opts);
   // m_ns ~ Cat(pi_n) for pi [B, H, N, M] (no graph) -> Int64 [B, H, N, S].
   static Tensor draw_index(const Tensor& pi, int64_t S);
 
