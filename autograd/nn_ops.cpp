@@ -320,10 +320,10 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 
 // ---- fused attention ----------------------------------------------------------------------------
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                                    int64_t query_offset, const Tensor& key_padding, bool keep_probs,
-                                    double dropout_p) {
+                                    int64_t query_offset, const Tensor& key_padding, bool keep_probs, double dropout_p,
+                                    const Tensor& key_bias) {
   const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
-  const bool grad = needs_grad({&q, &k, &v});
+  const bool grad = needs_grad({&q, &k, &v, &key_bias});
   LINEA_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "scaled_dot_product_attention: dropout_p must be in [0, 1), got ",
               dropout_p);
   // Dropout of the probabilities: a per-example draw, the backward drawing the same factors again.
@@ -336,14 +336,19 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   // The kernel reads contiguous q, k, v: copied here once (heads split off a [B, N, H*D]
   // projection are strided views) and kept so, so that the backward does not copy them again.
   const Tensor qc = raw::contiguous(q.detach()), kc = raw::contiguous(k.detach()), vc = raw::contiguous(v.detach());
+  const Tensor bc = key_bias.defined() ? raw::contiguous(key_bias.detach()) : Tensor();
   std::vector<Tensor> r =
-      raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, grad && keep_probs, drop);  // out, lse, probs
+      raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, grad && keep_probs, drop, bc);  // out, lse, probs
   if (!grad) return r[0];
-  return attach(r[0], "scaled_dot_product_attention", {q, k, v},
-                [qd = qc, kd = kc, vd = vc, out = r[0].detach(), lse = r[1], probs = r[2], scale, causal, query_offset,
-                 pad, drop](const Tensor& g) -> std::vector<Tensor> {
-                  return raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad, probs,
-                                            drop);
+  std::vector<Tensor> inputs = {q, k, v};
+  if (bc.defined()) inputs.push_back(key_bias);
+  return attach(r[0], "scaled_dot_product_attention", inputs,
+                [qd = qc, kd = kc, vd = vc, bd = bc, out = r[0].detach(), lse = r[1], probs = r[2], scale, causal,
+                 query_offset, pad, drop](const Tensor& g) -> std::vector<Tensor> {
+                  std::vector<Tensor> d =
+                      raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad, probs, drop, bd);
+                  if (!bd.defined()) d.pop_back();  // {dq, dk, dv}
+                  return d;
                 });
 }
 

@@ -202,9 +202,10 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 // dropout_p > 0 (pass 0 in evaluation, as PyTorch's): each probability is dropped with that
 // probability (the rest scaled by 1 / (1 - dropout_p)) before the product with v, from a
 // per-example draw (as dropout() of the [B, H, N, M] probabilities would be); nothing kept.
+// key_bias [B, H, M] (undefined: none) is added to every row's scaled scores (differentiable).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                                     bool causal = false, int64_t query_offset = 0, const Tensor& key_padding = Tensor(),
-                                    bool keep_probs = false, double dropout_p = 0.0);
+                                    bool keep_probs = false, double dropout_p = 0.0, const Tensor& key_bias = Tensor());
 // Toeplitz-modulated linear attention, fused (CPU and CUDA): y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m
 // for c [H or B, H, N+M-1] (c_t at index t + N - 1), phi_q [B, H, N, S], phi_k [B, H, M, S],
 // v [B, H, M, E], by FFTs of length fft_len >= N + M - 1, a feature at a time: no

@@ -277,20 +277,21 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void activation_dropout(UnaryOp op, const Tensor& x, const Tensor& grad, const FoldedDropout& drop,               \
                           const Tensor& out);                                                                        \
   /* Softmax attention (raw::sdpa): q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], one float dtype; key m hidden */   \
-  /* from query n when causal and m > n + offset or pad (Bool [B, M]; undefined: none) marks it. Writes out */         \
-  /* [B, H, N, E] and lse [B, H, N] (the log-sum-exp of the row's visible scaled scores; a row that sees no key: */    \
-  /* out 0, lse -inf) and, when defined (the CPU only), the probabilities [B, H, N, M] for the backward. With */       \
-  /* drop.p > 0 each probability is multiplied by its dropout factor before the product with v: element */             \
-  /* (h N + n) M + m of example b as dropout_rows draws them for a [B, H, N, M] tensor (probs then undefined) */       \
+  /* from query n when causal and m > n + offset or pad (Bool [B, M]; undefined: none) marks it; bias [B, H, M] */     \
+  /* (undefined: none) is added to every row's scaled scores. Writes out [B, H, N, E] and lse [B, H, N] (the */        \
+  /* log-sum-exp of the row's visible scores; a row that sees no key: out 0, lse -inf) and, when defined (the */       \
+  /* CPU only), the probabilities [B, H, N, M] for the backward. With drop.p > 0 each probability is multiplied */     \
+  /* by its dropout factor before the product with v: element (h N + n) M + m of example b as dropout_rows */          \
+  /* draws them for a [B, H, N, M] tensor (probs then undefined) */                                                    \
   void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,      \
-                    const Tensor& pad, const FoldedDropout& drop, const Tensor& out, const Tensor& lse,                \
-                    const Tensor& probs);                                                                              \
-  /* dq, dk, dv (overwritten) from dout and the forward's out, lse and probs (undefined: recomputed); the same */      \
-  /* dropout factors drawn again */                                                                                    \
+                    const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& out,               \
+                    const Tensor& lse, const Tensor& probs);                                                           \
+  /* dq, dk, dv and, when defined, dbias [B, H, M] (overwritten) from dout and the forward's out, lse and probs */     \
+  /* (undefined: recomputed); the same dropout factors drawn again */                                                  \
   void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,          \
                      const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,               \
-                     const Tensor& pad, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk,                 \
-                     const Tensor& dv);                                                                                \
+                     const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq,               \
+                     const Tensor& dk, const Tensor& dv, const Tensor& dbias);                                         \
   /* Bidirectional linear attention (raw::linear_attention; performer's): out_n = phi_q_n KV / den~_n, KV =      */  \
   /* sum_m phi_k_m v_m^T, den_n = phi_q_n . sum_m phi_k_m, den~ = den where |den| >= guard, else guard with den's  */  \
   /* sign (0 counting as +). phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], one float dtype, all dims   */  \

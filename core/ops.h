@@ -92,15 +92,18 @@ Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, con
 // m > n + offset, or where pad (Bool [B, M], true = padding; undefined: none) says so.
 // Returns {out [B, H, N, E], lse [B, H, N], probs [B, H, N, M]} (probs only with keep_probs on
 // the CPU, else undefined). drop (p in [0, 1)): dropout of the probabilities (core/kernels.h),
-// which cannot be combined with keep_probs.
+// which cannot be combined with keep_probs. bias [B, H, M] (undefined: none): added to every
+// row's scaled scores.
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                         const Tensor& pad, bool keep_probs = false, const FoldedDropout& drop = FoldedDropout());
-// Returns {dq, dk, dv} from grad [B, H, N, E] and the forward's out, lse and probs (undefined:
-// recomputed block by block); drop as in the forward.
+                         const Tensor& pad, bool keep_probs = false, const FoldedDropout& drop = FoldedDropout(),
+                         const Tensor& bias = Tensor());
+// Returns {dq, dk, dv, dbias} (dbias undefined without a bias) from grad [B, H, N, E] and the
+// forward's out, lse and probs (undefined: recomputed block by block); drop and bias as in the
+// forward.
 std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
                                   const Tensor& pad, const Tensor& probs = Tensor(),
-                                  const FoldedDropout& drop = FoldedDropout());
+                                  const FoldedDropout& drop = FoldedDropout(), const Tensor& bias = Tensor());
 // Toeplitz-modulated linear attention, fused: y_n = sum_m c_{m-n}
 // (phi_q_n . phi_k_m) v_m for c [H, N+M-1] or [B, H, N+M-1] (c_t at t + N - 1), phi_q
 // [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by FFTs of length fft_len >= N + M - 1.

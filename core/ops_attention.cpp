@@ -38,6 +38,15 @@ void check_sdpa_args(const char* op, const Tensor& q, const Tensor& k, const Ten
   }
 }
 
+// bias: undefined, or [B, H, M] of q's dtype and device.
+void check_key_bias(const char* op, const Tensor& q, const Tensor& k, const Tensor& bias) {
+  if (!bias.defined()) return;
+  LINEA_CHECK(bias.shape() == Shape({q.size(0), q.size(1), k.size(2)}), op, ": key bias must be [B, H, M] = [",
+              q.size(0), ", ", q.size(1), ", ", k.size(2), "], got ", shape_str(bias.shape()));
+  check_same_dtype(op, q, bias);
+  check_same_device(op, q, bias);
+}
+
 void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_probs) {
   LINEA_CHECK(drop.p >= 0.0 && drop.p < 1.0, op, ": dropout probability must be in [0, 1), got ", drop.p);
   LINEA_CHECK(!(keep_probs && drop.p > 0.0), op,
@@ -47,9 +56,10 @@ void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_pro
 }  // namespace
 
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                         const Tensor& pad, bool keep_probs, const FoldedDropout& drop) {
+                         const Tensor& pad, bool keep_probs, const FoldedDropout& drop, const Tensor& bias) {
   check_sdpa_args("sdpa", q, k, v, scale, offset, pad);
   check_sdpa_dropout("sdpa", drop, keep_probs);
+  check_key_bias("sdpa", q, k, bias);
   const TensorOptions opts(q.dtype(), q.device());
   Tensor out = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, opts);
@@ -57,15 +67,18 @@ std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, doub
   Tensor probs = keep_probs && q.is_cpu() ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, opts) : Tensor();
   if (out.numel() > 0 || lse.numel() > 0)
     LINEA_BACKEND(q.device(), sdpa_forward, contiguous(q), contiguous(k), contiguous(v), scale, causal, offset,
-                  pad.defined() ? contiguous(pad) : Tensor(), drop, out, lse, probs);
+                  pad.defined() ? contiguous(pad) : Tensor(), bias.defined() ? contiguous(bias) : Tensor(), drop, out,
+                  lse, probs);
   return {out, lse, probs};
 }
 
 std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
-                                  const Tensor& pad, const Tensor& probs, const FoldedDropout& drop) {
+                                  const Tensor& pad, const Tensor& probs, const FoldedDropout& drop,
+                                  const Tensor& bias) {
   check_sdpa_args("sdpa_backward", q, k, v, scale, offset, pad);
   check_sdpa_dropout("sdpa_backward", drop, probs.defined());
+  check_key_bias("sdpa_backward", q, k, bias);
   check_defined("sdpa_backward", grad, "grad");
   LINEA_CHECK(grad.shape() == out.shape() && lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}),
               "sdpa_backward: grad ", shape_str(grad.shape()), ", out ", shape_str(out.shape()), " and lse ",
@@ -76,11 +89,13 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
   check_same_dtype("sdpa_backward", q, grad);
   if (probs.defined()) check_same_dtype("sdpa_backward", q, probs);
   Tensor dq = empty(q.shape(), q.options()), dk = empty(k.shape(), k.options()), dv = empty(v.shape(), v.options());
+  Tensor db = bias.defined() ? empty(bias.shape(), bias.options()) : Tensor();
   if (q.numel() + k.numel() + v.numel() > 0)
     LINEA_BACKEND(q.device(), sdpa_backward, contiguous(q), contiguous(k), contiguous(v), contiguous(out),
                   contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), contiguous(grad), scale, causal,
-                  offset, pad.defined() ? contiguous(pad) : Tensor(), drop, dq, dk, dv);
-  return {dq, dk, dv};
+                  offset, pad.defined() ? contiguous(pad) : Tensor(), bias.defined() ? contiguous(bias) : Tensor(),
+                  drop, dq, dk, dv, db);
+  return {dq, dk, dv, db};
 }
 
 namespace {

@@ -110,8 +110,9 @@ __device__ __forceinline__ void accumulate_patch_t(const T* p, const T* x, T (&a
 }
 
 template <typename T, int DM, int B>
-__global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const uint8_t* pad, T scale, SdpaShape s,
-                                    int64_t heads, ExampleDropout<T> drop, const uint64_t* draw_base, T* out, T* lse) {
+__global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const uint8_t* pad, const T* bias, T scale,
+                                    SdpaShape s, int64_t heads, ExampleDropout<T> drop, const uint64_t* draw_base,
+                                    T* out, T* lse) {
   constexpr int TR = B / kRowThreads, TC = B / kColThreads, TD = DM / kColThreads;
   T* qs = shared_mem<T>();      // [B, DM]
   T* ks = qs + B * DM;          // [B, DM]
@@ -123,6 +124,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * B;
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
   load_tile<T, DM>(qs, q + bh * s.N * s.D, n0, B, s.N, s.D);
   for (int r = tid; r < B; r += kThreads) row_m[r] = neg_inf<T>(), row_l[r] = T(0);
@@ -146,7 +148,8 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
       for (int j = 0; j < TC; ++j) {
         const int r = ty + kRowThreads * i, c = tx + kColThreads * j;
         const int64_t m = m0 + c;
-        ps[r * (B + 1) + c] = (m >= s.M || hidden(s, pad_b, n0 + r, m)) ? neg_inf<T>() : sc[i][j] * scale;
+        ps[r * (B + 1) + c] =
+            (m >= s.M || hidden(s, pad_b, n0 + r, m)) ? neg_inf<T>() : sc[i][j] * scale + (bias_b ? bias_b[m] : T(0));
       }
     __syncthreads();
     // One thread per row: the new max, the rescaling and the tile's exp(s - m).
@@ -214,8 +217,8 @@ __global__ void sdpa_delta_kernel(const T* dout, const T* out, int64_t rows, int
 template <typename T, int DM, int B>
 __device__ __forceinline__ void probs_and_dscores(const T* qs, const T* ks, const T* vs, const T* dos, const T* row_lse,
                                                   const T* row_delta, T* ps, T* dss, T scale, const SdpaShape& s,
-                                                  const uint8_t* pad_b, const ExampleDropout<T>& drop, int64_t bh,
-                                                  int64_t heads, int64_t n0, int64_t m0, int ty, int tx) {
+                                                  const uint8_t* pad_b, const T* bias_b, const ExampleDropout<T>& drop,
+                                                  int64_t bh, int64_t heads, int64_t n0, int64_t m0, int ty, int tx) {
   constexpr int TR = B / kRowThreads, TC = B / kColThreads;
   T sc[TR][TC], dp[TR][TC];
   dot_patch<T, DM, TR, TC>(qs, ks, sc, ty, tx);
@@ -228,7 +231,7 @@ __device__ __forceinline__ void probs_and_dscores(const T* qs, const T* ks, cons
       const int64_t n = n0 + r, m = m0 + c;
       const T l = row_lse[r];
       const bool off = n >= s.N || m >= s.M || l == neg_inf<T>() || hidden(s, pad_b, n, m);
-      const T p = off ? T(0) : d_exp(sc[i][j] * scale - l);
+      const T p = off ? T(0) : d_exp(sc[i][j] * scale + (bias_b ? bias_b[m] : T(0)) - l);
       const T z = drop.on && !off ? drop.factor(bh / heads, ((bh % heads) * s.N + n) * s.M + m) : T(1);
       ps[r * (B + 1) + c] = z * p;
       dss[r * (B + 1) + c] = p * (z * dp[i][j] - row_delta[r]);
@@ -266,26 +269,29 @@ template <typename T, int DM, int B> struct BackwardTiles {
     load_tile<T, DM>(vs, v + bh * s.M * s.E, m0, B, s.M, s.E);
   }
   // p and ds of the loaded tiles (probs_and_dscores).
-  __device__ void scores(T scale, const SdpaShape& s, const uint8_t* pad_b, const ExampleDropout<T>& drop, int64_t bh,
-                         int64_t heads, int64_t n0, int64_t m0, int ty, int tx) {
-    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, drop, bh, heads, n0, m0,
-                                ty, tx);
+  __device__ void scores(T scale, const SdpaShape& s, const uint8_t* pad_b, const T* bias_b,
+                         const ExampleDropout<T>& drop, int64_t bh, int64_t heads, int64_t n0, int64_t m0, int ty,
+                         int tx) {
+    probs_and_dscores<T, DM, B>(qs, ks, vs, dos, row_lse, row_delta, ps, dss, scale, s, pad_b, bias_b, drop, bh, heads,
+                                n0, m0, ty, tx);
   }
 };
 
-// dk, dv for BC = B keys: over the query tiles that may see them.
+// dk, dv (and dbias, the column sums of ds) for BC = B keys: over the query tiles that may see them.
 template <typename T, int DM, int B>
 __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, const T* dout, const T* lse,
-                                         const T* delta, const uint8_t* pad, T scale, SdpaShape s, int64_t heads,
-                                         ExampleDropout<T> drop, const uint64_t* draw_base, T* dk, T* dv) {
+                                         const T* delta, const uint8_t* pad, const T* bias, T scale, SdpaShape s,
+                                         int64_t heads, ExampleDropout<T> drop, const uint64_t* draw_base, T* dk, T* dv,
+                                         T* dbias) {
   constexpr int TK = B / kRowThreads, TD = DM / kColThreads;
   BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, m0 = static_cast<int64_t>(blockIdx.x) * B;
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
   t.load_keys(k, v, s, bh, m0);
-  T dk_acc[TK][TD], dv_acc[TK][TD];
+  T dk_acc[TK][TD], dv_acc[TK][TD], db_acc = T(0);  // db_acc: key m0 + tid's (tid < B)
 #pragma unroll
   for (int i = 0; i < TK; ++i)
 #pragma unroll
@@ -296,8 +302,10 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
     __syncthreads();
     t.load_queries(q, dout, lse, delta, s, bh, n0);
     __syncthreads();
-    t.scores(scale, s, pad_b, drop, bh, heads, n0, m0, ty, tx);
+    t.scores(scale, s, pad_b, bias_b, drop, bh, heads, n0, m0, ty, tx);
     __syncthreads();
+    if (dbias && tid < B)
+      for (int r = 0; r < B; ++r) db_acc += t.dss[r * (B + 1) + tid];
     accumulate_patch_t<T, DM, TK, B, B>(t.ps, t.dos, dv_acc, ty, tx);  // dv += p^T dout
     accumulate_patch_t<T, DM, TK, B, B>(t.dss, t.qs, dk_acc, ty, tx);  // dk += ds^T q (scaled below)
   }
@@ -312,18 +320,20 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
       if (d < s.E) dv[(bh * s.M + m) * s.E + d] = dv_acc[i][c];
     }
   }
+  if (dbias && tid < B && m0 + tid < s.M) dbias[bh * s.M + m0 + tid] = db_acc;
 }
 
 // dq for BR = B queries: over the key tiles they may see.
 template <typename T, int DM, int B>
 __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, const T* dout, const T* lse, const T* delta,
-                                        const uint8_t* pad, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
-                                        const uint64_t* draw_base, T* dq) {
+                                        const uint8_t* pad, const T* bias, T scale, SdpaShape s, int64_t heads,
+                                        ExampleDropout<T> drop, const uint64_t* draw_base, T* dq) {
   constexpr int TR = B / kRowThreads, TD = DM / kColThreads;
   BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * B;
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
   t.load_queries(q, dout, lse, delta, s, bh, n0);
   T dq_acc[TR][TD];
@@ -336,7 +346,7 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
     __syncthreads();
     t.load_keys(k, v, s, bh, m0);
     __syncthreads();
-    t.scores(scale, s, pad_b, drop, bh, heads, n0, m0, ty, tx);
+    t.scores(scale, s, pad_b, bias_b, drop, bh, heads, n0, m0, ty, tx);
     __syncthreads();
     accumulate_patch<T, DM, TR, B>(t.dss, t.ks, dq_acc, ty, tx);  // dq += ds k (scaled below)
   }
@@ -362,7 +372,7 @@ template <typename T, int DM, int B> constexpr size_t backward_smem() {
 constexpr size_t kMaxSmem = 48 * 1024;
 
 struct SdpaArgs {
-  const Tensor &q, &k, &v, &pad;
+  const Tensor &q, &k, &v, &pad, &bias;
   double scale;
   SdpaShape s;
   const FoldedDropout& drop;
@@ -372,27 +382,28 @@ template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const
   const dim3 grid(static_cast<unsigned>((a.s.N + B - 1) / B), static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
   sdpa_forward_kernel<T, DM, B><<<grid, kThreads, forward_smem<T, DM, B>(), stream()>>>(
       cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr,
-      static_cast<T>(a.scale), a.s, a.q.size(1), example_dropout<T>(a.drop), a.drop.draw_base, ptr<T>(out),
-      ptr<T>(lse));
+      a.bias.defined() ? cptr<T>(a.bias) : nullptr, static_cast<T>(a.scale), a.s, a.q.size(1),
+      example_dropout<T>(a.drop), a.drop.draw_base, ptr<T>(out), ptr<T>(lse));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, int DM, int B>
 void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const T* delta, const Tensor& dq,
-                    const Tensor& dk, const Tensor& dv) {
+                    const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
+  const T* bias = a.bias.defined() ? cptr<T>(a.bias) : nullptr;
   const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
   const uint8_t* pad = a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr;
   const T scale = static_cast<T>(a.scale);
   const ExampleDropout<T> drop = example_dropout<T>(a.drop);
   sdpa_backward_dkv_kernel<T, DM, B>
       <<<dim3(static_cast<unsigned>((a.s.M + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
-          cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), cptr<T>(dout), cptr<T>(lse), delta, pad, scale, a.s, a.q.size(1),
-          drop, a.drop.draw_base, ptr<T>(dk), ptr<T>(dv));
+          cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), cptr<T>(dout), cptr<T>(lse), delta, pad, bias, scale, a.s,
+          a.q.size(1), drop, a.drop.draw_base, ptr<T>(dk), ptr<T>(dv), dbias.defined() ? ptr<T>(dbias) : nullptr);
   LINEA_KERNEL_LAUNCH_CHECK();
   sdpa_backward_dq_kernel<T, DM, B>
       <<<dim3(static_cast<unsigned>((a.s.N + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
-          cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), cptr<T>(dout), cptr<T>(lse), delta, pad, scale, a.s, a.q.size(1),
-          drop, a.drop.draw_base, ptr<T>(dq));
+          cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), cptr<T>(dout), cptr<T>(lse), delta, pad, bias, scale, a.s,
+          a.q.size(1), drop, a.drop.draw_base, ptr<T>(dq));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -424,10 +435,10 @@ SdpaShape sdpa_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool cau
 }  // namespace
 
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                  const Tensor& pad, const FoldedDropout& drop, const Tensor& out, const Tensor& lse,
-                  const Tensor& probs) {
+                  const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& out,
+                  const Tensor& lse, const Tensor& probs) {
   LINEA_CHECK(!probs.defined(), "sdpa: the CUDA kernel keeps no probabilities (its backward recomputes them)");
-  const SdpaArgs a{q, k, v, pad, scale, sdpa_shape(q, k, v, causal, offset), drop};
+  const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
   if (q.size(0) * q.size(1) == 0 || a.s.N == 0) return;
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     with_tiles<scalar_t>(a.s, "sdpa",
@@ -437,13 +448,15 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
-                   const Tensor& pad, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                   const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk,
+                   const Tensor& dv, const Tensor& dbias) {
   LINEA_CHECK(!probs.defined(), "sdpa_backward: the CUDA kernel recomputes the probabilities; got kept ones");
-  const SdpaArgs a{q, k, v, pad, scale, sdpa_shape(q, k, v, causal, offset), drop};
+  const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
   const int64_t rows = q.size(0) * q.size(1) * a.s.N;
   if (q.size(0) * q.size(1) == 0) return;
   if (a.s.N == 0 || a.s.M == 0) {  // nothing to sum: zero gradients
-    for (const Tensor* t : {&dq, &dk, &dv}) fill(*t, 0.0);
+    for (const Tensor* t : {&dq, &dk, &dv, &dbias})
+      if (t->defined()) fill(*t, 0.0);
     return;
   }
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
@@ -452,8 +465,9 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     T* delta = delta_scratch.p;
     sdpa_delta_kernel<T><<<grid_for(rows), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), rows, a.s.E, delta);
     LINEA_KERNEL_LAUNCH_CHECK();
-    with_tiles<T>(a.s, "sdpa_backward",
-                  [&](auto t) { backward_tiles<T, decltype(t)::DM, decltype(t)::B>(a, dout, lse, delta, dq, dk, dv); });
+    with_tiles<T>(a.s, "sdpa_backward", [&](auto t) {
+      backward_tiles<T, decltype(t)::DM, decltype(t)::B>(a, dout, lse, delta, dq, dk, dv, dbias);
+    });
   });
 }
 

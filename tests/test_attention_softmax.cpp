@@ -229,6 +229,62 @@ TEST(SoftmaxAttention, FusedKernelMatchesComposed) {
       }
 }
 
+// A key bias [B, H, M] added to the scores (what RA's estimator passes): the fused kernel against
+// softmax(scale q k^T + bias) composed from ops, values and the gradients of q, k, v and the
+// bias, with the probabilities kept and recomputed, by head (several heads) and by block (one
+// head, N past one block), causal with an offset and padded.
+TEST(SoftmaxAttention, KeyBiasMatchesComposed) {
+  manual_seed(13);
+  struct Case {
+    int64_t B, H, N, M;
+    bool causal;
+    int64_t offset;
+    bool pad;
+  };
+  const std::vector<Case> cases = {{2, 3, 9, 13, false, 0, true},
+                                   {1, 1, 300, 40, false, 0, false},
+                                   {2, 2, 20, 25, true, 5, true},
+                                   {1, 1, 1, 1, false, 0, false}};
+  for (const Case& c : cases)
+    for (DType dt : {DType::Float64, DType::Float32})
+      for (bool keep : {false, true}) {
+        const TensorOptions o(dt);
+        const int64_t D = 5, E = 3;
+        const double scale = 1.0 / std::sqrt(double(D));
+        Tensor q = randn({c.B, c.H, c.N, D}, o), k = randn({c.B, c.H, c.M, D}, o), v = randn({c.B, c.H, c.M, E}, o);
+        Tensor bias = randn({c.B, c.H, c.M}, o), g = randn({c.B, c.H, c.N, E}, o);
+        attn::AttentionOptions opts;
+        opts.causal = c.causal;
+        opts.query_offset = c.offset;
+        if (c.pad) {
+          std::vector<int64_t> pad(static_cast<size_t>(c.B * c.M), 0);
+          for (int64_t m = 1; m < c.M; m += 3) pad[static_cast<size_t>(m)] = 1;
+          opts.key_padding_mask = from_vector<int64_t>(pad, {c.B, c.M});
+        }
+        std::vector<Tensor> grads[2];
+        Tensor outs[2];
+        for (int composed = 0; composed < 2; ++composed) {
+          Tensor qq = q.detach().requires_grad_(true), kk = k.detach().requires_grad_(true),
+                 vv = v.detach().requires_grad_(true), bb = bias.detach().requires_grad_(true);
+          if (composed) {
+            Tensor scores = add(matmul(qq, transpose(kk, -2, -1), scale), unsqueeze(bb, 2));
+            outs[1] = matmul(attn::masked_softmax(scores, attn::attention_mask(opts, c.N, c.M, q.device()), -1), vv);
+          } else {
+            outs[0] = scaled_dot_product_attention(qq, kk, vv, scale, c.causal, c.offset, attn::key_padding_bool(opts),
+                                                   keep, 0.0, bb);
+          }
+          sum(outs[composed] * g).backward();
+          grads[composed] = {qq.grad(), kk.grad(), vv.grad(), bb.grad()};
+        }
+        const double rtol = dt == DType::Float64 ? 1e-11 : 2e-5, atol = dt == DType::Float64 ? 1e-12 : 2e-6;
+        const std::string what = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " N" + std::to_string(c.N) +
+                                 " M" + std::to_string(c.M) + " " + dtype_name(dt) + (keep ? " kept" : " recomputed");
+        EXPECT_TRUE(all_close(outs[0], outs[1], rtol, atol)) << what;
+        for (int i = 0; i < 4; ++i)
+          EXPECT_TRUE(all_close(grads[0][i], grads[1][i], rtol, atol)) << what << " grad " << i;
+      }
+}
+
 TEST(SoftmaxAttention, FusedKernelPropagatesNaN) {
   // A query whose scores are all NaN gets NaN, not the zeros of a query that sees no key.
   Tensor q = test::randn64({1, 1, 3, 2}), k = test::randn64({1, 1, 4, 2}), v = test::randn64({1, 1, 4, 2});

@@ -727,25 +727,31 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
       const TensorOptions cpu_opts(dt);
       const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda),
                    pd = pad.defined() ? pad.to(kCuda) : Tensor();
-      // without dropout, and with the probabilities dropped (both devices draw the same factors)
-      for (const FoldedDropout& drop : {FoldedDropout{}, FoldedDropout{0.3, 1234, 7, 2, nullptr}}) {
-        SCOPED_TRACE(drop.p > 0 ? "dropout 0.3" : "no dropout");
+      // plain; with the probabilities dropped (both devices draw the same factors); with a key bias
+      const Tensor bias = rnd({c.B, c.H, c.M}, dt), bias_d = bias.to(kCuda);
+      for (int variant = 0; variant < 3; ++variant) {
+        const FoldedDropout drop = variant == 1 ? FoldedDropout{0.3, 1234, 7, 2, nullptr} : FoldedDropout{};
+        const Tensor b = variant == 2 ? bias : Tensor(), bd = variant == 2 ? bias_d : Tensor();
+        SCOPED_TRACE(variant == 0 ? "plain" : variant == 1 ? "dropout 0.3" : "key bias");
         Tensor out = empty({c.B, c.H, c.N, c.E}, cpu_opts), lse = empty({c.B, c.H, c.N}, cpu_opts);
-        cpu::sdpa_forward(q, k, v, scale, c.causal, c.offset, pad, drop, out, lse, Tensor());
+        cpu::sdpa_forward(q, k, v, scale, c.causal, c.offset, pad, b, drop, out, lse, Tensor());
         Tensor out_d = poisoned(out.shape(), dt), lse_d = poisoned(lse.shape(), dt);
-        LINEA_BACKEND(kCuda, sdpa_forward, qd, kd, vd, scale, c.causal, c.offset, pd, drop, out_d, lse_d, Tensor());
+        LINEA_BACKEND(kCuda, sdpa_forward, qd, kd, vd, scale, c.causal, c.offset, pd, bd, drop, out_d, lse_d, Tensor());
         const double long_sum = 4;  // sums over up to 128 dims and 70 keys, in another order
         EXPECT_TRUE(matches(out_d, out, long_sum, "out"));
         EXPECT_TRUE(matches(lse_d, lse, long_sum, "lse"));
 
-        Tensor dq = empty(q.shape(), cpu_opts), dk = empty(k.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts);
-        cpu::sdpa_backward(q, k, v, out, lse, Tensor(), dout, scale, c.causal, c.offset, pad, drop, dq, dk, dv);
-        Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt);
-        LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out_d, lse_d, Tensor(), dd, scale, c.causal, c.offset, pd, drop,
-                      dq_d, dk_d, dv_d);
+        Tensor dq = empty(q.shape(), cpu_opts), dk = empty(k.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts),
+               db = b.defined() ? empty(b.shape(), cpu_opts) : Tensor();
+        cpu::sdpa_backward(q, k, v, out, lse, Tensor(), dout, scale, c.causal, c.offset, pad, b, drop, dq, dk, dv, db);
+        Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt),
+               db_d = b.defined() ? poisoned(b.shape(), dt) : Tensor();
+        LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out_d, lse_d, Tensor(), dd, scale, c.causal, c.offset, pd, bd,
+                      drop, dq_d, dk_d, dv_d, db_d);
         EXPECT_TRUE(matches(dq_d, dq, long_sum, "dq"));
         EXPECT_TRUE(matches(dk_d, dk, long_sum, "dk"));
         EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+        EXPECT_TRUE(matches(db_d, db, long_sum, "dbias"));
       }
     }
   }

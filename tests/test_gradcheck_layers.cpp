@@ -198,6 +198,18 @@ TEST(GradCheck, SoftmaxAttentionPadded) {
   EXPECT_GRADCHECK(kAttentionComposed(o), {randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2}), randn64({2, 1, 4, 2})});
   // Dropout of the probabilities, padded and causal.
   EXPECT_GRADCHECK(kAttention(o, false, 0.4), {randn64({2, 2, 4, 2}), randn64({2, 2, 4, 2}), randn64({2, 2, 4, 3})});
+  // A key bias (differentiable too), padded and causal or neither, recomputed and kept.
+  for (bool plain : {false, true})
+    for (bool keep : {false, true}) {
+      const attn::AttentionOptions ob = plain ? attn::AttentionOptions{} : o;
+      const Fn biased = [ob, keep](const std::vector<Tensor>& x) {
+        return scaled_dot_product_attention(x[0], x[1], x[2], 0.7, ob.causal, ob.query_offset,
+                                            attn::key_padding_bool(ob), keep, 0.0, x[3]);
+      };
+      const int64_t M = plain ? 5 : 4;  // the padding mask's 4 keys
+      EXPECT_GRADCHECK(biased,
+                       {randn64({2, 2, 4, 2}), randn64({2, 2, M, 2}), randn64({2, 2, M, 3}), randn64({2, 2, M})});
+    }
 }
 
 TEST(GradCheck, TransformerEncoderLayer) {

@@ -1,6 +1,6 @@
 // Randomized attention (see ra.h): the mixture sampling of the component indices (raw ops, no
-// graph), the samples w_ns (biased RA's mixture mean through the fused softmax attention), and
-// the estimator composed from differentiable ops batched over [B, H, N, S].
+// graph), the samples w_ns, and the estimator through the fused softmax attention (the weights
+// composed from ops for attention_matrix).
 #include "attention/ra/ra.h"
 
 namespace linea::attn {
@@ -92,7 +92,14 @@ Tensor RandomizedAttention::weights(const Samples& d, const AttentionOptions& op
 
 Tensor RandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   check_attention_inputs("ra", q, k, v, opts);
-  return matmul(weights(draw(q, k, opts, "ra"), opts), v);  // [B, H, N, M] @ [B, H, M, Dv]
+  const Samples d = draw(q, k, opts, "ra");
+  const int64_t B = d.w.size(0), H = d.w.size(1), N = d.w.size(2), Sw = d.w.size(3), D = d.w.size(4), M = d.ks.size(2);
+  // (1/Sw) sum_s softmax_m(w_ns.k~_m - |k~_m|^2/2) v_m: the fused attention over the N Sw rows
+  // w_ns, xi's key term as a per-key bias; no [N, Sw, M] weights are kept.
+  const Tensor bias = mul(reshape(sq_norm(d.ks), {B, H, M}), -0.5);
+  const Tensor out = scaled_dot_product_attention(reshape(d.w, {B, H, N * Sw, D}), d.ks, v, 1.0, false, 0,
+                                                  key_padding_bool(opts), false, 0.0, bias);
+  return mean(reshape(out, {B, H, N, Sw, v.size(3)}), {3});  // [B, H, N, Dv]
 }
 
 Tensor RandomizedAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {

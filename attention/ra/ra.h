@@ -21,13 +21,14 @@
 // since its mixture has no single deterministic point that keeps it unbiased;
 // freeze_samples()/set_samples() make it deterministic.
 //
-// Cost O(S N M D) time, O(S N M) memory (it is an estimator of softmax attention, not a linear
-// one). Biased RA's mixture mean, softmax(q~ k~^T) k~, is the fused softmax attention; unbiased
-// RA's pi_n [B, H, N, M] exists only while the indices are drawn (no gradient: the inverse CDF
-// needs a whole row). The second pass, softmax_m(w_ns.k~_m - |k~_m|^2/2), is composed: the fused
-// kernel has no per-key bias, and carrying -|k~|^2/2 as one more dimension would push D = 128
-// past the CUDA kernel's head dims. Key padding supported; causal is not (error);
-// cross-attention (M != N) is allowed since every formula is per query.
+// Cost O(S N M D) time (it is an estimator of softmax attention, not a linear one). Both passes
+// over the keys run the fused softmax attention (scaled_dot_product_attention): biased RA's
+// mixture mean softmax(q~ k~^T) k~, and the estimator itself over the N S rows w_ns with xi's key
+// term -|k~_m|^2/2 as a per-key bias; so the gradient keeps O(S N (D + Dv)), no [N, S, M]
+// weights. Unbiased RA's pi_n [B, H, N, M] exists only while the indices are drawn (no gradient:
+// the inverse CDF needs a whole row; a fused sampler could walk it blockwise). attention_matrix
+// composes the weights from ops. Key padding supported; causal is not (error); cross-attention
+// (M != N) is allowed since every formula is per query.
 #pragma once
 
 #include <memory>

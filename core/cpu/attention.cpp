@@ -114,8 +114,16 @@ template <typename T> void probabilities_row(T* s, int64_t mv, int64_t ve, const
   std::fill(s + ve, s + mv, T(0));
 }
 
+// s[r, m] += bias[m] for the block's rows (bias null: nothing).
+template <typename T> void add_key_bias(T* s, int64_t rows, int64_t ld, int64_t mv, const T* bias) {
+  if (!bias) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t m = 0; m < mv; ++m) s[r * ld + m] += bias[m];
+}
+
 template <typename T>
-void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, T* out, T* lse, T* probs) {
+void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* bias, T* out, T* lse,
+                  T* probs) {
   const int64_t nblk = p.blocks(), items = p.B * p.H * nblk, rm = p.R * p.M;
   const int nt = omp_get_max_threads();
   Workspace<T> ws(probs ? 0 : nt * Workspace<T>::rounded(rm));  // scratch scores unless kept
@@ -144,6 +152,7 @@ void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v,
         continue;
       }
       gemm(false, true, rows, mv, p.D, scale, qb, p.D, k + bh * p.M * p.D, p.D, T(0), sb, ld);
+      add_key_bias(sb, rows, ld, mv, bias ? bias + bh * p.M : nullptr);
       for (int64_t r = 0; r < rows; ++r) {
         lb[r] = softmax_row(sb + r * ld, mv, p.visible_end(i0 + r, mv), padb);
         if (p.drop.p > 0) drop_row(p, b, bh % p.H, i0 + r, sb + r * ld, mv);  // lse stays the undropped one
@@ -172,11 +181,13 @@ void dropped_softmax_grad_row(const Problem& p, int64_t b, int64_t h, int64_t n,
   }
 }
 
-// One block's share of the backward: dq rows written, dk and dv rows [0, mv) accumulated. The
-// block's probabilities come from the forward's kept ones or are recomputed into s.
+// One block's share of the backward: dq rows written, dk, dv and dbias rows [0, mv) accumulated
+// (db_bh null: no bias). The block's probabilities come from the forward's kept ones or are
+// recomputed into s.
 template <typename T>
-void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* q, const T* k, const T* v, const T* out,
-                    const T* lse, const T* probs, const T* dout, T* dq, T* dk_bh, T* dv_bh, T* s, T* dp) {
+void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* q, const T* k, const T* v,
+                    const T* bias, const T* out, const T* lse, const T* probs, const T* dout, T* dq, T* dk_bh, T* dv_bh,
+                    T* db_bh, T* s, T* dp) {
   const int64_t rows = std::min(p.R, p.N - i0), mv = p.keys_of_block(i0, rows), b = bh / p.H;
   const T* qb = q + (bh * p.N + i0) * p.D;
   const T* kb = k + bh * p.M * p.D;
@@ -196,6 +207,7 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
   } else {
     const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
     gemm(false, true, rows, mv, p.D, scale, qb, p.D, kb, p.D, T(0), s, mv);  // scores
+    add_key_bias(s, rows, mv, mv, bias ? bias + bh * p.M : nullptr);
     for (int64_t r = 0; r < rows; ++r)
       probabilities_row(s + r * mv, mv, p.visible_end(i0 + r, mv), padb, lse[bh * p.N + i0 + r]);
   }
@@ -210,28 +222,35 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
     else
       softmax_grad_row(pb + r * ld, dp + r * mv, mv, d);
   }
-  gemm(true, false, mv, p.E, rows, T(1), pb, ld, gb, p.E, T(1), dv_bh, p.E);   // dV += P^T dO
+  gemm(true, false, mv, p.E, rows, T(1), pb, ld, gb, p.E, T(1), dv_bh, p.E);  // dV += P^T dO
+  // dbias += the column sums of dS
+  if (db_bh)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t m = 0; m < mv; ++m) db_bh[m] += dp[r * mv + m];
   gemm(false, false, rows, p.D, mv, scale, dp, mv, kb, p.D, T(0), dqb, p.D);   // dQ = scale dS K
   gemm(true, false, mv, p.D, rows, scale, dp, mv, qb, p.D, T(1), dk_bh, p.D);  // dK += scale dS^T Q
 }
 
 template <typename T>
-void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* out, const T* lse,
-                   const T* probs, const T* dout, T* dq, T* dk, T* dv) {
-  const int64_t BH = p.B * p.H, nblk = p.blocks(), kd = p.M * p.D, ve = p.M * p.E, rm = p.R * p.M;
+void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* bias, const T* out,
+                   const T* lse, const T* probs, const T* dout, T* dq, T* dk, T* dv, T* db) {
+  const int64_t BH = p.B * p.H, nblk = p.blocks(), kd = p.M * p.D, ve = p.M * p.E, rm = p.R * p.M, be = db ? p.M : 0;
   const int nt = omp_get_max_threads();
   // Whole heads per thread when there are enough (each accumulates its own dk, dv rows); else
   // blocks of a head on several threads, each summing into its own copy of dk and dv.
   const bool by_head = BH >= nt;
-  const int64_t acc = by_head ? 0 : nt * (Workspace<T>::rounded(BH * kd) + Workspace<T>::rounded(BH * ve));
+  const int64_t acc =
+      by_head ? 0
+              : nt * (Workspace<T>::rounded(BH * kd) + Workspace<T>::rounded(BH * ve) + Workspace<T>::rounded(BH * be));
   Workspace<T> ws((probs ? 1 : 2) * nt * Workspace<T>::rounded(rm) + acc);
-  std::vector<T*> s(static_cast<size_t>(nt)), dp(s.size()), acc_k(s.size()), acc_v(s.size());
+  std::vector<T*> s(static_cast<size_t>(nt)), dp(s.size()), acc_k(s.size()), acc_v(s.size()), acc_b(s.size());
   for (int t = 0; t < nt; ++t) {
     s[static_cast<size_t>(t)] = probs ? nullptr : ws.take(rm);
     dp[static_cast<size_t>(t)] = ws.take(rm);
     if (!by_head) {
       acc_k[static_cast<size_t>(t)] = ws.take(BH * kd);
       acc_v[static_cast<size_t>(t)] = ws.take(BH * ve);
+      acc_b[static_cast<size_t>(t)] = db ? ws.take(BH * be) : nullptr;
     }
   }
   if (by_head) {
@@ -242,9 +261,10 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
       for (int64_t bh = 0; bh < BH; ++bh) {
         std::fill(dk + bh * kd, dk + (bh + 1) * kd, T(0));
         std::fill(dv + bh * ve, dv + (bh + 1) * ve, T(0));
+        if (db) std::fill(db + bh * be, db + (bh + 1) * be, T(0));
         for (int64_t blk = 0; blk < nblk; ++blk)
-          backward_block(p, scale, bh, blk * p.R, q, k, v, out, lse, probs, dout, dq, dk + bh * kd, dv + bh * ve, s[t],
-                         dp[t]);
+          backward_block(p, scale, bh, blk * p.R, q, k, v, bias, out, lse, probs, dout, dq, dk + bh * kd, dv + bh * ve,
+                         db ? db + bh * be : nullptr, s[t], dp[t]);
       }
     }
     return;
@@ -254,11 +274,20 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
     const size_t t = static_cast<size_t>(omp_get_thread_num());
     std::fill(acc_k[t], acc_k[t] + BH * kd, T(0));
     std::fill(acc_v[t], acc_v[t] + BH * ve, T(0));
+    if (db) std::fill(acc_b[t], acc_b[t] + BH * be, T(0));
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < BH * nblk; ++it) {
       const int64_t bh = it / nblk;
-      backward_block(p, scale, bh, (it % nblk) * p.R, q, k, v, out, lse, probs, dout, dq, acc_k[t] + bh * kd,
-                     acc_v[t] + bh * ve, s[t], dp[t]);
+      backward_block(p, scale, bh, (it % nblk) * p.R, q, k, v, bias, out, lse, probs, dout, dq, acc_k[t] + bh * kd,
+                     acc_v[t] + bh * ve, db ? acc_b[t] + bh * be : nullptr, s[t], dp[t]);
+    }
+  }
+  if (db) {  // the threads' dbias copies, summed in thread order
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < BH * be; ++i) {
+      T sb = 0;
+      for (size_t t = 0; t < acc_b.size(); ++t) sb += acc_b[t][i];
+      db[i] = sb;
     }
   }
   const int64_t nk = BH * kd, nv = BH * ve;
@@ -288,25 +317,27 @@ Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
 }  // namespace
 
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
-                  const Tensor& pad, const FoldedDropout& drop, const Tensor& out, const Tensor& lse,
-                  const Tensor& probs) {
+                  const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& out,
+                  const Tensor& lse, const Tensor& probs) {
   const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     forward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
-                           out.data<scalar_t>(), lse.data<scalar_t>(),
+                           bias.defined() ? bias.data<scalar_t>() : nullptr, out.data<scalar_t>(), lse.data<scalar_t>(),
                            probs.defined() ? probs.data<scalar_t>() : nullptr);
   });
 }
 
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
-                   const Tensor& pad, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                   const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk,
+                   const Tensor& dv, const Tensor& dbias) {
   const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
     backward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
-                            out.data<scalar_t>(), lse.data<scalar_t>(),
-                            probs.defined() ? probs.data<scalar_t>() : nullptr, dout.data<scalar_t>(),
-                            dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>());
+                            bias.defined() ? bias.data<scalar_t>() : nullptr, out.data<scalar_t>(),
+                            lse.data<scalar_t>(), probs.defined() ? probs.data<scalar_t>() : nullptr,
+                            dout.data<scalar_t>(), dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>(),
+                            dbias.defined() ? dbias.data<scalar_t>() : nullptr);
   });
 }
 
