@@ -15,11 +15,16 @@
 // output tile, its accumulators in registers. DM, the head dims rounded up to a power of two,
 // is a template parameter; BR = BC is chosen so that the backward's tiles fit.
 // A hidden key gets score -inf; a row that sees no key gets out = 0 and lse = -inf, and adds
-// nothing to dk, dv (the CPU kernel's convention).
+// nothing to dk, dv (the CPU kernel's convention); a row of NaN scores gets NaN.
+// Under the BF16 matmul precision (float32 tensors, head dims up to 128, sm_80 and newer) the same
+// passes run on the tensor cores: the mma kernels below, FlashAttention-2's register layout.
 #include <cmath>
+#include <type_traits>
 
 #include "core/kernels.h"
+#include "core/precision.h"
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 
 namespace linea::cuda {
 
@@ -156,7 +161,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
     for (int r = tid; r < B; r += kThreads) {
       T* row = ps + r * (B + 1);
       T mx = row_m[r];
-      for (int c = 0; c < B; ++c) mx = max(mx, row[c]);
+      for (int c = 0; c < B; ++c) mx = max_nan(mx, row[c]);
       T sum = T(0);
       if (mx == neg_inf<T>()) {  // nothing visible yet
         for (int c = 0; c < B; ++c) row[c] = T(0);
@@ -196,8 +201,346 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
       const int e = tx + kColThreads * c;
       if (e < s.E) out[(bh * s.N + n) * s.E + e] = o[i][c] * inv;
     }
-    if (tx == 0) lse[bh * s.N + n] = l > T(0) ? row_m[r] + d_log(l) : neg_inf<T>();
+    if (tx == 0) lse[bh * s.N + n] = l == T(0) ? neg_inf<T>() : row_m[r] + d_log(l);  // NaN stays NaN
   }
+}
+
+// ---- the tensor-core forward (float32 tensors, bf16 matmul precision) -----------------------------
+// The FlashAttention-2 layout on mma.sync (cuda/mma.cuh): 4 warps, each owning 16 of the block's
+// 64 query rows for the whole pass, walk key tiles of 64. Per tile a warp computes its scores
+// S [16, 64] = Q K^T as 8 accumulator tiles of 8 keys, applies the mask, scale and bias, updates
+// the online softmax in registers (a row's values sit in the 4 lanes of a quad: max and sum by
+// two shuffles each) and adds P V into its output accumulators, P's accumulators rounded to bf16
+// and reused as the A operand. Q, K, V (and P) are rounded to bf16, scores, sums and the output
+// stay float32: the inputs of the two products are what the BF16 precision rounds, as for a
+// GEMM (core/precision.h). Shared memory holds one key tile and the value tile transposed, so
+// that every fragment is one 32-bit load.
+constexpr int kMmaRows = 64, kMmaKeys = 64, kMmaThreads = 128;
+
+// Rows [r0, r0 + rows) of a [count, dim] float matrix as bf16, row stride ld; zeros past the ends.
+// transposed: element (r, d) goes to tile[d * ld + r] instead.
+template <int DM, bool transposed>
+__device__ __forceinline__ void load_bf16_tile(uint16_t* tile, int ld, const float* src, int64_t r0, int rows,
+                                               int64_t count, int64_t dim) {
+  for (int i = threadIdx.x; i < rows * DM; i += kMmaThreads) {
+    const int r = i / DM, d = i % DM;
+    const float x = (r0 + r < count && d < dim) ? src[(r0 + r) * dim + d] : 0.f;
+    tile[transposed ? d * ld + r : r * ld + d] = to_bf16(x);
+  }
+}
+
+// The bf16 pair (tile[0], tile[ld]): two rows of one column.
+__device__ __forceinline__ uint32_t column_bf16x2(const uint16_t* tile, int ld) {
+  return static_cast<uint32_t>(tile[0]) | (static_cast<uint32_t>(tile[ld]) << 16);
+}
+
+// The warp's A fragments of 16 rows (from rows16) of a bf16 tile with row stride ld.
+template <int KT>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[KT][4], const uint16_t* rows16, int ld, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    a[kk][0] = load_bf16x2(rows16 + g * ld + kk * 16 + 2 * t);
+    a[kk][1] = load_bf16x2(rows16 + (g + 8) * ld + kk * 16 + 2 * t);
+    a[kk][2] = load_bf16x2(rows16 + g * ld + kk * 16 + 2 * t + 8);
+    a[kk][3] = load_bf16x2(rows16 + (g + 8) * ld + kk * 16 + 2 * t + 8);
+  }
+}
+
+// acc[nt] += A B^T for NT tiles of 8 rows of `other` (row-major, stride ld): B[k][n] = other[n][k].
+template <int KT, int NT>
+__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const uint32_t (&a)[KT][4], const uint16_t* other, int ld,
+                                         int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    const uint16_t* r = other + (nt * 8 + g) * ld + 2 * t;
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+      const uint32_t b[2] = {load_bf16x2(r + kk * 16), load_bf16x2(r + kk * 16 + 8)};
+      mma_bf16_16x8x16(acc[nt], a[kk], b);
+    }
+  }
+}
+
+// acc[e] += X Y for X the warp's [16, 8 NT] accumulators (rounded to bf16, as A operands) and Y
+// [8 NT, 8 ET] the rows of a row-major tile (stride ld) read down its columns.
+template <int NT, int ET>
+__device__ __forceinline__ void mma_accumulated(float (&acc)[ET][4], const float (&x)[NT][4], const uint16_t* y, int ld,
+                                                int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    const uint32_t a[4] = {pack_bf16x2(x[2 * kk][0], x[2 * kk][1]), pack_bf16x2(x[2 * kk][2], x[2 * kk][3]),
+                           pack_bf16x2(x[2 * kk + 1][0], x[2 * kk + 1][1]),
+                           pack_bf16x2(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+#pragma unroll
+    for (int e = 0; e < ET; ++e) {
+      const uint16_t* c = y + (kk * 16 + 2 * t) * ld + e * 8 + g;
+      const uint32_t b[2] = {column_bf16x2(c, ld), column_bf16x2(c + 8 * ld, ld)};
+      mma_bf16_16x8x16(acc[e], a, b);
+    }
+  }
+}
+
+template <int DM>
+__global__ void __launch_bounds__(kMmaThreads)
+    sdpa_forward_mma_kernel(const float* q, const float* k, const float* v, const uint8_t* pad, const float* bias,
+                            float scale, SdpaShape s, int64_t heads, ExampleDropout<float> drop,
+                            const uint64_t* draw_base, float* out, float* lse) {
+  constexpr int KS = DM + 8, VS = kMmaKeys + 8;  // row strides (bf16), padded against bank conflicts
+  constexpr int KT = DM / 16, NT = kMmaKeys / 8, ET = DM / 8;
+  uint16_t* ks = shared_mem<uint16_t>();  // [64, KS]: the query tile first, then each key tile
+  uint16_t* vt = ks + kMmaKeys * KS;      // [DM, VS]: the value tile, transposed
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const int64_t rows[2] = {n0 + warp * 16 + g, n0 + warp * 16 + g + 8};  // this lane's two rows
+  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const float* bias_b = bias ? bias + bh * s.M : nullptr;
+  if (drop.on && draw_base) drop.draw += *draw_base;
+
+  load_bf16_tile<DM, false>(ks, KS, q + bh * s.N * s.D, n0, kMmaRows, s.N, s.D);
+  __syncthreads();
+  uint32_t qa[KT][4];  // the warp's 16 query rows as A fragments, kept for the whole pass
+  load_a_fragments<KT>(qa, ks + warp * 16 * KS, KS, g, t);
+  float o[ET][4];
+#pragma unroll
+  for (int e = 0; e < ET; ++e) o[e][0] = o[e][1] = o[e][2] = o[e][3] = 0.f;
+  float row_m[2] = {neg_inf<float>(), neg_inf<float>()}, row_l[2] = {0.f, 0.f};  // row_l: this lane's part
+
+  const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
+  for (int64_t m0 = 0; m0 < m_end; m0 += kMmaKeys) {
+    __syncthreads();  // the query tile's fragments, or the previous key tile, are read
+    load_bf16_tile<DM, false>(ks, KS, k + bh * s.M * s.D, m0, kMmaKeys, s.M, s.D);
+    load_bf16_tile<DM, true>(vt, VS, v + bh * s.M * s.E, m0, kMmaKeys, s.M, s.E);
+    __syncthreads();
+    float sc[NT][4];
+    mma_rows<KT, NT>(sc, qa, ks, KS, g, t);
+    // Element (nt, i) of a lane: row rows[i / 2], key m0 + nt * 8 + 2 t + i % 2.
+    float tile_max[2] = {neg_inf<float>(), neg_inf<float>()};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t n = rows[i / 2], m = m0 + nt * 8 + 2 * t + i % 2;
+        float& x = sc[nt][i];
+        x = (m >= s.M || hidden(s, pad_b, n, m)) ? neg_inf<float>() : x * scale + (bias_b ? bias_b[m] : 0.f);
+        tile_max[i / 2] = max_nan(tile_max[i / 2], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mx = max_nan(row_m[h], quad_max(tile_max[h]));
+      alpha[h] = mx == neg_inf<float>() ? 1.f : d_exp(row_m[h] - mx);  // nothing visible yet: keep zeros
+      row_m[h] = mx;
+      row_l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i / 2;
+        float& x = sc[nt][i];
+        x = row_m[h] == neg_inf<float>() ? 0.f : d_exp(x - row_m[h]);
+        row_l[h] += x;  // the sum (and lse) stay the undropped ones
+        const int64_t n = rows[h], m = m0 + nt * 8 + 2 * t + i % 2;
+        if (drop.on && n < s.N && m < s.M) x *= drop.factor(bh / heads, ((bh % heads) * s.N + n) * s.M + m);
+      }
+#pragma unroll
+    for (int e = 0; e < ET; ++e) o[e][0] *= alpha[0], o[e][1] *= alpha[0], o[e][2] *= alpha[1], o[e][3] *= alpha[1];
+#pragma unroll
+    for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+      const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int e = 0; e < ET; ++e) {
+        const uint16_t* vr = vt + (e * 8 + g) * VS + kk * 16 + 2 * t;
+        const uint32_t b[2] = {load_bf16x2(vr), load_bf16x2(vr + 8)};
+        mma_bf16_16x8x16(o[e], pa, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = quad_sum(row_l[h]), inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t n = rows[h];
+    if (n >= s.N) continue;
+#pragma unroll
+    for (int e = 0; e < ET; ++e)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = e * 8 + 2 * t + j;
+        if (c < s.E) out[(bh * s.N + n) * s.E + c] = o[e][2 * h + j] * inv;
+      }
+    if (t == 0) lse[bh * s.N + n] = l == 0.f ? neg_inf<float>() : row_m[h] + d_log(l);  // NaN stays NaN
+  }
+}
+
+// ---- the tensor-core backward (same layout) --------------------------------------------------------
+// Two kernels as in float32, each sum taken by one warp in a fixed order (no atomics):
+//   dk, dv  4 warps own 16 keys each (64 per block) and walk query tiles of 32 (16 at head dims
+//           of 128): S^T = K Q^T and
+//           dP^T = V dout^T from the warp's key and value rows, kept as A fragments; then
+//           dv += (z P)^T dout and dk += dS^T q with those accumulators reused as A operands.
+//   dq      4 warps own 16 queries each and walk key tiles of 64 (32): S = Q K^T, dP = dout V^T,
+//           dq += dS k.
+// The B operands read down a column of a row-major tile (dout, q, k in the second products) are
+// gathered from two bf16 loads. P and dS are rounded to bf16 before their products, as
+// FlashAttention-2 does; delta, the sums of exp and dbias stay float32.
+// The dk/dv kernel's query tile and the dq kernel's key tile: the score tiles are what is left of
+// 255 registers after the kept fragments and the accumulators (at DM = 128: 64 + 128 in dk/dv).
+template <int DM> constexpr int dkv_queries() { return DM == 128 ? 16 : 32; }
+template <int DM> constexpr int dq_keys() { return DM == 128 ? 32 : 64; }
+
+// One probability and its score gradient (probs_and_dscores' formulas): x the unscaled score,
+// dp = dout . v; returns z p in *pz.
+__device__ __forceinline__ float mma_dscore(float x, float dp, int64_t n, int64_t m, float row_lse, float row_delta,
+                                            float scale, const SdpaShape& s, const uint8_t* pad_b, const float* bias_b,
+                                            const ExampleDropout<float>& drop, int64_t bh, int64_t heads, float* pz) {
+  const bool off = n >= s.N || m >= s.M || row_lse == neg_inf<float>() || hidden(s, pad_b, n, m);
+  const float p = off ? 0.f : d_exp(x * scale + (bias_b ? bias_b[m] : 0.f) - row_lse);
+  const float z = drop.on && !off ? drop.factor(bh / heads, ((bh % heads) * s.N + n) * s.M + m) : 1.f;
+  *pz = z * p;
+  return p * (z * dp - row_delta);
+}
+
+// Stores a warp's [16, DM] accumulators times `scale` into rows r0.. of a [count, dim] matrix.
+template <int ET>
+__device__ __forceinline__ void store_rows(float* dst, const float (&acc)[ET][4], float scale, int64_t r0,
+                                           int64_t count, int64_t dim, int g, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = r0 + g + 8 * h;
+    if (r >= count) continue;
+#pragma unroll
+    for (int e = 0; e < ET; ++e)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = e * 8 + 2 * t + j;
+        if (c < dim) dst[r * dim + c] = acc[e][2 * h + j] * scale;
+      }
+  }
+}
+
+template <int DM>
+__global__ void __launch_bounds__(kMmaThreads)
+    sdpa_backward_dkv_mma_kernel(const float* q, const float* k, const float* v, const float* dout, const float* lse,
+                                 const float* delta, const uint8_t* pad, const float* bias, float scale, SdpaShape s,
+                                 int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base, float* dk,
+                                 float* dv, float* dbias) {
+  constexpr int LD = DM + 8, KT = DM / 16, ET = DM / 8, NQ = dkv_queries<DM>(), NT = NQ / 8;
+  uint16_t* qs = shared_mem<uint16_t>();                          // [NQ, LD]; first the key tile [64, LD]
+  uint16_t* ds = qs + kMmaKeys * LD;                              // [NQ, LD] dout; first the value tile [64, LD]
+  float* row_lse = reinterpret_cast<float*>(ds + kMmaKeys * LD);  // [NQ]
+  float* row_delta = row_lse + NQ;                                // [NQ]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t bh = blockIdx.y, m0 = static_cast<int64_t>(blockIdx.x) * kMmaKeys, mw = m0 + warp * 16;
+  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const float* bias_b = bias ? bias + bh * s.M : nullptr;
+  if (drop.on && draw_base) drop.draw += *draw_base;
+
+  load_bf16_tile<DM, false>(qs, LD, k + bh * s.M * s.D, m0, kMmaKeys, s.M, s.D);
+  load_bf16_tile<DM, false>(ds, LD, v + bh * s.M * s.E, m0, kMmaKeys, s.M, s.E);
+  __syncthreads();
+  uint32_t ka[KT][4], va[KT][4];  // the warp's 16 keys and values, kept for the whole pass
+  load_a_fragments<KT>(ka, qs + warp * 16 * LD, LD, g, t);
+  load_a_fragments<KT>(va, ds + warp * 16 * LD, LD, g, t);
+  float dk_acc[ET][4], dv_acc[ET][4], db[2] = {0.f, 0.f};
+#pragma unroll
+  for (int e = 0; e < ET; ++e)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk_acc[e][i] = dv_acc[e][i] = 0.f;
+
+  const int64_t n_begin = s.causal && m0 > s.offset ? (m0 - s.offset) / NQ * NQ : int64_t{0};
+  for (int64_t n0 = n_begin; n0 < s.N; n0 += NQ) {
+    __syncthreads();  // the key/value fragments, or the previous query tile, are read
+    load_bf16_tile<DM, false>(qs, LD, q + bh * s.N * s.D, n0, NQ, s.N, s.D);
+    load_bf16_tile<DM, false>(ds, LD, dout + bh * s.N * s.E, n0, NQ, s.N, s.E);
+    for (int r = threadIdx.x; r < NQ; r += kMmaThreads) {
+      const bool in = n0 + r < s.N;
+      row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<float>();
+      row_delta[r] = in ? delta[bh * s.N + n0 + r] : 0.f;
+    }
+    __syncthreads();
+    float st[NT][4], dpt[NT][4];  // S^T and dP^T: rows the warp's keys, columns the tile's queries
+    mma_rows<KT, NT>(st, ka, qs, LD, g, t);
+    mma_rows<KT, NT>(dpt, va, ds, LD, g, t);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = nt * 8 + 2 * t + i % 2;
+        float pz;
+        const float d = mma_dscore(st[nt][i], dpt[nt][i], n0 + c, mw + g + 8 * (i / 2), row_lse[c], row_delta[c], scale,
+                                   s, pad_b, bias_b, drop, bh, heads, &pz);
+        st[nt][i] = pz;
+        dpt[nt][i] = d;
+        db[i / 2] += d;
+      }
+    mma_accumulated<NT, ET>(dv_acc, st, ds, LD, g, t);   // dv += (z p)^T dout
+    mma_accumulated<NT, ET>(dk_acc, dpt, qs, LD, g, t);  // dk += ds^T q (scaled below)
+  }
+  store_rows<ET>(dk + bh * s.M * s.D, dk_acc, scale, mw, s.M, s.D, g, t);
+  store_rows<ET>(dv + bh * s.M * s.E, dv_acc, 1.f, mw, s.M, s.E, g, t);
+  if (dbias) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(db[h]);
+      const int64_t m = mw + g + 8 * h;
+      if (t == 0 && m < s.M) dbias[bh * s.M + m] = sum;
+    }
+  }
+}
+
+template <int DM>
+__global__ void __launch_bounds__(kMmaThreads)
+    sdpa_backward_dq_mma_kernel(const float* q, const float* k, const float* v, const float* dout, const float* lse,
+                                const float* delta, const uint8_t* pad, const float* bias, float scale, SdpaShape s,
+                                int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base, float* dq) {
+  constexpr int LD = DM + 8, KT = DM / 16, ET = DM / 8, NK = dq_keys<DM>(), NT = NK / 8;
+  uint16_t* ks = shared_mem<uint16_t>();  // [NK, LD]; first the query tile [64, LD]
+  uint16_t* vs = ks + kMmaRows * LD;      // [NK, LD]; first the dout tile [64, LD]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
+  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const float* bias_b = bias ? bias + bh * s.M : nullptr;
+  if (drop.on && draw_base) drop.draw += *draw_base;
+
+  load_bf16_tile<DM, false>(ks, LD, q + bh * s.N * s.D, n0, kMmaRows, s.N, s.D);
+  load_bf16_tile<DM, false>(vs, LD, dout + bh * s.N * s.E, n0, kMmaRows, s.N, s.E);
+  __syncthreads();
+  uint32_t qa[KT][4], da[KT][4];  // the warp's 16 queries and their output gradients
+  load_a_fragments<KT>(qa, ks + warp * 16 * LD, LD, g, t);
+  load_a_fragments<KT>(da, vs + warp * 16 * LD, LD, g, t);
+  float row_lse[2], row_delta[2], dq_acc[ET][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = nw + g + 8 * h;
+    row_lse[h] = n < s.N ? lse[bh * s.N + n] : neg_inf<float>();
+    row_delta[h] = n < s.N ? delta[bh * s.N + n] : 0.f;
+  }
+#pragma unroll
+  for (int e = 0; e < ET; ++e) dq_acc[e][0] = dq_acc[e][1] = dq_acc[e][2] = dq_acc[e][3] = 0.f;
+
+  const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
+  for (int64_t m0 = 0; m0 < m_end; m0 += NK) {
+    __syncthreads();
+    load_bf16_tile<DM, false>(ks, LD, k + bh * s.M * s.D, m0, NK, s.M, s.D);
+    load_bf16_tile<DM, false>(vs, LD, v + bh * s.M * s.E, m0, NK, s.M, s.E);
+    __syncthreads();
+    float sc[NT][4], dp[NT][4];
+    mma_rows<KT, NT>(sc, qa, ks, LD, g, t);
+    mma_rows<KT, NT>(dp, da, vs, LD, g, t);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float pz;
+        sc[nt][i] = mma_dscore(sc[nt][i], dp[nt][i], nw + g + 8 * (i / 2), m0 + nt * 8 + 2 * t + i % 2, row_lse[i / 2],
+                               row_delta[i / 2], scale, s, pad_b, bias_b, drop, bh, heads, &pz);
+      }
+    mma_accumulated<NT, ET>(dq_acc, sc, ks, LD, g, t);  // dq += ds k (scaled below)
+  }
+  store_rows<ET>(dq + bh * s.N * s.D, dq_acc, scale, nw, s.N, s.D, g, t);
 }
 
 // delta [B H N] = rowwise dout . out
@@ -387,6 +730,52 @@ template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
+// The tensor-core kernels: float32 tensors under the BF16 matmul precision, head dims up to 128,
+// sm_80 and newer (mma.sync). Anything else takes the SIMT kernels.
+bool use_tensor_cores(const Tensor& q, const SdpaShape& s) {
+  return q.dtype() == DType::Float32 && matmul_precision() == MatmulPrecision::BF16 && std::max(s.D, s.E) <= 128 &&
+         compute_capability() >= 80;
+}
+template <int DM> constexpr size_t mma_forward_smem() {
+  return sizeof(uint16_t) * (kMmaKeys * (DM + 8) + DM * (kMmaKeys + 8));
+}
+template <int DM> void forward_mma(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
+  static_assert(mma_forward_smem<DM>() <= kMaxSmem && kMmaRows == kMmaKeys);
+  const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
+                  static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
+  sdpa_forward_mma_kernel<DM><<<grid, kMmaThreads, mma_forward_smem<DM>(), stream()>>>(
+      cptr<float>(a.q), cptr<float>(a.k), cptr<float>(a.v), a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr,
+      a.bias.defined() ? cptr<float>(a.bias) : nullptr, static_cast<float>(a.scale), a.s, a.q.size(1),
+      example_dropout<float>(a.drop), a.drop.draw_base, ptr<float>(out), ptr<float>(lse));
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+
+// Both backward kernels stage two [64, DM + 8] bf16 tiles; dk/dv adds lse and delta of its queries.
+template <int DM> constexpr size_t mma_backward_smem() {
+  return sizeof(uint16_t) * 2 * kMmaKeys * (DM + 8) + sizeof(float) * 2 * dkv_queries<DM>();
+}
+template <int DM>
+void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const float* delta, const Tensor& dq,
+                  const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
+  static_assert(mma_backward_smem<DM>() <= kMaxSmem);
+  const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
+  const uint8_t* pad = a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr;
+  const float* bias = a.bias.defined() ? cptr<float>(a.bias) : nullptr;
+  const float scale = static_cast<float>(a.scale);
+  const ExampleDropout<float> drop = example_dropout<float>(a.drop);
+  sdpa_backward_dkv_mma_kernel<DM>
+      <<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH), kMmaThreads, mma_backward_smem<DM>(),
+         stream()>>>(cptr<float>(a.q), cptr<float>(a.k), cptr<float>(a.v), cptr<float>(dout), cptr<float>(lse), delta,
+                     pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, ptr<float>(dk), ptr<float>(dv),
+                     dbias.defined() ? ptr<float>(dbias) : nullptr);
+  LINEA_KERNEL_LAUNCH_CHECK();
+  sdpa_backward_dq_mma_kernel<DM>
+      <<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH), kMmaThreads, mma_backward_smem<DM>(),
+         stream()>>>(cptr<float>(a.q), cptr<float>(a.k), cptr<float>(a.v), cptr<float>(dout), cptr<float>(lse), delta,
+                     pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, ptr<float>(dq));
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+
 template <typename T, int DM, int B>
 void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const T* delta, const Tensor& dq,
                     const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
@@ -426,6 +815,14 @@ template <typename T, typename F> void with_tiles(const SdpaShape& s, const char
              sizeof(T) == 4 ? "float32" : "float64", ", got q/k ", s.D, " and v ", s.E);
 }
 
+// Calls f(std::integral_constant<int, DM>{}) with DM the tensor-core kernels' head-dim tile: 32, 64 or 128.
+template <typename F> void with_mma_dims(const SdpaShape& s, F&& f) {
+  const int64_t dim = std::max(s.D, s.E);
+  if (dim <= 32) return f(std::integral_constant<int, 32>{});
+  if (dim <= 64) return f(std::integral_constant<int, 64>{});
+  f(std::integral_constant<int, 128>{});
+}
+
 SdpaShape sdpa_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset) {
   LINEA_CHECK(q.size(0) * q.size(1) <= 65535, "sdpa: B * H = ", q.size(0) * q.size(1),
               " exceeds the 65,535 (batch, head) pairs of one CUDA launch");
@@ -440,6 +837,8 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
   LINEA_CHECK(!probs.defined(), "sdpa: the CUDA kernel keeps no probabilities (its backward recomputes them)");
   const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
   if (q.size(0) * q.size(1) == 0 || a.s.N == 0) return;
+  if (use_tensor_cores(q, a.s))
+    return with_mma_dims(a.s, [&](auto dm) { forward_mma<decltype(dm)::value>(a, out, lse); });
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     with_tiles<scalar_t>(a.s, "sdpa",
                          [&](auto t) { forward_tiles<scalar_t, decltype(t)::DM, decltype(t)::B>(a, out, lse); });
@@ -465,6 +864,10 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     T* delta = delta_scratch.p;
     sdpa_delta_kernel<T><<<grid_for(rows), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), rows, a.s.E, delta);
     LINEA_KERNEL_LAUNCH_CHECK();
+    if constexpr (std::is_same_v<T, float>)
+      if (use_tensor_cores(q, a.s))
+        return with_mma_dims(
+            a.s, [&](auto dm) { backward_mma<decltype(dm)::value>(a, dout, lse, delta, dq, dk, dv, dbias); });
     with_tiles<T>(a.s, "sdpa_backward", [&](auto t) {
       backward_tiles<T, decltype(t)::DM, decltype(t)::B>(a, dout, lse, delta, dq, dk, dv, dbias);
     });

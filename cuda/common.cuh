@@ -258,6 +258,8 @@ __device__ __forceinline__ float d_log(float x) { return logf(x); }
 __device__ __forceinline__ double d_log(double x) { return log(x); }
 
 template <typename T> __device__ __forceinline__ T neg_inf() { return -static_cast<T>(INFINITY); }
+// max(a, b), NaN if either is (fmax drops a NaN: a row of NaN scores would pass for an empty one).
+template <typename T> __device__ __forceinline__ T max_nan(T a, T b) { return (a > b || a != a) ? a : b; }
 
 // For kernels that only move elements (copies, where, gathers): calls f(E{}) with E the
 // unsigned integer type of the given element size (1, 4 or 8 bytes).

@@ -22,6 +22,9 @@ namespace linea::cuda::detail {
 // throws linea::Error when no device is usable).
 cudaStream_t stream();
 
+// The compute capability of the device (major * 10 + minor, e.g. 90 for an H100), read once.
+int compute_capability();
+
 // The cuBLAS handle, bound to stream(), with a workspace of its own (so that a captured
 // CUDA graph never sees it allocate).
 cublasHandle_t cublas();

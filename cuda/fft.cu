@@ -139,30 +139,24 @@ void check_aligned(const char* op, const Tensor& t) {
 }  // namespace
 
 namespace detail {
-template <typename T> void rfft_rows(T* in, T* out, int64_t batch, int64_t n) {
+// One batched real transform of rows, forward (R2C) or backward (C2R), through the plan cache.
+template <typename T> void real_transform_rows(T* in, T* out, int64_t batch, int64_t n, bool forward) {
   if (n == 1) {
-    length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(in, out, batch, true);
+    length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(in, out, batch, forward);
     LINEA_KERNEL_LAUNCH_CHECK();
     return;
   }
   PlanCache& cache = plan_cache();
   std::lock_guard<std::mutex> lock(cache.mu);
-  cufftHandle plan = get_plan(cache, DTypeOf<T>::value, n, batch, true);
+  cufftHandle plan = get_plan(cache, DTypeOf<T>::value, n, batch, forward);
   count_work(counter_cells().library_calls);
-  LINEA_CUFFT_CHECK(exec_r2c(plan, in, out));
+  LINEA_CUFFT_CHECK(forward ? exec_r2c(plan, in, out) : exec_c2r(plan, in, out));
 }
-
+template <typename T> void rfft_rows(T* in, T* out, int64_t batch, int64_t n) {
+  real_transform_rows(in, out, batch, n, true);
+}
 template <typename T> void irfft_rows(T* in, T* out, int64_t batch, int64_t n) {
-  if (n == 1) {
-    length1_kernel<T><<<grid_for(batch), kBlockSize, 0, stream()>>>(in, out, batch, false);
-    LINEA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
-  PlanCache& cache = plan_cache();
-  std::lock_guard<std::mutex> lock(cache.mu);
-  cufftHandle plan = get_plan(cache, DTypeOf<T>::value, n, batch, false);
-  count_work(counter_cells().library_calls);
-  LINEA_CUFFT_CHECK(exec_c2r(plan, in, out));
+  real_transform_rows(in, out, batch, n, false);
 }
 
 template void rfft_rows<float>(float*, float*, int64_t, int64_t);

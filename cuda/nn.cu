@@ -77,18 +77,10 @@ __global__ void softmax_backward_kernel(const T* g, const T* y, T* dx, int64_t c
 // add_layer_norm's dropout of the residual branch: element e (row-major over r [batch, ...], len
 // elements per example) times its dropout_rows factor (core/random_math.h).
 template <typename T> struct Dropout {
-  bool on = false;
-  T keep = 0, scale = 0;
-  uint64_t seed = 0, draw = 0;
-  int64_t first_row = 0, len = 1;
+  linea::detail::ExampleDropout<T> ex;
+  int64_t len = 1;
   const uint64_t* base = nullptr;
-  __device__ T factor(int64_t e) const {
-    constexpr int64_t per = linea::detail::uniforms_per_block<T>();
-    const int64_t j = e % len;
-    uint32_t w[4];
-    linea::detail::example_block(seed, draw, first_row + e / len, j / per, w);
-    return linea::detail::dropout_factor<T>(w, j % per, keep, scale);
-  }
+  __device__ T factor(int64_t e) const { return ex.factor(e / len, e % len); }
 };
 // x, y [rows, cols]; w, b [cols] or null; mean, rstd [rows]. With a residual r (and sum, both
 // [rows, cols]; else null): sum = x + r, and the norm is sum's (each thread reads back the
@@ -98,7 +90,7 @@ __global__ void layer_norm_kernel(const T* x, const T* r, Dropout<T> drop, T* su
                                   T* mean, T* rstd, int64_t rows, int64_t cols) {
   T* sh = shared_mem<T>();
   const T inv_cols = T(1) / static_cast<T>(cols);
-  if (drop.on && drop.base) drop.draw += *drop.base;
+  if (drop.ex.on && drop.base) drop.ex.draw += *drop.base;
   for (int64_t cb = blockIdx.x; cb * blockDim.x < rows; cb += gridDim.x) {
     const Column row = column_at(cb, rows, cols, 1);
     const T* xr = x + row.base;
@@ -108,7 +100,7 @@ __global__ void layer_norm_kernel(const T* x, const T* r, Dropout<T> drop, T* su
       const T* rr = r + row.base;
       T* sr = sum + row.base;
       for (int64_t c = threadIdx.y; c < cols; c += blockDim.y) {
-        const T v = xr[c] + (drop.on ? rr[c] * drop.factor(row.c * cols + c) : rr[c]);
+        const T v = xr[c] + (drop.ex.on ? rr[c] * drop.factor(row.c * cols + c) : rr[c]);
         sr[c] = v;
         s += v;
       }
@@ -336,16 +328,9 @@ void add_layer_norm(const Tensor& x, const Tensor& r, const FoldedDropout& drop,
   LINEA_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] {
     using T = scalar_t;
     Dropout<T> d;
-    if (drop.p > 0) {
-      d.on = true;
-      d.keep = static_cast<T>(1.0 - drop.p);
-      d.scale = static_cast<T>(1.0 / (1.0 - drop.p));
-      d.seed = drop.seed;
-      d.draw = drop.draw;
-      d.first_row = drop.first_row;
-      d.len = r.numel() / std::max<int64_t>(r.size(0), 1);
-      d.base = drop.draw_base;
-    }
+    d.ex = example_dropout<T>(drop);
+    d.len = r.numel() / std::max<int64_t>(r.size(0), 1);
+    d.base = drop.draw_base;
     const dim3 block = column_block(cols, 1);
     layer_norm_kernel<T><<<column_grid(rows, block), block, sizeof(T) * kBlockSize, stream()>>>(
         cptr<T>(x), cptr<T>(r), d, ptr<T>(sum), cptr_or_null<T>(w), cptr_or_null<T>(b), static_cast<T>(eps),

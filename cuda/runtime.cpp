@@ -212,6 +212,16 @@ cudaStream_t stream() {
   return s;
 }
 
+int compute_capability() {
+  static const int cc = [] {
+    stream();  // selects device 0, or throws without one
+    cudaDeviceProp prop{};
+    LINEA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    return prop.major * 10 + prop.minor;
+  }();
+  return cc;
+}
+
 cublasHandle_t cublas() {
   static cublasHandle_t h = [] {
     cudaStream_t s = stream();

@@ -328,6 +328,12 @@ TEST(SoftmaxAttention, FusedKernelBadInputsThrow) {
   EXPECT_LINEA_ERROR(scaled_dot_product_attention(q, k, v, 1.0, false, 0, zeros({1, 5})),
                      "key padding must be bool [B, M] = [1, 5]");
   EXPECT_LINEA_ERROR(scaled_dot_product_attention(q, k, v, INFINITY), "scale must be finite");
+  EXPECT_LINEA_ERROR(scaled_dot_product_attention(q, k, v, 1.0, false, 0, {}, false, 0.0, zeros({1, 2, 3})),
+                     "sdpa: key bias must be [B, H, M] = [1, 2, 5], got [1, 2, 3]");
+  EXPECT_LINEA_ERROR(scaled_dot_product_attention(q, k, v, 1.0, false, 0, {}, false, 0.0, zeros({1, 2, 5}, f64())),
+                     "float64");
+  EXPECT_LINEA_ERROR(scaled_dot_product_attention(q, k, v, 1.0, false, 0, {}, false, 1.0),
+                     "dropout_p must be in [0, 1), got 1");
 }
 
 TEST(SoftmaxAttention, BadInputsThrow) {

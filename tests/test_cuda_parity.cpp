@@ -8,7 +8,9 @@
 // Not here: tests that run without a GPU (tests/test_cuda_basics.cpp).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -753,6 +755,129 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
         EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
         EXPECT_TRUE(matches(db_d, db, long_sum, "dbias"));
       }
+    }
+  }
+}
+
+// float32 q, k, v rounded to bfloat16 (to nearest even), as the tensor cores read them.
+Tensor round_bf16(const Tensor& x) {
+  std::vector<float> v = x.to_vector<float>();
+  for (float& f : v) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+    std::memcpy(&f, &u, 4);
+  }
+  return from_vector<float>(v, x.shape());
+}
+
+// The tensor-core kernels (--precision bf16, float32 tensors, head dims up to 128): against the
+// CPU kernels on the same inputs rounded to bf16, so that what is left is the rounding of the
+// probabilities and score gradients before their products (relative 2^-9 each) and the order of
+// the sums. Sizes off the 64-row, 64-key and 32-query tiles, head dims of each tile width (32, 64,
+// 128), padding, causal with an offset, every key of a batch padded, dropout and a key bias.
+TEST(CudaParity, SoftmaxAttentionTensorCores) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(19);
+  struct Case {
+    int64_t B, H, N, M, D, E;
+    bool causal;
+    int64_t offset;
+    bool pad;
+  };
+  const std::vector<Case> cases = {
+      {2, 2, 70, 150, 40, 24, false, 0, true},   // cross-attention, padding, 3 key tiles
+      {1, 2, 50, 50, 64, 64, true, 0, false},    // causal, the ViT's 50 tokens
+      {1, 1, 150, 150, 24, 32, true, 0, true},   // causal over 3 key tiles: later tiles skip early queries
+      {1, 1, 5, 140, 20, 17, true, 131, false},  // a few new queries after 131 cached keys
+      {1, 1, 65, 33, 96, 128, false, 0, false},  // head dims of the 128 tiles, a second row tile
+      {2, 1, 1, 1, 8, 8, true, 0, false},        // one token
+  };
+  struct Restore {
+    ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
+  } restore;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +
+                 std::to_string(c.M) + " D " + std::to_string(c.D) + " E " + std::to_string(c.E) +
+                 (c.causal ? " causal" : "") + (c.pad ? " padded" : ""));
+    const DType dt = DType::Float32;
+    const Tensor q = rnd({c.B, c.H, c.N, c.D}, dt), k = rnd({c.B, c.H, c.M, c.D}, dt),
+                 v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
+    const Tensor qr = round_bf16(q), kr = round_bf16(k), vr = round_bf16(v), dr = round_bf16(dout);
+    const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda);
+    Tensor pad;
+    if (c.pad) {  // batch 0: every third key padded; the last batch: all of them
+      std::vector<int64_t> mask(static_cast<size_t>(c.B * c.M), 0);
+      for (int64_t m = 0; m < c.M; ++m) mask[m] = m % 3 == 1;
+      for (int64_t m = 0; m < c.M; ++m) mask[(c.B - 1) * c.M + m] = c.B > 1 ? 1 : mask[m];
+      pad = ints(mask, {c.B, c.M}).to(DType::Bool);
+    }
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    const Tensor bias = rnd({c.B, c.H, c.M}, dt);
+    for (int variant = 0; variant < 3; ++variant) {
+      const FoldedDropout drop = variant == 1 ? FoldedDropout{0.3, 1234, 7, 2, nullptr} : FoldedDropout{};
+      const Tensor b = variant == 2 ? bias : Tensor();
+      SCOPED_TRACE(variant == 0 ? "plain" : variant == 1 ? "dropout 0.3" : "key bias");
+      Tensor out = empty({c.B, c.H, c.N, c.E}, TensorOptions(dt)), lse = empty({c.B, c.H, c.N}, TensorOptions(dt));
+      cpu::sdpa_forward(qr, kr, vr, scale, c.causal, c.offset, pad, b, drop, out, lse, Tensor());
+      Tensor out_d = poisoned(out.shape(), dt), lse_d = poisoned(lse.shape(), dt);
+      const Tensor pd = pad.defined() ? pad.to(kCuda) : Tensor(), bd = b.defined() ? b.to(kCuda) : Tensor();
+      set_matmul_precision(MatmulPrecision::BF16);
+      LINEA_BACKEND(kCuda, sdpa_forward, qd, kd, vd, scale, c.causal, c.offset, pd, bd, drop, out_d, lse_d, Tensor());
+      set_matmul_precision(MatmulPrecision::Float32);
+      // |out| <= max |v| ~ 4: the probabilities' rounding moves it by about 2^-9 of that.
+      EXPECT_TRUE(test::all_close(out_d.to(kCPU), out, 1e-2, 1e-2)) << "out";
+      EXPECT_TRUE(test::all_close(lse_d.to(kCPU), lse, 1e-4, 1e-5)) << "lse";
+#ifdef LINEA_CUDA_EMULATOR
+      if (c.M > 1) {
+        EXPECT_GT(max(abs(out_d.to(kCPU) - out)).item(), 0.0) << "the probabilities were not rounded";
+      }
+#endif
+
+      // The backward from the CPU's out and lse, so that only its own rounding is measured.
+      Tensor dq = empty(q.shape(), TensorOptions(dt)), dk = empty(k.shape(), TensorOptions(dt)),
+             dv = empty(v.shape(), TensorOptions(dt)),
+             db = b.defined() ? empty(b.shape(), TensorOptions(dt)) : Tensor();
+      cpu::sdpa_backward(qr, kr, vr, out, lse, Tensor(), dr, scale, c.causal, c.offset, pad, b, drop, dq, dk, dv, db);
+      Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt),
+             db_d = b.defined() ? poisoned(b.shape(), dt) : Tensor();
+      set_matmul_precision(MatmulPrecision::BF16);
+      LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out.to(kCuda), lse.to(kCuda), Tensor(), dd, scale, c.causal,
+                    c.offset, pd, bd, drop, dq_d, dk_d, dv_d, db_d);
+      set_matmul_precision(MatmulPrecision::Float32);
+      EXPECT_TRUE(test::all_close(dq_d.to(kCPU), dq, 2e-2, 2e-2)) << "dq";
+      EXPECT_TRUE(test::all_close(dk_d.to(kCPU), dk, 2e-2, 2e-2)) << "dk";
+      EXPECT_TRUE(test::all_close(dv_d.to(kCPU), dv, 2e-2, 2e-2)) << "dv";
+      if (b.defined()) {
+        EXPECT_TRUE(test::all_close(db_d.to(kCPU), db, 2e-2, 2e-2)) << "dbias";
+      }
+    }
+  }
+}
+
+// A query whose scores are all NaN gets NaN out and lse on both devices and in both CUDA paths
+// (not the zeros and -inf of a query that sees no key), the other rows stay finite.
+TEST(CudaParity, SoftmaxAttentionPropagatesNaN) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(23);
+  std::vector<float> qv = rnd({1, 1, 3, 8}, DType::Float32).to_vector<float>();
+  for (int d = 8; d < 16; ++d) qv[d] = NAN;  // row 1
+  const Tensor q = from_vector<float>(qv, {1, 1, 3, 8}), k = rnd({1, 1, 5, 8}, DType::Float32),
+               v = rnd({1, 1, 5, 4}, DType::Float32);
+  struct Restore {
+    ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
+  } restore;
+  for (MatmulPrecision p : {MatmulPrecision::Float32, MatmulPrecision::BF16}) {
+    SCOPED_TRACE(precision_name(p));
+    Tensor out = poisoned({1, 1, 3, 4}, DType::Float32), lse = poisoned({1, 1, 3}, DType::Float32);
+    set_matmul_precision(p);
+    LINEA_BACKEND(kCuda, sdpa_forward, q.to(kCuda), k.to(kCuda), v.to(kCuda), 0.5, false, 0, Tensor(), Tensor(),
+                  FoldedDropout{}, out, lse, Tensor());
+    set_matmul_precision(MatmulPrecision::Float32);
+    const std::vector<float> o = out.to(kCPU).to_vector<float>(), l = lse.to(kCPU).to_vector<float>();
+    for (int n = 0; n < 3; ++n) {
+      EXPECT_EQ(std::isnan(l[n]), n == 1) << "lse row " << n;
+      for (int e = 0; e < 4; ++e) EXPECT_EQ(std::isnan(o[n * 4 + e]), n == 1) << "out row " << n;
     }
   }
 }

@@ -24,8 +24,10 @@
 // Usage:
 //   attention-scaling [--specs softmax,performer,ra,lara,nprf_rpe] [--lengths 256,512,...]
 //                     [--device cpu|cuda|auto] [--batch 1] [--heads 2] [--dim 64] [--repeats 3]
-//                     [--threads T] [--max-seconds S] [--seed 0] [--json FILE]
-// Default lengths: 256..8192 (powers of two) on the CPU, 256..65536 on CUDA. A spec may carry
+//                     [--threads T] [--max-seconds S] [--seed 0] [--precision fp32|tf32|bf16] [--json FILE]
+// Default lengths: 256..8192 (powers of two) on the CPU, 256..65536 on CUDA. --precision (CUDA):
+// the float32 matmuls' precision (core/precision.h); under bf16 softmax's fused kernel runs on
+// the tensor cores too, the reference for PyTorch's SDPA in bfloat16. A spec may carry
 // options; in --specs, a comma-separated piece without ':' but with '=' continues the previous
 // spec's options ("performer:feature_map=relu,redraw=1,ra").
 #include <sys/resource.h>
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
   linea::apps::tune_process(argv, /*short_openmp_spin=*/false);  // OpenBLAS kernels that fit the CPU
   CLI::App app{"attention-scaling: forward+backward time and peak memory vs sequence length, relative to softmax"};
   std::string specs_arg = linea::join(linea::attn::registered_attentions(), ","), device_arg = "cpu",
-              json_path = "attention_scaling.jsonl";
+              json_path = "attention_scaling.jsonl", precision = "fp32";
   std::vector<int64_t> lengths;
   int64_t batch = 1, heads = 2, dim = 64;
   int repeats = 3, threads = 0;
@@ -120,6 +122,8 @@ int main(int argc, char** argv) {
       ->check(linea::apps::positive_number())
       ->capture_default_str();
   app.add_option("--seed", seed, "seed of the inputs and of the mechanisms' draws")->capture_default_str();
+  app.add_option("--precision", precision, "float32 matmuls on CUDA: fp32, tf32 or bf16 (tensor cores)")
+      ->capture_default_str();
   app.add_option("--json", json_path, "JSON lines output (one object per case)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -127,6 +131,7 @@ int main(int argc, char** argv) {
     using namespace linea;
     linea::set_num_threads(threads);
     const Device device = resolve_device("attention-scaling", device_arg);
+    apps::apply_precision("attention-scaling", precision, device);
     if (lengths.empty())
       for (int64_t L = 256; L <= (device.is_cuda() ? 65536 : 8192); L *= 2) lengths.push_back(L);
     const std::vector<std::string> specs = split_specs(specs_arg);
@@ -140,9 +145,9 @@ int main(int argc, char** argv) {
       if (parsed[j].name == "softmax") base = static_cast<int>(j);
 
     const std::string dev_name = device_name(device);
-    std::printf("attention forward+backward, float32, B=%lld, H=%lld, D=%lld, device %s\n",
-                static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(dim),
-                dev_name.c_str());
+    std::printf("attention forward+backward, float32 (matmul precision %s), B=%lld, H=%lld, D=%lld, device %s\n",
+                precision.c_str(), static_cast<long long>(batch), static_cast<long long>(heads),
+                static_cast<long long>(dim), dev_name.c_str());
     std::printf(
         "median of %d runs after a warm-up; peak memory = allocator high-water mark minus live bytes before the case; "
         "--max-seconds %.1f\n",
@@ -294,6 +299,7 @@ int main(int argc, char** argv) {
                               {"H", heads},
                               {"D", dim},
                               {"dtype", "float32"},
+                              {"precision", precision},
                               {"device", dev_name},
                               {"repeats", repeats},
                               {"max_seconds", max_seconds},

@@ -58,7 +58,7 @@ case "$mode" in
     done
     echo "== attention vs PyTorch"
     timeout 420 python3 "$G/scripts/torch_attention.py" --linea "$G/run.sh $G/bin/attention-scaling" --device cuda \
-      --lengths "${ATTN_LENGTHS:-1024,4096,16384,65536}" --dims 64,128 --batch 4 --heads 8 --features 64 \
+      --lengths "${ATTN_LENGTHS:-1024,4096,16384,65536}" --dims 64,128 --batch 4 --heads 8 --features 64 --bf16 \
       --repeats 3 --json "$LOG/attention_vs_torch.jsonl" > "$LOG/attention_vs_torch.log" 2>&1
     echo "exit $?"
     sed -n '/^forward+backward/,$p' "$LOG/attention_vs_torch.log"

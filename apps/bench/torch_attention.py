@@ -26,12 +26,14 @@ its allocator's high-water mark; PyTorch: torch.cuda.max_memory_allocated, both 
 live before) and printed as a ratio, and PyTorch's softmax is its fused SDPA
 (F.scaled_dot_product_attention). --sdpa (the default on cuda) adds SDPA's time in float32 and in
 bfloat16 at every length as the reference the other mechanisms are held to. A case that runs out
-of memory is n/a. --dims runs every length at several head dims.
+of memory is n/a. --dims runs every length at several head dims. --bf16 (cuda) adds Linea's
+softmax under --precision bf16 (its fused kernel on the tensor cores, float32 tensors) against
+SDPA in bfloat16, the "same dtype" comparison.
 
 Usage:
   apps/bench/torch_attention.py [--linea build/release/apps/bench/attention-scaling]
       [--device cpu|cuda] [--lengths 1024,2048,4096,8192] [--specs softmax,performer,lara,nprf_rpe]
-      [--features 16] [--batch 1] [--heads 2] [--dims 64] [--threads 2] [--repeats 5] [--sdpa]
+      [--features 16] [--batch 1] [--heads 2] [--dims 64] [--threads 2] [--repeats 5] [--sdpa] [--bf16]
       [--json FILE]
 (--linea may be a command with arguments, e.g. a carried bundle's "run.sh bin/attention-scaling".)
 """
@@ -61,6 +63,8 @@ def parse_args():
     p.add_argument("--dims", "--dim", default="64", help="head dims D (= Dv), comma-separated")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--sdpa", action="store_true", help="also time PyTorch's SDPA in float32 and bfloat16 (on cuda: always)")
+    p.add_argument("--bf16", action="store_true",
+                   help="on cuda: also Linea's softmax under --precision bf16 against SDPA in bfloat16")
     p.add_argument("--threads", type=int, default=2, help="threads for both (OpenMP/OpenBLAS and torch)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -246,13 +250,14 @@ def time_torch(torch, fn, B, H, L, D, repeats, gen, dev, dtype=None):
     return statistics.median(times), times, mb
 
 
-def time_linea(args, specs, L, D, repeats=None):
+def time_linea(args, specs, L, D, repeats=None, precision="fp32"):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "linea.json")
         cmd = shlex.split(args.linea) + [
                "--specs", ",".join(specs), "--lengths", str(L), "--batch", str(args.batch), "--device", args.device,
                "--heads", str(args.heads), "--dim", str(D), "--threads", str(args.threads),
-               "--repeats", str(repeats or args.repeats), "--seed", str(args.seed), "--max-seconds", "1000", "--json", out]
+               "--repeats", str(repeats or args.repeats), "--seed", str(args.seed), "--max-seconds", "1000",
+               "--precision", precision, "--json", out]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             raise SystemExit(f"torch_attention.py: {' '.join(cmd)} failed:\n{run.stderr or run.stdout}")
@@ -314,6 +319,10 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 on both sides
         torch.backends.cudnn.allow_tf32 = False
     sdpa = args.sdpa or dev == "cuda"
+    if args.bf16 and dev != "cuda":
+        raise SystemExit("torch_attention.py: --bf16 needs --device cuda (Linea's bf16 precision is the GPU's)")
+    if args.bf16 and "softmax" not in args.specs.split(","):
+        raise SystemExit("torch_attention.py: --bf16 compares Linea's softmax: keep softmax in --specs")
     if sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
         raise SystemExit(f"torch_attention.py: SDPA (--sdpa, --device cuda) needs PyTorch 2.0 or later, "
                          f"this is {torch.__version__}")
@@ -321,7 +330,7 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",") if x]
     dims = [int(x) for x in args.dims.split(",") if x]
     S, B, H = args.features, args.batch, args.heads
-    cols = names + (["SDPA fp32", "SDPA bf16"] if sdpa else [])
+    cols = names + (["softmax bf16"] if args.bf16 else []) + (["SDPA fp32", "SDPA bf16"] if sdpa else [])
 
     results, device = [], "?"
     with open(args.json, "w") as js:
@@ -331,12 +340,16 @@ def main():
                 linea, device = time_linea(args, specs, L, D)
                 gen = torch.Generator().manual_seed(args.seed)
                 mechs = make_torch_mechanisms(torch, H, D, S, L, gen, dev)
-                cases = [(n, sp, mechs[n], None) for n, sp in zip(names, specs)]
+                cases = [(n, sp, mechs[n], None, linea) for n, sp in zip(names, specs)]
+                f = torch.nn.functional.scaled_dot_product_attention if sdpa else None
+                if args.bf16:
+                    sp = specs[names.index("softmax")]
+                    linea_bf16, _ = time_linea(args, [sp], L, D, precision="bf16")
+                    cases.append(("softmax bf16", sp, f, torch.bfloat16, linea_bf16))
                 if sdpa:
-                    f = torch.nn.functional.scaled_dot_product_attention
-                    cases += [("SDPA fp32", None, f, torch.float32), ("SDPA bf16", None, f, torch.bfloat16)]
-                for name, spec, fn, dtype in cases:
-                    lr = linea[spec] if spec else {}
+                    cases += [("SDPA fp32", None, f, torch.float32, {}), ("SDPA bf16", None, f, torch.bfloat16, {})]
+                for name, spec, fn, dtype, linea_rows in cases:
+                    lr = linea_rows[spec] if spec else {}
                     torch_ms, torch_times, torch_mb = time_torch(torch, fn, B, H, L, D, args.repeats, gen, dev, dtype)
                     ok = lr.get("status") == "ok"
                     row = {"bench": "attention-vs-torch", "length": L, "mechanism": name, "linea_spec": spec,
@@ -359,7 +372,8 @@ def main():
 
     where = (f"on {torch.cuda.get_device_name()}" if dev == "cuda" else
              f"{args.threads} threads; Linea on {device}; PyTorch on OpenBLAS {torch_kernels} kernels")
-    print(f"\nforward+backward, float32 (the SDPA bf16 column in bfloat16), B={B}, H={H}, {S} features/samples, "
+    print(f"\nforward+backward, float32 (the bf16 columns: SDPA in bfloat16; Linea's float32 under --precision bf16), "
+          f"B={B}, H={H}, {S} features/samples, "
           f"median of {args.repeats}, {where}. Mechanism cells: Linea ms / PyTorch ms (speed-up of Linea"
           + (", Linea's peak memory / PyTorch's)" if dev == "cuda" else ")") + "; SDPA cells: PyTorch ms\n")
     for D in dims:

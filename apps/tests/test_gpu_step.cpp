@@ -33,6 +33,7 @@
 #include "core/cuda_counters.h"
 #include "core/cuda_graph.h"
 #include "core/device.h"
+#include "core/precision.h"
 #include "core/random.h"
 #include "nn/data.h"
 #include "nn/optim.h"
@@ -293,6 +294,21 @@ TEST(CudaGraph, ReplayedTranslateStepsWithDropoutEqualUncapturedOnes) {
     EXPECT_EQ(c.graph_launches, 1) << "step " << i + 1;
     EXPECT_EQ(c.kernel_launches + c.library_calls, 0) << "step " << i + 1 << ": " << c.str();
   }
+}
+
+TEST(CudaGraph, ReplayedBf16TranslateStepsEqualUncapturedOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  // --precision bf16: cuBLAS's bf16 GEMMs and the tensor-core attention kernels (with the
+  // probabilities' dropout), captured and replayed, give the uncaptured steps' bits.
+  struct Restore {
+    ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
+  } restore;
+  set_matmul_precision(MatmulPrecision::BF16);
+  std::vector<Tensor> eager_params, graph_params;
+  const apps::TrainResult eager = train_translate(3, false, &eager_params);
+  const apps::TrainResult graph = train_translate(3, true, &graph_params);
+  EXPECT_EQ(graph.step_losses, eager.step_losses);
+  EXPECT_TRUE(same_bits(graph_params, eager_params)) << "the parameters after 3 steps differ";
 }
 
 TEST(CudaGraph, RefusesWhatAReplayWouldNotRepeat) {

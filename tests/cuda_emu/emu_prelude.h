@@ -17,7 +17,22 @@ extern uint3 blockIdx;
 extern dim3 blockDim;
 extern dim3 gridDim;
 
+#define __launch_bounds__(...)  // occupancy hints mean nothing on the host
 void __syncthreads();
+void __syncwarp(unsigned mask = 0xffffffffu);
+namespace emu {
+void warp_exchange(const void* mine, void* all, size_t bytes);
+// mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 (d += A B) in the PTX ISA's fragment layouts.
+void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+}  // namespace emu
+// Warp shuffles over the full warp (every lane calls them, as in Linea's kernels).
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int = 32) {
+  if (mask != 0xffffffffu) std::abort();
+  T all[32];
+  emu::warp_exchange(&v, all, sizeof(T));
+  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+  return all[lane ^ static_cast<unsigned>(lane_mask)];
+}
 inline void __threadfence_system() {}
 inline void __threadfence() {}
 inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }

@@ -39,7 +39,8 @@ namespace {
 struct Fiber {
   ucontext_t ctx;
   bool done = false;
-  bool at_barrier = false;
+  bool at_barrier = false;       // __syncthreads
+  bool at_warp_barrier = false;  // __syncwarp
   uint3 tid;
 };
 ucontext_t g_sched;
@@ -59,6 +60,72 @@ void __syncthreads() {
   g_cur->at_barrier = true;
   swapcontext(&g_cur->ctx, &g_sched);
 }
+
+// A warp's lanes are threads 32 w .. 32 w + 31 of the block (linear index); each lane waits until
+// every lane of its warp has arrived (the full mask only: Linea's kernels keep warps converged).
+void __syncwarp(unsigned mask) {
+  if (mask != 0xffffffffu) {
+    std::fprintf(stderr, "emu: __syncwarp takes the full mask only, got %#x\n", mask);
+    std::abort();
+  }
+  g_cur->at_warp_barrier = true;
+  swapcontext(&g_cur->ctx, &g_sched);
+}
+
+namespace emu {
+// Lane l's `bytes` go to all + l * bytes in every lane of the warp (the base of shuffles and of
+// the emulated mma.sync).
+void warp_exchange(const void* mine, void* all, size_t bytes) {
+  constexpr size_t kMaxBytes = 64;
+  static unsigned char slots[1024 * kMaxBytes];  // [thread][kMaxBytes]: warps interleave
+  if (bytes > kMaxBytes) {
+    std::fprintf(stderr, "emu: warp_exchange of %zu bytes per lane (at most %zu)\n", bytes, kMaxBytes);
+    std::abort();
+  }
+  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  std::memcpy(slots + t * kMaxBytes, mine, bytes);
+  __syncwarp(0xffffffffu);
+  for (unsigned l = 0; l < 32; ++l)
+    std::memcpy(static_cast<unsigned char*>(all) + l * bytes, slots + ((t / 32) * 32 + l) * kMaxBytes, bytes);
+  __syncwarp(0xffffffffu);  // nobody writes the next exchange before every lane has read this one
+}
+
+// The warp's A [16 x 16] and B [16 x 8] rebuilt from every lane's fragments, as the PTX ISA lays
+// them out ("Matrix Fragments for mma.m16n8k16 with floating point type"); each lane then
+// computes its own four elements of D.
+void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Frag {
+    uint32_t a[4], b[2];
+  } mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}}, all[32];
+  warp_exchange(&mine, all, sizeof(Frag));
+  auto bf16 = [](uint32_t reg, int half) {
+    const uint32_t bits = (half ? reg >> 16 : reg & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  float A[16][16], B[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int h = 0; h < 2; ++h) {
+      A[g][2 * t + h] = bf16(all[lane].a[0], h);
+      A[g + 8][2 * t + h] = bf16(all[lane].a[1], h);
+      A[g][2 * t + 8 + h] = bf16(all[lane].a[2], h);
+      A[g + 8][2 * t + 8 + h] = bf16(all[lane].a[3], h);
+      B[2 * t + h][g] = bf16(all[lane].b[0], h);
+      B[2 * t + 8 + h][g] = bf16(all[lane].b[1], h);
+    }
+  }
+  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+    float acc = 0;
+    for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][c];
+    d[i] += acc;
+  }
+}
+}  // namespace emu
 
 namespace emu {
 void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
@@ -94,6 +161,7 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& b
               Fiber& f = g_fibers[t];
               f.done = false;
               f.at_barrier = false;
+              f.at_warp_barrier = false;
               f.tid = make_uint3(x, y, z);
               getcontext(&f.ctx);
               f.ctx.uc_stack.ss_sp = g_stacks.data() + t * kStack;
@@ -109,10 +177,27 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& b
             threadIdx = f.tid;
             swapcontext(&g_sched, &f.ctx);
           }
-          unsigned done = 0, waiting = 0;
+          unsigned done = 0, waiting = 0, warp_waiting = 0;
           for (auto& f : g_fibers) {
             done += f.done;
             waiting += f.at_barrier;
+            warp_waiting += f.at_warp_barrier;
+          }
+          if (warp_waiting > 0) {  // release each warp whose lanes all wait at __syncwarp
+            bool released = false;
+            for (unsigned w = 0; w * 32 < nthreads; ++w) {
+              const unsigned end = std::min(nthreads, w * 32 + 32);
+              bool all = true;
+              for (unsigned i = w * 32; i < end; ++i) all = all && g_fibers[i].at_warp_barrier;
+              if (!all) continue;
+              for (unsigned i = w * 32; i < end; ++i) g_fibers[i].at_warp_barrier = false;
+              released = true;
+            }
+            if (released) continue;
+            std::fprintf(stderr,
+                         "emu: warp divergence: %u threads wait at __syncwarp, %u at __syncthreads, %u exited\n",
+                         warp_waiting, waiting, done);
+            std::abort();
           }
           if (waiting == 0) break;
           if (done > 0) {

@@ -1,0 +1,75 @@
+// Warp-level tensor-core products (mma.sync, sm_80+) and the quad reductions of their
+// accumulators, for kernels that keep their tiles in registers (cuda/attention.cu).
+//
+// mma.sync.m16n8k16 with bf16 inputs and float32 accumulation, in the PTX ISA's fragment
+// layouts. With g = lane / 4 and t = lane % 4:
+//   A [16 x 16], 4 registers of two bf16 (low half = lower column):
+//     a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, +9]   a[3] = A[g+8][2t+8, +9]
+//   B [16 x 8], 2 registers:  b[0] = B[2t, 2t+1][g]     b[1] = B[2t+8, 2t+9][g]
+//   C, D [16 x 8] float:      d[0], d[1] = D[g][2t, 2t+1]   d[2], d[3] = D[g+8][2t, 2t+1]
+// So the accumulators of two neighbouring 8-column tiles are, rounded, one A fragment: what
+// FlashAttention-2 uses to feed its probabilities to the second product without shared memory.
+// The host emulator (tests/cuda_emu) implements the same layouts by gathering the warp's lanes.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/common.cuh"
+
+#if !defined(LINEA_CUDA_EMULATOR)
+#include <cuda_bf16.h>
+#endif
+
+namespace linea::cuda::detail {
+
+// Two floats rounded to bf16 (to nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(LINEA_CUDA_EMULATOR)
+  auto round = [](float f) -> uint32_t {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // NaN stays NaN
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  };
+  return round(lo) | (round(hi) << 16);
+#else
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+#endif
+}
+
+// One float rounded to bf16 (the bits).
+__device__ __forceinline__ uint16_t to_bf16(float f) { return static_cast<uint16_t>(pack_bf16x2(f, 0.f) & 0xffffu); }
+
+// Two neighbouring bf16 of shared memory (p 4-byte aligned) as one register.
+__device__ __forceinline__ uint32_t load_bf16x2(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// d += A B for the warp (every lane calls it, converged).
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(LINEA_CUDA_EMULATOR)
+  emu::mma_bf16_m16n8k16(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // the callers check compute_capability() >= 80 first
+#endif
+}
+
+// Max and sum over the 4 lanes of a quad (the lanes that hold one accumulator row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace linea::cuda::detail
