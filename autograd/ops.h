@@ -209,7 +209,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // Toeplitz-modulated linear attention, fused (CPU and CUDA): y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m
 // for c [H or B, H, N+M-1] (c_t at index t + N - 1), phi_q [B, H, N, S], phi_k [B, H, M, S],
 // v [B, H, M, E], by FFTs of length fft_len >= N + M - 1, a feature at a time: no
-// [S, E] products per key are kept (nprf_rpe's FFT path). Differentiable in all four.
+// [S, E] products per key are kept (nprf_rpe's FFT path); fft_len 0: directly, in tiles of
+// query rows by keys (exact, O(N M) work: nprf_rpe's dense path). Differentiable in all four.
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
                           int64_t fft_len);
 // Positive random features, fused (CPU and CUDA): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S) for

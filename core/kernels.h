@@ -315,7 +315,8 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
                                   const Tensor& dx, const Tensor& domega);                                             \
   /* Toeplitz-modulated linear attention (raw::toeplitz_attention; nprf_rpe's FFT path), per (b, h): */                \
   /* y_n = sum_s phi_q_ns sum_m c_{m-n} phi_k_ms v_m, through transforms of length fft_len >= N + M - 1 one */         \
-  /* (feature, value channel) at a time (memory O((N + M) S), not O(N S E)). c [H or B*H, N+M-1] holds c_t */          \
+  /* (feature, value channel) at a time (memory O((N + M) S), not O(N S E)); fft_len 0: directly, term by */           \
+  /* term in tiles (exact, O(N M) work). c [H or B*H, N+M-1] holds c_t */                                              \
   /* at t + N - 1 for t = m - n; phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E] contiguous, one float */       \
   /* dtype; y [B, H, N, E]. */                                                                                         \
   void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,          \

@@ -106,7 +106,8 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
                                   const FoldedDropout& drop = FoldedDropout(), const Tensor& bias = Tensor());
 // Toeplitz-modulated linear attention, fused: y_n = sum_m c_{m-n}
 // (phi_q_n . phi_k_m) v_m for c [H, N+M-1] or [B, H, N+M-1] (c_t at t + N - 1), phi_q
-// [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by FFTs of length fft_len >= N + M - 1.
+// [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by FFTs of length fft_len >= N + M - 1,
+// or (fft_len 0) directly, term by term in tiles: exact, O(N M) work, the faster for short L.
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
                           int64_t fft_len);
 // Returns {dc, dphi_q, dphi_k, dv} from grad [B, H, N, E].

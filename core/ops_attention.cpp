@@ -116,7 +116,8 @@ void check_toeplitz_args(const char* op, const Tensor& c, const Tensor& pq, cons
   LINEA_CHECK((c.dim() == 2 && c.size(0) == H && c.size(1) == N + M - 1) ||
                   (c.dim() == 3 && c.size(0) == B && c.size(1) == H && c.size(2) == N + M - 1),
               op, ": c must be [H, N+M-1] = [", H, ", ", N + M - 1, "] or [B, H, N+M-1], got ", shape_str(c.shape()));
-  LINEA_CHECK(fft_len >= N + M - 1, op, ": fft length ", fft_len, " is below N + M - 1 = ", N + M - 1);
+  LINEA_CHECK(fft_len == 0 || fft_len >= N + M - 1, op, ": fft length ", fft_len, " is below N + M - 1 = ", N + M - 1,
+              " (0: the direct path)");
   LINEA_CHECK(is_floating(v.dtype()), op, ": expected float32 or float64, got ", dtype_name(v.dtype()));
   for (const Tensor* t : {&c, &pq, &pk}) {
     check_same_dtype(op, v, *t);

@@ -9,7 +9,7 @@
 // taken a chunk of whole groups (b, h, e) at a time so that memory stays O(chunk), bounded by
 // chunk_bytes() rather than the O(B H E S n) of every channel's spectrum at once. Sums over s and
 // over the channels e run in kernels in a fixed order (chunk by chunk, item by item): no
-// atomics, the same bits every run.
+// atomics, the same bits every run. fft_len == 0 takes the direct path (below) instead.
 #include <algorithm>
 #include <cstdlib>
 
@@ -177,7 +177,103 @@ template <typename T> __global__ void extract_kernel(const T* dg, ToeplitzDims d
   }
 }
 
+// ---- the direct path (fft_len == 0) --------------------------------------------------------------
+// The same sums term by term, as batched GEMMs over a chunk of query rows at a time (all (b, h)):
+// A = phi_q phi_k^T [rows, M], each entry times c_{m-n} (the bias table), y = A v. Exact, O(N M)
+// work on cuBLAS (at the matmul precision), O(chunk) memory: the faster path for short sequences.
+
+// a[bh, i, m] (and b[bh, i, m]) *= c_{m - (n0 + i)} for the chunk's rows i < rows.
+template <typename T> __global__ void bias_weight_kernel(T* a, T* b, const T* c, ToeplitzDims d, int64_t n0, int64_t rows) {
+  LINEA_GRID_LOOP(j, d.B * d.H * rows * d.M) {
+    const int64_t m = j % d.M, i = j / d.M % rows, bh = j / (d.M * rows);
+    const T w = c[d.row_of(bh) * d.L() + m - (n0 + i) + d.N - 1];
+    a[j] *= w;
+    if (b) b[j] *= w;
+  }
+}
+
+// dcb[bh, t + N - 1] += sum over the chunk's rows n of k[bh, n, n + t] g[bh, n, n + t]: one thread
+// per (bh, t), its rows in order (no atomics).
+template <typename T>
+__global__ void diagonal_sums_kernel(const T* k, const T* g, ToeplitzDims d, int64_t n0, int64_t rows, T* dcb) {
+  LINEA_GRID_LOOP(j, d.B * d.H * d.L()) {
+    const int64_t bh = j / d.L(), t = j % d.L() - (d.N - 1);
+    T acc = T(0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t m = n0 + i + t;
+      if (m >= 0 && m < d.M) acc += k[(bh * rows + i) * d.M + m] * g[(bh * rows + i) * d.M + m];
+    }
+    dcb[j] += acc;
+  }
+}
+
+// dc per row of c from each (b, h)'s sums: its own, or per head the batch's in order.
+template <typename T> __global__ void batch_sums_kernel(const T* dcb, ToeplitzDims d, T* dc) {
+  LINEA_GRID_LOOP(j, d.rows() * d.L()) {
+    if (d.c_per_batch) {
+      dc[j] = dcb[j];
+      continue;
+    }
+    const int64_t h = j / d.L(), t = j % d.L();
+    T acc = T(0);
+    for (int64_t b = 0; b < d.B; ++b) acc += dcb[(b * d.H + h) * d.L() + t];
+    dc[j] = acc;
+  }
+}
+
 #undef LINEA_GRID_LOOP
+
+// Query rows per chunk of the direct path: its [B H, rows, M] tiles within chunk_bytes().
+template <typename T> int64_t direct_rows(const ToeplitzDims& d) {
+  const int64_t per_row = d.B * d.H * d.M * static_cast<int64_t>(sizeof(T));
+  return std::max<int64_t>(1, std::min<int64_t>(d.N, chunk_bytes() / per_row));
+}
+
+template <typename T>
+void direct_forward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk, const T* v, T* y) {
+  const int64_t BH = d.B * d.H, nc = direct_rows<T>(d);
+  DeviceScratch<T> a(BH * nc * d.M);
+  for (int64_t n0 = 0; n0 < d.N; n0 += nc) {
+    const int64_t r = std::min(nc, d.N - n0);
+    gemm_strided<T>(pq + n0 * d.S, false, d.S, d.N * d.S, pk, true, d.S, d.M * d.S, a.p, d.M, r * d.M, r, d.M, d.S,
+                    BH, 1.0);
+    bias_weight_kernel<T><<<grid_for(BH * r * d.M), kBlockSize, 0, stream()>>>(a.p, nullptr, c, d, n0, r);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    gemm_strided<T>(a.p, false, d.M, r * d.M, v, false, d.E, d.M * d.E, y + n0 * d.E, d.E, d.N * d.E, r, d.E, d.M,
+                    BH, 1.0);
+  }
+}
+
+// Per chunk: K = phi_q phi_k^T, G = dy v^T; dc_{m-n} += K G along the diagonals; with W = c K,
+// Z = c G: dv += W^T dy, dphi_q = Z phi_k, dphi_k += Z^T phi_q.
+template <typename T>
+void direct_backward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk, const T* v, const T* dy, T* dc,
+                     T* dpq, T* dpk, T* dv) {
+  const int64_t BH = d.B * d.H, nc = direct_rows<T>(d);
+  DeviceScratch<T> K(BH * nc * d.M), G(BH * nc * d.M), dcb(BH * d.L());
+  count_work(counter_cells().device_copies);
+  LINEA_CUDA_CHECK(cudaMemsetAsync(dcb.p, 0, sizeof(T) * static_cast<size_t>(BH * d.L()), stream()));
+  for (int64_t n0 = 0; n0 < d.N; n0 += nc) {
+    const int64_t r = std::min(nc, d.N - n0);
+    const double acc = n0 > 0 ? 1.0 : 0.0;  // dv, dphi_k: the first chunk overwrites
+    gemm_strided<T>(pq + n0 * d.S, false, d.S, d.N * d.S, pk, true, d.S, d.M * d.S, K.p, d.M, r * d.M, r, d.M, d.S,
+                    BH, 1.0);
+    gemm_strided<T>(dy + n0 * d.E, false, d.E, d.N * d.E, v, true, d.E, d.M * d.E, G.p, d.M, r * d.M, r, d.M, d.E,
+                    BH, 1.0);
+    diagonal_sums_kernel<T><<<grid_for(BH * d.L()), kBlockSize, 0, stream()>>>(K.p, G.p, d, n0, r, dcb.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    bias_weight_kernel<T><<<grid_for(BH * r * d.M), kBlockSize, 0, stream()>>>(K.p, G.p, c, d, n0, r);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    gemm_strided<T>(K.p, true, d.M, r * d.M, dy + n0 * d.E, false, d.E, d.N * d.E, dv, d.E, d.M * d.E, d.M, d.E, r,
+                    BH, 1.0, acc);
+    gemm_strided<T>(G.p, false, d.M, r * d.M, pk, false, d.S, d.M * d.S, dpq + n0 * d.S, d.S, d.N * d.S, r, d.S, d.M,
+                    BH, 1.0);
+    gemm_strided<T>(G.p, true, d.M, r * d.M, pq + n0 * d.S, false, d.S, d.N * d.S, dpk, d.S, d.M * d.S, d.M, d.S, r,
+                    BH, 1.0, acc);
+  }
+  batch_sums_kernel<T><<<grid_for(d.rows() * d.L()), kBlockSize, 0, stream()>>>(dcb.p, d, dc);
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
 
 ToeplitzDims dims_of(const Tensor& c, const Tensor& pq, const Tensor& pk, const Tensor& v, int64_t fft_len) {
   return {pq.size(0), pq.size(1), pq.size(2), pk.size(2), pq.size(3), v.size(3), fft_len, c.dim() == 3};
@@ -204,6 +300,7 @@ void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tens
   const ToeplitzDims d = dims_of(c, phi_q, phi_k, v, fft_len);
   LINEA_DISPATCH_FLOAT(v.dtype(), "toeplitz_attention", [&] {
     using T = scalar_t;
+    if (fft_len == 0) return direct_forward<T>(d, cptr<T>(c), cptr<T>(phi_q), cptr<T>(phi_k), cptr<T>(v), ptr<T>(y));
     const int64_t nf = d.nf(), per = groups_per_chunk<T>(d) * d.S;
     DeviceScratch<T> spec(d.rows() * 2 * nf), u(per * d.n), X(per * 2 * nf);
     c_spectrum<T>(cptr<T>(c), d, spec.p);
@@ -230,6 +327,9 @@ void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Ten
   const ToeplitzDims d = dims_of(c, phi_q, phi_k, v, fft_len);
   LINEA_DISPATCH_FLOAT(v.dtype(), "toeplitz_attention_backward", [&] {
     using T = scalar_t;
+    if (fft_len == 0)
+      return direct_backward<T>(d, cptr<T>(c), cptr<T>(phi_q), cptr<T>(phi_k), cptr<T>(v), cptr<T>(dy), ptr<T>(dc),
+                                ptr<T>(dphi_q), ptr<T>(dphi_k), ptr<T>(dv));
     const int64_t nf = d.nf(), per = groups_per_chunk<T>(d) * d.S;
     DeviceScratch<T> spec(d.rows() * 2 * nf), dG(d.B * d.H * 2 * nf), u(per * d.n), X(per * 2 * nf), P(per * 2 * nf),
         W(per * 2 * nf);

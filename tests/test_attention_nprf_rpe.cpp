@@ -179,8 +179,10 @@ Tensor naive_toeplitz_attention(const Tensor& c, const Tensor& pq, const Tensor&
 
 TEST(NprfRpeToeplitz, FusedAttentionMatchesNaiveLoop) {
   manual_seed(13);
-  // B * H = 1 (features split over threads) and 6 (a (b, h) per thread); N > M, N < M, N = 1.
-  for (auto [B, H, N, M] : std::vector<std::array<int64_t, 4>>{{1, 1, 7, 4}, {2, 3, 5, 9}, {1, 2, 1, 6}}) {
+  // B * H = 1 (features split over threads) and 6 (a (b, h) per thread); N > M, N < M, N = 1;
+  // past the direct path's tiles of 64 rows and 256 keys.
+  for (auto [B, H, N, M] :
+       std::vector<std::array<int64_t, 4>>{{1, 1, 7, 4}, {2, 3, 5, 9}, {1, 2, 1, 6}, {1, 2, 70, 300}}) {
     for (bool per_batch : {false, true}) {
       SCOPED_TRACE("B=" + std::to_string(B) + " H=" + std::to_string(H) + " N=" + std::to_string(N) +
                    " M=" + std::to_string(M) + (per_batch ? " c per batch" : " c per head"));
@@ -188,12 +190,15 @@ TEST(NprfRpeToeplitz, FusedAttentionMatchesNaiveLoop) {
       Tensor pq = exp(r64({B, H, N, 3})), pk = exp(r64({B, H, M, 3})), v = r64({B, H, M, 2});
       Tensor ref = naive_toeplitz_attention(c, pq, pk, v);
       EXPECT_TRUE(all_close(toeplitz_attention(c, pq, pk, v, attn::fft_length(N + M - 1)), ref, 1e-11, 1e-11));
-      // Any length >= N + M - 1 gives the same sums.
+      // Any length >= N + M - 1 gives the same sums; length 0 is the direct path.
       EXPECT_TRUE(all_close(toeplitz_attention(c, pq, pk, v, N + M + 6), ref, 1e-11, 1e-11));
+      EXPECT_TRUE(all_close(toeplitz_attention(c, pq, pk, v, 0), ref, 1e-12, 1e-12)) << "direct";
       Tensor ref32 = ref.to(DType::Float32);
-      EXPECT_TRUE(all_close(toeplitz_attention(c.to(DType::Float32), pq.to(DType::Float32), pk.to(DType::Float32),
-                                               v.to(DType::Float32), attn::fft_length(N + M - 1)),
-                            ref32, 1e-4, 1e-4));
+      for (int64_t len : {attn::fft_length(N + M - 1), int64_t{0}})
+        EXPECT_TRUE(all_close(toeplitz_attention(c.to(DType::Float32), pq.to(DType::Float32), pk.to(DType::Float32),
+                                                 v.to(DType::Float32), len),
+                              ref32, 1e-4, 1e-4))
+            << "fft length " << len;
     }
   }
 }
@@ -207,6 +212,17 @@ TEST(GradCheck, NprfRpeFusedToeplitzAttention) {
                        test::randn64({1, 2, 3, 2})});
   EXPECT_GRADCHECK(f, {test::randn64({2, 1, 8}), test::randn64({2, 1, 3, 2}), test::randn64({2, 1, 6, 2}),
                        test::randn64({2, 1, 6, 3})});
+  // The direct path (fft length 0), c per head (dc summed over the batch) and per (b, h), and past
+  // its tiles of 64 rows and 256 keys.
+  const std::function<Tensor(const std::vector<Tensor>&)> direct = [](const std::vector<Tensor>& x) {
+    return toeplitz_attention(x[0], x[1], x[2], x[3], 0);
+  };
+  EXPECT_GRADCHECK(direct, {test::randn64({2, 6}), test::randn64({2, 2, 4, 3}), test::randn64({2, 2, 3, 3}),
+                            test::randn64({2, 2, 3, 2})});
+  EXPECT_GRADCHECK(direct, {test::randn64({2, 1, 8}), test::randn64({2, 1, 3, 2}), test::randn64({2, 1, 6, 2}),
+                            test::randn64({2, 1, 6, 3})});
+  EXPECT_GRADCHECK(direct, {test::randn64({1, 326}), test::randn64({1, 1, 67, 2}), test::randn64({1, 1, 260, 2}),
+                            test::randn64({1, 1, 260, 1})});
 }
 
 TEST(NprfRpeToeplitz, FusedAttentionBadArgumentsThrow) {
@@ -355,18 +371,19 @@ TEST(NprfRpe, LargeZeroOffsetBiasAttendsToOwnPosition) {
 
 TEST(NprfRpe, AutoPicksDenseForShortAndFftForLong) {
   using attn::nprf_rpe_prefers_dense;
-  // Default features S = 64, Dv = 16 (the ViT app's heads): dense up to N = M ~ 650 (measured
-  // 1.3x faster at 512, FFT 1.5x faster at 1024).
+  // Default features S = 64, Dv = 16 (the ViT app's heads): dense up to N = M ~ 1500 (the direct
+  // kernel measured 1.1x faster at 1024, FFT 1.4x faster at 2048).
   EXPECT_TRUE(nprf_rpe_prefers_dense(50, 50, 64, 16));
-  EXPECT_TRUE(nprf_rpe_prefers_dense(512, 512, 64, 16));
-  EXPECT_FALSE(nprf_rpe_prefers_dense(1024, 1024, 64, 16));
-  // Dv = 64 (the protein app's heads): dense up to ~2700 (at 1024 dense measured 1.8x faster,
-  // at 4096 FFT 1.6x faster).
-  EXPECT_TRUE(nprf_rpe_prefers_dense(1024, 1024, 64, 64));
-  EXPECT_FALSE(nprf_rpe_prefers_dense(4096, 4096, 64, 64));
-  // Fewer FFT channels S*Dv: the FFT path pays off sooner.
-  EXPECT_TRUE(nprf_rpe_prefers_dense(64, 64, 16, 16));
-  EXPECT_FALSE(nprf_rpe_prefers_dense(512, 512, 16, 16));
+  EXPECT_TRUE(nprf_rpe_prefers_dense(1024, 1024, 64, 16));
+  EXPECT_FALSE(nprf_rpe_prefers_dense(2048, 2048, 64, 16));
+  // Dv = 64 (the protein app's heads): dense up to ~4000 (measured 1.5x faster at 2048, 1.2x at
+  // 4096: the rule is near the even point there).
+  EXPECT_TRUE(nprf_rpe_prefers_dense(2048, 2048, 64, 64));
+  EXPECT_FALSE(nprf_rpe_prefers_dense(8192, 8192, 64, 64));
+  // Fewer FFT channels S*Dv: the FFT path pays off sooner (S = Dv = 16: dense 1.15x faster at 512,
+  // FFT 1.4x faster at 1024).
+  EXPECT_TRUE(nprf_rpe_prefers_dense(512, 512, 16, 16));
+  EXPECT_FALSE(nprf_rpe_prefers_dense(1024, 1024, 16, 16));
   // Cross-attention: few queries over many keys stays dense.
   EXPECT_TRUE(nprf_rpe_prefers_dense(64, 16384, 16, 16));
   EXPECT_TRUE(nprf_rpe_prefers_dense(16384, 64, 16, 16));
@@ -403,7 +420,7 @@ TEST(NprfRpe, AutoPicksDenseForShortAndFftForLong) {
 
 TEST(NprfRpe, AutoOutputEqualsForcedPaths) {
   manual_seed(28);
-  // S = D = Dv = 4: the rule switches near N = M = 4, so both sides are cheap to run.
+  // S = D = Dv = 4: the rule switches near N = M = 120, so both sides are cheap to run.
   const int64_t B = 2, H = 2, D = 4, S = 4, L = 256;
   Tensor omega;
   auto a = layer64(H, D, S, L, 1.0, NprfPath::Auto, &omega);

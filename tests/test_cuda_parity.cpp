@@ -1103,6 +1103,66 @@ TEST(CudaParity, ToeplitzAttentionKernel) {
   }
 }
 
+// The direct path of the same op (fft length 0: batched GEMMs over chunks of query rows, the
+// bias table applied in between, dc summed along diagonals): against the CPU's direct kernel, in
+// the default chunks and in chunks of one and of two rows; a second run bit for bit.
+TEST(CudaParity, ToeplitzAttentionDirectKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(17);
+  struct Case {
+    int64_t B, H, N, M, S, E;
+    bool per_batch;
+  };
+  const std::vector<Case> cases = {
+      {2, 3, 7, 9, 5, 3, false}, {2, 1, 12, 5, 4, 5, true}, {1, 2, 1, 1, 1, 1, false}, {1, 1, 70, 33, 6, 4, false}};
+  const char* env = "LINEA_TOEPLITZ_CHUNK_BYTES";
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      const int64_t L = c.N + c.M - 1;
+      const Tensor cc = c.per_batch ? rnd({c.B, c.H, L}, dt, 0.5) : rnd({c.H, L}, dt, 0.5);
+      const Tensor pq = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5)), pk = exp(rnd({c.B, c.H, c.M, c.S}, dt, 0.5)),
+                   v = rnd({c.B, c.H, c.M, c.E}, dt), dy = rnd({c.B, c.H, c.N, c.E}, dt);
+      const TensorOptions cpu_opts(dt);
+      Tensor y = empty({c.B, c.H, c.N, c.E}, cpu_opts);
+      cpu::toeplitz_attention_forward(cc, pq, pk, v, 0, y);
+      Tensor dc = empty(cc.shape(), cpu_opts), dpq = empty(pq.shape(), cpu_opts), dpk = empty(pk.shape(), cpu_opts),
+             dv = empty(v.shape(), cpu_opts);
+      cpu::toeplitz_attention_backward(cc, pq, pk, v, dy, 0, dc, dpq, dpk, dv);
+      const Tensor cd = cc.to(kCuda), pqd = pq.to(kCuda), pkd = pk.to(kCuda), vd = v.to(kCuda), dyd = dy.to(kCuda);
+      const int64_t row_bytes = c.B * c.H * c.M * static_cast<int64_t>(dtype_size(dt));
+      for (int64_t rows : {0, 1, 2}) {  // 0: the default chunks
+        SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) +
+                             " M " + std::to_string(c.M) + " S " + std::to_string(c.S) + " E " + std::to_string(c.E) +
+                             (c.per_batch ? " c per (b, h)" : "") + " chunk rows " + std::to_string(rows),
+                         dt));
+        if (rows)
+          ::setenv(env, std::to_string(rows * row_bytes).c_str(), 1);
+        else
+          ::unsetenv(env);
+        std::vector<Tensor> runs;
+        for (int run = 0; run < 2; ++run) {
+          Tensor y_d = poisoned(y.shape(), dt), dc_d = poisoned(dc.shape(), dt), dpq_d = poisoned(pq.shape(), dt),
+                 dpk_d = poisoned(pk.shape(), dt), dv_d = poisoned(v.shape(), dt);
+          LINEA_BACKEND(kCuda, toeplitz_attention_forward, cd, pqd, pkd, vd, 0, y_d);
+          LINEA_BACKEND(kCuda, toeplitz_attention_backward, cd, pqd, pkd, vd, dyd, 0, dc_d, dpq_d, dpk_d, dv_d);
+          const double long_sum = 8;  // sums over up to 70 rows and 33 keys in another order
+          EXPECT_TRUE(matches(y_d, y, long_sum, "y"));
+          EXPECT_TRUE(matches(dc_d, dc, long_sum * 4, "dc"));  // summed over the batch too
+          EXPECT_TRUE(matches(dpq_d, dpq, long_sum, "dphi_q"));
+          EXPECT_TRUE(matches(dpk_d, dpk, long_sum, "dphi_k"));
+          EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+          runs.push_back(cat({reshape(y_d, {-1}), reshape(dc_d, {-1}), reshape(dpq_d, {-1}), reshape(dpk_d, {-1}),
+                              reshape(dv_d, {-1})},
+                             0)
+                             .to(kCPU));
+        }
+        EXPECT_TRUE(test::all_close(runs[0], runs[1], 0.0, 0.0)) << "two runs differ";
+      }
+      ::unsetenv(env);
+    }
+  }
+}
+
 // Through the public op: the values and the gradients of every input.
 TEST(CudaParity, ScaledDotProductAttention) {
   LINEA_REQUIRE_CUDA();

@@ -127,10 +127,10 @@ Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   check_tables(q, k, omega, rpe, opts.query_offset);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
   Terms t = terms(q, k, omega, rpe, opts);
-  if (dense) return matmul(dense_attention(t, N, M), v);
-  // [num, den] in one product: v with a column of ones.
+  // [num, den] in one product: v with a column of ones; the dense path takes the sums directly
+  // (fft length 0: term by term in tiles, never the [N, M] matrix), the other by FFT.
   Tensor y = toeplitz_attention(t.c, t.phi_q, t.phi_k, cat({v, ones({B, H, M, 1}, v.options())}, -1),
-                                fft_length(N + M - 1));
+                                dense ? 0 : fft_length(N + M - 1));
   return guarded_ratio(narrow(y, -1, 0, Dv), narrow(y, -1, Dv, 1), t.visible);
 }
 
@@ -174,15 +174,17 @@ Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor&
 // cost model of the shapes, fitted to forward+backward CPU timings of both paths (the timings and
 // the fit: apps/bench/README.md, "nprf_rpe: the dense or the FFT path"). In units of one term of
 // the dense path's GEMMs:
-//   FFT   ~ 12 * S*(Dv+1)*(N+M)*log2(N+M)   (S*(Dv+1) channels, v and a column of ones)
-//   dense ~ N*M*(S+Dv+333)                   (GEMMs over S and Dv, and the elementwise work per entry)
-// So auto switches to FFT at N = M ~ 150 (S = Dv = 16), ~650 (S = 64, Dv = 16: the ViT's heads
-// at the default features) and ~2700 (S = Dv = 64). The dense path is also the more accurate one
-// in float32 (nprf_rpe.h); its memory grows as N*M. The same rule applies on CUDA.
+//   FFT    ~ 5 * S*(Dv+1)*(N+M)*log2(N+M)     (S*(Dv+1) channels, v and a column of ones)
+//   dense  ~ N*M*(S+Dv+5)                     (the direct kernel's GEMMs over S and Dv, and the bias
+//                                              table applied per entry)
+// So auto switches to FFT at N = M ~ 800 (S = Dv = 16), ~1500 (S = 64, Dv = 16: the ViT's heads
+// at the default features) and ~4000 (S = Dv = 64). Both paths hold O((N + M) S) memory; the
+// dense one is also the more accurate in float32 (nprf_rpe.h). The same rule applies on CUDA
+// until it is fitted there.
 bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv) {
   const double n = static_cast<double>(N), m = static_cast<double>(M);
-  const double dense_cost = n * m * static_cast<double>(S + Dv + 333);
-  const double fft_cost = 12.0 * static_cast<double>(S) * static_cast<double>(Dv + 1) * (n + m) * std::log2(n + m);
+  const double dense_cost = n * m * static_cast<double>(S + Dv + 5);
+  const double fft_cost = 5.0 * static_cast<double>(S) * static_cast<double>(Dv + 1) * (n + m) * std::log2(n + m);
   return dense_cost <= fft_cost;
 }
 

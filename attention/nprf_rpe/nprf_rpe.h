@@ -28,8 +28,9 @@ namespace linea::attn {
 
 // The nprf_rpe output [B, H, N, Dv] for q [B, H, N, D], k [B, H, M, D], v [B, H, M, Dv], feature
 // rows omega [H, S, D] and the bias table rpe [H, 2L-1] (L >= max(N, M)); omega and rpe are
-// converted to q's dtype and device. dense: the O(N M) path instead of the FFT one. The FFT path
-// runs the fused toeplitz_attention kernel (no [S, Dv] products per key in memory).
+// converted to q's dtype and device. dense: the O(N M) path instead of the FFT one. Both run the
+// fused toeplitz_attention kernel (no [S, Dv] products per key in memory): by FFT, or (dense)
+// term by term in tiles of query rows by keys, never holding the [N, M] matrix.
 // Differentiable in q, k, v, rpe (and omega).
 Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, const Tensor& rpe,
                           const AttentionOptions& opts = {}, bool dense = false);
@@ -50,8 +51,8 @@ enum class NprfPath { Fft, Dense, Auto };
 
 // The choice of NprfPath::Auto: true when the dense path is expected to be the faster one for N
 // queries, M keys, S features and value dim Dv (a cost model fitted to CPU timings, see
-// nprf_rpe.cpp; shapes only, never data). With the defaults (S = 64): dense up to N = M ~ 650
-// at Dv = 16, ~2700 at Dv = 64.
+// nprf_rpe.cpp; shapes only, never data). With the defaults (S = 64): dense up to N = M ~ 1500
+// at Dv = 16, ~4000 at Dv = 64.
 bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv);
 
 // The mechanism. Spec options: features=S (default 64), max_len=L (default 512), redraw=N (new

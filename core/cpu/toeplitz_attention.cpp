@@ -19,6 +19,8 @@
 // Loops run channel pair outside, feature inside, so that the pair's accumulators stay in cache.
 // All scratch comes from one allocator workspace per call, in pieces aligned like fftw_malloc's
 // (the cached plans were planned on fftw_malloc'ed arrays).
+//
+// fft_len == 0 takes the direct path instead (below): the same sums, term by term in tiles.
 #include <omp.h>
 
 #include <algorithm>
@@ -27,6 +29,7 @@
 
 #include "core/cpu/attention.h"
 #include "core/cpu/fftw.h"
+#include "core/cpu/gemm.h"
 #include "core/cpu/vec_math.h"
 #include "core/cpu/workspace.h"
 #include "core/kernels.h"
@@ -331,6 +334,95 @@ void backward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T*
   }
 }
 
+// ---- the direct path (fft_len == 0) --------------------------------------------------------------
+// The same sums taken term by term in tiles of R query rows by C keys: A = phi_q phi_k^T (a GEMM
+// over S), each entry times c_{m-n} (the bias table), y += A v. Exact (no transform's rounding),
+// O(N M (S + E)) work in GEMMs and O(R C) memory per thread: the faster path for short sequences.
+constexpr int64_t kRows = 64, kKeys = 256;
+
+template <typename T> const T* c_row(const Dims& d, const T* c, int64_t bh) {
+  return c + (d.c_per_batch ? bh : bh % d.H) * d.L();
+}
+
+template <typename T> void direct_forward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T* v, T* y) {
+  const int64_t blocks = (d.N + kRows - 1) / kRows;
+  const int nt = omp_get_max_threads();
+  Workspace<T> ws(nt * Workspace<T>::rounded(kRows * kKeys));
+  std::vector<T*> tiles(static_cast<size_t>(nt));
+  for (T*& t : tiles) t = ws.take(kRows * kKeys);
+#pragma omp parallel for schedule(dynamic) num_threads(nt)
+  for (int64_t it = 0; it < d.B * d.H * blocks; ++it) {
+    const int64_t bh = it / blocks, n0 = it % blocks * kRows, r = std::min(kRows, d.N - n0);
+    T* a = tiles[static_cast<size_t>(omp_get_thread_num())];
+    const T* cr = c_row(d, c, bh) + d.N - 1 - n0;  // c_{m-n} at cr[m - (n - n0)]
+    for (int64_t m0 = 0; m0 < d.M; m0 += kKeys) {
+      const int64_t k = std::min(kKeys, d.M - m0);
+      detail::gemm(false, true, r, k, d.S, T(1), pq + (bh * d.N + n0) * d.S, d.S, pk + (bh * d.M + m0) * d.S, d.S,
+                   T(0), a, k);
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = 0; j < k; ++j) a[i * k + j] *= cr[m0 + j - i];
+      detail::gemm(false, false, r, d.E, k, T(1), a, k, v + (bh * d.M + m0) * d.E, d.E, T(m0 > 0),
+                   y + (bh * d.N + n0) * d.E, d.E);
+    }
+  }
+}
+
+// Per (b, h), tile by tile: K = phi_q phi_k^T and G = dy v^T; dc_{m-n} += K G (entrywise, along
+// the tile's diagonals); with W = c K and Z = c G: dv += W^T dy, dphi_q += Z phi_k,
+// dphi_k += Z^T phi_q. One thread owns a (b, h): every sum in a fixed order, no atomics.
+template <typename T>
+void direct_backward_impl(const Dims& d, const T* c, const T* pq, const T* pk, const T* v, const T* dy, T* dc, T* dpq,
+                          T* dpk, T* dv) {
+  const int nt = omp_get_max_threads();
+  const int64_t L = d.L(), BH = d.B * d.H;
+  Workspace<T> ws(nt * 2 * Workspace<T>::rounded(kRows * kKeys) + Workspace<T>::rounded(BH * L));
+  std::vector<T*> tiles(static_cast<size_t>(2 * nt));
+  for (T*& t : tiles) t = ws.take(kRows * kKeys);
+  T* dcs = ws.take(BH * L);  // each (b, h)'s dc
+#pragma omp parallel for schedule(dynamic) num_threads(nt)
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    T* kt = tiles[static_cast<size_t>(2 * omp_get_thread_num())];
+    T* gt = tiles[static_cast<size_t>(2 * omp_get_thread_num() + 1)];
+    T* dcb = dcs + bh * L;
+    std::fill(dcb, dcb + L, T(0));
+    std::fill(dpk + bh * d.M * d.S, dpk + (bh + 1) * d.M * d.S, T(0));
+    std::fill(dv + bh * d.M * d.E, dv + (bh + 1) * d.M * d.E, T(0));
+    for (int64_t n0 = 0; n0 < d.N; n0 += kRows) {
+      const int64_t r = std::min(kRows, d.N - n0);
+      const T* pqn = pq + (bh * d.N + n0) * d.S;
+      const T* dyn = dy + (bh * d.N + n0) * d.E;
+      const T* cr = c_row(d, c, bh) + d.N - 1 - n0;
+      T* dcr = dcb + d.N - 1 - n0;
+      for (int64_t m0 = 0; m0 < d.M; m0 += kKeys) {
+        const int64_t k = std::min(kKeys, d.M - m0);
+        const T* pkm = pk + (bh * d.M + m0) * d.S;
+        detail::gemm(false, true, r, k, d.S, T(1), pqn, d.S, pkm, d.S, T(0), kt, k);
+        detail::gemm(false, true, r, k, d.E, T(1), dyn, d.E, v + (bh * d.M + m0) * d.E, d.E, T(0), gt, k);
+        for (int64_t i = 0; i < r; ++i)
+          for (int64_t j = 0; j < k; ++j) {
+            const T w = cr[m0 + j - i];
+            dcr[m0 + j - i] += kt[i * k + j] * gt[i * k + j];
+            kt[i * k + j] *= w;
+            gt[i * k + j] *= w;
+          }
+        detail::gemm(true, false, k, d.E, r, T(1), kt, k, dyn, d.E, T(1), dv + (bh * d.M + m0) * d.E, d.E);
+        detail::gemm(false, false, r, d.S, k, T(1), gt, k, pkm, d.S, T(m0 > 0), dpq + (bh * d.N + n0) * d.S, d.S);
+        detail::gemm(true, false, k, d.S, r, T(1), gt, k, pqn, d.S, T(1), dpk + (bh * d.M + m0) * d.S, d.S);
+      }
+    }
+  }
+  // dc per row of c: a (b, h)'s own, or per head the batch's summed in order.
+  if (d.c_per_batch) {
+    std::copy(dcs, dcs + BH * L, dc);
+    return;
+  }
+  for (int64_t h = 0; h < d.H; ++h) {
+    std::fill(dc + h * L, dc + (h + 1) * L, T(0));
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t t = 0; t < L; ++t) dc[h * L + t] += dcs[(b * d.H + h) * L + t];
+  }
+}
+
 Dims dims_of(const Tensor& c, const Tensor& pq, const Tensor& pk, const Tensor& v, int64_t fft_len) {
   return {pq.size(0), pq.size(1), pq.size(2), pk.size(2), pq.size(3), v.size(3), fft_len, c.dim() == 3};
 }
@@ -341,6 +433,9 @@ void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tens
                                 int64_t fft_len, const Tensor& y) {
   const Dims d = dims_of(c, phi_q, phi_k, v, fft_len);
   LINEA_DISPATCH_FLOAT(v.dtype(), "toeplitz_attention", [&] {
+    if (fft_len == 0)
+      return direct_forward_impl<scalar_t>(d, c.data<scalar_t>(), phi_q.data<scalar_t>(), phi_k.data<scalar_t>(),
+                                           v.data<scalar_t>(), y.data<scalar_t>());
     forward_impl<scalar_t>(d, c.data<scalar_t>(), phi_q.data<scalar_t>(), phi_k.data<scalar_t>(), v.data<scalar_t>(),
                            y.data<scalar_t>());
   });
@@ -351,6 +446,10 @@ void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Ten
                                  const Tensor& dphi_k, const Tensor& dv) {
   const Dims d = dims_of(c, phi_q, phi_k, v, fft_len);
   LINEA_DISPATCH_FLOAT(v.dtype(), "toeplitz_attention_backward", [&] {
+    if (fft_len == 0)
+      return direct_backward_impl<scalar_t>(d, c.data<scalar_t>(), phi_q.data<scalar_t>(), phi_k.data<scalar_t>(),
+                                            v.data<scalar_t>(), dy.data<scalar_t>(), dc.data<scalar_t>(),
+                                            dphi_q.data<scalar_t>(), dphi_k.data<scalar_t>(), dv.data<scalar_t>());
     backward_impl<scalar_t>(d, c.data<scalar_t>(), phi_q.data<scalar_t>(), phi_k.data<scalar_t>(), v.data<scalar_t>(),
                             dy.data<scalar_t>(), dc.data<scalar_t>(), dphi_q.data<scalar_t>(), dphi_k.data<scalar_t>(),
                             dv.data<scalar_t>());
