@@ -119,6 +119,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
                                     SdpaShape s, int64_t heads, ExampleDropout<T> drop, const uint64_t* draw_base,
                                     T* out, T* lse) {
   constexpr int TR = B / kRowThreads, TC = B / kColThreads, TD = DM / kColThreads;
+  static_assert(4 * B <= kThreads && (4 * B) % 32 == 0, "the softmax pass takes whole warps of quads");
   T* qs = shared_mem<T>();      // [B, DM]
   T* ks = qs + B * DM;          // [B, DM]
   T* vs = ks + B * DM;          // [B, DM]
@@ -157,28 +158,34 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
             (m >= s.M || hidden(s, pad_b, n0 + r, m)) ? neg_inf<T>() : sc[i][j] * scale + (bias_b ? bias_b[m] : T(0));
       }
     __syncthreads();
-    // One thread per row: the new max, the rescaling and the tile's exp(s - m).
-    for (int r = tid; r < B; r += kThreads) {
+    // Four lanes of a quad per row (columns q, q + 4, ...): the new max, the rescaling and the
+    // tile's exp(s - m), the row's max and sum by two shuffles each. 4 B is a whole number of
+    // warps, so the lanes that skip are whole warps.
+    if (tid < 4 * B) {
+      const int r = tid / 4, q = tid % 4;
       T* row = ps + r * (B + 1);
-      T mx = row_m[r];
-      for (int c = 0; c < B; ++c) mx = max_nan(mx, row[c]);
+      T mx = neg_inf<T>();
+      for (int c = q; c < B; c += 4) mx = max_nan(mx, row[c]);
+      mx = max_nan(row_m[r], quad_max(mx));
       T sum = T(0);
       if (mx == neg_inf<T>()) {  // nothing visible yet
-        for (int c = 0; c < B; ++c) row[c] = T(0);
-        row_a[r] = T(1);
+        for (int c = q; c < B; c += 4) row[c] = T(0);
       } else {
-        for (int c = 0; c < B; ++c) {
+        for (int c = q; c < B; c += 4) {
           row[c] = d_exp(row[c] - mx);
           sum += row[c];
         }
         if (drop.on && n0 + r < s.N) {  // the sum (and lse) stay the undropped ones
           const int64_t j0 = ((bh % heads) * s.N + n0 + r) * s.M + m0;
-          for (int c = 0; c < B && m0 + c < s.M; ++c) row[c] *= drop.factor(bh / heads, j0 + c);
+          for (int c = q; c < B && m0 + c < s.M; c += 4) row[c] *= drop.factor(bh / heads, j0 + c);
         }
-        row_a[r] = d_exp(row_m[r] - mx);
       }
-      row_l[r] = row_l[r] * row_a[r] + sum;
-      row_m[r] = mx;
+      sum = quad_sum(sum);
+      if (q == 0) {
+        row_a[r] = mx == neg_inf<T>() ? T(1) : d_exp(row_m[r] - mx);
+        row_l[r] = row_l[r] * row_a[r] + sum;
+        row_m[r] = mx;
+      }
     }
     __syncthreads();
 #pragma unroll

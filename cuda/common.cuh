@@ -260,6 +260,16 @@ __device__ __forceinline__ double d_log(double x) { return log(x); }
 template <typename T> __device__ __forceinline__ T neg_inf() { return -static_cast<T>(INFINITY); }
 // max(a, b), NaN if either is (fmax drops a NaN: a row of NaN scores would pass for an empty one).
 template <typename T> __device__ __forceinline__ T max_nan(T a, T b) { return (a > b || a != a) ? a : b; }
+// Max (NaN-propagating) and sum over the 4 lanes of a quad (lanes 4i..4i+3; every lane of the
+// warp calls them).
+template <typename T> __device__ __forceinline__ T quad_max(T x) {
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+template <typename T> __device__ __forceinline__ T quad_sum(T x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
 
 // For kernels that only move elements (copies, where, gathers): calls f(E{}) with E the
 // unsigned integer type of the given element size (1, 4 or 8 bytes).

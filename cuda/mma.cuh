@@ -1,5 +1,5 @@
-// Warp-level tensor-core products (mma.sync, sm_80+) and the quad reductions of their
-// accumulators, for kernels that keep their tiles in registers (cuda/attention.cu).
+// Warp-level tensor-core products (mma.sync, sm_80+) for kernels that keep their tiles in
+// registers (cuda/attention.cu; the quad reductions of their accumulator rows: common.cuh).
 //
 // mma.sync.m16n8k16 with bf16 inputs and float32 accumulation, in the PTX ISA's fragment
 // layouts. With g = lane / 4 and t = lane % 4:
@@ -62,14 +62,5 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
 #endif
 }
 
-// Max and sum over the 4 lanes of a quad (the lanes that hold one accumulator row).
-__device__ __forceinline__ float quad_max(float x) {
-  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 }  // namespace linea::cuda::detail
