@@ -803,7 +803,7 @@ void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, co
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
-// Calls f(Tiles<DM, B>{}) with DM the head dims rounded up to 32, 64 or 128 and B = 32 or 16,
+// Calls f(Tiles<DM, B>{}) with DM the head dims rounded up to 16, 32, 64 or 128 and B = 32 or 16,
 // the tile rows whose backward fits in kMaxSmem.
 template <int DM_, int B_> struct Tiles { static constexpr int DM = DM_, B = B_; };
 template <typename T, int DM, typename F> void with_rows(F&& f) {
@@ -814,6 +814,7 @@ template <typename T, int DM, typename F> void with_rows(F&& f) {
 }
 template <typename T, typename F> void with_tiles(const SdpaShape& s, const char* op, F&& f) {
   const int64_t dim = std::max(s.D, s.E);
+  if (dim <= 16) return with_rows<T, 16>(f);  // the ViT's heads
   if (dim <= 32) return with_rows<T, 32>(f);
   if (dim <= 64) return with_rows<T, 64>(f);
   if constexpr (backward_smem<T, 128, 16>() <= kMaxSmem)
@@ -822,9 +823,11 @@ template <typename T, typename F> void with_tiles(const SdpaShape& s, const char
              sizeof(T) == 4 ? "float32" : "float64", ", got q/k ", s.D, " and v ", s.E);
 }
 
-// Calls f(std::integral_constant<int, DM>{}) with DM the tensor-core kernels' head-dim tile: 32, 64 or 128.
+// Calls f(std::integral_constant<int, DM>{}) with DM the tensor-core kernels' head-dim tile: 16, 32,
+// 64 or 128.
 template <typename F> void with_mma_dims(const SdpaShape& s, F&& f) {
   const int64_t dim = std::max(s.D, s.E);
+  if (dim <= 16) return f(std::integral_constant<int, 16>{});
   if (dim <= 32) return f(std::integral_constant<int, 32>{});
   if (dim <= 64) return f(std::integral_constant<int, 64>{});
   f(std::integral_constant<int, 128>{});

@@ -703,7 +703,8 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
   };
   const std::vector<Case> cases = {
       {2, 3, 37, 45, 17, 23, false, 0, true},   // cross-attention, padding, odd sizes
-      {1, 2, 50, 50, 64, 64, true, 0, false},   // causal self-attention (the ViT's 50 tokens)
+      {2, 4, 50, 50, 16, 16, false, 0, false},  // the ViT's heads: 50 tokens, head dim 16
+      {1, 2, 50, 50, 64, 64, true, 0, false},   // causal self-attention
       {2, 1, 5, 70, 32, 40, true, 65, true},    // a few new queries after 65 cached keys
       {1, 1, 33, 20, 96, 80, false, 0, false},  // head dims of the 128 tiles
       {3, 2, 1, 1, 8, 8, true, 0, false},       // one token
@@ -774,8 +775,8 @@ Tensor round_bf16(const Tensor& x) {
 // The tensor-core kernels (--precision bf16, float32 tensors, head dims up to 128): against the
 // CPU kernels on the same inputs rounded to bf16, so that what is left is the rounding of the
 // probabilities and score gradients before their products (relative 2^-9 each) and the order of
-// the sums. Sizes off the 64-row, 64-key and 32-query tiles, head dims of each tile width (32, 64,
-// 128), padding, causal with an offset, every key of a batch padded, dropout and a key bias.
+// the sums. Sizes off the 64-row, 64-key and 32-query tiles, head dims of each tile width (16, 32,
+// 64, 128), padding, causal with an offset, every key of a batch padded, dropout and a key bias.
 TEST(CudaParity, SoftmaxAttentionTensorCores) {
   LINEA_REQUIRE_CUDA();
   manual_seed(19);
@@ -787,7 +788,8 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
   };
   const std::vector<Case> cases = {
       {2, 2, 70, 150, 40, 24, false, 0, true},   // cross-attention, padding, 3 key tiles
-      {1, 2, 50, 50, 64, 64, true, 0, false},    // causal, the ViT's 50 tokens
+      {2, 4, 50, 50, 16, 16, false, 0, false},   // the ViT's heads: 50 tokens, head dim 16
+      {1, 2, 50, 50, 64, 64, true, 0, false},    // causal
       {1, 1, 150, 150, 24, 32, true, 0, true},   // causal over 3 key tiles: later tiles skip early queries
       {1, 1, 5, 140, 20, 17, true, 131, false},  // a few new queries after 131 cached keys
       {1, 1, 65, 33, 96, 128, false, 0, false},  // head dims of the 128 tiles, a second row tile
