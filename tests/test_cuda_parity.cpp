@@ -1041,128 +1041,101 @@ TEST(CudaParity, LaraMixtureKernel) {
   }
 }
 
+// The CUDA Toeplitz attention kernels on CPU copies' inputs against the CPU kernels, outputs
+// poisoned, in each chunk size LINEA_TOEPLITZ_CHUNK_BYTES is set to (0: the default); a second
+// run gives the same bits.
+void expect_toeplitz_parity(const Tensor& c, const Tensor& pq, const Tensor& pk, const Tensor& v, const Tensor& dy,
+                            int64_t fft_len, const std::vector<int64_t>& chunk_bytes, double long_sum) {
+  const DType dt = v.dtype();
+  const TensorOptions cpu_opts(dt);
+  Tensor y = empty({pq.size(0), pq.size(1), pq.size(2), v.size(3)}, cpu_opts);
+  cpu::toeplitz_attention_forward(c, pq, pk, v, fft_len, y);
+  Tensor dc = empty(c.shape(), cpu_opts), dpq = empty(pq.shape(), cpu_opts), dpk = empty(pk.shape(), cpu_opts),
+         dv = empty(v.shape(), cpu_opts);
+  cpu::toeplitz_attention_backward(c, pq, pk, v, dy, fft_len, dc, dpq, dpk, dv);
+  const Tensor cd = c.to(kCuda), pqd = pq.to(kCuda), pkd = pk.to(kCuda), vd = v.to(kCuda), dyd = dy.to(kCuda);
+  const char* env = "LINEA_TOEPLITZ_CHUNK_BYTES";
+  for (int64_t bytes : chunk_bytes) {
+    SCOPED_TRACE("chunk bytes " + std::to_string(bytes));
+    if (bytes)
+      ::setenv(env, std::to_string(bytes).c_str(), 1);
+    else
+      ::unsetenv(env);
+    std::vector<Tensor> runs;
+    for (int run = 0; run < 2; ++run) {
+      Tensor y_d = poisoned(y.shape(), dt), dc_d = poisoned(dc.shape(), dt), dpq_d = poisoned(pq.shape(), dt),
+             dpk_d = poisoned(pk.shape(), dt), dv_d = poisoned(v.shape(), dt);
+      LINEA_BACKEND(kCuda, toeplitz_attention_forward, cd, pqd, pkd, vd, fft_len, y_d);
+      LINEA_BACKEND(kCuda, toeplitz_attention_backward, cd, pqd, pkd, vd, dyd, fft_len, dc_d, dpq_d, dpk_d, dv_d);
+      EXPECT_TRUE(matches(y_d, y, long_sum, "y"));
+      EXPECT_TRUE(matches(dc_d, dc, long_sum * 4, "dc"));  // summed over the batch too
+      EXPECT_TRUE(matches(dpq_d, dpq, long_sum, "dphi_q"));
+      EXPECT_TRUE(matches(dpk_d, dpk, long_sum, "dphi_k"));
+      EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+      runs.push_back(cat({reshape(y_d, {-1}), reshape(dc_d, {-1}), reshape(dpq_d, {-1}), reshape(dpk_d, {-1}),
+                          reshape(dv_d, {-1})},
+                         0)
+                         .to(kCPU));
+    }
+    EXPECT_TRUE(test::all_close(runs[0], runs[1], 0.0, 0.0)) << "two runs differ";
+  }
+  ::unsetenv(env);
+}
+
+struct ToeplitzCase {
+  int64_t B, H, N, M, S, E, n;  // n: the transform length (0: the direct path)
+  bool per_batch;               // c [B, H, L] rather than [H, L]
+  std::string str() const {
+    return "B " + std::to_string(B) + " H " + std::to_string(H) + " N " + std::to_string(N) + " M " +
+           std::to_string(M) + " S " + std::to_string(S) + " E " + std::to_string(E) + " n " + std::to_string(n) +
+           (per_batch ? " c per (b, h)" : "");
+  }
+  // c, phi_q, phi_k, v, dy
+  std::vector<Tensor> inputs(DType dt) const {
+    const int64_t L = N + M - 1;
+    return {per_batch ? rnd({B, H, L}, dt, 0.5) : rnd({H, L}, dt, 0.5), exp(rnd({B, H, N, S}, dt, 0.5)),
+            exp(rnd({B, H, M, S}, dt, 0.5)), rnd({B, H, M, E}, dt), rnd({B, H, N, E}, dt)};
+  }
+};
+
 // The Toeplitz attention kernels (nprf_rpe's FFT path), as above: c per head and per (b, h),
 // even and odd transform lengths, length 1 and 2; each case in the default chunks, in chunks of
-// one (b, h, channel) group and of two (a head's channels split between chunks); a second run
-// gives the same bits.
+// one (b, h, channel) group and of two (a head's channels split between chunks).
 TEST(CudaParity, ToeplitzAttentionKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(16);
-  struct Case {
-    int64_t B, H, N, M, S, E, n;
-    bool per_batch;  // c [B, H, L] rather than [H, L]
-  };
-  const std::vector<Case> cases = {{2, 3, 7, 9, 5, 3, 16, false},
-                                   {2, 1, 12, 5, 4, 5, 23, true},
-                                   {1, 2, 1, 1, 1, 1, 1, false},
-                                   {1, 1, 1, 2, 2, 2, 2, true}};
-  const char* env = "LINEA_TOEPLITZ_CHUNK_BYTES";
-  for (DType dt : kFloatTypes) {
-    for (const Case& c : cases) {
-      const int64_t L = c.N + c.M - 1;
-      const Tensor cc = c.per_batch ? rnd({c.B, c.H, L}, dt, 0.5) : rnd({c.H, L}, dt, 0.5);
-      const Tensor pq = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5)), pk = exp(rnd({c.B, c.H, c.M, c.S}, dt, 0.5)),
-                   v = rnd({c.B, c.H, c.M, c.E}, dt), dy = rnd({c.B, c.H, c.N, c.E}, dt);
-      const TensorOptions cpu_opts(dt);
-      Tensor y = empty({c.B, c.H, c.N, c.E}, cpu_opts);
-      cpu::toeplitz_attention_forward(cc, pq, pk, v, c.n, y);
-      Tensor dc = empty(cc.shape(), cpu_opts), dpq = empty(pq.shape(), cpu_opts), dpk = empty(pk.shape(), cpu_opts),
-             dv = empty(v.shape(), cpu_opts);
-      cpu::toeplitz_attention_backward(cc, pq, pk, v, dy, c.n, dc, dpq, dpk, dv);
-      const Tensor cd = cc.to(kCuda), pqd = pq.to(kCuda), pkd = pk.to(kCuda), vd = v.to(kCuda), dyd = dy.to(kCuda);
+  const std::vector<ToeplitzCase> cases = {{2, 3, 7, 9, 5, 3, 16, false},
+                                           {2, 1, 12, 5, 4, 5, 23, true},
+                                           {1, 2, 1, 1, 1, 1, 1, false},
+                                           {1, 1, 1, 2, 2, 2, 2, true}};
+  for (DType dt : kFloatTypes)
+    for (const ToeplitzCase& c : cases) {
+      SCOPED_TRACE(tag(c.str(), dt));
+      const std::vector<Tensor> x = c.inputs(dt);
       const int64_t group_bytes = c.S * 2 * (c.n / 2 + 1) * static_cast<int64_t>(dtype_size(dt));
-      for (int64_t groups : {0, 1, 2}) {  // 0: the default chunks
-        SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) +
-                             " M " + std::to_string(c.M) + " S " + std::to_string(c.S) + " E " + std::to_string(c.E) +
-                             " n " + std::to_string(c.n) + (c.per_batch ? " c per (b, h)" : "") + " chunk groups " +
-                             std::to_string(groups),
-                         dt));
-        if (groups)
-          ::setenv(env, std::to_string(groups * group_bytes).c_str(), 1);
-        else
-          ::unsetenv(env);
-        std::vector<Tensor> runs;
-        for (int run = 0; run < 2; ++run) {
-          Tensor y_d = poisoned(y.shape(), dt), dc_d = poisoned(dc.shape(), dt), dpq_d = poisoned(pq.shape(), dt),
-                 dpk_d = poisoned(pk.shape(), dt), dv_d = poisoned(v.shape(), dt);
-          LINEA_BACKEND(kCuda, toeplitz_attention_forward, cd, pqd, pkd, vd, c.n, y_d);
-          LINEA_BACKEND(kCuda, toeplitz_attention_backward, cd, pqd, pkd, vd, dyd, c.n, dc_d, dpq_d, dpk_d, dv_d);
-          const double long_sum = 16;  // transforms of up to 23 points over up to 12 keys, 5 features
-          EXPECT_TRUE(matches(y_d, y, long_sum, "y"));
-          EXPECT_TRUE(matches(dc_d, dc, long_sum * 4, "dc"));  // summed over the batch, features, channels
-          EXPECT_TRUE(matches(dpq_d, dpq, long_sum, "dphi_q"));
-          EXPECT_TRUE(matches(dpk_d, dpk, long_sum, "dphi_k"));
-          EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
-          runs.push_back(cat({reshape(y_d, {-1}), reshape(dc_d, {-1}), reshape(dpq_d, {-1}), reshape(dpk_d, {-1}),
-                              reshape(dv_d, {-1})},
-                             0)
-                             .to(kCPU));
-        }
-        EXPECT_TRUE(test::all_close(runs[0], runs[1], 0.0, 0.0)) << "two runs differ";
-      }
-      ::unsetenv(env);
+      const double long_sum = 16;  // transforms of up to 23 points over up to 12 keys, 5 features
+      expect_toeplitz_parity(x[0], x[1], x[2], x[3], x[4], c.n, {0, group_bytes, 2 * group_bytes}, long_sum);
     }
-  }
 }
 
 // The direct path of the same op (fft length 0: batched GEMMs over chunks of query rows, the
-// bias table applied in between, dc summed along diagonals): against the CPU's direct kernel, in
-// the default chunks and in chunks of one and of two rows; a second run bit for bit.
+// bias table applied in between, dc summed along diagonals): in the default chunks and in chunks
+// of one and of two query rows.
 TEST(CudaParity, ToeplitzAttentionDirectKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(17);
-  struct Case {
-    int64_t B, H, N, M, S, E;
-    bool per_batch;
-  };
-  const std::vector<Case> cases = {
-      {2, 3, 7, 9, 5, 3, false}, {2, 1, 12, 5, 4, 5, true}, {1, 2, 1, 1, 1, 1, false}, {1, 1, 70, 33, 6, 4, false}};
-  const char* env = "LINEA_TOEPLITZ_CHUNK_BYTES";
-  for (DType dt : kFloatTypes) {
-    for (const Case& c : cases) {
-      const int64_t L = c.N + c.M - 1;
-      const Tensor cc = c.per_batch ? rnd({c.B, c.H, L}, dt, 0.5) : rnd({c.H, L}, dt, 0.5);
-      const Tensor pq = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5)), pk = exp(rnd({c.B, c.H, c.M, c.S}, dt, 0.5)),
-                   v = rnd({c.B, c.H, c.M, c.E}, dt), dy = rnd({c.B, c.H, c.N, c.E}, dt);
-      const TensorOptions cpu_opts(dt);
-      Tensor y = empty({c.B, c.H, c.N, c.E}, cpu_opts);
-      cpu::toeplitz_attention_forward(cc, pq, pk, v, 0, y);
-      Tensor dc = empty(cc.shape(), cpu_opts), dpq = empty(pq.shape(), cpu_opts), dpk = empty(pk.shape(), cpu_opts),
-             dv = empty(v.shape(), cpu_opts);
-      cpu::toeplitz_attention_backward(cc, pq, pk, v, dy, 0, dc, dpq, dpk, dv);
-      const Tensor cd = cc.to(kCuda), pqd = pq.to(kCuda), pkd = pk.to(kCuda), vd = v.to(kCuda), dyd = dy.to(kCuda);
+  const std::vector<ToeplitzCase> cases = {{2, 3, 7, 9, 5, 3, 0, false},
+                                           {2, 1, 12, 5, 4, 5, 0, true},
+                                           {1, 2, 1, 1, 1, 1, 0, false},
+                                           {1, 1, 70, 33, 6, 4, 0, false}};
+  for (DType dt : kFloatTypes)
+    for (const ToeplitzCase& c : cases) {
+      SCOPED_TRACE(tag(c.str(), dt));
+      const std::vector<Tensor> x = c.inputs(dt);
       const int64_t row_bytes = c.B * c.H * c.M * static_cast<int64_t>(dtype_size(dt));
-      for (int64_t rows : {0, 1, 2}) {  // 0: the default chunks
-        SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) +
-                             " M " + std::to_string(c.M) + " S " + std::to_string(c.S) + " E " + std::to_string(c.E) +
-                             (c.per_batch ? " c per (b, h)" : "") + " chunk rows " + std::to_string(rows),
-                         dt));
-        if (rows)
-          ::setenv(env, std::to_string(rows * row_bytes).c_str(), 1);
-        else
-          ::unsetenv(env);
-        std::vector<Tensor> runs;
-        for (int run = 0; run < 2; ++run) {
-          Tensor y_d = poisoned(y.shape(), dt), dc_d = poisoned(dc.shape(), dt), dpq_d = poisoned(pq.shape(), dt),
-                 dpk_d = poisoned(pk.shape(), dt), dv_d = poisoned(v.shape(), dt);
-          LINEA_BACKEND(kCuda, toeplitz_attention_forward, cd, pqd, pkd, vd, 0, y_d);
-          LINEA_BACKEND(kCuda, toeplitz_attention_backward, cd, pqd, pkd, vd, dyd, 0, dc_d, dpq_d, dpk_d, dv_d);
-          const double long_sum = 8;  // sums over up to 70 rows and 33 keys in another order
-          EXPECT_TRUE(matches(y_d, y, long_sum, "y"));
-          EXPECT_TRUE(matches(dc_d, dc, long_sum * 4, "dc"));  // summed over the batch too
-          EXPECT_TRUE(matches(dpq_d, dpq, long_sum, "dphi_q"));
-          EXPECT_TRUE(matches(dpk_d, dpk, long_sum, "dphi_k"));
-          EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
-          runs.push_back(cat({reshape(y_d, {-1}), reshape(dc_d, {-1}), reshape(dpq_d, {-1}), reshape(dpk_d, {-1}),
-                              reshape(dv_d, {-1})},
-                             0)
-                             .to(kCPU));
-        }
-        EXPECT_TRUE(test::all_close(runs[0], runs[1], 0.0, 0.0)) << "two runs differ";
-      }
-      ::unsetenv(env);
+      const double long_sum = 8;  // sums over up to 70 rows and 33 keys in another order
+      expect_toeplitz_parity(x[0], x[1], x[2], x[3], x[4], 0, {0, row_bytes, 2 * row_bytes}, long_sum);
     }
-  }
 }
 
 // Through the public op: the values and the gradients of every input.
