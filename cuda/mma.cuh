@@ -62,5 +62,4 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
 #endif
 }
 
-
 }  // namespace linea::cuda::detail

@@ -183,7 +183,8 @@ template <typename T> __global__ void extract_kernel(const T* dg, ToeplitzDims d
 // work on cuBLAS (at the matmul precision), O(chunk) memory: the faster path for short sequences.
 
 // a[bh, i, m] (and b[bh, i, m]) *= c_{m - (n0 + i)} for the chunk's rows i < rows.
-template <typename T> __global__ void bias_weight_kernel(T* a, T* b, const T* c, ToeplitzDims d, int64_t n0, int64_t rows) {
+template <typename T>
+__global__ void bias_weight_kernel(T* a, T* b, const T* c, ToeplitzDims d, int64_t n0, int64_t rows) {
   LINEA_GRID_LOOP(j, d.B * d.H * rows * d.M) {
     const int64_t m = j % d.M, i = j / d.M % rows, bh = j / (d.M * rows);
     const T w = c[d.row_of(bh) * d.L() + m - (n0 + i) + d.N - 1];
@@ -235,12 +236,12 @@ void direct_forward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk,
   DeviceScratch<T> a(BH * nc * d.M);
   for (int64_t n0 = 0; n0 < d.N; n0 += nc) {
     const int64_t r = std::min(nc, d.N - n0);
-    gemm_strided<T>(pq + n0 * d.S, false, d.S, d.N * d.S, pk, true, d.S, d.M * d.S, a.p, d.M, r * d.M, r, d.M, d.S,
-                    BH, 1.0);
+    gemm_strided<T>(pq + n0 * d.S, false, d.S, d.N * d.S, pk, true, d.S, d.M * d.S, a.p, d.M, r * d.M, r, d.M, d.S, BH,
+                    1.0);
     bias_weight_kernel<T><<<grid_for(BH * r * d.M), kBlockSize, 0, stream()>>>(a.p, nullptr, c, d, n0, r);
     LINEA_KERNEL_LAUNCH_CHECK();
-    gemm_strided<T>(a.p, false, d.M, r * d.M, v, false, d.E, d.M * d.E, y + n0 * d.E, d.E, d.N * d.E, r, d.E, d.M,
-                    BH, 1.0);
+    gemm_strided<T>(a.p, false, d.M, r * d.M, v, false, d.E, d.M * d.E, y + n0 * d.E, d.E, d.N * d.E, r, d.E, d.M, BH,
+                    1.0);
   }
 }
 
@@ -256,20 +257,20 @@ void direct_backward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk
   for (int64_t n0 = 0; n0 < d.N; n0 += nc) {
     const int64_t r = std::min(nc, d.N - n0);
     const double acc = n0 > 0 ? 1.0 : 0.0;  // dv, dphi_k: the first chunk overwrites
-    gemm_strided<T>(pq + n0 * d.S, false, d.S, d.N * d.S, pk, true, d.S, d.M * d.S, K.p, d.M, r * d.M, r, d.M, d.S,
-                    BH, 1.0);
-    gemm_strided<T>(dy + n0 * d.E, false, d.E, d.N * d.E, v, true, d.E, d.M * d.E, G.p, d.M, r * d.M, r, d.M, d.E,
-                    BH, 1.0);
+    gemm_strided<T>(pq + n0 * d.S, false, d.S, d.N * d.S, pk, true, d.S, d.M * d.S, K.p, d.M, r * d.M, r, d.M, d.S, BH,
+                    1.0);
+    gemm_strided<T>(dy + n0 * d.E, false, d.E, d.N * d.E, v, true, d.E, d.M * d.E, G.p, d.M, r * d.M, r, d.M, d.E, BH,
+                    1.0);
     diagonal_sums_kernel<T><<<grid_for(BH * d.L()), kBlockSize, 0, stream()>>>(K.p, G.p, d, n0, r, dcb.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     bias_weight_kernel<T><<<grid_for(BH * r * d.M), kBlockSize, 0, stream()>>>(K.p, G.p, c, d, n0, r);
     LINEA_KERNEL_LAUNCH_CHECK();
-    gemm_strided<T>(K.p, true, d.M, r * d.M, dy + n0 * d.E, false, d.E, d.N * d.E, dv, d.E, d.M * d.E, d.M, d.E, r,
-                    BH, 1.0, acc);
+    gemm_strided<T>(K.p, true, d.M, r * d.M, dy + n0 * d.E, false, d.E, d.N * d.E, dv, d.E, d.M * d.E, d.M, d.E, r, BH,
+                    1.0, acc);
     gemm_strided<T>(G.p, false, d.M, r * d.M, pk, false, d.S, d.M * d.S, dpq + n0 * d.S, d.S, d.N * d.S, r, d.S, d.M,
                     BH, 1.0);
-    gemm_strided<T>(G.p, true, d.M, r * d.M, pq + n0 * d.S, false, d.S, d.N * d.S, dpk, d.S, d.M * d.S, d.M, d.S, r,
-                    BH, 1.0, acc);
+    gemm_strided<T>(G.p, true, d.M, r * d.M, pq + n0 * d.S, false, d.S, d.N * d.S, dpk, d.S, d.M * d.S, d.M, d.S, r, BH,
+                    1.0, acc);
   }
   batch_sums_kernel<T><<<grid_for(d.rows() * d.L()), kBlockSize, 0, stream()>>>(dcb.p, d, dc);
   LINEA_KERNEL_LAUNCH_CHECK();

@@ -357,8 +357,8 @@ template <typename T> void direct_forward_impl(const Dims& d, const T* c, const 
     const T* cr = c_row(d, c, bh) + d.N - 1 - n0;  // c_{m-n} at cr[m - (n - n0)]
     for (int64_t m0 = 0; m0 < d.M; m0 += kKeys) {
       const int64_t k = std::min(kKeys, d.M - m0);
-      detail::gemm(false, true, r, k, d.S, T(1), pq + (bh * d.N + n0) * d.S, d.S, pk + (bh * d.M + m0) * d.S, d.S,
-                   T(0), a, k);
+      detail::gemm(false, true, r, k, d.S, T(1), pq + (bh * d.N + n0) * d.S, d.S, pk + (bh * d.M + m0) * d.S, d.S, T(0),
+                   a, k);
       for (int64_t i = 0; i < r; ++i)
         for (int64_t j = 0; j < k; ++j) a[i * k + j] *= cr[m0 + j - i];
       detail::gemm(false, false, r, d.E, k, T(1), a, k, v + (bh * d.M + m0) * d.E, d.E, T(m0 > 0),
