@@ -253,7 +253,7 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&a)[KT][4], const uin
   }
 }
 
-// acc[nt] += A B^T for NT tiles of 8 rows of `other` (row-major, stride ld): B[k][n] = other[n][k].
+// acc[nt] = A B^T for NT tiles of 8 rows of `other` (row-major, stride ld): B[k][n] = other[n][k].
 template <int KT, int NT>
 __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const uint32_t (&a)[KT][4], const uint16_t* other, int ld,
                                          int g, int t) {
@@ -385,14 +385,15 @@ __global__ void __launch_bounds__(kMmaThreads)
 // ---- the tensor-core backward (same layout) --------------------------------------------------------
 // Two kernels as in float32, each sum taken by one warp in a fixed order (no atomics):
 //   dk, dv  4 warps own 16 keys each (64 per block) and walk query tiles of 32 (16 at head dims
-//           of 128): S^T = K Q^T and
-//           dP^T = V dout^T from the warp's key and value rows, kept as A fragments; then
-//           dv += (z P)^T dout and dk += dS^T q with those accumulators reused as A operands.
+//           of 128): S^T = K Q^T and dP^T = V dout^T from the warp's key and value rows, kept
+//           as A fragments; then dv += (z P)^T dout and dk += dS^T q with those accumulators
+//           reused as A operands.
 //   dq      4 warps own 16 queries each and walk key tiles of 64 (32): S = Q K^T, dP = dout V^T,
 //           dq += dS k.
 // The B operands read down a column of a row-major tile (dout, q, k in the second products) are
 // gathered from two bf16 loads. P and dS are rounded to bf16 before their products, as
 // FlashAttention-2 does; delta, the sums of exp and dbias stay float32.
+//
 // The dk/dv kernel's query tile and the dq kernel's key tile: the score tiles are what is left of
 // 255 registers after the kept fragments and the accumulators (at DM = 128: 64 + 128 in dk/dv).
 template <int DM> constexpr int dkv_queries() { return DM == 128 ? 16 : 32; }

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "apps/common/train_loop.h"
@@ -199,7 +200,7 @@ class AlternatingPairs : public nn::Dataset {
 };
 
 apps::TrainResult train_translate(int64_t steps, bool graph = false, std::vector<Tensor>* final_params = nullptr,
-                                  int64_t shapes = 1) {
+                                  int64_t shapes = 1, const std::function<void(apps::RunOptions&)>& adjust = {}) {
   manual_seed(0);
   translate::ModelConfig cfg;
   cfg.src_vocab = cfg.tgt_vocab = 64;
@@ -234,6 +235,7 @@ apps::TrainResult train_translate(int64_t steps, bool graph = false, std::vector
   h.evaluate = [](const std::string&) { return apps::Metrics{}; };
   apps::RunOptions o = profiled_run(std::string("translate") + (graph ? "_graph" : ""), steps);
   o.cuda_graph = graph;
+  if (adjust) adjust(o);
   apps::TrainResult r = apps::train(s, h, o);
   if (final_params) *final_params = host_params(*model);
   return r;
@@ -309,6 +311,29 @@ TEST(CudaGraph, ReplayedBf16TranslateStepsEqualUncapturedOnes) {
   const apps::TrainResult graph = train_translate(3, true, &graph_params);
   EXPECT_EQ(graph.step_losses, eager.step_losses);
   EXPECT_TRUE(same_bits(graph_params, eager_params)) << "the parameters after 3 steps differ";
+}
+
+TEST(Reproducible, TwoTranslateRunsAndAResumedOneEndWithTheSameBits) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  // Every sum in a fixed order (no atomics), dropout drawn per example from counters: two runs of
+  // 4 steps, and a run stopped after 2 and resumed from its checkpoint, end with the same bits.
+  std::vector<Tensor> first, second, resumed;
+  const apps::TrainResult a = train_translate(4, false, &first), b = train_translate(4, false, &second);
+  EXPECT_EQ(a.step_losses, b.step_losses);
+  EXPECT_TRUE(same_bits(first, second)) << "two runs end with other parameters";
+  const std::string dir = temp_dir("translate_resume");
+  train_translate(4, false, nullptr, 1, [&](apps::RunOptions& o) {  // the same data, stopped mid-epoch
+    o.out_dir = dir;
+    o.max_steps = 2;
+  });
+  const apps::TrainResult r = train_translate(4, false, &resumed, 1, [&](apps::RunOptions& o) {
+    o.out_dir = dir;
+    o.resume = true;
+  });
+  EXPECT_EQ(r.start_step, 2);
+  ASSERT_EQ(a.step_losses.size(), 4u);
+  EXPECT_EQ(r.step_losses, std::vector<double>(a.step_losses.begin() + 2, a.step_losses.end()));
+  EXPECT_TRUE(same_bits(resumed, first)) << "the resumed run ends with other parameters";
 }
 
 TEST(CudaGraph, RefusesWhatAReplayWouldNotRepeat) {
