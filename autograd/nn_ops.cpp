@@ -21,6 +21,8 @@
 //   linear_attention          O = (Pq KV) / den, KV = Pk^T V, den = Pq z, z = Pk^T 1:
 //                             G = [g / den, -rowsum(g * O) / den], dPq = G [KV, z]^T,
 //                             [dKV, dz] = Pq^T G, dPk = V dKV^T + 1 dz^T, dV = Pk dKV
+//   causal_linear_attention   the same per chunk of rows, KV the state before the chunk plus the
+//                             chunk's own keys through tril(Pq Pk^T); dstate = Pq^T G (core/cpu/linear_attention.cpp)
 //   lara_mixture              the chain of core/cpu/lara_mixture.cpp, by hand
 // Not here: kernels (core/cpu/, cuda/) and the raw argument checks they share (core/ops_nn.cpp).
 #include <cstdint>
@@ -383,6 +385,23 @@ Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& 
   return attach(r[0], "linear_attention", {phi_q, phi_k, v},
                 [pq, pk, vc, out = r[0].detach(), den = r[1], kvz = r[2], den_guard](const Tensor& g) {
                   return raw::linear_attention_backward(g, pq, pk, vc, out, den, kvz, den_guard);
+                });
+}
+
+Tensor causal_linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state,
+                               int64_t chunk, double den_guard, Tensor* final) {
+  const Tensor pq = raw::contiguous(phi_q.detach()), pk = raw::contiguous(phi_k.detach()),
+               vc = raw::contiguous(v.detach());
+  // out, den, states, final
+  std::vector<Tensor> r =
+      raw::causal_linear_attention(pq, pk, vc, state.defined() ? state.detach() : Tensor(), chunk, den_guard);
+  if (final) *final = r[3];
+  if (!needs_grad({&phi_q, &phi_k, &v, &state})) return r[0];
+  return attach(r[0], "causal_linear_attention", {phi_q, phi_k, v, state},
+                [pq, pk, vc, out = r[0].detach(), den = r[1], states = r[2], chunk, den_guard,
+                 want_dstate = state.defined() && state.requires_grad()](const Tensor& g) {
+                  return raw::causal_linear_attention_backward(g, pq, pk, vc, out, den, states, chunk, den_guard,
+                                                               want_dstate);
                 });
 }
 

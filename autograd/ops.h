@@ -225,6 +225,15 @@ Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, con
 // +; no gradient through it). Differentiable in all three; keeps only [B, H, S, E + 1] and
 // [B, H, N] besides its inputs and output for the backward (performer's bidirectional path).
 Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double den_guard);
+// Causal linear attention, fused (CPU and CUDA), in chunks of `chunk` rows (a scan over chunk
+// states, then each chunk from its state plus its masked product): out_n = num_n / den~_n with
+// [num, den]_n = phi_q_n (state + sum_{m<=n} phi_k_m^T [v_m, 1]) for phi_q, phi_k [B, H, N, S] and
+// v [B, H, N, E] aligned (key m at query m's position), state [B, H, S, E + 1] the sums of the
+// keys before them (undefined: none); den~ as in linear_attention. Differentiable in phi_q, phi_k,
+// v and state. `final`, when given, gets the sums after the last key (no gradient: the next
+// decoding step's state). Performer's causal path and its decoding step.
+Tensor causal_linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state,
+                               int64_t chunk, double den_guard, Tensor* final = nullptr);
 // LARA's mixture weights, fused (CPU and CUDA): per (b, h), t = softmax over n of q qbar^T,
 // a = self_w + beta (t - mean_c t), mix = softmax_c(log max(a, floor) + q w^T - |q|^2/2 + bias)
 // for q [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C] -> mix [B, H, N, C].

@@ -303,6 +303,21 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& out,      \
                                  const Tensor& den, const Tensor& kvz, const Tensor& dout, double guard,            \
                                  const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv);              \
+  /* Causal linear attention (raw::causal_linear_attention; causal performer's): query n of phi_q [B, H, N, S]     */  \
+  /* sees the key rows m <= n of phi_k [B, H, N, S] and v [B, H, N, E] and, when defined, the sums of earlier      */  \
+  /* keys state [B, H, S, E + 1]: [num, den]_n = phi_q_n (state + sum_{m<=n} phi_k_m^T [v_m, 1]), out = num /      */  \
+  /* den~ (den~ as above). In chunks of `chunk` rows (the last one may be short), C = ceil(N / chunk) of them.     */  \
+  /* Writes out [B, H, N, E], den [B, H, N] (unguarded), states [B, H, C, S, E + 1] (the sums before each          */  \
+  /* chunk, state included; for the backward) and final [B, H, S, E + 1] (the sums after the last key).            */  \
+  void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state, \
+                                       int64_t chunk, double guard, const Tensor& out, const Tensor& den,              \
+                                       const Tensor& states, const Tensor& final);                                     \
+  /* dphi_q, dphi_k, dv and, when defined, dstate [B, H, S, E + 1] (overwritten) from dout and the forward's       */  \
+  /* out, den and states; the guard is a constant */                                                                   \
+  void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& out,  \
+                                        const Tensor& den, const Tensor& states, const Tensor& dout, int64_t chunk,    \
+                                        double guard, const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv,    \
+                                        const Tensor& dstate);                                                         \
   /* Positive random features (FAVOR+; raw::positive_features): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S) for   */  \
   /* x [B, H, L, D] and omega [H, S, D] (the rows of W_h), c (cancels in the attention ratio) the row's max over  */  \
   /* s (per_row) or the max over the (b, h)'s unpadded rows and s. Rows marked by pad (Bool [B, L]; undefined:   */  \

@@ -130,6 +130,18 @@ std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, c
 std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
                                               const Tensor& v, const Tensor& out, const Tensor& den, const Tensor& kvz,
                                               double guard);
+// Causal linear attention, fused, in chunks of `chunk` rows: query n sees keys m <= n of phi_k
+// and v (rows aligned with phi_q's) and the sums of earlier keys `state` [B, H, S, E + 1] (or
+// undefined). Returns {out [B, H, N, E], den [B, H, N] (unguarded), states [B, H, C, S, E + 1]
+// (the sums before each chunk), final [B, H, S, E + 1] (the sums after the last key)}.
+std::vector<Tensor> causal_linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                                            const Tensor& state, int64_t chunk, double guard);
+// Returns {dphi_q, dphi_k, dv, dstate (undefined unless want_dstate)} from grad and the forward's
+// out, den and states.
+std::vector<Tensor> causal_linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
+                                                     const Tensor& v, const Tensor& out, const Tensor& den,
+                                                     const Tensor& states, int64_t chunk, double guard,
+                                                     bool want_dstate);
 // LARA's mixture weights, fused. Returns {mix, t, a}, all
 // [B, H, N, C] (t and a for the backward).
 std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,

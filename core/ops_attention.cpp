@@ -255,6 +255,68 @@ std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& 
 }
 
 namespace {
+void check_causal_linear_args(const char* op, const Tensor& pq, const Tensor& pk, const Tensor& v, const Tensor& state,
+                              int64_t chunk, double guard) {
+  check_defined(op, pq, "phi_q");
+  check_defined(op, pk, "phi_k");
+  check_defined(op, v, "v");
+  LINEA_CHECK(pq.dim() == 4 && pk.shape() == pq.shape() && v.dim() == 4 && v.size(0) == pq.size(0) &&
+                  v.size(1) == pq.size(1) && v.size(2) == pq.size(2),
+              op, ": expected phi_q and phi_k [B, H, N, S], v [B, H, N, E] (key m seen by queries n >= m), got phi_q ",
+              shape_str(pq.shape()), ", phi_k ", shape_str(pk.shape()), ", v ", shape_str(v.shape()));
+  LINEA_CHECK(pq.numel() > 0 && v.numel() > 0, op, ": every dim must be positive, got phi_q ", shape_str(pq.shape()),
+              ", v ", shape_str(v.shape()));
+  const Shape state_shape{pq.size(0), pq.size(1), pq.size(3), v.size(3) + 1};
+  LINEA_CHECK(!state.defined() || state.shape() == state_shape, op,
+              ": state must be [B, H, S, E + 1] = ", shape_str(state_shape), ", got ", shape_str(state.shape()));
+  LINEA_CHECK(chunk > 0, op, ": chunk must be positive, got ", chunk);
+  LINEA_CHECK(is_floating(v.dtype()), op, ": expected float32 or float64, got ", dtype_name(v.dtype()));
+  LINEA_CHECK(guard >= 0.0 && std::isfinite(guard), op, ": guard must be finite and >= 0, got ", guard);
+  for (const Tensor* t : {&pq, &pk, &state}) {
+    if (!t->defined()) continue;
+    check_same_dtype(op, v, *t);
+    check_same_device(op, v, *t);
+  }
+}
+}  // namespace
+
+std::vector<Tensor> causal_linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                                            const Tensor& state, int64_t chunk, double guard) {
+  check_causal_linear_args("causal_linear_attention", phi_q, phi_k, v, state, chunk, guard);
+  const int64_t B = phi_q.size(0), H = phi_q.size(1), N = phi_q.size(2), S = phi_q.size(3), E = v.size(3);
+  const int64_t C = (N + chunk - 1) / chunk;
+  Tensor out = empty({B, H, N, E}, v.options()), den = empty({B, H, N}, v.options()),
+         states = empty({B, H, C, S, E + 1}, v.options()), final = empty({B, H, S, E + 1}, v.options());
+  LINEA_BACKEND(v.device(), causal_linear_attention_forward, contiguous(phi_q), contiguous(phi_k), contiguous(v),
+                state.defined() ? contiguous(state) : Tensor(), chunk, guard, out, den, states, final);
+  return {out, den, states, final};
+}
+
+std::vector<Tensor> causal_linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
+                                                     const Tensor& v, const Tensor& out, const Tensor& den,
+                                                     const Tensor& states, int64_t chunk, double guard,
+                                                     bool want_dstate) {
+  const char* op = "causal_linear_attention_backward";
+  check_causal_linear_args(op, phi_q, phi_k, v, Tensor(), chunk, guard);
+  check_defined(op, grad, "grad");
+  const int64_t B = phi_q.size(0), H = phi_q.size(1), N = phi_q.size(2), S = phi_q.size(3), E = v.size(3);
+  const int64_t C = (N + chunk - 1) / chunk;
+  LINEA_CHECK(grad.shape() == Shape({B, H, N, E}) && out.shape() == grad.shape() && den.shape() == Shape({B, H, N}) &&
+                  states.shape() == Shape({B, H, C, S, E + 1}),
+              op, ": grad ", shape_str(grad.shape()), ", out ", shape_str(out.shape()), ", den ",
+              shape_str(den.shape()), " and states ", shape_str(states.shape()), " do not match phi_q ",
+              shape_str(phi_q.shape()), ", v ", shape_str(v.shape()), " and chunk ", chunk);
+  for (const Tensor* t : {&grad, &out, &den, &states}) check_same_dtype(op, v, *t);
+  Tensor dpq = empty(phi_q.shape(), phi_q.options()), dpk = empty(phi_k.shape(), phi_k.options()),
+         dv = empty(v.shape(), v.options());
+  Tensor dstate = want_dstate ? empty({B, H, S, E + 1}, v.options()) : Tensor();
+  LINEA_BACKEND(v.device(), causal_linear_attention_backward, contiguous(phi_q), contiguous(phi_k), contiguous(v),
+                contiguous(out), contiguous(den), contiguous(states), contiguous(grad), chunk, guard, dpq, dpk, dv,
+                dstate);
+  return {dpq, dpk, dv, dstate};
+}
+
+namespace {
 // self_w and bias are checked when given (the backward has neither).
 void check_mixture_args(const char* op, const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
                         const Tensor& bias) {

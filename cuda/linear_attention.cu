@@ -8,6 +8,11 @@
 //             dphi_k = v dKV^T + dz (every row), dv = phi_k dKV
 // den~ is den with |den| < guard replaced by guard with den's sign (0 counting as +). Every sum
 // is a GEMM's or one thread's loop: the same bits every run.
+//
+// Causal linear attention (the CPU twin's chunked formulas, core/cpu/linear_attention.cpp): the
+// rows of each (b, h) padded with zero rows to C whole chunks of T (skipped when T divides N), so
+// every per-chunk product is one strided-batched GEMM over (b, h, chunk); the chunk states by a
+// scan kernel (one thread per (b, h, entry), chunks in order); tril by a masking kernel.
 #include <cmath>
 
 #include "core/kernels.h"
@@ -77,6 +82,144 @@ template <typename T> __global__ void add_ones_column_kernel(const T* dkvz, Line
   }
 }
 
+// ---- causal ---------------------------------------------------------------------------------------
+struct CausalDims {
+  int64_t BH, N, S, E, T;  // T: rows per chunk
+  __host__ __device__ int64_t C() const { return (N + T - 1) / T; }
+  __host__ __device__ int64_t P() const { return C() * T; }  // padded rows per (b, h)
+  __host__ __device__ int64_t E1() const { return E + 1; }
+  __host__ __device__ int64_t n() const { return S * E1(); }  // entries of one state
+  int64_t chunks() const { return BH * C(); }
+};
+
+// dst [BH, P, cols] from src [BH, N, src_cols]: rows past N zero; a column src_cols (when cols >
+// src_cols) of ones on real rows ([v, 1]).
+template <typename T>
+__global__ void pad_rows_kernel(const T* src, CausalDims d, int64_t src_cols, int64_t cols, T* dst) {
+  const int64_t total = d.BH * d.P() * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i % cols, row = i / cols, bh = row / d.P(), r = row % d.P();
+    dst[i] = r >= d.N ? T(0) : j < src_cols ? src[(bh * d.N + r) * src_cols + j] : T(1);
+  }
+}
+
+// dst [BH, N, cols] = the first cols columns of src [BH, P, src_cols]'s real rows.
+template <typename T>
+__global__ void unpad_rows_kernel(const T* src, CausalDims d, int64_t src_cols, int64_t cols, T* dst) {
+  const int64_t total = d.BH * d.N * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i % cols, row = i / cols, bh = row / d.N, r = row % d.N;
+    dst[i] = src[(bh * d.P() + r) * src_cols + j];
+  }
+}
+
+// parts [BH, C, n] in place: the exclusive prefix sums over the chunks (reverse: over the later
+// chunks) from init [BH, n] (or 0), the total into total [BH, n] (or nowhere).
+template <typename T>
+__global__ void scan_chunks_kernel(CausalDims d, bool reverse, const T* init, T* parts, T* total) {
+  const int64_t C = d.C(), n = d.n();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < d.BH * n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bh = i / n, j = i % n;
+    T acc = init ? init[i] : T(0);
+    for (int64_t k = 0; k < C; ++k) {
+      T& p = parts[(bh * C + (reverse ? C - 1 - k : k)) * n + j];
+      const T x = p;
+      p = acc;
+      acc += x;
+    }
+    if (total) total[i] = acc;
+  }
+}
+
+// a [count, T, T]: zero above the diagonal (key m > query n within the chunk).
+template <typename T> __global__ void keep_lower_kernel(int64_t count, int64_t Tc, T* a) {
+  const int64_t total = count * Tc * Tc;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (i % Tc > (i / Tc) % Tc) a[i] = T(0);
+}
+
+// out = num / den~, den raw, from the padded nd [BH, P, E + 1].
+template <typename T> __global__ void causal_divide_kernel(const T* nd, CausalDims d, T guard, T* out, T* den) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < d.BH * d.N;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const T* row = nd + ((r / d.N) * d.P() + r % d.N) * d.E1();
+    const T raw = row[d.E], inv = T(1) / guarded(raw, guard);
+    den[r] = raw;
+    for (int64_t e = 0; e < d.E; ++e) out[r * d.E + e] = row[e] * inv;
+  }
+}
+
+// The padded G [BH, P, E + 1] (zero rows past N) from the gradient g, out and den.
+template <typename T>
+__global__ void causal_g_kernel(const T* g, const T* out, const T* den, CausalDims d, T guard, T* G) {
+  const int64_t E1 = d.E1();
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < d.BH * d.P();
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = p % d.P(), r = (p / d.P()) * d.N + i;
+    T* Gr = G + p * E1;
+    if (i >= d.N) {
+      for (int64_t e = 0; e < E1; ++e) Gr[e] = T(0);
+      continue;
+    }
+    const T raw = den[r], dg = guarded(raw, guard), inv = T(1) / dg;
+    T dot = T(0);
+    for (int64_t e = 0; e < d.E; ++e) {
+      Gr[e] = g[r * d.E + e] * inv;
+      dot += g[r * d.E + e] * out[r * d.E + e];
+    }
+    Gr[d.E] = dg == raw ? -dot * inv : T(0);  // the guard is a constant
+  }
+}
+
+// The chunk-aligned rows of phi_q, phi_k and [v, 1]: the inputs themselves where T divides N
+// (and v's ones column is built either way), else zero-padded copies.
+template <typename T> struct PaddedInputs {
+  const CausalDims& d;
+  DeviceScratch<T> qs, ks, v1;
+  const T *q, *k;
+  PaddedInputs(const CausalDims& dims, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v)
+      : d(dims),
+        qs(whole() ? 0 : dims.BH * dims.P() * dims.S),
+        ks(whole() ? 0 : dims.BH * dims.P() * dims.S),
+        v1(dims.BH * dims.P() * dims.E1()),
+        q(whole() ? cptr<T>(phi_q) : qs.p),
+        k(whole() ? cptr<T>(phi_k) : ks.p) {
+    if (!whole()) {
+      pad(cptr<T>(phi_q), d.S, d.S, qs.p);
+      pad(cptr<T>(phi_k), d.S, d.S, ks.p);
+    }
+    pad(cptr<T>(v), d.E, d.E1(), v1.p);
+  }
+  bool whole() const { return d.N % d.T == 0; }
+  void pad(const T* src, int64_t src_cols, int64_t cols, T* dst) const {
+    pad_rows_kernel<T><<<grid_for(d.BH * d.P() * cols), kBlockSize, 0, stream()>>>(src, d, src_cols, cols, dst);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+// c[i] (+)= op(a[i]) op(b[i]) for every chunk i, each operand a matrix of the chunk (rows of the
+// padded inputs) or of its state: ld is the row length, the chunk stride follows from it.
+struct ChunkOperand {
+  int64_t ld, rows;  // a chunk's block: rows x ld, chunks rows * ld apart
+  int64_t stride() const { return rows * ld; }
+};
+
+template <typename T>
+void chunk_gemm(const CausalDims& d, const T* a, bool ta, ChunkOperand la, const T* b, bool tb, ChunkOperand lb, T* c,
+                ChunkOperand lc, int64_t m, int64_t n, int64_t k, double beta = 0.0) {
+  gemm_strided<T>(a, ta, la.ld, la.stride(), b, tb, lb.ld, lb.stride(), c, lc.ld, lc.stride(), m, n, k, d.chunks(), 1.0,
+                  beta);
+}
+
+template <typename T> void keep_lower(const CausalDims& d, T* a) {
+  keep_lower_kernel<T><<<grid_for(d.chunks() * d.T * d.T), kBlockSize, 0, stream()>>>(d.chunks(), d.T, a);
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+
 LinearDims dims_of(const Tensor& pq, const Tensor& pk, const Tensor& v) {
   return {pq.size(0) * pq.size(1), pq.size(2), pk.size(2), pq.size(3), v.size(3)};
 }
@@ -131,6 +274,80 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
     // dv [M, E] = phi_k [M, S] dKV [S, E] (rows E + 1 apart)
     gemm_strided<T>(cptr<T>(phi_k), false, d.S, d.M * d.S, dkvz.p, false, E1, d.S * E1, ptr<T>(dv), d.E, d.M * d.E, d.M,
                     d.E, d.S, d.BH, 1.0);
+  });
+}
+
+void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state,
+                                     int64_t chunk, double guard, const Tensor& out, const Tensor& den,
+                                     const Tensor& states, const Tensor& final) {
+  const CausalDims d{phi_q.size(0) * phi_q.size(1), phi_q.size(2), phi_q.size(3), v.size(3), chunk};
+  LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention", [&] {
+    using T = scalar_t;
+    const int64_t S = d.S, E1 = d.E1(), Tc = d.T;
+    const ChunkOperand rows_s{S, Tc}, rows_e1{E1, Tc}, tt{Tc, Tc}, state_op{E1, S};
+    PaddedInputs<T> in(d, phi_q, phi_k, v);
+    T* st = ptr<T>(states);
+    chunk_gemm<T>(d, in.k, true, rows_s, in.v1.p, false, rows_e1, st, state_op, S, E1, Tc);  // KV_c
+    scan_chunks_kernel<T><<<grid_for(d.BH * d.n()), kBlockSize, 0, stream()>>>(
+        d, false, state.defined() ? cptr<T>(state) : nullptr, st, ptr<T>(final));
+    LINEA_KERNEL_LAUNCH_CHECK();
+    // [num, den]_c = phi_q_c S_c + tril(phi_q_c phi_k_c^T) [v_c, 1]
+    DeviceScratch<T> nd(d.BH * d.P() * E1), a(d.chunks() * Tc * Tc);
+    chunk_gemm<T>(d, in.q, false, rows_s, st, false, state_op, nd.p, rows_e1, Tc, E1, S);
+    chunk_gemm<T>(d, in.q, false, rows_s, in.k, true, rows_s, a.p, tt, Tc, Tc, S);
+    keep_lower<T>(d, a.p);
+    chunk_gemm<T>(d, a.p, false, tt, in.v1.p, false, rows_e1, nd.p, rows_e1, Tc, E1, Tc, 1.0);
+    causal_divide_kernel<T>
+        <<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(nd.p, d, static_cast<T>(guard), ptr<T>(out), ptr<T>(den));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& out,
+                                      const Tensor& den, const Tensor& states, const Tensor& dout, int64_t chunk,
+                                      double guard, const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv,
+                                      const Tensor& dstate) {
+  const CausalDims d{phi_q.size(0) * phi_q.size(1), phi_q.size(2), phi_q.size(3), v.size(3), chunk};
+  LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention_backward", [&] {
+    using T = scalar_t;
+    const int64_t S = d.S, E1 = d.E1(), Tc = d.T;
+    const ChunkOperand rows_s{S, Tc}, rows_e1{E1, Tc}, tt{Tc, Tc}, state_op{E1, S};
+    PaddedInputs<T> in(d, phi_q, phi_k, v);
+    const bool whole = in.whole();
+    DeviceScratch<T> G(d.BH * d.P() * E1), R(d.chunks() * d.n()), a(d.chunks() * Tc * Tc);
+    causal_g_kernel<T><<<grid_for(d.BH * d.P()), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), cptr<T>(den),
+                                                                            d, static_cast<T>(guard), G.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    // R_c = sum over the later chunks of phi_q^T G, dstate = the sum over all of them
+    chunk_gemm<T>(d, in.q, true, rows_s, G.p, false, rows_e1, R.p, state_op, S, E1, Tc);
+    scan_chunks_kernel<T><<<grid_for(d.BH * d.n()), kBlockSize, 0, stream()>>>(
+        d, true, static_cast<const T*>(nullptr), R.p, dstate.defined() ? ptr<T>(dstate) : nullptr);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    // A = tril(G_c [v_c, 1]^T): dphi_q_c = G_c S_c^T + A phi_k_c, dphi_k_c = [v_c, 1] R_c^T + A^T phi_q_c
+    DeviceScratch<T> dqs(whole ? 0 : d.BH * d.P() * S), dks(whole ? 0 : d.BH * d.P() * S);
+    T* dq = whole ? ptr<T>(dphi_q) : dqs.p;
+    T* dk = whole ? ptr<T>(dphi_k) : dks.p;
+    chunk_gemm<T>(d, G.p, false, rows_e1, in.v1.p, true, rows_e1, a.p, tt, Tc, Tc, E1);
+    keep_lower<T>(d, a.p);
+    chunk_gemm<T>(d, G.p, false, rows_e1, cptr<T>(states), true, state_op, dq, rows_s, Tc, S, E1);
+    chunk_gemm<T>(d, a.p, false, tt, in.k, false, rows_s, dq, rows_s, Tc, S, Tc, 1.0);
+    chunk_gemm<T>(d, in.v1.p, false, rows_e1, R.p, true, state_op, dk, rows_s, Tc, S, E1);
+    chunk_gemm<T>(d, a.p, true, tt, in.q, false, rows_s, dk, rows_s, Tc, S, Tc, 1.0);
+    // P = tril(phi_q_c phi_k_c^T): d[v, 1]_c = phi_k_c R_c + P^T G_c
+    DeviceScratch<T> dv1(d.BH * d.P() * E1);
+    chunk_gemm<T>(d, in.q, false, rows_s, in.k, true, rows_s, a.p, tt, Tc, Tc, S);
+    keep_lower<T>(d, a.p);
+    chunk_gemm<T>(d, in.k, false, rows_s, R.p, false, state_op, dv1.p, rows_e1, Tc, E1, S);
+    chunk_gemm<T>(d, a.p, true, tt, G.p, false, rows_e1, dv1.p, rows_e1, Tc, E1, Tc, 1.0);
+    const auto unpad = [&](const T* src, int64_t src_cols, int64_t cols, T* dst) {
+      unpad_rows_kernel<T><<<grid_for(d.BH * d.N * cols), kBlockSize, 0, stream()>>>(src, d, src_cols, cols, dst);
+      LINEA_KERNEL_LAUNCH_CHECK();
+    };
+    if (!whole) {
+      unpad(dq, S, S, ptr<T>(dphi_q));
+      unpad(dk, S, S, ptr<T>(dphi_k));
+    }
+    unpad(dv1.p, E1, d.E, ptr<T>(dv));
   });
 }
 

@@ -7,8 +7,10 @@
 // float32 at |q~| = |k~| = 5; errors. The fused feature op (positive_features, performer's and
 // nprf_rpe's map on the CPU) against the formula by loops, in blocks and with padding, and its
 // gradient check through a ratio in which its stabilizer cancels; the fused bidirectional
-// linear_attention (performer's CPU path) against the composed formula, guard included, and its
-// gradient check.
+// linear_attention against the composed formula, guard included, and its gradient check; the
+// fused causal_linear_attention against the masked quadratic formula for chunks of 1 to more than
+// N rows, with and without a carried state (and the final state it hands on), and its gradient
+// check in all four inputs.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -22,8 +24,9 @@
 namespace linea {
 namespace {
 
-using attn::PerformerAttention;
+using attn::causal_hidden;
 using attn::FeatureMap;
+using attn::PerformerAttention;
 using test::all_close;
 using test::f64;
 using test::randn64;
@@ -610,6 +613,93 @@ TEST(LinearAttention, BadInputsThrow) {
   EXPECT_LINEA_ERROR(linear_attention(pq, pk, randn({1, 2, 5, 0}), 0.0), "every dim must be positive");
   EXPECT_LINEA_ERROR(linear_attention(pq, pk, v, -1.0), "guard must be finite and >= 0, got -1");
   EXPECT_LINEA_ERROR(linear_attention(pq, pk, v.to(DType::Float64), 0.0), "linear_attention");
+}
+
+// ---- the fused causal linear attention --------------------------------------------------------
+// The composed formula: [num, den] = tril(pq pk^T) [v, 1] + pq state, out = num / den~.
+Tensor causal_linear_attention_composed(const Tensor& pq, const Tensor& pk, const Tensor& v, const Tensor& state,
+                                        double guard) {
+  const int64_t B = v.size(0), H = v.size(1), N = v.size(2), E = v.size(3);
+  const Tensor v1 = cat({v, ones({B, H, N, 1}, v.options())}, -1);
+  const Tensor a = masked_fill(matmul(pq, transpose(pk, -2, -1)), causal_hidden(N, N, 0, v.device()), 0.0);
+  Tensor nd = matmul(a, v1);
+  if (state.defined()) nd = nd + matmul(pq, state);
+  const Tensor num = narrow(nd, -1, 0, E), den = narrow(nd, -1, E, 1), d = den.detach();
+  const Tensor signed_guard = where(d >= 0.0, scalar_tensor(guard, d.options()), -guard);
+  return num / where(abs(d) < guard, signed_guard, den);
+}
+
+TEST(CausalLinearAttention, MatchesTheComposedFormula) {
+  manual_seed(64);
+  const int64_t B = 2, H = 3, N = 13, S = 6, E = 4;
+  const Tensor pq = exp(randn64({B, H, N, S})), pk = exp(randn64({B, H, N, S})), v = randn64({B, H, N, E});
+  const Tensor state = exp(randn64({B, H, S, E + 1}));
+  const Tensor v1 = cat({v, ones({B, H, N, 1}, f64())}, -1);
+  for (const Tensor& st : {Tensor(), state}) {
+    // 1: a scan over single rows; 4: a short last chunk; 13, 64: one chunk
+    for (int64_t chunk : {1, 4, 13, 64}) {
+      Tensor final;
+      const Tensor out = causal_linear_attention(pq, pk, v, st, chunk, 1e-30, &final);
+      EXPECT_TRUE(all_close(out, causal_linear_attention_composed(pq, pk, v, st, 1e-30), 1e-12, 1e-12)) << chunk;
+      const Tensor sums = matmul(transpose(pk, -2, -1), v1);
+      EXPECT_TRUE(all_close(final, st.defined() ? st + sums : sums, 1e-12, 1e-12)) << chunk;
+      const Tensor out32 = causal_linear_attention(pq.to(DType::Float32), pk.to(DType::Float32), v.to(DType::Float32),
+                                                   st.defined() ? st.to(DType::Float32) : Tensor(), chunk, 1e-30);
+      EXPECT_TRUE(all_close(out32.to(DType::Float64), out, 1e-4, 1e-5)) << chunk;
+    }
+  }
+  // Signed features with denominators near 0: the guard keeps the sign.
+  const Tensor sq = randn64({1, 2, 9, 4}), sk = randn64({1, 2, 9, 4}), sv = randn64({1, 2, 9, 3});
+  for (double guard : {1e-30, 0.5, 3.0})
+    EXPECT_TRUE(all_close(causal_linear_attention(sq, sk, sv, Tensor(), 4, guard),
+                          causal_linear_attention_composed(sq, sk, sv, Tensor(), guard), 1e-12, 1e-12))
+        << guard;
+}
+
+TEST(GradCheck, CausalLinearAttention) {
+  manual_seed(65);
+  // N = 7 in chunks of 3 (a short last chunk), with a state; then no state, chunks of 2.
+  EXPECT_GRADCHECK(
+      [](const std::vector<Tensor>& in) {
+        return causal_linear_attention(exp(in[0]), exp(in[1]), in[2], exp(in[3]), 3, 1e-30);
+      },
+      {randn64({2, 2, 7, 3}), randn64({2, 2, 7, 3}), randn64({2, 2, 7, 2}), randn64({2, 2, 3, 3})});
+  EXPECT_GRADCHECK(
+      [](const std::vector<Tensor>& in) {
+        return causal_linear_attention(exp(in[0]), exp(in[1]), in[2], Tensor(), 2, 1e-30);
+      },
+      {randn64({1, 2, 5, 3}), randn64({1, 2, 5, 3}), randn64({1, 2, 5, 2})});
+  // Signed features, the first two query rows scaled by 1e-3 so that the guard is active there
+  // (checked): no gradient goes through a guarded den.
+  const Tensor row_scale = from_vector<double>({1e-3, 1e-3, 1, 1, 1, 1}, {1, 1, 6, 1});
+  const Tensor pq = randn64({1, 1, 6, 3}), pk = randn64({1, 1, 6, 3}), v = randn64({1, 1, 6, 2});
+  const Tensor den =
+      matmul(masked_fill(matmul(pq * row_scale, transpose(pk, -2, -1)), causal_hidden(6, 6, 0, pq.device()), 0.0),
+             ones({1, 1, 6, 1}, f64()));
+  const std::vector<double> d = den.to_vector<double>();
+  ASSERT_LT(std::fabs(d[0]), 0.3);
+  ASSERT_LT(std::fabs(d[1]), 0.3);
+  EXPECT_GRADCHECK(
+      [row_scale](const std::vector<Tensor>& in) {
+        return causal_linear_attention(in[0] * row_scale, in[1], in[2], Tensor(), 4, 0.3);
+      },
+      {pq, pk, v});
+}
+
+TEST(CausalLinearAttention, BadInputsThrow) {
+  const Tensor pq = rand({1, 2, 3, 4}), pk = rand({1, 2, 3, 4}), v = randn({1, 2, 3, 5});
+  EXPECT_LINEA_ERROR(causal_linear_attention(pq, rand({1, 2, 4, 4}), v, Tensor(), 2, 0.0),
+                     "causal_linear_attention: expected phi_q and phi_k [B, H, N, S], v [B, H, N, E] (key m seen by "
+                     "queries n >= m), got phi_q [1, 2, 3, 4], phi_k [1, 2, 4, 4], v [1, 2, 3, 5]");
+  EXPECT_LINEA_ERROR(causal_linear_attention(pq, pk, randn({1, 2, 3, 0}), Tensor(), 2, 0.0),
+                     "every dim must be positive");
+  EXPECT_LINEA_ERROR(causal_linear_attention(pq, pk, v, zeros({1, 2, 4, 5}), 2, 0.0),
+                     "causal_linear_attention: state must be [B, H, S, E + 1] = [1, 2, 4, 6], got [1, 2, 4, 5]");
+  EXPECT_LINEA_ERROR(causal_linear_attention(pq, pk, v, Tensor(), 0, 0.0),
+                     "causal_linear_attention: chunk must be positive, got 0");
+  EXPECT_LINEA_ERROR(causal_linear_attention(pq, pk, v, Tensor(), 2, -1.0), "guard must be finite and >= 0, got -1");
+  EXPECT_LINEA_ERROR(causal_linear_attention(pq, pk, v.to(DType::Float64), Tensor(), 2, 0.0),
+                     "causal_linear_attention");
 }
 
 TEST(Performer, BadOptionsAndInputsThrow) {

@@ -935,6 +935,70 @@ TEST(CudaParity, LinearAttentionKernel) {
   }
 }
 
+// Causal linear attention's kernels, as above: N off the chunk (padded chunks) and on it (the
+// inputs used in place), chunks of one row and longer than N, with and without a carried state
+// (and its gradient), tiny query rows under the guard.
+TEST(CudaParity, CausalLinearAttentionKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(21);
+  struct Case {
+    int64_t B, H, N, S, E, chunk;
+    bool state;
+  };
+  const std::vector<Case> cases = {{2, 3, 37, 17, 23, 8, true},  {1, 2, 40, 5, 3, 8, false},
+                                   {1, 1, 1, 1, 1, 4, true},     {2, 1, 9, 6, 4, 1, false},
+                                   {1, 2, 70, 64, 16, 64, true}, {1, 1, 5, 3, 2, 16, true}};
+  const double guard = 1e-3;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " S " +
+                           std::to_string(c.S) + " E " + std::to_string(c.E) + " chunk " + std::to_string(c.chunk) +
+                           (c.state ? " state" : ""),
+                       dt));
+      const int64_t C = (c.N + c.chunk - 1) / c.chunk;
+      Tensor pq = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5)), pk = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5));
+      // without a state, every fifth query row tiny: its denominator falls under the guard (with
+      // one, the guard's 1/den~ would only magnify the rounding of the state's product)
+      std::vector<int64_t> tiny_rows(static_cast<size_t>(c.N));
+      for (int64_t n = 0; n < c.N; ++n) tiny_rows[n] = !c.state && n % 5 == 2;
+      pq = where(ints(tiny_rows, {1, 1, c.N, 1}).to(DType::Bool), mul(pq, 1e-7), pq);
+      const Tensor v = rnd({c.B, c.H, c.N, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
+      const Tensor state = c.state ? exp(rnd({c.B, c.H, c.S, c.E + 1}, dt, 0.5)) : Tensor();
+      const TensorOptions cpu_opts(dt);
+      const Shape out_s{c.B, c.H, c.N, c.E}, den_s{c.B, c.H, c.N}, states_s{c.B, c.H, C, c.S, c.E + 1},
+          state_s{c.B, c.H, c.S, c.E + 1};
+      Tensor out = empty(out_s, cpu_opts), den = empty(den_s, cpu_opts), states = empty(states_s, cpu_opts),
+             final = empty(state_s, cpu_opts);
+      cpu::causal_linear_attention_forward(pq, pk, v, state, c.chunk, guard, out, den, states, final);
+      const Tensor pqd = pq.to(kCuda), pkd = pk.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda),
+                   sd = c.state ? state.to(kCuda) : Tensor();
+      Tensor out_d = poisoned(out_s, dt), den_d = poisoned(den_s, dt), states_d = poisoned(states_s, dt),
+             final_d = poisoned(state_s, dt);
+      LINEA_BACKEND(kCuda, causal_linear_attention_forward, pqd, pkd, vd, sd, c.chunk, guard, out_d, den_d, states_d,
+                    final_d);
+      const double long_sum = 8;  // sums over up to 64 features and 70 keys, in another order
+      EXPECT_TRUE(matches(out_d, out, long_sum, "out"));
+      EXPECT_TRUE(matches(den_d, den, long_sum, "den"));
+      EXPECT_TRUE(matches(states_d, states, long_sum, "states"));
+      EXPECT_TRUE(matches(final_d, final, long_sum, "final"));
+
+      Tensor dpq = empty(pq.shape(), cpu_opts), dpk = empty(pk.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts),
+             dstate = c.state ? empty(state_s, cpu_opts) : Tensor();
+      cpu::causal_linear_attention_backward(pq, pk, v, out, den, states, dout, c.chunk, guard, dpq, dpk, dv, dstate);
+      Tensor dpq_d = poisoned(pq.shape(), dt), dpk_d = poisoned(pk.shape(), dt), dv_d = poisoned(v.shape(), dt),
+             dstate_d = c.state ? poisoned(state_s, dt) : Tensor();
+      LINEA_BACKEND(kCuda, causal_linear_attention_backward, pqd, pkd, vd, out_d, den_d, states_d, dd, c.chunk, guard,
+                    dpq_d, dpk_d, dv_d, dstate_d);
+      EXPECT_TRUE(matches(dpq_d, dpq, long_sum, "dphi_q"));
+      EXPECT_TRUE(matches(dpk_d, dpk, long_sum, "dphi_k"));
+      EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
+      if (c.state) {
+        EXPECT_TRUE(matches(dstate_d, dstate, long_sum, "dstate"));
+      }
+    }
+  }
+}
+
 // The positive random features' kernels, as above: both stabilizers (per row for queries, per
 // (b, h) over the unpadded rows for keys), padded rows and a batch that is all padding,
 // NaN-poisoned outputs, the weight gradient with and without.

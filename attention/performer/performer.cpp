@@ -1,12 +1,12 @@
 // The `performer` mechanism (see performer.h): FAVOR+ random features, the bidirectional linear
-// product, the chunked causal prefix sums, and the spec factory.
+// product, the causal one (fused chunked prefix sums) and its decoding step, and the spec factory.
 //
 // How the ratio stays finite: the mechanism never forms phi itself but phi times a detached
 // positive factor that is constant over what the ratio sums (one per query row, one per (b, h)
 // for the keys), so it cancels in out_n = phi(q_n).sum_m phi(k_m) v_m^T / phi(q_n).sum_m phi(k_m)
 // and, being detached, leaves the gradient of the ratio unchanged (the ratio does not depend on
-// it). The numerator and the denominator come out of one product: v gets a column of ones, so the
-// last output column is phi(q_n).sum_m phi(k_m).
+// it). The fused ops (linear_attention, causal_linear_attention) take numerator and denominator
+// from one product: v gets a column of ones, so its last column is phi(q_n).sum_m phi(k_m).
 #include "attention/performer/performer.h"
 
 #include <algorithm>
@@ -193,51 +193,25 @@ std::pair<Tensor, Tensor> PerformerAttention::features_of(const Tensor& q, const
   return {query_features(q, omega), stabilized_keys(parts, c, pad)};
 }
 
-namespace {
-// out_n = num / den from [num, den] [.., Dv+1], den guarded (0/0 of a row with no visible key -> 0).
-Tensor ratio(const Tensor& out, int64_t Dv) {
-  return narrow(out, -1, 0, Dv) / guard_denominator(narrow(out, -1, Dv, 1));
-}
-// Float 0/1 [T, T]: 1 where key j is visible to query i of the same chunk (j <= i).
-Tensor chunk_triangle(int64_t T, const Tensor& like) {
-  return (~causal_hidden(T, T, 0, like.device())).to(like.dtype());
-}
-}  // namespace
-
 Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   check_inputs("performer", *this, q, k, v, opts);
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2);
   auto [phi_q, phi_k] = features_of(q, k, opts);  // [B, H, N, F], [B, H, M, F]
-  if (!opts.causal) {
-    return linear_attention(phi_q, phi_k, v, kDenGuard);  // fused, on either device
-  }
-  // v with a column of ones [B, H, M, Dv+1]: one product gives numerator and denominator.
-  Tensor v1 = cat({v, ones({B, H, M, 1}, v.options())}, -1);
-  // Chunks of T queries [c0, c0+T), at positions o+c0.. among the keys (o = query_offset): keys
-  // before o+c0 come through the chunk's state, the exclusive prefix sum over the earlier chunks
-  // of phi(k)^T [v, 1] [F, Dv+1] (plus the keys before o); the chunk's own keys [o+c0, o+c0+T)
-  // through the masked quadratic phi(q_c) phi(k_c)^T (lower triangle, diagonal included). Keys
-  // past the last query's position are never visible. All chunks at once: the aligned keys and
-  // the queries padded with zero rows to nc whole chunks (a zero key adds nothing, a padded
-  // query's row is dropped), a few batched products and one cumsum whatever N is.
-  const int64_t o = opts.query_offset, T = std::min(chunk_, N), nc = (N + T - 1) / T, F = phi_q.size(3);
-  const int64_t m0 = std::min(o, M), m1 = std::min(M, o + N);  // the keys at query positions
-  // rows [r0, r1) of x [B, H, L, C] as [B, H, nc, T, C], zero rows appended
-  const auto chunks = [&](const Tensor& x, int64_t r0, int64_t r1) {
-    const int64_t C = x.size(3);
-    if (r1 == r0) return zeros({B, H, nc, T, C}, x.options());
-    Tensor y = r1 - r0 < x.size(2) ? narrow(x, 2, r0, r1 - r0) : x;
-    if (r1 - r0 < nc * T) y = cat({y, zeros({B, H, nc * T - (r1 - r0), C}, x.options())}, 2);
-    return reshape(y, {B, H, nc, T, C});
+  if (!opts.causal) return linear_attention(phi_q, phi_k, v, kDenGuard);  // fused, on either device
+  // Query n sits at position o + n among the keys (o = query_offset): the keys before o come in
+  // as the state (their sums phi(k)^T [v, 1]), the keys [o, o + N) align with the queries (zero
+  // rows appended where the keys end first: a zero key adds nothing), later keys are never seen.
+  // The fused op scans chunks of `chunk` rows (see causal_linear_attention).
+  const int64_t o = opts.query_offset, m0 = std::min(o, M), m1 = std::min(M, o + N);
+  Tensor state;
+  if (m0 > 0)
+    state = matmul(transpose(narrow(phi_k, 2, 0, m0), -2, -1),
+                   cat({narrow(v, 2, 0, m0), ones({B, H, m0, 1}, v.options())}, -1));
+  const auto aligned = [&](const Tensor& x) {
+    Tensor y = m0 > 0 || m1 < M ? narrow(x, 2, m0, m1 - m0) : x;
+    return m1 - m0 < N ? cat({y, zeros({B, H, N - (m1 - m0), x.size(3)}, x.options())}, 2) : y;
   };
-  const Tensor qc = chunks(phi_q, 0, N), kc = chunks(phi_k, m0, m1), vc = chunks(v1, m0, m1);
-  const Tensor kv = matmul(transpose(kc, -2, -1), vc);  // [B, H, nc, F, Dv+1]
-  Tensor state = zeros({B, H, 1, F, Dv + 1}, v.options());
-  if (nc > 1) state = cat({state, narrow(cumsum(kv, 2), 2, 0, nc - 1)}, 2);
-  if (m0 > 0) state = state + unsqueeze(matmul(transpose(narrow(phi_k, 2, 0, m0), -2, -1), narrow(v1, 2, 0, m0)), 2);
-  const Tensor intra = matmul(matmul(qc, transpose(kc, -2, -1)) * chunk_triangle(T, q), vc);
-  const Tensor out = reshape(matmul(qc, state) + intra, {B, H, nc * T, Dv + 1});  // [B, H, nc T, Dv+1]
-  return ratio(nc * T > N ? narrow(out, 2, 0, N) : out, Dv);
+  return causal_linear_attention(phi_q, aligned(phi_k), aligned(v), state, chunk_, kDenGuard);
 }
 
 Tensor PerformerAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
@@ -273,7 +247,7 @@ Tensor PerformerAttention::decode_step(const Tensor& q, const Tensor& k, const T
   auto* st = dynamic_cast<PerformerState*>(&state_in);
   LINEA_CHECK(st != nullptr, "performer decode_step: the state was not made by this mechanism's start_decoding");
   check_step(q, k, v);
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dv = v.size(3);
+  const int64_t B = q.size(0), T = q.size(2), Dv = v.size(3);
   if (st->sums.defined())
     LINEA_CHECK(st->sums.size(0) == B && st->sums.size(3) == Dv + 1, "performer decode_step: q ",
                 shape_str(q.shape()), ", v ", shape_str(v.shape()), " do not continue the state's ", st->sums.size(0),
@@ -300,15 +274,13 @@ Tensor PerformerAttention::decode_step(const Tensor& q, const Tensor& k, const T
     c = c_new;
   }
   Tensor phi_k = stabilized_keys(parts, c, pad);  // [B, H, T, F]
-  Tensor v1 = cat({v, ones({B, H, T, 1}, v.options())}, -1);
-  // Earlier keys through the sums, the step's own keys through the masked quadratic product.
-  Tensor out = matmul(matmul(phi_q, transpose(phi_k, -2, -1)) * chunk_triangle(T, q), v1);  // [B, H, T, Dv+1]
-  if (st->sums.defined()) out = matmul(phi_q, st->sums) + out;
-  Tensor kv = matmul(transpose(phi_k, -2, -1), v1);  // [B, H, F, Dv+1]
-  st->sums = st->sums.defined() ? st->sums + kv : kv;
+  // Earlier keys through the sums, the step's own keys causally; the sums move on past them.
+  Tensor sums;
+  Tensor out = causal_linear_attention(phi_q, phi_k, v, st->sums, chunk_, kDenGuard, &sums);
+  st->sums = sums;
   st->c = c;
   advance(*st, T);
-  return ratio(out, Dv);
+  return out;
 }
 
 std::string PerformerAttention::extra_repr() const {

@@ -46,8 +46,8 @@ class PerformerAttention : public AttentionMechanism {
                      FeatureMap feature_map = FeatureMap::Softmax, int64_t redraw = 1, int64_t chunk = 64,
                      bool orthogonal = true);
 
-  // q [B, H, N, D], k [B, H, M, D], v [B, H, M, Dv] -> [B, H, N, Dv]. Causal: O(N/T) chunk steps,
-  // each O(T (T + S) Dv) work and O(T S + S Dv) memory for the carried prefix state.
+  // q [B, H, N, D], k [B, H, M, D], v [B, H, M, Dv] -> [B, H, N, Dv]. Causal: N/T chunks of T
+  // rows, each O(T (T + S) Dv) work; the N/T chunk states [S, Dv + 1] are kept for the backward.
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) override;
   // [B, H, N, M]: phi(q_n).phi(k_m) over visible keys, normalized per row (forward == this @ v).
   Tensor attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) override;

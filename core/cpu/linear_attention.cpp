@@ -7,6 +7,17 @@
 //             dphi_q = G KVz^T, dKVz = phi_q^T G          per query block, dKVz summed per (b, h)
 //             dphi_k = [v, 1] dKVz^T, dv = phi_k dKV      per key block
 // where den~ is den with |den| < guard replaced by guard with den's sign (0 counting as +).
+//
+// Causal linear attention in chunks of T rows (c = 0..C-1 per (b, h); S_c = the sums before chunk c,
+// R_c = sum over the later chunks of phi_q^T G, tril keeps m <= n within a chunk):
+//   forward   KV_c = phi_k_c^T [v_c, 1]                        per chunk
+//             S_c = state + sum_{c' < c} KV_c'                  scan per (b, h, entry), in order
+//             [num, den]_c = phi_q_c S_c + tril(phi_q_c phi_k_c^T) [v_c, 1]   per chunk
+//   backward  G as above, QG_c = phi_q_c^T G_c                  per chunk
+//             R_c = sum_{c' > c} QG_c', dstate = sum_c QG_c     scan per (b, h, entry), in order
+//             A = tril(G_c [v_c, 1]^T), P = tril(phi_q_c phi_k_c^T)
+//             dphi_q_c = G_c S_c^T + A phi_k_c, dphi_k_c = [v_c, 1] R_c^T + A^T phi_q_c,
+//             d[v, 1]_c = phi_k_c R_c + P^T G_c                  per chunk
 #include <omp.h>
 
 #include <algorithm>
@@ -137,6 +148,142 @@ void backward_impl(const Dims& d, double guard, const T* pq, const T* pk, const 
   }
 }
 
+// ---- causal ---------------------------------------------------------------------------------------
+struct CausalDims {
+  int64_t BH, N, S, E, T;  // T: rows per chunk
+  int64_t C() const { return (N + T - 1) / T; }
+  int64_t E1() const { return E + 1; }
+  int64_t n() const { return S * E1(); }  // entries of one state
+  int64_t rows(int64_t c) const { return std::min(T, N - c * T); }
+};
+
+// [v, 1] of chunk rows [n0, n0 + rows) of one (b, h) into v1 [rows, E + 1].
+template <typename T> void ones_column(const T* v, int64_t rows, int64_t E, T* v1) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(v + r * E, v + (r + 1) * E, v1 + r * (E + 1));
+    v1[r * (E + 1) + E] = T(1);
+  }
+}
+
+// a [rows, rows] (leading dim ld): zero above the diagonal (key m > query n within the chunk).
+template <typename T> void keep_lower(T* a, int64_t rows, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(a + r * ld + r + 1, a + r * ld + rows, T(0));
+}
+
+// parts [BH, C, n] in place: the exclusive prefix sums over c (reverse: the suffix sums over the
+// later chunks), starting from init [BH, n] (or 0); the total into total [BH, n] when given.
+template <typename T> void scan_chunks(const CausalDims& d, bool reverse, const T* init, T* parts, T* total) {
+  const int64_t C = d.C(), n = d.n();
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < d.BH * n; ++i) {
+    const int64_t bh = i / n, j = i % n;
+    T acc = init ? init[i] : T(0);
+    for (int64_t k = 0; k < C; ++k) {
+      T& p = parts[(bh * C + (reverse ? C - 1 - k : k)) * n + j];
+      const T x = p;
+      p = acc;
+      acc += x;
+    }
+    if (total) total[i] = acc;
+  }
+}
+
+template <typename T>
+void causal_forward_impl(const CausalDims& d, double guard, const T* pq, const T* pk, const T* v, const T* state,
+                         T* out, T* den, T* states, T* final) {
+  const int64_t C = d.C(), E1 = d.E1(), n = d.n(), S = d.S;
+  const int nt = omp_get_max_threads();
+  const int64_t per_thread = Workspace<T>::rounded(d.T * E1) * 2 + Workspace<T>::rounded(d.T * d.T);
+  Workspace<T> ws(nt * per_thread);
+  std::vector<T*> scratch(static_cast<size_t>(nt));
+  for (T*& p : scratch) p = ws.take(per_thread);
+#pragma omp parallel num_threads(nt)
+  {
+    T* v1 = scratch[static_cast<size_t>(omp_get_thread_num())];
+    T* nd = v1 + Workspace<T>::rounded(d.T * E1);
+    T* a = nd + Workspace<T>::rounded(d.T * E1);
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < d.BH * C; ++it) {  // KV_c, into the chunk's state slot
+      const int64_t bh = it / C, n0 = (it % C) * d.T, rows = d.rows(it % C);
+      ones_column(v + (bh * d.N + n0) * d.E, rows, d.E, v1);
+      gemm(true, false, S, E1, rows, T(1), pk + (bh * d.N + n0) * S, S, v1, E1, T(0), states + it * n, E1);
+    }
+    scan_chunks(d, /*reverse=*/false, state, states, final);
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < d.BH * C; ++it) {  // [num, den] = phi_q_c S_c + tril(phi_q_c phi_k_c^T) [v_c, 1]
+      const int64_t bh = it / C, n0 = (it % C) * d.T, rows = d.rows(it % C);
+      const T* q = pq + (bh * d.N + n0) * S;
+      const T* k = pk + (bh * d.N + n0) * S;
+      ones_column(v + (bh * d.N + n0) * d.E, rows, d.E, v1);
+      gemm(false, false, rows, E1, S, T(1), q, S, states + it * n, E1, T(0), nd, E1);
+      gemm(false, true, rows, rows, S, T(1), q, S, k, S, T(0), a, d.T);
+      keep_lower(a, rows, d.T);
+      gemm(false, false, rows, E1, rows, T(1), a, d.T, v1, E1, T(1), nd, E1);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = bh * d.N + n0 + r;
+        const T raw = nd[r * E1 + d.E], inv = T(1) / guarded(raw, guard);
+        den[row] = raw;
+        for (int64_t e = 0; e < d.E; ++e) out[row * d.E + e] = nd[r * E1 + e] * inv;
+      }
+    }
+  }
+}
+
+template <typename T>
+void causal_backward_impl(const CausalDims& d, double guard, const T* pq, const T* pk, const T* v, const T* out,
+                          const T* den, const T* states, const T* g, T* dpq, T* dpk, T* dv, T* dstate) {
+  const int64_t C = d.C(), E1 = d.E1(), n = d.n(), S = d.S;
+  const int nt = omp_get_max_threads();
+  const int64_t per_thread = Workspace<T>::rounded(d.T * E1) * 2 + Workspace<T>::rounded(d.T * d.T);
+  Workspace<T> ws(Workspace<T>::rounded(d.BH * d.N * E1) + Workspace<T>::rounded(d.BH * C * n) + nt * per_thread);
+  T* G = ws.take(d.BH * d.N * E1);
+  T* R = ws.take(d.BH * C * n);
+  std::vector<T*> scratch(static_cast<size_t>(nt));
+  for (T*& p : scratch) p = ws.take(per_thread);
+#pragma omp parallel num_threads(nt)
+  {
+    T* v1 = scratch[static_cast<size_t>(omp_get_thread_num())];
+    T* dv1 = v1 + Workspace<T>::rounded(d.T * E1);
+    T* a = dv1 + Workspace<T>::rounded(d.T * E1);
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < d.BH * C; ++it) {  // G_c, QG_c
+      const int64_t bh = it / C, n0 = (it % C) * d.T, rows = d.rows(it % C);
+      T* Gc = G + (bh * d.N + n0) * E1;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = bh * d.N + n0 + r;
+        const T raw = den[row], dg = guarded(raw, guard), inv = T(1) / dg;
+        T dot = 0;
+        for (int64_t e = 0; e < d.E; ++e) {
+          Gc[r * E1 + e] = g[row * d.E + e] * inv;
+          dot += g[row * d.E + e] * out[row * d.E + e];
+        }
+        Gc[r * E1 + d.E] = dg == raw ? -dot * inv : T(0);  // the guard is a constant
+      }
+      gemm(true, false, S, E1, rows, T(1), pq + (bh * d.N + n0) * S, S, Gc, E1, T(0), R + it * n, E1);
+    }
+    scan_chunks(d, /*reverse=*/true, static_cast<const T*>(nullptr), R, dstate);
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < d.BH * C; ++it) {
+      const int64_t bh = it / C, n0 = (it % C) * d.T, rows = d.rows(it % C), r0 = bh * d.N + n0;
+      const T *q = pq + r0 * S, *k = pk + r0 * S, *Gc = G + r0 * E1, *Sc = states + it * n, *Rc = R + it * n;
+      ones_column(v + r0 * d.E, rows, d.E, v1);
+      // A = tril(G_c [v_c, 1]^T): dphi_q_c = G_c S_c^T + A phi_k_c, dphi_k_c = [v_c, 1] R_c^T + A^T phi_q_c
+      gemm(false, true, rows, rows, E1, T(1), Gc, E1, v1, E1, T(0), a, d.T);
+      keep_lower(a, rows, d.T);
+      gemm(false, true, rows, S, E1, T(1), Gc, E1, Sc, E1, T(0), dpq + r0 * S, S);
+      gemm(false, false, rows, S, rows, T(1), a, d.T, k, S, T(1), dpq + r0 * S, S);
+      gemm(false, true, rows, S, E1, T(1), v1, E1, Rc, E1, T(0), dpk + r0 * S, S);
+      gemm(true, false, rows, S, rows, T(1), a, d.T, q, S, T(1), dpk + r0 * S, S);
+      // P = tril(phi_q_c phi_k_c^T): d[v, 1]_c = phi_k_c R_c + P^T G_c
+      gemm(false, true, rows, rows, S, T(1), q, S, k, S, T(0), a, d.T);
+      keep_lower(a, rows, d.T);
+      gemm(false, false, rows, E1, S, T(1), k, S, Rc, E1, T(0), dv1, E1);
+      gemm(true, false, rows, E1, rows, T(1), a, d.T, Gc, E1, T(1), dv1, E1);
+      for (int64_t r = 0; r < rows; ++r) std::copy(dv1 + r * E1, dv1 + r * E1 + d.E, dv + (r0 + r) * d.E);
+    }
+  }
+}
+
 Dims dims_of(const Tensor& pq, const Tensor& pk, const Tensor& v) {
   return {pq.size(0) * pq.size(1), pq.size(2), pk.size(2), pq.size(3), v.size(3)};
 }
@@ -160,6 +307,30 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
     backward_impl<scalar_t>(d, guard, phi_q.data<scalar_t>(), phi_k.data<scalar_t>(), v.data<scalar_t>(),
                             out.data<scalar_t>(), den.data<scalar_t>(), kvz.data<scalar_t>(), dout.data<scalar_t>(),
                             dphi_q.data<scalar_t>(), dphi_k.data<scalar_t>(), dv.data<scalar_t>());
+  });
+}
+
+void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state,
+                                     int64_t chunk, double guard, const Tensor& out, const Tensor& den,
+                                     const Tensor& states, const Tensor& final) {
+  const CausalDims d{phi_q.size(0) * phi_q.size(1), phi_q.size(2), phi_q.size(3), v.size(3), chunk};
+  LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention", [&] {
+    causal_forward_impl<scalar_t>(d, guard, phi_q.data<scalar_t>(), phi_k.data<scalar_t>(), v.data<scalar_t>(),
+                                  state.defined() ? state.data<scalar_t>() : nullptr, out.data<scalar_t>(),
+                                  den.data<scalar_t>(), states.data<scalar_t>(), final.data<scalar_t>());
+  });
+}
+
+void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& out,
+                                      const Tensor& den, const Tensor& states, const Tensor& dout, int64_t chunk,
+                                      double guard, const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv,
+                                      const Tensor& dstate) {
+  const CausalDims d{phi_q.size(0) * phi_q.size(1), phi_q.size(2), phi_q.size(3), v.size(3), chunk};
+  LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention_backward", [&] {
+    causal_backward_impl<scalar_t>(d, guard, phi_q.data<scalar_t>(), phi_k.data<scalar_t>(), v.data<scalar_t>(),
+                                   out.data<scalar_t>(), den.data<scalar_t>(), states.data<scalar_t>(),
+                                   dout.data<scalar_t>(), dphi_q.data<scalar_t>(), dphi_k.data<scalar_t>(),
+                                   dv.data<scalar_t>(), dstate.defined() ? dstate.data<scalar_t>() : nullptr);
   });
 }
 
