@@ -648,6 +648,10 @@ TEST(CausalLinearAttention, MatchesTheComposedFormula) {
       EXPECT_TRUE(all_close(out32.to(DType::Float64), out, 1e-4, 1e-5)) << chunk;
     }
   }
+  // Long enough for the kernel's threads (short calls run on one): 5 chunks of 64, the last short.
+  const Tensor lq = exp(randn64({1, 2, 300, 16})), lk = exp(randn64({1, 2, 300, 16})), lv = randn64({1, 2, 300, 8});
+  EXPECT_TRUE(all_close(causal_linear_attention(lq, lk, lv, Tensor(), 64, 1e-30),
+                        causal_linear_attention_composed(lq, lk, lv, Tensor(), 1e-30), 1e-12, 1e-12));
   // Signed features with denominators near 0: the guard keeps the sign.
   const Tensor sq = randn64({1, 2, 9, 4}), sk = randn64({1, 2, 9, 4}), sv = randn64({1, 2, 9, 3});
   for (double guard : {1e-30, 0.5, 3.0})

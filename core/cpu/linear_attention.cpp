@@ -155,7 +155,22 @@ struct CausalDims {
   int64_t E1() const { return E + 1; }
   int64_t n() const { return S * E1(); }  // entries of one state
   int64_t rows(int64_t c) const { return std::min(T, N - c * T); }
+  // Threads for a call: one below ~1 MFLOP (a decoding step), where a parallel region's barriers
+  // would cost more than they save.
+  int threads() const {
+    const int64_t flops = 2 * BH * N * (2 * S * E1() + std::min(T, N) * (S + E1()));
+    return flops < (int64_t{1} << 20) ? 1 : omp_get_max_threads();
+  }
 };
+
+// Runs body on nt threads, or with nt = 1 on this thread outside any OpenMP region (inside one,
+// even an inactive one, each OpenBLAS GEMM would start a nested team: see blas.cpp). The
+// body's `omp for` loops bind to whichever it is.
+template <typename F> void run_team(int nt, const F& body) {
+  if (nt == 1) return body();
+#pragma omp parallel num_threads(nt)
+  body();
+}
 
 // [v, 1] of chunk rows [n0, n0 + rows) of one (b, h) into v1 [rows, E + 1].
 template <typename T> void ones_column(const T* v, int64_t rows, int64_t E, T* v1) {
@@ -172,19 +187,28 @@ template <typename T> void keep_lower(T* a, int64_t rows, int64_t ld) {
 
 // parts [BH, C, n] in place: the exclusive prefix sums over c (reverse: the suffix sums over the
 // later chunks), starting from init [BH, n] (or 0); the total into total [BH, n] when given.
+// Work items are blocks of entries of one (b, h), each summed chunk after chunk into a running
+// block (contiguous inner loops).
 template <typename T> void scan_chunks(const CausalDims& d, bool reverse, const T* init, T* parts, T* total) {
-  const int64_t C = d.C(), n = d.n();
+  constexpr int64_t kBlock = 512;
+  const int64_t C = d.C(), n = d.n(), nb = (n + kBlock - 1) / kBlock;
 #pragma omp for schedule(static)
-  for (int64_t i = 0; i < d.BH * n; ++i) {
-    const int64_t bh = i / n, j = i % n;
-    T acc = init ? init[i] : T(0);
+  for (int64_t it = 0; it < d.BH * nb; ++it) {
+    const int64_t bh = it / nb, j0 = (it % nb) * kBlock, len = std::min(kBlock, n - j0);
+    T acc[kBlock];
+    if (init)
+      std::copy(init + bh * n + j0, init + bh * n + j0 + len, acc);
+    else
+      std::fill(acc, acc + len, T(0));
     for (int64_t k = 0; k < C; ++k) {
-      T& p = parts[(bh * C + (reverse ? C - 1 - k : k)) * n + j];
-      const T x = p;
-      p = acc;
-      acc += x;
+      T* p = parts + (bh * C + (reverse ? C - 1 - k : k)) * n + j0;
+      for (int64_t j = 0; j < len; ++j) {
+        const T x = p[j];
+        p[j] = acc[j];
+        acc[j] += x;
+      }
     }
-    if (total) total[i] = acc;
+    if (total) std::copy(acc, acc + len, total + bh * n + j0);
   }
 }
 
@@ -192,13 +216,12 @@ template <typename T>
 void causal_forward_impl(const CausalDims& d, double guard, const T* pq, const T* pk, const T* v, const T* state,
                          T* out, T* den, T* states, T* final) {
   const int64_t C = d.C(), E1 = d.E1(), n = d.n(), S = d.S;
-  const int nt = omp_get_max_threads();
+  const int nt = d.threads();
   const int64_t per_thread = Workspace<T>::rounded(d.T * E1) * 2 + Workspace<T>::rounded(d.T * d.T);
   Workspace<T> ws(nt * per_thread);
   std::vector<T*> scratch(static_cast<size_t>(nt));
   for (T*& p : scratch) p = ws.take(per_thread);
-#pragma omp parallel num_threads(nt)
-  {
+  run_team(nt, [&] {
     T* v1 = scratch[static_cast<size_t>(omp_get_thread_num())];
     T* nd = v1 + Workspace<T>::rounded(d.T * E1);
     T* a = nd + Workspace<T>::rounded(d.T * E1);
@@ -226,22 +249,21 @@ void causal_forward_impl(const CausalDims& d, double guard, const T* pq, const T
         for (int64_t e = 0; e < d.E; ++e) out[row * d.E + e] = nd[r * E1 + e] * inv;
       }
     }
-  }
+  });
 }
 
 template <typename T>
 void causal_backward_impl(const CausalDims& d, double guard, const T* pq, const T* pk, const T* v, const T* out,
                           const T* den, const T* states, const T* g, T* dpq, T* dpk, T* dv, T* dstate) {
   const int64_t C = d.C(), E1 = d.E1(), n = d.n(), S = d.S;
-  const int nt = omp_get_max_threads();
+  const int nt = d.threads();
   const int64_t per_thread = Workspace<T>::rounded(d.T * E1) * 2 + Workspace<T>::rounded(d.T * d.T);
   Workspace<T> ws(Workspace<T>::rounded(d.BH * d.N * E1) + Workspace<T>::rounded(d.BH * C * n) + nt * per_thread);
   T* G = ws.take(d.BH * d.N * E1);
   T* R = ws.take(d.BH * C * n);
   std::vector<T*> scratch(static_cast<size_t>(nt));
   for (T*& p : scratch) p = ws.take(per_thread);
-#pragma omp parallel num_threads(nt)
-  {
+  run_team(nt, [&] {
     T* v1 = scratch[static_cast<size_t>(omp_get_thread_num())];
     T* dv1 = v1 + Workspace<T>::rounded(d.T * E1);
     T* a = dv1 + Workspace<T>::rounded(d.T * E1);
@@ -281,7 +303,7 @@ void causal_backward_impl(const CausalDims& d, double guard, const T* pq, const 
       gemm(true, false, rows, E1, rows, T(1), a, d.T, Gc, E1, T(1), dv1, E1);
       for (int64_t r = 0; r < rows; ++r) std::copy(dv1 + r * E1, dv1 + r * E1 + d.E, dv + (r0 + r) * d.E);
     }
-  }
+  });
 }
 
 Dims dims_of(const Tensor& pq, const Tensor& pk, const Tensor& v) {
