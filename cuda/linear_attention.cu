@@ -13,6 +13,7 @@
 // rows of each (b, h) padded with zero rows to C whole chunks of T (skipped when T divides N), so
 // every per-chunk product is one strided-batched GEMM over (b, h, chunk); the chunk states by a
 // scan kernel (one thread per (b, h, entry), chunks in order); tril by a masking kernel.
+#include <algorithm>
 #include <cmath>
 
 #include "core/kernels.h"
@@ -220,6 +221,11 @@ template <typename T> void keep_lower(const CausalDims& d, T* a) {
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
+// Chunks of at most N rows: N <= chunk is one chunk of N (a decoding step is not padded to 64).
+CausalDims causal_dims(const Tensor& pq, const Tensor& v, int64_t chunk) {
+  return {pq.size(0) * pq.size(1), pq.size(2), pq.size(3), v.size(3), std::min(chunk, pq.size(2))};
+}
+
 LinearDims dims_of(const Tensor& pq, const Tensor& pk, const Tensor& v) {
   return {pq.size(0) * pq.size(1), pq.size(2), pk.size(2), pq.size(3), v.size(3)};
 }
@@ -280,7 +286,7 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
 void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state,
                                      int64_t chunk, double guard, const Tensor& out, const Tensor& den,
                                      const Tensor& states, const Tensor& final) {
-  const CausalDims d{phi_q.size(0) * phi_q.size(1), phi_q.size(2), phi_q.size(3), v.size(3), chunk};
+  const CausalDims d = causal_dims(phi_q, v, chunk);
   LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention", [&] {
     using T = scalar_t;
     const int64_t S = d.S, E1 = d.E1(), Tc = d.T;
@@ -307,7 +313,7 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
                                       const Tensor& den, const Tensor& states, const Tensor& dout, int64_t chunk,
                                       double guard, const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv,
                                       const Tensor& dstate) {
-  const CausalDims d{phi_q.size(0) * phi_q.size(1), phi_q.size(2), phi_q.size(3), v.size(3), chunk};
+  const CausalDims d = causal_dims(phi_q, v, chunk);
   LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention_backward", [&] {
     using T = scalar_t;
     const int64_t S = d.S, E1 = d.E1(), Tc = d.T;

@@ -306,6 +306,11 @@ void causal_backward_impl(const CausalDims& d, double guard, const T* pq, const 
   });
 }
 
+// Chunks of at most N rows: N <= chunk is one chunk of N (a decoding step is not padded to 64).
+CausalDims causal_dims(const Tensor& pq, const Tensor& v, int64_t chunk) {
+  return {pq.size(0) * pq.size(1), pq.size(2), pq.size(3), v.size(3), std::min(chunk, pq.size(2))};
+}
+
 Dims dims_of(const Tensor& pq, const Tensor& pk, const Tensor& v) {
   return {pq.size(0) * pq.size(1), pq.size(2), pk.size(2), pq.size(3), v.size(3)};
 }
@@ -335,7 +340,7 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
 void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state,
                                      int64_t chunk, double guard, const Tensor& out, const Tensor& den,
                                      const Tensor& states, const Tensor& final) {
-  const CausalDims d{phi_q.size(0) * phi_q.size(1), phi_q.size(2), phi_q.size(3), v.size(3), chunk};
+  const CausalDims d = causal_dims(phi_q, v, chunk);
   LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention", [&] {
     causal_forward_impl<scalar_t>(d, guard, phi_q.data<scalar_t>(), phi_k.data<scalar_t>(), v.data<scalar_t>(),
                                   state.defined() ? state.data<scalar_t>() : nullptr, out.data<scalar_t>(),
@@ -347,7 +352,7 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
                                       const Tensor& den, const Tensor& states, const Tensor& dout, int64_t chunk,
                                       double guard, const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv,
                                       const Tensor& dstate) {
-  const CausalDims d{phi_q.size(0) * phi_q.size(1), phi_q.size(2), phi_q.size(3), v.size(3), chunk};
+  const CausalDims d = causal_dims(phi_q, v, chunk);
   LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention_backward", [&] {
     causal_backward_impl<scalar_t>(d, guard, phi_q.data<scalar_t>(), phi_k.data<scalar_t>(), v.data<scalar_t>(),
                                    out.data<scalar_t>(), den.data<scalar_t>(), states.data<scalar_t>(),
