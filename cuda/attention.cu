@@ -288,6 +288,27 @@ __device__ __forceinline__ void mma_accumulated(float (&acc)[ET][4], const float
   }
 }
 
+// What every lane of the tensor-core kernels starts from (a block of kMmaThreads = 4 warps per
+// (tile, bh)): its warp, its group g = lane / 4 and place t = lane % 4 in the PTX fragment
+// layouts, the (b, h) and the example's key padding and key bias rows (null: none). Folds a
+// captured graph's draw base into the dropout's draw.
+struct MmaLane {
+  int warp, g, t;
+  int64_t bh;
+  const uint8_t* pad_b;
+  const float* bias_b;
+  __device__ MmaLane(const uint8_t* pad, const float* bias, const SdpaShape& s, int64_t heads,
+                     ExampleDropout<float>& drop, const uint64_t* draw_base)
+      : warp(threadIdx.x / 32),
+        g(threadIdx.x % 32 / 4),
+        t(threadIdx.x % 4),
+        bh(blockIdx.y),
+        pad_b(pad ? pad + (bh / heads) * s.M : nullptr),
+        bias_b(bias ? bias + bh * s.M : nullptr) {
+    if (drop.on && draw_base) drop.draw += *draw_base;
+  }
+};
+
 template <int DM>
 __global__ void __launch_bounds__(kMmaThreads)
     sdpa_forward_mma_kernel(const float* q, const float* k, const float* v, const uint8_t* pad, const float* bias,
@@ -297,12 +318,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   constexpr int KT = DM / 16, NT = kMmaKeys / 8, ET = DM / 8;
   uint16_t* ks = shared_mem<uint16_t>();  // [64, KS]: the query tile first, then each key tile
   uint16_t* vt = ks + kMmaKeys * KS;      // [DM, VS]: the value tile, transposed
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const MmaLane lane(pad, bias, s, heads, drop, draw_base);
+  const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t rows[2] = {n0 + warp * 16 + g, n0 + warp * 16 + g + 8};  // this lane's two rows
-  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
-  const float* bias_b = bias ? bias + bh * s.M : nullptr;
-  if (drop.on && draw_base) drop.draw += *draw_base;
 
   load_bf16_tile<DM, false>(ks, KS, q + bh * s.N * s.D, n0, kMmaRows, s.N, s.D);
   __syncthreads();
@@ -429,6 +448,21 @@ __device__ __forceinline__ void store_rows(float* dst, const float (&acc)[ET][4]
   }
 }
 
+// The backward kernels' kept operands: rows [r0, r0 + 64) of x0 [count, d0] and x1 [count, d1]
+// staged as bf16 through tiles t0 and t1 (row stride DM + 8), and the warp's 16 of them as A
+// fragments a0 and a1 for the whole pass.
+template <int DM>
+__device__ __forceinline__ void keep_warp_rows(uint32_t (&a0)[DM / 16][4], uint32_t (&a1)[DM / 16][4], uint16_t* t0,
+                                               uint16_t* t1, const float* x0, int64_t d0, const float* x1, int64_t d1,
+                                               int64_t r0, int64_t count, const MmaLane& lane) {
+  constexpr int LD = DM + 8;
+  load_bf16_tile<DM, false>(t0, LD, x0, r0, kMmaRows, count, d0);
+  load_bf16_tile<DM, false>(t1, LD, x1, r0, kMmaRows, count, d1);
+  __syncthreads();
+  load_a_fragments<DM / 16>(a0, t0 + lane.warp * 16 * LD, LD, lane.g, lane.t);
+  load_a_fragments<DM / 16>(a1, t1 + lane.warp * 16 * LD, LD, lane.g, lane.t);
+}
+
 template <int DM>
 __global__ void __launch_bounds__(kMmaThreads)
     sdpa_backward_dkv_mma_kernel(const float* q, const float* k, const float* v, const float* dout, const float* lse,
@@ -440,18 +474,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   uint16_t* ds = qs + kMmaKeys * LD;                              // [NQ, LD] dout; first the value tile [64, LD]
   float* row_lse = reinterpret_cast<float*>(ds + kMmaKeys * LD);  // [NQ]
   float* row_delta = row_lse + NQ;                                // [NQ]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t bh = blockIdx.y, m0 = static_cast<int64_t>(blockIdx.x) * kMmaKeys, mw = m0 + warp * 16;
-  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
-  const float* bias_b = bias ? bias + bh * s.M : nullptr;
-  if (drop.on && draw_base) drop.draw += *draw_base;
-
-  load_bf16_tile<DM, false>(qs, LD, k + bh * s.M * s.D, m0, kMmaKeys, s.M, s.D);
-  load_bf16_tile<DM, false>(ds, LD, v + bh * s.M * s.E, m0, kMmaKeys, s.M, s.E);
-  __syncthreads();
-  uint32_t ka[KT][4], va[KT][4];  // the warp's 16 keys and values, kept for the whole pass
-  load_a_fragments<KT>(ka, qs + warp * 16 * LD, LD, g, t);
-  load_a_fragments<KT>(va, ds + warp * 16 * LD, LD, g, t);
+  const MmaLane lane(pad, bias, s, heads, drop, draw_base);
+  const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kMmaKeys, mw = m0 + warp * 16;
+  uint32_t ka[KT][4], va[KT][4];  // the warp's 16 keys and values
+  keep_warp_rows<DM>(ka, va, qs, ds, k + bh * s.M * s.D, s.D, v + bh * s.M * s.E, s.E, m0, s.M, lane);
   float dk_acc[ET][4], dv_acc[ET][4], db[2] = {0.f, 0.f};
 #pragma unroll
   for (int e = 0; e < ET; ++e)
@@ -507,18 +534,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   constexpr int LD = DM + 8, KT = DM / 16, ET = DM / 8, NK = dq_keys<DM>(), NT = NK / 8;
   uint16_t* ks = shared_mem<uint16_t>();  // [NK, LD]; first the query tile [64, LD]
   uint16_t* vs = ks + kMmaRows * LD;      // [NK, LD]; first the dout tile [64, LD]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
-  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
-  const float* bias_b = bias ? bias + bh * s.M : nullptr;
-  if (drop.on && draw_base) drop.draw += *draw_base;
-
-  load_bf16_tile<DM, false>(ks, LD, q + bh * s.N * s.D, n0, kMmaRows, s.N, s.D);
-  load_bf16_tile<DM, false>(vs, LD, dout + bh * s.N * s.E, n0, kMmaRows, s.N, s.E);
-  __syncthreads();
+  const MmaLane lane(pad, bias, s, heads, drop, draw_base);
+  const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
   uint32_t qa[KT][4], da[KT][4];  // the warp's 16 queries and their output gradients
-  load_a_fragments<KT>(qa, ks + warp * 16 * LD, LD, g, t);
-  load_a_fragments<KT>(da, vs + warp * 16 * LD, LD, g, t);
+  keep_warp_rows<DM>(qa, da, ks, vs, q + bh * s.N * s.D, s.D, dout + bh * s.N * s.E, s.E, n0, s.N, lane);
   float row_lse[2], row_delta[2], dq_acc[ET][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

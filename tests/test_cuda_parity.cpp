@@ -73,6 +73,14 @@ Tensor poisoned(const Shape& shape, DType dt) { return full(shape, NAN, TensorOp
 
 // Int64 tensor from values.
 Tensor ints(const std::vector<int64_t>& v, const Shape& s) { return from_vector<int64_t>(v, s); }
+// A key padding mask Bool [B, M] for the attention kernels: batch 0 has every third key padded,
+// the last batch (when B > 1) all of them.
+Tensor key_padding(int64_t B, int64_t M) {
+  std::vector<int64_t> mask(static_cast<size_t>(B * M), 0);
+  for (int64_t m = 0; m < M; ++m) mask[m] = m % 3 == 1;
+  for (int64_t m = 0; m < M; ++m) mask[(B - 1) * M + m] = B > 1 ? 1 : mask[m];
+  return ints(mask, {B, M}).to(DType::Bool);
+}
 
 ::testing::AssertionResult matches(const Tensor& got, const Tensor& ref, double scale, const char* what) {
   if (got.defined() != ref.defined())
@@ -719,13 +727,7 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
                        dt));
       const Tensor q = rnd({c.B, c.H, c.N, c.D}, dt), k = rnd({c.B, c.H, c.M, c.D}, dt),
                    v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
-      Tensor pad;
-      if (c.pad) {  // batch 0: every third key padded; the last batch: all of them
-        std::vector<int64_t> mask(static_cast<size_t>(c.B * c.M), 0);
-        for (int64_t m = 0; m < c.M; ++m) mask[m] = m % 3 == 1;
-        for (int64_t m = 0; m < c.M; ++m) mask[(c.B - 1) * c.M + m] = c.B > 1 ? 1 : mask[m];
-        pad = ints(mask, {c.B, c.M}).to(DType::Bool);
-      }
+      const Tensor pad = c.pad ? key_padding(c.B, c.M) : Tensor();
       const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
       const TensorOptions cpu_opts(dt);
       const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda),
@@ -807,13 +809,7 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
                  v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
     const Tensor qr = round_bf16(q), kr = round_bf16(k), vr = round_bf16(v), dr = round_bf16(dout);
     const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda);
-    Tensor pad;
-    if (c.pad) {  // batch 0: every third key padded; the last batch: all of them
-      std::vector<int64_t> mask(static_cast<size_t>(c.B * c.M), 0);
-      for (int64_t m = 0; m < c.M; ++m) mask[m] = m % 3 == 1;
-      for (int64_t m = 0; m < c.M; ++m) mask[(c.B - 1) * c.M + m] = c.B > 1 ? 1 : mask[m];
-      pad = ints(mask, {c.B, c.M}).to(DType::Bool);
-    }
+    const Tensor pad = c.pad ? key_padding(c.B, c.M) : Tensor();
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
     const Tensor bias = rnd({c.B, c.H, c.M}, dt);
     for (int variant = 0; variant < 3; ++variant) {
