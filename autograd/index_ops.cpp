@@ -1,5 +1,6 @@
 // Differentiable indexing, joining, prefix-sum and real-FFT ops (declared in autograd/ops.h):
-// index_select, embedding, gather, scatter_add, cat, stack, split, chunk, cumsum, rfft, irfft.
+// index_select, embedding, gather, scatter_add, cat, stack, split, chunk, cumsum, searchsorted,
+// rfft, irfft.
 // Forward values come from linea::raw (core/ops_index.cpp); each backward sits beside its
 // forward. Not the kernels and not the argument checks (those are in the raw layer).
 //
@@ -192,6 +193,11 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   // As torch.chunk: pieces of ceil(size / chunks), the last one smaller (possibly fewer pieces).
   const int64_t piece = std::max<int64_t>(1, (size + chunks - 1) / chunks);
   return linea::split(x, piece, d);
+}
+
+// ---- searchsorted (Int64, no gradient) ----------------------------------------------------
+Tensor searchsorted(const Tensor& sorted, const Tensor& values, bool right) {
+  return raw::searchsorted(sorted, values, right);
 }
 
 // ---- cumsum -----------------------------------------------------------------------------

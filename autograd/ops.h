@@ -253,6 +253,10 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);
 Tensor cumsum(const Tensor& x, int64_t dim);
+// Int64 [..., S]: where each of values [..., S] falls in the non-decreasing last dim of sorted
+// [..., M] (same leading dims): the number of elements below it (right: at or below it); NaN
+// sorts last. As torch.searchsorted; no gradient.
+Tensor searchsorted(const Tensor& sorted, const Tensor& values, bool right = false);
 
 // ---- FFT ----------------------------------------------------------------------------------
 // Real FFT of length n along dim (zero-padded or truncated to n). Complex results carry a

@@ -226,6 +226,9 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim);                          \
   /* inclusive prefix sum over r of x [outer, r, inner]; reverse sums from the end */                                \
   void cumsum(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool reverse);            \
+  /* out Int64 [R, S]: for each value of values [R, S], its position in the non-decreasing row of sorted [R, M] */    \
+  /* (sorted_position in core/search_math.h); one float dtype */                                                      \
+  void searchsorted(const Tensor& sorted, const Tensor& values, bool right, const Tensor& out);                       \
   /* x [batch, n] real -> out [batch, n/2+1, 2] (re, im), unnormalized forward transform */                          \
   void rfft(const Tensor& x, const Tensor& out, int64_t batch, int64_t n);                                           \
   /* spec [batch, n/2+1, 2] -> out [batch, n] real, scaled by 1/n (imag of DC and Nyquist                            \

@@ -160,6 +160,10 @@ Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const T
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);
+// Int64 [..., S]: where each of values [..., S] falls in the non-decreasing last dim of sorted
+// [..., M] (same leading dims): the number of elements below it (right: at or below it), M for
+// NaN, as torch.searchsorted.
+Tensor searchsorted(const Tensor& sorted, const Tensor& values, bool right = false);
 
 // ---- FFT (real) along dim ------------------------------------------------------------------
 // rfft: x real [..., L at dim, ...] -> [..., n/2+1 at dim, ..., 2] (last dim = re, im); the input is

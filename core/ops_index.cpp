@@ -1,5 +1,5 @@
 // linea::raw indexing, joining, prefix-sum and real-FFT ops: index_select, index_add, gather,
-// scatter_add, cat, stack, cumsum, rfft, irfft. Each checks its arguments (dtypes, devices,
+// scatter_add, cat, stack, cumsum, searchsorted, rfft, irfft. Each checks its arguments (dtypes, devices,
 // ranks, shapes and, on the CPU, every index value) before any compute, allocates the output
 // and dispatches to the kernels of core/kernels.h. No autograd here (see autograd/index_ops.cpp).
 //
@@ -245,6 +245,27 @@ Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
   Tensor xc = contiguous(x);
   LINEA_BACKEND(x.device(), cumsum, xc, out, prod(x.shape(), 0, dim), x.size(dim), prod(x.shape(), dim + 1, x.dim()),
                 reverse);
+  return out;
+}
+
+// ---- searchsorted ---------------------------------------------------------------------------
+
+Tensor searchsorted(const Tensor& sorted, const Tensor& values, bool right) {
+  const char* op = "searchsorted";
+  check_defined(op, sorted, "sorted");
+  check_defined(op, values, "values");
+  const int64_t d = sorted.dim();
+  bool leading = d >= 1 && values.dim() == d;
+  for (int64_t i = 0; leading && i + 1 < d; ++i) leading = values.size(i) == sorted.size(i);
+  LINEA_CHECK(leading && sorted.size(-1) > 0, op,
+              ": expected sorted [..., M] (M > 0) and values [..., S] with the same leading dims, got sorted ",
+              shape_str(sorted.shape()), ", values ", shape_str(values.shape()));
+  LINEA_CHECK(is_floating(values.dtype()), op, ": expected float32 or float64, got ", dtype_name(values.dtype()));
+  check_same_dtype(op, values, sorted);
+  check_same_device(op, values, sorted);
+  Tensor out = empty(values.shape(), TensorOptions(DType::Int64, values.device()));
+  if (out.numel() == 0) return out;
+  LINEA_BACKEND(values.device(), searchsorted, contiguous(sorted), contiguous(values), right, out);
   return out;
 }
 

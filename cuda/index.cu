@@ -1,5 +1,5 @@
 // CUDA kernels for indexing and prefix sums: index_select, index_add, gather, scatter_add,
-// cumsum (namespace linea::cuda, contracts in core/kernels.h; CPU reference core/cpu/index.cpp).
+// cumsum, searchsorted (namespace linea::cuda, contracts in core/kernels.h; CPU reference core/cpu/index.cpp).
 // All tensors are contiguous.
 //
 // Index values are not checked on the host for CUDA tensors (that would need a host sync):
@@ -17,6 +17,7 @@
 // Kernels that only move data (index_select, gather) are instantiated per element size.
 // Not here: argument checks, dim handling, allocation (core/ops_index.cpp).
 #include "core/kernels.h"
+#include "core/search_math.h"
 #include "cuda/common.cuh"
 
 namespace linea::cuda {
@@ -220,6 +221,15 @@ __global__ void cumsum_kernel(const T* x, T* out, int64_t outer, int64_t r, int6
   }
 }
 
+// out[i] = the position of values[i] in its row of sorted [R, M] (S values per row).
+template <typename T>
+__global__ void searchsorted_kernel(const T* sorted, const T* values, int64_t n, int64_t M, int64_t S, bool right,
+                                    int64_t* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = sorted_position(sorted + (i / S) * M, M, values[i], right);
+}
+
 // The calculator of gather/scatter_add: positions of `index_shape` (row-major) to offsets in a
 // contiguous tensor with strides `strides`, dim's coordinate contributing 0.
 OffsetCalc<1> dim_skipping_calc(const Shape& index_shape, const Strides& strides, int64_t dim, const char* op) {
@@ -340,6 +350,15 @@ void cumsum(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_
   LINEA_DISPATCH_NUMERIC(x.dtype(), "cumsum", [&] {
     cumsum_kernel<scalar_t><<<grid_for(columns), kBlockSize, 0, stream()>>>(cptr<scalar_t>(x), ptr<scalar_t>(out),
                                                                             outer, r, inner, reverse);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void searchsorted(const Tensor& sorted, const Tensor& values, bool right, const Tensor& out) {
+  const int64_t n = values.numel();
+  LINEA_DISPATCH_FLOAT(values.dtype(), "searchsorted", [&] {
+    searchsorted_kernel<scalar_t><<<grid_for(n), kBlockSize, 0, stream()>>>(
+        cptr<scalar_t>(sorted), cptr<scalar_t>(values), n, sorted.size(-1), values.size(-1), right, ptr<int64_t>(out));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -1369,6 +1369,14 @@ TEST(CudaParity, Indexing) {
                     [dim](const std::vector<Tensor>& v) { return cumsum(v[0], dim); }, {rnd({5, 37, 3}, dt)});
     expect_parity(tag("cumsum transposed", dt), [](const std::vector<Tensor>& v) { return cumsum(v[0].t(), 1); },
                   {rnd({300, 4}, dt)});
+    // sorted rows with ties (zeros summed), values on the elements too (a cdf times 1.0)
+    const Tensor cdf = cumsum(relu(rnd({3, 2, 37}, dt)), -1);
+    for (bool right : {false, true})
+      expect_parity(tag(std::string("searchsorted") + (right ? " right" : " left"), dt),
+                    [right](const std::vector<Tensor>& v) {
+                      return searchsorted(v[0], cat({v[1], narrow(v[0], -1, 0, 5)}, -1), right);
+                    },
+                    {cdf, rnd({3, 2, 23}, dt, 4.0)});
   }
   // data-moving kernels on integer and bool data
   expect_parity("index_select int64", [](const std::vector<Tensor>& v) { return index_select(v[0], 0, v[1]); },

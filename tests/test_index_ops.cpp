@@ -2,6 +2,7 @@
 // (the FFTs against an O(n^2) DFT in float64), their float32 variants, the parallel kernel paths
 // on large inputs, and bad-input errors. Gradients are in test_gradcheck_index.cpp.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -251,6 +252,49 @@ TEST(IndexOps, CumsumLargeParallelMatchesSerial) {
       }
     }
   EXPECT_TRUE(ok);
+}
+
+// ---- searchsorted ---------------------------------------------------------------------------
+
+// Rows with ties (repeated values, as a cdf over zero probabilities has), values on, between,
+// below and above the elements and NaN: against counting by loops, both sides, float64 and
+// float32, a 1-d row, and long rows on the parallel path.
+TEST(IndexOps, SearchsortedCountsTheElementsBelow) {
+  manual_seed(10);
+  const std::vector<double> row = {-1.0, 0.0, 0.0, 0.0, 2.5, 3.0, 3.0, 7.0};
+  const std::vector<double> vals = {-2.0, -1.0, 0.0, 1.0, 3.0, 7.0, 8.0, NAN};
+  const std::vector<int64_t> left = {0, 0, 1, 4, 5, 7, 8, 8}, right = {0, 1, 4, 4, 7, 8, 8, 8};
+  for (DType dt : {DType::Float64, DType::Float32}) {
+    const Tensor s = f64_from(row, {8}).to(dt), v = f64_from(vals, {8}).to(dt);
+    EXPECT_EQ(searchsorted(s, v).to_vector<int64_t>(), left);
+    EXPECT_EQ(searchsorted(s, v, true).to_vector<int64_t>(), right);
+  }
+  // [2, 3, M] sorted rows against [2, 3, S] values, every value counted by a loop
+  for (auto [M, S] : std::vector<std::array<int64_t, 2>>{{1, 5}, {9, 4}, {3000, 700}}) {
+    const Tensor sorted = cumsum(relu(randn({2, 3, M}, f64())), -1), values = randn({2, 3, S}, f64()) * 3.0;
+    const auto sv = sorted.to_vector<double>(), vv = values.to_vector<double>();
+    for (bool r : {false, true}) {
+      const auto got = searchsorted(sorted, values, r).to_vector<int64_t>();
+      bool ok = true;
+      for (int64_t i = 0; i < 6 * S && ok; ++i) {
+        int64_t count = 0;
+        for (int64_t m = 0; m < M; ++m) count += r ? sv[(i / S) * M + m] <= vv[i] : sv[(i / S) * M + m] < vv[i];
+        ok = got[i] == count;
+      }
+      EXPECT_TRUE(ok) << "M " << M << " S " << S << (r ? " right" : " left");
+    }
+  }
+}
+
+TEST(IndexOps, SearchsortedBadInputsThrow) {
+  const Tensor s = randn({2, 5}), v = randn({2, 3});
+  EXPECT_LINEA_ERROR(searchsorted(s, randn({3, 3})),
+                     "searchsorted: expected sorted [..., M] (M > 0) and values [..., S] with the same leading dims, "
+                     "got sorted [2, 5], values [3, 3]");
+  EXPECT_LINEA_ERROR(searchsorted(randn({2, 0}), v), "sorted [2, 0]");
+  EXPECT_LINEA_ERROR(searchsorted(s, randn({2, 3, 1})), "values [2, 3, 1]");
+  EXPECT_LINEA_ERROR(searchsorted(s, v.to(DType::Float64)), "searchsorted");
+  EXPECT_LINEA_ERROR(searchsorted(s.to(DType::Int64), v.to(DType::Int64)), "searchsorted: expected float32 or float64");
 }
 
 // ---- index_select / index_add / embedding ------------------------------------------------

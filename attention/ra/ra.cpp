@@ -31,8 +31,7 @@ Tensor RandomizedAttention::draw_index(const Tensor& pi, int64_t S) {
   Tensor cdf = cumsum(pi, -1);              // [B, H, N, M]
   Tensor total = narrow(cdf, 3, M - 1, 1);  // [B, H, N, 1]
   Tensor x = uniform_per_example({B, H, N, S}, 0.0, 1.0, pi.options()) * total;
-  Tensor below = unsqueeze(cdf, 3) <= unsqueeze(x, 4);  // [B, H, N, S, M]
-  Tensor count = sum(below, {-1});                      // Int64 [B, H, N, S]
+  Tensor count = searchsorted(cdf, x, /*right=*/true);  // Int64 [B, H, N, S], by binary search
   // u * total may round up to total: clamp to the last key with pi > 0 (0 if there is none).
   Tensor pos = reshape(arange(0.0, static_cast<double>(M), 1.0, i64), {1, 1, 1, M});
   Tensor last = max(where(pi > 0.0, pos, 0.0), {-1}, true);

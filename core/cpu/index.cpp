@@ -1,5 +1,5 @@
 // CPU kernels for indexing and prefix sums: index_select, index_add, gather, scatter_add,
-// cumsum (namespace linea::cpu, contracts in core/kernels.h). All tensors are contiguous and
+// cumsum, searchsorted (namespace linea::cpu, contracts in core/kernels.h). All tensors are contiguous and
 // index values were range-checked by the raw op layer. Not the argument checking (core/ops_index.cpp)
 // and not the FFTs (core/cpu/fft.cpp).
 //
@@ -13,6 +13,7 @@
 
 #include "core/cpu/strided.h"
 #include "core/kernels.h"
+#include "core/search_math.h"
 
 namespace linea::cpu {
 
@@ -166,6 +167,13 @@ void cumsum_impl(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, i
   }
 }
 
+// out[i] = the position of values[i] in its row of sorted [R, M] (S values per row).
+template <typename T>
+void searchsorted_impl(const T* sorted, const T* values, int64_t n, int64_t M, int64_t S, bool right, int64_t* out) {
+#pragma omp parallel for schedule(static) if (n * 8 >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) out[i] = sorted_position(sorted + (i / S) * M, M, values[i], right);
+}
+
 }  // namespace
 
 // out [outer, n, inner] = x [outer, size, inner] at index [n]
@@ -193,6 +201,13 @@ void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int6
 // inclusive prefix sum over r of x [outer, r, inner]; reverse sums from the end
 void cumsum(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner, bool reverse) {
   LINEA_DISPATCH_NUMERIC(x.dtype(), "cumsum", [&] { cumsum_impl<scalar_t>(x, out, outer, r, inner, reverse); });
+}
+
+void searchsorted(const Tensor& sorted, const Tensor& values, bool right, const Tensor& out) {
+  LINEA_DISPATCH_FLOAT(values.dtype(), "searchsorted", [&] {
+    searchsorted_impl<scalar_t>(sorted.data<scalar_t>(), values.data<scalar_t>(), values.numel(), sorted.size(-1),
+                                values.size(-1), right, out.data<int64_t>());
+  });
 }
 
 }  // namespace linea::cpu
