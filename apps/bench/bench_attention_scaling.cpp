@@ -24,12 +24,15 @@
 // Usage:
 //   attention-scaling [--specs softmax,performer,ra,lara,nprf_rpe] [--lengths 256,512,...]
 //                     [--device cpu|cuda|auto] [--batch 1] [--heads 2] [--dim 64] [--repeats 3]
-//                     [--threads T] [--max-seconds S] [--seed 0] [--precision fp32|tf32|bf16] [--json FILE]
+//                     [--threads T] [--max-seconds S] [--seed 0] [--precision fp32|tf32|bf16] [--causal]
+//                     [--json FILE]
 // Default lengths: 256..8192 (powers of two) on the CPU, 256..65536 on CUDA. --precision (CUDA):
 // the float32 matmuls' precision (core/precision.h); under bf16 softmax's fused kernel runs on
 // the tensor cores too, the reference for PyTorch's SDPA in bfloat16. A spec may carry
 // options; in --specs, a comma-separated piece without ':' but with '=' continues the previous
-// spec's options ("performer:feature_map=relu,redraw=1,ra").
+// spec's options ("performer:feature_map=relu,redraw=1,ra"). --causal: decoder self-attention
+// (every query sees the keys up to its position), for the specs that support it (softmax,
+// performer, nprf_rpe); another spec is an error.
 #include <sys/resource.h>
 #include <CLI/CLI.hpp>
 
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> lengths;
   int64_t batch = 1, heads = 2, dim = 64;
   int repeats = 3, threads = 0;
+  bool causal = false;
   double max_seconds = 10.0;
   uint64_t seed = 0;
   app.add_option("--specs", specs_arg, "comma-separated attention specs (options allowed: performer:features=64)")
@@ -124,6 +128,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "seed of the inputs and of the mechanisms' draws")->capture_default_str();
   app.add_option("--precision", precision, "float32 matmuls on CUDA: fp32, tf32 or bf16 (tensor cores)")
       ->capture_default_str();
+  app.add_flag("--causal", causal, "causal self-attention (the specs that support it)");
   app.add_option("--json", json_path, "JSON lines output (one object per case)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -139,15 +144,21 @@ int main(int argc, char** argv) {
     std::vector<AttentionSpec> parsed;
     for (const auto& s : specs) parsed.push_back(AttentionSpec::parse(s));
     // A spec that cannot be built (an unknown name, key or value) is an error now, not a column of n/a.
-    for (const std::string& spec : specs) attn::make_attention(attn::with_length(spec, lengths.front()), heads, dim);
+    for (const std::string& spec : specs) {
+      const auto m = attn::make_attention(attn::with_length(spec, lengths.front()), heads, dim);
+      LINEA_CHECK(!causal || m->support().causal, "attention-scaling: --causal: '", spec,
+                  "' does not support causal attention (", m->support().str(), ")");
+    }
+    attn::AttentionOptions opts;
+    opts.causal = causal;
     int base = -1;  // the softmax column the ratios refer to
     for (size_t j = 0; j < specs.size() && base < 0; ++j)
       if (parsed[j].name == "softmax") base = static_cast<int>(j);
 
     const std::string dev_name = device_name(device);
-    std::printf("attention forward+backward, float32 (matmul precision %s), B=%lld, H=%lld, D=%lld, device %s\n",
-                precision.c_str(), static_cast<long long>(batch), static_cast<long long>(heads),
-                static_cast<long long>(dim), dev_name.c_str());
+    std::printf("%sattention forward+backward, float32 (matmul precision %s), B=%lld, H=%lld, D=%lld, device %s\n",
+                causal ? "causal " : "", precision.c_str(), static_cast<long long>(batch),
+                static_cast<long long>(heads), static_cast<long long>(dim), dev_name.c_str());
     std::printf(
         "median of %d runs after a warm-up; peak memory = allocator high-water mark minus live bytes before the case; "
         "--max-seconds %.1f\n",
@@ -179,7 +190,7 @@ int main(int argc, char** argv) {
         alloc.reset_peak();
         const auto t0 = std::chrono::steady_clock::now();
         {
-          Tensor out = kernels[j]->forward(q, k, v, {});
+          Tensor out = kernels[j]->forward(q, k, v, opts);
           Tensor loss = sum(out * g);
           loss.backward();
           synchronize(device);
@@ -295,6 +306,7 @@ int main(int argc, char** argv) {
                               {"status", r.status == Result::Ok      ? "ok"
                                          : r.status == Result::Error ? "error"
                                                                      : "skipped"},
+                              {"causal", causal},
                               {"B", batch},
                               {"H", heads},
                               {"D", dim},
