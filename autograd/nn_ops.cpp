@@ -22,7 +22,8 @@
 //                             G = [g / den, -rowsum(g * O) / den], dPq = G [KV, z]^T,
 //                             [dKV, dz] = Pq^T G, dPk = V dKV^T + 1 dz^T, dV = Pk dKV
 //   causal_linear_attention   the same per chunk of rows, KV the state before the chunk plus the
-//                             chunk's own keys through tril(Pq Pk^T); dstate = Pq^T G (core/cpu/linear_attention.cpp)
+//                             chunk's own keys through tril(Pq Pk^T); dstate = Pq^T G
+//                             (the chunk formulas: core/cpu/linear_attention.cpp)
 //   lara_mixture              the chain of core/cpu/lara_mixture.cpp, by hand
 // Not here: kernels (core/cpu/, cuda/) and the raw argument checks they share (core/ops_nn.cpp).
 #include <cstdint>

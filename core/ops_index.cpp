@@ -1,7 +1,8 @@
-// linea::raw indexing, joining, prefix-sum and real-FFT ops: index_select, index_add, gather,
-// scatter_add, cat, stack, cumsum, searchsorted, rfft, irfft. Each checks its arguments (dtypes, devices,
-// ranks, shapes and, on the CPU, every index value) before any compute, allocates the output
-// and dispatches to the kernels of core/kernels.h. No autograd here (see autograd/index_ops.cpp).
+// linea::raw indexing, joining, prefix-sum, sorted-search and real-FFT ops: index_select,
+// index_add, gather, scatter_add, cat, stack, cumsum, searchsorted, rfft, irfft. Each checks its
+// arguments (dtypes, devices, ranks, shapes and, on the CPU, every index value) before any
+// compute, allocates the output and dispatches to the kernels of core/kernels.h. No autograd here (see
+// autograd/index_ops.cpp).
 //
 // Conventions chosen here (PyTorch-like unless stated):
 //  - index tensors are Int64; negative index values are out of range (no wrap-around);

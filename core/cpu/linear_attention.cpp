@@ -8,8 +8,8 @@
 //             dphi_k = [v, 1] dKVz^T, dv = phi_k dKV      per key block
 // where den~ is den with |den| < guard replaced by guard with den's sign (0 counting as +).
 //
-// Causal linear attention in chunks of T rows (c = 0..C-1 per (b, h); S_c = the sums before chunk c,
-// R_c = sum over the later chunks of phi_q^T G, tril keeps m <= n within a chunk):
+// Causal linear attention in chunks of T rows (c = 0..C-1 per (b, h); S_c = the sums before
+// chunk c, R_c = the sum over the later chunks of phi_q^T G; tril keeps m <= n in a chunk):
 //   forward   KV_c = phi_k_c^T [v_c, 1]                        per chunk
 //             S_c = state + sum_{c' < c} KV_c'                  scan per (b, h, entry), in order
 //             [num, den]_c = phi_q_c S_c + tril(phi_q_c phi_k_c^T) [v_c, 1]   per chunk
