@@ -11,9 +11,9 @@
 // threads sorting them (bitonic, O(n log^2 n)), and one thread per target adds its sources in
 // position order, the CPU's order. An embedding's backward is one of these, so training runs
 // repeat exactly (with atomicAdd the order, hence the rounding, changed from run to run: seen
-// on an H100). Larger ones (RA's sampled keys, nprf_rpe's dense Toeplitz: millions of
-// positions, too many for one block) add with atomicAdd, whose float rounding may differ from
-// run to run and from the CPU; integer results are exact either way.
+// on an H100). Larger ones (RA's sampled key rows past 65,536 draws, B H N S: too many for one
+// block) add with atomicAdd, whose float rounding may differ from run to run and from the CPU;
+// integer results are exact either way.
 // Kernels that only move data (index_select, gather) are instantiated per element size.
 // Not here: argument checks, dim handling, allocation (core/ops_index.cpp).
 #include "core/kernels.h"

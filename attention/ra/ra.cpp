@@ -66,9 +66,13 @@ RandomizedAttention::Samples RandomizedAttention::draw(const Tensor& q, const Te
       LINEA_CHECK(lo >= 0 && hi < static_cast<double>(M), "ra: sample 'ra_index' values must lie in [0, M = ", M,
                   "), got values in [", lo, ", ", hi, "]");
     }
-    // k~_{m_ns}: gather rows of k~ (gradients flow to the chosen rows; the index is constant).
-    Tensor idx = contiguous(expand(reshape(index, {B, H, N * S, 1}), {B, H, N * S, D}));
-    Tensor k_sel = reshape(gather(ks, 2, idx), {B, H, N, S, D});
+    // k~_{m_ns}: row (b H + h) M + m_ns of k~ as [B H M, D], an embedding lookup (gradients flow
+    // to the chosen rows; the index is constant). Its backward adds each row's gradients in
+    // draw order, deterministic on CUDA too (see cuda/index.cu), and no index is expanded over D.
+    const Tensor first_row = reshape(arange(0.0, static_cast<double>(B * H * M), static_cast<double>(M),
+                                            TensorOptions(DType::Int64, q.device())),
+                                     {B, H, 1, 1});
+    Tensor k_sel = embedding(reshape(ks, {B * H * M, D}), index + first_row);  // [B, H, N, S, D]
     centre = add(unsqueeze(qs, 3), k_sel);
   }
 
