@@ -6,16 +6,15 @@
 // a kernel that meets an index outside [0, size) reads 0 (or skips the addition) and files a
 // report that the host turns into linea::Error at the next synchronization (see
 // DeviceErrorReport in cuda/context.h).
-// index_add and scatter_add with up to kSortedMax source positions are deterministic and equal
-// the CPU's results bit for bit: the positions are sorted by (target, position), one block of
-// threads sorting them (bitonic, O(n log^2 n)), and one thread per target adds its sources in
-// position order, the CPU's order. An embedding's backward is one of these, so training runs
-// repeat exactly (with atomicAdd the order, hence the rounding, changed from run to run: seen
-// on an H100). Larger ones (RA's sampled key rows past 65,536 draws, B H N S: too many for one
-// block) add with atomicAdd, whose float rounding may differ from run to run and from the CPU;
-// integer results are exact either way.
+// index_add and scatter_add are deterministic and equal the CPU's results bit for bit: the
+// source positions are sorted by target with CUB's radix sort, which is stable (equal targets
+// keep their positions' order), and one thread per target adds its sources in that order, the
+// CPU's. An embedding's backward is one of these, so training runs repeat exactly (with
+// atomicAdd the order, hence the rounding, changed from run to run: seen on an H100).
 // Kernels that only move data (index_select, gather) are instantiated per element size.
 // Not here: argument checks, dim handling, allocation (core/ops_index.cpp).
+#include <cub/device/device_radix_sort.cuh>
+
 #include "core/kernels.h"
 #include "core/search_math.h"
 #include "cuda/common.cuh"
@@ -25,13 +24,6 @@ namespace linea::cuda {
 using namespace linea::cuda::detail;
 
 namespace {
-
-__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_add(int64_t* p, int64_t v) {
-  // Two's complement: adding the unsigned image is the signed addition.
-  atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
-}
 
 // out [outer, n, inner] = x [outer, size, inner] at index [n]
 template <typename E>
@@ -51,62 +43,24 @@ __global__ void index_select_kernel(const E* x, const int64_t* index, E* out, in
   }
 }
 
-// out [outer, size, inner] += src [outer, n, inner] at index [n], with atomics (n > kSortedMax)
-template <typename T>
-__global__ void index_add_kernel(T* out, const int64_t* index, const T* src, int64_t outer, int64_t size, int64_t n,
-                                 int64_t inner, DeviceErrorReport* rep) {
-  const int64_t total = outer * n * inner;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = e % inner, j = (e / inner) % n, o = e / (inner * n);
-    const int64_t idx = index[j];
-    if (idx < 0 || idx >= size) {
-      report_device_error(rep, DeviceErrorCode::IndexAdd, idx, size);
-      continue;
-    }
-    atomic_add(out + (o * size + idx) * inner + i, src[e]);
-  }
+__global__ void iota_kernel(int64_t* p, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[i] = i;
 }
 
-// Sorts pos[0, n2) into the order of (key[p], p) over the first n positions, positions >= n (the
-// padding up to the power of two n2) last. One block: a bitonic network, a barrier per stage.
-// Keys are distinct pairs, so the order, hence every sum taken in it, is unique.
-constexpr int kSortThreads = 512;
-constexpr int64_t kSortedMax = int64_t(1) << 16;  // positions sorted in one block (see the top)
-__device__ __forceinline__ bool key_less(const int64_t* key, int64_t n, int64_t a, int64_t b) {
-  if (a >= n || b >= n) return a < b;  // padding after every real position
-  return key[a] < key[b] || (key[a] == key[b] && a < b);
-}
-__global__ void sort_positions_kernel(const int64_t* key, int64_t* pos, int64_t n, int64_t n2) {
-  for (int64_t t = threadIdx.x; t < n2; t += blockDim.x) pos[t] = t;
-  __syncthreads();
-  for (int64_t k = 2; k <= n2; k <<= 1)
-    for (int64_t j = k >> 1; j > 0; j >>= 1) {
-      for (int64_t t = threadIdx.x; t < n2; t += blockDim.x) {
-        const int64_t partner = t ^ j;
-        if (partner <= t) continue;
-        const int64_t a = pos[t], b = pos[partner];
-        const bool ascending = (t & k) == 0;
-        if (key_less(key, n, b, a) == ascending) {
-          pos[t] = b;
-          pos[partner] = a;
-        }
-      }
-      __syncthreads();
-    }
-}
-
-// The entries sort_positions needs in pos: n rounded up to a power of two.
-int64_t sort_capacity(int64_t n) {
-  int64_t n2 = 1;
-  while (n2 < n) n2 <<= 1;
-  return n2;
-}
-
-// pos[0, n) = the positions 0..n-1 sorted by (key, position); key: n int64 on the device.
+// pos[0, n) = the positions 0..n-1 ordered by (key, position); key: n int64 on the device. CUB's
+// radix sort of the pairs (key, position) is stable, hence the position order among equal keys.
 void sort_positions(const int64_t* key, int64_t n, int64_t* pos) {
-  sort_positions_kernel<<<1, kSortThreads, 0, stream()>>>(key, pos, n, sort_capacity(n));
+  DeviceScratch<int64_t> positions(n), sorted_keys(n);
+  iota_kernel<<<grid_for(n), kBlockSize, 0, stream()>>>(positions.p, n);
   LINEA_KERNEL_LAUNCH_CHECK();
+  size_t bytes = 0;
+  LINEA_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(nullptr, bytes, key, sorted_keys.p, positions.p, pos, n, 0, 64, stream()));
+  DeviceScratch<unsigned char> temp(static_cast<int64_t>(bytes));
+  LINEA_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(temp.p, bytes, key, sorted_keys.p, positions.p, pos, n, 0, 64, stream()));
 }
 
 // out [outer, size, inner] += src [outer, n, inner] at index [n], pos the positions 0..n-1 sorted
@@ -148,24 +102,6 @@ __global__ void gather_kernel(const E* x, const int64_t* index, E* out, int64_t 
     int64_t off[1];
     oc.get(e, off);
     out[e] = x[off[0] + idx * xs_dim];
-  }
-}
-
-// out along dim at index += src (index, src of shape I), with atomics (more than kSortedMax
-// positions); oc as in gather, for out.
-template <typename T>
-__global__ void scatter_add_kernel(T* out, const int64_t* index, const T* src, int64_t total, OffsetCalc<1> oc,
-                                   int64_t os_dim, int64_t size, DeviceErrorReport* rep) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t idx = index[e];
-    if (idx < 0 || idx >= size) {
-      report_device_error(rep, DeviceErrorCode::ScatterAdd, idx, size);
-      continue;
-    }
-    int64_t off[1];
-    oc.get(e, off);
-    atomic_add(out + off[0] + idx * os_dim, src[e]);
   }
 }
 
@@ -273,15 +209,7 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_
               ", ", inner, "]");
   const int64_t total = src.numel();
   if (total == 0) return;
-  if (n > kSortedMax) {
-    LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add", [&] {
-      index_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
-          ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), outer, size, n, inner, device_error_report());
-      LINEA_KERNEL_LAUNCH_CHECK();
-    });
-    return;
-  }
-  DeviceBuffer pos(sizeof(int64_t) * static_cast<size_t>(sort_capacity(n)));
+  DeviceBuffer pos(sizeof(int64_t) * static_cast<size_t>(n));
   sort_positions(cptr<int64_t>(index), n, pos.as<int64_t>());
   LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add", [&] {
     index_add_sorted_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
@@ -320,16 +248,8 @@ void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, int6
   if (total == 0) return;
   const OffsetCalc<1> oc = dim_skipping_calc(index.shape(), out.strides(), dim, "scatter_add");
   const int64_t os_dim = out.stride(dim), size = out.size(dim);
-  if (total > kSortedMax) {
-    LINEA_DISPATCH_NUMERIC(out.dtype(), "scatter_add", [&] {
-      scatter_add_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
-          ptr<scalar_t>(out), cptr<int64_t>(index), cptr<scalar_t>(src), total, oc, os_dim, size, device_error_report());
-      LINEA_KERNEL_LAUNCH_CHECK();
-    });
-    return;
-  }
   DeviceBuffer key(sizeof(int64_t) * static_cast<size_t>(total));
-  DeviceBuffer pos(sizeof(int64_t) * static_cast<size_t>(sort_capacity(total)));
+  DeviceBuffer pos(sizeof(int64_t) * static_cast<size_t>(total));
   scatter_targets_kernel<<<grid_for(total), kBlockSize, 0, stream()>>>(cptr<int64_t>(index), key.as<int64_t>(), total,
                                                                       oc, os_dim, size, device_error_report());
   LINEA_KERNEL_LAUNCH_CHECK();
