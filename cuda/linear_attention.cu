@@ -47,14 +47,31 @@ template <typename T> __global__ void key_sums_kernel(const T* pk, LinearDims d,
   }
 }
 
+// One row of the ratio: out [E] = nd[0, E) / den~ from nd [E + 1] = [num, den]; returns den.
+template <typename T> __device__ T divide_row(const T* nd, T guard, int64_t E, T* out) {
+  const T raw = nd[E], inv = T(1) / guarded(raw, guard);
+  for (int64_t e = 0; e < E; ++e) out[e] = nd[e] * inv;
+  return raw;
+}
+
+// One row of G [E + 1] = [g / den~, -(g . out) / den~] from the row's gradient g, output o and
+// raw den; the last entry 0 where the guard is active (it is a constant).
+template <typename T> __device__ void g_row(const T* g, const T* o, T raw, T guard, int64_t E, T* G) {
+  const T dg = guarded(raw, guard), inv = T(1) / dg;
+  T dot = T(0);
+  for (int64_t e = 0; e < E; ++e) {
+    G[e] = g[e] * inv;
+    dot += g[e] * o[e];
+  }
+  G[E] = dg == raw ? -dot * inv : T(0);
+}
+
 // out = num / den~, den = the raw denominator, from nd [BH N, E + 1].
 template <typename T> __global__ void divide_kernel(const T* nd, LinearDims d, T guard, T* out, T* den) {
   const int64_t rows = d.BH * d.N;
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const T raw = nd[r * d.E1() + d.E], inv = T(1) / guarded(raw, guard);
-    den[r] = raw;
-    for (int64_t e = 0; e < d.E; ++e) out[r * d.E + e] = nd[r * d.E1() + e] * inv;
+    den[r] = divide_row(nd + r * d.E1(), guard, d.E, out + r * d.E);
   }
 }
 
@@ -62,15 +79,8 @@ template <typename T> __global__ void divide_kernel(const T* nd, LinearDims d, T
 template <typename T> __global__ void g_kernel(const T* g, const T* out, const T* den, LinearDims d, T guard, T* G) {
   const int64_t rows = d.BH * d.N;
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const T raw = den[r], dg = guarded(raw, guard), inv = T(1) / dg;
-    T dot = T(0);
-    for (int64_t e = 0; e < d.E; ++e) {
-      G[r * d.E1() + e] = g[r * d.E + e] * inv;
-      dot += g[r * d.E + e] * out[r * d.E + e];
-    }
-    G[r * d.E1() + d.E] = dg == raw ? -dot * inv : T(0);  // the guard is a constant
-  }
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    g_row(g + r * d.E, out + r * d.E, den[r], guard, d.E, G + r * d.E1());
 }
 
 // dphi_k[bh, m, s] += dkvz[bh, s, E] (the ones column of [v, 1]).
@@ -147,10 +157,7 @@ template <typename T> __global__ void keep_lower_kernel(int64_t count, int64_t T
 template <typename T> __global__ void causal_divide_kernel(const T* nd, CausalDims d, T guard, T* out, T* den) {
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < d.BH * d.N;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const T* row = nd + ((r / d.N) * d.P() + r % d.N) * d.E1();
-    const T raw = row[d.E], inv = T(1) / guarded(raw, guard);
-    den[r] = raw;
-    for (int64_t e = 0; e < d.E; ++e) out[r * d.E + e] = row[e] * inv;
+    den[r] = divide_row(nd + ((r / d.N) * d.P() + r % d.N) * d.E1(), guard, d.E, out + r * d.E);
   }
 }
 
@@ -166,13 +173,7 @@ __global__ void causal_g_kernel(const T* g, const T* out, const T* den, CausalDi
       for (int64_t e = 0; e < E1; ++e) Gr[e] = T(0);
       continue;
     }
-    const T raw = den[r], dg = guarded(raw, guard), inv = T(1) / dg;
-    T dot = T(0);
-    for (int64_t e = 0; e < d.E; ++e) {
-      Gr[e] = g[r * d.E + e] * inv;
-      dot += g[r * d.E + e] * out[r * d.E + e];
-    }
-    Gr[d.E] = dg == raw ? -dot * inv : T(0);  // the guard is a constant
+    g_row(g + r * d.E, out + r * d.E, den[r], guard, d.E, Gr);
   }
 }
 

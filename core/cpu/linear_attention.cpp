@@ -50,6 +50,25 @@ template <typename T> T guarded(T den, double guard) {
   return std::abs(den) < g ? (den >= T(0) ? g : -g) : den;
 }
 
+// One row of the ratio: out [E] = nd[0, E) / den~ from nd [E + 1] = [num, den]; returns den.
+template <typename T> T divide_row(const T* nd, double guard, int64_t E, T* out) {
+  const T raw = nd[E], inv = T(1) / guarded(raw, guard);
+  for (int64_t e = 0; e < E; ++e) out[e] = nd[e] * inv;
+  return raw;
+}
+
+// One row of G [E + 1] = [g / den~, -(g . out) / den~] from the row's gradient g, output o and
+// raw den; the last entry 0 where the guard is active (it is a constant).
+template <typename T> void g_row(const T* g, const T* o, T raw, double guard, int64_t E, T* G) {
+  const T dg = guarded(raw, guard), inv = T(1) / dg;
+  T dot = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    G[e] = g[e] * inv;
+    dot += g[e] * o[e];
+  }
+  G[E] = dg == raw ? -dot * inv : T(0);
+}
+
 // Sums parts [BH * nb, n] into dst [BH, n] (block parts of one (b, h) are consecutive).
 template <typename T> void sum_parts(const T* parts, int64_t BH, int64_t nb, int64_t n, T* dst) {
 #pragma omp for schedule(static)
@@ -90,12 +109,8 @@ void forward_impl(const Dims& d, double guard, const T* pq, const T* pk, const T
       const int64_t bh = it / nbn, n0 = (it % nbn) * kRows, rows = std::min(kRows, d.N - n0);
       gemm(false, false, rows, d.E1(), d.S, T(1), pq + (bh * d.N + n0) * d.S, d.S, kvz + bh * n, d.E1(), T(0), nd,
            d.E1());
-      for (int64_t r = 0; r < rows; ++r) {
-        const T raw = nd[r * d.E1() + d.E], inv = T(1) / guarded(raw, guard);
-        den[bh * d.N + n0 + r] = raw;
-        T* o = out + (bh * d.N + n0 + r) * d.E;
-        for (int64_t e = 0; e < d.E; ++e) o[e] = nd[r * d.E1() + e] * inv;
-      }
+      for (int64_t r = 0; r < rows; ++r)
+        den[bh * d.N + n0 + r] = divide_row(nd + r * d.E1(), guard, d.E, out + (bh * d.N + n0 + r) * d.E);
     }
   }
 }
@@ -118,15 +133,7 @@ void backward_impl(const Dims& d, double guard, const T* pq, const T* pk, const 
       const int64_t bh = it / nbn, n0 = (it % nbn) * kRows, rows = std::min(kRows, d.N - n0);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = bh * d.N + n0 + r;
-        const T raw = den[row], dg = guarded(raw, guard), inv = T(1) / dg;
-        const T* gr = g + row * d.E;
-        const T* o = out + row * d.E;
-        T dot = 0;
-        for (int64_t e = 0; e < d.E; ++e) {
-          G[r * d.E1() + e] = gr[e] * inv;
-          dot += gr[e] * o[e];
-        }
-        G[r * d.E1() + d.E] = dg == raw ? -dot * inv : T(0);  // the guard is a constant
+        g_row(g + row * d.E, out + row * d.E, den[row], guard, d.E, G + r * d.E1());
       }
       const T* q = pq + (bh * d.N + n0) * d.S;
       gemm(false, true, rows, d.S, d.E1(), T(1), G, d.E1(), kvz + bh * n, d.E1(), T(0), dpq + (bh * d.N + n0) * d.S,
@@ -242,12 +249,8 @@ void causal_forward_impl(const CausalDims& d, double guard, const T* pq, const T
       gemm(false, true, rows, rows, S, T(1), q, S, k, S, T(0), a, d.T);
       keep_lower(a, rows, d.T);
       gemm(false, false, rows, E1, rows, T(1), a, d.T, v1, E1, T(1), nd, E1);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t row = bh * d.N + n0 + r;
-        const T raw = nd[r * E1 + d.E], inv = T(1) / guarded(raw, guard);
-        den[row] = raw;
-        for (int64_t e = 0; e < d.E; ++e) out[row * d.E + e] = nd[r * E1 + e] * inv;
-      }
+      for (int64_t r = 0; r < rows; ++r)
+        den[bh * d.N + n0 + r] = divide_row(nd + r * E1, guard, d.E, out + (bh * d.N + n0 + r) * d.E);
     }
   });
 }
@@ -273,13 +276,7 @@ void causal_backward_impl(const CausalDims& d, double guard, const T* pq, const 
       T* Gc = G + (bh * d.N + n0) * E1;
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = bh * d.N + n0 + r;
-        const T raw = den[row], dg = guarded(raw, guard), inv = T(1) / dg;
-        T dot = 0;
-        for (int64_t e = 0; e < d.E; ++e) {
-          Gc[r * E1 + e] = g[row * d.E + e] * inv;
-          dot += g[row * d.E + e] * out[row * d.E + e];
-        }
-        Gc[r * E1 + d.E] = dg == raw ? -dot * inv : T(0);  // the guard is a constant
+        g_row(g + row * d.E, out + row * d.E, den[row], guard, d.E, Gc + r * E1);
       }
       gemm(true, false, S, E1, rows, T(1), pq + (bh * d.N + n0) * S, S, Gc, E1, T(0), R + it * n, E1);
     }
