@@ -46,17 +46,23 @@ __device__ __forceinline__ bool hidden(const SdpaShape& s, const uint8_t* pad, i
   return (s.causal && m > n + s.offset) || (pad && pad[m]);
 }
 
-// Loads rows [r0, r0 + rows) of a [count, dim] matrix into a [rows, DM] tile, zeros past the end.
+// The row stride of the q, k, v and dout tiles: one past DM, so that the 8 (and 4) rows a warp
+// reads at one d in dot_patch sit in different banks (a stride of DM put them all in one bank: an
+// 8-way conflict on every load of the key tile).
+template <int DM> constexpr int pitch() { return DM + 1; }
+
+// Loads rows [r0, r0 + rows) of a [count, dim] matrix into a [rows, DM] tile (row stride
+// pitch<DM>()), zeros past the end.
 template <typename T, int DM>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t r0, int rows, int64_t count, int64_t dim) {
   for (int i = threadIdx.x; i < rows * DM; i += kThreads) {
     const int r = i / DM, d = i % DM;
-    tile[i] = (r0 + r < count && d < dim) ? src[(r0 + r) * dim + d] : T(0);
+    tile[r * pitch<DM>() + d] = (r0 + r < count && d < dim) ? src[(r0 + r) * dim + d] : T(0);
   }
 }
 
 // acc[i][j] = sum_d a[row_i][d] b[col_j][d] for the thread's patch of a [R, DM] x [C, DM]^T
-// product, rows ty + 16 i, columns tx + 8 j.
+// product (row stride pitch<DM>()), rows ty + 16 i, columns tx + 8 j.
 template <typename T, int DM, int TR, int TC>
 __device__ __forceinline__ void dot_patch(const T* a, const T* b, T (&acc)[TR][TC], int ty, int tx) {
 #pragma unroll
@@ -66,9 +72,9 @@ __device__ __forceinline__ void dot_patch(const T* a, const T* b, T (&acc)[TR][T
   for (int d = 0; d < DM; ++d) {
     T av[TR], bv[TC];
 #pragma unroll
-    for (int i = 0; i < TR; ++i) av[i] = a[(ty + kRowThreads * i) * DM + d];
+    for (int i = 0; i < TR; ++i) av[i] = a[(ty + kRowThreads * i) * pitch<DM>() + d];
 #pragma unroll
-    for (int j = 0; j < TC; ++j) bv[j] = b[(tx + kColThreads * j) * DM + d];
+    for (int j = 0; j < TC; ++j) bv[j] = b[(tx + kColThreads * j) * pitch<DM>() + d];
 #pragma unroll
     for (int i = 0; i < TR; ++i)
 #pragma unroll
@@ -88,7 +94,7 @@ __device__ __forceinline__ void accumulate_patch(const T* p, const T* x, T (&acc
     for (int i = 0; i < TR; ++i) pv[i] = p[(ty + kRowThreads * i) * (K + 1) + k];
 #pragma unroll
     for (int c = 0; c < TD; ++c) {
-      const T xv = x[k * DM + tx + kColThreads * c];
+      const T xv = x[k * pitch<DM>() + tx + kColThreads * c];
 #pragma unroll
       for (int i = 0; i < TR; ++i) acc[i][c] += pv[i] * xv;
     }
@@ -107,7 +113,7 @@ __device__ __forceinline__ void accumulate_patch_t(const T* p, const T* x, T (&a
     for (int i = 0; i < TK; ++i) pv[i] = p[r * (C + 1) + ty + kRowThreads * i];
 #pragma unroll
     for (int c = 0; c < TD; ++c) {
-      const T xv = x[r * DM + tx + kColThreads * c];
+      const T xv = x[r * pitch<DM>() + tx + kColThreads * c];
 #pragma unroll
       for (int i = 0; i < TK; ++i) acc[i][c] += pv[i] * xv;
     }
@@ -120,10 +126,11 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
                                     T* out, T* lse) {
   constexpr int TR = B / kRowThreads, TC = B / kColThreads, TD = DM / kColThreads;
   static_assert(4 * B <= kThreads && (4 * B) % 32 == 0, "the softmax pass takes whole warps of quads");
-  T* qs = shared_mem<T>();      // [B, DM]
-  T* ks = qs + B * DM;          // [B, DM]
-  T* vs = ks + B * DM;          // [B, DM]
-  T* ps = vs + B * DM;          // [B, B + 1]: the tile's probabilities
+  constexpr int P = pitch<DM>();
+  T* qs = shared_mem<T>();      // [B, P]
+  T* ks = qs + B * P;           // [B, P]
+  T* vs = ks + B * P;           // [B, P]
+  T* ps = vs + B * P;           // [B, B + 1]: the tile's probabilities
   T* row_m = ps + B * (B + 1);  // [B] running max
   T* row_l = row_m + B;         // [B] running sum
   T* row_a = row_l + B;         // [B] this tile's rescaling of the old sums
@@ -164,9 +171,10 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
     if (tid < 4 * B) {
       const int r = tid / 4, q = tid % 4;
       T* row = ps + r * (B + 1);
+      const T m_old = row_m[r];  // read by the quad's four lanes before its first lane writes it
       T mx = neg_inf<T>();
       for (int c = q; c < B; c += 4) mx = max_nan(mx, row[c]);
-      mx = max_nan(row_m[r], quad_max(mx));
+      mx = max_nan(m_old, quad_max(mx));
       T sum = T(0);
       if (mx == neg_inf<T>()) {  // nothing visible yet
         for (int c = q; c < B; c += 4) row[c] = T(0);
@@ -181,8 +189,9 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
         }
       }
       sum = quad_sum(sum);
+      __syncwarp();  // a shuffle orders no shared-memory accesses (compute-sanitizer's racecheck)
       if (q == 0) {
-        row_a[r] = mx == neg_inf<T>() ? T(1) : d_exp(row_m[r] - mx);
+        row_a[r] = mx == neg_inf<T>() ? T(1) : d_exp(m_old - mx);
         row_l[r] = row_l[r] * row_a[r] + sum;
         row_m[r] = mx;
       }
@@ -615,10 +624,10 @@ template <typename T, int DM, int B> struct BackwardTiles {
   T *qs, *dos, *ks, *vs, *ps, *dss, *row_lse, *row_delta;
   __device__ BackwardTiles() {
     qs = shared_mem<T>();
-    dos = qs + B * DM;
-    ks = dos + B * DM;
-    vs = ks + B * DM;
-    ps = vs + B * DM;
+    dos = qs + B * pitch<DM>();
+    ks = dos + B * pitch<DM>();
+    vs = ks + B * pitch<DM>();
+    ps = vs + B * pitch<DM>();
     dss = ps + B * (B + 1);
     row_lse = dss + B * (B + 1);
     row_delta = row_lse + B;
@@ -735,10 +744,10 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
 
 // Shared memory of the forward and of the backward kernels for tiles of B rows.
 template <typename T, int DM, int B> constexpr size_t forward_smem() {
-  return sizeof(T) * (3 * B * DM + B * (B + 1) + 3 * B);
+  return sizeof(T) * (3 * B * pitch<DM>() + B * (B + 1) + 3 * B);
 }
 template <typename T, int DM, int B> constexpr size_t backward_smem() {
-  return sizeof(T) * (4 * B * DM + 2 * B * (B + 1) + 2 * B);
+  return sizeof(T) * (4 * B * pitch<DM>() + 2 * B * (B + 1) + 2 * B);
 }
 constexpr size_t kMaxSmem = 48 * 1024;
 
