@@ -16,6 +16,7 @@ Counters Counters::operator-(const Counters& o) const {
   d.library_calls = library_calls - o.library_calls;
   d.graph_launches = graph_launches - o.graph_launches;
   d.host_syncs = host_syncs - o.host_syncs;
+  d.host_waits = host_waits - o.host_waits;
   d.device_allocs = device_allocs - o.device_allocs;
   d.device_copies = device_copies - o.device_copies;
   d.h2d_copies = h2d_copies - o.h2d_copies;
@@ -34,7 +35,7 @@ std::string plural(int64_t n, const char* one, const char* many) {
 std::string Counters::str() const {
   return plural(kernel_launches, "launch", "launches") + ", " + plural(library_calls, "library call", "library calls") +
          ", " + plural(graph_launches, "graph launch", "graph launches") + ", " + plural(host_syncs, "sync", "syncs") +
-         ", " + plural(device_allocs, "allocation", "allocations") + ", " +
+         ", " + plural(host_waits, "wait", "waits") + ", " + plural(device_allocs, "allocation", "allocations") + ", " +
          plural(device_copies, "device copy", "device copies") + ", " + plural(h2d_copies, "H2D copy", "H2D copies") +
          " (" + std::to_string(h2d_bytes) + " B), " + plural(d2h_copies, "D2H copy", "D2H copies") + " (" +
          std::to_string(d2h_bytes) + " B)";
@@ -48,6 +49,7 @@ Counters counters() {
   out.library_calls = r(c.library_calls);
   out.graph_launches = r(c.graph_launches);
   out.host_syncs = r(c.host_syncs);
+  out.host_waits = r(c.host_waits);
   out.device_allocs = r(c.device_allocs);
   out.device_copies = r(c.device_copies);
   out.h2d_copies = r(c.h2d_copies);

@@ -23,7 +23,10 @@ struct Counters {
   int64_t kernel_launches = 0;            // Linea's own kernels (every <<<...>>> in cuda/)
   int64_t library_calls = 0;              // cuBLAS GEMMs, cuFFT transforms, cuRAND draws (not handles or plans)
   int64_t graph_launches = 0;             // cudaGraphLaunch of a captured step
-  int64_t host_syncs = 0;                 // the host waited for the device (stream or event synchronization)
+  int64_t host_syncs = 0;                 // the host drained the stream (a synchronization, a blocking copy)
+  int64_t host_waits = 0;                 // the host waited on an event of work queued earlier (the readback of
+                                          // a step two steps back, a staging block): back-pressure while the
+                                          // device runs behind, the work queued after the event stays queued
   int64_t device_allocs = 0;              // cudaMalloc calls: the caching allocator's misses
   int64_t device_copies = 0;              // device-to-device copies and memsets (stream work that is not a kernel)
   int64_t h2d_copies = 0, h2d_bytes = 0;  // host -> device
@@ -34,8 +37,8 @@ struct Counters {
   int64_t stream_ops() const { return kernel_launches + library_calls + device_copies + h2d_copies + d2h_copies; }
 
   Counters operator-(const Counters& o) const;
-  // "312 launches, 41 library calls, 0 graph launches, 0 syncs, 0 allocations, 3 device copies,
-  // 1 H2D copy (401920 B), 1 D2H copy (24 B)"
+  // "312 launches, 41 library calls, 0 graph launches, 0 syncs, 0 waits, 0 allocations, 3 device
+  // copies, 1 H2D copy (401920 B), 1 D2H copy (24 B)"
   std::string str() const;
 };
 
@@ -45,8 +48,8 @@ Counters counters();
 namespace detail {
 // Incremented by cuda/ (and the host emulator's run of it).
 struct CounterCells {
-  std::atomic<int64_t> kernel_launches{0}, library_calls{0}, graph_launches{0}, host_syncs{0}, device_allocs{0},
-      device_copies{0}, h2d_copies{0}, h2d_bytes{0}, d2h_copies{0}, d2h_bytes{0};
+  std::atomic<int64_t> kernel_launches{0}, library_calls{0}, graph_launches{0}, host_syncs{0}, host_waits{0},
+      device_allocs{0}, device_copies{0}, h2d_copies{0}, h2d_bytes{0}, d2h_copies{0}, d2h_bytes{0};
 };
 CounterCells& counter_cells();
 inline void bump(std::atomic<int64_t>& cell, int64_t n = 1) { cell.fetch_add(n, std::memory_order_relaxed); }

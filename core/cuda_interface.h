@@ -39,7 +39,7 @@ void* event_create();
 void event_destroy(void* event);
 void event_record(void* event);
 bool event_query(void* event);        // done? never blocks (checks kernels' error reports when done)
-void event_synchronize(void* event);  // waits: a host synchronization unless already done
+void event_synchronize(void* event);  // waits unless already done (counted as a host wait)
 // CUDA graphs (core/cuda_graph.h): the stream's work between begin and end is captured
 // (relaxed mode) and instantiated; launch replays it; destroy frees it. While capturing, copies
 // between host and device, synchronizations and cuRAND draws throw linea::Error.

@@ -463,7 +463,7 @@ bool event_query(void* event) {
 void event_synchronize(void* event) {
   detail::refuse_in_capture("waiting for an event");
   if (event_query(event)) return;
-  detail::bump(detail::counter_cells().host_syncs);
+  detail::bump(detail::counter_cells().host_waits);
   LINEA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
   detail::check_device_errors();
 }

@@ -160,6 +160,7 @@ json run_step_bench(const Options& o, const Device device) {
             {"launches_per_step", c.kernel_launches + c.library_calls},
             {"graph_launches_per_step", c.graph_launches},
             {"host_syncs_per_step", c.host_syncs},
+            {"host_waits_per_step", c.host_waits},
             {"device_allocs_per_step", c.device_allocs}};
   return j;
 }

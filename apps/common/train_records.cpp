@@ -59,6 +59,7 @@ void ProfileSums::add(const cuda::Counters& c, double seconds) {
   sum.library_calls += c.library_calls;
   sum.graph_launches += c.graph_launches;
   sum.host_syncs += c.host_syncs;
+  sum.host_waits += c.host_waits;
   sum.device_allocs += c.device_allocs;
   sum.device_copies += c.device_copies;
   sum.h2d_copies += c.h2d_copies;
@@ -75,6 +76,7 @@ json ProfileSums::per_step() const {
           {"library_calls", sum.library_calls / n},
           {"graph_launches", sum.graph_launches / n},
           {"host_syncs", sum.host_syncs / n},
+          {"host_waits", sum.host_waits / n},
           {"device_allocs", sum.device_allocs / n},
           {"device_copies", sum.device_copies / n},
           {"h2d_copies", sum.h2d_copies / n},

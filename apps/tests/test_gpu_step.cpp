@@ -72,7 +72,7 @@ apps::RunOptions profiled_run(const std::string& name, int64_t steps) {
   return o;
 }
 
-// Steps 2.. of a profiled run: all equal, within the budget, no allocation, no wait.
+// Steps 2.. of a profiled run: all equal, within the budget, no allocation, no synchronization.
 void check_steady_steps(const apps::TrainResult& r, int64_t budget, const char* what) {
   ASSERT_GE(r.step_counters.size(), 3u) << what;
   const cuda::Counters& c = r.step_counters[1];
@@ -277,6 +277,8 @@ TEST(CudaGraph, ReplayedVitStepsEqualUncapturedOnes) {
     SCOPED_TRACE("step " + std::to_string(i + 1) + ": " + c.str());
     EXPECT_EQ(c.kernel_launches + c.library_calls, 0);
     EXPECT_EQ(c.device_allocs, 0);
+    // No synchronization; host waits may come on a GPU, where the host gets two steps ahead of
+    // the replays and the readback holds it there (seen on an H200, 2026-11-28).
     EXPECT_EQ(c.host_syncs, 0);
   }
   std::printf("default ViT, one replayed step: %s\n", graph.result.step_counters[3].str().c_str());
