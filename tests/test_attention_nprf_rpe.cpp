@@ -384,6 +384,13 @@ TEST(NprfRpe, AutoPicksDenseForShortAndFftForLong) {
   // FFT 1.4x faster at 1024).
   EXPECT_TRUE(nprf_rpe_prefers_dense(512, 512, 16, 16));
   EXPECT_FALSE(nprf_rpe_prefers_dense(1024, 1024, 16, 16));
+  // On CUDA, the pairs timed on an H200 (Dv = 64; nprf_rpe.cpp): dense at 2048 and FFT at 4096
+  // for S = 16, dense at 4096 and FFT at 8192 for S = 64; the CPU's rule would take FFT at 4096.
+  EXPECT_TRUE(nprf_rpe_prefers_dense(2048, 2048, 16, 64, /*cuda=*/true));
+  EXPECT_FALSE(nprf_rpe_prefers_dense(4096, 4096, 16, 64, /*cuda=*/true));
+  EXPECT_TRUE(nprf_rpe_prefers_dense(4096, 4096, 64, 64, /*cuda=*/true));
+  EXPECT_FALSE(nprf_rpe_prefers_dense(4096, 4096, 64, 64));
+  EXPECT_FALSE(nprf_rpe_prefers_dense(8192, 8192, 64, 64, /*cuda=*/true));
   // Cross-attention: few queries over many keys stays dense.
   EXPECT_TRUE(nprf_rpe_prefers_dense(64, 16384, 16, 16));
   EXPECT_TRUE(nprf_rpe_prefers_dense(16384, 64, 16, 16));

@@ -179,13 +179,18 @@ Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor&
 //                                              table applied per entry)
 // So auto switches to FFT at N = M ~ 800 (S = Dv = 16), ~1500 (S = 64, Dv = 16: the ViT's heads
 // at the default features) and ~4000 (S = Dv = 64). Both paths hold O((N + M) S) memory; the
-// dense one is also the more accurate in float32 (nprf_rpe.h). The same rule applies on CUDA
-// until it is fitted there.
-bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv) {
+// dense one is also the more accurate in float32 (nprf_rpe.h).
+// On CUDA the direct kernel gains more on the FFT path than on the CPU: timed on an H200
+// (2026-11-28, B = 4, H = 8, Dv = 64, forward+backward; gpu_check.sh's nprf part) dense won up to
+// N = M = 2048 at S = 16 (9.1 against 11.4 ms; FFT at 4096: 22.7 against 36.0) and up to 4096 at
+// S = 64 (40.9 against 100 ms; FFT at 8192: 184 against 201). Any weight of the FFT term
+// between 1.39 and 1.87 splits those four pairs right: 1.6, so N = M ~ 2400 at S = 16, ~6900 at
+// S = 64 (Dv = 64).
+bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv, bool cuda) {
   const double n = static_cast<double>(N), m = static_cast<double>(M);
   const double dense_cost = n * m * static_cast<double>(S + Dv + 5);
   const double fft_cost = 5.0 * static_cast<double>(S) * static_cast<double>(Dv + 1) * (n + m) * std::log2(n + m);
-  return dense_cost <= fft_cost;
+  return dense_cost <= (cuda ? 1.6 : 1.0) * fft_cost;
 }
 
 // ---- the layer ------------------------------------------------------------------------------
@@ -222,7 +227,8 @@ Tensor NprfRpeAttention::forward(const Tensor& q, const Tensor& k, const Tensor&
   check_attention_inputs(kWho, q, k, v, opts);
   LINEA_CHECK(q.size(1) == heads() && q.size(3) == head_dim(), kWho, ": built for ", heads(), " heads of dim ",
               head_dim(), ", got q ", shape_str(q.shape()));
-  return nprf_rpe_attention(q, k, v, features_for(q), rpe_, opts, uses_dense(q.size(2), k.size(2), v.size(3)));
+  return nprf_rpe_attention(q, k, v, features_for(q), rpe_, opts,
+                            uses_dense(q.size(2), k.size(2), v.size(3), q.is_cuda()));
 }
 
 Tensor NprfRpeAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {

@@ -50,10 +50,11 @@ Tensor nprf_rpe_attention_matrix(const Tensor& q, const Tensor& k, const Tensor&
 enum class NprfPath { Fft, Dense, Auto };
 
 // The choice of NprfPath::Auto: true when the dense path is expected to be the faster one for N
-// queries, M keys, S features and value dim Dv (a cost model fitted to CPU timings, see
-// nprf_rpe.cpp; shapes only, never data). With the defaults (S = 64): dense up to N = M ~ 1500
-// at Dv = 16, ~4000 at Dv = 64.
-bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv);
+// queries, M keys, S features and value dim Dv on the CPU, or on CUDA when `cuda` (a cost model
+// fitted to timings of both paths on each, see nprf_rpe.cpp; shapes only, never data). With the
+// defaults (S = 64): dense up to N = M ~ 1500 at Dv = 16, ~4000 at Dv = 64 on the CPU; ~6900 at
+// Dv = 64 on CUDA.
+bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv, bool cuda = false);
 
 // The mechanism. Spec options: features=S (default 64), max_len=L (default 512), redraw=N (new
 // features every N training calls, the first included; 0 = never; default 1; the schedule of
@@ -78,10 +79,10 @@ class NprfRpeAttention : public AttentionMechanism {
   int64_t max_len() const { return max_len_; }
   int64_t redraw() const { return redraw_every(); }
   NprfPath dense() const { return dense_; }  // the mode as given (Auto is not resolved here)
-  // Whether a forward with N queries and M keys (values of dim Dv; head_dim when not given)
-  // takes the dense path.
-  bool uses_dense(int64_t N, int64_t M, int64_t Dv) const {
-    return dense_ == NprfPath::Dense || (dense_ == NprfPath::Auto && nprf_rpe_prefers_dense(N, M, features_, Dv));
+  // Whether a forward with N queries and M keys (values of dim Dv; head_dim when not given), on
+  // CUDA when `cuda`, takes the dense path.
+  bool uses_dense(int64_t N, int64_t M, int64_t Dv, bool cuda = false) const {
+    return dense_ == NprfPath::Dense || (dense_ == NprfPath::Auto && nprf_rpe_prefers_dense(N, M, features_, Dv, cuda));
   }
   bool uses_dense(int64_t N, int64_t M) const { return uses_dense(N, M, head_dim()); }
   const Tensor& rpe() const { return rpe_; }      // [H, 2L-1]
