@@ -8,20 +8,21 @@
 #       scripts into OUT_DIR (git-ignored gpu/)
 #   gpu/run.sh bash scripts/gpu_check.sh run LOG_DIR [PART...]   there, from the repository
 #       root, LOG_DIR = $OUT. The parts, in this order of priority (all by default):
-#         tests      the CUDA test binaries (parity, basics, attention, training steps)
+#         correct    the CUDA test binaries (parity, basics, attention, training steps) one after
+#                    another, and beside them compute-sanitizer memcheck and racecheck over the
+#                    fused attention kernels' parity tests: correctness only, so they share the
+#                    card; the timed parts after it run alone
 #         attention  torch_attention.py --device cuda: every mechanism against PyTorch (SDPA in
-#                    float32 and bfloat16 beside them; time and peak memory) at L = 1k..64k
-#                    (ATTN_LENGTHS), D = 64 and 128, B = 4, H = 8, 64 features
+#                    float32 and bfloat16 beside them; time and peak memory) at L = 1k..16k
+#                    (ATTN_LENGTHS), then performer, lara and nprf_rpe against SDPA at 64k
+#                    (ATTN_LONG; softmax's float32 kernels take minutes there and the goals stop
+#                    at 16k for it), D = 64 and 128, B = 4, H = 8, 64 features
 #         compare    gpu_compare.sh: the apps' training steps against PyTorch's
 #         protein    protein-bench-context --device cuda at 8k..64k tokens
-#         sanitize   compute-sanitizer memcheck and racecheck over the fused attention kernels'
-#                    parity tests
+#         nprf       nprf_rpe's dense (direct) path against its FFT path at 256..8k (dense=auto's fit)
+#         causal     softmax and performer, causal, Linea alone at 1k..16k
+#       (tests and sanitize are the two halves of correct, alone.)
 #
-# A lease has 15 minutes of device time, its start included, and one command at most 10: the
-# whole run keeps within GPU_CHECK_BUDGET seconds (540 by default; give the call 600). Each part
-# is time-boxed to what is left of it, a part that would get under 30 s is skipped, and the
-# output says so. Only a few files come back from a lease: everything lands in LOG_DIR as
-# summary.txt (what this prints) and logs.tar.gz (every log and JSON file).
 set -uo pipefail
 mode=${1:-}
 case "$mode" in
@@ -41,7 +42,7 @@ case "$mode" in
   run)
     LOG=$2
     shift 2
-    PARTS=${*:-tests attention compare protein sanitize}
+    PARTS=${*:-correct attention compare nprf protein causal}
     G=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the bundle folder (scripts/ inside it)
     mkdir -p "$LOG"
     W=$(mktemp -d)  # the logs, packed into LOG at the end
@@ -58,46 +59,74 @@ case "$mode" in
         return 0
       fi
       timeout "$t" "$@" > "$W/$log" 2>&1
-      echo "exit $? (limit $t s, $SECONDS s into the run): $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY' "$W/$log" | tr '\n' ' ')"
+      echo "$log: exit $? (limit $t s, $SECONDS s into the run): $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY' "$W/$log" | tr '\n' ' ')"
     }
     {
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+      "$G/run.sh" true || echo "the bundle did not unpack"  # once, before parts run side by side
       for p in $PARTS; do
         case "$p" in
           tests)
             for t in test_cuda_basics test_cuda_parity test_attention_cuda test_gpu_step; do
-              echo "== $t"
               part 120 "$t.log" "$G/run.sh" bin/$t --gtest_brief=1
             done
             ;;
-          attention)
-            echo "== attention vs PyTorch"
-            part 240 attention_vs_torch.log python3 "$G/scripts/torch_attention.py" --linea "$G/run.sh $G/bin/attention-scaling" \
-              --device cuda --lengths "${ATTN_LENGTHS:-1024,4096,16384,65536}" --dims 64,128 --batch 4 --heads 8 \
-              --features 64 --bf16 --repeats 3 --json "$W/attention_vs_torch.jsonl"
-            sed -n '/^forward+backward/,$p' "$W/attention_vs_torch.log"
-            ;;
-          compare)
-            echo "== gpu_compare"
-            part 180 gpu_compare.log bash "$G/scripts/gpu_compare.sh" --train-step "$G/run.sh $G/bin/train-step" \
-              --out "$W/compare"
-            tail -n 14 "$W/gpu_compare.log"
-            ;;
-          protein)
-            echo "== protein-bench-context"
-            part 120 protein_bench_context.log "$G/run.sh" bin/protein-bench-context --device cuda \
-              --lengths 8192,16384,32768,65536 --json "$W/protein_bench_context.json"
-            tail -n 12 "$W/protein_bench_context.log"
-            ;;
           sanitize)
             for tool in memcheck racecheck; do
-              echo "== compute-sanitizer $tool"
               part 150 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 9 "$G/run.sh" \
                 bin/test_cuda_parity --gtest_brief=1 \
                 --gtest_filter='CudaParity.*Attention*:CudaParity.*Kernel*:CudaParity.Fft'
             done
             ;;
-          *) echo "unknown part '$p' (tests, attention, compare, protein, sanitize)" ;;
+          correct)
+            echo "== tests, compute-sanitizer memcheck and racecheck, side by side"
+            (for t in test_cuda_basics test_cuda_parity test_attention_cuda test_gpu_step; do
+              part 50 "$t.log" "$G/run.sh" bin/$t --gtest_brief=1
+            done) &
+            for tool in memcheck racecheck; do
+              part 110 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 9 "$G/run.sh" \
+                bin/test_cuda_parity --gtest_brief=1 \
+                --gtest_filter='CudaParity.*Attention*:CudaParity.*Kernel*:CudaParity.Fft' &
+            done
+            wait
+            ;;
+          attention)
+            echo "== attention vs PyTorch"
+            part 170 attention_vs_torch.log python3 "$G/scripts/torch_attention.py" --linea "$G/run.sh $G/bin/attention-scaling" \
+              --device cuda --lengths "${ATTN_LENGTHS:-1024,4096,8192,16384}" --dims 64,128 --batch 4 --heads 8 \
+              --features 64 --bf16 --repeats 3 --json "$W/attention_vs_torch.jsonl"
+            sed -n '/^forward+backward/,$p' "$W/attention_vs_torch.log"
+            part 80 attention_vs_torch_long.log python3 "$G/scripts/torch_attention.py" --linea "$G/run.sh $G/bin/attention-scaling" \
+              --device cuda --lengths "${ATTN_LONG:-65536}" --specs performer,lara,nprf_rpe --dims 64,128 --batch 4 \
+              --heads 8 --features 64 --repeats 3 --json "$W/attention_vs_torch_long.jsonl"
+            sed -n '/^forward+backward/,$p' "$W/attention_vs_torch_long.log"
+            ;;
+          nprf)
+            echo "== nprf_rpe: the dense (direct) path against the FFT path, for dense=auto"
+            part 40 nprf_dense_sweep.log "$G/run.sh" bin/attention-scaling --device cuda --batch 4 --heads 8 --dim 64 \
+              --specs nprf_rpe:features=16,redraw=0,dense=0,nprf_rpe:features=16,redraw=0,dense=1,nprf_rpe:features=64,redraw=0,dense=0,nprf_rpe:features=64,redraw=0,dense=1 \
+              --lengths 256,512,1024,2048,4096,8192 --repeats 5 --json "$W/nprf_dense_sweep.jsonl"
+            grep -E '^  L=' "$W/nprf_dense_sweep.log"
+            ;;
+          causal)
+            echo "== causal self-attention (Linea alone)"
+            part 40 causal.log "$G/run.sh" bin/attention-scaling --device cuda --batch 4 --heads 8 --dim 64 --causal \
+              --specs softmax,performer:features=64 --lengths 1024,4096,16384 --repeats 3 --json "$W/causal.jsonl"
+            grep -E '^  L=' "$W/causal.log"
+            ;;
+          compare)
+            echo "== gpu_compare"
+            part 110 gpu_compare.log bash "$G/scripts/gpu_compare.sh" --train-step "$G/run.sh $G/bin/train-step" \
+              --out "$W/compare"
+            tail -n 14 "$W/gpu_compare.log"
+            ;;
+          protein)
+            echo "== protein-bench-context"
+            part 80 protein_bench_context.log "$G/run.sh" bin/protein-bench-context --device cuda \
+              --lengths 8192,16384,32768,65536 --json "$W/protein_bench_context.json"
+            tail -n 12 "$W/protein_bench_context.log"
+            ;;
+          *) echo "unknown part '$p' (correct, attention, compare, protein, nprf, causal; tests, sanitize)" ;;
         esac
       done
       echo "run took $SECONDS s"

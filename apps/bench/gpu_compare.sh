@@ -32,11 +32,12 @@ J="$OUT/gpu_compare.jsonl"
 # case label | Linea flags | PyTorch flags
 CASES=(
   "vit b128 fp32|--model vit --batch 128|--model vit --batch 128"
-  "vit b128 fp32, torch.compile|--model vit --batch 128|--model vit --batch 128 --compile"
   "vit b128 CUDA graph|--model vit --batch 128 --cuda-graph|--model vit --batch 128 --cuda-graph"
   "vit b512 fp32|--model vit --batch 512|--model vit --batch 512"
   "translate fp32|--model translate|--model translate"
   "translate bf16|--model translate --precision bf16|--model translate --autocast bf16"
+  # last: compiling takes PyTorch most of a minute, and a time-boxed run may stop here
+  "vit b128 fp32, torch.compile|--model vit --batch 128|--model vit --batch 128 --compile"
 )
 for c in "${CASES[@]}"; do
   IFS='|' read -r label lf tf <<<"$c"
