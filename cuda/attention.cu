@@ -51,14 +51,41 @@ __device__ __forceinline__ bool hidden(const SdpaShape& s, const uint8_t* pad, i
 // 8-way conflict on every load of the key tile).
 template <int DM> constexpr int pitch() { return DM + 1; }
 
-// Loads rows [r0, r0 + rows) of a [count, dim] matrix into a [rows, DM] tile (row stride
-// pitch<DM>()), zeros past the end.
-template <typename T, int DM>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t r0, int rows, int64_t count, int64_t dim) {
-  for (int i = threadIdx.x; i < rows * DM; i += kThreads) {
-    const int r = i / DM, d = i % DM;
-    tile[r * pitch<DM>() + d] = (r0 + r < count && d < dim) ? src[(r0 + r) * dim + d] : T(0);
+// The tile loads below issue kLoadBatch global loads per thread before their first store to
+// shared memory. A loop that stores each element before loading the next may wait one load
+// latency per element (nothing tells the compiler that the tile and the source do not overlap):
+// per tile a chain of 16 to 64 round trips to memory per thread, with few warps to hide them.
+// On an H200 (2026-11-28) the bf16 forward took 4.15 ms at B = 4, H = 8, L = 4096, D = 64, about
+// 25,000 cycles per key tile and block: what such a chain predicts, not what 64 mma.sync do.
+constexpr int kLoadBatch = 16;
+
+// Loads rows [r0, r0 + ROWS) of a [count, dim] matrix into a [ROWS, DM] tile (row stride
+// pitch<DM>()), zeros past the end. Thread x takes column x % DM of rows x / DM, x / DM + kStep,
+// ... (kStep = THREADS / DM rows per pass of the block: coalesced, as consecutive threads take
+// consecutive columns).
+template <int THREADS, int DM, int ROWS, typename T, typename Store>
+__device__ __forceinline__ void load_rows(const T* src, int64_t r0, int64_t count, int64_t dim, Store&& store) {
+  static_assert(THREADS % DM == 0 && ROWS % (THREADS / DM) == 0, "whole rows per pass");
+  constexpr int kStep = THREADS / DM, kPasses = ROWS / kStep;
+  const int d = static_cast<int>(threadIdx.x) % DM, r1 = static_cast<int>(threadIdx.x) / DM;
+  const bool in = d < dim;
+#pragma unroll 1  // one batch in flight at a time: unrolled, the compiler hoists every load (spills)
+  for (int p0 = 0; p0 < kPasses; p0 += kLoadBatch) {
+    T x[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int r = r1 + (p0 + j) * kStep;
+      x[j] = p0 + j < kPasses && in && r0 + r < count ? src[(r0 + r) * dim + d] : T(0);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j)
+      if (p0 + j < kPasses) store(r1 + (p0 + j) * kStep, d, x[j]);
   }
+}
+
+template <typename T, int DM, int ROWS>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t r0, int64_t count, int64_t dim) {
+  load_rows<kThreads, DM, ROWS>(src, r0, count, dim, [&](int r, int d, T x) { tile[r * pitch<DM>() + d] = x; });
 }
 
 // acc[i][j] = sum_d a[row_i][d] b[col_j][d] for the thread's patch of a [R, DM] x [C, DM]^T
@@ -139,7 +166,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  load_tile<T, DM>(qs, q + bh * s.N * s.D, n0, B, s.N, s.D);
+  load_tile<T, DM, B>(qs, q + bh * s.N * s.D, n0, s.N, s.D);
   for (int r = tid; r < B; r += kThreads) row_m[r] = neg_inf<T>(), row_l[r] = T(0);
   T o[TR][TD];
 #pragma unroll
@@ -150,8 +177,8 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
   const int64_t m_end = s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M;
   for (int64_t m0 = 0; m0 < m_end; m0 += B) {
     __syncthreads();  // the previous tile's k, v, p are used up
-    load_tile<T, DM>(ks, k + bh * s.M * s.D, m0, B, s.M, s.D);
-    load_tile<T, DM>(vs, v + bh * s.M * s.E, m0, B, s.M, s.E);
+    load_tile<T, DM, B>(ks, k + bh * s.M * s.D, m0, s.M, s.D);
+    load_tile<T, DM, B>(vs, v + bh * s.M * s.E, m0, s.M, s.E);
     __syncthreads();
     T sc[TR][TC];
     dot_patch<T, DM, TR, TC>(qs, ks, sc, ty, tx);
@@ -233,16 +260,13 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
 // that every fragment is one 32-bit load.
 constexpr int kMmaRows = 64, kMmaKeys = 64, kMmaThreads = 128;
 
-// Rows [r0, r0 + rows) of a [count, dim] float matrix as bf16, row stride ld; zeros past the ends.
-// transposed: element (r, d) goes to tile[d * ld + r] instead.
-template <int DM, bool transposed>
-__device__ __forceinline__ void load_bf16_tile(uint16_t* tile, int ld, const float* src, int64_t r0, int rows,
-                                               int64_t count, int64_t dim) {
-  for (int i = threadIdx.x; i < rows * DM; i += kMmaThreads) {
-    const int r = i / DM, d = i % DM;
-    const float x = (r0 + r < count && d < dim) ? src[(r0 + r) * dim + d] : 0.f;
-    tile[transposed ? d * ld + r : r * ld + d] = to_bf16(x);
-  }
+// Rows [r0, r0 + ROWS) of a [count, dim] float matrix as bf16, row stride ld; zeros past the
+// ends. transposed: element (r, d) goes to tile[d * ld + r] instead. As load_tile.
+template <int DM, int ROWS, bool transposed>
+__device__ __forceinline__ void load_bf16_tile(uint16_t* tile, int ld, const float* src, int64_t r0, int64_t count,
+                                               int64_t dim) {
+  load_rows<kMmaThreads, DM, ROWS>(
+      src, r0, count, dim, [&](int r, int d, float x) { tile[transposed ? d * ld + r : r * ld + d] = to_bf16(x); });
 }
 
 // The bf16 pair (tile[0], tile[ld]): two rows of one column.
@@ -332,7 +356,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t rows[2] = {n0 + warp * 16 + g, n0 + warp * 16 + g + 8};  // this lane's two rows
 
-  load_bf16_tile<DM, false>(ks, KS, q + bh * s.N * s.D, n0, kMmaRows, s.N, s.D);
+  load_bf16_tile<DM, kMmaRows, false>(ks, KS, q + bh * s.N * s.D, n0, s.N, s.D);
   __syncthreads();
   uint32_t qa[KT][4];  // the warp's 16 query rows as A fragments, kept for the whole pass
   load_a_fragments<KT>(qa, ks + warp * 16 * KS, KS, g, t);
@@ -344,8 +368,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
   for (int64_t m0 = 0; m0 < m_end; m0 += kMmaKeys) {
     __syncthreads();  // the query tile's fragments, or the previous key tile, are read
-    load_bf16_tile<DM, false>(ks, KS, k + bh * s.M * s.D, m0, kMmaKeys, s.M, s.D);
-    load_bf16_tile<DM, true>(vt, VS, v + bh * s.M * s.E, m0, kMmaKeys, s.M, s.E);
+    load_bf16_tile<DM, kMmaKeys, false>(ks, KS, k + bh * s.M * s.D, m0, s.M, s.D);
+    load_bf16_tile<DM, kMmaKeys, true>(vt, VS, v + bh * s.M * s.E, m0, s.M, s.E);
     __syncthreads();
     float sc[NT][4];
     mma_rows<KT, NT>(sc, qa, ks, KS, g, t);
@@ -465,8 +489,8 @@ __device__ __forceinline__ void keep_warp_rows(uint32_t (&a0)[DM / 16][4], uint3
                                                uint16_t* t1, const float* x0, int64_t d0, const float* x1, int64_t d1,
                                                int64_t r0, int64_t count, const MmaLane& lane) {
   constexpr int LD = DM + 8;
-  load_bf16_tile<DM, false>(t0, LD, x0, r0, kMmaRows, count, d0);
-  load_bf16_tile<DM, false>(t1, LD, x1, r0, kMmaRows, count, d1);
+  load_bf16_tile<DM, kMmaRows, false>(t0, LD, x0, r0, count, d0);
+  load_bf16_tile<DM, kMmaRows, false>(t1, LD, x1, r0, count, d1);
   __syncthreads();
   load_a_fragments<DM / 16>(a0, t0 + lane.warp * 16 * LD, LD, lane.g, lane.t);
   load_a_fragments<DM / 16>(a1, t1 + lane.warp * 16 * LD, LD, lane.g, lane.t);
@@ -497,8 +521,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t n_begin = s.causal && m0 > s.offset ? (m0 - s.offset) / NQ * NQ : int64_t{0};
   for (int64_t n0 = n_begin; n0 < s.N; n0 += NQ) {
     __syncthreads();  // the key/value fragments, or the previous query tile, are read
-    load_bf16_tile<DM, false>(qs, LD, q + bh * s.N * s.D, n0, NQ, s.N, s.D);
-    load_bf16_tile<DM, false>(ds, LD, dout + bh * s.N * s.E, n0, NQ, s.N, s.E);
+    load_bf16_tile<DM, NQ, false>(qs, LD, q + bh * s.N * s.D, n0, s.N, s.D);
+    load_bf16_tile<DM, NQ, false>(ds, LD, dout + bh * s.N * s.E, n0, s.N, s.E);
     for (int r = threadIdx.x; r < NQ; r += kMmaThreads) {
       const bool in = n0 + r < s.N;
       row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<float>();
@@ -561,8 +585,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
   for (int64_t m0 = 0; m0 < m_end; m0 += NK) {
     __syncthreads();
-    load_bf16_tile<DM, false>(ks, LD, k + bh * s.M * s.D, m0, NK, s.M, s.D);
-    load_bf16_tile<DM, false>(vs, LD, v + bh * s.M * s.E, m0, NK, s.M, s.E);
+    load_bf16_tile<DM, NK, false>(ks, LD, k + bh * s.M * s.D, m0, s.M, s.D);
+    load_bf16_tile<DM, NK, false>(vs, LD, v + bh * s.M * s.E, m0, s.M, s.E);
     __syncthreads();
     float sc[NT][4], dp[NT][4];
     mma_rows<KT, NT>(sc, qa, ks, LD, g, t);
@@ -635,8 +659,8 @@ template <typename T, int DM, int B> struct BackwardTiles {
   // Query rows [n0, n0 + B) of head bh (past N: lse -inf, delta 0, zero rows).
   __device__ void load_queries(const T* q, const T* dout, const T* lse, const T* delta, const SdpaShape& s,
                                int64_t bh, int64_t n0) {
-    load_tile<T, DM>(qs, q + bh * s.N * s.D, n0, B, s.N, s.D);
-    load_tile<T, DM>(dos, dout + bh * s.N * s.E, n0, B, s.N, s.E);
+    load_tile<T, DM, B>(qs, q + bh * s.N * s.D, n0, s.N, s.D);
+    load_tile<T, DM, B>(dos, dout + bh * s.N * s.E, n0, s.N, s.E);
     for (int r = threadIdx.x; r < B; r += kThreads) {
       const bool in = n0 + r < s.N;
       row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<T>();
@@ -645,8 +669,8 @@ template <typename T, int DM, int B> struct BackwardTiles {
   }
   // Key rows [m0, m0 + B) of head bh.
   __device__ void load_keys(const T* k, const T* v, const SdpaShape& s, int64_t bh, int64_t m0) {
-    load_tile<T, DM>(ks, k + bh * s.M * s.D, m0, B, s.M, s.D);
-    load_tile<T, DM>(vs, v + bh * s.M * s.E, m0, B, s.M, s.E);
+    load_tile<T, DM, B>(ks, k + bh * s.M * s.D, m0, s.M, s.D);
+    load_tile<T, DM, B>(vs, v + bh * s.M * s.E, m0, s.M, s.E);
   }
   // p and ds of the loaded tiles (probs_and_dscores).
   __device__ void scores(T scale, const SdpaShape& s, const uint8_t* pad_b, const T* bias_b,
