@@ -1,13 +1,13 @@
 // LARA's mixture weights on CUDA (core/kernels.h; the CPU twin in core/cpu/lara_mixture.cpp,
-// same formulas and order of sums). Per (b, h), [N, C] blocks:
+// same formulas). Per (b, h), [N, C] blocks:
 //   forward   t = q~ qbar^T and l = q~ w^T (strided-batched GEMMs), t = softmax over n (the
-//             column softmax kernel), then one thread per row: a = self_w + beta (t - mean_c t),
+//             column softmax kernel), then one warp per row: a = self_w + beta (t - mean_c t),
 //             log u = log max(a, floor) + l - |q~|^2/2 + bias, mix = softmax_c(log u)
-//   backward  one thread per row: dlu = mix (g - rowsum(g mix)), dt = beta (dalpha - mean_c dalpha)
+//   backward  one warp per row: dlu = mix (g - rowsum(g mix)), dt = beta (dalpha - mean_c dalpha)
 //             one column per thread group (the column-reduction skeleton): dbias = colsum(dlu),
 //             dself_w = colsum(dalpha), ds = t (dt - colsum(dt t))
 //             GEMMs: dq~ = dlu w + ds qbar - rowsum(dlu) q~, dw = dlu^T q~, dqbar = ds^T q~
-// Every sum is a GEMM's, one thread's loop or a fixed tree: the same bits every run.
+// Every sum is a GEMM's or a fixed tree (a warp's butterfly for the rows): the same bits every run.
 #include "core/kernels.h"
 #include "cuda/common.cuh"
 
@@ -21,13 +21,14 @@ struct MixDims {
   int64_t BH, N, C, D;
 };
 
-// t (already the column softmax), l (in mix) -> a and mix, one thread per (bh, n) row.
+// t (already the column softmax), l (in mix) -> a and mix, one warp per (bh, n) row, its lanes
+// along c.
 template <typename T>
 __global__ void mixture_rows_kernel(const T* q, const T* self_w, const T* bias, const T* t, MixDims d, T beta, T floor,
                                     T* a, T* mix) {
-  const int64_t rows = d.BH * d.N;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const WarpRows w;
+  constexpr int kL = WarpRows::kLanes;
+  for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
     const int64_t bh = r / d.N;
     const T* tn = t + r * d.C;
     const T* sw = self_w + bh * d.C;
@@ -35,45 +36,49 @@ __global__ void mixture_rows_kernel(const T* q, const T* self_w, const T* bias, 
     T* an = a + r * d.C;
     T* mn = mix + r * d.C;  // holds l = q~ w^T on entry
     T mean = 0;
-    for (int64_t c = 0; c < d.C; ++c) mean += tn[c];
-    mean /= static_cast<T>(d.C);
+    for (int64_t c = w.lane; c < d.C; c += kL) mean += tn[c];
+    mean = warp_sum(mean) / static_cast<T>(d.C);
     T half = 0;
-    for (int64_t j = 0; j < d.D; ++j) half += q[r * d.D + j] * q[r * d.D + j];
-    half *= T(0.5);
+    for (int64_t j = w.lane; j < d.D; j += kL) half += q[r * d.D + j] * q[r * d.D + j];
+    half = warp_sum(half) * T(0.5);
     T mx = neg_inf<T>();
-    for (int64_t c = 0; c < d.C; ++c) {
+    for (int64_t c = w.lane; c < d.C; c += kL) {
       an[c] = sw[c] + beta * (tn[c] - mean);
       mn[c] = d_log(an[c] > floor ? an[c] : floor) + mn[c] - half + bb[c];
       mx = mn[c] > mx ? mn[c] : mx;
     }
+    mx = warp_max(mx);
     T sum = 0;
-    for (int64_t c = 0; c < d.C; ++c) sum += (mn[c] = d_exp(mn[c] - mx));
-    for (int64_t c = 0; c < d.C; ++c) mn[c] /= sum;
+    for (int64_t c = w.lane; c < d.C; c += kL) sum += (mn[c] = d_exp(mn[c] - mx));
+    sum = warp_sum(sum);
+    for (int64_t c = w.lane; c < d.C; c += kL) mn[c] /= sum;
   }
 }
 
-// dlu, rowsum(dlu) and dt (into ds) from g, mix and a, one thread per (bh, n) row.
+// dlu, rowsum(dlu) and dt (into ds) from g, mix and a, one warp per (bh, n) row.
 template <typename T>
 __global__ void mixture_grad_rows_kernel(const T* mix, const T* a, const T* g, MixDims d, T beta, T floor, T* lu,
                                          T* rowsum, T* ds) {
-  const int64_t rows = d.BH * d.N;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const WarpRows w;
+  constexpr int kL = WarpRows::kLanes;
+  for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
     const T *mn = mix + r * d.C, *gn = g + r * d.C, *an = a + r * d.C;
     T* ln = lu + r * d.C;
     T* dn = ds + r * d.C;
     T dot = 0;
-    for (int64_t c = 0; c < d.C; ++c) dot += gn[c] * mn[c];
+    for (int64_t c = w.lane; c < d.C; c += kL) dot += gn[c] * mn[c];
+    dot = warp_sum(dot);
     T rsum = 0, dmean = 0;
-    for (int64_t c = 0; c < d.C; ++c) {
+    for (int64_t c = w.lane; c < d.C; c += kL) {
       ln[c] = mn[c] * (gn[c] - dot);
       rsum += ln[c];
       dn[c] = an[c] < floor ? T(0) : ln[c] / an[c];  // dalpha for now
       dmean += dn[c];
     }
-    rowsum[r] = rsum;
-    dmean /= static_cast<T>(d.C);
-    for (int64_t c = 0; c < d.C; ++c) dn[c] = beta * (dn[c] - dmean);
+    rsum = warp_sum(rsum);
+    if (w.lane == 0) rowsum[r] = rsum;
+    dmean = warp_sum(dmean) / static_cast<T>(d.C);
+    for (int64_t c = w.lane; c < d.C; c += kL) dn[c] = beta * (dn[c] - dmean);
   }
 }
 
@@ -135,7 +140,7 @@ void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, 
     gemm_strided<T>(cptr<T>(q), false, d.D, d.N * d.D, cptr<T>(w), true, d.D, d.C * d.D, ptr<T>(mix), d.C, d.N * d.C,
                     d.N, d.C, d.D, d.BH, 1.0);
     softmax(t, t, d.BH, d.N, d.C, /*log=*/false);  // over n: [BH, N, C] with r = N
-    mixture_rows_kernel<T><<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(
+    mixture_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(
         cptr<T>(q), cptr<T>(self_w), cptr<T>(bias), cptr<T>(t), d, static_cast<T>(beta), static_cast<T>(floor),
         ptr<T>(a), ptr<T>(mix));
     LINEA_KERNEL_LAUNCH_CHECK();
@@ -150,7 +155,7 @@ void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w,
     using T = scalar_t;
     const T fl = static_cast<T>(floor);
     DeviceScratch<T> lu(d.BH * d.N * d.C), ds(d.BH * d.N * d.C), rowsum(d.BH * d.N);
-    mixture_grad_rows_kernel<T><<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(
+    mixture_grad_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(
         cptr<T>(mix), cptr<T>(a), cptr<T>(dmix), d, static_cast<T>(beta), fl, lu.p, rowsum.p, ds.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     const dim3 block = column_block(d.N, d.C);

@@ -60,40 +60,41 @@ template <typename T> __global__ void __launch_bounds__(kBlockSize) key_sums_ker
   }
 }
 
-// One row of the ratio: out [E] = nd[0, E) / den~ from nd [E + 1] = [num, den]; returns den.
-template <typename T> __device__ T divide_row(const T* nd, T guard, int64_t E, T* out) {
+// One row of the ratio by the lanes of a warp: out [E] = nd[0, E) / den~ from nd [E + 1] =
+// [num, den]; returns den.
+template <typename T> __device__ T divide_row(const T* nd, T guard, int64_t E, T* out, int lane) {
   const T raw = nd[E], inv = T(1) / guarded(raw, guard);
-  for (int64_t e = 0; e < E; ++e) out[e] = nd[e] * inv;
+  for (int64_t e = lane; e < E; e += WarpRows::kLanes) out[e] = nd[e] * inv;
   return raw;
 }
 
-// One row of G [E + 1] = [g / den~, -(g . out) / den~] from the row's gradient g, output o and
-// raw den; the last entry 0 where the guard is active (it is a constant).
-template <typename T> __device__ void g_row(const T* g, const T* o, T raw, T guard, int64_t E, T* G) {
+// One row of G [E + 1] = [g / den~, -(g . out) / den~] by the lanes of a warp, from the row's
+// gradient g, output o and raw den; the last entry 0 where the guard is active (it is a constant).
+template <typename T> __device__ void g_row(const T* g, const T* o, T raw, T guard, int64_t E, T* G, int lane) {
   const T dg = guarded(raw, guard), inv = T(1) / dg;
   T dot = T(0);
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = lane; e < E; e += WarpRows::kLanes) {
     G[e] = g[e] * inv;
     dot += g[e] * o[e];
   }
-  G[E] = dg == raw ? -dot * inv : T(0);
+  dot = warp_sum(dot);
+  if (lane == 0) G[E] = dg == raw ? -dot * inv : T(0);
 }
 
-// out = num / den~, den = the raw denominator, from nd [BH N, E + 1].
+// out = num / den~, den = the raw denominator, from nd [BH N, E + 1]: a warp per row.
 template <typename T> __global__ void divide_kernel(const T* nd, LinearDims d, T guard, T* out, T* den) {
-  const int64_t rows = d.BH * d.N;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    den[r] = divide_row(nd + r * d.E1(), guard, d.E, out + r * d.E);
+  const WarpRows w;
+  for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
+    const T raw = divide_row(nd + r * d.E1(), guard, d.E, out + r * d.E, w.lane);
+    if (w.lane == 0) den[r] = raw;
   }
 }
 
-// G [BH N, E + 1] from the gradient g, out and den.
+// G [BH N, E + 1] from the gradient g, out and den: a warp per row.
 template <typename T> __global__ void g_kernel(const T* g, const T* out, const T* den, LinearDims d, T guard, T* G) {
-  const int64_t rows = d.BH * d.N;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    g_row(g + r * d.E, out + r * d.E, den[r], guard, d.E, G + r * d.E1());
+  const WarpRows w;
+  for (int64_t r = w.first; r < d.BH * d.N; r += w.step)
+    g_row(g + r * d.E, out + r * d.E, den[r], guard, d.E, G + r * d.E1(), w.lane);
 }
 
 // dphi_k[bh, m, s] += dkvz[bh, s, E] (the ones column of [v, 1]).
@@ -166,27 +167,28 @@ template <typename T> __global__ void keep_lower_kernel(int64_t count, int64_t T
     if (i % Tc > (i / Tc) % Tc) a[i] = T(0);
 }
 
-// out = num / den~, den raw, from the padded nd [BH, P, E + 1].
+// out = num / den~, den raw, from the padded nd [BH, P, E + 1]: a warp per row.
 template <typename T> __global__ void causal_divide_kernel(const T* nd, CausalDims d, T guard, T* out, T* den) {
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < d.BH * d.N;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    den[r] = divide_row(nd + ((r / d.N) * d.P() + r % d.N) * d.E1(), guard, d.E, out + r * d.E);
+  const WarpRows w;
+  for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
+    const T raw = divide_row(nd + ((r / d.N) * d.P() + r % d.N) * d.E1(), guard, d.E, out + r * d.E, w.lane);
+    if (w.lane == 0) den[r] = raw;
   }
 }
 
-// The padded G [BH, P, E + 1] (zero rows past N) from the gradient g, out and den.
+// The padded G [BH, P, E + 1] (zero rows past N) from the gradient g, out and den: a warp per row.
 template <typename T>
 __global__ void causal_g_kernel(const T* g, const T* out, const T* den, CausalDims d, T guard, T* G) {
   const int64_t E1 = d.E1();
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < d.BH * d.P();
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const WarpRows w;
+  for (int64_t p = w.first; p < d.BH * d.P(); p += w.step) {
     const int64_t i = p % d.P(), r = (p / d.P()) * d.N + i;
     T* Gr = G + p * E1;
     if (i >= d.N) {
-      for (int64_t e = 0; e < E1; ++e) Gr[e] = T(0);
+      for (int64_t e = w.lane; e < E1; e += WarpRows::kLanes) Gr[e] = T(0);
       continue;
     }
-    g_row(g + r * d.E, out + r * d.E, den[r], guard, d.E, Gr);
+    g_row(g + r * d.E, out + r * d.E, den[r], guard, d.E, Gr, w.lane);
   }
 }
 
@@ -264,8 +266,8 @@ void linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Te
     DeviceScratch<T> nd(d.BH * d.N * E1);
     gemm_strided<T>(cptr<T>(phi_q), false, d.S, d.N * d.S, kv, false, E1, d.S * E1, nd.p, E1, d.N * E1, d.N, E1, d.S,
                     d.BH, 1.0);
-    divide_kernel<T>
-        <<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(nd.p, d, static_cast<T>(guard), ptr<T>(out), ptr<T>(den));
+    divide_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(nd.p, d, static_cast<T>(guard),
+                                                                                  ptr<T>(out), ptr<T>(den));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -278,8 +280,8 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
     using T = scalar_t;
     const int64_t E1 = d.E1();
     DeviceScratch<T> G(d.BH * d.N * E1), dkvz(d.BH * d.S * E1);
-    g_kernel<T><<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), cptr<T>(den), d,
-                                                                   static_cast<T>(guard), G.p);
+    g_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), cptr<T>(den),
+                                                                             d, static_cast<T>(guard), G.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     // dphi_q [N, S] = G [N, E + 1] kvz^T [E + 1, S]
     gemm_strided<T>(G.p, false, E1, d.N * E1, cptr<T>(kvz), true, E1, d.S * E1, ptr<T>(dphi_q), d.S, d.N * d.S, d.N,
@@ -318,8 +320,8 @@ void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, c
     chunk_gemm<T>(d, in.q, false, rows_s, in.k, true, rows_s, a.p, tt, Tc, Tc, S);
     keep_lower<T>(d, a.p);
     chunk_gemm<T>(d, a.p, false, tt, in.v1.p, false, rows_e1, nd.p, rows_e1, Tc, E1, Tc, 1.0);
-    causal_divide_kernel<T>
-        <<<grid_for(d.BH * d.N), kBlockSize, 0, stream()>>>(nd.p, d, static_cast<T>(guard), ptr<T>(out), ptr<T>(den));
+    causal_divide_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(nd.p, d, static_cast<T>(guard),
+                                                                                         ptr<T>(out), ptr<T>(den));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -336,8 +338,8 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
     PaddedInputs<T> in(d, phi_q, phi_k, v);
     const bool whole = in.whole();
     DeviceScratch<T> G(d.BH * d.P() * E1), R(d.chunks() * d.n()), a(d.chunks() * Tc * Tc);
-    causal_g_kernel<T><<<grid_for(d.BH * d.P()), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), cptr<T>(den),
-                                                                            d, static_cast<T>(guard), G.p);
+    causal_g_kernel<T><<<grid_for_warp_rows(d.BH * d.P()), kBlockSize, 0, stream()>>>(
+        cptr<T>(dout), cptr<T>(out), cptr<T>(den), d, static_cast<T>(guard), G.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     // R_c = sum over the later chunks of phi_q^T G, dstate = the sum over all of them
     chunk_gemm<T>(d, in.q, true, rows_s, G.p, false, rows_e1, R.p, state_op, S, E1, Tc);

@@ -30,27 +30,28 @@ template <typename T> __device__ __forceinline__ T lowest() { return sizeof(T) =
 template <typename T>
 __global__ void shift_rows_kernel(const T* x, const uint8_t* pad, FeatureDims d, bool per_row, T inv_sqrt_s, T* phi,
                                   T* rowmax) {
-  const int64_t rows = d.B * d.H * d.L;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const WarpRows w;
+  const int lane = w.lane, lanes = WarpRows::kLanes;
+  for (int64_t r = w.first; r < d.B * d.H * d.L; r += w.step) {
     const int64_t b = r / (d.H * d.L), pos = r % d.L;
     T* l = phi + r * d.S;
     if (pad && pad[b * d.L + pos]) {
-      for (int64_t s = 0; s < d.S; ++s) l[s] = T(0);
-      if (!per_row) rowmax[r] = lowest<T>();
+      for (int64_t s = lane; s < d.S; s += lanes) l[s] = T(0);
+      if (!per_row && lane == 0) rowmax[r] = lowest<T>();
       continue;
     }
     T half = T(0);
-    for (int64_t j = 0; j < d.D; ++j) half += x[r * d.D + j] * x[r * d.D + j];
-    half *= T(0.5);
+    for (int64_t j = lane; j < d.D; j += lanes) half += x[r * d.D + j] * x[r * d.D + j];
+    half = warp_sum(half) * T(0.5);
     T mx = lowest<T>();
-    for (int64_t s = 0; s < d.S; ++s) {
+    for (int64_t s = lane; s < d.S; s += lanes) {
       l[s] -= half;
       mx = l[s] > mx ? l[s] : mx;
     }
+    mx = warp_max(mx);
     if (per_row) {
-      for (int64_t s = 0; s < d.S; ++s) l[s] = d_exp(l[s] - mx) * inv_sqrt_s;
-    } else {
+      for (int64_t s = lane; s < d.S; s += lanes) l[s] = d_exp(l[s] - mx) * inv_sqrt_s;
+    } else if (lane == 0) {
       rowmax[r] = mx;
     }
   }
@@ -85,16 +86,16 @@ __global__ void exp_sequence_kernel(const uint8_t* pad, const T* c, FeatureDims 
 
 // dl = dphi * phi and its row sums rs.
 template <typename T> __global__ void dl_kernel(const T* dphi, const T* phi, FeatureDims d, T* dl, T* rs) {
-  const int64_t rows = d.B * d.H * d.L;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const WarpRows w;
+  for (int64_t r = w.first; r < d.B * d.H * d.L; r += w.step) {
     T sum = T(0);
-    for (int64_t s = 0; s < d.S; ++s) {
+    for (int64_t s = w.lane; s < d.S; s += WarpRows::kLanes) {
       const T g = dphi[r * d.S + s] * phi[r * d.S + s];
       dl[r * d.S + s] = g;
       sum += g;
     }
-    rs[r] = sum;
+    sum = warp_sum(sum);
+    if (w.lane == 0) rs[r] = sum;
   }
 }
 
@@ -133,8 +134,8 @@ void positive_features_forward(const Tensor& x, const Tensor& omega, bool per_ro
       gemm_strided<T>(cptr<T>(x) + h * d.L * d.D, false, d.D, d.H * d.L * d.D, cptr<T>(omega) + h * d.S * d.D, true,
                       d.D, 0, ptr<T>(phi) + h * d.L * d.S, d.S, d.H * d.L * d.S, d.L, d.S, d.D, d.B, 1.0);
     DeviceScratch<T> rowmax(per_row ? 1 : rows), c(per_row ? 1 : d.B * d.H);
-    shift_rows_kernel<T>
-        <<<grid_for(rows), kBlockSize, 0, stream()>>>(cptr<T>(x), pad_p, d, per_row, inv_sqrt_s, ptr<T>(phi), rowmax.p);
+    shift_rows_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(cptr<T>(x), pad_p, d, per_row,
+                                                                                inv_sqrt_s, ptr<T>(phi), rowmax.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     if (per_row) return;
     sequence_max_kernel<T>
@@ -152,7 +153,7 @@ void positive_features_backward(const Tensor& x, const Tensor& omega, const Tens
   LINEA_DISPATCH_FLOAT(x.dtype(), "positive_features_backward", [&] {
     using T = scalar_t;
     DeviceScratch<T> dl(rows * d.S), rs(rows);
-    dl_kernel<T><<<grid_for(rows), kBlockSize, 0, stream()>>>(cptr<T>(dphi), cptr<T>(phi), d, dl.p, rs.p);
+    dl_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(cptr<T>(dphi), cptr<T>(phi), d, dl.p, rs.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     for (int64_t h = 0; h < d.H; ++h)  // dx_bh [L, D] = dl_bh [L, S] W_h [S, D], over b
       gemm_strided<T>(dl.p + h * d.L * d.S, false, d.S, d.H * d.L * d.S, cptr<T>(omega) + h * d.S * d.D, false, d.D, 0,
