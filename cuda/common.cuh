@@ -290,8 +290,8 @@ template <typename T> __device__ __forceinline__ T warp_max(T x) {
 
 // Row kernels whose rows are contiguous runs of elements take one warp per row, the lanes
 // striding along it: one thread per row made each load instruction touch 32 rows' cache lines
-// (the performer's row kernels ran at about 110 GB/s on an H200). WarpRows gives a thread its
-// lane and walks the warps of the grid over `rows`.
+// (the performer's row kernels moved 250-340 GB/s on an H200, which copies at about 4,300).
+// WarpRows gives a thread its lane and walks the warps of the grid over `rows`.
 struct WarpRows {
   static constexpr int kLanes = 32;
   int lane;
