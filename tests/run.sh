@@ -32,7 +32,7 @@ JOBS=$(nproc)
 PACKAGES=(cmake ninja-build g++ make pkg-config python3 libopenblas-dev libfftw3-dev libgtest-dev zlib1g-dev
   nlohmann-json3-dev libstb-dev libcli11-dev libopenblas-openmp-dev gnuplot-nox
   libsword-dev sword-text-web sword-text-sparv libsentencepiece-dev mmseqs2 mmseqs2-examples
-  libopenmpi-dev openmpi-bin clang libclang-rt-dev libomp-dev)
+  libopenmpi-dev openmpi-bin clang libclang-rt-dev libomp-dev dataset-fashion-mnist)
 
 # ---- packages -------------------------------------------------------------------------------
 bash tests/install_packages.sh "${PACKAGES[@]}"
