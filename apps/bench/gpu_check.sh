@@ -2,12 +2,16 @@
 # The GPU checks in one call, for a lent GPU machine that has the CUDA toolkit and PyTorch but
 # none of the project's packages (a build carried there by ../shared/tools/gpu-bundle.sh):
 #
-#   apps/bench/gpu_check.sh bundle BUILD_DIR OUT_DIR   here: packs the test and benchmark
-#       executables (test_cuda_parity, test_cuda_basics, test_attention_cuda, test_gpu_step,
-#       train-step, attention-scaling, protein-bench-context) and this script with the comparison
-#       scripts into OUT_DIR (git-ignored gpu/)
+#   apps/bench/gpu_check.sh bundle BUILD_DIR OUT_DIR [BASE_BUILD_DIR]   here: packs the test and
+#       benchmark executables (test_cuda_parity, test_cuda_basics, test_attention_cuda,
+#       test_gpu_step, train-step, attention-scaling, protein-bench-context) and this script with
+#       the comparison scripts into OUT_DIR (git-ignored gpu/); with BASE_BUILD_DIR, that build's
+#       attention-scaling too, as attention-scaling-base, for the `ab` part (build it from a
+#       worktree of the commit to compare with: cmake --build DIR --target attention-scaling)
 #   gpu/run.sh bash scripts/gpu_check.sh run LOG_DIR [PART...]   there, from the repository
 #       root, LOG_DIR = $OUT. The parts, in this order of priority (all by default):
+#         ab         (a bundle with a base build) attention-scaling of this build and of the base
+#                    one, one after the other, on the same shapes: the changes timed in one run
 #         correct    the CUDA test binaries (parity, basics, attention, training steps) one after
 #                    another, and beside them compute-sanitizer memcheck and racecheck over the
 #                    fused attention kernels' parity tests: correctness only, so they share the
@@ -27,11 +31,28 @@ set -uo pipefail
 mode=${1:-}
 case "$mode" in
   bundle)
-    BUILD=$2 OUT=$3
+    BUILD=$2 OUT=$3 BASE=${4:-}
     HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
     rm -rf "$OUT/bin" "$OUT/lib" "$OUT/data"  # unpacked by an earlier run.sh here: it would travel too
-    bash "$HERE/../../../shared/tools/gpu-bundle.sh" "$BUILD" "$OUT" test_cuda_parity test_cuda_basics \
-      test_attention_cuda test_gpu_step train-step attention-scaling protein-bench-context || exit 1
+    EXES=(test_cuda_parity test_cuda_basics test_attention_cuda test_gpu_step train-step attention-scaling
+      protein-bench-context)
+    # gpu-bundle.sh takes one build folder: the executables gathered in one, linked, not copied
+    PACK=$(mktemp -d)
+    trap 'rm -rf "$PACK"' EXIT
+    for n in "${EXES[@]}"; do
+      f=$(find "$BUILD" -type f -name "$n" -perm -u+x | head -n 1)
+      [ -n "$f" ] || { echo "gpu_check bundle: no $n under $BUILD" >&2; exit 1; }
+      ln "$f" "$PACK/$n" 2>/dev/null || cp "$f" "$PACK/$n"
+    done
+    if [ -n "$BASE" ]; then
+      f=$(find "$BASE" -type f -name attention-scaling -perm -u+x | head -n 1)
+      [ -n "$f" ] || { echo "gpu_check bundle: no attention-scaling under $BASE" >&2; exit 1; }
+      cp "$f" "$PACK/attention-scaling-base"
+      git -C "$BASE" rev-parse --short HEAD > "$PACK/base-commit" 2>/dev/null || echo "?" > "$PACK/base-commit"
+      EXES+=(attention-scaling-base)
+    fi
+    bash "$HERE/../../../shared/tools/gpu-bundle.sh" "$PACK" "$OUT" "${EXES[@]}" || exit 1
+    [ -z "$BASE" ] || cp "$PACK/base-commit" "$OUT/base-commit"
     mkdir -p "$OUT/scripts"
     cp "$HERE/gpu_check.sh" "$HERE/gpu_compare.sh" "$HERE/torch_train_step.py" "$HERE/torch_attention.py" \
       "$OUT/scripts/"
@@ -42,7 +63,7 @@ case "$mode" in
   run)
     LOG=$2
     shift 2
-    PARTS=${*:-correct attention compare nprf protein causal}
+    PARTS=${*:-correct ab attention compare nprf protein causal}
     G=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the bundle folder (scripts/ inside it)
     mkdir -p "$LOG"
     W=$(mktemp -d)  # the logs, packed into LOG at the end
@@ -77,6 +98,45 @@ case "$mode" in
                 bin/test_cuda_parity --gtest_brief=1 \
                 --gtest_filter='CudaParity.*Attention*:CudaParity.*Kernel*:CudaParity.Fft'
             done
+            ;;
+          ab)
+            if [ ! -e "$G/base-commit" ]; then
+              echo "== ab: skipped (no base build in the bundle)"
+              continue
+            fi
+            echo "== ab: attention-scaling of this build against the base build ($(cat "$G/base-commit")), same run"
+            for pr in fp32 bf16; do
+              [ "$pr" = fp32 ] && specs=softmax,performer:features=64,lara:samples=64,nprf_rpe:features=64,redraw=0,dense=0
+              [ "$pr" = bf16 ] && specs=softmax
+              for i in 1 2; do  # base, this build, base, this build: load on the card hits both
+                for b in attention-scaling-base attention-scaling; do
+                  part 45 "ab_${pr}_${b}_$i.log" "$G/run.sh" bin/$b --device "${AB_DEVICE:-cuda}" --precision $pr --batch 4 --heads 8 \
+                    --dim 64 --specs "$specs" --lengths 1024,4096,16384 --repeats 3 --json "$W/ab_${pr}_${b}_$i.jsonl"
+                done
+              done
+            done
+            python3 - "$W" <<'PY'
+import json, os, sys
+w = sys.argv[1]
+def rows(name):
+    out = {}
+    for i in (1, 2):
+        p = os.path.join(w, f"{name}_{i}.jsonl")
+        if not os.path.exists(p):
+            continue
+        for line in open(p):
+            r = json.loads(line)
+            if r.get("status") == "ok":
+                out.setdefault((r["spec"], r["length"]), []).append(r["ms"])
+    return out
+for pr in ("fp32", "bf16"):
+    base, new = rows(f"ab_{pr}_attention-scaling-base"), rows(f"ab_{pr}_attention-scaling")
+    for key in sorted(base, key=lambda k: (k[0], k[1])):
+        if key in new:
+            b, n = min(base[key]), min(new[key])
+            print(f"  {pr} {key[0][:40]:40s} L={key[1]:<6d} base {b:9.2f} ms  now {n:9.2f} ms  {b / n:5.2f}x"
+                  " (best of the two runs each)")
+PY
             ;;
           correct)
             echo "== tests, compute-sanitizer memcheck and racecheck, side by side"
