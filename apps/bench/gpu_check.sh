@@ -12,6 +12,7 @@
 #       root, LOG_DIR = $OUT. The parts, in this order of priority (all by default):
 #         ab         (a bundle with a base build) attention-scaling of this build and of the base
 #                    one, one after the other, on the same shapes: the changes timed in one run
+#                    (AB_LENGTHS, 1024,4096,16384; AB_DEVICE=cpu tries the plumbing here)
 #         correct    the CUDA test binaries (parity, basics, attention, training steps) one after
 #                    another, and beside them compute-sanitizer memcheck and racecheck over the
 #                    fused attention kernels' parity tests: correctness only, so they share the
@@ -111,7 +112,7 @@ case "$mode" in
               for i in 1 2; do  # base, this build, base, this build: load on the card hits both
                 for b in attention-scaling-base attention-scaling; do
                   part 45 "ab_${pr}_${b}_$i.log" "$G/run.sh" bin/$b --device "${AB_DEVICE:-cuda}" --precision $pr --batch 4 --heads 8 \
-                    --dim 64 --specs "$specs" --lengths 1024,4096,16384 --repeats 3 --json "$W/ab_${pr}_${b}_$i.jsonl"
+                    --dim 64 --specs "$specs" --lengths ${AB_LENGTHS:-1024,4096,16384} --repeats 3 --json "$W/ab_${pr}_${b}_$i.jsonl"
                 done
               done
             done
