@@ -1,12 +1,12 @@
 // Positive random features on CUDA (core/kernels.h; the CPU twin in core/cpu/random_features.cpp,
 // same formulas): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S).
-//   forward   l = x W_h^T, one strided-batched GEMM per head (over the batch); one thread per
+//   forward   l = x W_h^T, one strided-batched GEMM per head (over the batch); one warp per
 //             row subtracts |x|^2/2, zeroes padded rows and, per_row, takes c = the row's max
 //             and the exp; otherwise one block per (b, h) takes c = the max of its unpadded
 //             rows and an elementwise pass the exp.
 //   backward  dl = dphi * phi with its row sums; dx = dl W_h (a GEMM per head) - (sum_s dl) x;
 //             dW_h = sum_b dl_bh^T x_bh: a GEMM per head into per-batch parts, summed in order.
-// Every sum is a GEMM's or one thread's loop: the same bits every run.
+// Every sum is a GEMM's, a fixed tree or a warp's butterfly: the same bits every run.
 #include <cfloat>
 #include <cmath>
 
