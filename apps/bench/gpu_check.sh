@@ -10,13 +10,13 @@
 #       worktree of the commit to compare with: cmake --build DIR --target attention-scaling)
 #   gpu/run.sh bash scripts/gpu_check.sh run LOG_DIR [PART...]   there, from the repository
 #       root, LOG_DIR = $OUT. The parts, in this order of priority (all by default):
-#         ab         (a bundle with a base build) attention-scaling of this build and of the base
-#                    one, one after the other, on the same shapes: the changes timed in one run
-#                    (AB_LENGTHS, 1024,4096,16384; AB_DEVICE=cpu tries the plumbing here)
 #         correct    the CUDA test binaries (parity, basics, attention, training steps) one after
 #                    another, and beside them compute-sanitizer memcheck and racecheck over the
 #                    fused attention kernels' parity tests: correctness only, so they share the
 #                    card; the timed parts after it run alone
+#         ab         (a bundle with a base build) attention-scaling of this build and of the base
+#                    one, one after the other, on the same shapes: the changes timed in one run
+#                    (AB_LENGTHS, 1024,4096,16384; AB_DEVICE=cpu tries the plumbing here)
 #         attention  torch_attention.py --device cuda: every mechanism against PyTorch (SDPA in
 #                    float32 and bfloat16 beside them; time and peak memory) at L = 1k..16k
 #                    (ATTN_LENGTHS), then performer, lara and nprf_rpe against SDPA at 64k
@@ -34,7 +34,8 @@ case "$mode" in
   bundle)
     BUILD=$2 OUT=$3 BASE=${4:-}
     HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-    rm -rf "$OUT/bin" "$OUT/lib" "$OUT/data"  # unpacked by an earlier run.sh here: it would travel too
+    # unpacked by an earlier run.sh here (it would travel too), or an earlier bundle's base
+    rm -rf "$OUT/bin" "$OUT/lib" "$OUT/data" "$OUT/base-commit"
     EXES=(test_cuda_parity test_cuda_basics test_attention_cuda test_gpu_step train-step attention-scaling
       protein-bench-context)
     # gpu-bundle.sh takes one build folder: the executables gathered in one, linked, not copied
