@@ -34,29 +34,20 @@ template <typename T> __device__ __forceinline__ T guarded(T den, T guard) {
   return fabs(den) < guard ? (den >= T(0) ? guard : -guard) : den;
 }
 
-// kvz[bh, s, E] = sum_m phi_k[bh, m, s]. One thread per (bh, s) left the GPU idle (2048 threads
-// at B = 4, H = 8, S = 64, each summing all M keys: 0.4 ms at M = 4096 on an H200, growing with
-// M): a block takes 32 features s of one (b, h) (a warp's lanes: coalesced loads) and its 8 warps
-// split the keys, warp w taking m = w, w + 8, ...; the 8 partial sums are added in warp order,
-// the same bits every run.
-constexpr int kSumLanes = 32, kSumParts = kBlockSize / kSumLanes;
-
-template <typename T> __global__ void __launch_bounds__(kBlockSize) key_sums_kernel(const T* pk, LinearDims d, T* kvz) {
-  T* part = shared_mem<T>();  // [parts, lanes]: each warp's partial sums
-  const int lane = threadIdx.x % kSumLanes, w = threadIdx.x / kSumLanes;
-  const int64_t groups = (d.S + kSumLanes - 1) / kSumLanes;
-  for (int64_t blk = blockIdx.x; blk < d.BH * groups; blk += gridDim.x) {
-    const int64_t bh = blk / groups, s = blk % groups * kSumLanes + lane;
+// kvz[bh, s, E] = sum_m phi_k[bh, m, s]: column sums of phi_k [BH, M, S] as [outer, r, inner]
+// of the column skeleton (32 features of one (b, h) per block, coalesced, its 8 rows of threads
+// splitting the keys, added by tree_reduce_y: the same bits every run). One thread per (bh, s)
+// left the GPU idle (0.4 ms at M = 4096, B = 4, H = 8, S = 64 on an H200, growing with M).
+template <typename T> __global__ void key_sums_kernel(const T* pk, LinearDims d, T* kvz) {
+  T* sh = shared_mem<T>();
+  const int64_t columns = d.BH * d.S;
+  for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
+    const Column col = column_at(cb, columns, d.M, d.S);
     T acc = T(0);
-    if (s < d.S)
-      for (int64_t m = w; m < d.M; m += kSumParts) acc += pk[(bh * d.M + m) * d.S + s];
-    part[threadIdx.x] = acc;
-    __syncthreads();
-    if (w == 0 && s < d.S) {
-      for (int q = 1; q < kSumParts; ++q) acc += part[q * kSumLanes + lane];
-      kvz[(bh * d.S + s) * d.E1() + d.E] = acc;
-    }
-    __syncthreads();  // part is free for the next block's sums
+    if (col.active)
+      for (int64_t m = threadIdx.y; m < d.M; m += blockDim.y) acc += pk[col.base + m * d.S];
+    acc = tree_reduce_y(acc, SumOp(), sh);
+    if (col.active && threadIdx.y == 0) kvz[col.c * d.E1() + d.E] = acc;
   }
 }
 
@@ -259,8 +250,9 @@ void linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Te
     // KV [S, E] (rows E + 1 apart) = phi_k^T [S, M] v [M, E]
     gemm_strided<T>(cptr<T>(phi_k), true, d.S, d.M * d.S, cptr<T>(v), false, d.E, d.M * d.E, kv, E1, d.S * E1, d.S, d.E,
                     d.M, d.BH, 1.0);
-    key_sums_kernel<T><<<grid_for(d.BH * ((d.S + kSumLanes - 1) / kSumLanes) * kBlockSize), kBlockSize,
-                         kBlockSize * sizeof(T), stream()>>>(cptr<T>(phi_k), d, kv);
+    const dim3 block = column_block(d.M, d.S);
+    key_sums_kernel<T>
+        <<<column_grid(d.BH * d.S, block), block, kBlockSize * sizeof(T), stream()>>>(cptr<T>(phi_k), d, kv);
     LINEA_KERNEL_LAUNCH_CHECK();
     // [num, den] [N, E + 1] = phi_q [N, S] kvz [S, E + 1]
     DeviceScratch<T> nd(d.BH * d.N * E1);

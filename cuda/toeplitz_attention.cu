@@ -159,42 +159,34 @@ __global__ void accumulate_features_kernel(const T* x, const T* y, int64_t len, 
   }
 }
 
-// dG[bh, k] += sum over the chunk's items of bh of conj(P_k) X_k. A chunk often holds one head
-// only, so one thread per (bh, k) left most of the GPU idle (17 blocks at L = 4096 on an H200,
-// 28% of forward+backward kernel time): a block takes 32 bins k of one head (a warp's lanes, so each
-// load is one coalesced row piece) and its 8 warps split the items, warp w taking items w, w + 8,
-// ...; the 8 partial sums are then added in warp order. A fixed order: the same bits every run.
-constexpr int kSpectrumBins = 32, kSpectrumParts = kBlockSize / kSpectrumBins;
-
+// dG[bh, k] += sum over the chunk's items of bh of conj(P_k) X_k: per head, column sums over its
+// items of [items, nf] by the column skeleton (32 bins per block, coalesced; its 8 rows of
+// threads split the items; tree_reduce_y adds them in a fixed order: the same bits every run).
+// A chunk often holds one head only: one thread per (bh, k) left most of the GPU idle (17 blocks
+// at L = 4096 on an H200, 28% of forward+backward kernel time).
 template <typename T>
-__global__ void __launch_bounds__(kBlockSize)
-    accumulate_spectrum_kernel(const T* P, const T* X, ToeplitzDims d, Chunk ch, T* dG) {
-  T* part = shared_mem<T>();  // [parts, bins, 2]: each warp's partial sums
-  const int64_t nf = d.nf(), bins = (nf + kSpectrumBins - 1) / kSpectrumBins;
-  const int lane = threadIdx.x % kSpectrumBins, w = threadIdx.x / kSpectrumBins;
-  for (int64_t blk = blockIdx.x; blk < (ch.head1(d) - ch.head0(d)) * bins; blk += gridDim.x) {
-    const int64_t bh = ch.head0(d) + blk / bins, k = blk % bins * kSpectrumBins + lane;
-    const int64_t i0 = (ch.first(d, bh) - ch.g0) * d.S, i1 = (ch.last(d, bh) - ch.g0) * d.S;
+__global__ void accumulate_spectrum_kernel(const T* P, const T* X, ToeplitzDims d, Chunk ch, T* dG) {
+  T* sh = shared_mem<T>();
+  const int64_t nf = d.nf(), h0 = ch.head0(d), columns = (ch.head1(d) - h0) * nf;
+  for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
+    // Column (bh, k); its base is not used: where a head's items start depends on the chunk.
+    const Column col = column_at(cb, columns, 0, nf);
+    const int64_t bh = h0 + col.c / nf, k = col.c % nf;
     T re = T(0), im = T(0);
-    if (k < nf)
-      for (int64_t item = i0 + w; item < i1; item += kSpectrumParts) {
+    if (col.active)
+      for (int64_t item = (ch.first(d, bh) - ch.g0) * d.S + threadIdx.y; item < (ch.last(d, bh) - ch.g0) * d.S;
+           item += blockDim.y) {
         const T* p = P + 2 * (item * nf + k);
         const T* x = X + 2 * (item * nf + k);
         re += p[0] * x[0] + p[1] * x[1];
         im += p[0] * x[1] - p[1] * x[0];
       }
-    part[2 * threadIdx.x] = re;
-    part[2 * threadIdx.x + 1] = im;
-    __syncthreads();
-    if (w == 0 && k < nf) {
-      for (int q = 1; q < kSpectrumParts; ++q) {
-        re += part[2 * (q * kSpectrumBins + lane)];
-        im += part[2 * (q * kSpectrumBins + lane) + 1];
-      }
+    re = tree_reduce_y(re, SumOp(), sh);
+    im = tree_reduce_y(im, SumOp(), sh);
+    if (col.active && threadIdx.y == 0) {
       dG[2 * (bh * nf + k)] += re;
       dG[2 * (bh * nf + k) + 1] += im;
     }
-    __syncthreads();  // part is free for the next block's sums
   }
 }
 
@@ -404,8 +396,9 @@ void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Ten
       // P = DFT(phi_q[:, s] dy[:, e]); dG += conj(P) X.
       weighted_rows<T>(cptr<T>(phi_q), cptr<T>(dy), d.N, d, ch, u.p);
       rfft_rows<T>(u.p, P.p, items, d.n);
-      accumulate_spectrum_kernel<T><<<grid_for(bh_count * ((nf + kSpectrumBins - 1) / kSpectrumBins) * kBlockSize),
-                                      kBlockSize, 2 * kBlockSize * sizeof(T), stream()>>>(P.p, X.p, d, ch, dG.p);
+      const dim3 block = column_block(d.E * d.S, nf);  // at most E * S items per head
+      accumulate_spectrum_kernel<T>
+          <<<column_grid(bh_count * nf, block), block, kBlockSize * sizeof(T), stream()>>>(P.p, X.p, d, ch, dG.p);
       LINEA_KERNEL_LAUNCH_CHECK();
       // z_s = IDFT(P G), the gradient of phi_k[:, s] v[:, e]: dphi_k[:, s] += sum_e v[:, e] z_s,
       // dv[:, e] = sum_s phi_k[:, s] z_s.
