@@ -256,17 +256,88 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
 // two shuffles each) and adds P V into its output accumulators, P's accumulators rounded to bf16
 // and reused as the A operand. Q, K, V (and P) are rounded to bf16, scores, sums and the output
 // stay float32: the inputs of the two products are what the BF16 precision rounds, as for a
-// GEMM (core/precision.h). Shared memory holds one key tile and the value tile transposed, so
-// that every fragment is one 32-bit load.
+// GEMM (core/precision.h). Shared memory holds a key tile and the value tile transposed, so that
+// every fragment is one 32-bit load, in two stages where they fit (the next tile's copies in
+// flight during this one's products); a tile that no mask touches skips the per-element checks.
 constexpr int kMmaRows = 64, kMmaKeys = 64, kMmaThreads = 128;
 
-// Rows [r0, r0 + ROWS) of a [count, dim] float matrix as bf16, row stride ld; zeros past the
-// ends. transposed: element (r, d) goes to tile[d * ld + r] instead. As load_tile.
-template <int DM, int ROWS, bool transposed>
-__device__ __forceinline__ void load_bf16_tile(uint16_t* tile, int ld, const float* src, int64_t r0, int64_t count,
-                                               int64_t dim) {
-  load_rows<kMmaThreads, DM, ROWS>(
-      src, r0, count, dim, [&](int r, int d, float x) { tile[transposed ? d * ld + r : r * ld + d] = to_bf16(x); });
+// ---- bf16 operands, staged once per call -----------------------------------------------------------
+// The tensor-core kernels read q, k, v (and dout) as bf16 copies made by one pass before them:
+// rows of DM values (zeros past the head dims), so that a tile is whole 16-byte pieces that
+// cp.async copies into shared memory while the warps compute on the tile before. Rounding at
+// every tile load made each key tile a chain of global loads, conversions and stores (about
+// 25,000 cycles per key tile and block on an H200 at L = 4096, D = 64). The forward's values are
+// staged transposed, [DM, Mp] per (b, h) with Mp = M rounded up to 8: the B fragments of P V
+// read two neighbouring keys of one value column as one 32-bit load.
+struct StageJob {
+  const float* src;  // [rows, dim]
+  int64_t rows, dim;
+  uint16_t* dst;  // [rows, DM]
+};
+struct StageJobs {
+  StageJob job[4];  // blockIdx.y picks one
+};
+
+template <int DM> __global__ void stage_rows_kernel(StageJobs jobs) {
+  const StageJob j = jobs.job[blockIdx.y];
+  constexpr int kPairs = DM / 2;
+  uint32_t* dst = reinterpret_cast<uint32_t*>(j.dst);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < j.rows * kPairs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = 2 * (i % kPairs);
+    const float* x = j.src + i / kPairs * j.dim;
+    dst[i] = pack_bf16x2(d < j.dim ? x[d] : 0.f, d + 1 < j.dim ? x[d + 1] : 0.f);
+  }
+}
+
+// dst [BH, DM, Mp] = src [BH, M, dim] transposed per (b, h), zeros past dim and M: a 32 x 32 tile
+// per block of (32, 8) threads through shared memory, so that reads and writes are coalesced.
+constexpr int kTransposeTile = 32;
+template <int DM>
+__global__ void stage_transposed_kernel(const float* src, int64_t M, int64_t dim, int64_t Mp, uint16_t* dst) {
+  constexpr int W = kTransposeTile, P = W + 1;
+  float* tile = shared_mem<float>();  // [W, P]
+  const int64_t bh = blockIdx.z, m0 = static_cast<int64_t>(blockIdx.x) * W, d0 = static_cast<int64_t>(blockIdx.y) * W;
+  const int tx = threadIdx.x;
+  for (int j = threadIdx.y; j < W; j += blockDim.y) {
+    const int64_t m = m0 + j, d = d0 + tx;
+    tile[j * P + tx] = m < M && d < dim ? src[(bh * M + m) * dim + d] : 0.f;
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < W; j += blockDim.y) {
+    const int64_t d = d0 + j, m = m0 + tx;
+    if (d < DM && m < Mp) dst[(bh * DM + d) * Mp + m] = to_bf16(tile[tx * P + j]);
+  }
+}
+
+// The staged copies of one call (null where a kernel needs none), freed with it.
+struct Staged {
+  int64_t Mp = 0;  // vt's row length
+  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *vt = nullptr,
+                 *dout = nullptr;  // [BH, L, DM]; vt [BH, DM, Mp]
+};
+
+// Copies rows [r0, r0 + ROWS) x columns [c0, c0 + COLS) of a row-major bf16 matrix (rows x cols,
+// rows src_ld apart) into a tile of row stride ld by cp.async, 16 bytes a copy; zeros outside the
+// matrix. cols, c0 and COLS are multiples of 8: a copy is wholly inside or outside.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void copy_tile_async(uint16_t* tile, int ld, const uint16_t* src, int64_t src_ld, int64_t r0,
+                                                int64_t rows, int64_t c0, int64_t cols) {
+  constexpr int kPieces = COLS / 8, kTotal = ROWS * kPieces;
+#pragma unroll
+  for (int j = 0; j < (kTotal + kMmaThreads - 1) / kMmaThreads; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kMmaThreads;
+    if (kTotal % kMmaThreads != 0 && i >= kTotal) break;
+    const int r = i / kPieces, c = i % kPieces * 8;
+    const bool in = r0 + r < rows && c0 + c < cols;
+    cp_async16(tile + r * ld + c, in ? src + (r0 + r) * src_ld + c0 + c : src, in);
+  }
+}
+// Rows [r0, r0 + ROWS) of a staged [count, DM] operand into a tile of row stride ld.
+template <int DM, int ROWS>
+__device__ __forceinline__ void copy_rows_async(uint16_t* tile, int ld, const uint16_t* src, int64_t r0,
+                                                int64_t count) {
+  copy_tile_async<ROWS, DM>(tile, ld, src, DM, r0, count, 0, DM);
 }
 
 // The bf16 pair (tile[0], tile[ld]): two rows of one column.
@@ -342,38 +413,69 @@ struct MmaLane {
   }
 };
 
+// Whether some pair of query rows n0.. and keys [m0, m0 + keys) may be hidden or out of range; a
+// tile without any skips the per-element checks.
+__device__ __forceinline__ bool tile_masked(const SdpaShape& s, const uint8_t* pad_b, int64_t n0, int64_t m0,
+                                            int keys) {
+  return pad_b || m0 + keys > s.M || (s.causal && m0 + keys - 1 > n0 + s.offset);
+}
+
+// The forward's key tiles are double-buffered where two fit in 48 KB of shared memory (head dims
+// up to 64): the next tile's copies are in flight while the warps compute on this one.
+template <int DM> constexpr int mma_forward_stages() { return DM <= 64 ? 2 : 1; }
+// bf16 per stage: a key tile [64, DM + 8] and the value tile transposed [DM, 64 + 8].
+template <int DM> constexpr int mma_forward_stage() { return kMmaKeys * (DM + 8) + DM * (kMmaKeys + 8); }
+
 template <int DM>
 __global__ void __launch_bounds__(kMmaThreads)
-    sdpa_forward_mma_kernel(const float* q, const float* k, const float* v, const uint8_t* pad, const float* bias,
-                            float scale, SdpaShape s, int64_t heads, ExampleDropout<float> drop,
-                            const uint64_t* draw_base, float* out, float* lse) {
+    sdpa_forward_mma_kernel(Staged in, const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
+                            ExampleDropout<float> drop, const uint64_t* draw_base, float* out, float* lse) {
   constexpr int KS = DM + 8, VS = kMmaKeys + 8;  // row strides (bf16), padded against bank conflicts
-  constexpr int KT = DM / 16, NT = kMmaKeys / 8, ET = DM / 8;
-  uint16_t* ks = shared_mem<uint16_t>();  // [64, KS]: the query tile first, then each key tile
-  uint16_t* vt = ks + kMmaKeys * KS;      // [DM, VS]: the value tile, transposed
+  constexpr int KT = DM / 16, NT = kMmaKeys / 8, ET = DM / 8, STAGES = mma_forward_stages<DM>();
+  uint16_t* smem = shared_mem<uint16_t>();  // STAGES x [key tile, value tile]; first the query tile
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t rows[2] = {n0 + warp * 16 + g, n0 + warp * 16 + g + 8};  // this lane's two rows
+  const uint16_t* kb = in.k + bh * s.M * DM;
+  const uint16_t* vb = in.vt + bh * DM * in.Mp;
+  // Key tile m0 (and its values) into stage `st`, one commit group.
+  const auto issue = [&](int64_t m0, int st) {
+    uint16_t* ks = smem + st * mma_forward_stage<DM>();
+    copy_rows_async<DM, kMmaKeys>(ks, KS, kb, m0, s.M);
+    copy_tile_async<DM, kMmaKeys>(ks + kMmaKeys * KS, VS, vb, in.Mp, 0, DM, m0, in.Mp);
+    cp_async_commit();
+  };
 
-  load_bf16_tile<DM, kMmaRows, false>(ks, KS, q + bh * s.N * s.D, n0, s.N, s.D);
+  copy_rows_async<DM, kMmaRows>(smem, KS, in.q + bh * s.N * DM, n0, s.N);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   uint32_t qa[KT][4];  // the warp's 16 query rows as A fragments, kept for the whole pass
-  load_a_fragments<KT>(qa, ks + warp * 16 * KS, KS, g, t);
+  load_a_fragments<KT>(qa, smem + warp * 16 * KS, KS, g, t);
   float o[ET][4];
 #pragma unroll
   for (int e = 0; e < ET; ++e) o[e][0] = o[e][1] = o[e][2] = o[e][3] = 0.f;
   float row_m[2] = {neg_inf<float>(), neg_inf<float>()}, row_l[2] = {0.f, 0.f};  // row_l: this lane's part
 
   const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
-  for (int64_t m0 = 0; m0 < m_end; m0 += kMmaKeys) {
-    __syncthreads();  // the query tile's fragments, or the previous key tile, are read
-    load_bf16_tile<DM, kMmaKeys, false>(ks, KS, k + bh * s.M * s.D, m0, s.M, s.D);
-    load_bf16_tile<DM, kMmaKeys, true>(vt, VS, v + bh * s.M * s.E, m0, s.M, s.E);
+  __syncthreads();  // the query tile's fragments are read: its space is the first key tile's
+  if (m_end > 0) issue(0, 0);
+  for (int64_t m0 = 0, it = 0; m0 < m_end; m0 += kMmaKeys, ++it) {
+    const int stage = static_cast<int>(it % STAGES);
+    if (STAGES == 2 && m0 + kMmaKeys < m_end) {
+      issue(m0 + kMmaKeys, stage ^ 1);
+      cp_async_wait<1>();  // this tile's group is done, the next one's may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    const uint16_t* ks = smem + stage * mma_forward_stage<DM>();
+    const uint16_t* vt = ks + kMmaKeys * KS;
     float sc[NT][4];
     mma_rows<KT, NT>(sc, qa, ks, KS, g, t);
     // Element (nt, i) of a lane: row rows[i / 2], key m0 + nt * 8 + 2 t + i % 2.
+    const bool masked = tile_masked(s, pad_b, n0, m0, kMmaKeys);
     float tile_max[2] = {neg_inf<float>(), neg_inf<float>()};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -381,7 +483,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int i = 0; i < 4; ++i) {
         const int64_t n = rows[i / 2], m = m0 + nt * 8 + 2 * t + i % 2;
         float& x = sc[nt][i];
-        x = (m >= s.M || hidden(s, pad_b, n, m)) ? neg_inf<float>() : x * scale + (bias_b ? bias_b[m] : 0.f);
+        x = masked && (m >= s.M || hidden(s, pad_b, n, m)) ? neg_inf<float>() : x * scale + (bias_b ? bias_b[m] : 0.f);
         tile_max[i / 2] = max_nan(tile_max[i / 2], x);
       }
     float alpha[2];
@@ -417,6 +519,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         mma_bf16_16x8x16(o[e], pa, b);
       }
     }
+    __syncthreads();  // this stage is read: the next copies into it may start
+    if (STAGES == 1 && m0 + kMmaKeys < m_end) issue(m0 + kMmaKeys, 0);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -442,7 +546,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 //           reused as A operands.
 //   dq      4 warps own 16 queries each and walk key tiles of 64 (32): S = Q K^T, dP = dout V^T,
 //           dq += dS k.
-// The B operands read down a column of a row-major tile (dout, q, k in the second products) are
+// Both read the staged bf16 operands, the walked tiles double-buffered (cp.async). The B
+// operands read down a column of a row-major tile (dout, q, k in the second products) are
 // gathered from two bf16 loads. P and dS are rounded to bf16 before their products, as
 // FlashAttention-2 does; delta, the sums of exp and dbias stay float32.
 //
@@ -450,13 +555,19 @@ __global__ void __launch_bounds__(kMmaThreads)
 // 255 registers after the kept fragments and the accumulators (at DM = 128: 64 + 128 in dk/dv).
 template <int DM> constexpr int dkv_queries() { return DM == 128 ? 16 : 32; }
 template <int DM> constexpr int dq_keys() { return DM == 128 ? 32 : 64; }
+// bf16 per stage of the walked tiles (two of them: q and dout, or k and v); the kept rows' two
+// [64, DM + 8] tiles are staged first in the same space.
+template <int DM> constexpr int dkv_stage() { return 2 * dkv_queries<DM>() * (DM + 8); }
+template <int DM> constexpr int dq_stage() { return 2 * dq_keys<DM>() * (DM + 8); }
+template <int DM> constexpr int kept_tiles() { return 2 * kMmaRows * (DM + 8); }
 
 // One probability and its score gradient (probs_and_dscores' formulas): x the unscaled score,
-// dp = dout . v; returns z p in *pz.
+// dp = dout . v; returns z p in *pz. masked: the pair may be hidden (tile_masked).
 __device__ __forceinline__ float mma_dscore(float x, float dp, int64_t n, int64_t m, float row_lse, float row_delta,
-                                            float scale, const SdpaShape& s, const uint8_t* pad_b, const float* bias_b,
-                                            const ExampleDropout<float>& drop, int64_t bh, int64_t heads, float* pz) {
-  const bool off = n >= s.N || m >= s.M || row_lse == neg_inf<float>() || hidden(s, pad_b, n, m);
+                                            float scale, const SdpaShape& s, bool masked, const uint8_t* pad_b,
+                                            const float* bias_b, const ExampleDropout<float>& drop, int64_t bh,
+                                            int64_t heads, float* pz) {
+  const bool off = n >= s.N || m >= s.M || row_lse == neg_inf<float>() || (masked && hidden(s, pad_b, n, m));
   const float p = off ? 0.f : d_exp(x * scale + (bias_b ? bias_b[m] : 0.f) - row_lse);
   const float z = drop.on && !off ? drop.factor(bh / heads, ((bh % heads) * s.N + n) * s.M + m) : 1.f;
   *pz = z * p;
@@ -481,56 +592,74 @@ __device__ __forceinline__ void store_rows(float* dst, const float (&acc)[ET][4]
   }
 }
 
-// The backward kernels' kept operands: rows [r0, r0 + 64) of x0 [count, d0] and x1 [count, d1]
-// staged as bf16 through tiles t0 and t1 (row stride DM + 8), and the warp's 16 of them as A
-// fragments a0 and a1 for the whole pass.
+// The backward kernels' kept operands: rows [r0, r0 + 64) of the staged x0 and x1 [count, DM]
+// copied into tiles t0 and t1 (row stride DM + 8), and the warp's 16 of them as A fragments a0
+// and a1 for the whole pass. Ends with the tiles read (their space is free).
 template <int DM>
 __device__ __forceinline__ void keep_warp_rows(uint32_t (&a0)[DM / 16][4], uint32_t (&a1)[DM / 16][4], uint16_t* t0,
-                                               uint16_t* t1, const float* x0, int64_t d0, const float* x1, int64_t d1,
-                                               int64_t r0, int64_t count, const MmaLane& lane) {
+                                               uint16_t* t1, const uint16_t* x0, const uint16_t* x1, int64_t r0,
+                                               int64_t count, const MmaLane& lane) {
   constexpr int LD = DM + 8;
-  load_bf16_tile<DM, kMmaRows, false>(t0, LD, x0, r0, count, d0);
-  load_bf16_tile<DM, kMmaRows, false>(t1, LD, x1, r0, count, d1);
+  copy_rows_async<DM, kMmaRows>(t0, LD, x0, r0, count);
+  copy_rows_async<DM, kMmaRows>(t1, LD, x1, r0, count);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   load_a_fragments<DM / 16>(a0, t0 + lane.warp * 16 * LD, LD, lane.g, lane.t);
   load_a_fragments<DM / 16>(a1, t1 + lane.warp * 16 * LD, LD, lane.g, lane.t);
+  __syncthreads();
 }
 
 template <int DM>
 __global__ void __launch_bounds__(kMmaThreads)
-    sdpa_backward_dkv_mma_kernel(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                                 const float* delta, const uint8_t* pad, const float* bias, float scale, SdpaShape s,
-                                 int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base, float* dk,
-                                 float* dv, float* dbias) {
+    sdpa_backward_dkv_mma_kernel(Staged in, const float* lse, const float* delta, const uint8_t* pad, const float* bias,
+                                 float scale, SdpaShape s, int64_t heads, ExampleDropout<float> drop,
+                                 const uint64_t* draw_base, float* dk, float* dv, float* dbias) {
   constexpr int LD = DM + 8, KT = DM / 16, ET = DM / 8, NQ = dkv_queries<DM>(), NT = NQ / 8;
-  uint16_t* qs = shared_mem<uint16_t>();                          // [NQ, LD]; first the key tile [64, LD]
-  uint16_t* ds = qs + kMmaKeys * LD;                              // [NQ, LD] dout; first the value tile [64, LD]
-  float* row_lse = reinterpret_cast<float*>(ds + kMmaKeys * LD);  // [NQ]
-  float* row_delta = row_lse + NQ;                                // [NQ]
+  uint16_t* smem = shared_mem<uint16_t>();  // 2 x [q tile [NQ, LD], dout tile [NQ, LD]]; first the kept tiles
+  float* stats = reinterpret_cast<float*>(smem + max(kept_tiles<DM>(), 2 * dkv_stage<DM>()));  // 2 x [lse, delta]
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kMmaKeys, mw = m0 + warp * 16;
   uint32_t ka[KT][4], va[KT][4];  // the warp's 16 keys and values
-  keep_warp_rows<DM>(ka, va, qs, ds, k + bh * s.M * s.D, s.D, v + bh * s.M * s.E, s.E, m0, s.M, lane);
+  keep_warp_rows<DM>(ka, va, smem, smem + kMmaKeys * LD, in.k + bh * s.M * DM, in.v + bh * s.M * DM, m0, s.M, lane);
   float dk_acc[ET][4], dv_acc[ET][4], db[2] = {0.f, 0.f};
 #pragma unroll
   for (int e = 0; e < ET; ++e)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk_acc[e][i] = dv_acc[e][i] = 0.f;
+  const uint16_t* qb = in.q + bh * s.N * DM;
+  const uint16_t* dob = in.dout + bh * s.N * DM;
+  const float* stat_rows[2] = {lse + bh * s.N, delta + bh * s.N};
+  // Query tile n0 (q, dout, lse, delta; zeros past N) into stage `st`, one commit group.
+  const auto issue = [&](int64_t n0, int st) {
+    uint16_t* qs = smem + st * dkv_stage<DM>();
+    copy_rows_async<DM, NQ>(qs, LD, qb, n0, s.N);
+    copy_rows_async<DM, NQ>(qs + NQ * LD, LD, dob, n0, s.N);
+    const int i = threadIdx.x, r = i % NQ;
+    const float* src = stat_rows[i < NQ ? 0 : 1];
+    if (i < 2 * NQ) cp_async4(stats + st * 2 * NQ + i, n0 + r < s.N ? src + n0 + r : src, n0 + r < s.N);
+    cp_async_commit();
+  };
 
   const int64_t n_begin = s.causal && m0 > s.offset ? (m0 - s.offset) / NQ * NQ : int64_t{0};
-  for (int64_t n0 = n_begin; n0 < s.N; n0 += NQ) {
-    __syncthreads();  // the key/value fragments, or the previous query tile, are read
-    load_bf16_tile<DM, NQ, false>(qs, LD, q + bh * s.N * s.D, n0, s.N, s.D);
-    load_bf16_tile<DM, NQ, false>(ds, LD, dout + bh * s.N * s.E, n0, s.N, s.E);
-    for (int r = threadIdx.x; r < NQ; r += kMmaThreads) {
-      const bool in = n0 + r < s.N;
-      row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<float>();
-      row_delta[r] = in ? delta[bh * s.N + n0 + r] : 0.f;
+  if (n_begin < s.N) issue(n_begin, 0);
+  for (int64_t n0 = n_begin, it = 0; n0 < s.N; n0 += NQ, ++it) {
+    const int stage = static_cast<int>(it % 2);
+    if (n0 + NQ < s.N) {
+      issue(n0 + NQ, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
-    float st[NT][4], dpt[NT][4];  // S^T and dP^T: rows the warp's keys, columns the tile's queries
-    mma_rows<KT, NT>(st, ka, qs, LD, g, t);
+    const uint16_t* qs = smem + stage * dkv_stage<DM>();
+    const uint16_t* ds = qs + NQ * LD;
+    const float* row_lse = stats + stage * 2 * NQ;
+    const float* row_delta = row_lse + NQ;
+    const bool masked = tile_masked(s, pad_b, n0, m0, kMmaKeys);
+    float sT[NT][4], dpt[NT][4];  // S^T and dP^T: rows the warp's keys, columns the tile's queries
+    mma_rows<KT, NT>(sT, ka, qs, LD, g, t);
     mma_rows<KT, NT>(dpt, va, ds, LD, g, t);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -538,14 +667,15 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int i = 0; i < 4; ++i) {
         const int c = nt * 8 + 2 * t + i % 2;
         float pz;
-        const float d = mma_dscore(st[nt][i], dpt[nt][i], n0 + c, mw + g + 8 * (i / 2), row_lse[c], row_delta[c], scale,
-                                   s, pad_b, bias_b, drop, bh, heads, &pz);
-        st[nt][i] = pz;
+        const float d = mma_dscore(sT[nt][i], dpt[nt][i], n0 + c, mw + g + 8 * (i / 2), row_lse[c], row_delta[c], scale,
+                                   s, masked, pad_b, bias_b, drop, bh, heads, &pz);
+        sT[nt][i] = pz;
         dpt[nt][i] = d;
         db[i / 2] += d;
       }
-    mma_accumulated<NT, ET>(dv_acc, st, ds, LD, g, t);   // dv += (z p)^T dout
+    mma_accumulated<NT, ET>(dv_acc, sT, ds, LD, g, t);   // dv += (z p)^T dout
     mma_accumulated<NT, ET>(dk_acc, dpt, qs, LD, g, t);  // dk += ds^T q (scaled below)
+    __syncthreads();                                     // this stage is read: the next copies into it may start
   }
   store_rows<ET>(dk + bh * s.M * s.D, dk_acc, scale, mw, s.M, s.D, g, t);
   store_rows<ET>(dv + bh * s.M * s.E, dv_acc, 1.f, mw, s.M, s.E, g, t);
@@ -561,17 +691,16 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 template <int DM>
 __global__ void __launch_bounds__(kMmaThreads)
-    sdpa_backward_dq_mma_kernel(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                                const float* delta, const uint8_t* pad, const float* bias, float scale, SdpaShape s,
-                                int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base, float* dq) {
+    sdpa_backward_dq_mma_kernel(Staged in, const float* lse, const float* delta, const uint8_t* pad, const float* bias,
+                                float scale, SdpaShape s, int64_t heads, ExampleDropout<float> drop,
+                                const uint64_t* draw_base, float* dq) {
   constexpr int LD = DM + 8, KT = DM / 16, ET = DM / 8, NK = dq_keys<DM>(), NT = NK / 8;
-  uint16_t* ks = shared_mem<uint16_t>();  // [NK, LD]; first the query tile [64, LD]
-  uint16_t* vs = ks + kMmaRows * LD;      // [NK, LD]; first the dout tile [64, LD]
+  uint16_t* smem = shared_mem<uint16_t>();  // 2 x [k tile [NK, LD], v tile [NK, LD]]; first the kept tiles
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
   uint32_t qa[KT][4], da[KT][4];  // the warp's 16 queries and their output gradients
-  keep_warp_rows<DM>(qa, da, ks, vs, q + bh * s.N * s.D, s.D, dout + bh * s.N * s.E, s.E, n0, s.N, lane);
+  keep_warp_rows<DM>(qa, da, smem, smem + kMmaRows * LD, in.q + bh * s.N * DM, in.dout + bh * s.N * DM, n0, s.N, lane);
   float row_lse[2], row_delta[2], dq_acc[ET][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -581,13 +710,30 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 #pragma unroll
   for (int e = 0; e < ET; ++e) dq_acc[e][0] = dq_acc[e][1] = dq_acc[e][2] = dq_acc[e][3] = 0.f;
+  const uint16_t* kb = in.k + bh * s.M * DM;
+  const uint16_t* vb = in.v + bh * s.M * DM;
+  // Key tile m0 (k and v) into stage `st`, one commit group.
+  const auto issue = [&](int64_t m0, int st) {
+    uint16_t* ks = smem + st * dq_stage<DM>();
+    copy_rows_async<DM, NK>(ks, LD, kb, m0, s.M);
+    copy_rows_async<DM, NK>(ks + NK * LD, LD, vb, m0, s.M);
+    cp_async_commit();
+  };
 
   const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
-  for (int64_t m0 = 0; m0 < m_end; m0 += NK) {
+  if (m_end > 0) issue(0, 0);
+  for (int64_t m0 = 0, it = 0; m0 < m_end; m0 += NK, ++it) {
+    const int stage = static_cast<int>(it % 2);
+    if (m0 + NK < m_end) {
+      issue(m0 + NK, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    load_bf16_tile<DM, NK, false>(ks, LD, k + bh * s.M * s.D, m0, s.M, s.D);
-    load_bf16_tile<DM, NK, false>(vs, LD, v + bh * s.M * s.E, m0, s.M, s.E);
-    __syncthreads();
+    const uint16_t* ks = smem + stage * dq_stage<DM>();
+    const uint16_t* vs = ks + NK * LD;
+    const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     float sc[NT][4], dp[NT][4];
     mma_rows<KT, NT>(sc, qa, ks, LD, g, t);
     mma_rows<KT, NT>(dp, da, vs, LD, g, t);
@@ -597,9 +743,10 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int i = 0; i < 4; ++i) {
         float pz;
         sc[nt][i] = mma_dscore(sc[nt][i], dp[nt][i], nw + g + 8 * (i / 2), m0 + nt * 8 + 2 * t + i % 2, row_lse[i / 2],
-                               row_delta[i / 2], scale, s, pad_b, bias_b, drop, bh, heads, &pz);
+                               row_delta[i / 2], scale, s, masked, pad_b, bias_b, drop, bh, heads, &pz);
       }
     mma_accumulated<NT, ET>(dq_acc, sc, ks, LD, g, t);  // dq += ds k (scaled below)
+    __syncthreads();                                    // this stage is read: the next copies into it may start
   }
   store_rows<ET>(dq + bh * s.N * s.D, dq_acc, scale, nw, s.N, s.D, g, t);
 }
@@ -797,43 +944,94 @@ bool use_tensor_cores(const Tensor& q, const SdpaShape& s) {
   return q.dtype() == DType::Float32 && matmul_precision() == MatmulPrecision::BF16 && std::max(s.D, s.E) <= 128 &&
          compute_capability() >= 80;
 }
+// Rounds the call's operands to bf16 in the layouts the tensor-core kernels read (Staged): q and
+// k (and v, dout: the backward) as rows of DM, v transposed for the forward. Two launches at most.
+template <int DM> struct StagedCopies {
+  DeviceScratch<uint16_t> q, k, v, vt, dout;
+  Staged in;
+  StagedCopies(const SdpaArgs& a, const Tensor* dout_t, bool forward)
+      : q(a.s.N * bh_of(a) * DM),
+        k(a.s.M * bh_of(a) * DM),
+        v(forward ? 0 : a.s.M * bh_of(a) * DM),
+        vt(forward ? bh_of(a) * DM * round_up(a.s.M, 8) : 0),
+        dout(dout_t ? a.s.N * bh_of(a) * DM : 0) {
+    const int64_t BH = bh_of(a);
+    in.Mp = round_up(a.s.M, 8);
+    in.q = q.p;
+    in.k = k.p;
+    StageJobs jobs{};
+    int count = 0;
+    int64_t most = 0;
+    const auto add = [&](const Tensor& src, int64_t rows, int64_t dim, uint16_t* dst) {
+      jobs.job[count++] = {cptr<float>(src), rows, dim, dst};
+      most = std::max(most, rows * DM / 2);
+    };
+    add(a.q, BH * a.s.N, a.s.D, q.p);
+    add(a.k, BH * a.s.M, a.s.D, k.p);
+    if (forward) {
+      in.vt = vt.p;
+      const dim3 grid(static_cast<unsigned>((in.Mp + kTransposeTile - 1) / kTransposeTile),
+                      static_cast<unsigned>((DM + kTransposeTile - 1) / kTransposeTile), static_cast<unsigned>(BH));
+      stage_transposed_kernel<DM>
+          <<<grid, dim3(kTransposeTile, 8), sizeof(float) * kTransposeTile*(kTransposeTile + 1), stream()>>>(
+              cptr<float>(a.v), a.s.M, a.s.E, in.Mp, vt.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+    } else {
+      in.v = v.p;
+      add(a.v, BH * a.s.M, a.s.E, v.p);
+    }
+    if (dout_t) {
+      in.dout = dout.p;
+      add(*dout_t, BH * a.s.N, a.s.E, dout.p);
+    }
+    stage_rows_kernel<DM><<<dim3(grid_for(most), static_cast<unsigned>(count)), kBlockSize, 0, stream()>>>(jobs);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  }
+  static int64_t bh_of(const SdpaArgs& a) { return a.q.size(0) * a.q.size(1); }
+  static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+};
+
 template <int DM> constexpr size_t mma_forward_smem() {
-  return sizeof(uint16_t) * (kMmaKeys * (DM + 8) + DM * (kMmaKeys + 8));
+  return sizeof(uint16_t) * mma_forward_stages<DM>() * mma_forward_stage<DM>();
 }
 template <int DM> void forward_mma(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
-  static_assert(mma_forward_smem<DM>() <= kMaxSmem && kMmaRows == kMmaKeys);
+  static_assert(mma_forward_smem<DM>() <= kMaxSmem && kMmaRows == kMmaKeys &&
+                kMmaRows * (DM + 8) <= mma_forward_stage<DM>());
+  const StagedCopies<DM> staged(a, nullptr, /*forward=*/true);
   const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
                   static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
   sdpa_forward_mma_kernel<DM><<<grid, kMmaThreads, mma_forward_smem<DM>(), stream()>>>(
-      cptr<float>(a.q), cptr<float>(a.k), cptr<float>(a.v), a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr,
-      a.bias.defined() ? cptr<float>(a.bias) : nullptr, static_cast<float>(a.scale), a.s, a.q.size(1),
-      example_dropout<float>(a.drop), a.drop.draw_base, ptr<float>(out), ptr<float>(lse));
+      staged.in, a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr, a.bias.defined() ? cptr<float>(a.bias) : nullptr,
+      static_cast<float>(a.scale), a.s, a.q.size(1), example_dropout<float>(a.drop), a.drop.draw_base, ptr<float>(out),
+      ptr<float>(lse));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
-// Both backward kernels stage two [64, DM + 8] bf16 tiles; dk/dv adds lse and delta of its queries.
-template <int DM> constexpr size_t mma_backward_smem() {
-  return sizeof(uint16_t) * 2 * kMmaKeys * (DM + 8) + sizeof(float) * 2 * dkv_queries<DM>();
+// The dk/dv kernel adds each stage's lse and delta after its bf16 tiles.
+template <int DM> constexpr size_t mma_dkv_smem() {
+  return sizeof(uint16_t) * std::max(kept_tiles<DM>(), 2 * dkv_stage<DM>()) + sizeof(float) * 2 * 2 * dkv_queries<DM>();
+}
+template <int DM> constexpr size_t mma_dq_smem() {
+  return sizeof(uint16_t) * std::max(kept_tiles<DM>(), 2 * dq_stage<DM>());
 }
 template <int DM>
 void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const float* delta, const Tensor& dq,
                   const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
-  static_assert(mma_backward_smem<DM>() <= kMaxSmem);
+  static_assert(mma_dkv_smem<DM>() <= kMaxSmem && mma_dq_smem<DM>() <= kMaxSmem);
+  const StagedCopies<DM> staged(a, &dout, /*forward=*/false);
   const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
   const uint8_t* pad = a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr;
   const float* bias = a.bias.defined() ? cptr<float>(a.bias) : nullptr;
   const float scale = static_cast<float>(a.scale);
   const ExampleDropout<float> drop = example_dropout<float>(a.drop);
   sdpa_backward_dkv_mma_kernel<DM>
-      <<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH), kMmaThreads, mma_backward_smem<DM>(),
-         stream()>>>(cptr<float>(a.q), cptr<float>(a.k), cptr<float>(a.v), cptr<float>(dout), cptr<float>(lse), delta,
-                     pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, ptr<float>(dk), ptr<float>(dv),
-                     dbias.defined() ? ptr<float>(dbias) : nullptr);
+      <<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH), kMmaThreads, mma_dkv_smem<DM>(),
+         stream()>>>(staged.in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base,
+                     ptr<float>(dk), ptr<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr);
   LINEA_KERNEL_LAUNCH_CHECK();
-  sdpa_backward_dq_mma_kernel<DM>
-      <<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH), kMmaThreads, mma_backward_smem<DM>(),
-         stream()>>>(cptr<float>(a.q), cptr<float>(a.k), cptr<float>(a.v), cptr<float>(dout), cptr<float>(lse), delta,
-                     pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, ptr<float>(dq));
+  sdpa_backward_dq_mma_kernel<DM><<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH), kMmaThreads,
+                                    mma_dq_smem<DM>(), stream()>>>(
+      staged.in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, ptr<float>(dq));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -1,5 +1,6 @@
-// Warp-level tensor-core products (mma.sync, sm_80+) for kernels that keep their tiles in
-// registers (cuda/attention.cu; the quad reductions of their accumulator rows: common.cuh).
+// Warp-level tensor-core products (mma.sync, sm_80+) and asynchronous tile copies (cp.async) for
+// kernels that keep their tiles in registers (cuda/attention.cu; the quad reductions of their
+// accumulator rows: common.cuh).
 //
 // mma.sync.m16n8k16 with bf16 inputs and float32 accumulation, in the PTX ISA's fragment
 // layouts. With g = lane / 4 and t = lane % 4:
@@ -46,6 +47,48 @@ __device__ __forceinline__ uint16_t to_bf16(float f) { return static_cast<uint16
 
 // Two neighbouring bf16 of shared memory (p 4-byte aligned) as one register.
 __device__ __forceinline__ uint32_t load_bf16x2(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Asynchronous copies global -> shared (cp.async, sm_80+): 16 bytes, or 16 zero bytes when !in
+// (src is then not read). A thread's copies land by cp_async_wait<N>() (all but its N most recent
+// commit groups); the block sees them after the __syncthreads() that follows. The emulator copies
+// at once.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool in) {
+#if defined(LINEA_CUDA_EMULATOR)
+  if (in)
+    std::memcpy(dst, src, 16);
+  else
+    std::memset(dst, 0, 16);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(in ? 16 : 0));
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+// 4 bytes (or 4 zero bytes when !in), as cp_async16.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool in) {
+#if defined(LINEA_CUDA_EMULATOR)
+  if (in)
+    std::memcpy(dst, src, 4);
+  else
+    std::memset(dst, 0, 4);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(in ? 4 : 0));
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(LINEA_CUDA_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if !defined(LINEA_CUDA_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
 
 // d += A B for the warp (every lane calls it, converged).
 __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {

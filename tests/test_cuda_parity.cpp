@@ -796,6 +796,11 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
       {1, 1, 5, 140, 20, 17, true, 131, false},  // a few new queries after 131 cached keys
       {1, 1, 65, 33, 96, 128, false, 0, false},  // head dims of the 128 tiles, a second row tile
       {2, 1, 1, 1, 8, 8, true, 0, false},        // one token
+      // Unmasked tiles (no per-element checks) beside masked ones, over 4 key tiles: both stages
+      // of the double buffer twice; causal, where a row tile's first key tiles are fully visible.
+      {1, 2, 70, 230, 32, 32, false, 0, false},
+      {1, 1, 200, 200, 64, 48, true, 0, false},
+      {1, 1, 40, 150, 128, 100, false, 0, false},  // head dims of 128: one stage, 3 key tiles
   };
   struct Restore {
     ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
