@@ -51,12 +51,13 @@ __device__ __forceinline__ bool hidden(const SdpaShape& s, const uint8_t* pad, i
 // 8-way conflict on every load of the key tile).
 template <int DM> constexpr int pitch() { return DM + 1; }
 
-// The tile loads below issue kLoadBatch global loads per thread before their first store to
-// shared memory. A loop that stores each element before loading the next may wait one load
+// The SIMT kernels' tile loads issue kLoadBatch global loads per thread before their first store
+// to shared memory. A loop that stores each element before loading the next may wait one load
 // latency per element (nothing tells the compiler that the tile and the source do not overlap):
 // per tile a chain of 16 to 64 round trips to memory per thread, with few warps to hide them.
-// On an H200 (2026-11-28) the bf16 forward took 4.15 ms at B = 4, H = 8, L = 4096, D = 64, about
-// 25,000 cycles per key tile and block: what such a chain predicts, not what 64 mma.sync do.
+// On an H200 (2026-11-28) the bf16 forward, then loading its tiles so, took 4.15 ms at B = 4,
+// H = 8, L = 4096, D = 64, about 25,000 cycles per key tile and block: what such a chain
+// predicts, not what 64 mma.sync do. (The tensor-core kernels now copy staged tiles by cp.async.)
 constexpr int kLoadBatch = 16;
 
 // Loads rows [r0, r0 + ROWS) of a [count, dim] matrix into a [ROWS, DM] tile (row stride
@@ -260,6 +261,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
 // every fragment is one 32-bit load, in two stages where they fit (the next tile's copies in
 // flight during this one's products); a tile that no mask touches skips the per-element checks.
 constexpr int kMmaRows = 64, kMmaKeys = 64, kMmaThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // ---- bf16 operands, staged once per call -----------------------------------------------------------
 // The tensor-core kernels read q, k, v (and dout) as bf16 copies made by one pass before them:
@@ -456,7 +458,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   float o[ET][4];
 #pragma unroll
   for (int e = 0; e < ET; ++e) o[e][0] = o[e][1] = o[e][2] = o[e][3] = 0.f;
-  float row_m[2] = {neg_inf<float>(), neg_inf<float>()}, row_l[2] = {0.f, 0.f};  // row_l: this lane's part
+  // row_m in log2 units (scores times log2 e: exp2 is one instruction, exp a few more); row_l:
+  // this lane's part of the sum.
+  float row_m[2] = {neg_inf<float>(), neg_inf<float>()}, row_l[2] = {0.f, 0.f};
+  const float scale2 = scale * kLog2e;
 
   const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
   __syncthreads();  // the query tile's fragments are read: its space is the first key tile's
@@ -483,14 +488,15 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int i = 0; i < 4; ++i) {
         const int64_t n = rows[i / 2], m = m0 + nt * 8 + 2 * t + i % 2;
         float& x = sc[nt][i];
-        x = masked && (m >= s.M || hidden(s, pad_b, n, m)) ? neg_inf<float>() : x * scale + (bias_b ? bias_b[m] : 0.f);
+        x = masked && (m >= s.M || hidden(s, pad_b, n, m)) ? neg_inf<float>()
+                                                           : x * scale2 + (bias_b ? bias_b[m] * kLog2e : 0.f);
         tile_max[i / 2] = max_nan(tile_max[i / 2], x);
       }
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float mx = max_nan(row_m[h], quad_max(tile_max[h]));
-      alpha[h] = mx == neg_inf<float>() ? 1.f : d_exp(row_m[h] - mx);  // nothing visible yet: keep zeros
+      alpha[h] = mx == neg_inf<float>() ? 1.f : exp2f(row_m[h] - mx);  // nothing visible yet: keep zeros
       row_m[h] = mx;
       row_l[h] *= alpha[h];
     }
@@ -500,7 +506,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int i = 0; i < 4; ++i) {
         const int h = i / 2;
         float& x = sc[nt][i];
-        x = row_m[h] == neg_inf<float>() ? 0.f : d_exp(x - row_m[h]);
+        x = row_m[h] == neg_inf<float>() ? 0.f : exp2f(x - row_m[h]);
         row_l[h] += x;  // the sum (and lse) stay the undropped ones
         const int64_t n = rows[h], m = m0 + nt * 8 + 2 * t + i % 2;
         if (drop.on && n < s.N && m < s.M) x *= drop.factor(bh / heads, ((bh % heads) * s.N + n) * s.M + m);
@@ -534,7 +540,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int c = e * 8 + 2 * t + j;
         if (c < s.E) out[(bh * s.N + n) * s.E + c] = o[e][2 * h + j] * inv;
       }
-    if (t == 0) lse[bh * s.N + n] = l == 0.f ? neg_inf<float>() : row_m[h] + d_log(l);  // NaN stays NaN
+    if (t == 0) lse[bh * s.N + n] = l == 0.f ? neg_inf<float>() : row_m[h] * kLn2 + d_log(l);  // NaN stays NaN
   }
 }
 
@@ -568,7 +574,7 @@ __device__ __forceinline__ float mma_dscore(float x, float dp, int64_t n, int64_
                                             const float* bias_b, const ExampleDropout<float>& drop, int64_t bh,
                                             int64_t heads, float* pz) {
   const bool off = n >= s.N || m >= s.M || row_lse == neg_inf<float>() || (masked && hidden(s, pad_b, n, m));
-  const float p = off ? 0.f : d_exp(x * scale + (bias_b ? bias_b[m] : 0.f) - row_lse);
+  const float p = off ? 0.f : exp2f((x * scale + (bias_b ? bias_b[m] : 0.f) - row_lse) * kLog2e);
   const float z = drop.on && !off ? drop.factor(bh / heads, ((bh % heads) * s.N + n) * s.M + m) : 1.f;
   *pz = z * p;
   return p * (z * dp - row_delta);
