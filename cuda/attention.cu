@@ -10,14 +10,13 @@
 //             tiles. Each sum is taken by one block in a fixed order: no atomics, so the result
 //             is the same bits every run (FlashAttention's single backward kernel adds dq with
 //             atomics; ours recomputes the scores once more for dq instead).
-// Tiles live in dynamic shared memory (at most 48 KB: no opt-in attribute needed); each of the
-// 128 threads owns a (BR/16) x (BC/8) patch of a score tile and a (rows) x (DM/8) patch of an
-// output tile, its accumulators in registers. DM, the head dims rounded up to a power of two,
-// is a template parameter; BR = BC is chosen so that the backward's tiles fit.
-// A hidden key gets score -inf; a row that sees no key gets out = 0 and lse = -inf, and adds
-// nothing to dk, dv (the CPU kernel's convention); a row of NaN scores gets NaN.
-// Under the BF16 matmul precision (float32 tensors, head dims up to 128, sm_80 and newer) the same
-// passes run on the tensor cores: the mma kernels below, FlashAttention-2's register layout.
+// Tiles live in dynamic shared memory (at most 48 KB, but the tensor-core forward's at head dims
+// of 128, which opts in to 70 KB); each of the 128 threads owns a (BR/16) x (BC/8) patch of a
+// score tile and a (rows) x (DM/8) patch of an output tile, its accumulators in registers. DM, the head dims rounded up
+// to a power of two, is a template parameter; BR = BC is chosen so that the backward's tiles fit. A hidden key gets
+// score -inf; a row that sees no key gets out = 0 and lse = -inf, and adds nothing to dk, dv (the CPU kernel's
+// convention); a row of NaN scores gets NaN. Under the BF16 matmul precision (float32 tensors, head dims up to 128,
+// sm_80 and newer) the same passes run on the tensor cores: the mma kernels below, FlashAttention-2's register layout.
 #include <cmath>
 #include <type_traits>
 
@@ -258,8 +257,8 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
 // and reused as the A operand. Q, K, V (and P) are rounded to bf16, scores, sums and the output
 // stay float32: the inputs of the two products are what the BF16 precision rounds, as for a
 // GEMM (core/precision.h). Shared memory holds a key tile and the value tile transposed, so that
-// every fragment is one 32-bit load, in two stages where they fit (the next tile's copies in
-// flight during this one's products); a tile that no mask touches skips the per-element checks.
+// every fragment is one 32-bit load, in two stages (the next tile's copies in flight during this
+// one's products); a tile that no mask touches skips the per-element checks.
 constexpr int kMmaRows = 64, kMmaKeys = 64, kMmaThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
@@ -422,10 +421,8 @@ __device__ __forceinline__ bool tile_masked(const SdpaShape& s, const uint8_t* p
   return pad_b || m0 + keys > s.M || (s.causal && m0 + keys - 1 > n0 + s.offset);
 }
 
-// The forward's key tiles are double-buffered where two fit in 48 KB of shared memory (head dims
-// up to 64): the next tile's copies are in flight while the warps compute on this one.
-template <int DM> constexpr int mma_forward_stages() { return DM <= 64 ? 2 : 1; }
-// bf16 per stage: a key tile [64, DM + 8] and the value tile transposed [DM, 64 + 8].
+// The forward's key tiles are double-buffered: the next tile's copies are in flight while the
+// warps compute on this one. bf16 per stage: a key tile [64, DM + 8] and the value tile transposed [DM, 64 + 8].
 template <int DM> constexpr int mma_forward_stage() { return kMmaKeys * (DM + 8) + DM * (kMmaKeys + 8); }
 
 template <int DM>
@@ -433,8 +430,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     sdpa_forward_mma_kernel(Staged in, const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
                             ExampleDropout<float> drop, const uint64_t* draw_base, float* out, float* lse) {
   constexpr int KS = DM + 8, VS = kMmaKeys + 8;  // row strides (bf16), padded against bank conflicts
-  constexpr int KT = DM / 16, NT = kMmaKeys / 8, ET = DM / 8, STAGES = mma_forward_stages<DM>();
-  uint16_t* smem = shared_mem<uint16_t>();  // STAGES x [key tile, value tile]; first the query tile
+  constexpr int KT = DM / 16, NT = kMmaKeys / 8, ET = DM / 8;
+  uint16_t* smem = shared_mem<uint16_t>();  // 2 x [key tile, value tile]; first the query tile
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
@@ -467,8 +464,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   __syncthreads();  // the query tile's fragments are read: its space is the first key tile's
   if (m_end > 0) issue(0, 0);
   for (int64_t m0 = 0, it = 0; m0 < m_end; m0 += kMmaKeys, ++it) {
-    const int stage = static_cast<int>(it % STAGES);
-    if (STAGES == 2 && m0 + kMmaKeys < m_end) {
+    const int stage = static_cast<int>(it % 2);
+    if (m0 + kMmaKeys < m_end) {
       issue(m0 + kMmaKeys, stage ^ 1);
       cp_async_wait<1>();  // this tile's group is done, the next one's may still be in flight
     } else {
@@ -526,7 +523,6 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
     }
     __syncthreads();  // this stage is read: the next copies into it may start
-    if (STAGES == 1 && m0 + kMmaKeys < m_end) issue(m0 + kMmaKeys, 0);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -997,12 +993,20 @@ template <int DM> struct StagedCopies {
   static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 };
 
-template <int DM> constexpr size_t mma_forward_smem() {
-  return sizeof(uint16_t) * mma_forward_stages<DM>() * mma_forward_stage<DM>();
-}
+template <int DM> constexpr size_t mma_forward_smem() { return sizeof(uint16_t) * 2 * mma_forward_stage<DM>(); }
 template <int DM> void forward_mma(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
-  static_assert(mma_forward_smem<DM>() <= kMaxSmem && kMmaRows == kMmaKeys &&
-                kMmaRows * (DM + 8) <= mma_forward_stage<DM>());
+  static_assert(kMmaRows == kMmaKeys && kMmaRows * (DM + 8) <= mma_forward_stage<DM>());
+  if constexpr (mma_forward_smem<DM>() > kMaxSmem) {
+    // Head dims of 128: 70 KB, over the 48 KB a kernel gets unless it opts in (every sm_80+ GPU
+    // allows 99 KB or more). Once per process: the attribute stays with the kernel.
+    static const bool opted_in = [] {
+      LINEA_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&sdpa_forward_mma_kernel<DM>),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(mma_forward_smem<DM>())));
+      return true;
+    }();
+    (void)opted_in;
+  }
   const StagedCopies<DM> staged(a, nullptr, /*forward=*/true);
   const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
                   static_cast<unsigned>(a.q.size(0) * a.q.size(1)));

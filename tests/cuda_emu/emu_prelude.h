@@ -52,7 +52,7 @@ using std::isinf;
 
 namespace emu {
 // Runs the grid now, or records it when a stream capture is on (replayed by cudaGraphLaunch).
-void submit_grid(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
+void submit_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, std::function<void()> body);
 
 template <typename... KArgs>
 struct Launch {
@@ -64,7 +64,8 @@ struct Launch {
     // By value, as a kernel launch copies its arguments (kept for as long as a captured graph).
     auto args = std::make_shared<std::tuple<KArgs...>>(std::forward<A>(a)...);
     void (*kernel)(KArgs...) = k;
-    submit_grid(grid, block, smem, [kernel, args] { std::apply(kernel, *args); });
+    submit_grid(reinterpret_cast<const void*>(kernel), grid, block, smem,
+                [kernel, args] { std::apply(kernel, *args); });
   }
 };
 template <typename... KArgs>

@@ -28,8 +28,12 @@ dim3 blockDim;
 dim3 gridDim;
 
 namespace linea::cuda::detail {
-alignas(16) unsigned char linea_smem_[48 * 1024];
+// As much as an H100's block may opt in to; without the opt-in a launch gets 48 KB (run_grid).
+alignas(16) unsigned char linea_smem_[227 * 1024];
 }
+constexpr size_t kDefaultSmem = 48 * 1024;
+// Dynamic shared memory a kernel opted in to (cudaFuncSetAttribute), by its address.
+static std::map<const void*, size_t> g_smem_opt_in;
 
 static cudaError_t g_last_error = cudaSuccess;
 static long g_launches = 0;
@@ -128,8 +132,8 @@ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
 }  // namespace emu
 
 namespace emu {
-void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
-void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   ++g_launches;
   const unsigned nthreads = block.x * block.y * block.z;
   if (nthreads == 0 || nthreads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
@@ -139,8 +143,12 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& b
     g_last_error = cudaErrorInvalidConfiguration;
     return;
   }
-  if (smem > sizeof(linea::cuda::detail::linea_smem_)) {
-    std::fprintf(stderr, "emu: too much dynamic shared memory %zu\n", smem);
+  const auto opt_in = g_smem_opt_in.find(kernel);
+  if (smem > (opt_in == g_smem_opt_in.end() ? kDefaultSmem : opt_in->second)) {
+    std::fprintf(stderr,
+                 "emu: %zu bytes of dynamic shared memory: over 48 KB a kernel must opt in first "
+                 "(cudaFuncSetAttribute MaxDynamicSharedMemorySize)\n",
+                 smem);
     g_last_error = cudaErrorInvalidValue;
     return;
   }
@@ -153,7 +161,7 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& b
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         blockIdx = make_uint3(bx, by, bz);
-        std::memset(linea::cuda::detail::linea_smem_, 0xCD, sizeof(linea::cuda::detail::linea_smem_));
+        std::memset(linea::cuda::detail::linea_smem_, 0xCD, std::max(smem, kDefaultSmem));
         unsigned t = 0;
         for (unsigned z = 0; z < block.z; ++z)
           for (unsigned y = 0; y < block.y; ++y)
@@ -230,11 +238,18 @@ void emu_submit(std::function<void()> op) {
     op();
 }
 namespace emu {
-void submit_grid(dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
-  emu_submit([grid, block, smem, body = std::move(body)] { run_grid(grid, block, smem, body); });
+void submit_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
+  emu_submit([kernel, grid, block, smem, body = std::move(body)] { run_grid(kernel, grid, block, smem, body); });
 }
 }  // namespace emu
 extern "C" {
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;  // hints: nothing to emulate
+  if (value < 0 || static_cast<size_t>(value) > sizeof(linea::cuda::detail::linea_smem_))
+    return g_last_error = cudaErrorInvalidValue;
+  g_smem_opt_in[func] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
 cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
   if (g_capturing) return g_last_error = cudaErrorIllegalState;
   g_capturing = true;

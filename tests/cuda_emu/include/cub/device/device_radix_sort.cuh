@@ -12,7 +12,7 @@
 #include <vector>
 
 namespace emu {
-void submit_grid(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
+void submit_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, std::function<void()> body);
 }  // namespace emu
 
 namespace cub {
@@ -26,7 +26,7 @@ struct DeviceRadixSort {
       return cudaSuccess;
     }
     const int64_t n = static_cast<int64_t>(num_items);
-    emu::submit_grid(dim3(1), dim3(1), 0, [=] {
+    emu::submit_grid(nullptr, dim3(1), dim3(1), 0, [=] {
       std::vector<int64_t> order(static_cast<size_t>(n));
       std::iota(order.begin(), order.end(), int64_t{0});
       std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys_in[a] < keys_in[b]; });
