@@ -12,11 +12,13 @@
 //             atomics; ours recomputes the scores once more for dq instead).
 // Tiles live in dynamic shared memory (at most 48 KB, but the tensor-core forward's at head dims
 // of 128, which opts in to 70 KB); each of the 128 threads owns a (BR/16) x (BC/8) patch of a
-// score tile and a (rows) x (DM/8) patch of an output tile, its accumulators in registers. DM, the head dims rounded up
-// to a power of two, is a template parameter; BR = BC is chosen so that the backward's tiles fit. A hidden key gets
-// score -inf; a row that sees no key gets out = 0 and lse = -inf, and adds nothing to dk, dv (the CPU kernel's
-// convention); a row of NaN scores gets NaN. Under the BF16 matmul precision (float32 tensors, head dims up to 128,
-// sm_80 and newer) the same passes run on the tensor cores: the mma kernels below, FlashAttention-2's register layout.
+// score tile and a (rows) x (DM/8) patch of an output tile, its accumulators in registers. DM,
+// the head dims rounded up to a power of two, is a template parameter; BR = BC is chosen so that
+// the backward's tiles fit.
+// A hidden key gets score -inf; a row that sees no key gets out = 0 and lse = -inf, and adds
+// nothing to dk, dv (the CPU kernel's convention); a row of NaN scores gets NaN.
+// Under the BF16 matmul precision (float32 tensors, head dims up to 128, sm_80 and newer) the same
+// passes run on the tensor cores: the mma kernels below, FlashAttention-2's register layout.
 #include <cmath>
 #include <type_traits>
 
@@ -314,8 +316,8 @@ __global__ void stage_transposed_kernel(const float* src, int64_t M, int64_t dim
 // The staged copies of one call (null where a kernel needs none), freed with it.
 struct Staged {
   int64_t Mp = 0;  // vt's row length
-  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *vt = nullptr,
-                 *dout = nullptr;  // [BH, L, DM]; vt [BH, DM, Mp]
+  // q, k, v, dout [BH, L, DM]; vt [BH, DM, Mp]
+  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *vt = nullptr, *dout = nullptr;
 };
 
 // Copies rows [r0, r0 + ROWS) x columns [c0, c0 + COLS) of a row-major bf16 matrix (rows x cols,
@@ -422,7 +424,8 @@ __device__ __forceinline__ bool tile_masked(const SdpaShape& s, const uint8_t* p
 }
 
 // The forward's key tiles are double-buffered: the next tile's copies are in flight while the
-// warps compute on this one. bf16 per stage: a key tile [64, DM + 8] and the value tile transposed [DM, 64 + 8].
+// warps compute on this one. bf16 per stage: a key tile [64, DM + 8] and the value tile
+// transposed [DM, 64 + 8].
 template <int DM> constexpr int mma_forward_stage() { return kMmaKeys * (DM + 8) + DM * (kMmaKeys + 8); }
 
 template <int DM>
@@ -677,7 +680,8 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
     mma_accumulated<NT, ET>(dv_acc, sT, ds, LD, g, t);   // dv += (z p)^T dout
     mma_accumulated<NT, ET>(dk_acc, dpt, qs, LD, g, t);  // dk += ds^T q (scaled below)
-    __syncthreads();                                     // this stage is read: the next copies into it may start
+    // This stage is read: the next copies into it may start.
+    __syncthreads();
   }
   store_rows<ET>(dk + bh * s.M * s.D, dk_acc, scale, mw, s.M, s.D, g, t);
   store_rows<ET>(dv + bh * s.M * s.E, dv_acc, 1.f, mw, s.M, s.E, g, t);
@@ -748,7 +752,8 @@ __global__ void __launch_bounds__(kMmaThreads)
                                row_delta[i / 2], scale, s, masked, pad_b, bias_b, drop, bh, heads, &pz);
       }
     mma_accumulated<NT, ET>(dq_acc, sc, ks, LD, g, t);  // dq += ds k (scaled below)
-    __syncthreads();                                    // this stage is read: the next copies into it may start
+    // This stage is read: the next copies into it may start.
+    __syncthreads();
   }
   store_rows<ET>(dq + bh * s.N * s.D, dq_acc, scale, nw, s.N, s.D, g, t);
 }
@@ -972,12 +977,14 @@ template <int DM> struct StagedCopies {
     add(a.k, BH * a.s.M, a.s.D, k.p);
     if (forward) {
       in.vt = vt.p;
+      constexpr size_t smem = sizeof(float) * kTransposeTile * (kTransposeTile + 1);
       const dim3 grid(static_cast<unsigned>((in.Mp + kTransposeTile - 1) / kTransposeTile),
                       static_cast<unsigned>((DM + kTransposeTile - 1) / kTransposeTile), static_cast<unsigned>(BH));
-      stage_transposed_kernel<DM>
-          <<<grid, dim3(kTransposeTile, 8), sizeof(float) * kTransposeTile*(kTransposeTile + 1), stream()>>>(
-              cptr<float>(a.v), a.s.M, a.s.E, in.Mp, vt.p);
-      LINEA_KERNEL_LAUNCH_CHECK();
+      if (in.Mp > 0) {  // no keys: the forward writes out = 0, lse = -inf from no tiles
+        stage_transposed_kernel<DM>
+            <<<grid, dim3(kTransposeTile, 8), smem, stream()>>>(cptr<float>(a.v), a.s.M, a.s.E, in.Mp, vt.p);
+        LINEA_KERNEL_LAUNCH_CHECK();
+      }
     } else {
       in.v = v.p;
       add(a.v, BH * a.s.M, a.s.E, v.p);
@@ -986,6 +993,7 @@ template <int DM> struct StagedCopies {
       in.dout = dout.p;
       add(*dout_t, BH * a.s.N, a.s.E, dout.p);
     }
+    if (most == 0) return;
     stage_rows_kernel<DM><<<dim3(grid_for(most), static_cast<unsigned>(count)), kBlockSize, 0, stream()>>>(jobs);
     LINEA_KERNEL_LAUNCH_CHECK();
   }

@@ -800,7 +800,8 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
       // of the double buffer twice; causal, where a row tile's first key tiles are fully visible.
       {1, 2, 70, 230, 32, 32, false, 0, false},
       {1, 1, 200, 200, 64, 48, true, 0, false},
-      {1, 1, 40, 150, 128, 100, false, 0, false},  // head dims of 128: one stage, 3 key tiles
+      {1, 1, 40, 150, 128, 100, false, 0, false},  // head dims of 128 (70 KB of tiles), 3 key tiles
+      {1, 2, 3, 0, 8, 8, false, 0, false},         // no keys: out 0, lse -inf
   };
   struct Restore {
     ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
