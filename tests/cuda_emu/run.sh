@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the CUDA parity tests without a GPU: Linea's cuda/ code on a host emulation of CUDA.
 # Blocks run one after another, a block's threads are fibers switched at __syncthreads()
-# (a barrier reached by only some threads aborts), launch configurations are checked, and
+# (a barrier reached by only some threads aborts), launch configurations are checked (over 48 KB
+# of dynamic shared memory only for a kernel that opted in), cp.async copies at once (a missing
+# wait goes unseen), and
 # cuBLAS / cuFFT / cuRAND are naive host fakes that check their arguments as documented
 # (the FFT fakes scribble over their inputs). Built with ASan + UBSan by default (SAN= to
 # turn off). Catches indexing, launch-geometry, barrier and library-argument bugs; it cannot
