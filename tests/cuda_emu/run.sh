@@ -3,10 +3,9 @@
 # Blocks run one after another, a block's threads are fibers switched at __syncthreads()
 # (a barrier reached by only some threads aborts), launch configurations are checked (over 48 KB
 # of dynamic shared memory only for a kernel that opted in), cp.async copies at once (a missing
-# wait goes unseen), and
-# cuBLAS / cuFFT / cuRAND are naive host fakes that check their arguments as documented
-# (the FFT fakes scribble over their inputs). Built with ASan + UBSan by default (SAN= to
-# turn off). Catches indexing, launch-geometry, barrier and library-argument bugs; it cannot
+# wait goes unseen), and cuBLAS / cuFFT / cuRAND are naive host fakes that check their arguments
+# as documented (the FFT fakes scribble over their inputs). Built with ASan + UBSan by default
+# (SAN= to turn off). Catches indexing, launch-geometry, barrier and library-argument bugs; it cannot
 # see data races, warp-level behaviour, or speed: run the real tests on a GPU for those.
 # The last binary, steps, runs apps/tests/test_gpu_step.cpp: what one training step of the
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
