@@ -333,7 +333,7 @@ __device__ __forceinline__ void copy_tile_async(uint16_t* tile, int ld, const ui
     if (kTotal % kMmaThreads != 0 && i >= kTotal) break;
     const int r = i / kPieces, c = i % kPieces * 8;
     const bool in = r0 + r < rows && c0 + c < cols;
-    cp_async16(tile + r * ld + c, in ? src + (r0 + r) * src_ld + c0 + c : src, in);
+    cp_async<16>(tile + r * ld + c, in ? src + (r0 + r) * src_ld + c0 + c : src, in);
   }
 }
 // Rows [r0, r0 + ROWS) of a staged [count, DM] operand into a tile of row stride ld.
@@ -643,7 +643,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     copy_rows_async<DM, NQ>(qs + NQ * LD, LD, dob, n0, s.N);
     const int i = threadIdx.x, r = i % NQ;
     const float* src = stat_rows[i < NQ ? 0 : 1];
-    if (i < 2 * NQ) cp_async4(stats + st * 2 * NQ + i, n0 + r < s.N ? src + n0 + r : src, n0 + r < s.N);
+    if (i < 2 * NQ) cp_async<4>(stats + st * 2 * NQ + i, n0 + r < s.N ? src + n0 + r : src, n0 + r < s.N);
     cp_async_commit();
   };
 
@@ -954,16 +954,18 @@ bool use_tensor_cores(const Tensor& q, const SdpaShape& s) {
 // Rounds the call's operands to bf16 in the layouts the tensor-core kernels read (Staged): q and
 // k (and v, dout: the backward) as rows of DM, v transposed for the forward. Two launches at most.
 template <int DM> struct StagedCopies {
+  int64_t BH, Mp;  // (batch, head) pairs; keys rounded up to 8 (vt's rows)
   DeviceScratch<uint16_t> q, k, v, vt, dout;
   Staged in;
   StagedCopies(const SdpaArgs& a, const Tensor* dout_t, bool forward)
-      : q(a.s.N * bh_of(a) * DM),
-        k(a.s.M * bh_of(a) * DM),
-        v(forward ? 0 : a.s.M * bh_of(a) * DM),
-        vt(forward ? bh_of(a) * DM * round_up(a.s.M, 8) : 0),
-        dout(dout_t ? a.s.N * bh_of(a) * DM : 0) {
-    const int64_t BH = bh_of(a);
-    in.Mp = round_up(a.s.M, 8);
+      : BH(a.q.size(0) * a.q.size(1)),
+        Mp((a.s.M + 7) / 8 * 8),
+        q(BH * a.s.N * DM),
+        k(BH * a.s.M * DM),
+        v(forward ? 0 : BH * a.s.M * DM),
+        vt(forward ? BH * DM * Mp : 0),
+        dout(dout_t ? BH * a.s.N * DM : 0) {
+    in.Mp = Mp;
     in.q = q.p;
     in.k = k.p;
     StageJobs jobs{};
@@ -997,8 +999,6 @@ template <int DM> struct StagedCopies {
     stage_rows_kernel<DM><<<dim3(grid_for(most), static_cast<unsigned>(count)), kBlockSize, 0, stream()>>>(jobs);
     LINEA_KERNEL_LAUNCH_CHECK();
   }
-  static int64_t bh_of(const SdpaArgs& a) { return a.q.size(0) * a.q.size(1); }
-  static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 };
 
 template <int DM> constexpr size_t mma_forward_smem() { return sizeof(uint16_t) * 2 * mma_forward_stage<DM>(); }

@@ -48,33 +48,23 @@ __device__ __forceinline__ uint16_t to_bf16(float f) { return static_cast<uint16
 // Two neighbouring bf16 of shared memory (p 4-byte aligned) as one register.
 __device__ __forceinline__ uint32_t load_bf16x2(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Asynchronous copies global -> shared (cp.async, sm_80+): 16 bytes, or 16 zero bytes when !in
-// (src is then not read). A thread's copies land by cp_async_wait<N>() (all but its N most recent
-// commit groups); the block sees them after the __syncthreads() that follows. The emulator copies
-// at once.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool in) {
+// Asynchronous copies global -> shared (cp.async, sm_80+) of BYTES (16, or 4), or as many zero
+// bytes when !in (src is then not read). A thread's copies land by cp_async_wait<N>() (all but its
+// N most recent commit groups); the block sees them after the __syncthreads() that follows. The
+// emulator copies at once.
+template <int BYTES> __device__ __forceinline__ void cp_async(void* dst, const void* src, bool in) {
+  static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 4, 8 or 16 bytes; Linea uses 16 and 4");
 #if defined(LINEA_CUDA_EMULATOR)
   if (in)
-    std::memcpy(dst, src, 16);
+    std::memcpy(dst, src, BYTES);
   else
-    std::memset(dst, 0, 16);
+    std::memset(dst, 0, BYTES);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(in ? 16 : 0));
-#elif defined(__CUDA_ARCH__)
-  __trap();
-#endif
-}
-// 4 bytes (or 4 zero bytes when !in), as cp_async16.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool in) {
-#if defined(LINEA_CUDA_EMULATOR)
-  if (in)
-    std::memcpy(dst, src, 4);
+  if constexpr (BYTES == 16)  // .cg (through L2 only) takes 16 bytes only
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(in ? 16 : 0));
   else
-    std::memset(dst, 0, 4);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(in ? 4 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(in ? 4 : 0));
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
