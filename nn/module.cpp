@@ -144,7 +144,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   StateDict mine;
   for (auto& [n, t] : named_parameters()) mine[n] = t;
   for (auto& [n, t] : named_buffers()) mine[n] = t;
-  std::vector<std::string> missing, unexpected, misshaped;
+  std::vector<std::string> missing, unexpected, misshaped, mistyped;
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
     if (it == state.end())
@@ -152,26 +152,27 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
     else if (!it->second.defined() || it->second.shape() != t.shape())
       misshaped.push_back(n + " (expected " + shape_str(t.shape()) + ", got " +
                           (it->second.defined() ? shape_str(it->second.shape()) : "undefined") + ")");
+    else if (is_floating(t.dtype()) != is_floating(it->second.dtype()))
+      mistyped.push_back(n + " (expected " + dtype_name(t.dtype()) + ", got " + dtype_name(it->second.dtype()) + ")");
   }
   for (auto& [n, _] : state)
     if (!mine.count(n)) unexpected.push_back(n);
-  bool bad = !misshaped.empty() || (strict && (!missing.empty() || !unexpected.empty()));
+  // Everything is checked before anything is copied: a refused state leaves the module as it was.
+  bool bad = !misshaped.empty() || !mistyped.empty() || (strict && (!missing.empty() || !unexpected.empty()));
   if (bad) {
     std::ostringstream os;
     os << "load_state_dict (" << type_name_ << "):";
     if (!missing.empty() && strict) os << " missing keys: " << join(missing) << ";";
     if (!unexpected.empty() && strict) os << " unexpected keys: " << join(unexpected) << ";";
     if (!misshaped.empty()) os << " shape mismatch: " << join(misshaped) << ";";
+    if (!mistyped.empty()) os << " dtype mismatch: " << join(mistyped) << ";";
     throw Error(os.str());
   }
   NoGradGuard ng;
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
     if (it == state.end()) continue;
-    Tensor src = it->second;
-    LINEA_CHECK(is_floating(t.dtype()) == is_floating(src.dtype()), "load_state_dict: '", n, "' has dtype ",
-                dtype_name(src.dtype()), ", the module expects ", dtype_name(t.dtype()));
-    t.copy_(src);
+    t.copy_(it->second);
   }
 }
 

@@ -1,5 +1,9 @@
 // Module system: registration and dotted names, modes, device/dtype moves, state dicts with
 // strict loading errors, parameter counts, printing.
+#include <map>
+#include <string>
+#include <vector>
+
 #include "nn/module.h"
 #include "test_util.h"
 
@@ -93,6 +97,28 @@ TEST(Module, StrictLoadListsEveryProblem) {
   s["blocks.1.w"] = ones({2, 2});
   m->load_state_dict(s, /*strict=*/false);
   EXPECT_EQ(m->blocks->at<Leaf>(1)->w.to_vector<float>(), std::vector<float>(4, 1.0f));
+}
+
+// A tensor of the wrong kind (integers for a float parameter) is refused before anything is
+// copied: the parameters loaded before it in name order stay as they were (found by fuzzing a
+// checkpoint whose "b" was float32 and "w" uint32).
+TEST(Module, RefusedLoadChangesNothing) {
+  auto m = std::make_shared<Tree>();
+  const nn::StateDict before = m->state_dict();
+  std::map<std::string, std::vector<float>> values;
+  for (const auto& [n, t] : before) values[n] = t.contiguous().to_vector<float>();
+  nn::StateDict s;
+  for (const auto& [n, t] : before) s[n] = ones(t.shape());
+  const std::string last = s.rbegin()->first;
+  s[last] = zeros(before.at(last).shape(), TensorOptions(DType::Int64));
+  try {
+    m->load_state_dict(s);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("dtype mismatch: " + last + " (expected float32, got int64)"), std::string::npos) << msg;
+  }
+  for (const auto& [n, t] : m->state_dict()) EXPECT_EQ(t.contiguous().to_vector<float>(), values[n]) << n;
 }
 
 TEST(Module, ToDtypeKeepsHandlesAndDropsGrads) {
