@@ -10,15 +10,18 @@
 //             tiles. Each sum is taken by one block in a fixed order: no atomics, so the result
 //             is the same bits every run (FlashAttention's single backward kernel adds dq with
 //             atomics; ours recomputes the scores once more for dq instead).
-// Tiles live in dynamic shared memory (at most 48 KB, but the tensor-core forward's at head dims
-// of 128, which opts in to 70 KB); each of the 128 threads owns a (BR/16) x (BC/8) patch of a
+// Tiles live in dynamic shared memory (at most 48 KB, but the bf16 tensor-core forward's at head
+// dims of 128, which opts in to 70 KB); each of the 128 threads owns a (BR/16) x (BC/8) patch of a
 // score tile and a (rows) x (DM/8) patch of an output tile, its accumulators in registers. DM,
 // the head dims rounded up to a power of two, is a template parameter; BR = BC is chosen so that
 // the backward's tiles fit.
 // A hidden key gets score -inf; a row that sees no key gets out = 0 and lse = -inf, and adds
 // nothing to dk, dv (the CPU kernel's convention); a row of NaN scores gets NaN.
-// Under the BF16 matmul precision (float32 tensors, head dims up to 128, sm_80 and newer) the same
-// passes run on the tensor cores: the mma kernels below, FlashAttention-2's register layout.
+// On sm_80 and newer, float32 tensors take the same passes on the tensor cores (the mma kernels
+// below, FlashAttention-2's register layout): in bf16 under the BF16 matmul precision (head dims
+// up to 128), in TF32 under TF32, and as three TF32 products per product (3xTF32, about float32's
+// accuracy, as PyTorch's SDPA in float32) under the default precision (both up to 64). The SIMT
+// kernels take float64, older GPUs and the head dims past those.
 #include <cmath>
 #include <type_traits>
 
@@ -250,28 +253,126 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
   }
 }
 
-// ---- the tensor-core forward (float32 tensors, bf16 matmul precision) -----------------------------
+// ---- the tensor-core kernels (float32 tensors, sm_80 and newer) ----------------------------------
 // The FlashAttention-2 layout on mma.sync (cuda/mma.cuh): 4 warps, each owning 16 of the block's
 // 64 query rows for the whole pass, walk key tiles of 64. Per tile a warp computes its scores
 // S [16, 64] = Q K^T as 8 accumulator tiles of 8 keys, applies the mask, scale and bias, updates
 // the online softmax in registers (a row's values sit in the 4 lanes of a quad: max and sum by
-// two shuffles each) and adds P V into its output accumulators, P's accumulators rounded to bf16
-// and reused as the A operand. Q, K, V (and P) are rounded to bf16, scores, sums and the output
-// stay float32: the inputs of the two products are what the BF16 precision rounds, as for a
-// GEMM (core/precision.h). Shared memory holds a key tile and the value tile transposed, so that
-// every fragment is one 32-bit load, in two stages (the next tile's copies in flight during this
-// one's products); a tile that no mask touches skips the per-element checks.
+// two shuffles each) and adds P V into its output accumulators, P's accumulators reused as the A
+// operand. Scores, sums and the output stay float32. Shared memory holds the walked tiles in two
+// stages (the next tile's copies in flight during this one's products, by cp.async); a tile that
+// no mask touches skips the per-element checks.
+//
+// The kernels are written once over an operand format F: what their tiles hold and how a fragment
+// is read and multiplied.
+//   Bf16Format     --precision bf16 (head dims up to 128): q, k, v, dout rounded to bf16 once per
+//                  call into rows of DM (StagedCopies), the forward's values transposed; m16n8k16,
+//                  two elements per register. P and dS are rounded to bf16 before their products.
+//   Tf32Format<3>  float32, the default precision (head dims up to 64): the tensors' own rows;
+//                  m16n8k8 on TF32 with each operand split as x = big + small (big: x rounded to
+//                  TF32, small: x - big rounded) and multiplied as big small + small big + big big:
+//                  a product's relative error about 2^-21 instead of float32's 2^-24. PyTorch's
+//                  memory-efficient SDPA does the same in float32 (CUTLASS's 3xTF32).
+//   Tf32Format<1>  --precision tf32 (head dims up to 64): big big only.
+// Where an accumulator tile is the A operand (P V, dS K, P^T dout, dS^T q), B is read down the
+// columns of a row-major tile. bf16: two neighbouring 8-column accumulator tiles are one A
+// fragment (k-step 16), b[0] = rows 2t, 2t+1 and b[1] = rows 2t+8, 2t+9 of the k-step. TF32: one
+// accumulator tile is an A fragment whose columns are permuted (A column t holds accumulator
+// column 2t, column t+4 holds 2t+1), b[0] = row 2t and b[1] = row 2t+1: the same permutation of
+// the sum's terms on both sides, so no shuffle is needed.
 constexpr int kMmaRows = 64, kMmaKeys = 64, kMmaThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// ---- bf16 operands, staged once per call -----------------------------------------------------------
-// The tensor-core kernels read q, k, v (and dout) as bf16 copies made by one pass before them:
-// rows of DM values (zeros past the head dims), so that a tile is whole 16-byte pieces that
-// cp.async copies into shared memory while the warps compute on the tile before. Rounding at
-// every tile load made each key tile a chain of global loads, conversions and stores (about
-// 25,000 cycles per key tile and block on an H200 at L = 4096, D = 64). The forward's values are
-// staged transposed, [DM, Mp] per (b, h) with Mp = M rounded up to 8: the B fragments of P V
-// read two neighbouring keys of one value column as one 32-bit load.
+// The bf16 pair (tile[0], tile[ld]): two rows of one column.
+__device__ __forceinline__ uint32_t column_bf16x2(const uint16_t* tile, int ld) {
+  return static_cast<uint32_t>(tile[0]) | (static_cast<uint32_t>(tile[ld]) << 16);
+}
+__device__ __forceinline__ uint32_t float_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+struct Bf16Format {
+  using Elem = uint16_t;
+  static constexpr int K = 16;                // the mma's k-step
+  static constexpr int KPR = 2;               // elements of a row per fragment register
+  static constexpr int PAD = 8;               // row pad of the tiles (elements), against bank conflicts
+  static constexpr int kMaxDims = 128;        // head dims the kernels take (registers)
+  static constexpr bool kTransposedV = true;  // the forward reads v transposed ([DM, keys] tiles)
+  static constexpr int kPasses = 1;           // mma per product
+  __device__ static uint32_t load(const Elem* p) { return load_bf16x2(p); }
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma_bf16_16x8x16(d, a, b);
+  }
+  // k-step kk of accumulator tiles x [16, 8] each as an A fragment.
+  template <int NT> __device__ static void accumulator_a(uint32_t (&a)[4], const float (&x)[NT][4], int kk) {
+    a[0] = pack_bf16x2(x[2 * kk][0], x[2 * kk][1]);
+    a[1] = pack_bf16x2(x[2 * kk][2], x[2 * kk][3]);
+    a[2] = pack_bf16x2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+    a[3] = pack_bf16x2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+  }
+  // The B fragment of a k-step read down column `col` (its first row) of a tile with row stride ld.
+  __device__ static void column_b(uint32_t (&b)[2], const Elem* col, int ld, int t) {
+    b[0] = column_bf16x2(col + 2 * t * ld, ld);
+    b[1] = column_bf16x2(col + (2 * t + 8) * ld, ld);
+  }
+};
+
+template <int PASSES> struct Tf32Format {
+  static_assert(PASSES == 1 || PASSES == 3);
+  using Elem = float;
+  static constexpr int K = 8, KPR = 1, PAD = 4, kMaxDims = 64;
+  static constexpr bool kTransposedV = false;
+  static constexpr int kPasses = PASSES;
+  __device__ static uint32_t load(const Elem* p) { return float_bits(*p); }
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    uint32_t ab[4], bb[2];  // the big parts
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ab[i] = round_tf32(bits_to_float(a[i]));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) bb[i] = round_tf32(bits_to_float(b[i]));
+    if constexpr (PASSES == 3) {
+      uint32_t as[4], bs[2];  // the small parts
+#pragma unroll
+      for (int i = 0; i < 4; ++i) as[i] = round_tf32(bits_to_float(a[i]) - bits_to_float(ab[i]));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) bs[i] = round_tf32(bits_to_float(b[i]) - bits_to_float(bb[i]));
+      mma_tf32x3_16x8x8(d, ab, as, bb, bs);
+    } else {
+      mma_tf32_16x8x8(d, ab, bb);
+    }
+  }
+  template <int NT> __device__ static void accumulator_a(uint32_t (&a)[4], const float (&x)[NT][4], int kk) {
+    a[0] = float_bits(x[kk][0]);  // row g, column 2t -> A column t
+    a[1] = float_bits(x[kk][2]);  // row g + 8
+    a[2] = float_bits(x[kk][1]);  // row g, column 2t + 1 -> A column t + 4
+    a[3] = float_bits(x[kk][3]);
+  }
+  __device__ static void column_b(uint32_t (&b)[2], const Elem* col, int ld, int t) {
+    b[0] = float_bits(col[2 * t * ld]);
+    b[1] = float_bits(col[(2 * t + 1) * ld]);
+  }
+};
+
+// ---- the operands -------------------------------------------------------------------------------
+// What the kernels copy their tiles from: row-major [BH, rows, dim] matrices (the float32 tensors
+// themselves, or their bf16 copies with dim = DM), and for the bf16 forward the values transposed.
+template <typename Elem> struct MmaOperands {
+  const Elem *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  int64_t qk_dim = 0, v_dim = 0;  // row lengths: q and k; v and dout
+  const Elem* vt = nullptr;       // bf16 forward: [BH, DM, Mp], Mp = M rounded up to 8
+  int64_t Mp = 0;
+  bool vec = true;  // every row starts on 16 bytes: tiles copied in 16-byte pieces (else 4-byte)
+};
+
+// bf16 operands, staged once per call. The bf16 kernels read q, k, v (and dout) as bf16 copies
+// made by one pass before them: rows of DM values (zeros past the head dims), so that a tile is
+// whole 16-byte pieces that cp.async copies into shared memory while the warps compute on the tile
+// before. Rounding at every tile load made each key tile a chain of global loads, conversions and
+// stores (about 25,000 cycles per key tile and block on an H200 at L = 4096, D = 64). The forward's
+// values are staged transposed, [DM, Mp] per (b, h): the B fragments of P V read two neighbouring
+// keys of one value column as one 32-bit load.
 struct StageJob {
   const float* src;  // [rows, dim]
   int64_t rows, dim;
@@ -313,84 +414,79 @@ __global__ void stage_transposed_kernel(const float* src, int64_t M, int64_t dim
   }
 }
 
-// The staged copies of one call (null where a kernel needs none), freed with it.
-struct Staged {
-  int64_t Mp = 0;  // vt's row length
-  // q, k, v, dout [BH, L, DM]; vt [BH, DM, Mp]
-  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *vt = nullptr, *dout = nullptr;
-};
-
-// Copies rows [r0, r0 + ROWS) x columns [c0, c0 + COLS) of a row-major bf16 matrix (rows x cols,
-// rows src_ld apart) into a tile of row stride ld by cp.async, 16 bytes a copy; zeros outside the
-// matrix. cols, c0 and COLS are multiples of 8: a copy is wholly inside or outside.
-template <int ROWS, int COLS>
-__device__ __forceinline__ void copy_tile_async(uint16_t* tile, int ld, const uint16_t* src, int64_t src_ld, int64_t r0,
-                                                int64_t rows, int64_t c0, int64_t cols) {
-  constexpr int kPieces = COLS / 8, kTotal = ROWS * kPieces;
+// Copies rows [r0, r0 + ROWS) x columns [c0, c0 + COLS) of a row-major matrix (rows x cols, rows
+// src_ld apart) into a tile of row stride ld by cp.async; zeros outside the matrix. With vec, 16
+// bytes a copy (cols, c0 and COLS whole pieces: a copy is wholly inside or outside); without
+// (float32 rows off 16-byte boundaries), 4.
+template <int ROWS, int COLS, typename Elem>
+__device__ __forceinline__ void copy_tile_async(Elem* tile, int ld, const Elem* src, int64_t src_ld, int64_t r0,
+                                                int64_t rows, int64_t c0, int64_t cols, bool vec) {
+  const auto copy = [&](auto piece) {
+    constexpr int kPer = decltype(piece)::value / static_cast<int>(sizeof(Elem));
+    constexpr int kPieces = COLS / kPer, kTotal = ROWS * kPieces;
 #pragma unroll
-  for (int j = 0; j < (kTotal + kMmaThreads - 1) / kMmaThreads; ++j) {
-    const int i = static_cast<int>(threadIdx.x) + j * kMmaThreads;
-    if (kTotal % kMmaThreads != 0 && i >= kTotal) break;
-    const int r = i / kPieces, c = i % kPieces * 8;
-    const bool in = r0 + r < rows && c0 + c < cols;
-    cp_async<16>(tile + r * ld + c, in ? src + (r0 + r) * src_ld + c0 + c : src, in);
-  }
+    for (int j = 0; j < (kTotal + kMmaThreads - 1) / kMmaThreads; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + j * kMmaThreads;
+      if (kTotal % kMmaThreads != 0 && i >= kTotal) break;
+      const int r = i / kPieces, c = i % kPieces * kPer;
+      const bool in = r0 + r < rows && c0 + c < cols;
+      cp_async<decltype(piece)::value>(tile + r * ld + c, in ? src + (r0 + r) * src_ld + c0 + c : src, in);
+    }
+  };
+  if (sizeof(Elem) == 2 || vec)
+    copy(std::integral_constant<int, 16>{});
+  else if constexpr (sizeof(Elem) == 4)
+    copy(std::integral_constant<int, 4>{});
 }
-// Rows [r0, r0 + ROWS) of a staged [count, DM] operand into a tile of row stride ld.
-template <int DM, int ROWS>
-__device__ __forceinline__ void copy_rows_async(uint16_t* tile, int ld, const uint16_t* src, int64_t r0,
-                                                int64_t count) {
-  copy_tile_async<ROWS, DM>(tile, ld, src, DM, r0, count, 0, DM);
+// Rows [r0, r0 + ROWS) of a [count, dim] operand into a tile of DM columns, row stride ld.
+template <int DM, int ROWS, typename Elem>
+__device__ __forceinline__ void copy_rows_async(Elem* tile, int ld, const Elem* src, int64_t dim, int64_t r0,
+                                                int64_t count, bool vec) {
+  copy_tile_async<ROWS, DM>(tile, ld, src, dim, r0, count, 0, dim, vec);
 }
 
-// The bf16 pair (tile[0], tile[ld]): two rows of one column.
-__device__ __forceinline__ uint32_t column_bf16x2(const uint16_t* tile, int ld) {
-  return static_cast<uint32_t>(tile[0]) | (static_cast<uint32_t>(tile[ld]) << 16);
-}
-
-// The warp's A fragments of 16 rows (from rows16) of a bf16 tile with row stride ld.
-template <int KT>
-__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[KT][4], const uint16_t* rows16, int ld, int g, int t) {
+// The warp's A fragments of 16 rows (from rows16) of a tile with row stride ld.
+template <typename F, int KT>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[KT][4], const typename F::Elem* rows16, int ld, int g,
+                                                 int t) {
 #pragma unroll
-  for (int kk = 0; kk < KT; ++kk) {
-    a[kk][0] = load_bf16x2(rows16 + g * ld + kk * 16 + 2 * t);
-    a[kk][1] = load_bf16x2(rows16 + (g + 8) * ld + kk * 16 + 2 * t);
-    a[kk][2] = load_bf16x2(rows16 + g * ld + kk * 16 + 2 * t + 8);
-    a[kk][3] = load_bf16x2(rows16 + (g + 8) * ld + kk * 16 + 2 * t + 8);
-  }
+  for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      a[kk][i] = F::load(rows16 + (g + 8 * (i % 2)) * ld + kk * F::K + F::KPR * t + (i / 2) * (F::K / 2));
 }
 
 // acc[nt] = A B^T for NT tiles of 8 rows of `other` (row-major, stride ld): B[k][n] = other[n][k].
-template <int KT, int NT>
-__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const uint32_t (&a)[KT][4], const uint16_t* other, int ld,
-                                         int g, int t) {
+// k-steps outermost: what a format derives from a k-step of A (TF32's split) is live for one step.
+template <typename F, int KT, int NT>
+__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const uint32_t (&a)[KT][4], const typename F::Elem* other,
+                                         int ld, int g, int t) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    const uint16_t* r = other + (nt * 8 + g) * ld + 2 * t;
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < KT; ++kk) {
-      const uint32_t b[2] = {load_bf16x2(r + kk * 16), load_bf16x2(r + kk * 16 + 8)};
-      mma_bf16_16x8x16(acc[nt], a[kk], b);
+  for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const typename F::Elem* r = other + (nt * 8 + g) * ld + F::KPR * t + kk * F::K;
+      const uint32_t b[2] = {F::load(r), F::load(r + F::K / 2)};
+      F::mma(acc[nt], a[kk], b);
     }
-  }
 }
 
-// acc[e] += X Y for X the warp's [16, 8 NT] accumulators (rounded to bf16, as A operands) and Y
-// [8 NT, 8 ET] the rows of a row-major tile (stride ld) read down its columns.
-template <int NT, int ET>
-__device__ __forceinline__ void mma_accumulated(float (&acc)[ET][4], const float (&x)[NT][4], const uint16_t* y, int ld,
-                                                int g, int t) {
+// acc[e] += X Y for X the warp's [16, 8 NT] accumulators (as A operands) and Y [8 NT, 8 ET] the
+// rows of a row-major tile (stride ld) read down its columns.
+template <typename F, int NT, int ET>
+__device__ __forceinline__ void mma_accumulated(float (&acc)[ET][4], const float (&x)[NT][4], const typename F::Elem* y,
+                                                int ld, int g, int t) {
 #pragma unroll
-  for (int kk = 0; kk < NT / 2; ++kk) {
-    const uint32_t a[4] = {pack_bf16x2(x[2 * kk][0], x[2 * kk][1]), pack_bf16x2(x[2 * kk][2], x[2 * kk][3]),
-                           pack_bf16x2(x[2 * kk + 1][0], x[2 * kk + 1][1]),
-                           pack_bf16x2(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+  for (int kk = 0; kk < NT * 8 / F::K; ++kk) {
+    uint32_t a[4];
+    F::template accumulator_a<NT>(a, x, kk);
 #pragma unroll
     for (int e = 0; e < ET; ++e) {
-      const uint16_t* c = y + (kk * 16 + 2 * t) * ld + e * 8 + g;
-      const uint32_t b[2] = {column_bf16x2(c, ld), column_bf16x2(c + 8 * ld, ld)};
-      mma_bf16_16x8x16(acc[e], a, b);
+      uint32_t b[2];
+      F::column_b(b, y + kk * F::K * ld + e * 8 + g, ld, t);
+      F::mma(acc[e], a, b);
     }
   }
 }
@@ -424,37 +520,46 @@ __device__ __forceinline__ bool tile_masked(const SdpaShape& s, const uint8_t* p
 }
 
 // The forward's key tiles are double-buffered: the next tile's copies are in flight while the
-// warps compute on this one. bf16 per stage: a key tile [64, DM + 8] and the value tile
-// transposed [DM, 64 + 8].
-template <int DM> constexpr int mma_forward_stage() { return kMmaKeys * (DM + 8) + DM * (kMmaKeys + 8); }
+// warps compute on this one. Elements per stage: a key tile [64, DM + PAD] and the value tile,
+// [64, DM + PAD] or (bf16) transposed [DM, 64 + 8].
+template <typename F, int DM> constexpr int forward_keys() { return F::kPasses == 3 && DM == 64 ? 32 : kMmaKeys; }
+template <typename F, int DM> constexpr int mma_forward_stage() {
+  constexpr int NK = forward_keys<F, DM>();
+  return NK * (DM + F::PAD) + (F::kTransposedV ? DM * (NK + 8) : NK * (DM + F::PAD));
+}
 
-template <int DM>
+template <typename F, int DM>
 __global__ void __launch_bounds__(kMmaThreads)
-    sdpa_forward_mma_kernel(Staged in, const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
-                            ExampleDropout<float> drop, const uint64_t* draw_base, float* out, float* lse) {
-  constexpr int KS = DM + 8, VS = kMmaKeys + 8;  // row strides (bf16), padded against bank conflicts
-  constexpr int KT = DM / 16, NT = kMmaKeys / 8, ET = DM / 8;
-  uint16_t* smem = shared_mem<uint16_t>();  // 2 x [key tile, value tile]; first the query tile
+    sdpa_forward_mma_kernel(MmaOperands<typename F::Elem> in, const uint8_t* pad, const float* bias, float scale,
+                            SdpaShape s, int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base,
+                            float* out, float* lse) {
+  using Elem = typename F::Elem;
+  constexpr int NK = forward_keys<F, DM>(), KT = DM / F::K, NT = NK / 8, ET = DM / 8;
+  constexpr int KS = DM + F::PAD, VS = NK + 8;  // row strides of the key and (bf16) transposed value tiles
+  Elem* smem = shared_mem<Elem>();              // 2 x [key tile, value tile]; first the query tile
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t rows[2] = {n0 + warp * 16 + g, n0 + warp * 16 + g + 8};  // this lane's two rows
-  const uint16_t* kb = in.k + bh * s.M * DM;
-  const uint16_t* vb = in.vt + bh * DM * in.Mp;
+  const Elem* kb = in.k + bh * s.M * in.qk_dim;
+  const Elem* vb = F::kTransposedV ? in.vt + bh * DM * in.Mp : in.v + bh * s.M * in.v_dim;
   // Key tile m0 (and its values) into stage `st`, one commit group.
   const auto issue = [&](int64_t m0, int st) {
-    uint16_t* ks = smem + st * mma_forward_stage<DM>();
-    copy_rows_async<DM, kMmaKeys>(ks, KS, kb, m0, s.M);
-    copy_tile_async<DM, kMmaKeys>(ks + kMmaKeys * KS, VS, vb, in.Mp, 0, DM, m0, in.Mp);
+    Elem* ks = smem + st * mma_forward_stage<F, DM>();
+    copy_rows_async<DM, NK>(ks, KS, kb, in.qk_dim, m0, s.M, in.vec);
+    if constexpr (F::kTransposedV)
+      copy_tile_async<DM, NK>(ks + NK * KS, VS, vb, in.Mp, 0, DM, m0, in.Mp, true);
+    else
+      copy_rows_async<DM, NK>(ks + NK * KS, KS, vb, in.v_dim, m0, s.M, in.vec);
     cp_async_commit();
   };
 
-  copy_rows_async<DM, kMmaRows>(smem, KS, in.q + bh * s.N * DM, n0, s.N);
+  copy_rows_async<DM, kMmaRows>(smem, KS, in.q + bh * s.N * in.qk_dim, in.qk_dim, n0, s.N, in.vec);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   uint32_t qa[KT][4];  // the warp's 16 query rows as A fragments, kept for the whole pass
-  load_a_fragments<KT>(qa, smem + warp * 16 * KS, KS, g, t);
+  load_a_fragments<F, KT>(qa, smem + warp * 16 * KS, KS, g, t);
   float o[ET][4];
 #pragma unroll
   for (int e = 0; e < ET; ++e) o[e][0] = o[e][1] = o[e][2] = o[e][3] = 0.f;
@@ -466,21 +571,21 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
   __syncthreads();  // the query tile's fragments are read: its space is the first key tile's
   if (m_end > 0) issue(0, 0);
-  for (int64_t m0 = 0, it = 0; m0 < m_end; m0 += kMmaKeys, ++it) {
+  for (int64_t m0 = 0, it = 0; m0 < m_end; m0 += NK, ++it) {
     const int stage = static_cast<int>(it % 2);
-    if (m0 + kMmaKeys < m_end) {
-      issue(m0 + kMmaKeys, stage ^ 1);
+    if (m0 + NK < m_end) {
+      issue(m0 + NK, stage ^ 1);
       cp_async_wait<1>();  // this tile's group is done, the next one's may still be in flight
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint16_t* ks = smem + stage * mma_forward_stage<DM>();
-    const uint16_t* vt = ks + kMmaKeys * KS;
+    const Elem* ks = smem + stage * mma_forward_stage<F, DM>();
+    const Elem* vs = ks + NK * KS;
     float sc[NT][4];
-    mma_rows<KT, NT>(sc, qa, ks, KS, g, t);
+    mma_rows<F, KT, NT>(sc, qa, ks, KS, g, t);
     // Element (nt, i) of a lane: row rows[i / 2], key m0 + nt * 8 + 2 t + i % 2.
-    const bool masked = tile_masked(s, pad_b, n0, m0, kMmaKeys);
+    const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     float tile_max[2] = {neg_inf<float>(), neg_inf<float>()};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -513,17 +618,20 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
 #pragma unroll
     for (int e = 0; e < ET; ++e) o[e][0] *= alpha[0], o[e][1] *= alpha[0], o[e][2] *= alpha[1], o[e][3] *= alpha[1];
+    if constexpr (F::kTransposedV) {  // B[k][n] = vt[n][k]: the rows of the transposed tile
 #pragma unroll
-    for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
-      const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      for (int kk = 0; kk < NK / F::K; ++kk) {
+        uint32_t pa[4];
+        F::template accumulator_a<NT>(pa, sc, kk);
 #pragma unroll
-      for (int e = 0; e < ET; ++e) {
-        const uint16_t* vr = vt + (e * 8 + g) * VS + kk * 16 + 2 * t;
-        const uint32_t b[2] = {load_bf16x2(vr), load_bf16x2(vr + 8)};
-        mma_bf16_16x8x16(o[e], pa, b);
+        for (int e = 0; e < ET; ++e) {
+          const Elem* vr = vs + (e * 8 + g) * VS + kk * F::K + F::KPR * t;
+          const uint32_t b[2] = {F::load(vr), F::load(vr + F::K / 2)};
+          F::mma(o[e], pa, b);
+        }
       }
+    } else {
+      mma_accumulated<F, NT, ET>(o, sc, vs, KS, g, t);
     }
     __syncthreads();  // this stage is read: the next copies into it may start
   }
@@ -549,22 +657,27 @@ __global__ void __launch_bounds__(kMmaThreads)
 //           of 128): S^T = K Q^T and dP^T = V dout^T from the warp's key and value rows, kept
 //           as A fragments; then dv += (z P)^T dout and dk += dS^T q with those accumulators
 //           reused as A operands.
-//   dq      4 warps own 16 queries each and walk key tiles of 64 (32): S = Q K^T, dP = dout V^T,
-//           dq += dS k.
-// Both read the staged bf16 operands, the walked tiles double-buffered (cp.async). The B
-// operands read down a column of a row-major tile (dout, q, k in the second products) are
-// gathered from two bf16 loads. P and dS are rounded to bf16 before their products, as
-// FlashAttention-2 does; delta, the sums of exp and dbias stay float32.
+//   dq      4 warps own 16 queries each and walk key tiles of 64 (32 at head dims of 128, and in
+//           TF32): S = Q K^T, dP = dout V^T, dq += dS k.
+// The walked tiles are double-buffered (cp.async). The B operands of the second products are
+// read down the columns of row-major tiles (dout, q, k). P and dS enter their products as the
+// format rounds them (bf16, as FlashAttention-2 does; TF32 split in two); delta, the sums of exp
+// and dbias stay float32.
 //
 // The dk/dv kernel's query tile and the dq kernel's key tile: the score tiles are what is left of
-// 255 registers after the kept fragments and the accumulators (at DM = 128: 64 + 128 in dk/dv).
-template <int DM> constexpr int dkv_queries() { return DM == 128 ? 16 : 32; }
-template <int DM> constexpr int dq_keys() { return DM == 128 ? 32 : 64; }
-// bf16 per stage of the walked tiles (two of them: q and dout, or k and v); the kept rows' two
-// [64, DM + 8] tiles are staged first in the same space.
-template <int DM> constexpr int dkv_stage() { return 2 * dkv_queries<DM>() * (DM + 8); }
-template <int DM> constexpr int dq_stage() { return 2 * dq_keys<DM>() * (DM + 8); }
-template <int DM> constexpr int kept_tiles() { return 2 * kMmaRows * (DM + 8); }
+// 255 registers after the kept fragments and the accumulators (at DM = 128: 64 + 128 in dk/dv);
+// the TF32 dq kernel's 32 keys keep its stages under 48 KB of shared memory.
+template <typename F, int DM> constexpr int dkv_queries() {
+  return DM == 128 || (F::kPasses == 3 && DM == 64) ? 16 : 32;
+}
+template <typename F, int DM> constexpr int dq_keys() {
+  return F::kPasses == 3 && DM == 64 ? 16 : DM == 128 || sizeof(typename F::Elem) == 4 ? 32 : 64;
+}
+// Elements per stage of the walked tiles (two of them: q and dout, or k and v); the kept rows'
+// two [64, DM + PAD] tiles are staged first in the same space.
+template <typename F, int DM> constexpr int dkv_stage() { return 2 * dkv_queries<F, DM>() * (DM + F::PAD); }
+template <typename F, int DM> constexpr int dq_stage() { return 2 * dq_keys<F, DM>() * (DM + F::PAD); }
+template <typename F, int DM> constexpr int kept_tiles() { return 2 * kMmaRows * (DM + F::PAD); }
 
 // One probability and its score gradient (probs_and_dscores' formulas): x the unscaled score,
 // dp = dout . v; returns z p in *pz. masked: the pair may be hidden (tile_masked).
@@ -597,50 +710,54 @@ __device__ __forceinline__ void store_rows(float* dst, const float (&acc)[ET][4]
   }
 }
 
-// The backward kernels' kept operands: rows [r0, r0 + 64) of the staged x0 and x1 [count, DM]
-// copied into tiles t0 and t1 (row stride DM + 8), and the warp's 16 of them as A fragments a0
-// and a1 for the whole pass. Ends with the tiles read (their space is free).
-template <int DM>
-__device__ __forceinline__ void keep_warp_rows(uint32_t (&a0)[DM / 16][4], uint32_t (&a1)[DM / 16][4], uint16_t* t0,
-                                               uint16_t* t1, const uint16_t* x0, const uint16_t* x1, int64_t r0,
-                                               int64_t count, const MmaLane& lane) {
-  constexpr int LD = DM + 8;
-  copy_rows_async<DM, kMmaRows>(t0, LD, x0, r0, count);
-  copy_rows_async<DM, kMmaRows>(t1, LD, x1, r0, count);
+// The backward kernels' kept operands: rows [r0, r0 + 64) of x0 [count, dim0] and x1 [count,
+// dim1] copied into tiles t0 and t1 (row stride DM + PAD), and the warp's 16 of them as A
+// fragments a0 and a1 for the whole pass. Ends with the tiles read (their space is free).
+template <typename F, int DM>
+__device__ __forceinline__ void keep_warp_rows(uint32_t (&a0)[DM / F::K][4], uint32_t (&a1)[DM / F::K][4],
+                                               typename F::Elem* t0, typename F::Elem* t1, const typename F::Elem* x0,
+                                               int64_t dim0, const typename F::Elem* x1, int64_t dim1, int64_t r0,
+                                               int64_t count, bool vec, const MmaLane& lane) {
+  constexpr int LD = DM + F::PAD;
+  copy_rows_async<DM, kMmaRows>(t0, LD, x0, dim0, r0, count, vec);
+  copy_rows_async<DM, kMmaRows>(t1, LD, x1, dim1, r0, count, vec);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  load_a_fragments<DM / 16>(a0, t0 + lane.warp * 16 * LD, LD, lane.g, lane.t);
-  load_a_fragments<DM / 16>(a1, t1 + lane.warp * 16 * LD, LD, lane.g, lane.t);
+  load_a_fragments<F, DM / F::K>(a0, t0 + lane.warp * 16 * LD, LD, lane.g, lane.t);
+  load_a_fragments<F, DM / F::K>(a1, t1 + lane.warp * 16 * LD, LD, lane.g, lane.t);
   __syncthreads();
 }
 
-template <int DM>
+template <typename F, int DM>
 __global__ void __launch_bounds__(kMmaThreads)
-    sdpa_backward_dkv_mma_kernel(Staged in, const float* lse, const float* delta, const uint8_t* pad, const float* bias,
-                                 float scale, SdpaShape s, int64_t heads, ExampleDropout<float> drop,
-                                 const uint64_t* draw_base, float* dk, float* dv, float* dbias) {
-  constexpr int LD = DM + 8, KT = DM / 16, ET = DM / 8, NQ = dkv_queries<DM>(), NT = NQ / 8;
-  uint16_t* smem = shared_mem<uint16_t>();  // 2 x [q tile [NQ, LD], dout tile [NQ, LD]]; first the kept tiles
-  float* stats = reinterpret_cast<float*>(smem + max(kept_tiles<DM>(), 2 * dkv_stage<DM>()));  // 2 x [lse, delta]
+    sdpa_backward_dkv_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, const float* delta,
+                                 const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
+                                 ExampleDropout<float> drop, const uint64_t* draw_base, float* dk, float* dv,
+                                 float* dbias) {
+  using Elem = typename F::Elem;
+  constexpr int LD = DM + F::PAD, KT = DM / F::K, ET = DM / 8, NQ = dkv_queries<F, DM>(), NT = NQ / 8;
+  Elem* smem = shared_mem<Elem>();  // 2 x [q tile [NQ, LD], dout tile [NQ, LD]]; first the kept tiles
+  float* stats = reinterpret_cast<float*>(smem + max(kept_tiles<F, DM>(), 2 * dkv_stage<F, DM>()));  // 2 x [lse, delta]
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kMmaKeys, mw = m0 + warp * 16;
   uint32_t ka[KT][4], va[KT][4];  // the warp's 16 keys and values
-  keep_warp_rows<DM>(ka, va, smem, smem + kMmaKeys * LD, in.k + bh * s.M * DM, in.v + bh * s.M * DM, m0, s.M, lane);
+  keep_warp_rows<F, DM>(ka, va, smem, smem + kMmaKeys * LD, in.k + bh * s.M * in.qk_dim, in.qk_dim,
+                        in.v + bh * s.M * in.v_dim, in.v_dim, m0, s.M, in.vec, lane);
   float dk_acc[ET][4], dv_acc[ET][4], db[2] = {0.f, 0.f};
 #pragma unroll
   for (int e = 0; e < ET; ++e)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk_acc[e][i] = dv_acc[e][i] = 0.f;
-  const uint16_t* qb = in.q + bh * s.N * DM;
-  const uint16_t* dob = in.dout + bh * s.N * DM;
+  const Elem* qb = in.q + bh * s.N * in.qk_dim;
+  const Elem* dob = in.dout + bh * s.N * in.v_dim;
   const float* stat_rows[2] = {lse + bh * s.N, delta + bh * s.N};
   // Query tile n0 (q, dout, lse, delta; zeros past N) into stage `st`, one commit group.
   const auto issue = [&](int64_t n0, int st) {
-    uint16_t* qs = smem + st * dkv_stage<DM>();
-    copy_rows_async<DM, NQ>(qs, LD, qb, n0, s.N);
-    copy_rows_async<DM, NQ>(qs + NQ * LD, LD, dob, n0, s.N);
+    Elem* qs = smem + st * dkv_stage<F, DM>();
+    copy_rows_async<DM, NQ>(qs, LD, qb, in.qk_dim, n0, s.N, in.vec);
+    copy_rows_async<DM, NQ>(qs + NQ * LD, LD, dob, in.v_dim, n0, s.N, in.vec);
     const int i = threadIdx.x, r = i % NQ;
     const float* src = stat_rows[i < NQ ? 0 : 1];
     if (i < 2 * NQ) cp_async<4>(stats + st * 2 * NQ + i, n0 + r < s.N ? src + n0 + r : src, n0 + r < s.N);
@@ -658,14 +775,14 @@ __global__ void __launch_bounds__(kMmaThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint16_t* qs = smem + stage * dkv_stage<DM>();
-    const uint16_t* ds = qs + NQ * LD;
+    const Elem* qs = smem + stage * dkv_stage<F, DM>();
+    const Elem* ds = qs + NQ * LD;
     const float* row_lse = stats + stage * 2 * NQ;
     const float* row_delta = row_lse + NQ;
     const bool masked = tile_masked(s, pad_b, n0, m0, kMmaKeys);
     float sT[NT][4], dpt[NT][4];  // S^T and dP^T: rows the warp's keys, columns the tile's queries
-    mma_rows<KT, NT>(sT, ka, qs, LD, g, t);
-    mma_rows<KT, NT>(dpt, va, ds, LD, g, t);
+    mma_rows<F, KT, NT>(sT, ka, qs, LD, g, t);
+    mma_rows<F, KT, NT>(dpt, va, ds, LD, g, t);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -678,8 +795,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         dpt[nt][i] = d;
         db[i / 2] += d;
       }
-    mma_accumulated<NT, ET>(dv_acc, sT, ds, LD, g, t);   // dv += (z p)^T dout
-    mma_accumulated<NT, ET>(dk_acc, dpt, qs, LD, g, t);  // dk += ds^T q (scaled below)
+    mma_accumulated<F, NT, ET>(dv_acc, sT, ds, LD, g, t);   // dv += (z p)^T dout
+    mma_accumulated<F, NT, ET>(dk_acc, dpt, qs, LD, g, t);  // dk += ds^T q (scaled below)
     // This stage is read: the next copies into it may start.
     __syncthreads();
   }
@@ -695,18 +812,20 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-template <int DM>
+template <typename F, int DM>
 __global__ void __launch_bounds__(kMmaThreads)
-    sdpa_backward_dq_mma_kernel(Staged in, const float* lse, const float* delta, const uint8_t* pad, const float* bias,
-                                float scale, SdpaShape s, int64_t heads, ExampleDropout<float> drop,
-                                const uint64_t* draw_base, float* dq) {
-  constexpr int LD = DM + 8, KT = DM / 16, ET = DM / 8, NK = dq_keys<DM>(), NT = NK / 8;
-  uint16_t* smem = shared_mem<uint16_t>();  // 2 x [k tile [NK, LD], v tile [NK, LD]]; first the kept tiles
+    sdpa_backward_dq_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, const float* delta,
+                                const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
+                                ExampleDropout<float> drop, const uint64_t* draw_base, float* dq) {
+  using Elem = typename F::Elem;
+  constexpr int LD = DM + F::PAD, KT = DM / F::K, ET = DM / 8, NK = dq_keys<F, DM>(), NT = NK / 8;
+  Elem* smem = shared_mem<Elem>();  // 2 x [k tile [NK, LD], v tile [NK, LD]]; first the kept tiles
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
   uint32_t qa[KT][4], da[KT][4];  // the warp's 16 queries and their output gradients
-  keep_warp_rows<DM>(qa, da, smem, smem + kMmaRows * LD, in.q + bh * s.N * DM, in.dout + bh * s.N * DM, n0, s.N, lane);
+  keep_warp_rows<F, DM>(qa, da, smem, smem + kMmaRows * LD, in.q + bh * s.N * in.qk_dim, in.qk_dim,
+                        in.dout + bh * s.N * in.v_dim, in.v_dim, n0, s.N, in.vec, lane);
   float row_lse[2], row_delta[2], dq_acc[ET][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -716,13 +835,13 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 #pragma unroll
   for (int e = 0; e < ET; ++e) dq_acc[e][0] = dq_acc[e][1] = dq_acc[e][2] = dq_acc[e][3] = 0.f;
-  const uint16_t* kb = in.k + bh * s.M * DM;
-  const uint16_t* vb = in.v + bh * s.M * DM;
+  const Elem* kb = in.k + bh * s.M * in.qk_dim;
+  const Elem* vb = in.v + bh * s.M * in.v_dim;
   // Key tile m0 (k and v) into stage `st`, one commit group.
   const auto issue = [&](int64_t m0, int st) {
-    uint16_t* ks = smem + st * dq_stage<DM>();
-    copy_rows_async<DM, NK>(ks, LD, kb, m0, s.M);
-    copy_rows_async<DM, NK>(ks + NK * LD, LD, vb, m0, s.M);
+    Elem* ks = smem + st * dq_stage<F, DM>();
+    copy_rows_async<DM, NK>(ks, LD, kb, in.qk_dim, m0, s.M, in.vec);
+    copy_rows_async<DM, NK>(ks + NK * LD, LD, vb, in.v_dim, m0, s.M, in.vec);
     cp_async_commit();
   };
 
@@ -737,12 +856,12 @@ __global__ void __launch_bounds__(kMmaThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint16_t* ks = smem + stage * dq_stage<DM>();
-    const uint16_t* vs = ks + NK * LD;
+    const Elem* ks = smem + stage * dq_stage<F, DM>();
+    const Elem* vs = ks + NK * LD;
     const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     float sc[NT][4], dp[NT][4];
-    mma_rows<KT, NT>(sc, qa, ks, LD, g, t);
-    mma_rows<KT, NT>(dp, da, vs, LD, g, t);
+    mma_rows<F, KT, NT>(sc, qa, ks, LD, g, t);
+    mma_rows<F, KT, NT>(dp, da, vs, LD, g, t);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -751,7 +870,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         sc[nt][i] = mma_dscore(sc[nt][i], dp[nt][i], nw + g + 8 * (i / 2), m0 + nt * 8 + 2 * t + i % 2, row_lse[i / 2],
                                row_delta[i / 2], scale, s, masked, pad_b, bias_b, drop, bh, heads, &pz);
       }
-    mma_accumulated<NT, ET>(dq_acc, sc, ks, LD, g, t);  // dq += ds k (scaled below)
+    mma_accumulated<F, NT, ET>(dq_acc, sc, ks, LD, g, t);  // dq += ds k (scaled below)
     // This stage is read: the next copies into it may start.
     __syncthreads();
   }
@@ -945,18 +1064,56 @@ template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
-// The tensor-core kernels: float32 tensors under the BF16 matmul precision, head dims up to 128,
-// sm_80 and newer (mma.sync). Anything else takes the SIMT kernels.
-bool use_tensor_cores(const Tensor& q, const SdpaShape& s) {
-  return q.dtype() == DType::Float32 && matmul_precision() == MatmulPrecision::BF16 && std::max(s.D, s.E) <= 128 &&
-         compute_capability() >= 80;
+// Calls f(F{}, std::integral_constant<int, DM>{}) with F the tensor-core kernels' operand format
+// for this call and DM its head-dim tile (16, 32, 64 or 128), and returns true; false where the
+// SIMT kernels take the call: not float32, before sm_80, or head dims past the format's.
+template <typename Fn> bool with_mma_kernels(const Tensor& q, const SdpaShape& s, Fn&& f) {
+  if (q.dtype() != DType::Float32 || compute_capability() < 80) return false;
+  const int64_t dim = std::max(s.D, s.E);
+  const auto dims = [&](auto format) {
+    using F = decltype(format);
+    if (dim > F::kMaxDims) return false;
+    if (dim <= 16)
+      f(format, std::integral_constant<int, 16>{});
+    else if (dim <= 32)
+      f(format, std::integral_constant<int, 32>{});
+    else if (dim <= 64)
+      f(format, std::integral_constant<int, 64>{});
+    else if constexpr (F::kMaxDims >= 128)
+      f(format, std::integral_constant<int, 128>{});
+    return true;
+  };
+  switch (matmul_precision()) {
+    case MatmulPrecision::BF16:
+      return dims(Bf16Format{});
+    case MatmulPrecision::TF32:
+      return dims(Tf32Format<1>{});
+    default:
+      return dims(Tf32Format<3>{});
+  }
 }
-// Rounds the call's operands to bf16 in the layouts the tensor-core kernels read (Staged): q and
-// k (and v, dout: the backward) as rows of DM, v transposed for the forward. Two launches at most.
+
+// The operands of a TF32 call: the float32 tensors as they are.
+MmaOperands<float> tensor_operands(const SdpaArgs& a, const Tensor* dout) {
+  MmaOperands<float> in;
+  in.q = cptr<float>(a.q);
+  in.k = cptr<float>(a.k);
+  in.v = cptr<float>(a.v);
+  in.dout = dout ? cptr<float>(*dout) : nullptr;
+  in.qk_dim = a.s.D;
+  in.v_dim = a.s.E;
+  const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  in.vec = a.s.D % 4 == 0 && a.s.E % 4 == 0 && aligned(in.q) && aligned(in.k) && aligned(in.v) &&
+           (!dout || aligned(in.dout));
+  return in;
+}
+
+// Rounds the call's operands to bf16 in the layouts the bf16 kernels read (MmaOperands): q and k
+// (and v, dout: the backward) as rows of DM, v transposed for the forward. Two launches at most.
 template <int DM> struct StagedCopies {
   int64_t BH, Mp;  // (batch, head) pairs; keys rounded up to 8 (vt's rows)
   DeviceScratch<uint16_t> q, k, v, vt, dout;
-  Staged in;
+  MmaOperands<uint16_t> in;
   StagedCopies(const SdpaArgs& a, const Tensor* dout_t, bool forward)
       : BH(a.q.size(0) * a.q.size(1)),
         Mp((a.s.M + 7) / 8 * 8),
@@ -968,6 +1125,7 @@ template <int DM> struct StagedCopies {
     in.Mp = Mp;
     in.q = q.p;
     in.k = k.p;
+    in.qk_dim = in.v_dim = DM;
     StageJobs jobs{};
     int count = 0;
     int64_t most = 0;
@@ -1001,56 +1159,69 @@ template <int DM> struct StagedCopies {
   }
 };
 
-template <int DM> constexpr size_t mma_forward_smem() { return sizeof(uint16_t) * 2 * mma_forward_stage<DM>(); }
-template <int DM> void forward_mma(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
-  static_assert(kMmaRows == kMmaKeys && kMmaRows * (DM + 8) <= mma_forward_stage<DM>());
-  if constexpr (mma_forward_smem<DM>() > kMaxSmem) {
-    // Head dims of 128: 70 KB, over the 48 KB a kernel gets unless it opts in (every sm_80+ GPU
-    // allows 99 KB or more). Once per process: the attribute stays with the kernel.
+template <typename F, int DM> constexpr size_t mma_forward_smem() {
+  return sizeof(typename F::Elem) * 2 * mma_forward_stage<F, DM>();
+}
+template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
+  static_assert(kMmaRows * (DM + F::PAD) <= mma_forward_stage<F, DM>());  // the query tile in a stage
+  if constexpr (mma_forward_smem<F, DM>() > kMaxSmem) {
+    // 70 KB (bf16 at head dims of 128, TF32 at 64), over the 48 KB a kernel gets unless it opts in
+    // (every sm_80+ GPU allows 99 KB or more). Once per process: the attribute stays with the kernel.
     static const bool opted_in = [] {
-      LINEA_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&sdpa_forward_mma_kernel<DM>),
+      LINEA_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&sdpa_forward_mma_kernel<F, DM>),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(mma_forward_smem<DM>())));
+                                            static_cast<int>(mma_forward_smem<F, DM>())));
       return true;
     }();
     (void)opted_in;
   }
-  const StagedCopies<DM> staged(a, nullptr, /*forward=*/true);
-  const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
-                  static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
-  sdpa_forward_mma_kernel<DM><<<grid, kMmaThreads, mma_forward_smem<DM>(), stream()>>>(
-      staged.in, a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr, a.bias.defined() ? cptr<float>(a.bias) : nullptr,
-      static_cast<float>(a.scale), a.s, a.q.size(1), example_dropout<float>(a.drop), a.drop.draw_base, ptr<float>(out),
-      ptr<float>(lse));
-  LINEA_KERNEL_LAUNCH_CHECK();
+  const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
+    const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
+                    static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
+    sdpa_forward_mma_kernel<F, DM><<<grid, kMmaThreads, mma_forward_smem<F, DM>(), stream()>>>(
+        in, a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr, a.bias.defined() ? cptr<float>(a.bias) : nullptr,
+        static_cast<float>(a.scale), a.s, a.q.size(1), example_dropout<float>(a.drop), a.drop.draw_base,
+        ptr<float>(out), ptr<float>(lse));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  };
+  if constexpr (std::is_same_v<F, Bf16Format>)
+    launch(StagedCopies<DM>(a, nullptr, /*forward=*/true).in);  // the copies live to the end of the statement
+  else
+    launch(tensor_operands(a, nullptr));
 }
 
-// The dk/dv kernel adds each stage's lse and delta after its bf16 tiles.
-template <int DM> constexpr size_t mma_dkv_smem() {
-  return sizeof(uint16_t) * std::max(kept_tiles<DM>(), 2 * dkv_stage<DM>()) + sizeof(float) * 2 * 2 * dkv_queries<DM>();
+// The dk/dv kernel adds each stage's lse and delta after its tiles.
+template <typename F, int DM> constexpr size_t mma_dkv_smem() {
+  return sizeof(typename F::Elem) * std::max(kept_tiles<F, DM>(), 2 * dkv_stage<F, DM>()) +
+         sizeof(float) * 2 * 2 * dkv_queries<F, DM>();
 }
-template <int DM> constexpr size_t mma_dq_smem() {
-  return sizeof(uint16_t) * std::max(kept_tiles<DM>(), 2 * dq_stage<DM>());
+template <typename F, int DM> constexpr size_t mma_dq_smem() {
+  return sizeof(typename F::Elem) * std::max(kept_tiles<F, DM>(), 2 * dq_stage<F, DM>());
 }
-template <int DM>
+template <typename F, int DM>
 void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const float* delta, const Tensor& dq,
                   const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
-  static_assert(mma_dkv_smem<DM>() <= kMaxSmem && mma_dq_smem<DM>() <= kMaxSmem);
-  const StagedCopies<DM> staged(a, &dout, /*forward=*/false);
+  static_assert(mma_dkv_smem<F, DM>() <= kMaxSmem && mma_dq_smem<F, DM>() <= kMaxSmem);
   const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
   const uint8_t* pad = a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr;
   const float* bias = a.bias.defined() ? cptr<float>(a.bias) : nullptr;
   const float scale = static_cast<float>(a.scale);
   const ExampleDropout<float> drop = example_dropout<float>(a.drop);
-  sdpa_backward_dkv_mma_kernel<DM>
-      <<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH), kMmaThreads, mma_dkv_smem<DM>(),
-         stream()>>>(staged.in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base,
-                     ptr<float>(dk), ptr<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr);
-  LINEA_KERNEL_LAUNCH_CHECK();
-  sdpa_backward_dq_mma_kernel<DM><<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH), kMmaThreads,
-                                    mma_dq_smem<DM>(), stream()>>>(
-      staged.in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, ptr<float>(dq));
-  LINEA_KERNEL_LAUNCH_CHECK();
+  const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
+    sdpa_backward_dkv_mma_kernel<F, DM>
+        <<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH), kMmaThreads, mma_dkv_smem<F, DM>(),
+           stream()>>>(in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base,
+                       ptr<float>(dk), ptr<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    sdpa_backward_dq_mma_kernel<F, DM><<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH),
+                                         kMmaThreads, mma_dq_smem<F, DM>(), stream()>>>(
+        in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, ptr<float>(dq));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  };
+  if constexpr (std::is_same_v<F, Bf16Format>)
+    launch(StagedCopies<DM>(a, &dout, /*forward=*/false).in);
+  else
+    launch(tensor_operands(a, &dout));
 }
 
 template <typename T, int DM, int B>
@@ -1093,16 +1264,6 @@ template <typename T, typename F> void with_tiles(const SdpaShape& s, const char
              sizeof(T) == 4 ? "float32" : "float64", ", got q/k ", s.D, " and v ", s.E);
 }
 
-// Calls f(std::integral_constant<int, DM>{}) with DM the tensor-core kernels' head-dim tile: 16, 32,
-// 64 or 128.
-template <typename F> void with_mma_dims(const SdpaShape& s, F&& f) {
-  const int64_t dim = std::max(s.D, s.E);
-  if (dim <= 16) return f(std::integral_constant<int, 16>{});
-  if (dim <= 32) return f(std::integral_constant<int, 32>{});
-  if (dim <= 64) return f(std::integral_constant<int, 64>{});
-  f(std::integral_constant<int, 128>{});
-}
-
 SdpaShape sdpa_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset) {
   LINEA_CHECK(q.size(0) * q.size(1) <= 65535, "sdpa: B * H = ", q.size(0) * q.size(1),
               " exceeds the 65,535 (batch, head) pairs of one CUDA launch");
@@ -1117,8 +1278,9 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
   LINEA_CHECK(!probs.defined(), "sdpa: the CUDA kernel keeps no probabilities (its backward recomputes them)");
   const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
   if (q.size(0) * q.size(1) == 0 || a.s.N == 0) return;
-  if (use_tensor_cores(q, a.s))
-    return with_mma_dims(a.s, [&](auto dm) { forward_mma<decltype(dm)::value>(a, out, lse); });
+  if (with_mma_kernels(q, a.s,
+                       [&](auto format, auto dm) { forward_mma<decltype(format), decltype(dm)::value>(a, out, lse); }))
+    return;
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     with_tiles<scalar_t>(a.s, "sdpa",
                          [&](auto t) { forward_tiles<scalar_t, decltype(t)::DM, decltype(t)::B>(a, out, lse); });
@@ -1145,9 +1307,10 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     sdpa_delta_kernel<T><<<grid_for(rows), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), rows, a.s.E, delta);
     LINEA_KERNEL_LAUNCH_CHECK();
     if constexpr (std::is_same_v<T, float>)
-      if (use_tensor_cores(q, a.s))
-        return with_mma_dims(
-            a.s, [&](auto dm) { backward_mma<decltype(dm)::value>(a, dout, lse, delta, dq, dk, dv, dbias); });
+      if (with_mma_kernels(q, a.s, [&](auto format, auto dm) {
+            backward_mma<decltype(format), decltype(dm)::value>(a, dout, lse, delta, dq, dk, dv, dbias);
+          }))
+        return;
     with_tiles<T>(a.s, "sdpa_backward", [&](auto t) {
       backward_tiles<T, decltype(t)::DM, decltype(t)::B>(a, dout, lse, delta, dq, dk, dv, dbias);
     });

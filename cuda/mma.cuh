@@ -10,6 +10,12 @@
 //   C, D [16 x 8] float:      d[0], d[1] = D[g][2t, 2t+1]   d[2], d[3] = D[g+8][2t, 2t+1]
 // So the accumulators of two neighbouring 8-column tiles are, rounded, one A fragment: what
 // FlashAttention-2 uses to feed its probabilities to the second product without shared memory.
+//
+// mma.sync.m16n8k8 with tf32 inputs (float32 bits; the tensor cores read the top 19) and float32
+// accumulation:
+//   A [16 x 8]:  a[0] = A[g][t]   a[1] = A[g+8][t]   a[2] = A[g][t+4]   a[3] = A[g+8][t+4]
+//   B [8 x 8]:   b[0] = B[t][g]   b[1] = B[t+4][g]
+//   C, D as above.
 // The host emulator (tests/cuda_emu) implements the same layouts by gathering the warp's lanes.
 #pragma once
 
@@ -40,6 +46,19 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   std::memcpy(&u, &v, 4);
   return u;
 #endif
+}
+
+// The bits of x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero, as
+// cvt.rna.tf32.f32), in two integer operations.
+__device__ __forceinline__ uint32_t round_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return (u + 0x1000u) & 0xffffe000u;
+}
+__device__ __forceinline__ float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
 // One float rounded to bf16 (the bits).
@@ -92,6 +111,34 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #elif defined(__CUDA_ARCH__)
   __trap();  // the callers check compute_capability() >= 80 first
+#endif
+}
+
+// d += A B for the warp on TF32 inputs (every lane calls it, converged).
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(LINEA_CUDA_EMULATOR)
+  emu::mma_tf32_m16n8k8(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // the callers check compute_capability() >= 80 first
+#endif
+}
+
+// d += A_big B_small + A_small B_big + A_big B_big (3xTF32: a and b each split into a TF32 big
+// part and the TF32 rounding of the rest), the small products first: three mma.
+__device__ __forceinline__ void mma_tf32x3_16x8x8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4],
+                                                  const uint32_t (&bb)[2], const uint32_t (&bs)[2]) {
+#if defined(LINEA_CUDA_EMULATOR)
+  emu::mma_tf32x3_m16n8k8(d, ab, as, bb, bs);  // one gathering of the warp's fragments for the three
+#else
+  mma_tf32_16x8x8(d, ab, bs);
+  mma_tf32_16x8x8(d, as, bb);
+  mma_tf32_16x8x8(d, ab, bb);
 #endif
 }
 

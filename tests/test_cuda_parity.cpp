@@ -762,23 +762,26 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
   }
 }
 
-// float32 q, k, v rounded to bfloat16 (to nearest even), as the tensor cores read them.
-Tensor round_bf16(const Tensor& x) {
+// float32 q, k, v rounded as the tensor cores read them: to bfloat16 (to nearest even), or to
+// TF32 (to nearest, ties away: cuda/mma.cuh's round_tf32).
+Tensor round_for(MatmulPrecision p, const Tensor& x) {
   std::vector<float> v = x.to_vector<float>();
   for (float& f : v) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
-    u = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+    u = p == MatmulPrecision::BF16 ? ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16 : (u + 0x1000u) & 0xffffe000u;
     std::memcpy(&f, &u, 4);
   }
   return from_vector<float>(v, x.shape());
 }
 
-// The tensor-core kernels (--precision bf16, float32 tensors, head dims up to 128): against the
-// CPU kernels on the same inputs rounded to bf16, so that what is left is the rounding of the
-// probabilities and score gradients before their products (relative 2^-9 each) and the order of
-// the sums. Sizes off the 64-row, 64-key and 32-query tiles, head dims of each tile width (16, 32,
-// 64, 128), padding, causal with an offset, every key of a batch padded, dropout and a key bias.
+// The tensor-core kernels under --precision bf16 (head dims up to 128) and tf32 (up to 64):
+// against the CPU kernels on the same inputs rounded to bf16 or TF32, so that what is left is the
+// rounding of the probabilities and score gradients before their products (relative 2^-9 or
+// 2^-11 each) and the order of the sums. Sizes off the 64-row, 64-key and 32-query tiles, head
+// dims of each tile width (16, 32, 64, 128), padding, causal with an offset, every key of a batch
+// padded, dropout and a key bias. (Under the default precision the same kernels split each
+// operand in three TF32 products: SoftmaxAttentionKernel holds them to float32's tolerance.)
 TEST(CudaParity, SoftmaxAttentionTensorCores) {
   LINEA_REQUIRE_CUDA();
   manual_seed(19);
@@ -806,32 +809,38 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
   struct Restore {
     ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
   } restore;
-  for (const Case& c : cases) {
-    SCOPED_TRACE("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +
-                 std::to_string(c.M) + " D " + std::to_string(c.D) + " E " + std::to_string(c.E) +
-                 (c.causal ? " causal" : "") + (c.pad ? " padded" : ""));
-    const DType dt = DType::Float32;
-    const Tensor q = rnd({c.B, c.H, c.N, c.D}, dt), k = rnd({c.B, c.H, c.M, c.D}, dt),
-                 v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
-    const Tensor qr = round_bf16(q), kr = round_bf16(k), vr = round_bf16(v), dr = round_bf16(dout);
-    const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda);
-    const Tensor pad = c.pad ? key_padding(c.B, c.M) : Tensor();
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-    const Tensor bias = rnd({c.B, c.H, c.M}, dt);
-    for (int variant = 0; variant < 3; ++variant) {
-      const FoldedDropout drop = variant == 1 ? FoldedDropout{0.3, 1234, 7, 2, nullptr} : FoldedDropout{};
-      const Tensor b = variant == 2 ? bias : Tensor();
-      SCOPED_TRACE(variant == 0 ? "plain" : variant == 1 ? "dropout 0.3" : "key bias");
-      Tensor out = empty({c.B, c.H, c.N, c.E}, TensorOptions(dt)), lse = empty({c.B, c.H, c.N}, TensorOptions(dt));
-      cpu::sdpa_forward(qr, kr, vr, scale, c.causal, c.offset, pad, b, drop, out, lse, Tensor());
-      Tensor out_d = poisoned(out.shape(), dt), lse_d = poisoned(lse.shape(), dt);
-      const Tensor pd = pad.defined() ? pad.to(kCuda) : Tensor(), bd = b.defined() ? b.to(kCuda) : Tensor();
-      set_matmul_precision(MatmulPrecision::BF16);
-      LINEA_BACKEND(kCuda, sdpa_forward, qd, kd, vd, scale, c.causal, c.offset, pd, bd, drop, out_d, lse_d, Tensor());
-      set_matmul_precision(MatmulPrecision::Float32);
-      // |out| <= max |v| ~ 4: the probabilities' rounding moves it by about 2^-9 of that.
-      EXPECT_TRUE(test::all_close(out_d.to(kCPU), out, 1e-2, 1e-2)) << "out";
-      EXPECT_TRUE(test::all_close(lse_d.to(kCPU), lse, 1e-4, 1e-5)) << "lse";
+  for (const MatmulPrecision precision : {MatmulPrecision::BF16, MatmulPrecision::TF32})
+    for (const Case& c : cases) {
+      const bool bf16 = precision == MatmulPrecision::BF16;
+      if (!bf16 && std::max(c.D, c.E) > 64) continue;  // the float32 (SIMT) kernels take these
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "tf32") + " B " + std::to_string(c.B) + " H " + std::to_string(c.H) +
+                   " N " + std::to_string(c.N) + " M " + std::to_string(c.M) + " D " + std::to_string(c.D) + " E " +
+                   std::to_string(c.E) + (c.causal ? " causal" : "") + (c.pad ? " padded" : ""));
+      // The rounding of P and dS: 2^-9 (bf16) or 2^-11 (TF32) relative.
+      const double tol = bf16 ? 1e-2 : 2.5e-3;
+      const DType dt = DType::Float32;
+      const Tensor q = rnd({c.B, c.H, c.N, c.D}, dt), k = rnd({c.B, c.H, c.M, c.D}, dt),
+                   v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
+      const Tensor qr = round_for(precision, q), kr = round_for(precision, k), vr = round_for(precision, v),
+                   dr = round_for(precision, dout);
+      const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda);
+      const Tensor pad = c.pad ? key_padding(c.B, c.M) : Tensor();
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      const Tensor bias = rnd({c.B, c.H, c.M}, dt);
+      for (int variant = 0; variant < 3; ++variant) {
+        const FoldedDropout drop = variant == 1 ? FoldedDropout{0.3, 1234, 7, 2, nullptr} : FoldedDropout{};
+        const Tensor b = variant == 2 ? bias : Tensor();
+        SCOPED_TRACE(variant == 0 ? "plain" : variant == 1 ? "dropout 0.3" : "key bias");
+        Tensor out = empty({c.B, c.H, c.N, c.E}, TensorOptions(dt)), lse = empty({c.B, c.H, c.N}, TensorOptions(dt));
+        cpu::sdpa_forward(qr, kr, vr, scale, c.causal, c.offset, pad, b, drop, out, lse, Tensor());
+        Tensor out_d = poisoned(out.shape(), dt), lse_d = poisoned(lse.shape(), dt);
+        const Tensor pd = pad.defined() ? pad.to(kCuda) : Tensor(), bd = b.defined() ? b.to(kCuda) : Tensor();
+        set_matmul_precision(precision);
+        LINEA_BACKEND(kCuda, sdpa_forward, qd, kd, vd, scale, c.causal, c.offset, pd, bd, drop, out_d, lse_d, Tensor());
+        set_matmul_precision(MatmulPrecision::Float32);
+        // |out| <= max |v| ~ 4: the probabilities' rounding moves it by about 2^-9 (2^-11) of that.
+        EXPECT_TRUE(test::all_close(out_d.to(kCPU), out, tol, tol)) << "out";
+        EXPECT_TRUE(test::all_close(lse_d.to(kCPU), lse, 1e-4, 1e-5)) << "lse";
 #ifdef LINEA_CUDA_EMULATOR
       if (c.M > 1) {
         EXPECT_GT(max(abs(out_d.to(kCPU) - out)).item(), 0.0) << "the probabilities were not rounded";
@@ -845,15 +854,15 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
       cpu::sdpa_backward(qr, kr, vr, out, lse, Tensor(), dr, scale, c.causal, c.offset, pad, b, drop, dq, dk, dv, db);
       Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt),
              db_d = b.defined() ? poisoned(b.shape(), dt) : Tensor();
-      set_matmul_precision(MatmulPrecision::BF16);
+      set_matmul_precision(precision);
       LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out.to(kCuda), lse.to(kCuda), Tensor(), dd, scale, c.causal,
                     c.offset, pd, bd, drop, dq_d, dk_d, dv_d, db_d);
       set_matmul_precision(MatmulPrecision::Float32);
-      EXPECT_TRUE(test::all_close(dq_d.to(kCPU), dq, 2e-2, 2e-2)) << "dq";
-      EXPECT_TRUE(test::all_close(dk_d.to(kCPU), dk, 2e-2, 2e-2)) << "dk";
-      EXPECT_TRUE(test::all_close(dv_d.to(kCPU), dv, 2e-2, 2e-2)) << "dv";
+      EXPECT_TRUE(test::all_close(dq_d.to(kCPU), dq, 2 * tol, 2 * tol)) << "dq";
+      EXPECT_TRUE(test::all_close(dk_d.to(kCPU), dk, 2 * tol, 2 * tol)) << "dk";
+      EXPECT_TRUE(test::all_close(dv_d.to(kCPU), dv, 2 * tol, 2 * tol)) << "dv";
       if (b.defined()) {
-        EXPECT_TRUE(test::all_close(db_d.to(kCPU), db, 2e-2, 2e-2)) << "dbias";
+        EXPECT_TRUE(test::all_close(db_d.to(kCPU), db, 2 * tol, 2 * tol)) << "dbias";
       }
     }
   }

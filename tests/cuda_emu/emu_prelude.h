@@ -24,6 +24,11 @@ namespace emu {
 void warp_exchange(const void* mine, void* all, size_t bytes);
 // mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 (d += A B) in the PTX ISA's fragment layouts.
 void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+void mma_tf32_m16n8k8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+// d += A_big B_small, then A_small B_big, then A_big B_big: three mma_tf32_m16n8k8 with one
+// gathering of the warp's fragments instead of three (the emulator's cost is the gathering).
+void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4], const uint32_t (&bb)[2],
+                        const uint32_t (&bs)[2]);
 }  // namespace emu
 // Warp shuffles over the full warp (every lane calls them, as in Linea's kernels).
 template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int = 32) {

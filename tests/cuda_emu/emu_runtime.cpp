@@ -129,6 +129,63 @@ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
     d[i] += acc;
   }
 }
+
+// The same for m16n8k8 on TF32 ("Matrix Fragments for mma.m16n8k8" with .tf32): A [16 x 8] and
+// B [8 x 8] of float32 bits whose low 13 mantissa bits the tensor cores do not read (dropped here).
+struct Tf32Tiles {
+  float A[16][8], B[8][8];
+};
+float tf32_value(uint32_t reg) {
+  const uint32_t bits = reg & 0xffffe000u;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+// Lane `lane`'s fragments a, b placed into tiles x.
+void place_tf32(Tf32Tiles& x, int lane, const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int g = lane / 4, t = lane % 4;
+  x.A[g][t] = tf32_value(a[0]);
+  x.A[g + 8][t] = tf32_value(a[1]);
+  x.A[g][t + 4] = tf32_value(a[2]);
+  x.A[g + 8][t + 4] = tf32_value(a[3]);
+  x.B[t][g] = tf32_value(b[0]);
+  x.B[t + 4][g] = tf32_value(b[1]);
+}
+// d += A B for this lane's four elements of D: the product summed on its own, then added.
+void add_tf32_product(float (&d)[4], const float (&A)[16][8], const float (&B)[8][8]) {
+  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+    float acc = 0;
+    for (int k = 0; k < 8; ++k) acc += A[r][k] * B[k][c];
+    d[i] += acc;
+  }
+}
+void mma_tf32_m16n8k8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Frag {
+    uint32_t a[4], b[2];
+  } mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}}, all[32];
+  warp_exchange(&mine, all, sizeof(Frag));
+  Tf32Tiles x;
+  for (int lane = 0; lane < 32; ++lane) place_tf32(x, lane, all[lane].a, all[lane].b);
+  add_tf32_product(d, x.A, x.B);
+}
+void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4], const uint32_t (&bb)[2],
+                        const uint32_t (&bs)[2]) {
+  struct Frag {
+    uint32_t ab[4], as[4], bb[2], bs[2];
+  } mine{{ab[0], ab[1], ab[2], ab[3]}, {as[0], as[1], as[2], as[3]}, {bb[0], bb[1]}, {bs[0], bs[1]}}, all[32];
+  warp_exchange(&mine, all, sizeof(Frag));
+  Tf32Tiles big, small;  // big.A, big.B: the big parts; small's the small ones
+  for (int lane = 0; lane < 32; ++lane) {
+    place_tf32(big, lane, all[lane].ab, all[lane].bb);
+    place_tf32(small, lane, all[lane].as, all[lane].bs);
+  }
+  add_tf32_product(d, big.A, small.B);
+  add_tf32_product(d, small.A, big.B);
+  add_tf32_product(d, big.A, big.B);
+}
 }  // namespace emu
 
 namespace emu {
