@@ -20,8 +20,8 @@
 // On sm_80 and newer, float32 tensors take the same passes on the tensor cores (the mma kernels
 // below, FlashAttention-2's register layout): in bf16 under the BF16 matmul precision (head dims
 // up to 128), in TF32 under TF32, and as three TF32 products per product (3xTF32, about float32's
-// accuracy, as PyTorch's SDPA in float32) under the default precision (both up to 64). The SIMT
-// kernels take float64, older GPUs and the head dims past those.
+// accuracy, as PyTorch's SDPA in float32) under the default precision (both up to 128 too). The
+// SIMT kernels take float64, older GPUs and the head dims past those.
 #include <cmath>
 #include <type_traits>
 
@@ -255,25 +255,26 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
 
 // ---- the tensor-core kernels (float32 tensors, sm_80 and newer) ----------------------------------
 // The FlashAttention-2 layout on mma.sync (cuda/mma.cuh): 4 warps, each owning 16 of the block's
-// 64 query rows for the whole pass, walk key tiles of 64. Per tile a warp computes its scores
-// S [16, 64] = Q K^T as 8 accumulator tiles of 8 keys, applies the mask, scale and bias, updates
-// the online softmax in registers (a row's values sit in the 4 lanes of a quad: max and sum by
-// two shuffles each) and adds P V into its output accumulators, P's accumulators reused as the A
-// operand. Scores, sums and the output stay float32. Shared memory holds the walked tiles in two
-// stages (the next tile's copies in flight during this one's products, by cp.async); a tile that
-// no mask touches skips the per-element checks.
+// 64 query rows for the whole pass, walk key tiles of 64 (32 in 3xTF32 at DM = 64: registers).
+// Per tile a warp computes its scores S [16, 64] = Q K^T as 8 accumulator tiles of 8 keys,
+// applies the mask, scale and bias, updates the online softmax in registers (a row's values sit
+// in the 4 lanes of a quad: max and sum by two shuffles each) and adds P V into its output
+// accumulators, P's accumulators reused as the A operand. Scores, sums and the output stay
+// float32. Shared memory holds the walked tiles in two stages (the next tile's copies in flight
+// during this one's products, by cp.async); a tile that no mask touches skips the per-element
+// checks.
 //
 // The kernels are written once over an operand format F: what their tiles hold and how a fragment
 // is read and multiplied.
 //   Bf16Format     --precision bf16 (head dims up to 128): q, k, v, dout rounded to bf16 once per
 //                  call into rows of DM (StagedCopies), the forward's values transposed; m16n8k16,
 //                  two elements per register. P and dS are rounded to bf16 before their products.
-//   Tf32Format<3>  float32, the default precision (head dims up to 64): the tensors' own rows;
+//   Tf32Format<3>  float32, the default precision (head dims up to 128): the tensors' own rows;
 //                  m16n8k8 on TF32 with each operand split as x = big + small (big: x rounded to
 //                  TF32, small: x - big rounded) and multiplied as big small + small big + big big:
 //                  a product's relative error about 2^-21 instead of float32's 2^-24. PyTorch's
 //                  memory-efficient SDPA does the same in float32 (CUTLASS's 3xTF32).
-//   Tf32Format<1>  --precision tf32 (head dims up to 64): big big only.
+//   Tf32Format<1>  --precision tf32 (head dims up to 128): big big only.
 // Where an accumulator tile is the A operand (P V, dS K, P^T dout, dS^T q), B is read down the
 // columns of a row-major tile. bf16: two neighbouring 8-column accumulator tiles are one A
 // fragment (k-step 16), b[0] = rows 2t, 2t+1 and b[1] = rows 2t+8, 2t+9 of the k-step. TF32: one
@@ -287,18 +288,12 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ uint32_t column_bf16x2(const uint16_t* tile, int ld) {
   return static_cast<uint32_t>(tile[0]) | (static_cast<uint32_t>(tile[ld]) << 16);
 }
-__device__ __forceinline__ uint32_t float_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
 
 struct Bf16Format {
   using Elem = uint16_t;
   static constexpr int K = 16;                // the mma's k-step
   static constexpr int KPR = 2;               // elements of a row per fragment register
   static constexpr int PAD = 8;               // row pad of the tiles (elements), against bank conflicts
-  static constexpr int kMaxDims = 128;        // head dims the kernels take (registers)
   static constexpr bool kTransposedV = true;  // the forward reads v transposed ([DM, keys] tiles)
   static constexpr int kPasses = 1;           // mma per product
   __device__ static uint32_t load(const Elem* p) { return load_bf16x2(p); }
@@ -322,7 +317,7 @@ struct Bf16Format {
 template <int PASSES> struct Tf32Format {
   static_assert(PASSES == 1 || PASSES == 3);
   using Elem = float;
-  static constexpr int K = 8, KPR = 1, PAD = 4, kMaxDims = 64;
+  static constexpr int K = 8, KPR = 1, PAD = 4;
   static constexpr bool kTransposedV = false;
   static constexpr int kPasses = PASSES;
   __device__ static uint32_t load(const Elem* p) { return float_bits(*p); }
@@ -445,32 +440,63 @@ __device__ __forceinline__ void copy_rows_async(Elem* tile, int ld, const Elem* 
   copy_tile_async<ROWS, DM>(tile, ld, src, dim, r0, count, 0, dim, vec);
 }
 
-// The warp's A fragments of 16 rows (from rows16) of a tile with row stride ld.
-template <typename F, int KT>
-__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[KT][4], const typename F::Elem* rows16, int ld, int g,
-                                                 int t) {
+// k-step kk of the warp's A fragment of 16 rows (from rows16) of a tile with row stride ld.
+template <typename F>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const typename F::Elem* rows16, int ld, int kk, int g,
+                                           int t) {
 #pragma unroll
-  for (int kk = 0; kk < KT; ++kk)
+  for (int i = 0; i < 4; ++i)
+    a[i] = F::load(rows16 + (g + 8 * (i % 2)) * ld + kk * F::K + F::KPR * t + (i / 2) * (F::K / 2));
+}
+
+// The warp's 16 rows that stay for a whole pass (queries in the forward and in dq, keys and values
+// in dk/dv) as A fragments: in registers, or where those would not fit beside the accumulators
+// in 255 registers (TF32 at DM = 128: 64 registers a row block) read from their shared-memory
+// tile at every k-step.
+template <typename F, int DM> constexpr bool kept_in_smem() { return F::K == 8 && DM == 128; }
+template <typename F, int DM, bool SMEM = kept_in_smem<F, DM>()> struct KeptRows {
+  uint32_t a[DM / F::K][4];
+  __device__ void keep(const typename F::Elem* rows16, int ld, int g, int t) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      a[kk][i] = F::load(rows16 + (g + 8 * (i % 2)) * ld + kk * F::K + F::KPR * t + (i / 2) * (F::K / 2));
+    for (int kk = 0; kk < DM / F::K; ++kk) a_fragment<F>(a[kk], rows16, ld, kk, g, t);
+  }
+  __device__ void step(uint32_t (&out)[4], int kk) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = a[kk][i];
+  }
+};
+template <typename F, int DM> struct KeptRows<F, DM, true> {
+  const typename F::Elem* rows16;
+  int ld, g, t;
+  __device__ void keep(const typename F::Elem* rows, int ld_, int g_, int t_) {
+    rows16 = rows, ld = ld_, g = g_, t = t_;
+  }
+  __device__ void step(uint32_t (&out)[4], int kk) const { a_fragment<F>(out, rows16, ld, kk, g, t); }
+};
+// Elements of shared memory before the walked tiles' stages: the kept rows' tiles where they stay
+// there (else the stages reuse their space).
+template <typename F, int DM> constexpr int kept_space(int rows_tiles) {
+  return kept_in_smem<F, DM>() ? rows_tiles * kMmaRows * (DM + F::PAD) : 0;
 }
 
 // acc[nt] = A B^T for NT tiles of 8 rows of `other` (row-major, stride ld): B[k][n] = other[n][k].
 // k-steps outermost: what a format derives from a k-step of A (TF32's split) is live for one step.
-template <typename F, int KT, int NT>
-__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const uint32_t (&a)[KT][4], const typename F::Elem* other,
+template <typename F, int DM, int NT>
+__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const KeptRows<F, DM>& a, const typename F::Elem* other,
                                          int ld, int g, int t) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
-  for (int kk = 0; kk < KT; ++kk)
+  for (int kk = 0; kk < DM / F::K; ++kk) {
+    uint32_t ak[4];
+    a.step(ak, kk);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const typename F::Elem* r = other + (nt * 8 + g) * ld + F::KPR * t + kk * F::K;
       const uint32_t b[2] = {F::load(r), F::load(r + F::K / 2)};
-      F::mma(acc[nt], a[kk], b);
+      F::mma(acc[nt], ak, b);
     }
+  }
 }
 
 // acc[e] += X Y for X the warp's [16, 8 NT] accumulators (as A operands) and Y [8 NT, 8 ET] the
@@ -520,9 +546,12 @@ __device__ __forceinline__ bool tile_masked(const SdpaShape& s, const uint8_t* p
 }
 
 // The forward's key tiles are double-buffered: the next tile's copies are in flight while the
-// warps compute on this one. Elements per stage: a key tile [64, DM + PAD] and the value tile,
-// [64, DM + PAD] or (bf16) transposed [DM, 64 + 8].
-template <typename F, int DM> constexpr int forward_keys() { return F::kPasses == 3 && DM == 64 ? 32 : kMmaKeys; }
+// warps compute on this one. Elements per stage: a key tile [NK, DM + PAD] and the value tile,
+// [NK, DM + PAD] or (bf16) transposed [DM, NK + 8]. NK = 32 where registers (3xTF32 at DM = 64)
+// or shared memory (TF32 at 128: the query tile stays) are short.
+template <typename F, int DM> constexpr int forward_keys() {
+  return (F::kPasses == 3 && DM == 64) || kept_in_smem<F, DM>() ? 32 : kMmaKeys;
+}
 template <typename F, int DM> constexpr int mma_forward_stage() {
   constexpr int NK = forward_keys<F, DM>();
   return NK * (DM + F::PAD) + (F::kTransposedV ? DM * (NK + 8) : NK * (DM + F::PAD));
@@ -534,9 +563,12 @@ __global__ void __launch_bounds__(kMmaThreads)
                             SdpaShape s, int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base,
                             float* out, float* lse) {
   using Elem = typename F::Elem;
-  constexpr int NK = forward_keys<F, DM>(), KT = DM / F::K, NT = NK / 8, ET = DM / 8;
+  constexpr int NK = forward_keys<F, DM>(), NT = NK / 8, ET = DM / 8;
   constexpr int KS = DM + F::PAD, VS = NK + 8;  // row strides of the key and (bf16) transposed value tiles
-  Elem* smem = shared_mem<Elem>();              // 2 x [key tile, value tile]; first the query tile
+  // The query tile, then 2 x [key tile, value tile] (the first stage over the query tile unless
+  // it stays: kept_in_smem).
+  Elem* smem = shared_mem<Elem>();
+  Elem* stages = smem + kept_space<F, DM>(1);
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
@@ -545,7 +577,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const Elem* vb = F::kTransposedV ? in.vt + bh * DM * in.Mp : in.v + bh * s.M * in.v_dim;
   // Key tile m0 (and its values) into stage `st`, one commit group.
   const auto issue = [&](int64_t m0, int st) {
-    Elem* ks = smem + st * mma_forward_stage<F, DM>();
+    Elem* ks = stages + st * mma_forward_stage<F, DM>();
     copy_rows_async<DM, NK>(ks, KS, kb, in.qk_dim, m0, s.M, in.vec);
     if constexpr (F::kTransposedV)
       copy_tile_async<DM, NK>(ks + NK * KS, VS, vb, in.Mp, 0, DM, m0, in.Mp, true);
@@ -558,8 +590,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  uint32_t qa[KT][4];  // the warp's 16 query rows as A fragments, kept for the whole pass
-  load_a_fragments<F, KT>(qa, smem + warp * 16 * KS, KS, g, t);
+  KeptRows<F, DM> qa;  // the warp's 16 query rows as A fragments, for the whole pass
+  qa.keep(smem + warp * 16 * KS, KS, g, t);
   float o[ET][4];
 #pragma unroll
   for (int e = 0; e < ET; ++e) o[e][0] = o[e][1] = o[e][2] = o[e][3] = 0.f;
@@ -569,7 +601,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const float scale2 = scale * kLog2e;
 
   const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
-  __syncthreads();  // the query tile's fragments are read: its space is the first key tile's
+  __syncthreads();  // the query tile's fragments are read: its space may be the first key tile's
   if (m_end > 0) issue(0, 0);
   for (int64_t m0 = 0, it = 0; m0 < m_end; m0 += NK, ++it) {
     const int stage = static_cast<int>(it % 2);
@@ -580,10 +612,10 @@ __global__ void __launch_bounds__(kMmaThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const Elem* ks = smem + stage * mma_forward_stage<F, DM>();
+    const Elem* ks = stages + stage * mma_forward_stage<F, DM>();
     const Elem* vs = ks + NK * KS;
     float sc[NT][4];
-    mma_rows<F, KT, NT>(sc, qa, ks, KS, g, t);
+    mma_rows<F, DM, NT>(sc, qa, ks, KS, g, t);
     // Element (nt, i) of a lane: row rows[i / 2], key m0 + nt * 8 + 2 t + i % 2.
     const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     float tile_max[2] = {neg_inf<float>(), neg_inf<float>()};
@@ -653,28 +685,30 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 // ---- the tensor-core backward (same layout) --------------------------------------------------------
 // Two kernels as in float32, each sum taken by one warp in a fixed order (no atomics):
-//   dk, dv  4 warps own 16 keys each (64 per block) and walk query tiles of 32 (16 at head dims
-//           of 128): S^T = K Q^T and dP^T = V dout^T from the warp's key and value rows, kept
-//           as A fragments; then dv += (z P)^T dout and dk += dS^T q with those accumulators
-//           reused as A operands.
-//   dq      4 warps own 16 queries each and walk key tiles of 64 (32 at head dims of 128, and in
-//           TF32): S = Q K^T, dP = dout V^T, dq += dS k.
+//   dk, dv  4 warps own 16 keys each (64 per block) and walk query tiles of 32 (16 at DM = 128,
+//           and in 3xTF32 at DM = 64): S^T = K Q^T and dP^T = V dout^T from the warp's key and
+//           value rows, kept as A fragments; then dv += (z P)^T dout and dk += dS^T q with those
+//           accumulators reused as A operands.
+//   dq      4 warps own 16 queries each and walk key tiles of 64 (32 at DM = 128 and in TF32, 16
+//           in 3xTF32 at DM = 64): S = Q K^T, dP = dout V^T, dq += dS k.
 // The walked tiles are double-buffered (cp.async). The B operands of the second products are
 // read down the columns of row-major tiles (dout, q, k). P and dS enter their products as the
 // format rounds them (bf16, as FlashAttention-2 does; TF32 split in two); delta, the sums of exp
 // and dbias stay float32.
 //
 // The dk/dv kernel's query tile and the dq kernel's key tile: the score tiles are what is left of
-// 255 registers after the kept fragments and the accumulators (at DM = 128: 64 + 128 in dk/dv);
-// the TF32 dq kernel's 32 keys keep its stages under 48 KB of shared memory.
+// 255 registers after the kept fragments and the accumulators (at DM = 128: 64 + 128 in dk/dv;
+// 3xTF32 also keeps each k-step's split of A); the TF32 dq kernel's 32 keys keep its stages under
+// 48 KB of shared memory, its 16 at DM = 128 the whole kernel's under 99 KB (kept_in_smem).
 template <typename F, int DM> constexpr int dkv_queries() {
   return DM == 128 || (F::kPasses == 3 && DM == 64) ? 16 : 32;
 }
 template <typename F, int DM> constexpr int dq_keys() {
-  return F::kPasses == 3 && DM == 64 ? 16 : DM == 128 || sizeof(typename F::Elem) == 4 ? 32 : 64;
+  if constexpr (sizeof(typename F::Elem) == 4) return (F::kPasses == 3 && DM == 64) || DM == 128 ? 16 : 32;
+  return DM == 128 ? 32 : 64;
 }
 // Elements per stage of the walked tiles (two of them: q and dout, or k and v); the kept rows'
-// two [64, DM + PAD] tiles are staged first in the same space.
+// two [64, DM + PAD] tiles are staged first, in the same space unless they stay (kept_in_smem).
 template <typename F, int DM> constexpr int dkv_stage() { return 2 * dkv_queries<F, DM>() * (DM + F::PAD); }
 template <typename F, int DM> constexpr int dq_stage() { return 2 * dq_keys<F, DM>() * (DM + F::PAD); }
 template <typename F, int DM> constexpr int kept_tiles() { return 2 * kMmaRows * (DM + F::PAD); }
@@ -710,22 +744,31 @@ __device__ __forceinline__ void store_rows(float* dst, const float (&acc)[ET][4]
   }
 }
 
+// Where the backward kernels' stages start (elements past the shared memory's start) and where the
+// dk/dv kernel's row statistics do.
+template <typename F, int DM> constexpr int backward_stages() { return kept_space<F, DM>(2); }
+template <typename F, int DM> constexpr int dkv_stats() {
+  return kept_in_smem<F, DM>() ? backward_stages<F, DM>() + 2 * dkv_stage<F, DM>()
+                               : std::max(kept_tiles<F, DM>(), 2 * dkv_stage<F, DM>());
+}
+
 // The backward kernels' kept operands: rows [r0, r0 + 64) of x0 [count, dim0] and x1 [count,
-// dim1] copied into tiles t0 and t1 (row stride DM + PAD), and the warp's 16 of them as A
-// fragments a0 and a1 for the whole pass. Ends with the tiles read (their space is free).
+// dim1] copied into tiles t0 and t1 (row stride DM + PAD), and the warp's 16 of them kept as A
+// fragments a0 and a1 for the whole pass. Ends with the tiles read (their space is free unless
+// the fragments are read from them: kept_in_smem).
 template <typename F, int DM>
-__device__ __forceinline__ void keep_warp_rows(uint32_t (&a0)[DM / F::K][4], uint32_t (&a1)[DM / F::K][4],
-                                               typename F::Elem* t0, typename F::Elem* t1, const typename F::Elem* x0,
-                                               int64_t dim0, const typename F::Elem* x1, int64_t dim1, int64_t r0,
-                                               int64_t count, bool vec, const MmaLane& lane) {
+__device__ __forceinline__ void keep_warp_rows(KeptRows<F, DM>& a0, KeptRows<F, DM>& a1, typename F::Elem* t0,
+                                               typename F::Elem* t1, const typename F::Elem* x0, int64_t dim0,
+                                               const typename F::Elem* x1, int64_t dim1, int64_t r0, int64_t count,
+                                               bool vec, const MmaLane& lane) {
   constexpr int LD = DM + F::PAD;
   copy_rows_async<DM, kMmaRows>(t0, LD, x0, dim0, r0, count, vec);
   copy_rows_async<DM, kMmaRows>(t1, LD, x1, dim1, r0, count, vec);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  load_a_fragments<F, DM / F::K>(a0, t0 + lane.warp * 16 * LD, LD, lane.g, lane.t);
-  load_a_fragments<F, DM / F::K>(a1, t1 + lane.warp * 16 * LD, LD, lane.g, lane.t);
+  a0.keep(t0 + lane.warp * 16 * LD, LD, lane.g, lane.t);
+  a1.keep(t1 + lane.warp * 16 * LD, LD, lane.g, lane.t);
   __syncthreads();
 }
 
@@ -736,13 +779,14 @@ __global__ void __launch_bounds__(kMmaThreads)
                                  ExampleDropout<float> drop, const uint64_t* draw_base, float* dk, float* dv,
                                  float* dbias) {
   using Elem = typename F::Elem;
-  constexpr int LD = DM + F::PAD, KT = DM / F::K, ET = DM / 8, NQ = dkv_queries<F, DM>(), NT = NQ / 8;
-  Elem* smem = shared_mem<Elem>();  // 2 x [q tile [NQ, LD], dout tile [NQ, LD]]; first the kept tiles
-  float* stats = reinterpret_cast<float*>(smem + max(kept_tiles<F, DM>(), 2 * dkv_stage<F, DM>()));  // 2 x [lse, delta]
+  constexpr int LD = DM + F::PAD, ET = DM / 8, NQ = dkv_queries<F, DM>(), NT = NQ / 8;
+  Elem* smem = shared_mem<Elem>();  // the kept tiles; 2 x [q tile [NQ, LD], dout tile [NQ, LD]]
+  Elem* stages = smem + backward_stages<F, DM>();
+  float* stats = reinterpret_cast<float*>(smem + dkv_stats<F, DM>());  // 2 x [lse, delta]
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kMmaKeys, mw = m0 + warp * 16;
-  uint32_t ka[KT][4], va[KT][4];  // the warp's 16 keys and values
+  KeptRows<F, DM> ka, va;  // the warp's 16 keys and values
   keep_warp_rows<F, DM>(ka, va, smem, smem + kMmaKeys * LD, in.k + bh * s.M * in.qk_dim, in.qk_dim,
                         in.v + bh * s.M * in.v_dim, in.v_dim, m0, s.M, in.vec, lane);
   float dk_acc[ET][4], dv_acc[ET][4], db[2] = {0.f, 0.f};
@@ -755,7 +799,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const float* stat_rows[2] = {lse + bh * s.N, delta + bh * s.N};
   // Query tile n0 (q, dout, lse, delta; zeros past N) into stage `st`, one commit group.
   const auto issue = [&](int64_t n0, int st) {
-    Elem* qs = smem + st * dkv_stage<F, DM>();
+    Elem* qs = stages + st * dkv_stage<F, DM>();
     copy_rows_async<DM, NQ>(qs, LD, qb, in.qk_dim, n0, s.N, in.vec);
     copy_rows_async<DM, NQ>(qs + NQ * LD, LD, dob, in.v_dim, n0, s.N, in.vec);
     const int i = threadIdx.x, r = i % NQ;
@@ -775,14 +819,14 @@ __global__ void __launch_bounds__(kMmaThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const Elem* qs = smem + stage * dkv_stage<F, DM>();
+    const Elem* qs = stages + stage * dkv_stage<F, DM>();
     const Elem* ds = qs + NQ * LD;
     const float* row_lse = stats + stage * 2 * NQ;
     const float* row_delta = row_lse + NQ;
     const bool masked = tile_masked(s, pad_b, n0, m0, kMmaKeys);
     float sT[NT][4], dpt[NT][4];  // S^T and dP^T: rows the warp's keys, columns the tile's queries
-    mma_rows<F, KT, NT>(sT, ka, qs, LD, g, t);
-    mma_rows<F, KT, NT>(dpt, va, ds, LD, g, t);
+    mma_rows<F, DM, NT>(sT, ka, qs, LD, g, t);
+    mma_rows<F, DM, NT>(dpt, va, ds, LD, g, t);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -818,12 +862,13 @@ __global__ void __launch_bounds__(kMmaThreads)
                                 const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
                                 ExampleDropout<float> drop, const uint64_t* draw_base, float* dq) {
   using Elem = typename F::Elem;
-  constexpr int LD = DM + F::PAD, KT = DM / F::K, ET = DM / 8, NK = dq_keys<F, DM>(), NT = NK / 8;
-  Elem* smem = shared_mem<Elem>();  // 2 x [k tile [NK, LD], v tile [NK, LD]]; first the kept tiles
+  constexpr int LD = DM + F::PAD, ET = DM / 8, NK = dq_keys<F, DM>(), NT = NK / 8;
+  Elem* smem = shared_mem<Elem>();  // the kept tiles; 2 x [k tile [NK, LD], v tile [NK, LD]]
+  Elem* stages = smem + backward_stages<F, DM>();
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
-  uint32_t qa[KT][4], da[KT][4];  // the warp's 16 queries and their output gradients
+  KeptRows<F, DM> qa, da;  // the warp's 16 queries and their output gradients
   keep_warp_rows<F, DM>(qa, da, smem, smem + kMmaRows * LD, in.q + bh * s.N * in.qk_dim, in.qk_dim,
                         in.dout + bh * s.N * in.v_dim, in.v_dim, n0, s.N, in.vec, lane);
   float row_lse[2], row_delta[2], dq_acc[ET][4];
@@ -839,7 +884,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const Elem* vb = in.v + bh * s.M * in.v_dim;
   // Key tile m0 (k and v) into stage `st`, one commit group.
   const auto issue = [&](int64_t m0, int st) {
-    Elem* ks = smem + st * dq_stage<F, DM>();
+    Elem* ks = stages + st * dq_stage<F, DM>();
     copy_rows_async<DM, NK>(ks, LD, kb, in.qk_dim, m0, s.M, in.vec);
     copy_rows_async<DM, NK>(ks + NK * LD, LD, vb, in.v_dim, m0, s.M, in.vec);
     cp_async_commit();
@@ -856,12 +901,12 @@ __global__ void __launch_bounds__(kMmaThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const Elem* ks = smem + stage * dq_stage<F, DM>();
+    const Elem* ks = stages + stage * dq_stage<F, DM>();
     const Elem* vs = ks + NK * LD;
     const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     float sc[NT][4], dp[NT][4];
-    mma_rows<F, KT, NT>(sc, qa, ks, LD, g, t);
-    mma_rows<F, KT, NT>(dp, da, vs, LD, g, t);
+    mma_rows<F, DM, NT>(sc, qa, ks, LD, g, t);
+    mma_rows<F, DM, NT>(dp, da, vs, LD, g, t);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1064,24 +1109,41 @@ template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
+// Shared memory of the three kernels (bytes). Past kMaxSmem a kernel opts in (allow_smem):
+// 70 KB for bf16 at DM = 128 and TF32 at 64, about 99 KB for TF32 at 128; with_mma_kernels leaves
+// to the SIMT kernels what the device cannot give.
+template <typename F, int DM> constexpr size_t mma_forward_smem() {
+  return sizeof(typename F::Elem) * (kept_space<F, DM>(1) + 2 * mma_forward_stage<F, DM>());
+}
+template <typename F, int DM> constexpr size_t mma_dkv_smem() {  // each stage's lse and delta last
+  return sizeof(typename F::Elem) * dkv_stats<F, DM>() + sizeof(float) * 2 * 2 * dkv_queries<F, DM>();
+}
+template <typename F, int DM> constexpr size_t mma_dq_smem() {
+  return sizeof(typename F::Elem) * (kept_in_smem<F, DM>() ? backward_stages<F, DM>() + 2 * dq_stage<F, DM>()
+                                                           : std::max(kept_tiles<F, DM>(), 2 * dq_stage<F, DM>()));
+}
+template <typename F, int DM> constexpr size_t mma_smem_most() {
+  return std::max({mma_forward_smem<F, DM>(), mma_dkv_smem<F, DM>(), mma_dq_smem<F, DM>()});
+}
+
 // Calls f(F{}, std::integral_constant<int, DM>{}) with F the tensor-core kernels' operand format
 // for this call and DM its head-dim tile (16, 32, 64 or 128), and returns true; false where the
-// SIMT kernels take the call: not float32, before sm_80, or head dims past the format's.
+// SIMT kernels take the call: not float32, before sm_80, head dims past 128, or less shared memory
+// than the kernels need (TF32 at DM = 128: about 99 KB).
 template <typename Fn> bool with_mma_kernels(const Tensor& q, const SdpaShape& s, Fn&& f) {
-  if (q.dtype() != DType::Float32 || compute_capability() < 80) return false;
   const int64_t dim = std::max(s.D, s.E);
+  if (q.dtype() != DType::Float32 || compute_capability() < 80 || dim > 128) return false;
   const auto dims = [&](auto format) {
     using F = decltype(format);
-    if (dim > F::kMaxDims) return false;
-    if (dim <= 16)
-      f(format, std::integral_constant<int, 16>{});
-    else if (dim <= 32)
-      f(format, std::integral_constant<int, 32>{});
-    else if (dim <= 64)
-      f(format, std::integral_constant<int, 64>{});
-    else if constexpr (F::kMaxDims >= 128)
-      f(format, std::integral_constant<int, 128>{});
-    return true;
+    const auto take = [&](auto dm) {
+      if (mma_smem_most<F, decltype(dm)::value>() > shared_memory_optin()) return false;
+      f(format, dm);
+      return true;
+    };
+    if (dim <= 16) return take(std::integral_constant<int, 16>{});
+    if (dim <= 32) return take(std::integral_constant<int, 32>{});
+    if (dim <= 64) return take(std::integral_constant<int, 64>{});
+    return take(std::integral_constant<int, 128>{});
   };
   switch (matmul_precision()) {
     case MatmulPrecision::BF16:
@@ -1159,22 +1221,23 @@ template <int DM> struct StagedCopies {
   }
 };
 
-template <typename F, int DM> constexpr size_t mma_forward_smem() {
-  return sizeof(typename F::Elem) * 2 * mma_forward_stage<F, DM>();
+// Lets `kernel` take `bytes` of dynamic shared memory past the 48 KB a kernel gets by default;
+// once per process and kernel (F, DM and the kernel's type tell the instantiations apart): the
+// attribute stays with the kernel.
+template <typename F, int DM, typename Kernel> void allow_smem(Kernel* kernel, size_t bytes) {
+  if (bytes <= kMaxSmem) return;
+  static const bool opted_in = [&] {
+    LINEA_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)opted_in;
 }
+
 template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
-  static_assert(kMmaRows * (DM + F::PAD) <= mma_forward_stage<F, DM>());  // the query tile in a stage
-  if constexpr (mma_forward_smem<F, DM>() > kMaxSmem) {
-    // 70 KB (bf16 at head dims of 128, TF32 at 64), over the 48 KB a kernel gets unless it opts in
-    // (every sm_80+ GPU allows 99 KB or more). Once per process: the attribute stays with the kernel.
-    static const bool opted_in = [] {
-      LINEA_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&sdpa_forward_mma_kernel<F, DM>),
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(mma_forward_smem<F, DM>())));
-      return true;
-    }();
-    (void)opted_in;
-  }
+  static_assert(kept_in_smem<F, DM>() || kMmaRows * (DM + F::PAD) <= mma_forward_stage<F, DM>(),
+                "the query tile fits in a stage");
+  allow_smem<F, DM>(&sdpa_forward_mma_kernel<F, DM>, mma_forward_smem<F, DM>());
   const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
     const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
                     static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
@@ -1190,18 +1253,11 @@ template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& 
     launch(tensor_operands(a, nullptr));
 }
 
-// The dk/dv kernel adds each stage's lse and delta after its tiles.
-template <typename F, int DM> constexpr size_t mma_dkv_smem() {
-  return sizeof(typename F::Elem) * std::max(kept_tiles<F, DM>(), 2 * dkv_stage<F, DM>()) +
-         sizeof(float) * 2 * 2 * dkv_queries<F, DM>();
-}
-template <typename F, int DM> constexpr size_t mma_dq_smem() {
-  return sizeof(typename F::Elem) * std::max(kept_tiles<F, DM>(), 2 * dq_stage<F, DM>());
-}
 template <typename F, int DM>
 void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const float* delta, const Tensor& dq,
                   const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
-  static_assert(mma_dkv_smem<F, DM>() <= kMaxSmem && mma_dq_smem<F, DM>() <= kMaxSmem);
+  allow_smem<F, DM>(&sdpa_backward_dkv_mma_kernel<F, DM>, mma_dkv_smem<F, DM>());
+  allow_smem<F, DM>(&sdpa_backward_dq_mma_kernel<F, DM>, mma_dq_smem<F, DM>());
   const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
   const uint8_t* pad = a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr;
   const float* bias = a.bias.defined() ? cptr<float>(a.bias) : nullptr;

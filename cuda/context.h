@@ -25,6 +25,10 @@ cudaStream_t stream();
 // The compute capability of the device (major * 10 + minor, e.g. 90 for an H100), read once.
 int compute_capability();
 
+// The most dynamic shared memory one block may opt in to (bytes; 227 KB on an H100, 99 KB on
+// sm_86 and sm_89), read once.
+size_t shared_memory_optin();
+
 // The cuBLAS handle, bound to stream(), with a workspace of its own (so that a captured
 // CUDA graph never sees it allocate).
 cublasHandle_t cublas();

@@ -48,18 +48,20 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 #endif
 }
 
-// The bits of x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero, as
-// cvt.rna.tf32.f32), in two integer operations.
-__device__ __forceinline__ uint32_t round_tf32(float x) {
+// A float's bits and back.
+__device__ __forceinline__ uint32_t float_bits(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
-  return (u + 0x1000u) & 0xffffe000u;
+  return u;
 }
 __device__ __forceinline__ float bits_to_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
+// The bits of x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero, as
+// cvt.rna.tf32.f32), in two integer operations.
+__device__ __forceinline__ uint32_t round_tf32(float x) { return (float_bits(x) + 0x1000u) & 0xffffe000u; }
 
 // One float rounded to bf16 (the bits).
 __device__ __forceinline__ uint16_t to_bf16(float f) { return static_cast<uint16_t>(pack_bf16x2(f, 0.f) & 0xffffu); }

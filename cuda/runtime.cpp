@@ -222,6 +222,16 @@ int compute_capability() {
   return cc;
 }
 
+size_t shared_memory_optin() {
+  static const size_t bytes = [] {
+    stream();
+    cudaDeviceProp prop{};
+    LINEA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    return prop.sharedMemPerBlockOptin;
+  }();
+  return bytes;
+}
+
 cublasHandle_t cublas() {
   static cublasHandle_t h = [] {
     cudaStream_t s = stream();

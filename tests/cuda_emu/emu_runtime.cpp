@@ -359,11 +359,15 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (!g_device_present || device != 0) return g_last_error = cudaErrorInvalidDevice;
   std::memset(prop, 0, sizeof *prop);
   std::snprintf(prop->name, sizeof prop->name, "%s", "Linea CUDA emulator");
-  prop->major = 9;
-  prop->minor = 0;
+  // An sm_90 device, or LINEA_EMU_CC=75 (say): an older one, whose kernels some ops pick instead.
+  const char* cc = std::getenv("LINEA_EMU_CC");
+  const int capability = cc ? std::atoi(cc) : 90;
+  prop->major = capability / 10;
+  prop->minor = capability % 10;
   prop->multiProcessorCount = 1;
   prop->totalGlobalMem = size_t(1) << 30;
   prop->sharedMemPerBlock = 48 * 1024;
+  prop->sharedMemPerBlockOptin = sizeof(linea::cuda::detail::linea_smem_);
   prop->maxThreadsPerBlock = 1024;
   prop->warpSize = 32;
   return cudaSuccess;

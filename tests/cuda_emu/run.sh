@@ -9,7 +9,9 @@
 # see data races, warp-level behaviour, or speed: run the real tests on a GPU for those.
 # The last binary, steps, runs apps/tests/test_gpu_step.cpp: what one training step of the
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
-# EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step).
+# EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step); LINEA_EMU_CC=75
+# emulates an sm_75 device (the softmax parity runs once more so: its float32 SIMT kernels, which
+# sm_80 and newer leave for the tensor cores).
 #   tests/cuda_emu/run.sh [gtest args]          e.g. --gtest_filter=CudaParity.Matmul
 # Needs: g++, libgtest-dev, OpenBLAS, FFTW, and the CUDA toolkit headers (no GPU, no driver).
 set -euo pipefail
@@ -20,5 +22,7 @@ make -s -C "$EMU" -j"$(nproc)" B="$B"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 "$B/basics" --gtest_brief=1
 "$B/parity" --gtest_brief=1 "$@"
+LINEA_EMU_CC=75 "$B/parity" --gtest_brief=1 \
+  --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN'
 "$B/attention" --gtest_brief=1 "$@"
 "$B/steps" --gtest_brief=1 "$@"
