@@ -94,6 +94,19 @@ void warp_exchange(const void* mine, void* all, size_t bytes) {
   __syncwarp(0xffffffffu);  // nobody writes the next exchange before every lane has read this one
 }
 
+// d += A B for this lane's four elements of the warp's D [16 x 8] (A [16 x K], B [K x 8]): the
+// product summed on its own, then added, as one mma.
+template <int K> void add_product(float (&d)[4], const float (&A)[16][K], const float (&B)[K][8]) {
+  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+    float acc = 0;
+    for (int k = 0; k < K; ++k) acc += A[r][k] * B[k][c];
+    d[i] += acc;
+  }
+}
+
 // The warp's A [16 x 16] and B [16 x 8] rebuilt from every lane's fragments, as the PTX ISA lays
 // them out ("Matrix Fragments for mma.m16n8k16 with floating point type"); each lane then
 // computes its own four elements of D.
@@ -120,14 +133,7 @@ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
       B[2 * t + 8 + h][g] = bf16(all[lane].b[1], h);
     }
   }
-  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
-  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
-  for (int i = 0; i < 4; ++i) {
-    const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
-    float acc = 0;
-    for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][c];
-    d[i] += acc;
-  }
+  add_product<16>(d, A, B);
 }
 
 // The same for m16n8k8 on TF32 ("Matrix Fragments for mma.m16n8k8" with .tf32): A [16 x 8] and
@@ -151,17 +157,6 @@ void place_tf32(Tf32Tiles& x, int lane, const uint32_t (&a)[4], const uint32_t (
   x.B[t][g] = tf32_value(b[0]);
   x.B[t + 4][g] = tf32_value(b[1]);
 }
-// d += A B for this lane's four elements of D: the product summed on its own, then added.
-void add_tf32_product(float (&d)[4], const float (&A)[16][8], const float (&B)[8][8]) {
-  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
-  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
-  for (int i = 0; i < 4; ++i) {
-    const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
-    float acc = 0;
-    for (int k = 0; k < 8; ++k) acc += A[r][k] * B[k][c];
-    d[i] += acc;
-  }
-}
 void mma_tf32_m16n8k8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   struct Frag {
     uint32_t a[4], b[2];
@@ -169,7 +164,7 @@ void mma_tf32_m16n8k8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)
   warp_exchange(&mine, all, sizeof(Frag));
   Tf32Tiles x;
   for (int lane = 0; lane < 32; ++lane) place_tf32(x, lane, all[lane].a, all[lane].b);
-  add_tf32_product(d, x.A, x.B);
+  add_product<8>(d, x.A, x.B);
 }
 void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4], const uint32_t (&bb)[2],
                         const uint32_t (&bs)[2]) {
@@ -182,9 +177,9 @@ void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (
     place_tf32(big, lane, all[lane].ab, all[lane].bb);
     place_tf32(small, lane, all[lane].as, all[lane].bs);
   }
-  add_tf32_product(d, big.A, small.B);
-  add_tf32_product(d, small.A, big.B);
-  add_tf32_product(d, big.A, big.B);
+  add_product<8>(d, big.A, small.B);
+  add_product<8>(d, small.A, big.B);
+  add_product<8>(d, big.A, big.B);
 }
 }  // namespace emu
 
