@@ -841,30 +841,30 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
         EXPECT_TRUE(test::all_close(out_d.to(kCPU), out, tol, tol)) << "out";
         EXPECT_TRUE(test::all_close(lse_d.to(kCPU), lse, 1e-4, 1e-5)) << "lse";
 #ifdef LINEA_CUDA_EMULATOR
-      if (c.M > 1) {
-        EXPECT_GT(max(abs(out_d.to(kCPU) - out)).item(), 0.0) << "the probabilities were not rounded";
-      }
+        if (c.M > 1) {
+          EXPECT_GT(max(abs(out_d.to(kCPU) - out)).item(), 0.0) << "the probabilities were not rounded";
+        }
 #endif
 
-      // The backward from the CPU's out and lse, so that only its own rounding is measured.
-      Tensor dq = empty(q.shape(), TensorOptions(dt)), dk = empty(k.shape(), TensorOptions(dt)),
-             dv = empty(v.shape(), TensorOptions(dt)),
-             db = b.defined() ? empty(b.shape(), TensorOptions(dt)) : Tensor();
-      cpu::sdpa_backward(qr, kr, vr, out, lse, Tensor(), dr, scale, c.causal, c.offset, pad, b, drop, dq, dk, dv, db);
-      Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt),
-             db_d = b.defined() ? poisoned(b.shape(), dt) : Tensor();
-      set_matmul_precision(precision);
-      LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out.to(kCuda), lse.to(kCuda), Tensor(), dd, scale, c.causal,
-                    c.offset, pd, bd, drop, dq_d, dk_d, dv_d, db_d);
-      set_matmul_precision(MatmulPrecision::Float32);
-      EXPECT_TRUE(test::all_close(dq_d.to(kCPU), dq, 2 * tol, 2 * tol)) << "dq";
-      EXPECT_TRUE(test::all_close(dk_d.to(kCPU), dk, 2 * tol, 2 * tol)) << "dk";
-      EXPECT_TRUE(test::all_close(dv_d.to(kCPU), dv, 2 * tol, 2 * tol)) << "dv";
-      if (b.defined()) {
-        EXPECT_TRUE(test::all_close(db_d.to(kCPU), db, 2 * tol, 2 * tol)) << "dbias";
+        // The backward from the CPU's out and lse, so that only its own rounding is measured.
+        Tensor dq = empty(q.shape(), TensorOptions(dt)), dk = empty(k.shape(), TensorOptions(dt)),
+               dv = empty(v.shape(), TensorOptions(dt)),
+               db = b.defined() ? empty(b.shape(), TensorOptions(dt)) : Tensor();
+        cpu::sdpa_backward(qr, kr, vr, out, lse, Tensor(), dr, scale, c.causal, c.offset, pad, b, drop, dq, dk, dv, db);
+        Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt),
+               db_d = b.defined() ? poisoned(b.shape(), dt) : Tensor();
+        set_matmul_precision(precision);
+        LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out.to(kCuda), lse.to(kCuda), Tensor(), dd, scale, c.causal,
+                      c.offset, pd, bd, drop, dq_d, dk_d, dv_d, db_d);
+        set_matmul_precision(MatmulPrecision::Float32);
+        EXPECT_TRUE(test::all_close(dq_d.to(kCPU), dq, 2 * tol, 2 * tol)) << "dq";
+        EXPECT_TRUE(test::all_close(dk_d.to(kCPU), dk, 2 * tol, 2 * tol)) << "dk";
+        EXPECT_TRUE(test::all_close(dv_d.to(kCPU), dv, 2 * tol, 2 * tol)) << "dv";
+        if (b.defined()) {
+          EXPECT_TRUE(test::all_close(db_d.to(kCPU), db, 2 * tol, 2 * tol)) << "dbias";
+        }
       }
     }
-  }
 }
 
 // A query whose scores are all NaN gets NaN out and lse on both devices and in both CUDA paths
