@@ -251,6 +251,25 @@ void check_png_chunks(const std::vector<char>& b, const std::string& path, const
   }
 }
 
+// stb_image 2.27 copies each IDAT chunk's data into a buffer it allocates at the first non-empty
+// one: an empty IDAT before that passes memcpy a null pointer (undefined behaviour; found by
+// fuzz_image). An empty IDAT adds nothing to the compressed stream, so such chunks are dropped
+// from the bytes stb_image reads (the chunks were checked to lie within the file).
+void drop_empty_idat_chunks(std::vector<char>& b) {
+  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+  std::vector<char> kept(b.begin(), b.begin() + 8);
+  bool dropped = false;
+  for (size_t pos = 8; pos + 12 <= b.size();) {
+    const size_t len = be32(p + pos);
+    const bool empty_idat = len == 0 && std::memcmp(b.data() + pos + 4, "IDAT", 4) == 0;
+    if (!empty_idat) kept.insert(kept.end(), b.begin() + pos, b.begin() + pos + 12 + len);
+    dropped = dropped || empty_idat;
+    if (std::memcmp(b.data() + pos + 4, "IEND", 4) == 0) break;
+    pos += 12 + len;
+  }
+  if (dropped) b = std::move(kept);
+}
+
 // Two bugs of stb_image 2.27 (Debian 12's libstb; upstream fixed both in 2.28) let a crafted JPEG
 // reach memory outside stb_image's buffers: it builds a Huffman table from its 16 code counts
 // before it checks that they add up to at most 256 (and writes past the table when they do not),
@@ -329,6 +348,7 @@ ImageFile read_image_file(const std::string& path, const char* op) {
   LINEA_CHECK(b.size() <= static_cast<size_t>(std::numeric_limits<int>::max()), op, ": '", path, "' is ", b.size(),
               " bytes, too large for stb_image");
   if (png) check_png_chunks(b, path, op);
+  if (png) drop_empty_idat_chunks(f.bytes);
   if (jpeg) check_jpeg_segments(b, path, op);
   const auto* data = reinterpret_cast<const stbi_uc*>(b.data());
   LINEA_CHECK(stbi_info_from_memory(data, static_cast<int>(b.size()), &f.w, &f.h, &f.comp) == 1, op,

@@ -337,6 +337,27 @@ TEST(ImageReader, RefusesHugeDeclaredSizes) {
   EXPECT_LINEA_ERROR(read_image(p, 1, 1 << 14, 1 << 14), "read_image: resize to 16384x16384 is more than the limit");
 }
 
+// An empty IDAT chunk before the image data is legal PNG, and made stb_image 2.27 pass memcpy a
+// null pointer (found by fuzz_image; its input, in tests/fuzz/regressions/image, fails the clang
+// UBSan build without the fix): read_image drops it, and the image reads the same.
+TEST(ImageReader, EmptyIdatChunkBeforeTheData) {
+  TempDir dir;
+  const std::string p = dir.file("a.png");
+  std::vector<uint8_t> px(5 * 3);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(17 * i);
+  write_png(p, 5, 3, 1, px);
+  const Tensor plain = read_image(p, 1);
+  std::string png = read_all(p);
+  const size_t idat = png.find("IDAT");
+  ASSERT_NE(idat, std::string::npos);
+  // length 0, "IDAT", CRC (unchecked), before the chunk's length field
+  png.insert(idat - 4, std::string("\x00\x00\x00\x00IDAT\xae\x42\x60\x82", 12));
+  write_all(p, png);
+  const Tensor again = read_image(p, 1);
+  EXPECT_EQ(again.shape(), plain.shape());
+  EXPECT_EQ(again.to_vector<float>(), plain.to_vector<float>());
+}
+
 TEST(ImageFolderReader, RejectsBadFolders) {
   TempDir dir;
   EXPECT_LINEA_ERROR(read_image_folder(dir.file("nope")),
