@@ -256,18 +256,24 @@ void check_png_chunks(const std::vector<char>& b, const std::string& path, const
 // fuzz_image). An empty IDAT adds nothing to the compressed stream, so such chunks are dropped
 // from the bytes stb_image reads (the chunks were checked to lie within the file).
 void drop_empty_idat_chunks(std::vector<char>& b) {
-  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+  // Calls f(pos, len, empty IDAT) for each chunk up to IEND.
+  const auto walk = [&b](auto&& f) {
+    const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+    for (size_t pos = 8; pos + 12 <= b.size();) {
+      const size_t len = be32(p + pos);
+      f(pos, len, len == 0 && std::memcmp(b.data() + pos + 4, "IDAT", 4) == 0);
+      if (std::memcmp(b.data() + pos + 4, "IEND", 4) == 0) break;
+      pos += 12 + len;
+    }
+  };
+  bool any = false;
+  walk([&](size_t, size_t, bool empty_idat) { any = any || empty_idat; });
+  if (!any) return;  // the usual case: nothing copied
   std::vector<char> kept(b.begin(), b.begin() + 8);
-  bool dropped = false;
-  for (size_t pos = 8; pos + 12 <= b.size();) {
-    const size_t len = be32(p + pos);
-    const bool empty_idat = len == 0 && std::memcmp(b.data() + pos + 4, "IDAT", 4) == 0;
+  walk([&](size_t pos, size_t len, bool empty_idat) {
     if (!empty_idat) kept.insert(kept.end(), b.begin() + pos, b.begin() + pos + 12 + len);
-    dropped = dropped || empty_idat;
-    if (std::memcmp(b.data() + pos + 4, "IEND", 4) == 0) break;
-    pos += 12 + len;
-  }
-  if (dropped) b = std::move(kept);
+  });
+  b = std::move(kept);
 }
 
 // Two bugs of stb_image 2.27 (Debian 12's libstb; upstream fixed both in 2.28) let a crafted JPEG
