@@ -212,25 +212,20 @@ cudaStream_t stream() {
   return s;
 }
 
-int compute_capability() {
-  static const int cc = [] {
-    stream();  // selects device 0, or throws without one
-    cudaDeviceProp prop{};
-    LINEA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    return prop.major * 10 + prop.minor;
+// Device 0's properties, read once (selecting it first, or throwing without one).
+static const cudaDeviceProp& device_properties() {
+  static const cudaDeviceProp prop = [] {
+    stream();
+    cudaDeviceProp p{};
+    LINEA_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    return p;
   }();
-  return cc;
+  return prop;
 }
 
-size_t shared_memory_optin() {
-  static const size_t bytes = [] {
-    stream();
-    cudaDeviceProp prop{};
-    LINEA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    return prop.sharedMemPerBlockOptin;
-  }();
-  return bytes;
-}
+int compute_capability() { return device_properties().major * 10 + device_properties().minor; }
+
+size_t shared_memory_optin() { return device_properties().sharedMemPerBlockOptin; }
 
 cublasHandle_t cublas() {
   static cublasHandle_t h = [] {
