@@ -267,36 +267,31 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
 // The kernels are written once over an operand format F: what their tiles hold and how a fragment
 // is read and multiplied.
 //   Bf16Format     --precision bf16 (head dims up to 128): q, k, v, dout rounded to bf16 once per
-//                  call into rows of DM (StagedCopies), the forward's values transposed; m16n8k16,
-//                  two elements per register. P and dS are rounded to bf16 before their products.
+//                  call into rows of DM (StagedCopies); m16n8k16, two elements per register. P and dS are rounded to
+//                  bf16 before their products.
 //   Tf32Format<3>  float32, the default precision (head dims up to 128): the tensors' own rows;
 //                  m16n8k8 on TF32 with each operand split as x = big + small (big: x rounded to
 //                  TF32, small: x - big rounded) and multiplied as big small + small big + big big:
 //                  a product's relative error about 2^-21 instead of float32's 2^-24. PyTorch's
 //                  memory-efficient SDPA does the same in float32 (CUTLASS's 3xTF32).
 //   Tf32Format<1>  --precision tf32 (head dims up to 128): big big only.
-// Where an accumulator tile is the A operand (P V, dS K, P^T dout, dS^T q), B is read down the
-// columns of a row-major tile. bf16: two neighbouring 8-column accumulator tiles are one A
-// fragment (k-step 16), b[0] = rows 2t, 2t+1 and b[1] = rows 2t+8, 2t+9 of the k-step. TF32: one
-// accumulator tile is an A fragment whose columns are permuted (A column t holds accumulator
-// column 2t, column t+4 holds 2t+1), b[0] = row 2t and b[1] = row 2t+1: the same permutation of
-// the sum's terms on both sides, so no shuffle is needed.
+// Fragments are read from shared memory by ldmatrix (four registers of the warp in one
+// instruction: A fragments, and B fragments of two 8-column tiles at once). Where an accumulator
+// tile is the A operand (P V, dS K, P^T dout, dS^T q), B is read down the columns of a row-major
+// tile. bf16: two neighbouring 8-column accumulator tiles are one A fragment (k-step 16), b[0] =
+// rows 2t, 2t+1 and b[1] = rows 2t+8, 2t+9 of the k-step, by ldmatrix.trans (as FlashAttention-2
+// reads V). TF32 (ldmatrix transposes 16-bit elements only): one accumulator tile is an A fragment
+// whose columns are permuted (A column t holds accumulator column 2t, column t+4 holds 2t+1), b[0]
+// = row 2t and b[1] = row 2t+1 by plain loads: the same permutation of the sum's terms on both
+// sides, so no shuffle is needed.
 constexpr int kMmaRows = 64, kMmaKeys = 64, kMmaThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// The bf16 pair (tile[0], tile[ld]): two rows of one column.
-__device__ __forceinline__ uint32_t column_bf16x2(const uint16_t* tile, int ld) {
-  return static_cast<uint32_t>(tile[0]) | (static_cast<uint32_t>(tile[ld]) << 16);
-}
-
 struct Bf16Format {
   using Elem = uint16_t;
-  static constexpr int K = 16;                // the mma's k-step
-  static constexpr int KPR = 2;               // elements of a row per fragment register
-  static constexpr int PAD = 8;               // row pad of the tiles (elements), against bank conflicts
-  static constexpr bool kTransposedV = true;  // the forward reads v transposed ([DM, keys] tiles)
-  static constexpr int kPasses = 1;           // mma per product
-  __device__ static uint32_t load(const Elem* p) { return load_bf16x2(p); }
+  static constexpr int K = 16;       // the mma's k-step
+  static constexpr int PAD = 8;      // row pad of the tiles (elements): ldmatrix's 8 rows hit 8 bank groups
+  static constexpr int kPasses = 1;  // mma per product
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma_bf16_16x8x16(d, a, b);
   }
@@ -307,20 +302,19 @@ struct Bf16Format {
     a[2] = pack_bf16x2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
     a[3] = pack_bf16x2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
   }
-  // The B fragment of a k-step read down column `col` (its first row) of a tile with row stride ld.
-  __device__ static void column_b(uint32_t (&b)[2], const Elem* col, int ld, int t) {
-    b[0] = column_bf16x2(col + 2 * t * ld, ld);
-    b[1] = column_bf16x2(col + (2 * t + 8) * ld, ld);
+  // The B fragments of one k-step for the 8-column tiles at `cols` and cols + 8, read down the
+  // columns of a tile (rows ld apart; cols at the k-step's first row): b[0..1] and b[2..3].
+  // ldmatrix.trans: matrix j holds rows 8 (j % 2).. of the k-step, columns 8 (j / 2)..
+  __device__ static void column_b(uint32_t (&b)[4], const Elem* cols, int ld, int lane) {
+    ldmatrix_x4<true>(b, cols + (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16));
   }
 };
 
 template <int PASSES> struct Tf32Format {
   static_assert(PASSES == 1 || PASSES == 3);
   using Elem = float;
-  static constexpr int K = 8, KPR = 1, PAD = 4;
-  static constexpr bool kTransposedV = false;
+  static constexpr int K = 8, PAD = 4;
   static constexpr int kPasses = PASSES;
-  __device__ static uint32_t load(const Elem* p) { return float_bits(*p); }
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     uint32_t ab[4], bb[2];  // the big parts
 #pragma unroll
@@ -344,20 +338,19 @@ template <int PASSES> struct Tf32Format {
     a[2] = float_bits(x[kk][1]);  // row g, column 2t + 1 -> A column t + 4
     a[3] = float_bits(x[kk][3]);
   }
-  __device__ static void column_b(uint32_t (&b)[2], const Elem* col, int ld, int t) {
-    b[0] = float_bits(col[2 * t * ld]);
-    b[1] = float_bits(col[(2 * t + 1) * ld]);
+  __device__ static void column_b(uint32_t (&b)[4], const Elem* cols, int ld, int lane) {
+    const Elem* c = cols + 2 * (lane % 4) * ld + lane / 4;  // row 2t, column g
+    b[0] = float_bits(c[0]), b[1] = float_bits(c[ld]);
+    b[2] = float_bits(c[8]), b[3] = float_bits(c[ld + 8]);
   }
 };
 
 // ---- the operands -------------------------------------------------------------------------------
 // What the kernels copy their tiles from: row-major [BH, rows, dim] matrices (the float32 tensors
-// themselves, or their bf16 copies with dim = DM), and for the bf16 forward the values transposed.
+// themselves, or their bf16 copies with dim = DM).
 template <typename Elem> struct MmaOperands {
   const Elem *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   int64_t qk_dim = 0, v_dim = 0;  // row lengths: q and k; v and dout
-  const Elem* vt = nullptr;       // bf16 forward: [BH, DM, Mp], Mp = M rounded up to 8
-  int64_t Mp = 0;
   bool vec = true;  // every row starts on 16 bytes: tiles copied in 16-byte pieces (else 4-byte)
 };
 
@@ -365,9 +358,7 @@ template <typename Elem> struct MmaOperands {
 // made by one pass before them: rows of DM values (zeros past the head dims), so that a tile is
 // whole 16-byte pieces that cp.async copies into shared memory while the warps compute on the tile
 // before. Rounding at every tile load made each key tile a chain of global loads, conversions and
-// stores (about 25,000 cycles per key tile and block on an H200 at L = 4096, D = 64). The forward's
-// values are staged transposed, [DM, Mp] per (b, h): the B fragments of P V read two neighbouring
-// keys of one value column as one 32-bit load.
+// stores (about 25,000 cycles per key tile and block on an H200 at L = 4096, D = 64).
 struct StageJob {
   const float* src;  // [rows, dim]
   int64_t rows, dim;
@@ -386,26 +377,6 @@ template <int DM> __global__ void stage_rows_kernel(StageJobs jobs) {
     const int64_t d = 2 * (i % kPairs);
     const float* x = j.src + i / kPairs * j.dim;
     dst[i] = pack_bf16x2(d < j.dim ? x[d] : 0.f, d + 1 < j.dim ? x[d + 1] : 0.f);
-  }
-}
-
-// dst [BH, DM, Mp] = src [BH, M, dim] transposed per (b, h), zeros past dim and M: a 32 x 32 tile
-// per block of (32, 8) threads through shared memory, so that reads and writes are coalesced.
-constexpr int kTransposeTile = 32;
-template <int DM>
-__global__ void stage_transposed_kernel(const float* src, int64_t M, int64_t dim, int64_t Mp, uint16_t* dst) {
-  constexpr int W = kTransposeTile, P = W + 1;
-  float* tile = shared_mem<float>();  // [W, P]
-  const int64_t bh = blockIdx.z, m0 = static_cast<int64_t>(blockIdx.x) * W, d0 = static_cast<int64_t>(blockIdx.y) * W;
-  const int tx = threadIdx.x;
-  for (int j = threadIdx.y; j < W; j += blockDim.y) {
-    const int64_t m = m0 + j, d = d0 + tx;
-    tile[j * P + tx] = m < M && d < dim ? src[(bh * M + m) * dim + d] : 0.f;
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < W; j += blockDim.y) {
-    const int64_t d = d0 + j, m = m0 + tx;
-    if (d < DM && m < Mp) dst[(bh * DM + d) * Mp + m] = to_bf16(tile[tx * P + j]);
   }
 }
 
@@ -440,25 +411,32 @@ __device__ __forceinline__ void copy_rows_async(Elem* tile, int ld, const Elem* 
   copy_tile_async<ROWS, DM>(tile, ld, src, dim, r0, count, 0, dim, vec);
 }
 
-// k-step kk of the warp's A fragment of 16 rows (from rows16) of a tile with row stride ld.
-template <typename F>
-__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const typename F::Elem* rows16, int ld, int kk, int g,
-                                           int t) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    a[i] = F::load(rows16 + (g + 8 * (i % 2)) * ld + kk * F::K + F::KPR * t + (i / 2) * (F::K / 2));
+// The fragments of k-step kk from 16 rows (rows16) of a tile with row stride ld, by one ldmatrix:
+// matrix j holds rows 8 (j % 2).. and the k-step's half j / 2 (K / 2 elements, 16 bytes). As an
+// A operand: a[0] = rows g, a[1] = rows g + 8, each half in turn (the PTX layouts above). As B
+// operands of two 8-row tiles (B[k][n] = rows16[n][k]): rows 8 (j / 2).., half j % 2, so that
+// b[0..1] serve rows 0-7 and b[2..3] rows 8-15.
+template <typename F, bool AS_B = false>
+__device__ __forceinline__ void row_fragments(uint32_t (&a)[4], const typename F::Elem* rows16, int ld, int kk,
+                                              int lane) {
+  const int j = lane / 8, half = AS_B ? j % 2 : j / 2, row = lane % 8 + 8 * (AS_B ? j / 2 : j % 2);
+  ldmatrix_x4(a, rows16 + row * ld + kk * F::K + half * (F::K / 2));
 }
 
 // The warp's 16 rows that stay for a whole pass (queries in the forward and in dq, keys and values
 // in dk/dv) as A fragments: in registers, or where those would not fit beside the accumulators
-// in 255 registers (TF32 at DM = 128: 64 registers a row block) read from their shared-memory
-// tile at every k-step.
-template <typename F, int DM> constexpr bool kept_in_smem() { return F::K == 8 && DM == 128; }
+// in 255 registers read from their shared-memory tile at every k-step (one ldmatrix): TF32 at
+// DM = 128 (64 registers a row block), and 3xTF32 at DM = 64, whose split of each k-step's
+// operands left the dk/dv kernel spilling at 255 registers (kept there: 166, no spill; the
+// forward 220 -> 162 and dq 246 -> 126, ptxas sm_90).
+template <typename F, int DM> constexpr bool kept_in_smem() {
+  return F::K == 8 && (DM == 128 || (F::kPasses == 3 && DM == 64));
+}
 template <typename F, int DM, bool SMEM = kept_in_smem<F, DM>()> struct KeptRows {
   uint32_t a[DM / F::K][4];
   __device__ void keep(const typename F::Elem* rows16, int ld, int g, int t) {
 #pragma unroll
-    for (int kk = 0; kk < DM / F::K; ++kk) a_fragment<F>(a[kk], rows16, ld, kk, g, t);
+    for (int kk = 0; kk < DM / F::K; ++kk) row_fragments<F>(a[kk], rows16, ld, kk, 4 * g + t);
   }
   __device__ void step(uint32_t (&out)[4], int kk) const {
 #pragma unroll
@@ -471,7 +449,7 @@ template <typename F, int DM> struct KeptRows<F, DM, true> {
   __device__ void keep(const typename F::Elem* rows, int ld_, int g_, int t_) {
     rows16 = rows, ld = ld_, g = g_, t = t_;
   }
-  __device__ void step(uint32_t (&out)[4], int kk) const { a_fragment<F>(out, rows16, ld, kk, g, t); }
+  __device__ void step(uint32_t (&out)[4], int kk) const { row_fragments<F>(out, rows16, ld, kk, 4 * g + t); }
 };
 // Elements of shared memory before the walked tiles' stages: the kept rows' tiles where they stay
 // there (else the stages reuse their space).
@@ -479,11 +457,21 @@ template <typename F, int DM> constexpr int kept_space(int rows_tiles) {
   return kept_in_smem<F, DM>() ? rows_tiles * kMmaRows * (DM + F::PAD) : 0;
 }
 
+// d += A B for the B fragments of two neighbouring tiles read together, b[0..1] and b[2..3].
+template <typename F>
+__device__ __forceinline__ void mma_pair(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[4]) {
+  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+  F::mma(d0, a, b0);
+  F::mma(d1, a, b1);
+}
+
 // acc[nt] = A B^T for NT tiles of 8 rows of `other` (row-major, stride ld): B[k][n] = other[n][k].
 // k-steps outermost: what a format derives from a k-step of A (TF32's split) is live for one step.
 template <typename F, int DM, int NT>
 __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const KeptRows<F, DM>& a, const typename F::Elem* other,
                                          int ld, int g, int t) {
+  static_assert(NT % 2 == 0, "B fragments are read for two tiles at a time");
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
@@ -491,10 +479,10 @@ __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const KeptRows<F, 
     uint32_t ak[4];
     a.step(ak, kk);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const typename F::Elem* r = other + (nt * 8 + g) * ld + F::KPR * t + kk * F::K;
-      const uint32_t b[2] = {F::load(r), F::load(r + F::K / 2)};
-      F::mma(acc[nt], ak, b);
+    for (int nt = 0; nt < NT; nt += 2) {
+      uint32_t b[4];
+      row_fragments<F, /*AS_B=*/true>(b, other + nt * 8 * ld, ld, kk, 4 * g + t);
+      mma_pair<F>(acc[nt], acc[nt + 1], ak, b);
     }
   }
 }
@@ -504,15 +492,16 @@ __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const KeptRows<F, 
 template <typename F, int NT, int ET>
 __device__ __forceinline__ void mma_accumulated(float (&acc)[ET][4], const float (&x)[NT][4], const typename F::Elem* y,
                                                 int ld, int g, int t) {
+  static_assert(ET % 2 == 0, "B fragments are read for two tiles at a time");
 #pragma unroll
   for (int kk = 0; kk < NT * 8 / F::K; ++kk) {
     uint32_t a[4];
     F::template accumulator_a<NT>(a, x, kk);
 #pragma unroll
-    for (int e = 0; e < ET; ++e) {
-      uint32_t b[2];
-      F::column_b(b, y + kk * F::K * ld + e * 8 + g, ld, t);
-      F::mma(acc[e], a, b);
+    for (int e = 0; e < ET; e += 2) {
+      uint32_t b[4];
+      F::column_b(b, y + kk * F::K * ld + e * 8, ld, 4 * g + t);
+      mma_pair<F>(acc[e], acc[e + 1], a, b);
     }
   }
 }
@@ -546,16 +535,13 @@ __device__ __forceinline__ bool tile_masked(const SdpaShape& s, const uint8_t* p
 }
 
 // The forward's key tiles are double-buffered: the next tile's copies are in flight while the
-// warps compute on this one. Elements per stage: a key tile [NK, DM + PAD] and the value tile,
-// [NK, DM + PAD] or (bf16) transposed [DM, NK + 8]. NK = 32 where registers (3xTF32 at DM = 64)
-// or shared memory (TF32 at 128: the query tile stays) are short.
+// warps compute on this one. Elements per stage: a key tile and a value tile, [NK, DM + PAD] each.
+// NK = 32 where the query tile stays in shared memory (kept_in_smem): at DM = 128 for space, and
+// in 3xTF32 at 64 for registers too (64 keys: 218 registers, 2 blocks an SM instead of 3).
 template <typename F, int DM> constexpr int forward_keys() {
   return (F::kPasses == 3 && DM == 64) || kept_in_smem<F, DM>() ? 32 : kMmaKeys;
 }
-template <typename F, int DM> constexpr int mma_forward_stage() {
-  constexpr int NK = forward_keys<F, DM>();
-  return NK * (DM + F::PAD) + (F::kTransposedV ? DM * (NK + 8) : NK * (DM + F::PAD));
-}
+template <typename F, int DM> constexpr int mma_forward_stage() { return 2 * forward_keys<F, DM>() * (DM + F::PAD); }
 
 template <typename F, int DM>
 __global__ void __launch_bounds__(kMmaThreads)
@@ -564,7 +550,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                             float* out, float* lse) {
   using Elem = typename F::Elem;
   constexpr int NK = forward_keys<F, DM>(), NT = NK / 8, ET = DM / 8;
-  constexpr int KS = DM + F::PAD, VS = NK + 8;  // row strides of the key and (bf16) transposed value tiles
+  constexpr int KS = DM + F::PAD;  // the tiles' row stride
   // The query tile, then 2 x [key tile, value tile] (the first stage over the query tile unless
   // it stays: kept_in_smem).
   Elem* smem = shared_mem<Elem>();
@@ -574,15 +560,12 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t rows[2] = {n0 + warp * 16 + g, n0 + warp * 16 + g + 8};  // this lane's two rows
   const Elem* kb = in.k + bh * s.M * in.qk_dim;
-  const Elem* vb = F::kTransposedV ? in.vt + bh * DM * in.Mp : in.v + bh * s.M * in.v_dim;
+  const Elem* vb = in.v + bh * s.M * in.v_dim;
   // Key tile m0 (and its values) into stage `st`, one commit group.
   const auto issue = [&](int64_t m0, int st) {
     Elem* ks = stages + st * mma_forward_stage<F, DM>();
     copy_rows_async<DM, NK>(ks, KS, kb, in.qk_dim, m0, s.M, in.vec);
-    if constexpr (F::kTransposedV)
-      copy_tile_async<DM, NK>(ks + NK * KS, VS, vb, in.Mp, 0, DM, m0, in.Mp, true);
-    else
-      copy_rows_async<DM, NK>(ks + NK * KS, KS, vb, in.v_dim, m0, s.M, in.vec);
+    copy_rows_async<DM, NK>(ks + NK * KS, KS, vb, in.v_dim, m0, s.M, in.vec);
     cp_async_commit();
   };
 
@@ -650,21 +633,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
 #pragma unroll
     for (int e = 0; e < ET; ++e) o[e][0] *= alpha[0], o[e][1] *= alpha[0], o[e][2] *= alpha[1], o[e][3] *= alpha[1];
-    if constexpr (F::kTransposedV) {  // B[k][n] = vt[n][k]: the rows of the transposed tile
-#pragma unroll
-      for (int kk = 0; kk < NK / F::K; ++kk) {
-        uint32_t pa[4];
-        F::template accumulator_a<NT>(pa, sc, kk);
-#pragma unroll
-        for (int e = 0; e < ET; ++e) {
-          const Elem* vr = vs + (e * 8 + g) * VS + kk * F::K + F::KPR * t;
-          const uint32_t b[2] = {F::load(vr), F::load(vr + F::K / 2)};
-          F::mma(o[e], pa, b);
-        }
-      }
-    } else {
-      mma_accumulated<F, NT, ET>(o, sc, vs, KS, g, t);
-    }
+    mma_accumulated<F, NT, ET>(o, sc, vs, KS, g, t);
     __syncthreads();  // this stage is read: the next copies into it may start
   }
 #pragma unroll
@@ -699,7 +668,9 @@ __global__ void __launch_bounds__(kMmaThreads)
 // The dk/dv kernel's query tile and the dq kernel's key tile: the score tiles are what is left of
 // 255 registers after the kept fragments and the accumulators (at DM = 128: 64 + 128 in dk/dv;
 // 3xTF32 also keeps each k-step's split of A); the TF32 dq kernel's 32 keys keep its stages under
-// 48 KB of shared memory, its 16 at DM = 128 the whole kernel's under 99 KB (kept_in_smem).
+// 48 KB of shared memory, its 16 at DM = 128 the whole kernel's under 99 KB (kept_in_smem). In
+// 3xTF32 at DM = 64 (kept in shared memory) 32 would fit too (dk/dv 212 registers, dq 168) at
+// fewer blocks an SM: 16 keeps 3 and 4 (166 and 126).
 template <typename F, int DM> constexpr int dkv_queries() {
   return DM == 128 || (F::kPasses == 3 && DM == 64) ? 16 : 32;
 }
@@ -1109,9 +1080,9 @@ template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
-// Shared memory of the three kernels (bytes). Past kMaxSmem a kernel opts in (allow_smem):
-// 70 KB for bf16 at DM = 128 and TF32 at 64, about 99 KB for TF32 at 128; with_mma_kernels leaves
-// to the SIMT kernels what the device cannot give.
+// Shared memory of the three kernels (bytes). Past kMaxSmem a kernel opts in (allow_smem): 52 KB
+// for 3xTF32 at DM = 64, 70 KB for bf16 at DM = 128 and TF32 at 64, about 99 KB for TF32 at 128;
+// with_mma_kernels leaves to the SIMT kernels what the device cannot give.
 template <typename F, int DM> constexpr size_t mma_forward_smem() {
   return sizeof(typename F::Elem) * (kept_space<F, DM>(1) + 2 * mma_forward_stage<F, DM>());
 }
@@ -1170,23 +1141,21 @@ MmaOperands<float> tensor_operands(const SdpaArgs& a, const Tensor* dout) {
   return in;
 }
 
-// Rounds the call's operands to bf16 in the layouts the bf16 kernels read (MmaOperands): q and k
-// (and v, dout: the backward) as rows of DM, v transposed for the forward. Two launches at most.
+// Rounds the call's operands to bf16 in the layout the bf16 kernels read (MmaOperands): q, k, v
+// (and dout: the backward) as rows of DM, in one launch.
 template <int DM> struct StagedCopies {
-  int64_t BH, Mp;  // (batch, head) pairs; keys rounded up to 8 (vt's rows)
-  DeviceScratch<uint16_t> q, k, v, vt, dout;
+  int64_t BH;  // (batch, head) pairs
+  DeviceScratch<uint16_t> q, k, v, dout;
   MmaOperands<uint16_t> in;
-  StagedCopies(const SdpaArgs& a, const Tensor* dout_t, bool forward)
+  StagedCopies(const SdpaArgs& a, const Tensor* dout_t)
       : BH(a.q.size(0) * a.q.size(1)),
-        Mp((a.s.M + 7) / 8 * 8),
         q(BH * a.s.N * DM),
         k(BH * a.s.M * DM),
-        v(forward ? 0 : BH * a.s.M * DM),
-        vt(forward ? BH * DM * Mp : 0),
+        v(BH * a.s.M * DM),
         dout(dout_t ? BH * a.s.N * DM : 0) {
-    in.Mp = Mp;
     in.q = q.p;
     in.k = k.p;
+    in.v = v.p;
     in.qk_dim = in.v_dim = DM;
     StageJobs jobs{};
     int count = 0;
@@ -1197,20 +1166,7 @@ template <int DM> struct StagedCopies {
     };
     add(a.q, BH * a.s.N, a.s.D, q.p);
     add(a.k, BH * a.s.M, a.s.D, k.p);
-    if (forward) {
-      in.vt = vt.p;
-      constexpr size_t smem = sizeof(float) * kTransposeTile * (kTransposeTile + 1);
-      const dim3 grid(static_cast<unsigned>((in.Mp + kTransposeTile - 1) / kTransposeTile),
-                      static_cast<unsigned>((DM + kTransposeTile - 1) / kTransposeTile), static_cast<unsigned>(BH));
-      if (in.Mp > 0) {  // no keys: the forward writes out = 0, lse = -inf from no tiles
-        stage_transposed_kernel<DM>
-            <<<grid, dim3(kTransposeTile, 8), smem, stream()>>>(cptr<float>(a.v), a.s.M, a.s.E, in.Mp, vt.p);
-        LINEA_KERNEL_LAUNCH_CHECK();
-      }
-    } else {
-      in.v = v.p;
-      add(a.v, BH * a.s.M, a.s.E, v.p);
-    }
+    add(a.v, BH * a.s.M, a.s.E, v.p);
     if (dout_t) {
       in.dout = dout.p;
       add(*dout_t, BH * a.s.N, a.s.E, dout.p);
@@ -1248,7 +1204,7 @@ template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& 
     LINEA_KERNEL_LAUNCH_CHECK();
   };
   if constexpr (std::is_same_v<F, Bf16Format>)
-    launch(StagedCopies<DM>(a, nullptr, /*forward=*/true).in);  // the copies live to the end of the statement
+    launch(StagedCopies<DM>(a, nullptr).in);  // the copies live to the end of the statement
   else
     launch(tensor_operands(a, nullptr));
 }
@@ -1275,7 +1231,7 @@ void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, cons
     LINEA_KERNEL_LAUNCH_CHECK();
   };
   if constexpr (std::is_same_v<F, Bf16Format>)
-    launch(StagedCopies<DM>(a, &dout, /*forward=*/false).in);
+    launch(StagedCopies<DM>(a, &dout).in);
   else
     launch(tensor_operands(a, &dout));
 }

@@ -63,12 +63,6 @@ __device__ __forceinline__ float bits_to_float(uint32_t u) {
 // cvt.rna.tf32.f32), in two integer operations.
 __device__ __forceinline__ uint32_t round_tf32(float x) { return (float_bits(x) + 0x1000u) & 0xffffe000u; }
 
-// One float rounded to bf16 (the bits).
-__device__ __forceinline__ uint16_t to_bf16(float f) { return static_cast<uint16_t>(pack_bf16x2(f, 0.f) & 0xffffu); }
-
-// Two neighbouring bf16 of shared memory (p 4-byte aligned) as one register.
-__device__ __forceinline__ uint32_t load_bf16x2(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
 // Asynchronous copies global -> shared (cp.async, sm_80+) of BYTES (16, or 4), or as many zero
 // bytes when !in (src is then not read). A thread's copies land by cp_async_wait<N>() (all but its
 // N most recent commit groups); the block sees them after the __syncthreads() that follows. The
@@ -98,6 +92,30 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N> __device__ __forceinline__ void cp_async_wait() {
 #if !defined(LINEA_CUDA_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// ldmatrix (sm_75+): the warp reads four 8 x 8 matrices of 16-bit elements (8 rows of 16 bytes)
+// from shared memory in one instruction, where a fragment's own loads take one per register. Lane l
+// gives the address of row l % 8 of matrix l / 8 (16-byte aligned); r[i] gets matrix i's elements
+// (row l / 4, columns 2 (l % 4), +1), or with TRANS the transposed matrix's: (rows 2 (l % 4), +1,
+// column l / 4). Read as 8 rows of 4 floats, a matrix gives r[i] = element (l / 4, l % 4): TF32
+// fragments load the same way (not transposed).
+template <bool TRANS = false> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+#if defined(LINEA_CUDA_EMULATOR)
+  emu::ldmatrix_x4(r, row, TRANS);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 

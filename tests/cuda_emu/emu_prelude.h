@@ -29,6 +29,8 @@ void mma_tf32_m16n8k8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)
 // gathering of the warp's fragments instead of three (the emulator's cost is the gathering).
 void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4], const uint32_t (&bb)[2],
                         const uint32_t (&bs)[2]);
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (lane l gives row l % 8 of matrix l / 8).
+void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans);
 }  // namespace emu
 // Warp shuffles over the full warp (every lane calls them, as in Linea's kernels).
 template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int = 32) {

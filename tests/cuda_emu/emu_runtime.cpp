@@ -45,6 +45,7 @@ struct Fiber {
   bool done = false;
   bool at_barrier = false;       // __syncthreads
   bool at_warp_barrier = false;  // __syncwarp
+  unsigned exchanges = 0;        // warp_exchange calls so far (their slots alternate)
   uint3 tid;
 };
 ucontext_t g_sched;
@@ -77,21 +78,23 @@ void __syncwarp(unsigned mask) {
 }
 
 namespace emu {
-// Lane l's `bytes` go to all + l * bytes in every lane of the warp (the base of shuffles and of
-// the emulated mma.sync).
+// Lane l's `bytes` go to all + l * bytes in every lane of the warp (the base of shuffles, ldmatrix
+// and the emulated mma.sync). Consecutive exchanges use alternate slots, so one barrier each
+// suffices: a lane writes exchange k + 2's slot only after every lane has reached exchange k + 1,
+// i.e. has read exchange k (the barrier is the emulator's cost: half of them saved).
 void warp_exchange(const void* mine, void* all, size_t bytes) {
   constexpr size_t kMaxBytes = 64;
-  static unsigned char slots[1024 * kMaxBytes];  // [thread][kMaxBytes]: warps interleave
+  static unsigned char slots[2][1024 * kMaxBytes];  // [parity][thread][kMaxBytes]: warps interleave
   if (bytes > kMaxBytes) {
     std::fprintf(stderr, "emu: warp_exchange of %zu bytes per lane (at most %zu)\n", bytes, kMaxBytes);
     std::abort();
   }
   const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  std::memcpy(slots + t * kMaxBytes, mine, bytes);
+  unsigned char* slot = slots[g_cur->exchanges++ % 2];
+  std::memcpy(slot + t * kMaxBytes, mine, bytes);
   __syncwarp(0xffffffffu);
   for (unsigned l = 0; l < 32; ++l)
-    std::memcpy(static_cast<unsigned char*>(all) + l * bytes, slots + ((t / 32) * 32 + l) * kMaxBytes, bytes);
-  __syncwarp(0xffffffffu);  // nobody writes the next exchange before every lane has read this one
+    std::memcpy(static_cast<unsigned char*>(all) + l * bytes, slot + ((t / 32) * 32 + l) * kMaxBytes, bytes);
 }
 
 // d += A B for this lane's four elements of the warp's D [16 x 8] (A [16 x K], B [K x 8]): the
@@ -181,6 +184,32 @@ void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (
   add_product<8>(d, small.A, big.B);
   add_product<8>(d, big.A, big.B);
 }
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the address of row l % 8 of
+// matrix l / 8 (each row 16 bytes, 16-byte aligned, in shared memory: checked) and receives in
+// r[i] matrix i's 16-bit elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1), or with trans
+// (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+  const unsigned char* rows[32];
+  const auto* mine = static_cast<const unsigned char*>(row);
+  const unsigned char* smem = linea::cuda::detail::linea_smem_;
+  if (reinterpret_cast<uintptr_t>(mine) % 16 != 0 || mine < smem ||
+      mine + 16 > smem + sizeof(linea::cuda::detail::linea_smem_)) {
+    std::fprintf(stderr, "emu: ldmatrix row address %p is not a 16-byte aligned row of shared memory\n", row);
+    std::abort();
+  }
+  warp_exchange(&mine, rows, sizeof(mine));
+  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+  const auto half = [&](int matrix, unsigned r_, unsigned c) {
+    uint16_t h;
+    std::memcpy(&h, rows[matrix * 8 + r_] + 2 * c, 2);
+    return static_cast<uint32_t>(h);
+  };
+  for (int i = 0; i < 4; ++i) {
+    const unsigned a = lane / 4, b = 2 * (lane % 4);
+    r[i] = trans ? half(i, b, a) | half(i, b + 1, a) << 16 : half(i, a, b) | half(i, a, b + 1) << 16;
+  }
+}
 }  // namespace emu
 
 namespace emu {
@@ -222,6 +251,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
               f.done = false;
               f.at_barrier = false;
               f.at_warp_barrier = false;
+              f.exchanges = 0;
               f.tid = make_uint3(x, y, z);
               getcontext(&f.ctx);
               f.ctx.uc_stack.ss_sp = g_stacks.data() + t * kStack;
