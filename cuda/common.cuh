@@ -185,6 +185,46 @@ __device__ __forceinline__ Column column_at(int64_t cb, int64_t columns, int64_t
   return col;
 }
 
+// Long columns on many blocks. Where the columns are few (2,048 are 64 blocks of 32: half an
+// H200 idle, each block walking every row), a kernel takes each column's r rows in runs of `rows`
+// (gridDim.y = runs), a block summing one run of its columns into partial [run, V, columns], and
+// sum_runs_kernel adds the runs in order. The split depends on the shape only: the same bits
+// every run. (cuda/reduce.cu splits its reductions along r alike, with a combine of its own.)
+struct ColumnRuns {
+  int64_t runs, rows;  // runs per column; rows per run (the last may be shorter)
+  __device__ int64_t begin() const { return blockIdx.y * rows; }
+};
+inline ColumnRuns column_runs(int64_t columns, int64_t r, dim3 block) {
+  // About 8 blocks of 256 threads per SM of a 132-SM GPU; runs of at least 256 rows; one run
+  // where the columns alone make a quarter of that.
+  constexpr int64_t kTargetBlocks = 1024, kMinRows = 256;
+  const int64_t column_blocks = std::max<int64_t>(1, (columns + block.x - 1) / block.x);
+  if (4 * column_blocks >= kTargetBlocks) return {1, std::max<int64_t>(1, r)};
+  const int64_t want = std::max<int64_t>(
+      1, std::min((kTargetBlocks + column_blocks - 1) / column_blocks, (r + kMinRows - 1) / kMinRows));
+  const int64_t rows = std::max<int64_t>(1, (r + want - 1) / want);
+  return {std::max<int64_t>(1, (r + rows - 1) / rows), rows};
+}
+inline dim3 column_runs_grid(int64_t columns, dim3 block, const ColumnRuns& runs) {
+  return dim3(column_grid(columns, block), static_cast<unsigned>(runs.runs));
+}
+// Where sum_runs_kernel puts column c's total of value v: out[v][c * stride[v]].
+template <typename T, int V> struct RunTotals {
+  T* out[V];
+  int64_t stride[V];
+};
+template <typename T, int V>
+__global__ void sum_runs_kernel(const T* partial, ColumnRuns runs, int64_t columns, RunTotals<T, V> dst) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < columns;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x)
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      T acc = T(0);
+      for (int64_t k = 0; k < runs.runs; ++k) acc += partial[(k * V + v) * columns + c];
+      dst.out[v][c * dst.stride[v]] = acc;
+    }
+}
+
 // Reduces v over threadIdx.y (per threadIdx.x) through shared memory `sh` (blockDim.x *
 // blockDim.y values); every thread of the column gets the result. All threads of the block
 // must call it (it has barriers).

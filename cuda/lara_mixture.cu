@@ -4,8 +4,8 @@
 //             column softmax kernel), then one warp per row: a = self_w + beta (t - mean_c t),
 //             log u = log max(a, floor) + l - |q~|^2/2 + bias, mix = softmax_c(log u)
 //   backward  one warp per row: dlu = mix (g - rowsum(g mix)), dt = beta (dalpha - mean_c dalpha)
-//             one column per thread group (the column-reduction skeleton): dbias = colsum(dlu),
-//             dself_w = colsum(dalpha), ds = t (dt - colsum(dt t))
+//             column sums over n in runs of rows on many blocks, added in order (ColumnRuns):
+//             dbias = colsum(dlu), dself_w = colsum(dalpha); then ds = t (dt - colsum(dt t))
 //             GEMMs: dq~ = dlu w + ds qbar - rowsum(dlu) q~, dw = dlu^T q~, dqbar = ds^T q~
 // Every sum is a GEMM's or a fixed tree (a warp's butterfly for the rows): the same bits every run.
 #include "core/kernels.h"
@@ -82,18 +82,18 @@ __global__ void mixture_grad_rows_kernel(const T* mix, const T* a, const T* g, M
   }
 }
 
-// Per column (bh, c) over n: dbias = sum dlu, dself_w = sum dalpha, then ds = t (dt - sum dt t)
-// in place of dt. [BH, N, C] as [outer, r, inner] of the column skeleton.
+// Per column (bh, c), over run blockIdx.y of its n (ColumnRuns): the sums of dlu, dalpha and dt t
+// into partial [run, 3, BH C]. [BH, N, C] as [outer, r, inner] of the column skeleton.
 template <typename T>
-__global__ void mixture_grad_columns_kernel(const T* lu, const T* a, const T* t, MixDims d, T floor, T* ds, T* dbias,
-                                            T* dself_w) {
+__global__ void mixture_grad_runs_kernel(const T* lu, const T* a, const T* t, const T* ds, MixDims d, T floor,
+                                         ColumnRuns runs, T* partial) {
   T* sh = shared_mem<T>();
-  const int64_t columns = d.BH * d.C;
+  const int64_t columns = d.BH * d.C, k0 = runs.begin(), k1 = min(d.N, k0 + runs.rows);
   for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
     const Column col = column_at(cb, columns, d.N, d.C);
     T sb = 0, sw = 0, st = 0;
     if (col.active)
-      for (int64_t k = threadIdx.y; k < d.N; k += blockDim.y) {
+      for (int64_t k = k0 + threadIdx.y; k < k1; k += blockDim.y) {
         const int64_t e = col.base + k * d.C;
         sb += lu[e];
         sw += a[e] < floor ? T(0) : lu[e] / a[e];
@@ -102,16 +102,18 @@ __global__ void mixture_grad_columns_kernel(const T* lu, const T* a, const T* t,
     sb = tree_reduce_y(sb, SumOp(), sh);
     sw = tree_reduce_y(sw, SumOp(), sh);
     st = tree_reduce_y(st, SumOp(), sh);
-    if (!col.active) continue;
-    if (threadIdx.y == 0) {
-      dbias[col.c] = sb;
-      dself_w[col.c] = sw;
-    }
-    for (int64_t k = threadIdx.y; k < d.N; k += blockDim.y) {
-      const int64_t e = col.base + k * d.C;
-      ds[e] = t[e] * (ds[e] - st);
-    }
+    if (!col.active || threadIdx.y != 0) continue;
+    T* p = partial + blockIdx.y * 3 * columns + col.c;
+    p[0] = sb, p[columns] = sw, p[2 * columns] = st;
   }
+}
+
+// ds = t (dt - st[column]) in place of dt, st the column sums of dt t.
+template <typename T> __global__ void mixture_ds_kernel(const T* t, const T* st, MixDims d, T* ds) {
+  const int64_t total = d.BH * d.N * d.C;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    ds[i] = t[i] * (ds[i] - st[i / (d.N * d.C) * d.C + i % d.C]);
 }
 
 // dq[r, :] -= rowsum[r] q[r, :]
@@ -158,10 +160,21 @@ void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w,
     mixture_grad_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(
         cptr<T>(mix), cptr<T>(a), cptr<T>(dmix), d, static_cast<T>(beta), fl, lu.p, rowsum.p, ds.p);
     LINEA_KERNEL_LAUNCH_CHECK();
+    // Column sums over n in runs, added in order; then ds.
+    const int64_t columns = d.BH * d.C;
     const dim3 block = column_block(d.N, d.C);
-    mixture_grad_columns_kernel<T><<<column_grid(d.BH * d.C, block), block, sizeof(T) * kBlockSize, stream()>>>(
-        lu.p, cptr<T>(a), cptr<T>(t), d, fl, ds.p, ptr<T>(dbias), ptr<T>(dself_w));
+    const ColumnRuns runs = column_runs(columns, d.N, block);
+    DeviceScratch<T> partial(runs.runs * 3 * columns), st(columns);
+    mixture_grad_runs_kernel<T><<<column_runs_grid(columns, block, runs), block, sizeof(T) * kBlockSize, stream()>>>(
+        lu.p, cptr<T>(a), cptr<T>(t), ds.p, d, fl, runs, partial.p);
     LINEA_KERNEL_LAUNCH_CHECK();
+    sum_runs_kernel<T, 3><<<grid_for(columns), kBlockSize, 0, stream()>>>(
+        partial.p, runs, columns, RunTotals<T, 3>{{ptr<T>(dbias), ptr<T>(dself_w), st.p}, {1, 1, 1}});
+    LINEA_KERNEL_LAUNCH_CHECK();
+    if (d.N > 0) {
+      mixture_ds_kernel<T><<<grid_for(columns * d.N), kBlockSize, 0, stream()>>>(cptr<T>(t), st.p, d, ds.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+    }
     // dq~ [N, D] = dlu [N, C] w [C, D] + ds qbar - rowsum q~
     gemm_strided<T>(lu.p, false, d.C, d.N * d.C, cptr<T>(w), false, d.D, d.C * d.D, ptr<T>(dq), d.D, d.N * d.D, d.N,
                     d.D, d.C, d.BH, 1.0);

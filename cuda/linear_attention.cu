@@ -34,20 +34,22 @@ template <typename T> __device__ __forceinline__ T guarded(T den, T guard) {
   return fabs(den) < guard ? (den >= T(0) ? guard : -guard) : den;
 }
 
-// kvz[bh, s, E] = sum_m phi_k[bh, m, s]: column sums of phi_k [BH, M, S] as [outer, r, inner]
-// of the column skeleton (32 features of one (b, h) per block, coalesced, its 8 rows of threads
-// splitting the keys, added by tree_reduce_y: the same bits every run). One thread per (bh, s)
-// left the GPU idle (0.4 ms at M = 4096, B = 4, H = 8, S = 64 on an H200, growing with M).
-template <typename T> __global__ void key_sums_kernel(const T* pk, LinearDims d, T* kvz) {
+// The key sums z[bh, s] = sum_m phi_k[bh, m, s]: column sums of phi_k [BH, M, S] as [outer, r,
+// inner] of the column skeleton (32 features of one (b, h) per block, coalesced, its 8 rows of
+// threads splitting the keys, added by tree_reduce_y), over run blockIdx.y of the keys
+// (ColumnRuns; sum_runs_kernel adds the runs in order): the same bits every run. One thread per
+// (bh, s) left the GPU idle (0.4 ms at M = 4096, B = 4, H = 8, S = 64 on an H200, growing with M);
+// one block per 32 columns, half of it.
+template <typename T> __global__ void key_sums_kernel(const T* pk, LinearDims d, ColumnRuns runs, T* partial) {
   T* sh = shared_mem<T>();
-  const int64_t columns = d.BH * d.S;
+  const int64_t columns = d.BH * d.S, m0 = runs.begin(), m1 = min(d.M, m0 + runs.rows);
   for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
     const Column col = column_at(cb, columns, d.M, d.S);
     T acc = T(0);
     if (col.active)
-      for (int64_t m = threadIdx.y; m < d.M; m += blockDim.y) acc += pk[col.base + m * d.S];
+      for (int64_t m = m0 + threadIdx.y; m < m1; m += blockDim.y) acc += pk[col.base + m * d.S];
     acc = tree_reduce_y(acc, SumOp(), sh);
-    if (col.active && threadIdx.y == 0) kvz[col.c * d.E1() + d.E] = acc;
+    if (col.active && threadIdx.y == 0) partial[blockIdx.y * columns + col.c] = acc;
   }
 }
 
@@ -250,9 +252,16 @@ void linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Te
     // KV [S, E] (rows E + 1 apart) = phi_k^T [S, M] v [M, E]
     gemm_strided<T>(cptr<T>(phi_k), true, d.S, d.M * d.S, cptr<T>(v), false, d.E, d.M * d.E, kv, E1, d.S * E1, d.S, d.E,
                     d.M, d.BH, 1.0);
+    // z [S] into kvz's last column
+    const int64_t columns = d.BH * d.S;
     const dim3 block = column_block(d.M, d.S);
-    key_sums_kernel<T>
-        <<<column_grid(d.BH * d.S, block), block, kBlockSize * sizeof(T), stream()>>>(cptr<T>(phi_k), d, kv);
+    const ColumnRuns runs = column_runs(columns, d.M, block);
+    DeviceScratch<T> partial(runs.runs * columns);
+    key_sums_kernel<T><<<column_runs_grid(columns, block, runs), block, kBlockSize * sizeof(T), stream()>>>(
+        cptr<T>(phi_k), d, runs, partial.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    sum_runs_kernel<T, 1>
+        <<<grid_for(columns), kBlockSize, 0, stream()>>>(partial.p, runs, columns, RunTotals<T, 1>{{kv + d.E}, {E1}});
     LINEA_KERNEL_LAUNCH_CHECK();
     // [num, den] [N, E + 1] = phi_q [N, S] kvz [S, E + 1]
     DeviceScratch<T> nd(d.BH * d.N * E1);

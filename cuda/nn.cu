@@ -267,6 +267,96 @@ __global__ void cross_entropy_backward_kernel(const T* g, const T* x, const int6
 }
 
 template <typename T> const T* cptr_or_null(const Tensor& t) { return t.defined() ? cptr<T>(t) : nullptr; }
+// Long columns on many blocks (ColumnRuns, cuda/common.cuh): each run's max m_k and sum s_k of
+// exp(x - m_k) into partial [run, 2, columns]; merged per column in order (M = max m_k, S = sum
+// s_k exp(m_k - M)) into stats [2, columns]; then every element from its column's (M, S). The
+// same expressions as softmax_kernel's (an all -inf column counts its max as 0).
+template <typename T>
+__global__ void softmax_runs_kernel(const T* x, int64_t columns, int64_t r, int64_t inner, ColumnRuns runs,
+                                    T* partial) {
+  T* sh = shared_mem<T>();
+  const int64_t k0 = runs.begin(), k1 = min(r, k0 + runs.rows);
+  for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
+    const Column col = column_at(cb, columns, r, inner);
+    const T* xc = x + col.base;
+    T m = neg_inf<T>();
+    if (col.active)
+      for (int64_t k = k0 + threadIdx.y; k < k1; k += blockDim.y) m = MaxOp()(m, xc[k * inner]);
+    m = tree_reduce_y(m, MaxOp(), sh);
+    const T shift = m == neg_inf<T>() ? T(0) : m;
+    T s = 0;
+    if (col.active)
+      for (int64_t k = k0 + threadIdx.y; k < k1; k += blockDim.y) s += d_exp(xc[k * inner] - shift);
+    s = tree_reduce_y(s, SumOp(), sh);
+    if (!col.active || threadIdx.y != 0) continue;
+    partial[2 * blockIdx.y * columns + col.c] = m;
+    partial[(2 * blockIdx.y + 1) * columns + col.c] = s;
+  }
+}
+
+template <typename T>
+__global__ void softmax_merge_runs_kernel(const T* partial, ColumnRuns runs, int64_t columns, T* stats) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < columns;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    T m = neg_inf<T>();
+    for (int64_t k = 0; k < runs.runs; ++k) m = MaxOp()(m, partial[2 * k * columns + c]);
+    const T shift = m == neg_inf<T>() ? T(0) : m;
+    T s = 0;
+    for (int64_t k = 0; k < runs.runs; ++k) {
+      const T mk = partial[2 * k * columns + c];
+      s += partial[(2 * k + 1) * columns + c] * d_exp((mk == neg_inf<T>() ? T(0) : mk) - shift);
+    }
+    stats[c] = shift;
+    stats[columns + c] = s;
+  }
+}
+
+// The column (o, i) of element e of [outer, r, inner].
+__device__ __forceinline__ int64_t column_of(int64_t e, int64_t r, int64_t inner) {
+  return e / (r * inner) * inner + e % inner;
+}
+
+template <typename T>
+__global__ void softmax_apply_kernel(const T* x, const T* stats, int64_t columns, int64_t r, int64_t inner, bool log,
+                                     T* y) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < columns * r;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = column_of(e, r, inner);
+    const T shift = stats[c], s = stats[columns + c];
+    y[e] = log ? x[e] - (shift + d_log(s)) : d_exp(x[e] - shift) * (T(1) / s);
+  }
+}
+
+// The backward's column sums in runs (partial [run, columns], added by sum_runs_kernel), then
+// every element from its column's sum.
+template <typename T>
+__global__ void softmax_backward_runs_kernel(const T* g, const T* y, int64_t columns, int64_t r, int64_t inner,
+                                             bool log, ColumnRuns runs, T* partial) {
+  T* sh = shared_mem<T>();
+  const int64_t k0 = runs.begin(), k1 = min(r, k0 + runs.rows);
+  for (int64_t cb = blockIdx.x; cb * blockDim.x < columns; cb += gridDim.x) {
+    const Column col = column_at(cb, columns, r, inner);
+    T s = 0;
+    if (col.active)
+      for (int64_t k = k0 + threadIdx.y; k < k1; k += blockDim.y) {
+        const int64_t e = col.base + k * inner;
+        s += log ? g[e] : g[e] * y[e];
+      }
+    s = tree_reduce_y(s, SumOp(), sh);
+    if (col.active && threadIdx.y == 0) partial[blockIdx.y * columns + col.c] = s;
+  }
+}
+
+template <typename T>
+__global__ void softmax_backward_apply_kernel(const T* g, const T* y, const T* sums, int64_t columns, int64_t r,
+                                              int64_t inner, bool log, T* dx) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < columns * r;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const T s = sums[column_of(e, r, inner)];
+    dx[e] = log ? g[e] - d_exp(y[e]) * s : y[e] * (g[e] - s);
+  }
+}
+
 template <typename T> T* ptr_or_null(const Tensor& t) { return t.defined() ? ptr<T>(t) : nullptr; }
 
 }  // namespace
@@ -277,10 +367,24 @@ void softmax(const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64
               " does not match [", outer, ", ", r, ", ", inner, "]");
   if (outer * r * inner == 0) return;
   LINEA_DISPATCH_FLOAT(x.dtype(), "softmax", [&] {
+    using T = scalar_t;
     const int64_t columns = outer * inner;
     const dim3 block = column_block(r, inner);
-    softmax_kernel<scalar_t><<<column_grid(columns, block), block, sizeof(scalar_t) * kBlockSize, stream()>>>(
-        cptr<scalar_t>(x), ptr<scalar_t>(out), columns, r, inner, log);
+    const ColumnRuns runs = column_runs(columns, r, block);
+    if (runs.runs == 1) {
+      softmax_kernel<T><<<column_grid(columns, block), block, sizeof(T) * kBlockSize, stream()>>>(
+          cptr<T>(x), ptr<T>(out), columns, r, inner, log);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+    DeviceScratch<T> partial(2 * runs.runs * columns), stats(2 * columns);
+    softmax_runs_kernel<T><<<column_runs_grid(columns, block, runs), block, sizeof(T) * kBlockSize, stream()>>>(
+        cptr<T>(x), columns, r, inner, runs, partial.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    softmax_merge_runs_kernel<T><<<grid_for(columns), kBlockSize, 0, stream()>>>(partial.p, runs, columns, stats.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    softmax_apply_kernel<T>
+        <<<grid_for(columns * r), kBlockSize, 0, stream()>>>(cptr<T>(x), stats.p, columns, r, inner, log, ptr<T>(out));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -292,10 +396,26 @@ void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int
               "softmax_backward: y ", shape_str(y.shape()), " does not match [", outer, ", ", r, ", ", inner, "]");
   if (outer * r * inner == 0) return;
   LINEA_DISPATCH_FLOAT(y.dtype(), "softmax_backward", [&] {
+    using T = scalar_t;
     const int64_t columns = outer * inner;
     const dim3 block = column_block(r, inner);
-    softmax_backward_kernel<scalar_t><<<column_grid(columns, block), block, sizeof(scalar_t) * kBlockSize, stream()>>>(
-        cptr<scalar_t>(grad), cptr<scalar_t>(y), ptr<scalar_t>(dx), columns, r, inner, log);
+    const ColumnRuns runs = column_runs(columns, r, block);
+    if (runs.runs == 1) {
+      softmax_backward_kernel<T><<<column_grid(columns, block), block, sizeof(T) * kBlockSize, stream()>>>(
+          cptr<T>(grad), cptr<T>(y), ptr<T>(dx), columns, r, inner, log);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+    DeviceScratch<T> partial(runs.runs * columns), sums(columns);
+    softmax_backward_runs_kernel<T>
+        <<<column_runs_grid(columns, block, runs), block, sizeof(T) * kBlockSize, stream()>>>(
+            cptr<T>(grad), cptr<T>(y), columns, r, inner, log, runs, partial.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    sum_runs_kernel<T, 1>
+        <<<grid_for(columns), kBlockSize, 0, stream()>>>(partial.p, runs, columns, RunTotals<T, 1>{{sums.p}, {1}});
+    LINEA_KERNEL_LAUNCH_CHECK();
+    softmax_backward_apply_kernel<T><<<grid_for(columns * r), kBlockSize, 0, stream()>>>(
+        cptr<T>(grad), cptr<T>(y), sums.p, columns, r, inner, log, ptr<T>(dx));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -691,6 +691,23 @@ TEST(CudaParity, Softmax) {
     expect_parity(tag("softmax masked", dt),
                   [](const std::vector<Tensor>& v) { return softmax(masked_fill(v[0], v[1], -INFINITY), 1); },
                   {rnd({3, 4}, dt), mask});
+    // Long columns, few of them: runs of rows on many blocks (ColumnRuns: 3 runs of 200 here),
+    // merged per column; column 2's first 300 rows -inf (a whole run of it)
+    const Tensor hide = ints(
+                            [] {
+                              std::vector<int64_t> r(600 * 5, 0);
+                              for (int64_t n = 0; n < 300; ++n) r[static_cast<size_t>(n * 5 + 2)] = 1;
+                              return r;
+                            }(),
+                            {600, 5})
+                            .to(DType::Bool);
+    for (bool log : {false, true})
+      expect_parity(tag(std::string(log ? "log_" : "") + "softmax long columns", dt),
+                    [log](const std::vector<Tensor>& v) {
+                      const Tensor x = masked_fill(v[0], v[1], -INFINITY);
+                      return log ? masked_fill(log_softmax(x, 0), v[1], 0.0) : softmax(x, 0);
+                    },
+                    {rnd({600, 5}, dt, 3.0), hide});
   }
 }
 
@@ -903,7 +920,9 @@ TEST(CudaParity, LinearAttentionKernel) {
   struct Case {
     int64_t B, H, N, M, S, E;
   };
-  const std::vector<Case> cases = {{2, 3, 37, 45, 17, 23}, {1, 1, 1, 1, 1, 1}, {1, 2, 70, 5, 64, 16}};
+  // 600 keys: the key sums in 3 runs of rows (ColumnRuns), the last one short
+  const std::vector<Case> cases = {
+      {2, 3, 37, 45, 17, 23}, {1, 1, 1, 1, 1, 1}, {1, 2, 70, 5, 64, 16}, {1, 2, 9, 600, 8, 5}};
   const double guard = 1e-3;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
@@ -1070,7 +1089,8 @@ TEST(CudaParity, LaraMixtureKernel) {
   struct Case {
     int64_t B, H, N, C, D;
   };
-  const std::vector<Case> cases = {{2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {1, 2, 300, 16, 8}};
+  // N = 300 and 700: the column sums over n in 2 and 3 runs of rows (ColumnRuns), 700's last short
+  const std::vector<Case> cases = {{2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {1, 2, 300, 16, 8}, {1, 1, 700, 3, 4}};
   const double floor = 1e-8;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
