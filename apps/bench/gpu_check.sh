@@ -26,6 +26,9 @@
 #         protein    protein-bench-context --device cuda at 8k..64k tokens
 #         nprf       nprf_rpe's dense (direct) path against its FFT path at 256..8k (dense=auto's fit)
 #         causal     softmax and performer, causal, Linea alone at 1k..16k
+#       Not run by default (name it): profile  ncu's time of every kernel (gpu__time_duration,
+#                    summed per kernel name, largest first) of performer and lara at L = 16k and
+#                    of the default ViT's eager training step: where the time goes.
 #       (tests and sanitize are the two halves of correct, alone.)
 #
 set -uo pipefail
@@ -193,7 +196,39 @@ PY
               --lengths 8192,16384,32768,65536 --json "$W/protein_bench_context.json"
             tail -n 12 "$W/protein_bench_context.log"
             ;;
-          *) echo "unknown part '$p' (correct, attention, compare, protein, nprf, causal; tests, sanitize)" ;;
+          profile)
+            echo "== profile: ncu's kernel times, summed per kernel name"
+            for spec in performer:features=64 lara:samples=64; do
+              part 90 "profile_${spec%%:*}.csv" ncu --metrics gpu__time_duration.sum --csv "$G/run.sh" \
+                bin/attention-scaling --device cuda --batch 4 --heads 8 --dim 64 --specs "$spec" --lengths 16384 \
+                --repeats 3
+            done
+            # the ViT's steps 3 and 4 or so (about 280 launches a step): past the warm-up's allocations
+            part 90 profile_vit.csv ncu --metrics gpu__time_duration.sum --csv --launch-skip 600 --launch-count 560 \
+              "$G/run.sh" bin/train-step --model vit --device cuda --steps 3 --warmup 2
+            python3 - "$W" <<'PY'
+import csv, io, os, sys
+for name in ("profile_performer.csv", "profile_lara.csv", "profile_vit.csv"):
+    path = os.path.join(sys.argv[1], name)
+    if not os.path.exists(path):
+        continue
+    text = open(path, errors="replace").read()
+    start = text.find('"ID"')
+    totals, counts = {}, {}
+    for r in csv.DictReader(io.StringIO(text[start:] if start >= 0 else "")):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r.get("Metric Unit"), 1.0)
+        k = r["Kernel Name"][:90]
+        totals[k] = totals.get(k, 0.0) + float(r["Metric Value"].replace(",", "")) * scale
+        counts[k] = counts.get(k, 0) + 1
+    all_us = sum(totals.values()) or 1.0
+    print(f"{name}: {sum(counts.values())} kernels, {all_us / 1e3:.2f} ms in all")
+    for k in sorted(totals, key=totals.get, reverse=True)[:15]:
+        print(f"  {totals[k] / 1e3:9.3f} ms {100 * totals[k] / all_us:5.1f}% {counts[k]:5d}x  {k}")
+PY
+            ;;
+          *) echo "unknown part '$p' (correct, attention, compare, protein, nprf, causal, profile; tests, sanitize)" ;;
         esac
       done
       echo "run took $SECONDS s"
