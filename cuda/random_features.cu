@@ -1,11 +1,13 @@
 // Positive random features on CUDA (core/kernels.h; the CPU twin in core/cpu/random_features.cpp,
 // same formulas): phi = exp(x W_h^T - |x|^2/2 - c) / sqrt(S).
-//   forward   l = x W_h^T, one strided-batched GEMM per head (over the batch); one warp per
+//   forward   l = x W_h^T, one strided-batched GEMM over (b, h) against W repeated per example
+//             (B H S D values: a copy beside the GEMM in place of one GEMM per head); one warp per
 //             row subtracts |x|^2/2, zeroes padded rows and, per_row, takes c = the row's max
 //             and the exp; otherwise one block per (b, h) takes c = the max of its unpadded
 //             rows and an elementwise pass the exp.
-//   backward  dl = dphi * phi with its row sums; dx = dl W_h (a GEMM per head) - (sum_s dl) x;
-//             dW_h = sum_b dl_bh^T x_bh: a GEMM per head into per-batch parts, summed in order.
+//   backward  dl = dphi * phi with its row sums; dx = dl W_h (one GEMM, as the forward's) -
+//             (sum_s dl) x; dW_h = sum_b dl_bh^T x_bh: one GEMM into per-(b, h) parts, summed
+//             over b in order.
 // Every sum is a GEMM's, a fixed tree or a warp's butterfly: the same bits every run.
 #include <cfloat>
 #include <cmath>
@@ -106,6 +108,23 @@ template <typename T> __global__ void sub_row_scaled_kernel(const T* rs, const T
     dx[i] -= rs[i / D] * x[i];
 }
 
+// w_rep [B, H S D] = w [H S D] for every example b: the GEMMs' per-(b, h) right operand.
+template <typename T> __global__ void repeat_batches_kernel(const T* w, int64_t B, int64_t n, T* w_rep) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < B * n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    w_rep[i] = w[i % n];
+}
+
+// W repeated for each example, [B, H, S, D] (scratch for one call's GEMMs).
+template <typename T> struct RepeatedOmega {
+  DeviceScratch<T> w;
+  RepeatedOmega(const Tensor& omega, int64_t B) : w(B * omega.numel()) {
+    repeat_batches_kernel<T>
+        <<<grid_for(B * omega.numel()), kBlockSize, 0, stream()>>>(cptr<T>(omega), B, omega.numel(), w.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
 // dw [H S D] = sum over b of parts [B, H S D], in order of b.
 template <typename T> __global__ void sum_batches_kernel(const T* parts, int64_t B, int64_t n, T* dw) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -130,9 +149,11 @@ void positive_features_forward(const Tensor& x, const Tensor& omega, bool per_ro
     using T = scalar_t;
     const T inv_sqrt_s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.S)));
     const uint8_t* pad_p = pad.defined() ? cptr<uint8_t>(pad) : nullptr;
-    for (int64_t h = 0; h < d.H; ++h)  // l [L, S] = x_bh [L, D] W_h^T [D, S], over b
-      gemm_strided<T>(cptr<T>(x) + h * d.L * d.D, false, d.D, d.H * d.L * d.D, cptr<T>(omega) + h * d.S * d.D, true,
-                      d.D, 0, ptr<T>(phi) + h * d.L * d.S, d.S, d.H * d.L * d.S, d.L, d.S, d.D, d.B, 1.0);
+    {  // l_bh [L, S] = x_bh [L, D] W_h^T [D, S]
+      const RepeatedOmega<T> w(omega, d.B);
+      gemm_strided<T>(cptr<T>(x), false, d.D, d.L * d.D, w.w.p, true, d.D, d.S * d.D, ptr<T>(phi), d.S, d.L * d.S, d.L,
+                      d.S, d.D, d.B * d.H, 1.0);
+    }
     DeviceScratch<T> rowmax(per_row ? 1 : rows), c(per_row ? 1 : d.B * d.H);
     shift_rows_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(cptr<T>(x), pad_p, d, per_row,
                                                                                 inv_sqrt_s, ptr<T>(phi), rowmax.p);
@@ -155,18 +176,20 @@ void positive_features_backward(const Tensor& x, const Tensor& omega, const Tens
     DeviceScratch<T> dl(rows * d.S), rs(rows);
     dl_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(cptr<T>(dphi), cptr<T>(phi), d, dl.p, rs.p);
     LINEA_KERNEL_LAUNCH_CHECK();
-    for (int64_t h = 0; h < d.H; ++h)  // dx_bh [L, D] = dl_bh [L, S] W_h [S, D], over b
-      gemm_strided<T>(dl.p + h * d.L * d.S, false, d.S, d.H * d.L * d.S, cptr<T>(omega) + h * d.S * d.D, false, d.D, 0,
-                      ptr<T>(dx) + h * d.L * d.D, d.D, d.H * d.L * d.D, d.L, d.D, d.S, d.B, 1.0);
+    {  // dx_bh [L, D] = dl_bh [L, S] W_h [S, D]
+      const RepeatedOmega<T> w(omega, d.B);
+      gemm_strided<T>(dl.p, false, d.S, d.L * d.S, w.w.p, false, d.D, d.S * d.D, ptr<T>(dx), d.D, d.L * d.D, d.L, d.D,
+                      d.S, d.B * d.H, 1.0);
+    }
     sub_row_scaled_kernel<T>
         <<<grid_for(rows * d.D), kBlockSize, 0, stream()>>>(rs.p, cptr<T>(x), rows, d.D, ptr<T>(dx));
     LINEA_KERNEL_LAUNCH_CHECK();
     if (!domega.defined()) return;
     const int64_t n = d.H * d.S * d.D;
     DeviceScratch<T> parts(d.B * n);
-    for (int64_t h = 0; h < d.H; ++h)  // parts[b, h] [S, D] = dl_bh^T [S, L] x_bh [L, D], over b
-      gemm_strided<T>(dl.p + h * d.L * d.S, true, d.S, d.H * d.L * d.S, cptr<T>(x) + h * d.L * d.D, false, d.D,
-                      d.H * d.L * d.D, parts.p + h * d.S * d.D, d.D, n, d.S, d.D, d.L, d.B, 1.0);
+    // parts[b, h] [S, D] = dl_bh^T [S, L] x_bh [L, D]
+    gemm_strided<T>(dl.p, true, d.S, d.L * d.S, cptr<T>(x), false, d.D, d.L * d.D, parts.p, d.D, d.S * d.D, d.S, d.D,
+                    d.L, d.B * d.H, 1.0);
     sum_batches_kernel<T><<<grid_for(n), kBlockSize, 0, stream()>>>(parts.p, d.B, n, ptr<T>(domega));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
