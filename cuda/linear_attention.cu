@@ -1,6 +1,9 @@
 // Bidirectional linear attention on CUDA (core/kernels.h; the CPU twin in
 // core/cpu/linear_attention.cpp, same formulas): five strided-batched GEMMs over (b, h) at the
-// matmul precision, and small kernels for the sums, the division and the ones column.
+// matmul precision, and small kernels for the sums, the division and the ones column. The
+// [*, E + 1] matrices (kvz, [num, den], G, dkvz) are kept in rows of E1p = E + 1 rounded up to 4
+// values: rows of 65 floats would leave cuBLAS its unaligned kernels (no 16-byte loads, no
+// tensor cores under --precision tf32/bf16); kvz is copied out to (and in from) its [S, E + 1].
 //   forward   KV = phi_k^T v and z = sum_m phi_k_m, into kvz [S, E + 1]
 //             [num, den] = phi_q kvz, out = num / den~
 //   backward  G = [g / den~, -(g . out) / den~ (0 where guarded)]
@@ -28,7 +31,21 @@ namespace {
 struct LinearDims {
   int64_t BH, N, M, S, E;
   __host__ __device__ int64_t E1() const { return E + 1; }
+  __host__ __device__ int64_t E1p() const { return (E + 4) / 4 * 4; }  // the padded row length
 };
+
+// dst [rows, cols] (rows dst_ld apart) = src [rows, cols] (rows src_ld apart).
+template <typename T>
+__global__ void copy_rows_kernel(const T* src, int64_t src_ld, int64_t rows, int64_t cols, int64_t dst_ld, T* dst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i / cols * dst_ld + i % cols] = src[i / cols * src_ld + i % cols];
+}
+template <typename T> void copy_rows(const T* src, int64_t src_ld, int64_t rows, int64_t cols, int64_t dst_ld, T* dst) {
+  if (rows * cols == 0) return;
+  copy_rows_kernel<T><<<grid_for(rows * cols), kBlockSize, 0, stream()>>>(src, src_ld, rows, cols, dst_ld, dst);
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
 
 template <typename T> __device__ __forceinline__ T guarded(T den, T guard) {
   return fabs(den) < guard ? (den >= T(0) ? guard : -guard) : den;
@@ -74,29 +91,30 @@ template <typename T> __device__ void g_row(const T* g, const T* o, T raw, T gua
   if (lane == 0) G[E] = dg == raw ? -dot * inv : T(0);
 }
 
-// out = num / den~, den = the raw denominator, from nd [BH N, E + 1]: a warp per row.
+// out = num / den~, den = the raw denominator, from nd [BH N, E + 1] (rows E1p apart): a warp per
+// row.
 template <typename T> __global__ void divide_kernel(const T* nd, LinearDims d, T guard, T* out, T* den) {
   const WarpRows w;
   for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
-    const T raw = divide_row(nd + r * d.E1(), guard, d.E, out + r * d.E, w.lane);
+    const T raw = divide_row(nd + r * d.E1p(), guard, d.E, out + r * d.E, w.lane);
     if (w.lane == 0) den[r] = raw;
   }
 }
 
-// G [BH N, E + 1] from the gradient g, out and den: a warp per row.
+// G [BH N, E + 1] (rows E1p apart) from the gradient g, out and den: a warp per row.
 template <typename T> __global__ void g_kernel(const T* g, const T* out, const T* den, LinearDims d, T guard, T* G) {
   const WarpRows w;
   for (int64_t r = w.first; r < d.BH * d.N; r += w.step)
-    g_row(g + r * d.E, out + r * d.E, den[r], guard, d.E, G + r * d.E1(), w.lane);
+    g_row(g + r * d.E, out + r * d.E, den[r], guard, d.E, G + r * d.E1p(), w.lane);
 }
 
-// dphi_k[bh, m, s] += dkvz[bh, s, E] (the ones column of [v, 1]).
+// dphi_k[bh, m, s] += dkvz[bh, s, E] (the ones column of [v, 1]; rows E1p apart).
 template <typename T> __global__ void add_ones_column_kernel(const T* dkvz, LinearDims d, T* dpk) {
   const int64_t total = d.BH * d.M * d.S;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t bh = i / (d.M * d.S), s = i % d.S;
-    dpk[i] += dkvz[(bh * d.S + s) * d.E1() + d.E];
+    dpk[i] += dkvz[(bh * d.S + s) * d.E1p() + d.E];
   }
 }
 
@@ -247,11 +265,11 @@ void linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Te
   const LinearDims d = dims_of(phi_q, phi_k, v);
   LINEA_DISPATCH_FLOAT(v.dtype(), "linear_attention", [&] {
     using T = scalar_t;
-    const int64_t E1 = d.E1();
-    T* kv = ptr<T>(kvz);
-    // KV [S, E] (rows E + 1 apart) = phi_k^T [S, M] v [M, E]
-    gemm_strided<T>(cptr<T>(phi_k), true, d.S, d.M * d.S, cptr<T>(v), false, d.E, d.M * d.E, kv, E1, d.S * E1, d.S, d.E,
-                    d.M, d.BH, 1.0);
+    const int64_t E1 = d.E1(), E1p = d.E1p();
+    DeviceScratch<T> kvp(d.BH * d.S * E1p);  // kvz in rows of E1p
+    // KV [S, E] = phi_k^T [S, M] v [M, E]
+    gemm_strided<T>(cptr<T>(phi_k), true, d.S, d.M * d.S, cptr<T>(v), false, d.E, d.M * d.E, kvp.p, E1p, d.S * E1p, d.S,
+                    d.E, d.M, d.BH, 1.0);
     // z [S] into kvz's last column
     const int64_t columns = d.BH * d.S;
     const dim3 block = column_block(d.M, d.S);
@@ -260,16 +278,17 @@ void linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, const Te
     key_sums_kernel<T><<<column_runs_grid(columns, block, runs), block, kBlockSize * sizeof(T), stream()>>>(
         cptr<T>(phi_k), d, runs, partial.p);
     LINEA_KERNEL_LAUNCH_CHECK();
-    sum_runs_kernel<T, 1>
-        <<<grid_for(columns), kBlockSize, 0, stream()>>>(partial.p, runs, columns, RunTotals<T, 1>{{kv + d.E}, {E1}});
+    sum_runs_kernel<T, 1><<<grid_for(columns), kBlockSize, 0, stream()>>>(partial.p, runs, columns,
+                                                                          RunTotals<T, 1>{{kvp.p + d.E}, {E1p}});
     LINEA_KERNEL_LAUNCH_CHECK();
     // [num, den] [N, E + 1] = phi_q [N, S] kvz [S, E + 1]
-    DeviceScratch<T> nd(d.BH * d.N * E1);
-    gemm_strided<T>(cptr<T>(phi_q), false, d.S, d.N * d.S, kv, false, E1, d.S * E1, nd.p, E1, d.N * E1, d.N, E1, d.S,
-                    d.BH, 1.0);
+    DeviceScratch<T> nd(d.BH * d.N * E1p);
+    gemm_strided<T>(cptr<T>(phi_q), false, d.S, d.N * d.S, kvp.p, false, E1p, d.S * E1p, nd.p, E1p, d.N * E1p, d.N, E1,
+                    d.S, d.BH, 1.0);
     divide_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(nd.p, d, static_cast<T>(guard),
                                                                                   ptr<T>(out), ptr<T>(den));
     LINEA_KERNEL_LAUNCH_CHECK();
+    copy_rows<T>(kvp.p, E1p, d.BH * d.S, E1, E1, ptr<T>(kvz));
   });
 }
 
@@ -279,25 +298,26 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
   const LinearDims d = dims_of(phi_q, phi_k, v);
   LINEA_DISPATCH_FLOAT(v.dtype(), "linear_attention_backward", [&] {
     using T = scalar_t;
-    const int64_t E1 = d.E1();
-    DeviceScratch<T> G(d.BH * d.N * E1), dkvz(d.BH * d.S * E1);
+    const int64_t E1 = d.E1(), E1p = d.E1p();
+    DeviceScratch<T> kvp(d.BH * d.S * E1p), G(d.BH * d.N * E1p), dkvz(d.BH * d.S * E1p);
+    copy_rows<T>(cptr<T>(kvz), E1, d.BH * d.S, E1, E1p, kvp.p);
     g_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), cptr<T>(den),
                                                                              d, static_cast<T>(guard), G.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     // dphi_q [N, S] = G [N, E + 1] kvz^T [E + 1, S]
-    gemm_strided<T>(G.p, false, E1, d.N * E1, cptr<T>(kvz), true, E1, d.S * E1, ptr<T>(dphi_q), d.S, d.N * d.S, d.N,
-                    d.S, E1, d.BH, 1.0);
+    gemm_strided<T>(G.p, false, E1p, d.N * E1p, kvp.p, true, E1p, d.S * E1p, ptr<T>(dphi_q), d.S, d.N * d.S, d.N, d.S,
+                    E1, d.BH, 1.0);
     // dkvz [S, E + 1] = phi_q^T [S, N] G [N, E + 1]
-    gemm_strided<T>(cptr<T>(phi_q), true, d.S, d.N * d.S, G.p, false, E1, d.N * E1, dkvz.p, E1, d.S * E1, d.S, E1, d.N,
-                    d.BH, 1.0);
+    gemm_strided<T>(cptr<T>(phi_q), true, d.S, d.N * d.S, G.p, false, E1p, d.N * E1p, dkvz.p, E1p, d.S * E1p, d.S, E1,
+                    d.N, d.BH, 1.0);
     // dphi_k [M, S] = v [M, E] dKV^T [E, S], then + dz on every row
-    gemm_strided<T>(cptr<T>(v), false, d.E, d.M * d.E, dkvz.p, true, E1, d.S * E1, ptr<T>(dphi_k), d.S, d.M * d.S, d.M,
-                    d.S, d.E, d.BH, 1.0);
+    gemm_strided<T>(cptr<T>(v), false, d.E, d.M * d.E, dkvz.p, true, E1p, d.S * E1p, ptr<T>(dphi_k), d.S, d.M * d.S,
+                    d.M, d.S, d.E, d.BH, 1.0);
     add_ones_column_kernel<T><<<grid_for(d.BH * d.M * d.S), kBlockSize, 0, stream()>>>(dkvz.p, d, ptr<T>(dphi_k));
     LINEA_KERNEL_LAUNCH_CHECK();
-    // dv [M, E] = phi_k [M, S] dKV [S, E] (rows E + 1 apart)
-    gemm_strided<T>(cptr<T>(phi_k), false, d.S, d.M * d.S, dkvz.p, false, E1, d.S * E1, ptr<T>(dv), d.E, d.M * d.E, d.M,
-                    d.E, d.S, d.BH, 1.0);
+    // dv [M, E] = phi_k [M, S] dKV [S, E]
+    gemm_strided<T>(cptr<T>(phi_k), false, d.S, d.M * d.S, dkvz.p, false, E1p, d.S * E1p, ptr<T>(dv), d.E, d.M * d.E,
+                    d.M, d.E, d.S, d.BH, 1.0);
   });
 }
 
