@@ -55,8 +55,8 @@ template <typename T> __device__ __forceinline__ T guarded(T den, T guard) {
 // inner] of the column skeleton (32 features of one (b, h) per block, coalesced, its 8 rows of
 // threads splitting the keys, added by tree_reduce_y), over run blockIdx.y of the keys
 // (ColumnRuns; sum_runs_kernel adds the runs in order): the same bits every run. One thread per
-// (bh, s) left the GPU idle (0.4 ms at M = 4096, B = 4, H = 8, S = 64 on an H200, growing with M);
-// one block per 32 columns, half of it.
+// (bh, s) left the GPU idle (0.4 ms at M = 4096, B = 4, H = 8, S = 64 on an H200, growing with M),
+// and one block per 32 columns (64 blocks there) half of it.
 template <typename T> __global__ void key_sums_kernel(const T* pk, LinearDims d, ColumnRuns runs, T* partial) {
   T* sh = shared_mem<T>();
   const int64_t columns = d.BH * d.S, m0 = runs.begin(), m1 = min(d.M, m0 + runs.rows);
