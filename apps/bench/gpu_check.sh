@@ -27,8 +27,9 @@
 #         nprf       nprf_rpe's dense (direct) path against its FFT path at 256..8k (dense=auto's fit)
 #         causal     softmax and performer, causal, Linea alone at 1k..16k
 #       Not run by default (name it): profile  ncu's time of every kernel (gpu__time_duration,
-#                    summed per kernel name, largest first) of performer and lara at L = 16k and
-#                    of the default ViT's eager training step: where the time goes.
+#                    summed per kernel name, largest first) of softmax at L = 4k (float32 and
+#                    bf16), performer and lara at L = 16k and the default ViT's eager training
+#                    step: where the time goes.
 #       (tests and sanitize are the two halves of correct, alone.)
 #
 set -uo pipefail
@@ -198,17 +199,22 @@ PY
             ;;
           profile)
             echo "== profile: ncu's kernel times, summed per kernel name"
-            for spec in performer:features=64 lara:samples=64; do
-              part 90 "profile_${spec%%:*}.csv" ncu --metrics gpu__time_duration.sum --csv "$G/run.sh" \
-                bin/attention-scaling --device cuda --batch 4 --heads 8 --dim 64 --specs "$spec" --lengths 16384 \
-                --repeats 3
+            # name precision spec length: the softmax kernels at 4k (forward, dq, dk/dv apart), the
+            # GEMM-and-kernel mechanisms at 16k
+            for job in "softmax fp32 softmax 4096" "softmax_bf16 bf16 softmax 4096" \
+              "performer fp32 performer:features=64 16384" "lara fp32 lara:samples=64 16384"; do
+              set -- $job
+              part 90 "profile_$1.csv" ncu --metrics gpu__time_duration.sum --csv "$G/run.sh" \
+                bin/attention-scaling --device cuda --precision "$2" --batch 4 --heads 8 --dim 64 --specs "$3" \
+                --lengths "$4" --repeats 3
             done
             # the ViT's steps 3 and 4 or so (about 280 launches a step): past the warm-up's allocations
             part 90 profile_vit.csv ncu --metrics gpu__time_duration.sum --csv --launch-skip 600 --launch-count 560 \
               "$G/run.sh" bin/train-step --model vit --device cuda --steps 3 --warmup 2
             python3 - "$W" <<'PY'
 import csv, io, os, sys
-for name in ("profile_performer.csv", "profile_lara.csv", "profile_vit.csv"):
+for name in ("profile_softmax.csv", "profile_softmax_bf16.csv", "profile_performer.csv", "profile_lara.csv",
+             "profile_vit.csv"):
     path = os.path.join(sys.argv[1], name)
     if not os.path.exists(path):
         continue
