@@ -5,10 +5,12 @@
 // cross-attention, eval mode, feature map and proposal options. Skipped without a GPU; CI runs it on
 // the CUDA emulator (tests/cuda_emu). Built with -DLINEA_PARITY_SELF_TEST the "CUDA" side is the
 // CPU, which checks this harness on a machine without a GPU.
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "attention/transformer.h"
+#include "core/cuda_counters.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -139,6 +141,59 @@ TEST(AttentionCudaParity, NprfRpe) {
              {"nprf_rpe:features=6,max_len=8,dense=1", true}},
             5);
 }
+
+#ifndef LINEA_PARITY_SELF_TEST
+// What one training forward + backward asks of the device, per mechanism: kernel launches plus
+// library calls within a budget, and from the second call on the same work every call, with no
+// host synchronization, no allocation (the caching allocator serves it all) and no copy between
+// host and device. The budgets are the counts measured when the fused kernels landed (B = 1,
+// H = 2, N = 7, float32); a change that adds launches fails here, one that removes some should
+// lower the budget. redraw=0 keeps the feature draws (a host draw and copy each step) out.
+TEST(AttentionCudaLaunches, ForwardBackward) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(6);
+  struct Budget {
+    std::string spec;
+    bool causal;
+    int64_t most;
+  };
+  const std::vector<Budget> budgets = {
+      {"softmax", false, 4},
+      {"softmax", true, 4},
+      {"performer:features=6,redraw=0", false, 33},
+      {"performer:features=6,redraw=0,chunk=3", true, 49},
+      {"lara:samples=3", false, 95},
+      {"ra:samples=3", false, 39},
+      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=0", false, 85},
+      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=1", true, 77},
+  };
+  const int64_t B = 1, H = 2, N = 7, D = 4;
+  for (const Budget& b : budgets) {
+    SCOPED_TRACE(b.spec + (b.causal ? " causal" : ""));
+    auto mech = attn::make_attention(b.spec, H, D);
+    mech->to(kCuda);
+    attn::AttentionOptions opts;
+    opts.causal = b.causal;
+    std::vector<cuda::Counters> calls;
+    for (int call = 0; call < 3; ++call) {
+      Tensor q = randn({B, H, N, D}).to(kCuda), k = randn({B, H, N, D}).to(kCuda), v = randn({B, H, N, D}).to(kCuda),
+             g = randn({B, H, N, D}).to(kCuda);
+      for (Tensor* t : {&q, &k, &v}) t->requires_grad_(true);
+      const cuda::Counters before = cuda::counters();
+      mech->forward(q, k, v, opts).backward(g);
+      calls.push_back(cuda::counters() - before);
+    }
+    const cuda::Counters& c = calls[2];
+    std::printf("  %-50s %s\n", (b.spec + (b.causal ? " causal" : "")).c_str(), c.str().c_str());
+    EXPECT_LE(c.kernel_launches + c.library_calls, b.most) << c.str();
+    EXPECT_GT(c.kernel_launches, 0) << c.str();
+    EXPECT_EQ(calls[1].stream_ops(), c.stream_ops()) << calls[1].str() << " then " << c.str();
+    EXPECT_EQ(c.host_syncs + c.host_waits, 0) << c.str();
+    EXPECT_EQ(c.device_allocs, 0) << c.str();
+    EXPECT_EQ(c.h2d_copies + c.d2h_copies, 0) << c.str();
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace linea
