@@ -184,6 +184,11 @@ __device__ __forceinline__ Column column_at(int64_t cb, int64_t columns, int64_t
   col.base = o * r * inner + i;
   return col;
 }
+// The column o * inner + i of element e = (o, j, i) of [outer, r, inner]: an elementwise pass
+// reading a per-column value.
+__device__ __forceinline__ int64_t column_of(int64_t e, int64_t r, int64_t inner) {
+  return e / (r * inner) * inner + e % inner;
+}
 
 // Long columns on many blocks. Where the columns are few (2,048 are 64 blocks of 32: half an
 // H200 idle, each block walking every row), a kernel takes each column's r rows in runs of `rows`

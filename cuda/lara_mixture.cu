@@ -113,7 +113,7 @@ template <typename T> __global__ void mixture_ds_kernel(const T* t, const T* st,
   const int64_t total = d.BH * d.N * d.C;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    ds[i] = t[i] * (ds[i] - st[i / (d.N * d.C) * d.C + i % d.C]);
+    ds[i] = t[i] * (ds[i] - st[column_of(i, d.N, d.C)]);
 }
 
 // dq[r, :] -= rowsum[r] q[r, :]

@@ -311,11 +311,6 @@ __global__ void softmax_merge_runs_kernel(const T* partial, ColumnRuns runs, int
   }
 }
 
-// The column (o, i) of element e of [outer, r, inner].
-__device__ __forceinline__ int64_t column_of(int64_t e, int64_t r, int64_t inner) {
-  return e / (r * inner) * inner + e % inner;
-}
-
 template <typename T>
 __global__ void softmax_apply_kernel(const T* x, const T* stats, int64_t columns, int64_t r, int64_t inner, bool log,
                                      T* y) {
