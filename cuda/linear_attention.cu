@@ -15,7 +15,10 @@
 // Causal linear attention (the CPU twin's chunked formulas, core/cpu/linear_attention.cpp): the
 // rows of each (b, h) padded with zero rows to C whole chunks of T (skipped when T divides N), so
 // every per-chunk product is one strided-batched GEMM over (b, h, chunk); the chunk states by a
-// scan kernel (one thread per (b, h, entry), chunks in order); tril by a masking kernel.
+// scan kernel (one thread per (b, h, entry), chunks in order); tril by a masking kernel. The
+// internal [*, E + 1] matrices ([v, 1], [num, den], G, d[v, 1], R) in rows of E1p as above; the
+// states [S, E + 1] of the op's contract stay as they are (the GEMMs that read or write them are
+// the unaligned ones left).
 #include <algorithm>
 #include <cmath>
 
@@ -124,19 +127,20 @@ struct CausalDims {
   __host__ __device__ int64_t C() const { return (N + T - 1) / T; }
   __host__ __device__ int64_t P() const { return C() * T; }  // padded rows per (b, h)
   __host__ __device__ int64_t E1() const { return E + 1; }
+  __host__ __device__ int64_t E1p() const { return (E + 4) / 4 * 4; }  // the internal row length
   __host__ __device__ int64_t n() const { return S * E1(); }  // entries of one state
   int64_t chunks() const { return BH * C(); }
 };
 
-// dst [BH, P, cols] from src [BH, N, src_cols]: rows past N zero; a column src_cols (when cols >
-// src_cols) of ones on real rows ([v, 1]).
+// dst [BH, P, cols] from src [BH, N, src_cols]: rows past N zero; column src_cols (when cols >
+// src_cols) ones on real rows ([v, 1]), the columns after it zero.
 template <typename T>
 __global__ void pad_rows_kernel(const T* src, CausalDims d, int64_t src_cols, int64_t cols, T* dst) {
   const int64_t total = d.BH * d.P() * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = i % cols, row = i / cols, bh = row / d.P(), r = row % d.P();
-    dst[i] = r >= d.N ? T(0) : j < src_cols ? src[(bh * d.N + r) * src_cols + j] : T(1);
+    dst[i] = r >= d.N ? T(0) : j < src_cols ? src[(bh * d.N + r) * src_cols + j] : T(j == src_cols);
   }
 }
 
@@ -151,17 +155,18 @@ __global__ void unpad_rows_kernel(const T* src, CausalDims d, int64_t src_cols, 
   }
 }
 
-// parts [BH, C, n] in place: the exclusive prefix sums over the chunks (reverse: over the later
-// chunks) from init [BH, n] (or 0), the total into total [BH, n] (or nowhere).
+// parts [BH, C, S, E + 1] (rows ld apart) in place: the exclusive prefix sums over the chunks
+// (reverse: over the later chunks) from init [BH, S, E + 1] (or 0), the total into total
+// [BH, S, E + 1] (or nowhere).
 template <typename T>
-__global__ void scan_chunks_kernel(CausalDims d, bool reverse, const T* init, T* parts, T* total) {
-  const int64_t C = d.C(), n = d.n();
+__global__ void scan_chunks_kernel(CausalDims d, bool reverse, const T* init, T* parts, int64_t ld, T* total) {
+  const int64_t C = d.C(), n = d.n(), E1 = d.E1();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < d.BH * n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bh = i / n, j = i % n;
+    const int64_t bh = i / n, j = i % n / E1 * ld + i % E1;
     T acc = init ? init[i] : T(0);
     for (int64_t k = 0; k < C; ++k) {
-      T& p = parts[(bh * C + (reverse ? C - 1 - k : k)) * n + j];
+      T& p = parts[(bh * C + (reverse ? C - 1 - k : k)) * d.S * ld + j];
       const T x = p;
       p = acc;
       acc += x;
@@ -178,23 +183,24 @@ template <typename T> __global__ void keep_lower_kernel(int64_t count, int64_t T
     if (i % Tc > (i / Tc) % Tc) a[i] = T(0);
 }
 
-// out = num / den~, den raw, from the padded nd [BH, P, E + 1]: a warp per row.
+// out = num / den~, den raw, from the padded nd [BH, P, E + 1] (rows E1p apart): a warp per row.
 template <typename T> __global__ void causal_divide_kernel(const T* nd, CausalDims d, T guard, T* out, T* den) {
   const WarpRows w;
   for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
-    const T raw = divide_row(nd + ((r / d.N) * d.P() + r % d.N) * d.E1(), guard, d.E, out + r * d.E, w.lane);
+    const T raw = divide_row(nd + ((r / d.N) * d.P() + r % d.N) * d.E1p(), guard, d.E, out + r * d.E, w.lane);
     if (w.lane == 0) den[r] = raw;
   }
 }
 
-// The padded G [BH, P, E + 1] (zero rows past N) from the gradient g, out and den: a warp per row.
+// The padded G [BH, P, E + 1] (rows E1p apart, zero rows past N) from the gradient g, out and den:
+// a warp per row.
 template <typename T>
 __global__ void causal_g_kernel(const T* g, const T* out, const T* den, CausalDims d, T guard, T* G) {
   const int64_t E1 = d.E1();
   const WarpRows w;
   for (int64_t p = w.first; p < d.BH * d.P(); p += w.step) {
     const int64_t i = p % d.P(), r = (p / d.P()) * d.N + i;
-    T* Gr = G + p * E1;
+    T* Gr = G + p * d.E1p();
     if (i >= d.N) {
       for (int64_t e = w.lane; e < E1; e += WarpRows::kLanes) Gr[e] = T(0);
       continue;
@@ -203,8 +209,8 @@ __global__ void causal_g_kernel(const T* g, const T* out, const T* den, CausalDi
   }
 }
 
-// The chunk-aligned rows of phi_q, phi_k and [v, 1]: the inputs themselves where T divides N
-// (and v's ones column is built either way), else zero-padded copies.
+// The chunk-aligned rows of phi_q, phi_k and [v, 1] (rows E1p apart): the inputs themselves where
+// T divides N (and v's ones column is built either way), else zero-padded copies.
 template <typename T> struct PaddedInputs {
   const CausalDims& d;
   DeviceScratch<T> qs, ks, v1;
@@ -213,14 +219,14 @@ template <typename T> struct PaddedInputs {
       : d(dims),
         qs(whole() ? 0 : dims.BH * dims.P() * dims.S),
         ks(whole() ? 0 : dims.BH * dims.P() * dims.S),
-        v1(dims.BH * dims.P() * dims.E1()),
+        v1(dims.BH * dims.P() * dims.E1p()),
         q(whole() ? cptr<T>(phi_q) : qs.p),
         k(whole() ? cptr<T>(phi_k) : ks.p) {
     if (!whole()) {
       pad(cptr<T>(phi_q), d.S, d.S, qs.p);
       pad(cptr<T>(phi_k), d.S, d.S, ks.p);
     }
-    pad(cptr<T>(v), d.E, d.E1(), v1.p);
+    pad(cptr<T>(v), d.E, d.E1p(), v1.p);
   }
   bool whole() const { return d.N % d.T == 0; }
   void pad(const T* src, int64_t src_cols, int64_t cols, T* dst) const {
@@ -327,16 +333,18 @@ void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, c
   const CausalDims d = causal_dims(phi_q, v, chunk);
   LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention", [&] {
     using T = scalar_t;
-    const int64_t S = d.S, E1 = d.E1(), Tc = d.T;
-    const ChunkOperand rows_s{S, Tc}, rows_e1{E1, Tc}, tt{Tc, Tc}, state_op{E1, S};
+    const int64_t S = d.S, E1 = d.E1(), E1p = d.E1p(), Tc = d.T;
+    // rows_e1: a chunk of an internal [*, E + 1] matrix; state_op: a state of the contract's
+    // states, padded_state: one of R's
+    const ChunkOperand rows_s{S, Tc}, rows_e1{E1p, Tc}, tt{Tc, Tc}, state_op{E1, S}, padded_state{E1p, S};
     PaddedInputs<T> in(d, phi_q, phi_k, v);
     T* st = ptr<T>(states);
     chunk_gemm<T>(d, in.k, true, rows_s, in.v1.p, false, rows_e1, st, state_op, S, E1, Tc);  // KV_c
     scan_chunks_kernel<T><<<grid_for(d.BH * d.n()), kBlockSize, 0, stream()>>>(
-        d, false, state.defined() ? cptr<T>(state) : nullptr, st, ptr<T>(final));
+        d, false, state.defined() ? cptr<T>(state) : nullptr, st, E1, ptr<T>(final));
     LINEA_KERNEL_LAUNCH_CHECK();
     // [num, den]_c = phi_q_c S_c + tril(phi_q_c phi_k_c^T) [v_c, 1]
-    DeviceScratch<T> nd(d.BH * d.P() * E1), a(d.chunks() * Tc * Tc);
+    DeviceScratch<T> nd(d.BH * d.P() * E1p), a(d.chunks() * Tc * Tc);
     chunk_gemm<T>(d, in.q, false, rows_s, st, false, state_op, nd.p, rows_e1, Tc, E1, S);
     chunk_gemm<T>(d, in.q, false, rows_s, in.k, true, rows_s, a.p, tt, Tc, Tc, S);
     keep_lower<T>(d, a.p);
@@ -354,18 +362,20 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
   const CausalDims d = causal_dims(phi_q, v, chunk);
   LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention_backward", [&] {
     using T = scalar_t;
-    const int64_t S = d.S, E1 = d.E1(), Tc = d.T;
-    const ChunkOperand rows_s{S, Tc}, rows_e1{E1, Tc}, tt{Tc, Tc}, state_op{E1, S};
+    const int64_t S = d.S, E1 = d.E1(), E1p = d.E1p(), Tc = d.T;
+    // rows_e1: a chunk of an internal [*, E + 1] matrix; state_op: a state of the contract's
+    // states, padded_state: one of R's
+    const ChunkOperand rows_s{S, Tc}, rows_e1{E1p, Tc}, tt{Tc, Tc}, state_op{E1, S}, padded_state{E1p, S};
     PaddedInputs<T> in(d, phi_q, phi_k, v);
     const bool whole = in.whole();
-    DeviceScratch<T> G(d.BH * d.P() * E1), R(d.chunks() * d.n()), a(d.chunks() * Tc * Tc);
+    DeviceScratch<T> G(d.BH * d.P() * E1p), R(d.chunks() * S * E1p), a(d.chunks() * Tc * Tc);
     causal_g_kernel<T><<<grid_for_warp_rows(d.BH * d.P()), kBlockSize, 0, stream()>>>(
         cptr<T>(dout), cptr<T>(out), cptr<T>(den), d, static_cast<T>(guard), G.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     // R_c = sum over the later chunks of phi_q^T G, dstate = the sum over all of them
-    chunk_gemm<T>(d, in.q, true, rows_s, G.p, false, rows_e1, R.p, state_op, S, E1, Tc);
+    chunk_gemm<T>(d, in.q, true, rows_s, G.p, false, rows_e1, R.p, padded_state, S, E1, Tc);
     scan_chunks_kernel<T><<<grid_for(d.BH * d.n()), kBlockSize, 0, stream()>>>(
-        d, true, static_cast<const T*>(nullptr), R.p, dstate.defined() ? ptr<T>(dstate) : nullptr);
+        d, true, static_cast<const T*>(nullptr), R.p, E1p, dstate.defined() ? ptr<T>(dstate) : nullptr);
     LINEA_KERNEL_LAUNCH_CHECK();
     // A = tril(G_c [v_c, 1]^T): dphi_q_c = G_c S_c^T + A phi_k_c, dphi_k_c = [v_c, 1] R_c^T + A^T phi_q_c
     DeviceScratch<T> dqs(whole ? 0 : d.BH * d.P() * S), dks(whole ? 0 : d.BH * d.P() * S);
@@ -375,13 +385,13 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
     keep_lower<T>(d, a.p);
     chunk_gemm<T>(d, G.p, false, rows_e1, cptr<T>(states), true, state_op, dq, rows_s, Tc, S, E1);
     chunk_gemm<T>(d, a.p, false, tt, in.k, false, rows_s, dq, rows_s, Tc, S, Tc, 1.0);
-    chunk_gemm<T>(d, in.v1.p, false, rows_e1, R.p, true, state_op, dk, rows_s, Tc, S, E1);
+    chunk_gemm<T>(d, in.v1.p, false, rows_e1, R.p, true, padded_state, dk, rows_s, Tc, S, E1);
     chunk_gemm<T>(d, a.p, true, tt, in.q, false, rows_s, dk, rows_s, Tc, S, Tc, 1.0);
     // P = tril(phi_q_c phi_k_c^T): d[v, 1]_c = phi_k_c R_c + P^T G_c
-    DeviceScratch<T> dv1(d.BH * d.P() * E1);
+    DeviceScratch<T> dv1(d.BH * d.P() * E1p);
     chunk_gemm<T>(d, in.q, false, rows_s, in.k, true, rows_s, a.p, tt, Tc, Tc, S);
     keep_lower<T>(d, a.p);
-    chunk_gemm<T>(d, in.k, false, rows_s, R.p, false, state_op, dv1.p, rows_e1, Tc, E1, S);
+    chunk_gemm<T>(d, in.k, false, rows_s, R.p, false, padded_state, dv1.p, rows_e1, Tc, E1, S);
     chunk_gemm<T>(d, a.p, true, tt, G.p, false, rows_e1, dv1.p, rows_e1, Tc, E1, Tc, 1.0);
     const auto unpad = [&](const T* src, int64_t src_cols, int64_t cols, T* dst) {
       unpad_rows_kernel<T><<<grid_for(d.BH * d.N * cols), kBlockSize, 0, stream()>>>(src, d, src_cols, cols, dst);
@@ -391,7 +401,7 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
       unpad(dq, S, S, ptr<T>(dphi_q));
       unpad(dk, S, S, ptr<T>(dphi_k));
     }
-    unpad(dv1.p, E1, d.E, ptr<T>(dv));
+    unpad(dv1.p, E1p, d.E, ptr<T>(dv));
   });
 }
 
