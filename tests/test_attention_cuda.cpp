@@ -162,7 +162,7 @@ TEST(AttentionCudaLaunches, ForwardBackward) {
       {"softmax", true, 4},
       {"performer:features=6,redraw=0", false, 33},
       {"performer:features=6,redraw=0,chunk=3", true, 49},
-      {"lara:samples=3", false, 95},
+      {"lara:samples=3", false, 93},
       {"ra:samples=3", false, 39},
       {"nprf_rpe:features=6,max_len=8,redraw=0,dense=0", false, 85},
       {"nprf_rpe:features=6,max_len=8,redraw=0,dense=1", true, 77},

@@ -46,21 +46,25 @@ std::vector<int64_t> LinearRandomizedAttention::segment_sizes(int64_t N, int64_t
   return sizes;
 }
 
-Tensor LinearRandomizedAttention::membership(int64_t N, const TensorOptions& opts) {
+const LinearRandomizedAttention::Segments& LinearRandomizedAttention::segments(int64_t N, const TensorOptions& opts) {
   const int64_t Ce = std::min(samples_, N);
-  const Tensor& m = member_cache_;
+  const Tensor& m = segments_.member;
   if (m.defined() && m.size(0) == Ce && m.size(1) == N && m.dtype() == opts.dtype && m.device() == opts.device)
-    return m;
-  // Setup of a constant [C_eff, N] matrix (C_eff * N host values), not a loop of the forward.
-  std::vector<double> host(static_cast<size_t>(Ce * N), 0.0);
+    return segments_;
+  // Setup of two constant [C_eff, N] matrices (C_eff * N host values), not a loop of the forward.
+  std::vector<double> member(static_cast<size_t>(Ce * N), 0.0), mean(member.size(), 0.0);
   int64_t start = 0, c = 0;
   for (int64_t len : segment_sizes(N, samples_)) {
-    for (int64_t n = start; n < start + len; ++n) host[static_cast<size_t>(c * N + n)] = 1.0;
+    for (int64_t n = start; n < start + len; ++n) {
+      member[static_cast<size_t>(c * N + n)] = 1.0;
+      mean[static_cast<size_t>(c * N + n)] = 1.0 / static_cast<double>(len);
+    }
     start += len;
     ++c;
   }
-  member_cache_ = from_vector<double>(host, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
-  return member_cache_;
+  segments_.member = from_vector<double>(member, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
+  segments_.mean = from_vector<double>(mean, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
+  return segments_;
 }
 
 LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor& q, const Tensor& k,
@@ -74,16 +78,15 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   Tensor pad = padded_keys(opts);         // Bool [B, 1, 1, N] (true = padded) or undefined
   Tensor qs = scaled(q), ks = scaled(k);  // q~, k~ [B, H, N, D]
 
-  // Segment means. member [C, N] is 0/1; dividing each row by its size gives the averaging matrix.
-  Tensor member = membership(N, q.options());
-  const int64_t C = member.size(0);
-  Tensor avg = member / sum(member, {-1}, true);
-  Tensor qbar = matmul(avg, qs);  // q-_c [B, H, C, D]
-  Tensor kbar;                    // k-_c [B, H, C, D], padded keys left out
+  // Segment means.
+  const Segments& seg = segments(N, q.options());
+  const int64_t C = seg.member.size(0);
+  Tensor qbar = matmul(seg.mean, qs);  // q-_c [B, H, C, D]
+  Tensor kbar;                         // k-_c [B, H, C, D], padded keys left out
   if (!pad.defined()) {
-    kbar = matmul(avg, ks);
+    kbar = matmul(seg.mean, ks);
   } else {
-    Tensor wk = member * (~pad).to(q.dtype());             // [B,1,C,N]
+    Tensor wk = seg.member * (~pad).to(q.dtype());           // [B,1,C,N]
     Tensor cnt = clamp(sum(wk, {-1}, true), 1.0, INFINITY);  // [B,1,C,1]; all padded: 0 / 1 = 0
     kbar = matmul(wk / cnt, ks);                             // [B,1,C,N] @ [B,H,N,D]
   }

@@ -74,15 +74,20 @@ class LinearRandomizedAttention : public AttentionMechanism {
     Tensor probs;  // softmax_m(log xi(k~_m, w_c))     [B, H, C, M]
   };
   Parts compute(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who);
-  // 0/1 segment membership [C_eff, N] in the given dtype/device (cached for the last shape).
-  Tensor membership(int64_t N, const TensorOptions& opts);
+  // The segments of N positions in the given dtype/device, cached for the last shape (constants:
+  // built once on the host, not a few kernels every forward).
+  struct Segments {
+    Tensor member;  // 0/1 membership [C_eff, N]
+    Tensor mean;    // member with each row divided by its segment's size: the segment means' matrix
+  };
+  const Segments& segments(int64_t N, const TensorOptions& opts);
 
   int64_t samples_;
   Proposal proposal_;
   double noise_, beta_;
   std::shared_ptr<nn::Linear> mu_proj_;     // adaptive only
   std::shared_ptr<nn::LayerNorm> mu_norm_;  // adaptive only
-  Tensor member_cache_;
+  Segments segments_;
 };
 
 // The mixture weights softmax_c(log u_nc) [B, H, N, C] composed from ops: the reference the fused
