@@ -59,6 +59,21 @@ template <typename T> int64_t groups_per_chunk(const ToeplitzDims& d) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (total); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// A pass over [rows, cols] on the grid of rows_grid: blockIdx.y walks the rows, the x threads a
+// row's columns, so a kernel finds what its row belongs to once a row. Per element, the 64-bit
+// divisions and remainders of a flat index take tens of instructions each, for the 16 bytes such
+// a pass moves: filter_kernel, so written, moved its 26 GB at about 1.7 TB/s on an H200 (L =
+// 4096, S = 64, E = 65; 16% of the FFT path's kernel time).
+#define LINEA_ROWS_LOOP(row, rows, col, cols)                                                     \
+  for (int64_t row = blockIdx.y; row < (rows); row += gridDim.y)                                  \
+    for (int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; col < (cols); \
+         col += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+inline dim3 rows_grid(int64_t rows, int64_t cols) {
+  const unsigned x = grid_for(cols);
+  return dim3(x, static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>({rows, 65535, kMaxBlocks / x}))));
+}
+
 // g of every row of c, real [rows, n]: c_0..c_{M-1} at 0..M-1, c_{-t} at n - t, zeros between.
 template <typename T> __global__ void embed_kernel(const T* c, ToeplitzDims d, T* g) {
   LINEA_GRID_LOOP(i, d.rows() * d.n) {
@@ -117,13 +132,13 @@ void weighted_rows(const T* w, const T* x, int64_t len, const ToeplitzDims& d, c
 
 // dst [items, nf] = src * (conj ? conj(G) : G) / n for G the item's row of spec [rows, nf]
 // (complex interleaved); the imaginary parts of bin 0 and (n even) bin n/2 set to 0 for C2R.
+// One row of threads per item (rows_grid).
 template <typename T>
 __global__ void filter_kernel(const T* src, const T* spec, ToeplitzDims d, Chunk ch, bool conj, T* dst) {
   const int64_t nf = d.nf();
   const T inv_n = T(1) / static_cast<T>(d.n), sign = conj ? T(-1) : T(1);
-  LINEA_GRID_LOOP(i, ch.items(d) * nf) {
-    const int64_t item = i / nf, k = i % nf;
-    const int64_t bh = (ch.g0 + item / d.S) / d.E;
+  LINEA_ROWS_LOOP(item, ch.items(d), k, nf) {
+    const int64_t bh = (ch.g0 + item / d.S) / d.E, i = item * nf + k;
     const T* G = spec + 2 * (d.row_of(bh) * nf + k);
     const T gr = G[0] * inv_n, gi = sign * G[1] * inv_n, xr = src[2 * i], xi = src[2 * i + 1];
     const bool real_bin = k == 0 || (d.n % 2 == 0 && k == d.n / 2);
@@ -146,17 +161,50 @@ __global__ void contract_features_kernel(const T* w, const T* y, int64_t len, To
   }
 }
 
-// dw[bh, i, s] += sum_e x[bh, i, e] y[(g, s), i] over the chunk's groups of bh, one thread per
-// (bh, i, s) of the chunk's heads (dphi_q: x = dy, len N; dphi_k: x = v, len M).
+// dw[bh, i, s] += sum_e x[bh, i, e] y[(g, s), i] over the chunk's groups g = (bh, e) of bh
+// (dphi_q: x = dy, len N; dphi_k: x = v, len M), e in order. y's rows run along i and dw's along
+// s: one thread per (bh, i, s) read y with a stride of n (a sector of 32 bytes for each 4 used).
+// A block takes kTile rows i by kTile features s of one head instead, its threads reading y
+// along i, and writes dw along s through a shared tile (weighted_rows_kernel's transpose, back).
 template <typename T>
-__global__ void accumulate_features_kernel(const T* x, const T* y, int64_t len, ToeplitzDims d, Chunk ch, T* dw) {
-  LINEA_GRID_LOOP(j, (ch.head1(d) - ch.head0(d)) * len * d.S) {
-    const int64_t bh = ch.head0(d) + j / (len * d.S), i = (j / d.S) % len, s = j % d.S;
-    T acc = T(0);
-    for (int64_t g = ch.first(d, bh); g < ch.last(d, bh); ++g)
-      acc += x[(bh * len + i) * d.E + g - bh * d.E] * y[((g - ch.g0) * d.S + s) * d.n + i];
-    dw[(bh * len + i) * d.S + s] += acc;
+__global__ void __launch_bounds__(kBlockSize)
+    accumulate_features_kernel(const T* x, const T* y, int64_t len, ToeplitzDims d, Chunk ch, T* dw) {
+  constexpr int kRowsPerPass = kBlockSize / kTile, kPer = kTile / kRowsPerPass;
+  T* tile = shared_mem<T>();  // [kTile i, kTile + 1 s]
+  const int64_t s_tiles = (d.S + kTile - 1) / kTile, i_tiles = (len + kTile - 1) / kTile;
+  const int lx = static_cast<int>(threadIdx.x) % kTile, ly = static_cast<int>(threadIdx.x) / kTile;
+  for (int64_t blk = blockIdx.x; blk < (ch.head1(d) - ch.head0(d)) * s_tiles * i_tiles; blk += gridDim.x) {
+    const int64_t bh = ch.head0(d) + blk / (s_tiles * i_tiles), s0 = blk / i_tiles % s_tiles * kTile,
+                  i0 = blk % i_tiles * kTile, i = i0 + lx;
+    T acc[kPer] = {};
+    if (i < len)
+      for (int64_t g = ch.first(d, bh); g < ch.last(d, bh); ++g) {
+        const T xv = x[(bh * len + i) * d.E + g - bh * d.E];
+        const T* yg = y + (g - ch.g0) * d.S * d.n + i;
+#pragma unroll
+        for (int p = 0; p < kPer; ++p) {
+          const int64_t s = s0 + ly + p * kRowsPerPass;
+          if (s < d.S) acc[p] += xv * yg[s * d.n];
+        }
+      }
+    __syncthreads();  // the previous tile is written out
+#pragma unroll
+    for (int p = 0; p < kPer; ++p) tile[lx * (kTile + 1) + ly + p * kRowsPerPass] = acc[p];
+    __syncthreads();
+    for (int r = ly; r < kTile; r += kRowsPerPass) {
+      const int64_t row = i0 + r, s = s0 + lx;
+      if (row < len && s < d.S) dw[(bh * len + row) * d.S + s] += tile[r * (kTile + 1) + lx];
+    }
   }
+}
+
+// The launch of accumulate_features_kernel for a chunk.
+template <typename T>
+void accumulate_features(const T* x, const T* y, int64_t len, const ToeplitzDims& d, const Chunk& ch, T* dw) {
+  const int64_t tiles = (ch.head1(d) - ch.head0(d)) * ((d.S + kTile - 1) / kTile) * ((len + kTile - 1) / kTile);
+  accumulate_features_kernel<T>
+      <<<grid_for(tiles * kBlockSize), kBlockSize, sizeof(T) * kTile*(kTile + 1), stream()>>>(x, y, len, d, ch, dw);
+  LINEA_KERNEL_LAUNCH_CHECK();
 }
 
 // dG[bh, k] += sum over the chunk's items of bh of conj(P_k) X_k: per head, column sums over its
@@ -226,12 +274,13 @@ template <typename T> __global__ void extract_kernel(const T* dg, ToeplitzDims d
 // A = phi_q phi_k^T [rows, M], each entry times c_{m-n} (the bias table), y = A v. Exact, O(N M)
 // work on cuBLAS (at the matmul precision), O(chunk) memory: the faster path for short sequences.
 
-// a[bh, i, m] (and b[bh, i, m]) *= c_{m - (n0 + i)} for the chunk's rows i < rows.
+// a[bh, i, m] (and b[bh, i, m]) *= c_{m - (n0 + i)} for the chunk's rows i < rows: one row of
+// threads per (bh, i) (rows_grid).
 template <typename T>
 __global__ void bias_weight_kernel(T* a, T* b, const T* c, ToeplitzDims d, int64_t n0, int64_t rows) {
-  LINEA_GRID_LOOP(j, d.B * d.H * rows * d.M) {
-    const int64_t m = j % d.M, i = j / d.M % rows, bh = j / (d.M * rows);
-    const T w = c[d.row_of(bh) * d.L() + m - (n0 + i) + d.N - 1];
+  LINEA_ROWS_LOOP(r, d.B * d.H * rows, m, d.M) {
+    const int64_t i = r % rows, j = r * d.M + m;
+    const T w = c[d.row_of(r / rows) * d.L() + m - (n0 + i) + d.N - 1];
     a[j] *= w;
     if (b) b[j] *= w;
   }
@@ -267,6 +316,7 @@ template <typename T> __global__ void batch_sums_kernel(const T* dcb, ToeplitzDi
 }
 
 #undef LINEA_GRID_LOOP
+#undef LINEA_ROWS_LOOP
 
 // Query rows per chunk of the direct path: its [B H, rows, M] tiles within chunk_bytes().
 template <typename T> int64_t direct_rows(const ToeplitzDims& d) {
@@ -282,7 +332,7 @@ void direct_forward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk,
     const int64_t r = std::min(nc, d.N - n0);
     gemm_strided<T>(pq + n0 * d.S, false, d.S, d.N * d.S, pk, true, d.S, d.M * d.S, a.p, d.M, r * d.M, r, d.M, d.S, BH,
                     1.0);
-    bias_weight_kernel<T><<<grid_for(BH * r * d.M), kBlockSize, 0, stream()>>>(a.p, nullptr, c, d, n0, r);
+    bias_weight_kernel<T><<<rows_grid(BH * r, d.M), kBlockSize, 0, stream()>>>(a.p, nullptr, c, d, n0, r);
     LINEA_KERNEL_LAUNCH_CHECK();
     gemm_strided<T>(a.p, false, d.M, r * d.M, v, false, d.E, d.M * d.E, y + n0 * d.E, d.E, d.N * d.E, r, d.E, d.M, BH,
                     1.0);
@@ -307,7 +357,7 @@ void direct_backward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk
                     1.0);
     diagonal_sums_kernel<T><<<grid_for(BH * d.L()), kBlockSize, 0, stream()>>>(K.p, G.p, d, n0, r, dcb.p);
     LINEA_KERNEL_LAUNCH_CHECK();
-    bias_weight_kernel<T><<<grid_for(BH * r * d.M), kBlockSize, 0, stream()>>>(K.p, G.p, c, d, n0, r);
+    bias_weight_kernel<T><<<rows_grid(BH * r, d.M), kBlockSize, 0, stream()>>>(K.p, G.p, c, d, n0, r);
     LINEA_KERNEL_LAUNCH_CHECK();
     gemm_strided<T>(K.p, true, d.M, r * d.M, dy + n0 * d.E, false, d.E, d.N * d.E, dv, d.E, d.M * d.E, d.M, d.E, r, BH,
                     1.0, acc);
@@ -354,7 +404,7 @@ void toeplitz_attention_forward(const Tensor& c, const Tensor& phi_q, const Tens
       // y_s = IDFT(X conj(G)) for x = phi_k[:, s] v[:, e]; out = sum_s phi_q[:, s] y_s
       weighted_rows<T>(cptr<T>(phi_k), cptr<T>(v), d.M, d, ch, u.p);
       rfft_rows<T>(u.p, X.p, items, d.n);
-      filter_kernel<T><<<grid_for(items * nf), kBlockSize, 0, stream()>>>(X.p, spec.p, d, ch, /*conj=*/true, X.p);
+      filter_kernel<T><<<rows_grid(items, nf), kBlockSize, 0, stream()>>>(X.p, spec.p, d, ch, /*conj=*/true, X.p);
       LINEA_KERNEL_LAUNCH_CHECK();
       irfft_rows<T>(X.p, u.p, items, d.n);
       contract_features_kernel<T>
@@ -386,28 +436,24 @@ void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Ten
       // The forward's X and y_s again: dphi_q[:, s] += sum_e dy[:, e] y_s.
       weighted_rows<T>(cptr<T>(phi_k), cptr<T>(v), d.M, d, ch, u.p);
       rfft_rows<T>(u.p, X.p, items, d.n);
-      filter_kernel<T><<<grid_for(items * nf), kBlockSize, 0, stream()>>>(X.p, spec.p, d, ch, /*conj=*/true, W.p);
+      filter_kernel<T><<<rows_grid(items, nf), kBlockSize, 0, stream()>>>(X.p, spec.p, d, ch, /*conj=*/true, W.p);
       LINEA_KERNEL_LAUNCH_CHECK();
       irfft_rows<T>(W.p, u.p, items, d.n);
-      const int64_t bh_count = ch.head1(d) - ch.head0(d);
-      accumulate_features_kernel<T>
-          <<<grid_for(bh_count * d.N * d.S), kBlockSize, 0, stream()>>>(cptr<T>(dy), u.p, d.N, d, ch, ptr<T>(dphi_q));
-      LINEA_KERNEL_LAUNCH_CHECK();
+      accumulate_features<T>(cptr<T>(dy), u.p, d.N, d, ch, ptr<T>(dphi_q));
       // P = DFT(phi_q[:, s] dy[:, e]); dG += conj(P) X.
       weighted_rows<T>(cptr<T>(phi_q), cptr<T>(dy), d.N, d, ch, u.p);
       rfft_rows<T>(u.p, P.p, items, d.n);
+      const int64_t bh_count = ch.head1(d) - ch.head0(d);
       const dim3 block = column_block(d.E * d.S, nf);  // at most E * S items per head
       accumulate_spectrum_kernel<T>
           <<<column_grid(bh_count * nf, block), block, kBlockSize * sizeof(T), stream()>>>(P.p, X.p, d, ch, dG.p);
       LINEA_KERNEL_LAUNCH_CHECK();
       // z_s = IDFT(P G), the gradient of phi_k[:, s] v[:, e]: dphi_k[:, s] += sum_e v[:, e] z_s,
       // dv[:, e] = sum_s phi_k[:, s] z_s.
-      filter_kernel<T><<<grid_for(items * nf), kBlockSize, 0, stream()>>>(P.p, spec.p, d, ch, /*conj=*/false, W.p);
+      filter_kernel<T><<<rows_grid(items, nf), kBlockSize, 0, stream()>>>(P.p, spec.p, d, ch, /*conj=*/false, W.p);
       LINEA_KERNEL_LAUNCH_CHECK();
       irfft_rows<T>(W.p, u.p, items, d.n);
-      accumulate_features_kernel<T>
-          <<<grid_for(bh_count * d.M * d.S), kBlockSize, 0, stream()>>>(cptr<T>(v), u.p, d.M, d, ch, ptr<T>(dphi_k));
-      LINEA_KERNEL_LAUNCH_CHECK();
+      accumulate_features<T>(cptr<T>(v), u.p, d.M, d, ch, ptr<T>(dphi_k));
       contract_features_kernel<T>
           <<<grid_for(groups * d.M), kBlockSize, 0, stream()>>>(cptr<T>(phi_k), u.p, d.M, d, ch, ptr<T>(dv));
       LINEA_KERNEL_LAUNCH_CHECK();

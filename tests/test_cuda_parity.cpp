@@ -1201,7 +1201,9 @@ TEST(CudaParity, ToeplitzAttentionKernel) {
   const std::vector<ToeplitzCase> cases = {{2, 3, 7, 9, 5, 3, 16, false},
                                            {2, 1, 12, 5, 4, 5, 23, true},
                                            {1, 2, 1, 1, 1, 1, 1, false},
-                                           {1, 1, 1, 2, 2, 2, 2, true}};
+                                           {1, 1, 1, 2, 2, 2, 2, true},
+                                           // past one 32 x 32 tile of rows and features
+                                           {1, 2, 45, 38, 37, 2, 83, false}};
   for (DType dt : kFloatTypes)
     for (const ToeplitzCase& c : cases) {
       SCOPED_TRACE(tag(c.str(), dt));
