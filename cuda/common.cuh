@@ -17,6 +17,7 @@
 #include "core/tensor.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
+#include "cuda/divider.h"
 
 namespace linea::cuda::detail {
 
@@ -48,10 +49,27 @@ template <int N> struct OffsetCalc {
   int ndim = 0;
   int64_t sizes[kMaxDims] = {};
   int64_t strides[N][kMaxDims] = {};
+  // Where every linear index fits in 31 bits (the product of the sizes does): the sizes as
+  // Dividers, each dim's coordinate by 32-bit multiply-highs instead of 64-bit / and %.
+  bool narrow = false;
+  Divider dividers[kMaxDims];
 
   __device__ __forceinline__ void get(int64_t linear, int64_t (&off)[N]) const {
 #pragma unroll
     for (int k = 0; k < N; ++k) off[k] = 0;
+    if (narrow) {
+      uint32_t rest = static_cast<uint32_t>(linear);
+#pragma unroll
+      for (int d = kMaxDims - 1; d >= 0; --d) {
+        if (d < ndim) {
+          const uint32_t q = dividers[d].div(rest), c = rest - q * dividers[d].divisor;
+          rest = q;
+#pragma unroll
+          for (int k = 0; k < N; ++k) off[k] += static_cast<int64_t>(c) * strides[k][d];
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int d = kMaxDims - 1; d >= 0; --d) {
       if (d < ndim) {
@@ -97,9 +115,12 @@ OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Stride
               " non-mergeable dims per strided operand, got shape ", shape_str(shape), " (make it contiguous first)");
   OffsetCalc<N> oc;
   oc.ndim = static_cast<int>(sz.size());
+  const int64_t numel = shape_numel(shape);
+  oc.narrow = numel > 0 && numel < (int64_t{1} << 31);
   bool contig = oc.ndim == 1;
   for (int d = 0; d < oc.ndim; ++d) {
     oc.sizes[d] = sz[d];
+    if (oc.narrow) oc.dividers[d] = Divider(static_cast<uint32_t>(sz[d]));
     for (int k = 0; k < N; ++k) {
       oc.strides[k][d] = st[d][k];
       contig = contig && st[d][k] == 1;

@@ -4,9 +4,12 @@
 // cuda/check.h report the call, the library's error and the place, and the generator state
 // API works without touching the device.
 // Not here: kernel parity against the CPU (tests/test_cuda_parity.cpp, needs a GPU).
+#include <cstdint>
+#include <random>
 #include <string>
 
 #include "core/runtime.h"
+#include "cuda/divider.h"
 #include "tests/test_util.h"
 
 #ifdef LINEA_WITH_CUDA
@@ -107,6 +110,32 @@ TEST(CudaBasics, DeviceNameOrAClearError) {
 }
 
 #endif  // LINEA_WITH_CUDA
+
+// The strided kernels' 32-bit division (cuda/divider.h, the same code on the host) against /:
+// small divisors, powers of two and their neighbours up to 2^31, random ones; dividends at the
+// edges (0, multiples of d and their neighbours, 2^31 - 1) and random below 2^31.
+TEST(CudaBasics, DividerMatchesDivision) {
+  std::mt19937_64 gen(5);
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 300; ++d) divisors.push_back(d);
+  for (int b = 1; b <= 31; ++b)
+    for (int64_t off : {-1, 0, 1}) {
+      const int64_t d = (int64_t{1} << b) + off;
+      if (d >= 1 && d <= (int64_t{1} << 31)) divisors.push_back(static_cast<uint32_t>(d));
+    }
+  for (int i = 0; i < 200; ++i) divisors.push_back(static_cast<uint32_t>(gen() % (uint64_t{1} << 31)) + 1);
+  const uint32_t top = (uint32_t{1} << 31) - 1;
+  for (uint32_t d : divisors) {
+    const cuda::detail::Divider div(d);
+    std::vector<uint32_t> ns = {0, 1, top, top - 1, top / d * d, top / d * d - (top >= d ? 1 : 0)};
+    for (uint32_t m = 1; m <= 3 && uint64_t{m} * d <= top; ++m) ns.insert(ns.end(), {m * d - 1, m * d, m * d + 1});
+    for (int i = 0; i < 200; ++i) ns.push_back(static_cast<uint32_t>(gen() % (uint64_t{top} + 1)));
+    for (uint32_t n : ns) {
+      if (n > top) continue;
+      ASSERT_EQ(div.div(n), n / d) << n << " / " << d;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace linea
