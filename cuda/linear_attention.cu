@@ -334,9 +334,8 @@ void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, c
   LINEA_DISPATCH_FLOAT(v.dtype(), "causal_linear_attention", [&] {
     using T = scalar_t;
     const int64_t S = d.S, E1 = d.E1(), E1p = d.E1p(), Tc = d.T;
-    // rows_e1: a chunk of an internal [*, E + 1] matrix; state_op: a state of the contract's
-    // states, padded_state: one of R's
-    const ChunkOperand rows_s{S, Tc}, rows_e1{E1p, Tc}, tt{Tc, Tc}, state_op{E1, S}, padded_state{E1p, S};
+    // rows_e1: a chunk of an internal [*, E + 1] matrix; state_op: a state of the contract's states
+    const ChunkOperand rows_s{S, Tc}, rows_e1{E1p, Tc}, tt{Tc, Tc}, state_op{E1, S};
     PaddedInputs<T> in(d, phi_q, phi_k, v);
     T* st = ptr<T>(states);
     chunk_gemm<T>(d, in.k, true, rows_s, in.v1.p, false, rows_e1, st, state_op, S, E1, Tc);  // KV_c
