@@ -146,9 +146,9 @@ TEST(AttentionCudaParity, NprfRpe) {
 // What one training forward + backward asks of the device, per mechanism: kernel launches plus
 // library calls within a budget, and from the second call on the same work every call, with no
 // host synchronization, no allocation (the caching allocator serves it all) and no copy between
-// host and device. The budgets are the counts measured when the fused kernels landed (B = 1,
-// H = 2, N = 7, float32); a change that adds launches fails here, one that removes some should
-// lower the budget. redraw=0 keeps the feature draws (a host draw and copy each step) out.
+// host and device. The budgets are the counts measured on 2026-11-28 (B = 1, H = 2, N = 7,
+// float32; apps/bench/README.md): a change that adds launches fails here, one that removes some
+// should lower its budget. redraw=0 keeps the feature draws (a host draw and copy each) out.
 TEST(AttentionCudaLaunches, ForwardBackward) {
   LINEA_REQUIRE_CUDA();
   manual_seed(6);
