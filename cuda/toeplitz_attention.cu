@@ -94,13 +94,15 @@ template <typename T> __global__ void embed_kernel(const T* c, ToeplitzDims d, T
 // features s of one head instead: w's tile goes through shared memory (read along s, written
 // along t) once for every group (b, h, e) of that head in the chunk.
 constexpr int kTile = 32;
+// Tiles of kTile covering n rows or features (the tiled kernels' block counts per head).
+__host__ __device__ inline int64_t tile_count(int64_t n) { return (n + kTile - 1) / kTile; }
 
 template <typename T>
 __global__ void __launch_bounds__(kBlockSize)
     weighted_rows_kernel(const T* w, const T* x, int64_t len, ToeplitzDims d, Chunk ch, T* u) {
   constexpr int kRowsPerPass = kBlockSize / kTile;
   T* tile = shared_mem<T>();  // [kTile s, kTile + 1 t]
-  const int64_t s_tiles = (d.S + kTile - 1) / kTile, t_tiles = (d.n + kTile - 1) / kTile;
+  const int64_t s_tiles = tile_count(d.S), t_tiles = tile_count(d.n);
   const int lx = static_cast<int>(threadIdx.x) % kTile, ly = static_cast<int>(threadIdx.x) / kTile;
   for (int64_t blk = blockIdx.x; blk < (ch.head1(d) - ch.head0(d)) * s_tiles * t_tiles; blk += gridDim.x) {
     const int64_t bh = ch.head0(d) + blk / (s_tiles * t_tiles), s0 = blk / t_tiles % s_tiles * kTile,
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kBlockSize)
 // The launch of weighted_rows_kernel for a chunk.
 template <typename T>
 void weighted_rows(const T* w, const T* x, int64_t len, const ToeplitzDims& d, const Chunk& ch, T* u) {
-  const int64_t tiles = (ch.head1(d) - ch.head0(d)) * ((d.S + kTile - 1) / kTile) * ((d.n + kTile - 1) / kTile);
+  const int64_t tiles = (ch.head1(d) - ch.head0(d)) * tile_count(d.S) * tile_count(d.n);
   weighted_rows_kernel<T>
       <<<grid_for(tiles * kBlockSize), kBlockSize, sizeof(T) * kTile*(kTile + 1), stream()>>>(w, x, len, d, ch, u);
   LINEA_KERNEL_LAUNCH_CHECK();
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(kBlockSize)
     accumulate_features_kernel(const T* x, const T* y, int64_t len, ToeplitzDims d, Chunk ch, T* dw) {
   constexpr int kRowsPerPass = kBlockSize / kTile, kPer = kTile / kRowsPerPass;
   T* tile = shared_mem<T>();  // [kTile i, kTile + 1 s]
-  const int64_t s_tiles = (d.S + kTile - 1) / kTile, i_tiles = (len + kTile - 1) / kTile;
+  const int64_t s_tiles = tile_count(d.S), i_tiles = tile_count(len);
   const int lx = static_cast<int>(threadIdx.x) % kTile, ly = static_cast<int>(threadIdx.x) / kTile;
   for (int64_t blk = blockIdx.x; blk < (ch.head1(d) - ch.head0(d)) * s_tiles * i_tiles; blk += gridDim.x) {
     const int64_t bh = ch.head0(d) + blk / (s_tiles * i_tiles), s0 = blk / i_tiles % s_tiles * kTile,
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(kBlockSize)
 // The launch of accumulate_features_kernel for a chunk.
 template <typename T>
 void accumulate_features(const T* x, const T* y, int64_t len, const ToeplitzDims& d, const Chunk& ch, T* dw) {
-  const int64_t tiles = (ch.head1(d) - ch.head0(d)) * ((d.S + kTile - 1) / kTile) * ((len + kTile - 1) / kTile);
+  const int64_t tiles = (ch.head1(d) - ch.head0(d)) * tile_count(d.S) * tile_count(len);
   accumulate_features_kernel<T>
       <<<grid_for(tiles * kBlockSize), kBlockSize, sizeof(T) * kTile*(kTile + 1), stream()>>>(x, y, len, d, ch, dw);
   LINEA_KERNEL_LAUNCH_CHECK();
