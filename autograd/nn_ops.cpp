@@ -336,9 +336,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     drop = FoldedDropout{dropout_p, d.seed, d.draw, d.first_row, d.base};
     keep_probs = false;
   }
-  // The kernel reads contiguous q, k, v: copied here once (heads split off a [B, N, H*D]
-  // projection are strided views) and kept so, so that the backward does not copy them again.
-  const Tensor qc = raw::contiguous(q.detach()), kc = raw::contiguous(k.detach()), vc = raw::contiguous(v.detach());
+  // q, k, v as the kernel reads them (raw::sdpa_operand: the heads of a projection in place on
+  // CUDA, a contiguous copy on the CPU), kept so for the backward, which then copies nothing.
+  const Tensor qc = raw::sdpa_operand(q.detach()), kc = raw::sdpa_operand(k.detach()),
+               vc = raw::sdpa_operand(v.detach());
   const Tensor bc = key_bias.defined() ? raw::contiguous(key_bias.detach()) : Tensor();
   std::vector<Tensor> r =
       raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, grad && keep_probs, drop, bc);  // out, lse, probs

@@ -97,6 +97,11 @@ Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, con
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
                          const Tensor& pad, bool keep_probs = false, const FoldedDropout& drop = FoldedDropout(),
                          const Tensor& bias = Tensor());
+// q, k, v (or out, grad) as the device's sdpa kernel reads them: on CUDA the tensor itself where
+// its rows are contiguous (the kernels take any batch, head and row strides: the heads of a
+// projection in place), else a contiguous copy. out and the gradients come back laid out as q, k
+// and v there; dense on the CPU. What the autograd op keeps for its backward.
+Tensor sdpa_operand(const Tensor& t);
 // Returns {dq, dk, dv, dbias} (dbias undefined without a bias) from grad [B, H, N, E] and the
 // forward's out, lse and probs (undefined: recomputed block by block); drop and bias as in the
 // forward.

@@ -47,6 +47,15 @@ void check_key_bias(const char* op, const Tensor& q, const Tensor& k, const Tens
   check_same_device(op, q, bias);
 }
 
+// An output of `shape` laid out as `like`'s heads on CUDA (sdpa_operand): a [B, L, H, E] tensor
+// underneath where like's heads interleave within its rows (as a projection's do), so that merging
+// the heads again is a view; dense [B, H, L, E] otherwise.
+Tensor empty_heads(const Shape& shape, const Tensor& like) {
+  if (!like.is_cuda() || like.size(1) <= 1 || like.size(2) <= 1 || like.stride(1) >= like.stride(2))
+    return empty(shape, like.options());
+  return permute(empty({shape[0], shape[2], shape[1], shape[3]}, like.options()), {0, 2, 1, 3});
+}
+
 void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_probs) {
   LINEA_CHECK(drop.p >= 0.0 && drop.p < 1.0, op, ": dropout probability must be in [0, 1), got ", drop.p);
   LINEA_CHECK(!(keep_probs && drop.p > 0.0), op,
@@ -55,18 +64,20 @@ void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_pro
 }
 }  // namespace
 
+Tensor sdpa_operand(const Tensor& t) { return t.is_cuda() && (t.size(3) <= 1 || t.stride(3) == 1) ? t : contiguous(t); }
+
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
                          const Tensor& pad, bool keep_probs, const FoldedDropout& drop, const Tensor& bias) {
   check_sdpa_args("sdpa", q, k, v, scale, offset, pad);
   check_sdpa_dropout("sdpa", drop, keep_probs);
   check_key_bias("sdpa", q, k, bias);
   const TensorOptions opts(q.dtype(), q.device());
-  Tensor out = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, opts);
+  Tensor out = empty_heads({q.size(0), q.size(1), q.size(2), v.size(3)}, q);
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, opts);
   // The CUDA kernel never keeps the probabilities: recomputing them is cheaper than O(N M) memory.
   Tensor probs = keep_probs && q.is_cpu() ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, opts) : Tensor();
   if (out.numel() > 0 || lse.numel() > 0)
-    LINEA_BACKEND(q.device(), sdpa_forward, contiguous(q), contiguous(k), contiguous(v), scale, causal, offset,
+    LINEA_BACKEND(q.device(), sdpa_forward, sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), scale, causal, offset,
                   pad.defined() ? contiguous(pad) : Tensor(), bias.defined() ? contiguous(bias) : Tensor(), drop, out,
                   lse, probs);
   return {out, lse, probs};
@@ -88,11 +99,11 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
               shape_str(k.shape()), " (expected [B, H, N, M])");
   check_same_dtype("sdpa_backward", q, grad);
   if (probs.defined()) check_same_dtype("sdpa_backward", q, probs);
-  Tensor dq = empty(q.shape(), q.options()), dk = empty(k.shape(), k.options()), dv = empty(v.shape(), v.options());
+  Tensor dq = empty_heads(q.shape(), q), dk = empty_heads(k.shape(), k), dv = empty_heads(v.shape(), v);
   Tensor db = bias.defined() ? empty(bias.shape(), bias.options()) : Tensor();
   if (q.numel() + k.numel() + v.numel() > 0)
-    LINEA_BACKEND(q.device(), sdpa_backward, contiguous(q), contiguous(k), contiguous(v), contiguous(out),
-                  contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), contiguous(grad), scale, causal,
+    LINEA_BACKEND(q.device(), sdpa_backward, sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), sdpa_operand(out),
+                  contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), sdpa_operand(grad), scale, causal,
                   offset, pad.defined() ? contiguous(pad) : Tensor(), bias.defined() ? contiguous(bias) : Tensor(),
                   drop, dq, dk, dv, db);
   return {dq, dk, dv, db};

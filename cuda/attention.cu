@@ -45,6 +45,17 @@ struct SdpaShape {
   bool causal;
 };
 
+// Where an operand's heads lie: head (b, h) starts at p + b * batch + h * head, its rows `row`
+// apart, a row's values contiguous. The kernels read q, k, v, dout and out and write out, dq, dk
+// and dv so: the heads of a [B, L, H, D] projection in place (batch L H D, head D, row H D), as
+// PyTorch's SDPA kernels do, instead of strided copies into [B, H, L, D] before each call and back
+// after (8 launches a layer and training step).
+template <typename T> struct HeadRows {
+  T* p = nullptr;
+  int64_t batch = 0, head = 0, row = 0;
+  __host__ __device__ T* at(int64_t bh, int64_t heads) const { return p + bh / heads * batch + bh % heads * head; }
+};
+
 // The first query row of `n0..` that may see key m, and whether key m is hidden from row n.
 __device__ __forceinline__ bool hidden(const SdpaShape& s, const uint8_t* pad, int64_t n, int64_t m) {
   return (s.causal && m > n + s.offset) || (pad && pad[m]);
@@ -64,12 +75,13 @@ template <int DM> constexpr int pitch() { return DM + 1; }
 // predicts, not what 64 mma.sync do. (The tensor-core kernels now copy staged tiles by cp.async.)
 constexpr int kLoadBatch = 16;
 
-// Loads rows [r0, r0 + ROWS) of a [count, dim] matrix into a [ROWS, DM] tile (row stride
-// pitch<DM>()), zeros past the end. Thread x takes column x % DM of rows x / DM, x / DM + kStep,
+// Loads rows [r0, r0 + ROWS) of a [count, dim] matrix (rows ld apart) into a [ROWS, DM] tile (row
+// stride pitch<DM>()), zeros past the end. Thread x takes column x % DM of rows x / DM, x / DM + kStep,
 // ... (kStep = THREADS / DM rows per pass of the block: coalesced, as consecutive threads take
 // consecutive columns).
 template <int THREADS, int DM, int ROWS, typename T, typename Store>
-__device__ __forceinline__ void load_rows(const T* src, int64_t r0, int64_t count, int64_t dim, Store&& store) {
+__device__ __forceinline__ void load_rows(const T* src, int64_t ld, int64_t r0, int64_t count, int64_t dim,
+                                          Store&& store) {
   static_assert(THREADS % DM == 0 && ROWS % (THREADS / DM) == 0, "whole rows per pass");
   constexpr int kStep = THREADS / DM, kPasses = ROWS / kStep;
   const int d = static_cast<int>(threadIdx.x) % DM, r1 = static_cast<int>(threadIdx.x) / DM;
@@ -80,7 +92,7 @@ __device__ __forceinline__ void load_rows(const T* src, int64_t r0, int64_t coun
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       const int r = r1 + (p0 + j) * kStep;
-      x[j] = p0 + j < kPasses && in && r0 + r < count ? src[(r0 + r) * dim + d] : T(0);
+      x[j] = p0 + j < kPasses && in && r0 + r < count ? src[(r0 + r) * ld + d] : T(0);
     }
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j)
@@ -89,8 +101,10 @@ __device__ __forceinline__ void load_rows(const T* src, int64_t r0, int64_t coun
 }
 
 template <typename T, int DM, int ROWS>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t r0, int64_t count, int64_t dim) {
-  load_rows<kThreads, DM, ROWS>(src, r0, count, dim, [&](int r, int d, T x) { tile[r * pitch<DM>() + d] = x; });
+__device__ __forceinline__ void load_tile(T* tile, const HeadRows<const T>& x, int64_t bh, int64_t heads, int64_t r0,
+                                          int64_t count, int64_t dim) {
+  load_rows<kThreads, DM, ROWS>(x.at(bh, heads), x.row, r0, count, dim,
+                                [&](int r, int d, T val) { tile[r * pitch<DM>() + d] = val; });
 }
 
 // acc[i][j] = sum_d a[row_i][d] b[col_j][d] for the thread's patch of a [R, DM] x [C, DM]^T
@@ -153,9 +167,9 @@ __device__ __forceinline__ void accumulate_patch_t(const T* p, const T* x, T (&a
 }
 
 template <typename T, int DM, int B>
-__global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const uint8_t* pad, const T* bias, T scale,
-                                    SdpaShape s, int64_t heads, ExampleDropout<T> drop, const uint64_t* draw_base,
-                                    T* out, T* lse) {
+__global__ void sdpa_forward_kernel(HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v, const uint8_t* pad,
+                                    const T* bias, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
+                                    const uint64_t* draw_base, HeadRows<T> out, T* lse) {
   constexpr int TR = B / kRowThreads, TC = B / kColThreads, TD = DM / kColThreads;
   static_assert(4 * B <= kThreads && (4 * B) % 32 == 0, "the softmax pass takes whole warps of quads");
   constexpr int P = pitch<DM>();
@@ -171,7 +185,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  load_tile<T, DM, B>(qs, q + bh * s.N * s.D, n0, s.N, s.D);
+  load_tile<T, DM, B>(qs, q, bh, heads, n0, s.N, s.D);
   for (int r = tid; r < B; r += kThreads) row_m[r] = neg_inf<T>(), row_l[r] = T(0);
   T o[TR][TD];
 #pragma unroll
@@ -182,8 +196,8 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
   const int64_t m_end = s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M;
   for (int64_t m0 = 0; m0 < m_end; m0 += B) {
     __syncthreads();  // the previous tile's k, v, p are used up
-    load_tile<T, DM, B>(ks, k + bh * s.M * s.D, m0, s.M, s.D);
-    load_tile<T, DM, B>(vs, v + bh * s.M * s.E, m0, s.M, s.E);
+    load_tile<T, DM, B>(ks, k, bh, heads, m0, s.M, s.D);
+    load_tile<T, DM, B>(vs, v, bh, heads, m0, s.M, s.E);
     __syncthreads();
     T sc[TR][TC];
     dot_patch<T, DM, TR, TC>(qs, ks, sc, ty, tx);
@@ -238,6 +252,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
     accumulate_patch<T, DM, TR, B>(ps, vs, o, ty, tx);
   }
   __syncthreads();
+  T* out_b = out.at(bh, heads);
 #pragma unroll
   for (int i = 0; i < TR; ++i) {
     const int r = ty + kRowThreads * i;
@@ -247,7 +262,7 @@ __global__ void sdpa_forward_kernel(const T* q, const T* k, const T* v, const ui
 #pragma unroll
     for (int c = 0; c < TD; ++c) {
       const int e = tx + kColThreads * c;
-      if (e < s.E) out[(bh * s.N + n) * s.E + e] = o[i][c] * inv;
+      if (e < s.E) out_b[n * out.row + e] = o[i][c] * inv;
     }
     if (tx == 0) lse[bh * s.N + n] = l == T(0) ? neg_inf<T>() : row_m[r] + d_log(l);  // NaN stays NaN
   }
@@ -346,10 +361,10 @@ template <int PASSES> struct Tf32Format {
 };
 
 // ---- the operands -------------------------------------------------------------------------------
-// What the kernels copy their tiles from: row-major [BH, rows, dim] matrices (the float32 tensors
-// themselves, or their bf16 copies with dim = DM).
+// What the kernels copy their tiles from: each head's rows (the float32 tensors where they lie, or
+// their dense bf16 copies with dim = DM).
 template <typename Elem> struct MmaOperands {
-  const Elem *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  HeadRows<const Elem> q, k, v, dout;
   int64_t qk_dim = 0, v_dim = 0;  // row lengths: q and k; v and dout
   bool vec = true;  // every row starts on 16 bytes: tiles copied in 16-byte pieces (else 4-byte)
 };
@@ -360,22 +375,26 @@ template <typename Elem> struct MmaOperands {
 // before. Rounding at every tile load made each key tile a chain of global loads, conversions and
 // stores (about 25,000 cycles per key tile and block on an H200 at L = 4096, D = 64).
 struct StageJob {
-  const float* src;  // [rows, dim]
+  HeadRows<const float> src;  // [B, H] heads of [rows, dim]
   int64_t rows, dim;
-  uint16_t* dst;  // [rows, DM]
+  uint16_t* dst;  // [B, H, rows, DM]
 };
 struct StageJobs {
   StageJob job[4];  // blockIdx.y picks one
+  int64_t heads;
 };
 
+// blockIdx.z: the (batch, head) pair.
 template <int DM> __global__ void stage_rows_kernel(StageJobs jobs) {
   const StageJob j = jobs.job[blockIdx.y];
   constexpr int kPairs = DM / 2;
-  uint32_t* dst = reinterpret_cast<uint32_t*>(j.dst);
+  const int64_t bh = blockIdx.z;
+  const float* src = j.src.at(bh, jobs.heads);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(j.dst) + bh * j.rows * kPairs;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < j.rows * kPairs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = 2 * (i % kPairs);
-    const float* x = j.src + i / kPairs * j.dim;
+    const float* x = src + i / kPairs * j.src.row;
     dst[i] = pack_bf16x2(d < j.dim ? x[d] : 0.f, d + 1 < j.dim ? x[d + 1] : 0.f);
   }
 }
@@ -404,11 +423,12 @@ __device__ __forceinline__ void copy_tile_async(Elem* tile, int ld, const Elem* 
   else if constexpr (sizeof(Elem) == 4)
     copy(std::integral_constant<int, 4>{});
 }
-// Rows [r0, r0 + ROWS) of a [count, dim] operand into a tile of DM columns, row stride ld.
+// Rows [r0, r0 + ROWS) of a [count, dim] operand (rows src_ld apart) into a tile of DM columns,
+// row stride ld.
 template <int DM, int ROWS, typename Elem>
-__device__ __forceinline__ void copy_rows_async(Elem* tile, int ld, const Elem* src, int64_t dim, int64_t r0,
-                                                int64_t count, bool vec) {
-  copy_tile_async<ROWS, DM>(tile, ld, src, dim, r0, count, 0, dim, vec);
+__device__ __forceinline__ void copy_rows_async(Elem* tile, int ld, const Elem* src, int64_t src_ld, int64_t dim,
+                                                int64_t r0, int64_t count, bool vec) {
+  copy_tile_async<ROWS, DM>(tile, ld, src, src_ld, r0, count, 0, dim, vec);
 }
 
 // The fragments of k-step kk from 16 rows (rows16) of a tile with row stride ld, by one ldmatrix:
@@ -547,7 +567,7 @@ template <typename F, int DM>
 __global__ void __launch_bounds__(kMmaThreads)
     sdpa_forward_mma_kernel(MmaOperands<typename F::Elem> in, const uint8_t* pad, const float* bias, float scale,
                             SdpaShape s, int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base,
-                            float* out, float* lse) {
+                            HeadRows<float> out, float* lse) {
   using Elem = typename F::Elem;
   constexpr int NK = forward_keys<F, DM>(), NT = NK / 8, ET = DM / 8;
   constexpr int KS = DM + F::PAD;  // the tiles' row stride
@@ -559,17 +579,17 @@ __global__ void __launch_bounds__(kMmaThreads)
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t rows[2] = {n0 + warp * 16 + g, n0 + warp * 16 + g + 8};  // this lane's two rows
-  const Elem* kb = in.k + bh * s.M * in.qk_dim;
-  const Elem* vb = in.v + bh * s.M * in.v_dim;
+  const Elem* kb = in.k.at(bh, heads);
+  const Elem* vb = in.v.at(bh, heads);
   // Key tile m0 (and its values) into stage `st`, one commit group.
   const auto issue = [&](int64_t m0, int st) {
     Elem* ks = stages + st * mma_forward_stage<F, DM>();
-    copy_rows_async<DM, NK>(ks, KS, kb, in.qk_dim, m0, s.M, in.vec);
-    copy_rows_async<DM, NK>(ks + NK * KS, KS, vb, in.v_dim, m0, s.M, in.vec);
+    copy_rows_async<DM, NK>(ks, KS, kb, in.k.row, in.qk_dim, m0, s.M, in.vec);
+    copy_rows_async<DM, NK>(ks + NK * KS, KS, vb, in.v.row, in.v_dim, m0, s.M, in.vec);
     cp_async_commit();
   };
 
-  copy_rows_async<DM, kMmaRows>(smem, KS, in.q + bh * s.N * in.qk_dim, in.qk_dim, n0, s.N, in.vec);
+  copy_rows_async<DM, kMmaRows>(smem, KS, in.q.at(bh, heads), in.q.row, in.qk_dim, n0, s.N, in.vec);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -636,6 +656,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     mma_accumulated<F, NT, ET>(o, sc, vs, KS, g, t);
     __syncthreads();  // this stage is read: the next copies into it may start
   }
+  float* out_b = out.at(bh, heads);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = quad_sum(row_l[h]), inv = l > 0.f ? 1.f / l : 0.f;
@@ -646,7 +667,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int c = e * 8 + 2 * t + j;
-        if (c < s.E) out[(bh * s.N + n) * s.E + c] = o[e][2 * h + j] * inv;
+        if (c < s.E) out_b[n * out.row + c] = o[e][2 * h + j] * inv;
       }
     if (t == 0) lse[bh * s.N + n] = l == 0.f ? neg_inf<float>() : row_m[h] * kLn2 + d_log(l);  // NaN stays NaN
   }
@@ -697,9 +718,10 @@ __device__ __forceinline__ float mma_dscore(float x, float dp, int64_t n, int64_
   return p * (z * dp - row_delta);
 }
 
-// Stores a warp's [16, DM] accumulators times `scale` into rows r0.. of a [count, dim] matrix.
+// Stores a warp's [16, DM] accumulators times `scale` into rows r0.. of a [count, dim] matrix whose
+// rows are ld apart.
 template <int ET>
-__device__ __forceinline__ void store_rows(float* dst, const float (&acc)[ET][4], float scale, int64_t r0,
+__device__ __forceinline__ void store_rows(float* dst, int64_t ld, const float (&acc)[ET][4], float scale, int64_t r0,
                                            int64_t count, int64_t dim, int g, int t) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -710,7 +732,7 @@ __device__ __forceinline__ void store_rows(float* dst, const float (&acc)[ET][4]
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int c = e * 8 + 2 * t + j;
-        if (c < dim) dst[r * dim + c] = acc[e][2 * h + j] * scale;
+        if (c < dim) dst[r * ld + c] = acc[e][2 * h + j] * scale;
       }
   }
 }
@@ -723,18 +745,19 @@ template <typename F, int DM> constexpr int dkv_stats() {
                                : std::max(kept_tiles<F, DM>(), 2 * dkv_stage<F, DM>());
 }
 
-// The backward kernels' kept operands: rows [r0, r0 + 64) of x0 [count, dim0] and x1 [count,
-// dim1] copied into tiles t0 and t1 (row stride DM + PAD), and the warp's 16 of them kept as A
+// The backward kernels' kept operands: rows [r0, r0 + 64) of head bh of x0 [count, dim0] and x1
+// [count, dim1] copied into tiles t0 and t1 (row stride DM + PAD), and the warp's 16 of them kept as A
 // fragments a0 and a1 for the whole pass. Ends with the tiles read (their space is free unless
 // the fragments are read from them: kept_in_smem).
 template <typename F, int DM>
 __device__ __forceinline__ void keep_warp_rows(KeptRows<F, DM>& a0, KeptRows<F, DM>& a1, typename F::Elem* t0,
-                                               typename F::Elem* t1, const typename F::Elem* x0, int64_t dim0,
-                                               const typename F::Elem* x1, int64_t dim1, int64_t r0, int64_t count,
-                                               bool vec, const MmaLane& lane) {
+                                               typename F::Elem* t1, const HeadRows<const typename F::Elem>& x0,
+                                               int64_t dim0, const HeadRows<const typename F::Elem>& x1, int64_t dim1,
+                                               int64_t heads, int64_t r0, int64_t count, bool vec,
+                                               const MmaLane& lane) {
   constexpr int LD = DM + F::PAD;
-  copy_rows_async<DM, kMmaRows>(t0, LD, x0, dim0, r0, count, vec);
-  copy_rows_async<DM, kMmaRows>(t1, LD, x1, dim1, r0, count, vec);
+  copy_rows_async<DM, kMmaRows>(t0, LD, x0.at(lane.bh, heads), x0.row, dim0, r0, count, vec);
+  copy_rows_async<DM, kMmaRows>(t1, LD, x1.at(lane.bh, heads), x1.row, dim1, r0, count, vec);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -743,12 +766,20 @@ __device__ __forceinline__ void keep_warp_rows(KeptRows<F, DM>& a0, KeptRows<F, 
   __syncthreads();
 }
 
+// The backward kernels' blocks an SM at DM = 16 (the ViT's heads; 0: unbounded), held to what
+// they were before the strided operands (HeadRows) moved ptxas to 166 registers in the 3xTF32 dq
+// kernel (3 blocks an SM: the ViT's 512 (b, h) tiles at batch 128 in two waves on 132 SMs instead
+// of one) and 204 in the bf16 dk/dv kernel (2): 4 and 3 (ptxas -v, sm_90: 128 and 154 registers
+// in 3xTF32, 120 and 136 in bf16, no more spilled than before).
+template <int DM> constexpr int dkv_min_blocks() { return DM == 16 ? 3 : 0; }
+template <int DM> constexpr int dq_min_blocks() { return DM == 16 ? 4 : 0; }
+
 template <typename F, int DM>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
     sdpa_backward_dkv_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, const float* delta,
                                  const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
-                                 ExampleDropout<float> drop, const uint64_t* draw_base, float* dk, float* dv,
-                                 float* dbias) {
+                                 ExampleDropout<float> drop, const uint64_t* draw_base, HeadRows<float> dk,
+                                 HeadRows<float> dv, float* dbias) {
   using Elem = typename F::Elem;
   constexpr int LD = DM + F::PAD, ET = DM / 8, NQ = dkv_queries<F, DM>(), NT = NQ / 8;
   Elem* smem = shared_mem<Elem>();  // the kept tiles; 2 x [q tile [NQ, LD], dout tile [NQ, LD]]
@@ -758,21 +789,21 @@ __global__ void __launch_bounds__(kMmaThreads)
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kMmaKeys, mw = m0 + warp * 16;
   KeptRows<F, DM> ka, va;  // the warp's 16 keys and values
-  keep_warp_rows<F, DM>(ka, va, smem, smem + kMmaKeys * LD, in.k + bh * s.M * in.qk_dim, in.qk_dim,
-                        in.v + bh * s.M * in.v_dim, in.v_dim, m0, s.M, in.vec, lane);
+  keep_warp_rows<F, DM>(ka, va, smem, smem + kMmaKeys * LD, in.k, in.qk_dim, in.v, in.v_dim, heads, m0, s.M, in.vec,
+                        lane);
   float dk_acc[ET][4], dv_acc[ET][4], db[2] = {0.f, 0.f};
 #pragma unroll
   for (int e = 0; e < ET; ++e)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk_acc[e][i] = dv_acc[e][i] = 0.f;
-  const Elem* qb = in.q + bh * s.N * in.qk_dim;
-  const Elem* dob = in.dout + bh * s.N * in.v_dim;
+  const Elem* qb = in.q.at(bh, heads);
+  const Elem* dob = in.dout.at(bh, heads);
   const float* stat_rows[2] = {lse + bh * s.N, delta + bh * s.N};
   // Query tile n0 (q, dout, lse, delta; zeros past N) into stage `st`, one commit group.
   const auto issue = [&](int64_t n0, int st) {
     Elem* qs = stages + st * dkv_stage<F, DM>();
-    copy_rows_async<DM, NQ>(qs, LD, qb, in.qk_dim, n0, s.N, in.vec);
-    copy_rows_async<DM, NQ>(qs + NQ * LD, LD, dob, in.v_dim, n0, s.N, in.vec);
+    copy_rows_async<DM, NQ>(qs, LD, qb, in.q.row, in.qk_dim, n0, s.N, in.vec);
+    copy_rows_async<DM, NQ>(qs + NQ * LD, LD, dob, in.dout.row, in.v_dim, n0, s.N, in.vec);
     const int i = threadIdx.x, r = i % NQ;
     const float* src = stat_rows[i < NQ ? 0 : 1];
     if (i < 2 * NQ) cp_async<4>(stats + st * 2 * NQ + i, n0 + r < s.N ? src + n0 + r : src, n0 + r < s.N);
@@ -815,8 +846,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     // This stage is read: the next copies into it may start.
     __syncthreads();
   }
-  store_rows<ET>(dk + bh * s.M * s.D, dk_acc, scale, mw, s.M, s.D, g, t);
-  store_rows<ET>(dv + bh * s.M * s.E, dv_acc, 1.f, mw, s.M, s.E, g, t);
+  store_rows<ET>(dk.at(bh, heads), dk.row, dk_acc, scale, mw, s.M, s.D, g, t);
+  store_rows<ET>(dv.at(bh, heads), dv.row, dv_acc, 1.f, mw, s.M, s.E, g, t);
   if (dbias) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -828,10 +859,10 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 template <typename F, int DM>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
     sdpa_backward_dq_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, const float* delta,
                                 const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
-                                ExampleDropout<float> drop, const uint64_t* draw_base, float* dq) {
+                                ExampleDropout<float> drop, const uint64_t* draw_base, HeadRows<float> dq) {
   using Elem = typename F::Elem;
   constexpr int LD = DM + F::PAD, ET = DM / 8, NK = dq_keys<F, DM>(), NT = NK / 8;
   Elem* smem = shared_mem<Elem>();  // the kept tiles; 2 x [k tile [NK, LD], v tile [NK, LD]]
@@ -840,8 +871,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
   KeptRows<F, DM> qa, da;  // the warp's 16 queries and their output gradients
-  keep_warp_rows<F, DM>(qa, da, smem, smem + kMmaRows * LD, in.q + bh * s.N * in.qk_dim, in.qk_dim,
-                        in.dout + bh * s.N * in.v_dim, in.v_dim, n0, s.N, in.vec, lane);
+  keep_warp_rows<F, DM>(qa, da, smem, smem + kMmaRows * LD, in.q, in.qk_dim, in.dout, in.v_dim, heads, n0, s.N, in.vec,
+                        lane);
   float row_lse[2], row_delta[2], dq_acc[ET][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -851,13 +882,13 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 #pragma unroll
   for (int e = 0; e < ET; ++e) dq_acc[e][0] = dq_acc[e][1] = dq_acc[e][2] = dq_acc[e][3] = 0.f;
-  const Elem* kb = in.k + bh * s.M * in.qk_dim;
-  const Elem* vb = in.v + bh * s.M * in.v_dim;
+  const Elem* kb = in.k.at(bh, heads);
+  const Elem* vb = in.v.at(bh, heads);
   // Key tile m0 (k and v) into stage `st`, one commit group.
   const auto issue = [&](int64_t m0, int st) {
     Elem* ks = stages + st * dq_stage<F, DM>();
-    copy_rows_async<DM, NK>(ks, LD, kb, in.qk_dim, m0, s.M, in.vec);
-    copy_rows_async<DM, NK>(ks + NK * LD, LD, vb, in.v_dim, m0, s.M, in.vec);
+    copy_rows_async<DM, NK>(ks, LD, kb, in.k.row, in.qk_dim, m0, s.M, in.vec);
+    copy_rows_async<DM, NK>(ks + NK * LD, LD, vb, in.v.row, in.v_dim, m0, s.M, in.vec);
     cp_async_commit();
   };
 
@@ -890,16 +921,20 @@ __global__ void __launch_bounds__(kMmaThreads)
     // This stage is read: the next copies into it may start.
     __syncthreads();
   }
-  store_rows<ET>(dq + bh * s.N * s.D, dq_acc, scale, nw, s.N, s.D, g, t);
+  store_rows<ET>(dq.at(bh, heads), dq.row, dq_acc, scale, nw, s.N, s.D, g, t);
 }
 
 // delta [B H N] = rowwise dout . out
 template <typename T>
-__global__ void sdpa_delta_kernel(const T* dout, const T* out, int64_t rows, int64_t E, T* delta) {
+__global__ void sdpa_delta_kernel(HeadRows<const T> dout, HeadRows<const T> out, int64_t heads, int64_t N, int64_t rows,
+                                  int64_t E, T* delta) {
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bh = r / N, n = r - bh * N;
+    const T* d = dout.at(bh, heads) + n * dout.row;
+    const T* o = out.at(bh, heads) + n * out.row;
     T acc = T(0);
-    for (int64_t e = 0; e < E; ++e) acc += dout[r * E + e] * out[r * E + e];
+    for (int64_t e = 0; e < E; ++e) acc += d[e] * o[e];
     delta[r] = acc;
   }
 }
@@ -946,10 +981,10 @@ template <typename T, int DM, int B> struct BackwardTiles {
     row_delta = row_lse + B;
   }
   // Query rows [n0, n0 + B) of head bh (past N: lse -inf, delta 0, zero rows).
-  __device__ void load_queries(const T* q, const T* dout, const T* lse, const T* delta, const SdpaShape& s,
-                               int64_t bh, int64_t n0) {
-    load_tile<T, DM, B>(qs, q + bh * s.N * s.D, n0, s.N, s.D);
-    load_tile<T, DM, B>(dos, dout + bh * s.N * s.E, n0, s.N, s.E);
+  __device__ void load_queries(const HeadRows<const T>& q, const HeadRows<const T>& dout, const T* lse, const T* delta,
+                               const SdpaShape& s, int64_t bh, int64_t heads, int64_t n0) {
+    load_tile<T, DM, B>(qs, q, bh, heads, n0, s.N, s.D);
+    load_tile<T, DM, B>(dos, dout, bh, heads, n0, s.N, s.E);
     for (int r = threadIdx.x; r < B; r += kThreads) {
       const bool in = n0 + r < s.N;
       row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<T>();
@@ -957,9 +992,10 @@ template <typename T, int DM, int B> struct BackwardTiles {
     }
   }
   // Key rows [m0, m0 + B) of head bh.
-  __device__ void load_keys(const T* k, const T* v, const SdpaShape& s, int64_t bh, int64_t m0) {
-    load_tile<T, DM, B>(ks, k + bh * s.M * s.D, m0, s.M, s.D);
-    load_tile<T, DM, B>(vs, v + bh * s.M * s.E, m0, s.M, s.E);
+  __device__ void load_keys(const HeadRows<const T>& k, const HeadRows<const T>& v, const SdpaShape& s, int64_t bh,
+                            int64_t heads, int64_t m0) {
+    load_tile<T, DM, B>(ks, k, bh, heads, m0, s.M, s.D);
+    load_tile<T, DM, B>(vs, v, bh, heads, m0, s.M, s.E);
   }
   // p and ds of the loaded tiles (probs_and_dscores).
   __device__ void scores(T scale, const SdpaShape& s, const uint8_t* pad_b, const T* bias_b,
@@ -972,10 +1008,10 @@ template <typename T, int DM, int B> struct BackwardTiles {
 
 // dk, dv (and dbias, the column sums of ds) for BC = B keys: over the query tiles that may see them.
 template <typename T, int DM, int B>
-__global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, const T* dout, const T* lse,
-                                         const T* delta, const uint8_t* pad, const T* bias, T scale, SdpaShape s,
-                                         int64_t heads, ExampleDropout<T> drop, const uint64_t* draw_base, T* dk, T* dv,
-                                         T* dbias) {
+__global__ void sdpa_backward_dkv_kernel(HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
+                                         HeadRows<const T> dout, const T* lse, const T* delta, const uint8_t* pad,
+                                         const T* bias, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
+                                         const uint64_t* draw_base, HeadRows<T> dk, HeadRows<T> dv, T* dbias) {
   constexpr int TK = B / kRowThreads, TD = DM / kColThreads;
   BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
@@ -983,7 +1019,7 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  t.load_keys(k, v, s, bh, m0);
+  t.load_keys(k, v, s, bh, heads, m0);
   T dk_acc[TK][TD], dv_acc[TK][TD], db_acc = T(0);  // db_acc: key m0 + tid's (tid < B)
 #pragma unroll
   for (int i = 0; i < TK; ++i)
@@ -993,7 +1029,7 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
   const int64_t n_begin = s.causal && m0 > s.offset ? (m0 - s.offset) / B * B : int64_t{0};
   for (int64_t n0 = n_begin; n0 < s.N; n0 += B) {
     __syncthreads();
-    t.load_queries(q, dout, lse, delta, s, bh, n0);
+    t.load_queries(q, dout, lse, delta, s, bh, heads, n0);
     __syncthreads();
     t.scores(scale, s, pad_b, bias_b, drop, bh, heads, n0, m0, ty, tx);
     __syncthreads();
@@ -1002,6 +1038,8 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
     accumulate_patch_t<T, DM, TK, B, B>(t.ps, t.dos, dv_acc, ty, tx);  // dv += p^T dout
     accumulate_patch_t<T, DM, TK, B, B>(t.dss, t.qs, dk_acc, ty, tx);  // dk += ds^T q (scaled below)
   }
+  T* dk_b = dk.at(bh, heads);
+  T* dv_b = dv.at(bh, heads);
 #pragma unroll
   for (int i = 0; i < TK; ++i) {
     const int64_t m = m0 + ty + kRowThreads * i;
@@ -1009,8 +1047,8 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
 #pragma unroll
     for (int c = 0; c < TD; ++c) {
       const int d = tx + kColThreads * c;
-      if (d < s.D) dk[(bh * s.M + m) * s.D + d] = dk_acc[i][c] * scale;
-      if (d < s.E) dv[(bh * s.M + m) * s.E + d] = dv_acc[i][c];
+      if (d < s.D) dk_b[m * dk.row + d] = dk_acc[i][c] * scale;
+      if (d < s.E) dv_b[m * dv.row + d] = dv_acc[i][c];
     }
   }
   if (dbias && tid < B && m0 + tid < s.M) dbias[bh * s.M + m0 + tid] = db_acc;
@@ -1018,9 +1056,10 @@ __global__ void sdpa_backward_dkv_kernel(const T* q, const T* k, const T* v, con
 
 // dq for BR = B queries: over the key tiles they may see.
 template <typename T, int DM, int B>
-__global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, const T* dout, const T* lse, const T* delta,
-                                        const uint8_t* pad, const T* bias, T scale, SdpaShape s, int64_t heads,
-                                        ExampleDropout<T> drop, const uint64_t* draw_base, T* dq) {
+__global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
+                                        HeadRows<const T> dout, const T* lse, const T* delta, const uint8_t* pad,
+                                        const T* bias, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
+                                        const uint64_t* draw_base, HeadRows<T> dq) {
   constexpr int TR = B / kRowThreads, TD = DM / kColThreads;
   BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
@@ -1028,7 +1067,7 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  t.load_queries(q, dout, lse, delta, s, bh, n0);
+  t.load_queries(q, dout, lse, delta, s, bh, heads, n0);
   T dq_acc[TR][TD];
 #pragma unroll
   for (int i = 0; i < TR; ++i)
@@ -1037,12 +1076,13 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
   const int64_t m_end = s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M;
   for (int64_t m0 = 0; m0 < m_end; m0 += B) {
     __syncthreads();
-    t.load_keys(k, v, s, bh, m0);
+    t.load_keys(k, v, s, bh, heads, m0);
     __syncthreads();
     t.scores(scale, s, pad_b, bias_b, drop, bh, heads, n0, m0, ty, tx);
     __syncthreads();
     accumulate_patch<T, DM, TR, B>(t.dss, t.ks, dq_acc, ty, tx);  // dq += ds k (scaled below)
   }
+  T* dq_b = dq.at(bh, heads);
 #pragma unroll
   for (int i = 0; i < TR; ++i) {
     const int64_t n = n0 + ty + kRowThreads * i;
@@ -1050,7 +1090,7 @@ __global__ void sdpa_backward_dq_kernel(const T* q, const T* k, const T* v, cons
 #pragma unroll
     for (int c = 0; c < TD; ++c) {
       const int d = tx + kColThreads * c;
-      if (d < s.D) dq[(bh * s.N + n) * s.D + d] = dq_acc[i][c] * scale;
+      if (d < s.D) dq_b[n * dq.row + d] = dq_acc[i][c] * scale;
     }
   }
 }
@@ -1071,12 +1111,20 @@ struct SdpaArgs {
   const FoldedDropout& drop;
 };
 
+// A [B, H, rows, dim] operand's heads as the kernels read them (HeadRows).
+template <typename T> HeadRows<const T> rows_in(const Tensor& t) {
+  return {cptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
+}
+template <typename T> HeadRows<T> rows_out(const Tensor& t) {
+  return {ptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
+}
+
 template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
   const dim3 grid(static_cast<unsigned>((a.s.N + B - 1) / B), static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
   sdpa_forward_kernel<T, DM, B><<<grid, kThreads, forward_smem<T, DM, B>(), stream()>>>(
-      cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr,
+      rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr,
       a.bias.defined() ? cptr<T>(a.bias) : nullptr, static_cast<T>(a.scale), a.s, a.q.size(1),
-      example_dropout<T>(a.drop), a.drop.draw_base, ptr<T>(out), ptr<T>(lse));
+      example_dropout<T>(a.drop), a.drop.draw_base, rows_out<T>(out), ptr<T>(lse));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1126,23 +1174,26 @@ template <typename Fn> bool with_mma_kernels(const Tensor& q, const SdpaShape& s
   }
 }
 
-// The operands of a TF32 call: the float32 tensors as they are.
+// The operands of a TF32 call: the float32 tensors as they are. 16-byte copies where every row of
+// every operand starts on 16 bytes.
 MmaOperands<float> tensor_operands(const SdpaArgs& a, const Tensor* dout) {
   MmaOperands<float> in;
-  in.q = cptr<float>(a.q);
-  in.k = cptr<float>(a.k);
-  in.v = cptr<float>(a.v);
-  in.dout = dout ? cptr<float>(*dout) : nullptr;
+  in.q = rows_in<float>(a.q);
+  in.k = rows_in<float>(a.k);
+  in.v = rows_in<float>(a.v);
+  if (dout) in.dout = rows_in<float>(*dout);
   in.qk_dim = a.s.D;
   in.v_dim = a.s.E;
-  const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const auto aligned = [](const HeadRows<const float>& x) {
+    return reinterpret_cast<uintptr_t>(x.p) % 16 == 0 && x.batch % 4 == 0 && x.head % 4 == 0 && x.row % 4 == 0;
+  };
   in.vec = a.s.D % 4 == 0 && a.s.E % 4 == 0 && aligned(in.q) && aligned(in.k) && aligned(in.v) &&
            (!dout || aligned(in.dout));
   return in;
 }
 
 // Rounds the call's operands to bf16 in the layout the bf16 kernels read (MmaOperands): q, k, v
-// (and dout: the backward) as rows of DM, in one launch.
+// (and dout: the backward) as dense [B, H, rows, DM], in one launch.
 template <int DM> struct StagedCopies {
   int64_t BH;  // (batch, head) pairs
   DeviceScratch<uint16_t> q, k, v, dout;
@@ -1153,26 +1204,34 @@ template <int DM> struct StagedCopies {
         k(BH * a.s.M * DM),
         v(BH * a.s.M * DM),
         dout(dout_t ? BH * a.s.N * DM : 0) {
-    in.q = q.p;
-    in.k = k.p;
-    in.v = v.p;
+    const int64_t H = a.q.size(1);
+    const auto dense = [&](const uint16_t* p, int64_t rows) {
+      return HeadRows<const uint16_t>{p, H * rows * DM, rows * DM, DM};
+    };
+    in.q = dense(q.p, a.s.N);
+    in.k = dense(k.p, a.s.M);
+    in.v = dense(v.p, a.s.M);
     in.qk_dim = in.v_dim = DM;
     StageJobs jobs{};
+    jobs.heads = H;
     int count = 0;
     int64_t most = 0;
     const auto add = [&](const Tensor& src, int64_t rows, int64_t dim, uint16_t* dst) {
-      jobs.job[count++] = {cptr<float>(src), rows, dim, dst};
+      jobs.job[count++] = {rows_in<float>(src), rows, dim, dst};
       most = std::max(most, rows * DM / 2);
     };
-    add(a.q, BH * a.s.N, a.s.D, q.p);
-    add(a.k, BH * a.s.M, a.s.D, k.p);
-    add(a.v, BH * a.s.M, a.s.E, v.p);
+    add(a.q, a.s.N, a.s.D, q.p);
+    add(a.k, a.s.M, a.s.D, k.p);
+    add(a.v, a.s.M, a.s.E, v.p);
     if (dout_t) {
-      in.dout = dout.p;
-      add(*dout_t, BH * a.s.N, a.s.E, dout.p);
+      in.dout = dense(dout.p, a.s.N);
+      add(*dout_t, a.s.N, a.s.E, dout.p);
     }
     if (most == 0) return;
-    stage_rows_kernel<DM><<<dim3(grid_for(most), static_cast<unsigned>(count)), kBlockSize, 0, stream()>>>(jobs);
+    // About as many blocks in all as one pass over everything would take.
+    const unsigned per_head = std::max(1u, grid_for(BH * most) / static_cast<unsigned>(BH));
+    stage_rows_kernel<DM>
+        <<<dim3(per_head, static_cast<unsigned>(count), static_cast<unsigned>(BH)), kBlockSize, 0, stream()>>>(jobs);
     LINEA_KERNEL_LAUNCH_CHECK();
   }
 };
@@ -1200,7 +1259,7 @@ template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& 
     sdpa_forward_mma_kernel<F, DM><<<grid, kMmaThreads, mma_forward_smem<F, DM>(), stream()>>>(
         in, a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr, a.bias.defined() ? cptr<float>(a.bias) : nullptr,
         static_cast<float>(a.scale), a.s, a.q.size(1), example_dropout<float>(a.drop), a.drop.draw_base,
-        ptr<float>(out), ptr<float>(lse));
+        rows_out<float>(out), ptr<float>(lse));
     LINEA_KERNEL_LAUNCH_CHECK();
   };
   if constexpr (std::is_same_v<F, Bf16Format>)
@@ -1223,11 +1282,11 @@ void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, cons
     sdpa_backward_dkv_mma_kernel<F, DM>
         <<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH), kMmaThreads, mma_dkv_smem<F, DM>(),
            stream()>>>(in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base,
-                       ptr<float>(dk), ptr<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr);
+                       rows_out<float>(dk), rows_out<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr);
     LINEA_KERNEL_LAUNCH_CHECK();
     sdpa_backward_dq_mma_kernel<F, DM><<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH),
                                          kMmaThreads, mma_dq_smem<F, DM>(), stream()>>>(
-        in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, ptr<float>(dq));
+        in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<float>(dq));
     LINEA_KERNEL_LAUNCH_CHECK();
   };
   if constexpr (std::is_same_v<F, Bf16Format>)
@@ -1246,13 +1305,14 @@ void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, co
   const ExampleDropout<T> drop = example_dropout<T>(a.drop);
   sdpa_backward_dkv_kernel<T, DM, B>
       <<<dim3(static_cast<unsigned>((a.s.M + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
-          cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), cptr<T>(dout), cptr<T>(lse), delta, pad, bias, scale, a.s,
-          a.q.size(1), drop, a.drop.draw_base, ptr<T>(dk), ptr<T>(dv), dbias.defined() ? ptr<T>(dbias) : nullptr);
+          rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), rows_in<T>(dout), cptr<T>(lse), delta, pad, bias, scale,
+          a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<T>(dk), rows_out<T>(dv),
+          dbias.defined() ? ptr<T>(dbias) : nullptr);
   LINEA_KERNEL_LAUNCH_CHECK();
   sdpa_backward_dq_kernel<T, DM, B>
       <<<dim3(static_cast<unsigned>((a.s.N + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
-          cptr<T>(a.q), cptr<T>(a.k), cptr<T>(a.v), cptr<T>(dout), cptr<T>(lse), delta, pad, bias, scale, a.s,
-          a.q.size(1), drop, a.drop.draw_base, ptr<T>(dq));
+          rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), rows_in<T>(dout), cptr<T>(lse), delta, pad, bias, scale,
+          a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<T>(dq));
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1276,6 +1336,14 @@ template <typename T, typename F> void with_tiles(const SdpaShape& s, const char
              sizeof(T) == 4 ? "float32" : "float64", ", got q/k ", s.D, " and v ", s.E);
 }
 
+// The kernels take any batch, head and row strides (HeadRows), a row's values contiguous.
+void check_head_rows(const char* op, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    LINEA_CHECK(t->size(3) <= 1 || t->stride(3) == 1, op,
+                ": the CUDA kernel reads and writes rows of contiguous values, got ", shape_str(t->shape()),
+                " with strides ", shape_str(t->strides()));
+}
+
 SdpaShape sdpa_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset) {
   LINEA_CHECK(q.size(0) * q.size(1) <= 65535, "sdpa: B * H = ", q.size(0) * q.size(1),
               " exceeds the 65,535 (batch, head) pairs of one CUDA launch");
@@ -1288,6 +1356,7 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
                   const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& out,
                   const Tensor& lse, const Tensor& probs) {
   LINEA_CHECK(!probs.defined(), "sdpa: the CUDA kernel keeps no probabilities (its backward recomputes them)");
+  check_head_rows("sdpa", {&q, &k, &v, &out});
   const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
   if (q.size(0) * q.size(1) == 0 || a.s.N == 0) return;
   if (with_mma_kernels(q, a.s,
@@ -1304,6 +1373,7 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv, const Tensor& dbias) {
   LINEA_CHECK(!probs.defined(), "sdpa_backward: the CUDA kernel recomputes the probabilities; got kept ones");
+  check_head_rows("sdpa_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
   const int64_t rows = q.size(0) * q.size(1) * a.s.N;
   if (q.size(0) * q.size(1) == 0) return;
@@ -1316,7 +1386,8 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     using T = scalar_t;
     DeviceScratch<T> delta_scratch(rows);  // delta [B, H, N]
     T* delta = delta_scratch.p;
-    sdpa_delta_kernel<T><<<grid_for(rows), kBlockSize, 0, stream()>>>(cptr<T>(dout), cptr<T>(out), rows, a.s.E, delta);
+    sdpa_delta_kernel<T><<<grid_for(rows), kBlockSize, 0, stream()>>>(rows_in<T>(dout), rows_in<T>(out), q.size(1),
+                                                                      a.s.N, rows, a.s.E, delta);
     LINEA_KERNEL_LAUNCH_CHECK();
     if constexpr (std::is_same_v<T, float>)
       if (with_mma_kernels(q, a.s, [&](auto format, auto dm) {

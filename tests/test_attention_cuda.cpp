@@ -40,8 +40,10 @@ struct Tol {
 };
 Tol tol(DType dt) { return dt == DType::Float32 ? Tol{1e-4, 1e-3} : Tol{1e-9, 1e-9}; }
 
-void expect_mechanism_parity(const Case& c, DType dt) {
-  SCOPED_TRACE(c.name() + " (" + dtype_name(dt) + ")");
+// projected: the CUDA side's q, k, v are the heads of [B, L, H, D] tensors (as MultiHeadAttention
+// splits a projection: strided views, which the softmax kernels read in place).
+void expect_mechanism_parity(const Case& c, DType dt, bool projected) {
+  SCOPED_TRACE(c.name() + " (" + dtype_name(dt) + (projected ? ", heads of [B, L, H, D]" : "") + ")");
   const int64_t B = 2, H = 2, N = 7, M = c.cross ? 5 : N, D = 4, Dv = 3;
   auto cpu = attn::make_attention(c.spec, H, D);
   cpu->to(dt);
@@ -71,12 +73,17 @@ void expect_mechanism_parity(const Case& c, DType dt) {
     og.key_padding_mask = oc.key_padding_mask.to(kCuda);
   }
   Tensor qc = q.detach(), kc = k.detach(), vc = v.detach();
-  Tensor qg = q.to(kCuda), kg = k.to(kCuda), vg = v.to(kCuda);
+  // The CUDA leaves: [B, H, L, D], or [B, L, H, D] whose heads are taken below.
+  const auto leaf = [&](const Tensor& x) {
+    return projected ? contiguous(permute(x, {0, 2, 1, 3})).to(kCuda) : x.to(kCuda);
+  };
+  const auto heads = [&](const Tensor& x) { return projected ? permute(x, {0, 2, 1, 3}) : x; };
+  Tensor qg = leaf(q), kg = leaf(k), vg = leaf(v);
   for (Tensor* t : {&qc, &kc, &vc, &qg, &kg, &vg}) t->requires_grad_(true);
 
   const Tensor ref = cpu->forward(qc, kc, vc, oc);
   gpu->set_samples(cpu->last_samples());
-  const Tensor got = gpu->forward(qg, kg, vg, og);
+  const Tensor got = gpu->forward(heads(qg), heads(kg), heads(vg), og);
   ASSERT_EQ(got.device(), kCuda);
   const Tol t = tol(dt);
   EXPECT_TRUE(test::all_close(got.to(kCPU), ref, t.atol, t.rtol)) << "forward";
@@ -88,7 +95,7 @@ void expect_mechanism_parity(const Case& c, DType dt) {
   const Tensor* cg[] = {&qc, &kc, &vc};
   const Tensor* gg[] = {&qg, &kg, &vg};
   for (int i = 0; i < 3; ++i)
-    EXPECT_TRUE(test::all_close(gg[i]->grad().to(kCPU), cg[i]->grad(), t.atol, t.rtol)) << names[i];
+    EXPECT_TRUE(test::all_close(heads(gg[i]->grad()).to(kCPU), cg[i]->grad(), t.atol, t.rtol)) << names[i];
   auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
   ASSERT_EQ(pc.size(), pg.size());
   for (size_t i = 0; i < pc.size(); ++i)
@@ -99,7 +106,8 @@ void expect_mechanism_parity(const Case& c, DType dt) {
 void run_cases(const std::vector<Case>& cases, uint64_t seed) {
   manual_seed(seed);
   for (DType dt : {DType::Float32, DType::Float64})
-    for (const Case& c : cases) expect_mechanism_parity(c, dt);
+    for (const Case& c : cases)
+      for (bool projected : {false, true}) expect_mechanism_parity(c, dt, projected);
 }
 
 TEST(AttentionCudaParity, Softmax) {

@@ -884,6 +884,98 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
     }
 }
 
+// The kernels read q, k, v, dout and out and write out, dq, dk and dv where the heads lie (any
+// batch, head and row strides): the same bits as on dense [B, H, L, D] copies, in every path
+// (float64 SIMT, 3xTF32, bf16, TF32), and nothing written between a view's rows. Operands are
+// heads of [B, L, H, pitch] buffers (a projection's layout; pitch past the head dims: rows off 16
+// bytes) and keys and values shared by all heads (head stride 0).
+TEST(CudaParity, SoftmaxAttentionHeadStrides) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(29);
+  struct Case {
+    int64_t B, H, N, M, D, E, pitch;
+    bool causal, pad, shared_kv;
+  };
+  const std::vector<Case> cases = {
+      {2, 3, 37, 45, 17, 23, 26, false, true, false},   // cross-attention, padding, odd rows
+      {2, 4, 50, 50, 16, 16, 16, false, false, false},  // the ViT's heads, rows on 16 bytes
+      {1, 3, 70, 70, 32, 32, 36, true, false, true},    // causal, one key/value head for all
+  };
+  // Heads [B, H, L, dim] of a poisoned [B, L, H, pitch] device buffer.
+  const auto heads = [](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
+    return narrow(permute(poisoned({B, L, H, pitch}, dt), {0, 2, 1, 3}), 3, 0, dim);
+  };
+  const auto same_bits = [](const Tensor& got, const Tensor& ref, const char* what) {
+    const std::vector<double> a = got.to(kCPU).to(DType::Float64).to_vector<double>(),
+                              b = ref.to(kCPU).to(DType::Float64).to_vector<double>();
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += !(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])));
+    EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << a.size() << " differ";
+  };
+  // Nothing written past a view's head dims: the rest of each buffer row is still NaN.
+  const auto gaps_untouched = [](const Tensor& view, int64_t dim, int64_t pitch, const char* what) {
+    if (pitch == dim) return;
+    const Tensor buffer = as_strided(view, {view.size(0), view.size(2), view.size(1), pitch},
+                                     {view.stride(0), view.stride(2), view.stride(1), 1}, view.offset());
+    const std::vector<double> g = narrow(buffer, 3, dim, pitch - dim).to(kCPU).to(DType::Float64).to_vector<double>();
+    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double x) { return std::isnan(x); })) << what << " wrote a gap";
+  };
+  struct Restore {
+    ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
+  } restore;
+  const std::vector<std::pair<DType, MatmulPrecision>> paths = {{DType::Float64, MatmulPrecision::Float32},
+                                                                {DType::Float32, MatmulPrecision::Float32},
+                                                                {DType::Float32, MatmulPrecision::BF16},
+                                                                {DType::Float32, MatmulPrecision::TF32}};
+  for (const auto& [dt, precision] : paths)
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag(std::string(precision_name(precision)) + " B " + std::to_string(c.B) + " H " +
+                           std::to_string(c.H) + " N " + std::to_string(c.N) + " M " + std::to_string(c.M) + " D " +
+                           std::to_string(c.D) + " E " + std::to_string(c.E) + " pitch " + std::to_string(c.pitch),
+                       dt));
+      const int64_t kvH = c.shared_kv ? 1 : c.H;
+      const auto filled = [&](int64_t H, int64_t L, int64_t dim) {  // random heads of a poisoned buffer
+        Tensor view = heads(c.B, H, L, dim, c.pitch, dt);
+        view.copy_(rnd(view.shape(), dt).to(kCuda));
+        return view;
+      };
+      Tensor q = filled(c.H, c.N, c.D), dout = filled(c.H, c.N, c.E), k = filled(kvH, c.M, c.D),
+             v = filled(kvH, c.M, c.E);
+      if (c.shared_kv) {
+        k = expand(k, {c.B, c.H, c.M, c.D});
+        v = expand(v, {c.B, c.H, c.M, c.E});
+      }
+      const Tensor pad = c.pad ? key_padding(c.B, c.M).to(kCuda) : Tensor();
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      const FoldedDropout drop{0.2, 99, 3, 1, nullptr};
+      set_matmul_precision(precision);
+      // Reference: dense copies, dense outputs.
+      const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v), dc = contiguous(dout);
+      Tensor out = poisoned({c.B, c.H, c.N, c.E}, dt), lse = poisoned({c.B, c.H, c.N}, dt);
+      LINEA_BACKEND(kCuda, sdpa_forward, qc, kc, vc, scale, c.causal, 0, pad, Tensor(), drop, out, lse, Tensor());
+      Tensor dq = poisoned(q.shape(), dt), dk = poisoned(k.shape(), dt), dv = poisoned(v.shape(), dt);
+      LINEA_BACKEND(kCuda, sdpa_backward, qc, kc, vc, out, lse, Tensor(), dc, scale, c.causal, 0, pad, Tensor(), drop,
+                    dq, dk, dv, Tensor());
+      // Strided: the views in, outputs into heads of poisoned buffers.
+      Tensor out_s = heads(c.B, c.H, c.N, c.E, c.pitch, dt), lse_s = poisoned({c.B, c.H, c.N}, dt);
+      LINEA_BACKEND(kCuda, sdpa_forward, q, k, v, scale, c.causal, 0, pad, Tensor(), drop, out_s, lse_s, Tensor());
+      Tensor dq_s = heads(c.B, c.H, c.N, c.D, c.pitch, dt), dk_s = heads(c.B, c.H, c.M, c.D, c.pitch, dt),
+             dv_s = heads(c.B, c.H, c.M, c.E, c.pitch, dt);
+      LINEA_BACKEND(kCuda, sdpa_backward, q, k, v, out_s, lse_s, Tensor(), dout, scale, c.causal, 0, pad, Tensor(),
+                    drop, dq_s, dk_s, dv_s, Tensor());
+      set_matmul_precision(MatmulPrecision::Float32);
+      same_bits(out_s, out, "out");
+      same_bits(lse_s, lse, "lse");
+      same_bits(dq_s, dq, "dq");
+      same_bits(dk_s, dk, "dk");
+      same_bits(dv_s, dv, "dv");
+      EXPECT_FALSE(std::isnan(sum(abs(dq_s)).item())) << "dq has NaN";
+      for (const auto& [view, dim, what] : {std::tuple{out_s, c.E, "out"}, std::tuple{dq_s, c.D, "dq"},
+                                            std::tuple{dk_s, c.D, "dk"}, std::tuple{dv_s, c.E, "dv"}})
+        gaps_untouched(view, dim, c.pitch, what);
+    }
+}
+
 // A query whose scores are all NaN gets NaN out and lse on both devices and in both CUDA paths
 // (not the zeros and -inf of a query that sees no key), the other rows stay finite.
 TEST(CudaParity, SoftmaxAttentionPropagatesNaN) {
