@@ -74,15 +74,18 @@ template <typename T> __global__ void sequence_max_kernel(const T* rowmax, int64
   if (threadIdx.x == 0) c[bh] = sh[0];
 }
 
-// phi = exp(l - c[bh]) / sqrt(S) on the unpadded rows.
+// phi = exp(l - c[bh]) / sqrt(S) on the unpadded rows; a warp per row, which finds its (b, h) and
+// position once (a flat index per element took four 64-bit divisions an element, each a software
+// routine of tens of instructions on a GPU).
 template <typename T>
 __global__ void exp_sequence_kernel(const uint8_t* pad, const T* c, FeatureDims d, T inv_sqrt_s, T* phi) {
-  const int64_t total = d.B * d.H * d.L * d.S;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / d.S, bh = r / d.L, b = bh / d.H, pos = r % d.L;
-    if (pad && pad[b * d.L + pos]) continue;
-    phi[i] = d_exp(phi[i] - c[bh]) * inv_sqrt_s;
+  const WarpRows w;
+  for (int64_t r = w.first; r < d.B * d.H * d.L; r += w.step) {
+    const int64_t bh = r / d.L, pos = r - bh * d.L;
+    if (pad && pad[bh / d.H * d.L + pos]) continue;
+    const T cb = c[bh];
+    T* row = phi + r * d.S;
+    for (int64_t s = w.lane; s < d.S; s += WarpRows::kLanes) row[s] = d_exp(row[s] - cb) * inv_sqrt_s;
   }
 }
 
@@ -101,11 +104,13 @@ template <typename T> __global__ void dl_kernel(const T* dphi, const T* phi, Fea
   }
 }
 
-// dx -= rs * x (per row)
+// dx -= rs * x (per row; a warp per row, as exp_sequence_kernel)
 template <typename T> __global__ void sub_row_scaled_kernel(const T* rs, const T* x, int64_t rows, int64_t D, T* dx) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * D;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dx[i] -= rs[i / D] * x[i];
+  const WarpRows w;
+  for (int64_t r = w.first; r < rows; r += w.step) {
+    const T s = rs[r];
+    for (int64_t j = w.lane; j < D; j += WarpRows::kLanes) dx[r * D + j] -= s * x[r * D + j];
+  }
 }
 
 // w_rep [B, H S D] = w [H S D] for every example b: the GEMMs' per-(b, h) right operand.
@@ -162,7 +167,8 @@ void positive_features_forward(const Tensor& x, const Tensor& omega, bool per_ro
     sequence_max_kernel<T>
         <<<static_cast<unsigned>(d.B * d.H), kBlockSize, sizeof(T) * kBlockSize, stream()>>>(rowmax.p, d.L, c.p);
     LINEA_KERNEL_LAUNCH_CHECK();
-    exp_sequence_kernel<T><<<grid_for(rows * d.S), kBlockSize, 0, stream()>>>(pad_p, c.p, d, inv_sqrt_s, ptr<T>(phi));
+    exp_sequence_kernel<T>
+        <<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(pad_p, c.p, d, inv_sqrt_s, ptr<T>(phi));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -182,7 +188,7 @@ void positive_features_backward(const Tensor& x, const Tensor& omega, const Tens
                       d.S, d.B * d.H, 1.0);
     }
     sub_row_scaled_kernel<T>
-        <<<grid_for(rows * d.D), kBlockSize, 0, stream()>>>(rs.p, cptr<T>(x), rows, d.D, ptr<T>(dx));
+        <<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(rs.p, cptr<T>(x), rows, d.D, ptr<T>(dx));
     LINEA_KERNEL_LAUNCH_CHECK();
     if (!domega.defined()) return;
     const int64_t n = d.H * d.S * d.D;
