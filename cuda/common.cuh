@@ -370,6 +370,18 @@ struct WarpRows {
 // Blocks for one warp per row.
 inline unsigned grid_for_warp_rows(int64_t rows) { return grid_for(rows * WarpRows::kLanes); }
 
+// x[r, :] -= s[r] y[r, :] over [rows, cols] (the part of a row normalization's gradient along its
+// row), a warp per row: s[r] read once a row, no division per element. Launch on
+// grid_for_warp_rows(rows).
+template <typename T>
+__global__ void subtract_scaled_rows_kernel(const T* s, const T* y, int64_t rows, int64_t cols, T* x) {
+  const WarpRows w;
+  for (int64_t r = w.first; r < rows; r += w.step) {
+    const T sr = s[r];
+    for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) x[r * cols + c] -= sr * y[r * cols + c];
+  }
+}
+
 // For kernels that only move elements (copies, where, gathers): calls f(E{}) with E the
 // unsigned integer type of the given element size (1, 4 or 8 bytes).
 template <typename F> void dispatch_bits(size_t element_size, const char* op, F&& f) {

@@ -108,20 +108,15 @@ __global__ void mixture_grad_runs_kernel(const T* lu, const T* a, const T* t, co
   }
 }
 
-// ds = t (dt - st[column]) in place of dt, st the column sums of dt t.
+// ds = t (dt - st[column]) in place of dt, st the column sums of dt t; a warp per row (its
+// columns' sums at st + bh C, found once a row).
 template <typename T> __global__ void mixture_ds_kernel(const T* t, const T* st, MixDims d, T* ds) {
-  const int64_t total = d.BH * d.N * d.C;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    ds[i] = t[i] * (ds[i] - st[column_of(i, d.N, d.C)]);
-}
-
-// dq[r, :] -= rowsum[r] q[r, :]
-template <typename T> __global__ void subtract_rows_kernel(const T* q, const T* rowsum, MixDims d, T* dq) {
-  const int64_t total = d.BH * d.N * d.D;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dq[i] -= rowsum[i / d.D] * q[i];
+  const WarpRows w;
+  for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
+    const T* st_bh = st + r / d.N * d.C;
+    for (int64_t c = w.lane; c < d.C; c += WarpRows::kLanes)
+      ds[r * d.C + c] = t[r * d.C + c] * (ds[r * d.C + c] - st_bh[c]);
+  }
 }
 
 MixDims dims_of(const Tensor& q, const Tensor& qbar) {
@@ -172,7 +167,7 @@ void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w,
         partial.p, runs, columns, RunTotals<T, 3>{{ptr<T>(dbias), ptr<T>(dself_w), st.p}, {1, 1, 1}});
     LINEA_KERNEL_LAUNCH_CHECK();
     if (d.N > 0) {
-      mixture_ds_kernel<T><<<grid_for(columns * d.N), kBlockSize, 0, stream()>>>(cptr<T>(t), st.p, d, ds.p);
+      mixture_ds_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(cptr<T>(t), st.p, d, ds.p);
       LINEA_KERNEL_LAUNCH_CHECK();
     }
     // dq~ [N, D] = dlu [N, C] w [C, D] + ds qbar - rowsum q~
@@ -180,8 +175,8 @@ void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w,
                     d.D, d.C, d.BH, 1.0);
     gemm_strided<T>(ds.p, false, d.C, d.N * d.C, cptr<T>(qbar), false, d.D, d.C * d.D, ptr<T>(dq), d.D, d.N * d.D, d.N,
                     d.D, d.C, d.BH, 1.0, 1.0);
-    subtract_rows_kernel<T>
-        <<<grid_for(d.BH * d.N * d.D), kBlockSize, 0, stream()>>>(cptr<T>(q), rowsum.p, d, ptr<T>(dq));
+    subtract_scaled_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(
+        rowsum.p, cptr<T>(q), d.BH * d.N, d.D, ptr<T>(dq));
     LINEA_KERNEL_LAUNCH_CHECK();
     // dw [C, D] = dlu^T [C, N] q~ [N, D], dqbar = ds^T q~
     gemm_strided<T>(lu.p, true, d.C, d.N * d.C, cptr<T>(q), false, d.D, d.N * d.D, ptr<T>(dw), d.D, d.C * d.D, d.C, d.D,

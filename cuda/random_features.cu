@@ -104,15 +104,6 @@ template <typename T> __global__ void dl_kernel(const T* dphi, const T* phi, Fea
   }
 }
 
-// dx -= rs * x (per row; a warp per row, as exp_sequence_kernel)
-template <typename T> __global__ void sub_row_scaled_kernel(const T* rs, const T* x, int64_t rows, int64_t D, T* dx) {
-  const WarpRows w;
-  for (int64_t r = w.first; r < rows; r += w.step) {
-    const T s = rs[r];
-    for (int64_t j = w.lane; j < D; j += WarpRows::kLanes) dx[r * D + j] -= s * x[r * D + j];
-  }
-}
-
 // w_rep [B, H S D] = w [H S D] for every example b: the GEMMs' per-(b, h) right operand.
 template <typename T> __global__ void repeat_batches_kernel(const T* w, int64_t B, int64_t n, T* w_rep) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < B * n;
@@ -187,7 +178,8 @@ void positive_features_backward(const Tensor& x, const Tensor& omega, const Tens
       gemm_strided<T>(dl.p, false, d.S, d.L * d.S, w.w.p, false, d.D, d.S * d.D, ptr<T>(dx), d.D, d.L * d.D, d.L, d.D,
                       d.S, d.B * d.H, 1.0);
     }
-    sub_row_scaled_kernel<T>
+    // dx -= rs x
+    subtract_scaled_rows_kernel<T>
         <<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(rs.p, cptr<T>(x), rows, d.D, ptr<T>(dx));
     LINEA_KERNEL_LAUNCH_CHECK();
     if (!domega.defined()) return;
