@@ -37,16 +37,20 @@ struct LinearDims {
   __host__ __device__ int64_t E1p() const { return (E + 4) / 4 * 4; }  // the padded row length
 };
 
+// The row-structured passes below take a warp per row (WarpRows), which finds what its row belongs
+// to once: a flat index per element cost two or three 64-bit divisions an element, each a software
+// routine of tens of instructions on a GPU, for the few bytes an element such a pass moves.
+
 // dst [rows, cols] (rows dst_ld apart) = src [rows, cols] (rows src_ld apart).
 template <typename T>
 __global__ void copy_rows_kernel(const T* src, int64_t src_ld, int64_t rows, int64_t cols, int64_t dst_ld, T* dst) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dst[i / cols * dst_ld + i % cols] = src[i / cols * src_ld + i % cols];
+  const WarpRows w;
+  for (int64_t r = w.first; r < rows; r += w.step)
+    for (int64_t j = w.lane; j < cols; j += WarpRows::kLanes) dst[r * dst_ld + j] = src[r * src_ld + j];
 }
 template <typename T> void copy_rows(const T* src, int64_t src_ld, int64_t rows, int64_t cols, int64_t dst_ld, T* dst) {
   if (rows * cols == 0) return;
-  copy_rows_kernel<T><<<grid_for(rows * cols), kBlockSize, 0, stream()>>>(src, src_ld, rows, cols, dst_ld, dst);
+  copy_rows_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(src, src_ld, rows, cols, dst_ld, dst);
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -113,11 +117,10 @@ template <typename T> __global__ void g_kernel(const T* g, const T* out, const T
 
 // dphi_k[bh, m, s] += dkvz[bh, s, E] (the ones column of [v, 1]; rows E1p apart).
 template <typename T> __global__ void add_ones_column_kernel(const T* dkvz, LinearDims d, T* dpk) {
-  const int64_t total = d.BH * d.M * d.S;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bh = i / (d.M * d.S), s = i % d.S;
-    dpk[i] += dkvz[(bh * d.S + s) * d.E1p() + d.E];
+  const WarpRows w;
+  for (int64_t r = w.first; r < d.BH * d.M; r += w.step) {
+    const T* ones = dkvz + r / d.M * d.S * d.E1p() + d.E;  // column E of the (b, h)'s [S, E1p]
+    for (int64_t s = w.lane; s < d.S; s += WarpRows::kLanes) dpk[r * d.S + s] += ones[s * d.E1p()];
   }
 }
 
@@ -136,22 +139,23 @@ struct CausalDims {
 // src_cols) ones on real rows ([v, 1]), the columns after it zero.
 template <typename T>
 __global__ void pad_rows_kernel(const T* src, CausalDims d, int64_t src_cols, int64_t cols, T* dst) {
-  const int64_t total = d.BH * d.P() * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = i % cols, row = i / cols, bh = row / d.P(), r = row % d.P();
-    dst[i] = r >= d.N ? T(0) : j < src_cols ? src[(bh * d.N + r) * src_cols + j] : T(j == src_cols);
+  const WarpRows w;
+  for (int64_t row = w.first; row < d.BH * d.P(); row += w.step) {
+    const int64_t bh = row / d.P(), r = row - bh * d.P();
+    const T* s = src + (bh * d.N + r) * src_cols;
+    for (int64_t j = w.lane; j < cols; j += WarpRows::kLanes)
+      dst[row * cols + j] = r >= d.N ? T(0) : j < src_cols ? s[j] : T(j == src_cols);
   }
 }
 
 // dst [BH, N, cols] = the first cols columns of src [BH, P, src_cols]'s real rows.
 template <typename T>
 __global__ void unpad_rows_kernel(const T* src, CausalDims d, int64_t src_cols, int64_t cols, T* dst) {
-  const int64_t total = d.BH * d.N * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = i % cols, row = i / cols, bh = row / d.N, r = row % d.N;
-    dst[i] = src[(bh * d.P() + r) * src_cols + j];
+  const WarpRows w;
+  for (int64_t row = w.first; row < d.BH * d.N; row += w.step) {
+    const int64_t bh = row / d.N, r = row - bh * d.N;
+    const T* s = src + (bh * d.P() + r) * src_cols;
+    for (int64_t j = w.lane; j < cols; j += WarpRows::kLanes) dst[row * cols + j] = s[j];
   }
 }
 
@@ -230,7 +234,7 @@ template <typename T> struct PaddedInputs {
   }
   bool whole() const { return d.N % d.T == 0; }
   void pad(const T* src, int64_t src_cols, int64_t cols, T* dst) const {
-    pad_rows_kernel<T><<<grid_for(d.BH * d.P() * cols), kBlockSize, 0, stream()>>>(src, d, src_cols, cols, dst);
+    pad_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.P()), kBlockSize, 0, stream()>>>(src, d, src_cols, cols, dst);
     LINEA_KERNEL_LAUNCH_CHECK();
   }
 };
@@ -319,7 +323,7 @@ void linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, const T
     // dphi_k [M, S] = v [M, E] dKV^T [E, S], then + dz on every row
     gemm_strided<T>(cptr<T>(v), false, d.E, d.M * d.E, dkvz.p, true, E1p, d.S * E1p, ptr<T>(dphi_k), d.S, d.M * d.S,
                     d.M, d.S, d.E, d.BH, 1.0);
-    add_ones_column_kernel<T><<<grid_for(d.BH * d.M * d.S), kBlockSize, 0, stream()>>>(dkvz.p, d, ptr<T>(dphi_k));
+    add_ones_column_kernel<T><<<grid_for_warp_rows(d.BH * d.M), kBlockSize, 0, stream()>>>(dkvz.p, d, ptr<T>(dphi_k));
     LINEA_KERNEL_LAUNCH_CHECK();
     // dv [M, E] = phi_k [M, S] dKV [S, E]
     gemm_strided<T>(cptr<T>(phi_k), false, d.S, d.M * d.S, dkvz.p, false, E1p, d.S * E1p, ptr<T>(dv), d.E, d.M * d.E,
@@ -393,7 +397,7 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
     chunk_gemm<T>(d, in.k, false, rows_s, R.p, false, padded_state, dv1.p, rows_e1, Tc, E1, S);
     chunk_gemm<T>(d, a.p, true, tt, G.p, false, rows_e1, dv1.p, rows_e1, Tc, E1, Tc, 1.0);
     const auto unpad = [&](const T* src, int64_t src_cols, int64_t cols, T* dst) {
-      unpad_rows_kernel<T><<<grid_for(d.BH * d.N * cols), kBlockSize, 0, stream()>>>(src, d, src_cols, cols, dst);
+      unpad_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(src, d, src_cols, cols, dst);
       LINEA_KERNEL_LAUNCH_CHECK();
     };
     if (!whole) {

@@ -1012,9 +1012,10 @@ TEST(CudaParity, LinearAttentionKernel) {
   struct Case {
     int64_t B, H, N, M, S, E;
   };
-  // 600 keys: the key sums in 3 runs of rows (ColumnRuns), the last one short
+  // 600 keys: the key sums in 3 runs of rows (ColumnRuns), the last one short; S and E past a
+  // warp's 32 lanes (the row passes a warp per row): the last
   const std::vector<Case> cases = {
-      {2, 3, 37, 45, 17, 23}, {1, 1, 1, 1, 1, 1}, {1, 2, 70, 5, 64, 16}, {1, 2, 9, 600, 8, 5}};
+      {2, 3, 37, 45, 17, 23}, {1, 1, 1, 1, 1, 1}, {1, 2, 70, 5, 64, 16}, {1, 2, 9, 600, 8, 5}, {1, 2, 11, 13, 40, 37}};
   const double guard = 1e-3;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
@@ -1066,9 +1067,9 @@ TEST(CudaParity, CausalLinearAttentionKernel) {
     int64_t B, H, N, S, E, chunk;
     bool state;
   };
-  const std::vector<Case> cases = {{2, 3, 37, 17, 23, 8, true},  {1, 2, 40, 5, 3, 8, false},
-                                   {1, 1, 1, 1, 1, 4, true},     {2, 1, 9, 6, 4, 1, false},
-                                   {1, 2, 70, 64, 16, 64, true}, {1, 1, 5, 3, 2, 16, true}};
+  const std::vector<Case> cases = {{2, 3, 37, 17, 23, 8, true}, {1, 2, 40, 5, 3, 8, false},   {1, 1, 1, 1, 1, 4, true},
+                                   {2, 1, 9, 6, 4, 1, false},   {1, 2, 70, 64, 16, 64, true}, {1, 1, 5, 3, 2, 16, true},
+                                   {1, 2, 19, 40, 37, 8, true}};  // S and E past a warp's lanes
   const double guard = 1e-3;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
@@ -1182,8 +1183,10 @@ TEST(CudaParity, LaraMixtureKernel) {
   struct Case {
     int64_t B, H, N, C, D;
   };
-  // N = 300 and 700: the column sums over n in 2 and 3 runs of rows (ColumnRuns), 700's last short
-  const std::vector<Case> cases = {{2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {1, 2, 300, 16, 8}, {1, 1, 700, 3, 4}};
+  // N = 300 and 700: the column sums over n in 2 and 3 runs of rows (ColumnRuns), 700's last short;
+  // C and D past a warp's 32 lanes (the passes a warp per row): the last
+  const std::vector<Case> cases = {
+      {2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {1, 2, 300, 16, 8}, {1, 1, 700, 3, 4}, {2, 2, 20, 40, 36}};
   const double floor = 1e-8;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
