@@ -905,11 +905,12 @@ TEST(CudaParity, SoftmaxAttentionHeadStrides) {
   const auto heads = [](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
     return narrow(permute(poisoned({B, L, H, pitch}, dt), {0, 2, 1, 3}), 3, 0, dim);
   };
+  // The same values (the inputs are finite: a NaN, such as an unwritten poisoned element, differs).
   const auto same_bits = [](const Tensor& got, const Tensor& ref, const char* what) {
     const std::vector<double> a = got.to(kCPU).to(DType::Float64).to_vector<double>(),
                               b = ref.to(kCPU).to(DType::Float64).to_vector<double>();
     size_t differ = 0;
-    for (size_t i = 0; i < a.size(); ++i) differ += !(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])));
+    for (size_t i = 0; i < a.size(); ++i) differ += !(a[i] == b[i]);
     EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << a.size() << " differ";
   };
   // Nothing written past a view's head dims: the rest of each buffer row is still NaN.
@@ -969,7 +970,6 @@ TEST(CudaParity, SoftmaxAttentionHeadStrides) {
       same_bits(dq_s, dq, "dq");
       same_bits(dk_s, dk, "dk");
       same_bits(dv_s, dv, "dv");
-      EXPECT_FALSE(std::isnan(sum(abs(dq_s)).item())) << "dq has NaN";
       for (const auto& [view, dim, what] : {std::tuple{out_s, c.E, "out"}, std::tuple{dq_s, c.D, "dq"},
                                             std::tuple{dk_s, c.D, "dk"}, std::tuple{dv_s, c.E, "dv"}})
         gaps_untouched(view, dim, c.pitch, what);
