@@ -50,10 +50,17 @@ struct SdpaShape {
 // and dv so: the heads of a [B, L, H, D] projection in place (batch L H D, head D, row H D), as
 // PyTorch's SDPA kernels do, instead of strided copies into [B, H, L, D] before each call and back
 // after (8 launches a layer and training step).
+// One head's rows: the first at p, `row` apart.
+template <typename T> struct Rows {
+  T* p;
+  int64_t row;
+};
 template <typename T> struct HeadRows {
   T* p = nullptr;
   int64_t batch = 0, head = 0, row = 0;
   __host__ __device__ T* at(int64_t bh, int64_t heads) const { return p + bh / heads * batch + bh % heads * head; }
+  // Head bh's rows, found once a block (a 64-bit division) rather than once a tile.
+  __device__ Rows<T> rows(int64_t bh, int64_t heads) const { return {at(bh, heads), row}; }
 };
 
 // The first query row of `n0..` that may see key m, and whether key m is hidden from row n.
@@ -101,9 +108,8 @@ __device__ __forceinline__ void load_rows(const T* src, int64_t ld, int64_t r0, 
 }
 
 template <typename T, int DM, int ROWS>
-__device__ __forceinline__ void load_tile(T* tile, const HeadRows<const T>& x, int64_t bh, int64_t heads, int64_t r0,
-                                          int64_t count, int64_t dim) {
-  load_rows<kThreads, DM, ROWS>(x.at(bh, heads), x.row, r0, count, dim,
+__device__ __forceinline__ void load_tile(T* tile, Rows<const T> x, int64_t r0, int64_t count, int64_t dim) {
+  load_rows<kThreads, DM, ROWS>(x.p, x.row, r0, count, dim,
                                 [&](int r, int d, T val) { tile[r * pitch<DM>() + d] = val; });
 }
 
@@ -185,7 +191,8 @@ __global__ void sdpa_forward_kernel(HeadRows<const T> q, HeadRows<const T> k, He
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  load_tile<T, DM, B>(qs, q, bh, heads, n0, s.N, s.D);
+  const Rows<const T> kb = k.rows(bh, heads), vb = v.rows(bh, heads);
+  load_tile<T, DM, B>(qs, q.rows(bh, heads), n0, s.N, s.D);
   for (int r = tid; r < B; r += kThreads) row_m[r] = neg_inf<T>(), row_l[r] = T(0);
   T o[TR][TD];
 #pragma unroll
@@ -196,8 +203,8 @@ __global__ void sdpa_forward_kernel(HeadRows<const T> q, HeadRows<const T> k, He
   const int64_t m_end = s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M;
   for (int64_t m0 = 0; m0 < m_end; m0 += B) {
     __syncthreads();  // the previous tile's k, v, p are used up
-    load_tile<T, DM, B>(ks, k, bh, heads, m0, s.M, s.D);
-    load_tile<T, DM, B>(vs, v, bh, heads, m0, s.M, s.E);
+    load_tile<T, DM, B>(ks, kb, m0, s.M, s.D);
+    load_tile<T, DM, B>(vs, vb, m0, s.M, s.E);
     __syncthreads();
     T sc[TR][TC];
     dot_patch<T, DM, TR, TC>(qs, ks, sc, ty, tx);
@@ -924,18 +931,20 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
   store_rows<ET>(dq.at(bh, heads), dq.row, dq_acc, scale, nw, s.N, s.D, g, t);
 }
 
-// delta [B H N] = rowwise dout . out
+// delta [B H N] = rowwise dout . out, a warp per row (a thread per row read each row's E values
+// with a stride of E between the lanes: 32 rows' cache lines per load).
 template <typename T>
 __global__ void sdpa_delta_kernel(HeadRows<const T> dout, HeadRows<const T> out, int64_t heads, int64_t N, int64_t rows,
                                   int64_t E, T* delta) {
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const WarpRows w;
+  for (int64_t r = w.first; r < rows; r += w.step) {
     const int64_t bh = r / N, n = r - bh * N;
     const T* d = dout.at(bh, heads) + n * dout.row;
     const T* o = out.at(bh, heads) + n * out.row;
     T acc = T(0);
-    for (int64_t e = 0; e < E; ++e) acc += d[e] * o[e];
-    delta[r] = acc;
+    for (int64_t e = w.lane; e < E; e += WarpRows::kLanes) acc += d[e] * o[e];
+    acc = warp_sum(acc);
+    if (w.lane == 0) delta[r] = acc;
   }
 }
 
@@ -981,10 +990,10 @@ template <typename T, int DM, int B> struct BackwardTiles {
     row_delta = row_lse + B;
   }
   // Query rows [n0, n0 + B) of head bh (past N: lse -inf, delta 0, zero rows).
-  __device__ void load_queries(const HeadRows<const T>& q, const HeadRows<const T>& dout, const T* lse, const T* delta,
-                               const SdpaShape& s, int64_t bh, int64_t heads, int64_t n0) {
-    load_tile<T, DM, B>(qs, q, bh, heads, n0, s.N, s.D);
-    load_tile<T, DM, B>(dos, dout, bh, heads, n0, s.N, s.E);
+  __device__ void load_queries(Rows<const T> q, Rows<const T> dout, const T* lse, const T* delta, const SdpaShape& s,
+                               int64_t bh, int64_t n0) {
+    load_tile<T, DM, B>(qs, q, n0, s.N, s.D);
+    load_tile<T, DM, B>(dos, dout, n0, s.N, s.E);
     for (int r = threadIdx.x; r < B; r += kThreads) {
       const bool in = n0 + r < s.N;
       row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<T>();
@@ -992,10 +1001,9 @@ template <typename T, int DM, int B> struct BackwardTiles {
     }
   }
   // Key rows [m0, m0 + B) of head bh.
-  __device__ void load_keys(const HeadRows<const T>& k, const HeadRows<const T>& v, const SdpaShape& s, int64_t bh,
-                            int64_t heads, int64_t m0) {
-    load_tile<T, DM, B>(ks, k, bh, heads, m0, s.M, s.D);
-    load_tile<T, DM, B>(vs, v, bh, heads, m0, s.M, s.E);
+  __device__ void load_keys(Rows<const T> k, Rows<const T> v, const SdpaShape& s, int64_t m0) {
+    load_tile<T, DM, B>(ks, k, m0, s.M, s.D);
+    load_tile<T, DM, B>(vs, v, m0, s.M, s.E);
   }
   // p and ds of the loaded tiles (probs_and_dscores).
   __device__ void scores(T scale, const SdpaShape& s, const uint8_t* pad_b, const T* bias_b,
@@ -1019,7 +1027,8 @@ __global__ void sdpa_backward_dkv_kernel(HeadRows<const T> q, HeadRows<const T> 
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  t.load_keys(k, v, s, bh, heads, m0);
+  t.load_keys(k.rows(bh, heads), v.rows(bh, heads), s, m0);
+  const Rows<const T> qb = q.rows(bh, heads), dob = dout.rows(bh, heads);
   T dk_acc[TK][TD], dv_acc[TK][TD], db_acc = T(0);  // db_acc: key m0 + tid's (tid < B)
 #pragma unroll
   for (int i = 0; i < TK; ++i)
@@ -1029,7 +1038,7 @@ __global__ void sdpa_backward_dkv_kernel(HeadRows<const T> q, HeadRows<const T> 
   const int64_t n_begin = s.causal && m0 > s.offset ? (m0 - s.offset) / B * B : int64_t{0};
   for (int64_t n0 = n_begin; n0 < s.N; n0 += B) {
     __syncthreads();
-    t.load_queries(q, dout, lse, delta, s, bh, heads, n0);
+    t.load_queries(qb, dob, lse, delta, s, bh, n0);
     __syncthreads();
     t.scores(scale, s, pad_b, bias_b, drop, bh, heads, n0, m0, ty, tx);
     __syncthreads();
@@ -1067,7 +1076,8 @@ __global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  t.load_queries(q, dout, lse, delta, s, bh, heads, n0);
+  t.load_queries(q.rows(bh, heads), dout.rows(bh, heads), lse, delta, s, bh, n0);
+  const Rows<const T> kb = k.rows(bh, heads), vb = v.rows(bh, heads);
   T dq_acc[TR][TD];
 #pragma unroll
   for (int i = 0; i < TR; ++i)
@@ -1076,7 +1086,7 @@ __global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k
   const int64_t m_end = s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M;
   for (int64_t m0 = 0; m0 < m_end; m0 += B) {
     __syncthreads();
-    t.load_keys(k, v, s, bh, heads, m0);
+    t.load_keys(kb, vb, s, m0);
     __syncthreads();
     t.scores(scale, s, pad_b, bias_b, drop, bh, heads, n0, m0, ty, tx);
     __syncthreads();
@@ -1386,8 +1396,8 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     using T = scalar_t;
     DeviceScratch<T> delta_scratch(rows);  // delta [B, H, N]
     T* delta = delta_scratch.p;
-    sdpa_delta_kernel<T><<<grid_for(rows), kBlockSize, 0, stream()>>>(rows_in<T>(dout), rows_in<T>(out), q.size(1),
-                                                                      a.s.N, rows, a.s.E, delta);
+    sdpa_delta_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(rows_in<T>(dout), rows_in<T>(out),
+                                                                                q.size(1), a.s.N, rows, a.s.E, delta);
     LINEA_KERNEL_LAUNCH_CHECK();
     if constexpr (std::is_same_v<T, float>)
       if (with_mma_kernels(q, a.s, [&](auto format, auto dm) {

@@ -179,12 +179,14 @@ __global__ void scan_chunks_kernel(CausalDims d, bool reverse, const T* init, T*
   }
 }
 
-// a [count, T, T]: zero above the diagonal (key m > query n within the chunk).
+// a [count, T, T]: zero above the diagonal (key m > query n within the chunk), a warp per row
+// (its n found once, not by two 64-bit divisions an element).
 template <typename T> __global__ void keep_lower_kernel(int64_t count, int64_t Tc, T* a) {
-  const int64_t total = count * Tc * Tc;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    if (i % Tc > (i / Tc) % Tc) a[i] = T(0);
+  const WarpRows w;
+  for (int64_t r = w.first; r < count * Tc; r += w.step) {
+    const int64_t n = r % Tc;
+    for (int64_t m = n + 1 + w.lane; m < Tc; m += WarpRows::kLanes) a[r * Tc + m] = T(0);
+  }
 }
 
 // out = num / den~, den raw, from the padded nd [BH, P, E + 1] (rows E1p apart): a warp per row.
@@ -254,7 +256,7 @@ void chunk_gemm(const CausalDims& d, const T* a, bool ta, ChunkOperand la, const
 }
 
 template <typename T> void keep_lower(const CausalDims& d, T* a) {
-  keep_lower_kernel<T><<<grid_for(d.chunks() * d.T * d.T), kBlockSize, 0, stream()>>>(d.chunks(), d.T, a);
+  keep_lower_kernel<T><<<grid_for_warp_rows(d.chunks() * d.T), kBlockSize, 0, stream()>>>(d.chunks(), d.T, a);
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
