@@ -190,11 +190,9 @@ LtContext& lt() {
     cudaStream_t s = stream();
     (void)s;
     LINEA_CUBLAS_CHECK(cublasLtCreate(&c->handle));
-    c->workspace_bytes = size_t(8) << 20;
-    {
-      LongLivedAllocations long_lived;
-      c->workspace = linea::cuda::allocator().allocate(c->workspace_bytes);
-    }
+    const BlasWorkspace w = blas_workspace();
+    c->workspace = w.p;
+    c->workspace_bytes = w.bytes;
     return c;
   }();
   return *ctx;

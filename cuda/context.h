@@ -29,8 +29,18 @@ int compute_capability();
 // sm_86 and sm_89), read once.
 size_t shared_memory_optin();
 
-// The cuBLAS handle, bound to stream(), with a workspace of its own (so that a captured
-// CUDA graph never sees it allocate).
+// The workspace cuBLAS and cuBLASLt share (their calls are ordered on stream()), allocated once,
+// so that a captured CUDA graph never sees them allocate: 32 MiB from sm_90 on, 4 MiB before, the
+// sizes the cuBLAS documentation recommends (cublasSetWorkspace; PyTorch's defaults). Less keeps
+// the heuristics from the split-K kernels of GEMMs with a long inner dimension and few outputs
+// (linear attention's phi^T v: K = L, a [64, 64] product per head).
+struct BlasWorkspace {
+  void* p;
+  size_t bytes;
+};
+BlasWorkspace blas_workspace();
+
+// The cuBLAS handle, bound to stream(), on blas_workspace().
 cublasHandle_t cublas();
 
 // Counts stream work (core/cuda_counters.h) that runs now: captured work is counted as the graph

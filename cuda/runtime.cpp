@@ -227,6 +227,15 @@ int compute_capability() { return device_properties().major * 10 + device_proper
 
 size_t shared_memory_optin() { return device_properties().sharedMemPerBlockOptin; }
 
+BlasWorkspace blas_workspace() {
+  static const BlasWorkspace w = [] {
+    const size_t bytes = (compute_capability() >= 90 ? size_t(32) : size_t(4)) << 20;
+    LongLivedAllocations long_lived;
+    return BlasWorkspace{allocator().allocate(bytes), bytes};
+  }();
+  return w;
+}
+
 cublasHandle_t cublas() {
   static cublasHandle_t h = [] {
     cudaStream_t s = stream();
@@ -235,14 +244,8 @@ cublasHandle_t cublas() {
     LINEA_CUBLAS_CHECK(cublasSetStream(created, s));
     // Default math mode: full-precision float32 (no TF32), so results match the CPU path.
     LINEA_CUBLAS_CHECK(cublasSetMathMode(created, CUBLAS_DEFAULT_MATH));
-    // A workspace of its own, so that cuBLAS never allocates during a CUDA graph capture.
-    constexpr size_t kWorkspace = size_t(4) << 20;
-    void* workspace = nullptr;
-    {
-      LongLivedAllocations long_lived;
-      workspace = allocator().allocate(kWorkspace);
-    }
-    LINEA_CUBLAS_CHECK(cublasSetWorkspace(created, workspace, kWorkspace));
+    const BlasWorkspace w = blas_workspace();
+    LINEA_CUBLAS_CHECK(cublasSetWorkspace(created, w.p, w.bytes));
     return created;
   }();
   return h;
