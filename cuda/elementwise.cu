@@ -174,7 +174,10 @@ void copy(const Tensor& dst, const Tensor& src) {
   }
   LINEA_DISPATCH_ALL(dst.dtype(), "copy", [&] {
     using dst_t = scalar_t;
-    LINEA_DISPATCH_ALL(src.dtype(), "copy", [&] { copy_typed<dst_t, scalar_t>(dst, src); });
+    LINEA_DISPATCH_ALL(src.dtype(), "copy", [&] {
+      // (one dtype moved bits above: no conversion kernels of a type to itself)
+      if constexpr (!std::is_same_v<dst_t, scalar_t>) copy_typed<dst_t, scalar_t>(dst, src);
+    });
   });
 }
 

@@ -232,6 +232,7 @@ TEST(CudaParity, Comparisons) {
   // small integer values so that ties occur
   const std::vector<int64_t> va = {0, 1, 2, 1, 0, -1, 2, 2, 1, 0, -1, -2};
   const std::vector<int64_t> vb = {1, 1, 0, 2};
+  const std::vector<int64_t> vc = {1, 0, 2, 2, -1, -1, 2, 0, 1, 1, -2, 0};  // va's shape, ties with it
   for (DType dt : {DType::Float32, DType::Float64, DType::Int64}) {
     const Tensor a = ints(va, {3, 4}).to(dt), b = ints(vb, {4}).to(dt);
     const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&, const Tensor&)>>> ops = {
@@ -250,13 +251,23 @@ TEST(CudaParity, Comparisons) {
           tag(std::string(op.first) + " transposed", dt),
           [&](const std::vector<Tensor>& v) { return f(v[0].t(), v[1].unsqueeze(0)); }, {ints(va, {4, 3}).to(dt), b},
           1.0, false);
+      // same shapes, both contiguous: the contiguous kernel, not the strided one
+      expect_parity(
+          tag(std::string(op.first) + " same shape", dt), [&](const std::vector<Tensor>& v) { return f(v[0], v[1]); },
+          {a, ints(vc, {3, 4}).to(dt)}, 1.0, false);
     }
   }
+  // bool operands of one shape
+  expect_parity(
+      "eq / ne bool same shape", [](const std::vector<Tensor>& v) { return eq(v[0], v[1]) & ne(v[0], ~v[1]); },
+      {ints({0, 1, 1, 0, 1, 0}, {2, 3}).to(DType::Bool), ints({1, 1, 0, 0, 1, 1}, {2, 3}).to(DType::Bool)}, 1.0, false);
   // integer arithmetic
   const Tensor a = ints(va, {3, 4}), b = ints(vb, {4});
   expect_parity("int64 add", [](const std::vector<Tensor>& v) { return add(v[0], v[1]); }, {a, b});
   expect_parity("int64 mul", [](const std::vector<Tensor>& v) { return mul(v[0].t(), v[1]); }, {ints(va, {4, 3}), b});
   expect_parity("int64 maximum", [](const std::vector<Tensor>& v) { return maximum(v[0], v[1]); }, {a, b});
+  expect_parity("int64 sub same shape", [](const std::vector<Tensor>& v) { return sub(v[0], v[1]); },
+                {a, ints(vc, {3, 4})});
 }
 
 TEST(CudaParity, LogicalOpsAndScalarComparisons) {
@@ -326,6 +337,8 @@ TEST(CudaParity, WhereAndMaskedFill) {
                 {ints({1, 2, 3, 4, 5, 6}, {2, 3}), ints({-1, -2, -3}, {3}), gt(randn({2, 3}), 0.0)});
   expect_parity("where bool", [](const std::vector<Tensor>& v) { return where(v[2], v[0], v[1]); },
                 {gt(randn({3, 5}), 0.0), gt(randn({5}), 0.5), gt(randn({3, 1}), 0.0)});
+  expect_parity("where bool same shape", [](const std::vector<Tensor>& v) { return where(v[2], v[0], v[1]); },
+                {gt(randn({3, 5}), 0.0), gt(randn({3, 5}), 0.5), gt(randn({3, 5}), 0.0)});
 }
 
 TEST(CudaParity, CopyConvertFillArange) {
@@ -356,7 +369,13 @@ TEST(CudaParity, CopyConvertFillArange) {
       expect_parity(
           tag(std::string("to ") + dtype_name(to_t) + " from", dt),
           [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {rnd({7, 3}, dt, 5.0)}, 1.0, false);
+      expect_parity(
+          tag(std::string("to ") + dtype_name(to_t) + " from contiguous", dt),
+          [to_t](const std::vector<Tensor>& v) { return to(v[0], to_t); }, {rnd({7, 3}, dt, 5.0)}, 1.0, false);
     }
+    expect_parity(
+        tag("to bool from contiguous", dt), [](const std::vector<Tensor>& v) { return to(v[0], DType::Bool); },
+        {ints({0, 1, 1, 0, 0, 1}, {2, 3}).to(dt)}, 1.0, false);
     // to bool: 0/1 inputs only (other values: see the note on copy in cuda/elementwise.cu)
     expect_parity(
         tag("to bool from", dt), [](const std::vector<Tensor>& v) { return to(v[0].t(), DType::Bool); },
@@ -365,10 +384,17 @@ TEST(CudaParity, CopyConvertFillArange) {
   expect_parity(
       "to bool from int64", [](const std::vector<Tensor>& v) { return to(v[0], DType::Bool); },
       {ints({0, 1, 1, 0, 1}, {5})}, 1.0, false);
+  expect_parity(
+      "to bool from int64 transposed", [](const std::vector<Tensor>& v) { return to(v[0].t(), DType::Bool); },
+      {ints({0, 1, 1, 0, 1, 0}, {2, 3})}, 1.0, false);
   for (DType to_t : {DType::Float32, DType::Float64, DType::Int64}) {
     expect_parity(
         std::string("to ") + dtype_name(to_t) + " from int64",
         [to_t](const std::vector<Tensor>& v) { return to(v[0], to_t); }, {ints({-3, 0, 2, 7, 1}, {5})}, 1.0, false);
+    expect_parity(
+        std::string("to ") + dtype_name(to_t) + " from int64 transposed",
+        [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {ints({-3, 0, 2, 7, 1, 4}, {2, 3})}, 1.0,
+        false);
     expect_parity(
         std::string("to ") + dtype_name(to_t) + " from bool",
         [to_t](const std::vector<Tensor>& v) { return to(v[0].t(), to_t); }, {gt(randn({3, 4}), 0.0)}, 1.0, false);
@@ -379,6 +405,9 @@ TEST(CudaParity, CopyConvertFillArange) {
     c.slice(0, 1, 6, 2).slice(1, 0, 5, 3).fill_(3.0);
     g.slice(0, 1, 6, 2).slice(1, 0, 5, 3).fill_(3.0);
     EXPECT_TRUE(matches(g, c, 1.0, "fill_ of a view"));
+    c.fill_(1.0);  // the whole tensor: the contiguous kernel
+    g.fill_(1.0);
+    EXPECT_TRUE(matches(g, c, 1.0, "fill_ one"));
     c.fill_(0.0);  // the memset path
     g.fill_(0.0);
     EXPECT_TRUE(matches(g, c, 1.0, "fill_ zero"));
@@ -455,6 +484,9 @@ TEST(CudaParity, Reductions) {
     expect_parity(
         tag("argmax long", dt), [](const std::vector<Tensor>& v) { return argmax(v[0], 1); }, {rnd({2, 40000}, dt)},
         1.0, false);
+    expect_parity(
+        tag("argmin long", dt), [](const std::vector<Tensor>& v) { return argmin(v[0], 1); }, {rnd({2, 40000}, dt)},
+        1.0, false);
     // NaN propagates through max and wins argmax (first NaN)
     std::vector<double> nanv = {1.0, NAN, 5.0, NAN, 2.0, 7.0};
     const Tensor xn = from_vector<double>(nanv, {2, 3}).to(dt);
@@ -473,6 +505,14 @@ TEST(CudaParity, Reductions) {
   expect_parity("int64 sum", [](const std::vector<Tensor>& v) { return sum(v[0], {1}); }, {xi});
   expect_parity("int64 max", [](const std::vector<Tensor>& v) { return max(v[0], {0}); }, {xi});
   expect_parity("int64 argmax", [](const std::vector<Tensor>& v) { return argmax(v[0], 1); }, {xi});
+  expect_parity("int64 argmin", [](const std::vector<Tensor>& v) { return argmin(v[0], 0); }, {xi});
+  // long int64 rows: the split (two-pass) path; values in -50..49, so ties and repeated extremes
+  const Tensor xl = randint(-50, 50, {2, 40000});
+  expect_parity("int64 sum long", [](const std::vector<Tensor>& v) { return sum(v[0], {1}); }, {xl});
+  expect_parity("int64 max long", [](const std::vector<Tensor>& v) { return max(v[0], {1}); }, {xl});
+  expect_parity("int64 min long", [](const std::vector<Tensor>& v) { return min(v[0], {1}); }, {xl});
+  expect_parity("int64 argmax long", [](const std::vector<Tensor>& v) { return argmax(v[0], 1); }, {xl});
+  expect_parity("int64 argmin long", [](const std::vector<Tensor>& v) { return argmin(v[0], 1); }, {xl});
 }
 
 // ---- matmul ---------------------------------------------------------------------------------------------
@@ -1515,6 +1555,10 @@ TEST(CudaParity, Indexing) {
                 {ints({10, 11, 12, 13, 14, 15, 16, 17, 18}, {9}), idx});
   expect_parity("index_select bool", [](const std::vector<Tensor>& v) { return index_select(v[0], 1, v[1]); },
                 {gt(randn({2, 9}), 0.0), idx});
+  expect_parity("gather bool", [](const std::vector<Tensor>& v) { return gather(v[0], 0, v[1]); },
+                {gt(randn({7, 4}), 0.0), ints({0, 6, 3, 3, 1, 2, 2, 5}, {2, 4})});
+  expect_parity("contiguous of a transposed bool", [](const std::vector<Tensor>& v) { return contiguous(v[0].t()); },
+                {gt(randn({5, 3}), 0.0)});
   expect_parity("cumsum int64", [](const std::vector<Tensor>& v) { return cumsum(v[0], 0); },
                 {ints({1, -2, 3, 4, 5, 6}, {3, 2})});
 }
@@ -1560,6 +1604,13 @@ TEST(CudaParity, IndexAddAndScatterAddEqualTheCpuBitForBit) {
     EXPECT_EQ(raw::scatter_add(mbase.to(kCuda), 0, mi.to(kCuda), ms.to(kCuda)).to(kCPU).to_vector<double>(),
               raw::scatter_add(mbase, 0, mi, ms).to_vector<double>());
   }
+  // int64 values (exact sums)
+  const Tensor ibase = randint(-9, 9, {50, 3}), isrc = randint(-1000, 1000, {3000, 3});
+  EXPECT_EQ(raw::index_add(ibase.to(kCuda), 0, skewed.to(kCuda), isrc.to(kCuda)).to(kCPU).to_vector<int64_t>(),
+            raw::index_add(ibase, 0, skewed, isrc).to_vector<int64_t>());
+  const Tensor iidx = randint(0, 50, {3000, 3});
+  EXPECT_EQ(raw::scatter_add(ibase.to(kCuda), 0, iidx.to(kCuda), isrc.to(kCuda)).to(kCPU).to_vector<int64_t>(),
+            raw::scatter_add(ibase, 0, iidx, isrc).to_vector<int64_t>());
 }
 
 TEST(CudaParity, BadIndicesAreReported) {
