@@ -11,14 +11,17 @@
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
 # EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step); LINEA_EMU_CC=75
 # emulates an sm_75 device (the softmax parity runs once more so: its float32 SIMT kernels, which
-# sm_80 and newer leave for the tensor cores).
+# sm_80 and newer leave for the tensor cores). Built with gcov's counters too: after an unfiltered
+# run, kernel_coverage.py lists the kernels and template instances no test ran, and a kernel that
+# none ran fails the run (a kernel no test runs is one no test compares with the CPU path).
 #   tests/cuda_emu/run.sh [gtest args]          e.g. --gtest_filter=CudaParity.Matmul
 # Needs: g++, libgtest-dev, OpenBLAS, FFTW, and the CUDA toolkit headers (no GPU, no driver).
 set -euo pipefail
 EMU=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 B=${LINEA_EMU_BUILD:-/tmp/linea-cuda-emu}
 python3 "$EMU/rewrite.py" "$EMU/../.." "$B/src"
-make -s -C "$EMU" -j"$(nproc)" B="$B"
+make -s -C "$EMU" -j"$(nproc)" B="$B" COV=--coverage
+find "$B/obj" -name '*.gcda' -delete  # counts of this run only
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 "$B/basics" --gtest_brief=1
 "$B/parity" --gtest_brief=1 "$@"
@@ -26,3 +29,5 @@ LINEA_EMU_CC=75 "$B/parity" --gtest_brief=1 \
   --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN'
 "$B/attention" --gtest_brief=1 "$@"
 "$B/steps" --gtest_brief=1 "$@"
+# Every kernel ran in some test above (all of them run when no filter is given).
+if [ $# -eq 0 ]; then python3 "$EMU/kernel_coverage.py" "$B" --require-every-kernel; fi
