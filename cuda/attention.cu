@@ -45,16 +45,17 @@ struct SdpaShape {
   bool causal;
 };
 
-// Where an operand's heads lie: head (b, h) starts at p + b * batch + h * head, its rows `row`
-// apart, a row's values contiguous. The kernels read q, k, v, dout and out and write out, dq, dk
-// and dv so: the heads of a [B, L, H, D] projection in place (batch L H D, head D, row H D), as
-// PyTorch's SDPA kernels do, instead of strided copies into [B, H, L, D] before each call and back
-// after (8 launches a layer and training step).
 // One head's rows: the first at p, `row` apart.
 template <typename T> struct Rows {
   T* p;
   int64_t row;
 };
+
+// Where an operand's heads lie: head (b, h) starts at p + b * batch + h * head, its rows `row`
+// apart, a row's values contiguous. The kernels read q, k, v, dout and out and write out, dq, dk
+// and dv so: the heads of a [B, L, H, D] projection in place (batch L H D, head D, row H D), as
+// PyTorch's SDPA kernels do, instead of strided copies into [B, H, L, D] before each call and back
+// after (8 launches a layer and training step).
 template <typename T> struct HeadRows {
   T* p = nullptr;
   int64_t batch = 0, head = 0, row = 0;

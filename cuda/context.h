@@ -31,8 +31,8 @@ size_t shared_memory_optin();
 
 // The workspace cuBLAS and cuBLASLt share (their calls are ordered on stream()), allocated once,
 // so that a captured CUDA graph never sees them allocate: 32 MiB from sm_90 on, 4 MiB before, the
-// sizes the cuBLAS documentation recommends (cublasSetWorkspace; PyTorch's defaults). Less keeps
-// the heuristics from the split-K kernels of GEMMs with a long inner dimension and few outputs
+// sizes the cuBLAS documentation recommends (cublasSetWorkspace; PyTorch's defaults). Less may keep
+// the heuristics from split-K kernels for GEMMs with a long inner dimension and few outputs
 // (linear attention's phi^T v: K = L, a [64, 64] product per head).
 struct BlasWorkspace {
   void* p;
