@@ -21,6 +21,7 @@
 //   linear_attention          O = (Pq KV) / den, KV = Pk^T V, den = Pq z, z = Pk^T 1:
 //                             G = [g / den, -rowsum(g * O) / den], dPq = G [KV, z]^T,
 //                             [dKV, dz] = Pq^T G, dPk = V dKV^T + 1 dz^T, dV = Pk dKV
+//   favor_attention           linear_attention of positive_features(scale q) and (scale k), as one op
 //   causal_linear_attention   the same per chunk of rows, KV the state before the chunk plus the
 //                             chunk's own keys through tril(Pq Pk^T); dstate = Pq^T G
 //                             (the chunk formulas: core/cpu/linear_attention.cpp)
@@ -387,6 +388,24 @@ Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& 
   return attach(r[0], "linear_attention", {phi_q, phi_k, v},
                 [pq, pk, vc, out = r[0].detach(), den = r[1], kvz = r[2], den_guard](const Tensor& g) {
                   return raw::linear_attention_backward(g, pq, pk, vc, out, den, kvz, den_guard);
+                });
+}
+
+Tensor favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
+                       const Tensor& key_padding, double den_guard) {
+  LINEA_CHECK(!omega.requires_grad(),
+              "favor_attention: omega takes no gradient (the features are samples); got an "
+              "omega that requires one");
+  const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
+  // Kept as they are for the backward (the raw op reads the heads of a projection in place).
+  const Tensor qc = q.detach(), kc = k.detach(), vc = v.detach(), wc = omega.detach();
+  std::vector<Tensor> r = raw::favor_attention(qc, kc, vc, wc, scale, pad, den_guard);  // out, den, kvz, phi_q, phi_k
+  const Tensor out = r[0];
+  if (!needs_grad({&q, &k, &v})) return out;
+  r[0] = out.detach();
+  return attach(out, "favor_attention", {q, k, v},
+                [qc, kc, vc, wc, scale, r = std::move(r), den_guard](const Tensor& g) {
+                  return raw::favor_attention_backward(g, qc, kc, vc, wc, scale, r, den_guard);
                 });
 }
 

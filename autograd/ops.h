@@ -225,6 +225,15 @@ Tensor positive_features(const Tensor& x, const Tensor& omega, bool per_row, con
 // +; no gradient through it). Differentiable in all three; keeps only [B, H, S, E + 1] and
 // [B, H, N] besides its inputs and output for the backward (performer's bidirectional path).
 Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, double den_guard);
+// FAVOR+ attention, fused (CPU and CUDA): linear_attention(phi_q, phi_k, v, den_guard) of the
+// positive features phi_q = positive_features(scale q, omega, per_row) and phi_k =
+// positive_features(scale k, omega, per (b, h), key_padding), for q [B, H, N, D], k [B, H, M, D],
+// v [B, H, M, E], omega [H, S, D]. On CUDA one pass of fused kernels that reads the heads of a
+// projection in place (the two ops where the sizes do not fit them); on the CPU the two ops.
+// Differentiable in q, k and v; omega is a constant (the features are samples). Performer's
+// bidirectional path with its softmax feature map.
+Tensor favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
+                       const Tensor& key_padding, double den_guard);
 // Causal linear attention, fused (CPU and CUDA), in chunks of `chunk` rows (a scan over chunk
 // states, then each chunk from its state plus its masked product): out_n = num_n / den~_n with
 // [num, den]_n = phi_q_n (state + sum_{m<=n} phi_k_m^T [v_m, 1]) for phi_q, phi_k [B, H, N, S] and

@@ -45,25 +45,6 @@ struct SdpaShape {
   bool causal;
 };
 
-// One head's rows: the first at p, `row` apart.
-template <typename T> struct Rows {
-  T* p;
-  int64_t row;
-};
-
-// Where an operand's heads lie: head (b, h) starts at p + b * batch + h * head, its rows `row`
-// apart, a row's values contiguous. The kernels read q, k, v, dout and out and write out, dq, dk
-// and dv so: the heads of a [B, L, H, D] projection in place (batch L H D, head D, row H D), as
-// PyTorch's SDPA kernels do, instead of strided copies into [B, H, L, D] before each call and back
-// after (8 launches a layer and training step).
-template <typename T> struct HeadRows {
-  T* p = nullptr;
-  int64_t batch = 0, head = 0, row = 0;
-  __host__ __device__ T* at(int64_t bh, int64_t heads) const { return p + bh / heads * batch + bh % heads * head; }
-  // Head bh's rows, found once a block (a 64-bit division) rather than once a tile.
-  __device__ Rows<T> rows(int64_t bh, int64_t heads) const { return {at(bh, heads), row}; }
-};
-
 // The first query row of `n0..` that may see key m, and whether key m is hidden from row n.
 __device__ __forceinline__ bool hidden(const SdpaShape& s, const uint8_t* pad, int64_t n, int64_t m) {
   return (s.causal && m > n + s.offset) || (pad && pad[m]);
@@ -1123,12 +1104,6 @@ struct SdpaArgs {
 };
 
 // A [B, H, rows, dim] operand's heads as the kernels read them (HeadRows).
-template <typename T> HeadRows<const T> rows_in(const Tensor& t) {
-  return {cptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
-}
-template <typename T> HeadRows<T> rows_out(const Tensor& t) {
-  return {ptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
-}
 
 template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
   const dim3 grid(static_cast<unsigned>((a.s.N + B - 1) / B), static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
@@ -1345,14 +1320,6 @@ template <typename T, typename F> void with_tiles(const SdpaShape& s, const char
     if (dim <= 128) return with_rows<T, 128>(f);
   LINEA_FAIL(op, ": the CUDA kernel takes head dims up to ", sizeof(T) == 4 ? 128 : 64, " in ",
              sizeof(T) == 4 ? "float32" : "float64", ", got q/k ", s.D, " and v ", s.E);
-}
-
-// The kernels take any batch, head and row strides (HeadRows), a row's values contiguous.
-void check_head_rows(const char* op, std::initializer_list<const Tensor*> operands) {
-  for (const Tensor* t : operands)
-    LINEA_CHECK(t->size(3) <= 1 || t->stride(3) == 1, op,
-                ": the CUDA kernel reads and writes rows of contiguous values, got ", shape_str(t->shape()),
-                " with strides ", shape_str(t->strides()));
 }
 
 SdpaShape sdpa_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset) {

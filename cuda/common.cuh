@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "core/cuda_counters.h"
@@ -352,6 +353,39 @@ template <typename T> __device__ __forceinline__ T warp_max(T x) {
     x = y > x ? y : x;
   }
   return x;
+}
+
+// ---- attention heads ---------------------------------------------------------------------------
+// One head's rows: the first at p, `row` apart.
+template <typename T> struct Rows {
+  T* p;
+  int64_t row;
+};
+
+// Where an operand's heads lie: head (b, h) starts at p + b * batch + h * head, its rows `row`
+// apart, a row's values contiguous. The attention kernels read and write q, k, v, out and their
+// gradients so: the heads of a [B, L, H, D] projection in place (batch L H D, head D, row H D), as
+// PyTorch's SDPA kernels do, instead of strided copies into [B, H, L, D] before each call and back
+// after (8 launches a layer and training step).
+template <typename T> struct HeadRows {
+  T* p = nullptr;
+  int64_t batch = 0, head = 0, row = 0;
+  __host__ __device__ T* at(int64_t bh, int64_t heads) const { return p + bh / heads * batch + bh % heads * head; }
+  // Head bh's rows, found once a block (a 64-bit division) rather than once a tile.
+  __device__ Rows<T> rows(int64_t bh, int64_t heads) const { return {at(bh, heads), row}; }
+};
+template <typename T> HeadRows<const T> rows_in(const Tensor& t) {
+  return {cptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
+}
+template <typename T> HeadRows<T> rows_out(const Tensor& t) {
+  return {ptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
+}
+// The kernels take any batch, head and row strides (HeadRows), a row's values contiguous.
+inline void check_head_rows(const char* op, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    LINEA_CHECK(t->size(3) <= 1 || t->stride(3) == 1, op,
+                ": the CUDA kernel reads and writes rows of contiguous values, got ", shape_str(t->shape()),
+                " with strides ", shape_str(t->strides()));
 }
 
 // Row kernels whose rows are contiguous runs of elements take one warp per row, the lanes

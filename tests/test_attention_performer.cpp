@@ -615,6 +615,54 @@ TEST(LinearAttention, BadInputsThrow) {
   EXPECT_LINEA_ERROR(linear_attention(pq, pk, v.to(DType::Float64), 0.0), "linear_attention");
 }
 
+// ---- FAVOR+ attention in one op -----------------------------------------------------------------
+// The composed formula: the two ops on the scaled inputs.
+Tensor favor_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& w, double scale,
+                      const Tensor& pad, double guard) {
+  return linear_attention(positive_features(q * scale, w, true), positive_features(k * scale, w, false, pad), v, guard);
+}
+
+TEST(FavorAttention, MatchesTheComposedFormula) {
+  manual_seed(66);
+  const Tensor q = randn64({2, 3, 7, 5}), k = randn64({2, 3, 9, 5}), v = randn64({2, 3, 9, 4}),
+               w = randn64({3, 6, 5}).detach();  // a constant: the features are samples
+  const Tensor pad = mask_of({0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 2, 9).to(DType::Bool);
+  for (const Tensor& p : {Tensor(), pad}) {
+    const Tensor got = favor_attention(q, k, v, w, 0.7, p, 1e-30);
+    EXPECT_TRUE(all_close(got, favor_composed(q, k, v, w, 0.7, p, 1e-30), 1e-12, 1e-12));
+    if (p.defined()) {
+      EXPECT_EQ(max_abs(narrow(got, 0, 1, 1)), 0.0);  // every key padded: 0 / guard
+    }
+  }
+  // Heads split off a projection (strided views) read as they are.
+  const Tensor qs = transpose(contiguous(transpose(q, 1, 2)), 1, 2);
+  EXPECT_TRUE(all_close(favor_attention(qs, k, v, w, 0.7, pad, 1e-30), favor_composed(q, k, v, w, 0.7, pad, 1e-30),
+                        1e-12, 1e-12));
+}
+
+TEST(GradCheck, FavorAttention) {
+  manual_seed(67);
+  const Tensor w = randn64({2, 4, 3}).detach();
+  const Tensor pad = mask_of({0, 0, 1, 0, 1, 1, 1, 1}, 2, 4).to(DType::Bool);
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& in) { return favor_attention(in[0], in[1], in[2], w, 0.8, pad, 1e-30); },
+      {randn64({2, 2, 5, 3}), randn64({2, 2, 4, 3}), randn64({2, 2, 4, 2})});
+}
+
+TEST(FavorAttention, BadInputsThrow) {
+  const Tensor q = randn({1, 2, 3, 4}), k = randn({1, 2, 5, 4}), v = randn({1, 2, 5, 6}), w = randn({2, 7, 4});
+  EXPECT_LINEA_ERROR(favor_attention(q, k, v, randn({2, 7, 3}), 0.5, Tensor(), 0.0),
+                     "favor_attention: expected omega [H, S, D] = [2, S, 4] with S > 0, got [2, 7, 3]");
+  EXPECT_LINEA_ERROR(favor_attention(q, randn({1, 2, 5, 3}), v, w, 0.5, Tensor(), 0.0), "favor_attention:");
+  EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.0, Tensor(), 0.0), "scale must be finite and > 0, got 0");
+  EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.5, Tensor(), -1.0), "guard must be finite and >= 0, got -1");
+  EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.5, zeros({1, 4}, DType::Bool), 0.0),
+                     "favor_attention: key padding must be bool [B, M] = [1, 5]");
+  Tensor wg = w.detach();
+  wg.requires_grad_(true);
+  EXPECT_LINEA_ERROR(favor_attention(q, k, v, wg, 0.5, Tensor(), 0.0), "favor_attention: omega takes no gradient");
+}
+
 // ---- the fused causal linear attention --------------------------------------------------------
 // The composed formula: [num, den] = tril(pq pk^T) [v, 1] + pq state, out = num / den~.
 Tensor causal_linear_attention_composed(const Tensor& pq, const Tensor& pk, const Tensor& v, const Tensor& state,

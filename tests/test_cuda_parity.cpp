@@ -1214,6 +1214,91 @@ TEST(CudaParity, PositiveFeaturesKernel) {
   }
 }
 
+// FAVOR+ attention's fused kernels (cuda/favor_attention.cu) against the CPU's composed op
+// (positive_features, then linear_attention): sizes off the 64-row tiles and the 64-wide blocks
+// (S, D or E past 64 take two blocks: float32 only, float64 does not fit the emulator's 227 KB of
+// shared memory there and must decline), several runs of key and query tiles (M = 600, N = 330),
+// key padding with a batch that is all padding (its denominators 0: the guard), the heads of
+// [B, L, H, pitch] buffers in and out (nothing written between a view's rows), NaN-poisoned
+// outputs. Where the kernels decline, the raw op composes the two ops on CUDA: compared too.
+TEST(CudaParity, FavorAttentionKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(31);
+  struct Case {
+    int64_t B, H, N, M, D, E, S, pitch;
+    bool pad, fits_f64;
+  };
+  const std::vector<Case> cases = {
+      {2, 3, 37, 45, 17, 23, 23, 26, true, true},    {1, 1, 1, 1, 1, 1, 1, 1, false, true},
+      {1, 2, 330, 600, 16, 40, 50, 48, true, true},  {2, 1, 70, 9, 64, 64, 64, 64, false, true},
+      {1, 1, 130, 200, 16, 40, 70, 40, true, false},  // S in two blocks
+      {1, 2, 70, 9, 70, 65, 23, 72, false, false}};   // D and E in two blocks
+  const auto heads = [](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
+    return narrow(permute(poisoned({B, L, H, pitch}, dt), {0, 2, 1, 3}), 3, 0, dim);
+  };
+  const auto filled = [&](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
+    Tensor view = heads(B, H, L, dim, pitch, dt);
+    view.copy_(rnd(view.shape(), dt).to(kCuda));
+    return view;
+  };
+  const auto gaps_untouched = [](const Tensor& view, int64_t dim, int64_t pitch, const char* what) {
+    if (pitch == dim) return;
+    const Tensor buffer = as_strided(view, {view.size(0), view.size(2), view.size(1), pitch},
+                                     {view.stride(0), view.stride(2), view.stride(1), 1}, view.offset());
+    const std::vector<double> g = narrow(buffer, 3, dim, pitch - dim).to(kCPU).to(DType::Float64).to_vector<double>();
+    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double x) { return std::isnan(x); })) << what << " wrote a gap";
+  };
+  const double guard = 1e-30;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +
+                           std::to_string(c.M) + " D " + std::to_string(c.D) + " E " + std::to_string(c.E) + " S " +
+                           std::to_string(c.S) + (c.pad ? " padded" : ""),
+                       dt));
+      const Tensor q = filled(c.B, c.H, c.N, c.D, c.pitch, dt), k = filled(c.B, c.H, c.M, c.D, c.pitch, dt),
+                   v = filled(c.B, c.H, c.M, c.E, c.pitch, dt), dout = filled(c.B, c.H, c.N, c.E, c.pitch, dt);
+      const Tensor w = rnd({c.H, c.S, c.D}, dt), pad = c.pad ? key_padding(c.B, c.M) : Tensor();
+      const double scale = std::pow(static_cast<double>(c.D), -0.25);
+      // Reference: the CPU's composed op.
+      const Tensor qh = q.to(kCPU), kh = k.to(kCPU), vh = v.to(kCPU), gh = dout.to(kCPU);
+      const std::vector<Tensor> ref = raw::favor_attention(qh, kh, vh, w, scale, pad, guard);
+      const std::vector<Tensor> dref = raw::favor_attention_backward(gh, qh, kh, vh, w, scale, ref, guard);
+
+      const Tensor wd = w.to(kCuda), pd = pad.defined() ? pad.to(kCuda) : Tensor();
+      const Shape den_s{c.B, c.H, c.N}, kvz_s{c.B, c.H, c.S, c.E + 1}, pq_s{c.B, c.H, c.N, c.S},
+          pk_s{c.B, c.H, c.M, c.S};
+      std::vector<Tensor> fwd = {heads(c.B, c.H, c.N, c.E, c.pitch, dt), poisoned(den_s, dt), poisoned(kvz_s, dt),
+                                 poisoned(pq_s, dt), poisoned(pk_s, dt)};
+      const bool fits = dt == DType::Float32 || c.fits_f64;
+      const double long_sum = 8;  // sums over up to 600 keys and 70 features, exp of sums over D
+      ASSERT_EQ(LINEA_BACKEND(kCuda, favor_attention_forward, q, k, v, wd, scale, pd, guard, fwd[0], fwd[1], fwd[2],
+                              fwd[3], fwd[4]),
+                fits);
+      if (!fits) {  // nothing written; the raw op composes
+        EXPECT_TRUE(std::isnan(fwd[1].to(kCPU).to(DType::Float64).to_vector<double>()[0]));
+        const std::vector<Tensor> got = raw::favor_attention(q, k, v, wd, scale, pd, guard);
+        EXPECT_TRUE(matches(got[0], ref[0], long_sum, "out (composed)"));
+        const std::vector<Tensor> dgot = raw::favor_attention_backward(dout, q, k, v, wd, scale, got, guard);
+        for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(matches(dgot[i], dref[i], long_sum, "gradient (composed)"));
+        continue;
+      }
+      const char* names[] = {"out", "den", "kvz", "phi_q", "phi_k"};
+      for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(matches(fwd[i], ref[i], long_sum, names[i]));
+      std::vector<Tensor> d = {heads(c.B, c.H, c.N, c.D, c.pitch, dt), heads(c.B, c.H, c.M, c.D, c.pitch, dt),
+                               heads(c.B, c.H, c.M, c.E, c.pitch, dt)};
+      ASSERT_TRUE(LINEA_BACKEND(kCuda, favor_attention_backward, q, k, v, wd, scale, fwd[0], fwd[1], fwd[2], fwd[3],
+                                fwd[4], dout, guard, d[0], d[1], d[2]));
+      EXPECT_TRUE(matches(d[0], dref[0], long_sum, "dq"));
+      EXPECT_TRUE(matches(d[1], dref[1], long_sum, "dk"));
+      EXPECT_TRUE(matches(d[2], dref[2], long_sum, "dv"));
+      gaps_untouched(fwd[0], c.E, c.pitch, "out");
+      gaps_untouched(d[0], c.D, c.pitch, "dq");
+      gaps_untouched(d[1], c.D, c.pitch, "dk");
+      gaps_untouched(d[2], c.E, c.pitch, "dv");
+    }
+  }
+}
+
 // LARA's mixture-weight kernels, as above: sizes off every block shape, N past one column
 // block's 256 threads, a beta large enough that the floor clamps some weights (no gradient
 // there), NaN-poisoned outputs.

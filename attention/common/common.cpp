@@ -6,7 +6,9 @@
 
 namespace linea::attn {
 
-Tensor scaled(const Tensor& x) { return mul(x, std::pow(static_cast<double>(x.size(-1)), -0.25)); }
+double scale_of(int64_t head_dim) { return std::pow(static_cast<double>(head_dim), -0.25); }
+
+Tensor scaled(const Tensor& x) { return mul(x, scale_of(x.size(-1))); }
 
 Tensor sq_norm(const Tensor& x) { return sum(square(x), {-1}, /*keepdim=*/true); }
 

@@ -12,8 +12,10 @@
 
 namespace linea::attn {
 
-// x~ = D^-1/4 x for x [..., D] (differentiable).
+// x~ = D^-1/4 x for x [..., D] (differentiable); scale_of(D) = D^-1/4, for the fused ops that scale
+// as they read.
 Tensor scaled(const Tensor& x);
+double scale_of(int64_t head_dim);
 
 // log xi(x_m, w_p) for every pair: w [..., P, D], x [..., M, D] -> [..., P, M] = w x^T - |x|^2/2.
 Tensor log_xi(const Tensor& w, const Tensor& x);

@@ -358,4 +358,16 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
   });
 }
 
+// FAVOR+ attention: the CPU's fused form is positive_features and linear_attention one after the
+// other (raw::favor_attention composes them), each already one pass of blocked GEMMs.
+bool favor_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, double,
+                             const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  return false;
+}
+bool favor_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double,
+                              const Tensor&, const Tensor&, const Tensor&) {
+  return false;
+}
+
 }  // namespace linea::cpu

@@ -1,0 +1,555 @@
+// FAVOR+ attention on CUDA in one pass over each operand (core/kernels.h; raw::favor_attention
+// composes positive_features and linear_attention where these return false, and on the CPU: the
+// same formulas). Per (b, h), in tiles of kRows rows, with x~ = scale x:
+//   forward   1. key logits  l = x~ W^T - |x~|^2/2 into phi_k, and each tile's max over its
+//                            unpadded rows
+//             2. key sums    c = the max of the tiles' maxima; phi_k = exp(l - c) / sqrt(S) (0 on
+//                            padded rows); over a run of tiles, KV += phi_k^T v, z += phi_k^T 1;
+//                            the runs' parts added in order (sum_runs_kernel) into kvz = [KV, z]
+//             3. queries     phi_q = exp(l - the row's max) / sqrt(S), den = phi_q . z, out =
+//                            phi_q KV / den~
+//   backward  4. queries     G = g / den~, G_z = -(g . out) / den~ (0 where guarded); dl =
+//                            (G KV^T + G_z z^T) * phi_q; dq = scale (dl W - rowsum(dl) x~); over a
+//                            run of tiles dKV += phi_q^T G, dz += phi_q^T G_z; the runs added in order
+//             5. keys        dl = (v dKV^T + 1 dz^T) * phi_k, dv = phi_k dKV, dk as dq
+// Seven launches for a forward and backward where the composed ops take about 30 (positive
+// features, the scaling of q and k, linear attention's GEMMs and row passes), and q, k, v, out
+// and their gradients are read and written in place as the heads of a projection (HeadRows).
+// The products are each block's own, in shared memory: 256 threads, each a 4 x 4 patch of every
+// 64 x 64 block of the output (block_product); operands padded with zeros to whole 64-wide blocks.
+// Every sum has a fixed order: the same bits every run. Sizes whose operands do not fit a block's
+// shared memory (e.g. S = D = 128 in float32 on an H100) return false: the composed ops run.
+#include <cfloat>
+#include <cmath>
+
+#include "core/kernels.h"
+#include "cuda/common.cuh"
+
+namespace linea::cuda {
+
+using namespace detail;
+
+namespace {
+
+constexpr int kRows = 64;      // rows of a tile, and the side of a product's blocks
+constexpr int kThreads = 256;  // 16 x 16, each a 4 x 4 patch of a 64 x 64 block
+constexpr int kSide = 16;
+
+struct FavorDims {
+  int64_t B, H, N, M, D, E, S;
+  int Dp, Ep, Sp;  // D, E and S rounded up to whole 64-wide blocks
+  __host__ __device__ int64_t BH() const { return B * H; }
+};
+
+template <typename T> __device__ __forceinline__ T lowest() { return sizeof(T) == 4 ? T(-FLT_MAX) : T(-DBL_MAX); }
+
+// A matrix in shared memory, rows ld = cols + 1 apart (an odd pitch: a warp's 16 threads reading
+// one column of 16 rows hit 16 banks).
+template <typename T> struct Mat {
+  T* p;
+  int ld;
+  __device__ T& operator()(int r, int c) const { return p[r * ld + c]; }
+};
+
+// Matrices and vectors carved one after another out of dynamic shared memory; with no base (on
+// the host) it only counts, so one layout function gives the kernel its pointers and the launch
+// its size.
+template <typename T> struct Carve {
+  T* base;
+  int64_t used = 0;
+  __host__ __device__ T* take(int64_t n) {
+    T* p = base ? base + used : nullptr;
+    used += n;
+    return p;
+  }
+  __host__ __device__ Mat<T> mat(int rows, int cols) { return {take(int64_t(rows) * (cols + 1)), cols + 1}; }
+  __host__ __device__ T* vec(int n) { return take(n); }
+};
+
+// The shared memory of each kernel (the same call on the host sizes the launch).
+template <typename T> struct KeyLogitsSmem {
+  Mat<T> w, x;
+  T *half, *red;
+};
+template <typename T> __host__ __device__ KeyLogitsSmem<T> key_logits_smem(Carve<T>& c, const FavorDims& d) {
+  return {c.mat(d.Sp, d.Dp), c.mat(kRows, d.Dp), c.vec(kRows), c.vec(kThreads / 32)};
+}
+template <typename T> struct KeySumsSmem {
+  Mat<T> p, v, kv;
+  T *z, *red;
+};
+template <typename T> __host__ __device__ KeySumsSmem<T> key_sums_smem(Carve<T>& c, const FavorDims& d) {
+  return {c.mat(kRows, d.Sp), c.mat(kRows, d.Ep), c.mat(d.Sp, d.Ep), c.vec(d.Sp), c.vec(kThreads / 32)};
+}
+template <typename T> struct QueriesSmem {
+  Mat<T> w, kv, x, p;
+  T *z, *half, *inv;  // inv: 1 / den~ per row
+};
+template <typename T> __host__ __device__ QueriesSmem<T> queries_smem(Carve<T>& c, const FavorDims& d) {
+  return {c.mat(d.Sp, d.Dp), c.mat(d.Sp, d.Ep), c.mat(kRows, d.Dp), c.mat(kRows, d.Sp),
+          c.vec(d.Sp),       c.vec(kRows),      c.vec(kRows)};
+}
+// The gradient kernels: G (queries) or v (keys) shares its space with x~, read after it.
+template <typename T> struct GradSmem {
+  Mat<T> w, kv, dkv, p, dl, gx;
+  T *z, *dz, *gz, *rs, *inv;
+};
+template <typename T> __host__ __device__ GradSmem<T> grad_smem(Carve<T>& c, const FavorDims& d, bool queries) {
+  const int wide = d.Ep > d.Dp ? d.Ep : d.Dp;
+  return {c.mat(d.Sp, d.Dp),  c.mat(d.Sp, d.Ep),  queries ? c.mat(d.Sp, d.Ep) : Mat<T>{nullptr, 0},
+          c.mat(kRows, d.Sp), c.mat(kRows, d.Sp), c.mat(kRows, wide),
+          c.vec(d.Sp),        c.vec(d.Sp),        c.vec(kRows),
+          c.vec(kRows),       c.vec(kRows)};
+}
+template <typename T, typename Layout> size_t smem_bytes(Layout layout) {
+  Carve<T> c{nullptr};
+  layout(c);
+  return static_cast<size_t>(c.used) * sizeof(T);
+}
+
+// f(r, c, sum_{k < K} a(r, k) b(k, c)) for every (r, c) of an R x N product (R and N whole 64
+// blocks): thread (ty, tx) of the 16 x 16 computes rows ty + 16 i and columns tx + 16 j of each
+// 64 x 64 block, 16 products for 8 shared loads (a warp's a loads are two broadcasts; its b loads
+// 16 banks). All threads of the block call it.
+template <typename T, typename A, typename B, typename F>
+__device__ __forceinline__ void block_product(int R, int N, int K, const A& a, const B& b, F&& f) {
+  const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
+  for (int r0 = 0; r0 < R; r0 += kRows)
+    for (int c0 = 0; c0 < N; c0 += kRows) {
+      T acc[4][4] = {};
+#pragma unroll 4
+      for (int k = 0; k < K; ++k) {
+        T x[4], y[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) x[i] = a(r0 + ty + kSide * i, k);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) y[j] = b(k, c0 + tx + kSide * j);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) f(r0 + ty + kSide * i, c0 + tx + kSide * j, acc[i][j]);
+    }
+}
+
+// The 4 threads of row r = threadIdx.x / 4 combine f(r, c) over c < n by op (in a fixed order);
+// each of them gets the result.
+template <typename T, typename Op, typename F> __device__ __forceinline__ T row_reduce(int n, T init, Op op, F&& f) {
+  const int r = static_cast<int>(threadIdx.x) / 4;
+  T acc = init;
+  for (int c = static_cast<int>(threadIdx.x) % 4; c < n; c += 4) acc = op(acc, f(r, c));
+  acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
+  return op(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
+}
+struct Add {
+  template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// The max of every thread's x, to all threads (red: kThreads / 32 values). Barriers inside.
+template <typename T> __device__ T block_max(T x, T* red) {
+  x = warp_max(x);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
+  __syncthreads();
+  T m = red[0];
+  for (int w = 1; w < kThreads / 32; ++w) m = m > red[w] ? m : red[w];
+  __syncthreads();
+  return m;
+}
+
+// m [rows, cols] (cols whole blocks) = f(r, c) for r < n, c < width; 0 elsewhere. Consecutive
+// threads take consecutive columns (coalesced global reads).
+template <typename T, typename F> __device__ void fill_mat(Mat<T> m, int rows, int cols, int n, int width, F&& f) {
+  for (int i = static_cast<int>(threadIdx.x); i < rows * cols; i += kThreads) {
+    const int r = i / cols, c = i - r * cols;
+    m(r, c) = r < n && c < width ? f(r, c) : T(0);
+  }
+}
+
+// W_h [S, D] into w [Sp, Dp].
+template <typename T> __device__ void load_omega(const T* omega, const FavorDims& d, Mat<T> w) {
+  const T* wh = omega + blockIdx.y % d.H * d.S * d.D;
+  fill_mat(w, d.Sp, d.Dp, static_cast<int>(d.S), static_cast<int>(d.D), [&](int s, int j) { return wh[s * d.D + j]; });
+}
+// n rows of a head (its rows from r0) times `scale` into m [kRows, cols].
+template <typename T>
+__device__ void load_rows(Rows<const T> src, int64_t r0, int n, int width, int cols, T scale, Mat<T> m) {
+  fill_mat(m, kRows, cols, n, width, [&](int r, int c) { return src.p[(r0 + r) * src.row + c] * scale; });
+}
+// [S, E + 1] rows (kvz's layout, at p) into kv [Sp, Ep] and z [Sp].
+template <typename T> __device__ void load_kvz(const T* p, const FavorDims& d, Mat<T> kv, T* z) {
+  const int64_t E1 = d.E + 1;
+  fill_mat(kv, d.Sp, d.Ep, static_cast<int>(d.S), static_cast<int>(d.E), [&](int s, int e) { return p[s * E1 + e]; });
+  for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) z[s] = s < d.S ? p[s * E1 + d.E] : T(0);
+}
+// half[r] = |x_r|^2 / 2 for the rows of x [kRows, Dp].
+template <typename T> __device__ void half_norms(Mat<T> x, int Dp, T* half) {
+  const T h = row_reduce(Dp, T(0), Add(), [&](int r, int c) { return x(r, c) * x(r, c); }) * T(0.5);
+  if (threadIdx.x % 4 == 0) half[threadIdx.x / 4] = h;
+}
+
+template <typename T> __device__ __forceinline__ T guarded(T den, T guard) {
+  return fabs(den) < guard ? (den >= T(0) ? guard : -guard) : den;
+}
+
+int64_t tiles_of(int64_t rows) { return (rows + kRows - 1) / kRows; }
+
+// ---- forward ------------------------------------------------------------------------------------
+// 1. l = k~ W^T - |k~|^2/2 of tile blockIdx.x of head blockIdx.y into lg [BH, M, S]; tile_max
+//    [BH, tiles] = the max over the tile's unpadded rows (lowest where every row is padded).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) key_logits_kernel(HeadRows<const T> k, const T* omega, const uint8_t* pad,
+                                                              FavorDims d, T scale, T* lg, T* tile_max) {
+  Carve<T> carve{shared_mem<T>()};
+  const KeyLogitsSmem<T> sm = key_logits_smem(carve, d);
+  const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
+  const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
+  load_omega(omega, d, sm.w);
+  load_rows(k.rows(bh, d.H), m0, n, static_cast<int>(d.D), d.Dp, scale, sm.x);
+  __syncthreads();
+  half_norms(sm.x, d.Dp, sm.half);
+  __syncthreads();
+  const uint8_t* pb = pad ? pad + bh / d.H * d.M + m0 : nullptr;
+  T* out = lg + (bh * d.M + m0) * d.S;
+  T mx = lowest<T>();
+  block_product<T>(
+      kRows, d.Sp, d.Dp, [&](int r, int j) { return sm.x(r, j); }, [&](int j, int s) { return sm.w(s, j); },
+      [&](int r, int s, T acc) {
+        if (r >= n || s >= d.S) return;
+        const T l = acc - sm.half[r];
+        out[r * d.S + s] = l;
+        if (!(pb && pb[r])) mx = l > mx ? l : mx;
+      });
+  mx = block_max(mx, sm.red);
+  if (threadIdx.x == 0) tile_max[bh * gridDim.x + blockIdx.x] = mx;
+}
+
+// 2. Over run blockIdx.x of head blockIdx.y's tiles (`per_run` of them): phi_k = exp(l - c) /
+//    sqrt(S) in place of the logits (0 on padded rows), c = the max of the head's tile_max; and
+//    part [run, BH, S, E + 1] = [phi_k^T v, phi_k^T 1] over the run.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    key_sums_kernel(HeadRows<const T> v, const uint8_t* pad, FavorDims d, int64_t tiles, int64_t per_run,
+                    const T* tile_max, T inv_sqrt_s, T* phi_k, T* part) {
+  Carve<T> carve{shared_mem<T>()};
+  const KeySumsSmem<T> sm = key_sums_smem(carve, d);
+  const int64_t bh = blockIdx.y;
+  T c = lowest<T>();
+  for (int64_t t = threadIdx.x; t < tiles; t += kThreads) c = max(c, tile_max[bh * tiles + t]);
+  c = block_max(c, sm.red);
+  fill_mat(sm.kv, d.Sp, d.Ep, 0, 0, [](int, int) { return T(0); });
+  for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) sm.z[s] = T(0);
+  const Rows<const T> vr = v.rows(bh, d.H);
+  const uint8_t* pb = pad ? pad + bh / d.H * d.M : nullptr;
+  const int64_t t1 = min(tiles, (blockIdx.x + 1) * per_run);
+  for (int64_t t = blockIdx.x * per_run; t < t1; ++t) {
+    const int64_t m0 = t * kRows;
+    const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
+    T* rows = phi_k + (bh * d.M + m0) * d.S;
+    fill_mat(sm.p, kRows, d.Sp, n, static_cast<int>(d.S), [&](int r, int s) {
+      const T phi = pb && pb[m0 + r] ? T(0) : d_exp(rows[r * d.S + s] - c) * inv_sqrt_s;
+      rows[r * d.S + s] = phi;
+      return phi;
+    });
+    load_rows(vr, m0, n, static_cast<int>(d.E), d.Ep, T(1), sm.v);
+    __syncthreads();
+    block_product<T>(
+        d.Sp, d.Ep, kRows, [&](int s, int m) { return sm.p(m, s); }, [&](int m, int e) { return sm.v(m, e); },
+        [&](int s, int e, T acc) { sm.kv(s, e) += acc; });
+    for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) {
+      T acc = T(0);
+      for (int m = 0; m < kRows; ++m) acc += sm.p(m, s);
+      sm.z[s] += acc;
+    }
+    __syncthreads();
+  }
+  T* out = part + (blockIdx.x * d.BH() + bh) * d.S * (d.E + 1);
+  for (int64_t i = threadIdx.x; i < d.S * (d.E + 1); i += kThreads) {
+    const int s = static_cast<int>(i / (d.E + 1)), e = static_cast<int>(i % (d.E + 1));
+    out[i] = e < d.E ? sm.kv(s, e) : sm.z[s];
+  }
+}
+
+// 3. Query tile blockIdx.x of head blockIdx.y: phi_q (per-row stabilizer), den = phi_q . z (raw)
+//    and out = phi_q KV / den~.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    queries_kernel(HeadRows<const T> q, const T* omega, const T* kvz, FavorDims d, T scale, T inv_sqrt_s, T guard,
+                   HeadRows<T> out, T* den, T* phi_q) {
+  Carve<T> carve{shared_mem<T>()};
+  const QueriesSmem<T> sm = queries_smem(carve, d);
+  const int64_t bh = blockIdx.y, n0 = blockIdx.x * static_cast<int64_t>(kRows);
+  const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
+  load_omega(omega, d, sm.w);
+  load_kvz(kvz + bh * d.S * (d.E + 1), d, sm.kv, sm.z);
+  load_rows(q.rows(bh, d.H), n0, n, static_cast<int>(d.D), d.Dp, scale, sm.x);
+  __syncthreads();
+  half_norms(sm.x, d.Dp, sm.half);
+  __syncthreads();
+  block_product<T>(
+      kRows, d.Sp, d.Dp, [&](int r, int j) { return sm.x(r, j); }, [&](int j, int s) { return sm.w(s, j); },
+      [&](int r, int s, T acc) { sm.p(r, s) = acc - sm.half[r]; });
+  __syncthreads();
+  const int S = static_cast<int>(d.S);
+  const T mx = row_reduce(S, lowest<T>(), Max(), [&](int r, int s) { return sm.p(r, s); });
+  __syncthreads();  // every row's max read before any of its entries changes
+  T* pq = phi_q + (bh * d.N + n0) * d.S;
+  {
+    const int r = static_cast<int>(threadIdx.x) / 4;
+    for (int s = static_cast<int>(threadIdx.x) % 4; s < d.Sp; s += 4) {
+      const T phi = s < S ? d_exp(sm.p(r, s) - mx) * inv_sqrt_s : T(0);
+      sm.p(r, s) = phi;
+      if (r < n && s < S) pq[r * d.S + s] = phi;
+    }
+  }
+  __syncthreads();
+  const T raw = row_reduce(S, T(0), Add(), [&](int r, int s) { return sm.p(r, s) * sm.z[s]; });
+  if (threadIdx.x % 4 == 0) {
+    const int r = static_cast<int>(threadIdx.x) / 4;
+    sm.inv[r] = T(1) / guarded(raw, guard);
+    if (r < n) den[bh * d.N + n0 + r] = raw;
+  }
+  __syncthreads();
+  const Rows<T> o = out.rows(bh, d.H);
+  block_product<T>(
+      kRows, d.Ep, d.Sp, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int e) { return sm.kv(s, e); },
+      [&](int r, int e, T acc) {
+        if (r < n && e < d.E) o.p[(n0 + r) * o.row + e] = acc * sm.inv[r];
+      });
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+// dl = dphi * phi into sm.dl and its row sums into sm.rs, with dphi = a(r, e) kv(s, e)^T over e +
+// bias(r, s): the queries' G KV^T + G_z z^T, the keys' v dKV^T + dz^T.
+template <typename T, typename A, typename Bias>
+__device__ void feature_grads(const GradSmem<T>& sm, const FavorDims& d, Mat<T> kv, const A& a, const Bias& bias) {
+  block_product<T>(
+      kRows, d.Sp, d.Ep, a, [&](int e, int s) { return kv(s, e); },
+      [&](int r, int s, T acc) { sm.dl(r, s) = (acc + bias(r, s)) * sm.p(r, s); });
+  __syncthreads();
+  const T rs = row_reduce(d.Sp, T(0), Add(), [&](int r, int s) { return sm.dl(r, s); });
+  if (threadIdx.x % 4 == 0) sm.rs[threadIdx.x / 4] = rs;
+}
+// dx = scale (dl W - rowsum(dl) x~) for the tile's n rows from sm.dl, sm.rs and x~ in sm.gx.
+template <typename T>
+__device__ void input_grads(const GradSmem<T>& sm, const FavorDims& d, int64_t r0, int n, T scale, Rows<T> dx) {
+  block_product<T>(
+      kRows, d.Dp, d.Sp, [&](int r, int s) { return sm.dl(r, s); }, [&](int s, int j) { return sm.w(s, j); },
+      [&](int r, int j, T acc) {
+        if (r < n && j < d.D) dx.p[(r0 + r) * dx.row + j] = scale * (acc - sm.rs[r] * sm.gx(r, j));
+      });
+}
+
+// 4. Over run blockIdx.x of head blockIdx.y's query tiles: dq, and part [run, BH, S, E + 1] =
+//    [phi_q^T G, phi_q^T G_z] over the run.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    query_grads_kernel(HeadRows<const T> q, HeadRows<const T> out, HeadRows<const T> dout, const T* omega, const T* kvz,
+                       const T* den, const T* phi_q, FavorDims d, int64_t tiles, int64_t per_run, T scale, T guard,
+                       HeadRows<T> dq, T* part) {
+  Carve<T> carve{shared_mem<T>()};
+  const GradSmem<T> sm = grad_smem(carve, d, true);
+  const int64_t bh = blockIdx.y;
+  load_omega(omega, d, sm.w);
+  load_kvz(kvz + bh * d.S * (d.E + 1), d, sm.kv, sm.z);
+  fill_mat(sm.dkv, d.Sp, d.Ep, 0, 0, [](int, int) { return T(0); });
+  for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) sm.dz[s] = T(0);
+  const Rows<const T> qr = q.rows(bh, d.H), outr = out.rows(bh, d.H), gr = dout.rows(bh, d.H);
+  const Rows<T> dqr = dq.rows(bh, d.H);
+  const int E = static_cast<int>(d.E), S = static_cast<int>(d.S);
+  const int64_t t1 = min(tiles, (blockIdx.x + 1) * per_run);
+  for (int64_t t = blockIdx.x * per_run; t < t1; ++t) {
+    const int64_t n0 = t * kRows;
+    const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
+    // G's row r: g / den~; G_z = -(g . out) / den~, 0 where the guard holds den~ (a constant).
+    load_rows(gr, n0, n, E, d.Ep, T(1), sm.gx);
+    const T* pq = phi_q + (bh * d.N + n0) * d.S;
+    fill_mat(sm.p, kRows, d.Sp, n, S, [&](int r, int s) { return pq[r * d.S + s]; });
+    __syncthreads();
+    const T dot = row_reduce(
+        E, T(0), Add(), [&](int r, int e) { return r < n ? sm.gx(r, e) * outr.p[(n0 + r) * outr.row + e] : T(0); });
+    if (threadIdx.x % 4 == 0) {
+      const int r = static_cast<int>(threadIdx.x) / 4;
+      const T raw = r < n ? den[bh * d.N + n0 + r] : T(1), dg = guarded(raw, guard);
+      sm.inv[r] = T(1) / dg;
+      sm.gz[r] = dg == raw ? -dot / dg : T(0);
+    }
+    __syncthreads();
+    for (int i = static_cast<int>(threadIdx.x); i < kRows * d.Ep; i += kThreads) {
+      const int r = i / d.Ep, e = i - r * d.Ep;
+      sm.gx(r, e) *= sm.inv[r];
+    }
+    __syncthreads();
+    feature_grads(
+        sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int r, int s) { return sm.gz[r] * sm.z[s]; });
+    block_product<T>(
+        d.Sp, d.Ep, kRows, [&](int s, int m) { return sm.p(m, s); }, [&](int m, int e) { return sm.gx(m, e); },
+        [&](int s, int e, T acc) { sm.dkv(s, e) += acc; });
+    for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) {
+      T acc = T(0);
+      for (int m = 0; m < kRows; ++m) acc += sm.p(m, s) * sm.gz[m];
+      sm.dz[s] += acc;
+    }
+    __syncthreads();  // G read by all: x~ may take its place
+    load_rows(qr, n0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
+    __syncthreads();
+    input_grads(sm, d, n0, n, scale, dqr);
+    __syncthreads();
+  }
+  T* o = part + (blockIdx.x * d.BH() + bh) * d.S * (d.E + 1);
+  for (int64_t i = threadIdx.x; i < d.S * (d.E + 1); i += kThreads) {
+    const int s = static_cast<int>(i / (d.E + 1)), e = static_cast<int>(i % (d.E + 1));
+    o[i] = e < E ? sm.dkv(s, e) : sm.dz[s];
+  }
+}
+
+// 5. Key tile blockIdx.x of head blockIdx.y: dv = phi_k dKV and dk (padded rows: phi_k = 0, so 0).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    key_grads_kernel(HeadRows<const T> k, HeadRows<const T> v, const T* omega, const T* dkvz, const T* phi_k,
+                     FavorDims d, T scale, HeadRows<T> dk, HeadRows<T> dv) {
+  Carve<T> carve{shared_mem<T>()};
+  const GradSmem<T> sm = grad_smem(carve, d, false);
+  const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
+  const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
+  load_omega(omega, d, sm.w);
+  load_kvz(dkvz + bh * d.S * (d.E + 1), d, sm.kv, sm.dz);  // dKV and dz
+  load_rows(v.rows(bh, d.H), m0, n, static_cast<int>(d.E), d.Ep, T(1), sm.gx);
+  const T* pk = phi_k + (bh * d.M + m0) * d.S;
+  fill_mat(sm.p, kRows, d.Sp, n, static_cast<int>(d.S), [&](int r, int s) { return pk[r * d.S + s]; });
+  __syncthreads();
+  feature_grads(
+      sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int, int s) { return sm.dz[s]; });
+  const Rows<T> dvr = dv.rows(bh, d.H);
+  block_product<T>(
+      kRows, d.Ep, d.Sp, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int e) { return sm.kv(s, e); },
+      [&](int r, int e, T acc) {
+        if (r < n && e < d.E) dvr.p[(m0 + r) * dvr.row + e] = acc;
+      });
+  __syncthreads();  // v read by all: x~ takes its place
+  load_rows(k.rows(bh, d.H), m0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
+  __syncthreads();
+  input_grads(sm, d, m0, n, scale, dk.rows(bh, d.H));
+}
+
+// ---- launch ---------------------------------------------------------------------------------------
+int round_up(int64_t x) { return static_cast<int>((x + kRows - 1) / kRows * kRows); }
+
+FavorDims favor_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega) {
+  const int64_t D = q.size(3), E = v.size(3), S = omega.size(1);
+  return {q.size(0), q.size(1), q.size(2), k.size(2), D, E, S, round_up(D), round_up(E), round_up(S)};
+}
+
+// Whether every kernel's shared memory fits a block (and the grid its heads), for T.
+template <typename T> bool fits(const FavorDims& d) {
+  const size_t most = std::max({smem_bytes<T>([&](Carve<T>& c) { key_logits_smem(c, d); }),
+                                smem_bytes<T>([&](Carve<T>& c) { key_sums_smem(c, d); }),
+                                smem_bytes<T>([&](Carve<T>& c) { queries_smem(c, d); }),
+                                smem_bytes<T>([&](Carve<T>& c) { grad_smem(c, d, true); })});
+  return d.BH() <= 65535 && most <= shared_memory_optin();
+}
+
+// Opts `kernel` in to `bytes` of shared memory past the default 48 KB (the attribute stays with
+// the kernel; set again only when a call needs more than any before).
+template <auto kernel> void allow_smem(size_t bytes) {
+  static size_t allowed = 48 * 1024;
+  if (bytes <= allowed) return;
+  LINEA_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  allowed = bytes;
+}
+
+// Runs of tiles per head for the kernels that sum over a head's rows: about two blocks per SM of
+// a 132-SM GPU in all, at least 4 tiles a run. Depends on the shape only (the same bits every run).
+int64_t tiles_per_run(int64_t tiles, int64_t heads) {
+  constexpr int64_t kTargetBlocks = 264, kMinTiles = 4;
+  const int64_t runs = std::max<int64_t>(1, std::min((kTargetBlocks + heads - 1) / heads, tiles / kMinTiles));
+  return (tiles + runs - 1) / runs;
+}
+
+// dst [BH, S, E + 1] = the sum over runs of part [runs, BH, S, E + 1], in order of the runs.
+template <typename T> void sum_parts(const T* part, int64_t runs, const FavorDims& d, T* dst) {
+  const int64_t columns = d.BH() * d.S * (d.E + 1);
+  sum_runs_kernel<T, 1>
+      <<<grid_for(columns), kBlockSize, 0, stream()>>>(part, ColumnRuns{runs, 0}, columns, RunTotals<T, 1>{{dst}, {1}});
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
+                             const Tensor& pad, double guard, const Tensor& out, const Tensor& den, const Tensor& kvz,
+                             const Tensor& phi_q, const Tensor& phi_k) {
+  const FavorDims d = favor_dims(q, k, v, omega);
+  bool done = false;
+  LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] {
+    using T = scalar_t;
+    if (!fits<T>(d)) return;
+    check_head_rows("favor_attention", {&q, &k, &v, &out});
+    const T sc = static_cast<T>(scale), inv_sqrt_s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.S)));
+    const uint8_t* pad_p = pad.defined() ? cptr<uint8_t>(pad) : nullptr;
+    const unsigned BH = static_cast<unsigned>(d.BH());
+    const int64_t ktiles = tiles_of(d.M), per_run = tiles_per_run(ktiles, d.BH()),
+                  runs = (ktiles + per_run - 1) / per_run;
+    DeviceScratch<T> tile_max(d.BH() * ktiles), part(runs * d.BH() * d.S * (d.E + 1));
+    size_t bytes = smem_bytes<T>([&](Carve<T>& c) { key_logits_smem(c, d); });
+    allow_smem<key_logits_kernel<T>>(bytes);
+    key_logits_kernel<T><<<dim3(static_cast<unsigned>(ktiles), BH), kThreads, bytes, stream()>>>(
+        rows_in<T>(k), cptr<T>(omega), pad_p, d, sc, ptr<T>(phi_k), tile_max.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    bytes = smem_bytes<T>([&](Carve<T>& c) { key_sums_smem(c, d); });
+    allow_smem<key_sums_kernel<T>>(bytes);
+    key_sums_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
+        rows_in<T>(v), pad_p, d, ktiles, per_run, tile_max.p, inv_sqrt_s, ptr<T>(phi_k), part.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    sum_parts(part.p, runs, d, ptr<T>(kvz));
+    bytes = smem_bytes<T>([&](Carve<T>& c) { queries_smem(c, d); });
+    allow_smem<queries_kernel<T>>(bytes);
+    queries_kernel<T><<<dim3(static_cast<unsigned>(tiles_of(d.N)), BH), kThreads, bytes, stream()>>>(
+        rows_in<T>(q), cptr<T>(omega), cptr<T>(kvz), d, sc, inv_sqrt_s, static_cast<T>(guard), rows_out<T>(out),
+        ptr<T>(den), ptr<T>(phi_q));
+    LINEA_KERNEL_LAUNCH_CHECK();
+    done = true;
+  });
+  return done;
+}
+
+bool favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
+                              const Tensor& out, const Tensor& den, const Tensor& kvz, const Tensor& phi_q,
+                              const Tensor& phi_k, const Tensor& dout, double guard, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv) {
+  const FavorDims d = favor_dims(q, k, v, omega);
+  bool done = false;
+  LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention_backward", [&] {
+    using T = scalar_t;
+    if (!fits<T>(d)) return;
+    check_head_rows("favor_attention_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+    const T sc = static_cast<T>(scale);
+    const unsigned BH = static_cast<unsigned>(d.BH());
+    const int64_t qtiles = tiles_of(d.N), per_run = tiles_per_run(qtiles, d.BH()),
+                  runs = (qtiles + per_run - 1) / per_run;
+    DeviceScratch<T> part(runs * d.BH() * d.S * (d.E + 1)), dkvz(d.BH() * d.S * (d.E + 1));
+    size_t bytes = smem_bytes<T>([&](Carve<T>& c) { grad_smem(c, d, true); });
+    allow_smem<query_grads_kernel<T>>(bytes);
+    query_grads_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
+        rows_in<T>(q), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), cptr<T>(kvz), cptr<T>(den), cptr<T>(phi_q), d,
+        qtiles, per_run, sc, static_cast<T>(guard), rows_out<T>(dq), part.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    sum_parts(part.p, runs, d, dkvz.p);
+    bytes = smem_bytes<T>([&](Carve<T>& c) { grad_smem(c, d, false); });
+    allow_smem<key_grads_kernel<T>>(bytes);
+    key_grads_kernel<T><<<dim3(static_cast<unsigned>(tiles_of(d.M)), BH), kThreads, bytes, stream()>>>(
+        rows_in<T>(k), rows_in<T>(v), cptr<T>(omega), dkvz.p, cptr<T>(phi_k), d, sc, rows_out<T>(dk), rows_out<T>(dv));
+    LINEA_KERNEL_LAUNCH_CHECK();
+    done = true;
+  });
+  return done;
+}
+
+}  // namespace linea::cuda
