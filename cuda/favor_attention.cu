@@ -51,19 +51,26 @@ template <typename T> struct Mat {
   __device__ T& operator()(int r, int c) const { return p[r * ld + c]; }
 };
 
-// Matrices and vectors carved one after another out of dynamic shared memory; with no base (on
-// the host) it only counts, so one layout function gives the kernel its pointers and the launch
-// its size.
+// Matrices and vectors carved one after another out of dynamic shared memory (Carve) or only
+// counted (Count, on the host): one layout function gives a kernel its pointers and its launch
+// the size. (A carver that did both would leave the compiler a pointer that may be null, which it
+// cannot place in shared memory: generic loads in the products.)
 template <typename T> struct Carve {
-  T* base;
-  int64_t used = 0;
-  __host__ __device__ T* take(int64_t n) {
-    T* p = base ? base + used : nullptr;
-    used += n;
+  T* next;
+  __host__ __device__ Mat<T> mat(int rows, int cols) { return {vec(rows * (cols + 1)), cols + 1}; }
+  __host__ __device__ T* vec(int n) {
+    T* p = next;
+    next += n;
     return p;
   }
-  __host__ __device__ Mat<T> mat(int rows, int cols) { return {take(int64_t(rows) * (cols + 1)), cols + 1}; }
-  __host__ __device__ T* vec(int n) { return take(n); }
+};
+template <typename T> struct Count {
+  int64_t used = 0;
+  __host__ __device__ Mat<T> mat(int rows, int cols) { return {vec(rows * (cols + 1)), cols + 1}; }
+  __host__ __device__ T* vec(int n) {
+    used += n;
+    return nullptr;
+  }
 };
 
 // The shared memory of each kernel (the same call on the host sizes the launch).
@@ -71,21 +78,21 @@ template <typename T> struct KeyLogitsSmem {
   Mat<T> w, x;
   T *half, *red;
 };
-template <typename T> __host__ __device__ KeyLogitsSmem<T> key_logits_smem(Carve<T>& c, const FavorDims& d) {
+template <typename T, typename C> __host__ __device__ KeyLogitsSmem<T> key_logits_smem(C& c, const FavorDims& d) {
   return {c.mat(d.Sp, d.Dp), c.mat(kRows, d.Dp), c.vec(kRows), c.vec(kThreads / 32)};
 }
 template <typename T> struct KeySumsSmem {
   Mat<T> p, v, kv;
   T *z, *red;
 };
-template <typename T> __host__ __device__ KeySumsSmem<T> key_sums_smem(Carve<T>& c, const FavorDims& d) {
+template <typename T, typename C> __host__ __device__ KeySumsSmem<T> key_sums_smem(C& c, const FavorDims& d) {
   return {c.mat(kRows, d.Sp), c.mat(kRows, d.Ep), c.mat(d.Sp, d.Ep), c.vec(d.Sp), c.vec(kThreads / 32)};
 }
 template <typename T> struct QueriesSmem {
   Mat<T> w, kv, x, p;
   T *z, *half, *inv;  // inv: 1 / den~ per row
 };
-template <typename T> __host__ __device__ QueriesSmem<T> queries_smem(Carve<T>& c, const FavorDims& d) {
+template <typename T, typename C> __host__ __device__ QueriesSmem<T> queries_smem(C& c, const FavorDims& d) {
   return {c.mat(d.Sp, d.Dp), c.mat(d.Sp, d.Ep), c.mat(kRows, d.Dp), c.mat(kRows, d.Sp),
           c.vec(d.Sp),       c.vec(kRows),      c.vec(kRows)};
 }
@@ -94,7 +101,7 @@ template <typename T> struct GradSmem {
   Mat<T> w, kv, dkv, p, dl, gx;
   T *z, *dz, *gz, *rs, *inv;
 };
-template <typename T> __host__ __device__ GradSmem<T> grad_smem(Carve<T>& c, const FavorDims& d, bool queries) {
+template <typename T, typename C> __host__ __device__ GradSmem<T> grad_smem(C& c, const FavorDims& d, bool queries) {
   const int wide = d.Ep > d.Dp ? d.Ep : d.Dp;
   return {c.mat(d.Sp, d.Dp),  c.mat(d.Sp, d.Ep),  queries ? c.mat(d.Sp, d.Ep) : Mat<T>{nullptr, 0},
           c.mat(kRows, d.Sp), c.mat(kRows, d.Sp), c.mat(kRows, wide),
@@ -102,7 +109,7 @@ template <typename T> __host__ __device__ GradSmem<T> grad_smem(Carve<T>& c, con
           c.vec(kRows),       c.vec(kRows)};
 }
 template <typename T, typename Layout> size_t smem_bytes(Layout layout) {
-  Carve<T> c{nullptr};
+  Count<T> c;
   layout(c);
   return static_cast<size_t>(c.used) * sizeof(T);
 }
@@ -207,7 +214,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) key_logits_kernel(HeadRows<const T> k, const T* omega, const uint8_t* pad,
                                                               FavorDims d, T scale, T* lg, T* tile_max) {
   Carve<T> carve{shared_mem<T>()};
-  const KeyLogitsSmem<T> sm = key_logits_smem(carve, d);
+  const KeyLogitsSmem<T> sm = key_logits_smem<T>(carve, d);
   const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
   load_omega(omega, d, sm.w);
@@ -238,7 +245,7 @@ __global__ void __launch_bounds__(kThreads)
     key_sums_kernel(HeadRows<const T> v, const uint8_t* pad, FavorDims d, int64_t tiles, int64_t per_run,
                     const T* tile_max, T inv_sqrt_s, T* phi_k, T* part) {
   Carve<T> carve{shared_mem<T>()};
-  const KeySumsSmem<T> sm = key_sums_smem(carve, d);
+  const KeySumsSmem<T> sm = key_sums_smem<T>(carve, d);
   const int64_t bh = blockIdx.y;
   T c = lowest<T>();
   for (int64_t t = threadIdx.x; t < tiles; t += kThreads) c = max(c, tile_max[bh * tiles + t]);
@@ -283,7 +290,7 @@ __global__ void __launch_bounds__(kThreads)
     queries_kernel(HeadRows<const T> q, const T* omega, const T* kvz, FavorDims d, T scale, T inv_sqrt_s, T guard,
                    HeadRows<T> out, T* den, T* phi_q) {
   Carve<T> carve{shared_mem<T>()};
-  const QueriesSmem<T> sm = queries_smem(carve, d);
+  const QueriesSmem<T> sm = queries_smem<T>(carve, d);
   const int64_t bh = blockIdx.y, n0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
   load_omega(omega, d, sm.w);
@@ -354,7 +361,7 @@ __global__ void __launch_bounds__(kThreads)
                        const T* den, const T* phi_q, FavorDims d, int64_t tiles, int64_t per_run, T scale, T guard,
                        HeadRows<T> dq, T* part) {
   Carve<T> carve{shared_mem<T>()};
-  const GradSmem<T> sm = grad_smem(carve, d, true);
+  const GradSmem<T> sm = grad_smem<T>(carve, d, true);
   const int64_t bh = blockIdx.y;
   load_omega(omega, d, sm.w);
   load_kvz(kvz + bh * d.S * (d.E + 1), d, sm.kv, sm.z);
@@ -415,7 +422,7 @@ __global__ void __launch_bounds__(kThreads)
     key_grads_kernel(HeadRows<const T> k, HeadRows<const T> v, const T* omega, const T* dkvz, const T* phi_k,
                      FavorDims d, T scale, HeadRows<T> dk, HeadRows<T> dv) {
   Carve<T> carve{shared_mem<T>()};
-  const GradSmem<T> sm = grad_smem(carve, d, false);
+  const GradSmem<T> sm = grad_smem<T>(carve, d, false);
   const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
   load_omega(omega, d, sm.w);
@@ -448,10 +455,10 @@ FavorDims favor_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 
 // Whether every kernel's shared memory fits a block (and the grid its heads), for T.
 template <typename T> bool fits(const FavorDims& d) {
-  const size_t most = std::max({smem_bytes<T>([&](Carve<T>& c) { key_logits_smem(c, d); }),
-                                smem_bytes<T>([&](Carve<T>& c) { key_sums_smem(c, d); }),
-                                smem_bytes<T>([&](Carve<T>& c) { queries_smem(c, d); }),
-                                smem_bytes<T>([&](Carve<T>& c) { grad_smem(c, d, true); })});
+  const size_t most = std::max({smem_bytes<T>([&](Count<T>& c) { key_logits_smem<T>(c, d); }),
+                                smem_bytes<T>([&](Count<T>& c) { key_sums_smem<T>(c, d); }),
+                                smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d); }),
+                                smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true); })});
   return d.BH() <= 65535 && most <= shared_memory_optin();
 }
 
@@ -498,18 +505,18 @@ bool favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     const int64_t ktiles = tiles_of(d.M), per_run = tiles_per_run(ktiles, d.BH()),
                   runs = (ktiles + per_run - 1) / per_run;
     DeviceScratch<T> tile_max(d.BH() * ktiles), part(runs * d.BH() * d.S * (d.E + 1));
-    size_t bytes = smem_bytes<T>([&](Carve<T>& c) { key_logits_smem(c, d); });
+    size_t bytes = smem_bytes<T>([&](Count<T>& c) { key_logits_smem<T>(c, d); });
     allow_smem<key_logits_kernel<T>>(bytes);
     key_logits_kernel<T><<<dim3(static_cast<unsigned>(ktiles), BH), kThreads, bytes, stream()>>>(
         rows_in<T>(k), cptr<T>(omega), pad_p, d, sc, ptr<T>(phi_k), tile_max.p);
     LINEA_KERNEL_LAUNCH_CHECK();
-    bytes = smem_bytes<T>([&](Carve<T>& c) { key_sums_smem(c, d); });
+    bytes = smem_bytes<T>([&](Count<T>& c) { key_sums_smem<T>(c, d); });
     allow_smem<key_sums_kernel<T>>(bytes);
     key_sums_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
         rows_in<T>(v), pad_p, d, ktiles, per_run, tile_max.p, inv_sqrt_s, ptr<T>(phi_k), part.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     sum_parts(part.p, runs, d, ptr<T>(kvz));
-    bytes = smem_bytes<T>([&](Carve<T>& c) { queries_smem(c, d); });
+    bytes = smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d); });
     allow_smem<queries_kernel<T>>(bytes);
     queries_kernel<T><<<dim3(static_cast<unsigned>(tiles_of(d.N)), BH), kThreads, bytes, stream()>>>(
         rows_in<T>(q), cptr<T>(omega), cptr<T>(kvz), d, sc, inv_sqrt_s, static_cast<T>(guard), rows_out<T>(out),
@@ -535,14 +542,14 @@ bool favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     const int64_t qtiles = tiles_of(d.N), per_run = tiles_per_run(qtiles, d.BH()),
                   runs = (qtiles + per_run - 1) / per_run;
     DeviceScratch<T> part(runs * d.BH() * d.S * (d.E + 1)), dkvz(d.BH() * d.S * (d.E + 1));
-    size_t bytes = smem_bytes<T>([&](Carve<T>& c) { grad_smem(c, d, true); });
+    size_t bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true); });
     allow_smem<query_grads_kernel<T>>(bytes);
     query_grads_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
         rows_in<T>(q), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), cptr<T>(kvz), cptr<T>(den), cptr<T>(phi_q), d,
         qtiles, per_run, sc, static_cast<T>(guard), rows_out<T>(dq), part.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     sum_parts(part.p, runs, d, dkvz.p);
-    bytes = smem_bytes<T>([&](Carve<T>& c) { grad_smem(c, d, false); });
+    bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, false); });
     allow_smem<key_grads_kernel<T>>(bytes);
     key_grads_kernel<T><<<dim3(static_cast<unsigned>(tiles_of(d.M)), BH), kThreads, bytes, stream()>>>(
         rows_in<T>(k), rows_in<T>(v), cptr<T>(omega), dkvz.p, cptr<T>(phi_k), d, sc, rows_out<T>(dk), rows_out<T>(dv));
