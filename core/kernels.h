@@ -333,18 +333,18 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
                                   const Tensor& dx, const Tensor& domega);                                             \
   /* FAVOR+ attention in one op (raw::favor_attention; bidirectional performer's with the softmax map): with      */  \
   /* x~ = scale x, phi_q = positive_features(q~, omega, per row), phi_k = positive_features(k~, omega, per (b, h),  */  \
-  /* pad), then linear_attention(phi_q, phi_k, v, guard). q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] and out  */  \
-  /* any batch, head and row strides, a row's values contiguous; omega [H, S, D]; pad Bool [B, M] or undefined.    */  \
-  /* Writes out, den [B, H, N], kvz [B, H, S, E + 1], phi_q [B, H, N, S] and phi_k [B, H, M, S] (kept for the     */  \
-  /* backward). Returns false, writing nothing, where the backend has no fused kernel for the sizes (the CPU:       */  \
-  /* never, its positive_features and linear_attention kernels are its fused form): raw::favor_attention then      */  \
-  /* composes those two ops. */                                                                                        \
-  bool favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,   \
+  /* pad), then linear_attention(phi_q, phi_k, v, guard). Whether the backend has fused kernels for these sizes    */  \
+  /* (the CPU: never, its positive_features and linear_attention kernels are its fused form); where it has not,   */  \
+  /* raw::favor_attention composes those two ops. */                                                                 \
+  bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega);                \
+  /* q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] and out any batch, head and row strides, a row's values          */  \
+  /* contiguous; omega [H, S, D]; pad Bool [B, M] or undefined. Writes out, den [B, H, N], kvz [B, H, S, E + 1],    */  \
+  /* phi_q [B, H, N, S] and phi_k [B, H, M, S] (kept for the backward). */                                            \
+  void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,   \
                                const Tensor& pad, double guard, const Tensor& out, const Tensor& den,                 \
                                const Tensor& kvz, const Tensor& phi_q, const Tensor& phi_k);                           \
-  /* dq, dk, dv (overwritten; any strides as above) from dout and the forward's outputs; false as above (the       */  \
-  /* forward and backward agree on it for one set of sizes) */                                                         \
-  bool favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,  \
+  /* dq, dk, dv (overwritten; any strides as above) from dout and the forward's outputs */                            \
+  void favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,  \
                                 const Tensor& out, const Tensor& den, const Tensor& kvz, const Tensor& phi_q,          \
                                 const Tensor& phi_k, const Tensor& dout, double guard, const Tensor& dq,               \
                                 const Tensor& dk, const Tensor& dv);                                                   \

@@ -139,8 +139,8 @@ std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& 
 // phi_q = positive_features(scale q, omega, per_row) and phi_k = positive_features(scale k, omega,
 // per (b, h), pad) for q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] (any layout; the heads of a
 // projection are read in place). Returns {out (laid out as q's heads on CUDA, see sdpa_operand),
-// den, kvz, phi_q, phi_k} (the last four for the backward). One pass of fused kernels on CUDA
-// where they fit the sizes; else, and on the CPU, the two ops.
+// den, kvz, phi_q, phi_k} and, where the two ops ran, the scaled q and k (all for the backward).
+// One pass of fused kernels on CUDA where they fit the sizes; else, and on the CPU, the two ops.
 std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
                                     double scale, const Tensor& pad, double guard);
 // Returns {dq, dk, dv} (laid out as q, k, v) from grad [B, H, N, E] and the forward's outputs.

@@ -293,17 +293,21 @@ std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tens
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), S = omega.size(1), E = v.size(3);
   const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
   const Tensor pc = pad.defined() ? contiguous(pad) : Tensor();
-  std::vector<Tensor> r = {empty_heads({B, H, N, E}, qc), empty({B, H, N}, q.options()),
-                           empty({B, H, S, E + 1}, q.options()), empty({B, H, N, S}, q.options()),
-                           empty({B, H, M, S}, q.options())};  // out, den, kvz, phi_q, phi_k
-  if (LINEA_BACKEND(q.device(), favor_attention_forward, qc, kc, vc, wc, scale, pc, guard, r[0], r[1], r[2], r[3],
-                    r[4]))
+  if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc)) {
+    std::vector<Tensor> r = {empty_heads({B, H, N, E}, qc), empty({B, H, N}, q.options()),
+                             empty({B, H, S, E + 1}, q.options()), empty({B, H, N, S}, q.options()),
+                             empty({B, H, M, S}, q.options())};  // out, den, kvz, phi_q, phi_k
+    LINEA_BACKEND(q.device(), favor_attention_forward, qc, kc, vc, wc, scale, pc, guard, r[0], r[1], r[2], r[3], r[4]);
     return r;
+  }
   // Composed: the features, then the product (what the kernels above fuse).
-  const Tensor phi_q = positive_features(unary(UnaryOp::MulScalar, qc, scale), wc, /*per_row=*/true, Tensor());
-  const Tensor phi_k = positive_features(unary(UnaryOp::MulScalar, kc, scale), wc, /*per_row=*/false, pc);
+  // The scaled q~ and k~ come back too: the backward's feature gradients take them (recomputing
+  // them there cost the CPU about 5% of a forward and backward at L = 4096).
+  const Tensor qs = unary(UnaryOp::MulScalar, qc, scale), ks = unary(UnaryOp::MulScalar, kc, scale);
+  const Tensor phi_q = positive_features(qs, wc, /*per_row=*/true, Tensor());
+  const Tensor phi_k = positive_features(ks, wc, /*per_row=*/false, pc);
   std::vector<Tensor> lin = linear_attention(phi_q, phi_k, vc, guard);  // out, den, kvz
-  return {lin[0], lin[1], lin[2], phi_q, phi_k};
+  return {lin[0], lin[1], lin[2], phi_q, phi_k, qs, ks};
 }
 
 std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -312,7 +316,8 @@ std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q
   const char* op = "favor_attention_backward";
   check_favor_args(op, q, k, v, omega, scale, Tensor(), guard);
   check_defined(op, grad, "grad");
-  LINEA_CHECK(forward.size() == 5, op, ": expected the forward's 5 outputs, got ", forward.size());
+  LINEA_CHECK(forward.size() == 5 || forward.size() == 7, op, ": expected the forward's 5 or 7 outputs, got ",
+              forward.size());
   const Tensor &out = forward[0], &den = forward[1], &kvz = forward[2], &phi_q = forward[3], &phi_k = forward[4];
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), S = omega.size(1), E = v.size(3);
   LINEA_CHECK(grad.shape() == Shape({B, H, N, E}) && out.shape() == grad.shape() && den.shape() == Shape({B, H, N}) &&
@@ -327,16 +332,26 @@ std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q
     check_same_device(op, q, *t);
   }
   const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
-  std::vector<Tensor> d = {empty_heads(q.shape(), qc), empty_heads(k.shape(), kc), empty_heads(v.shape(), vc)};
-  if (LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, rows_operand(out), contiguous(den),
-                    contiguous(kvz), contiguous(phi_q), contiguous(phi_k), rows_operand(grad), guard, d[0], d[1], d[2]))
+  if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc)) {
+    std::vector<Tensor> d = {empty_heads(q.shape(), qc), empty_heads(k.shape(), kc), empty_heads(v.shape(), vc)};
+    LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, rows_operand(out), contiguous(den),
+                  contiguous(kvz), contiguous(phi_q), contiguous(phi_k), rows_operand(grad), guard, d[0], d[1], d[2]);
     return d;
+  }
   std::vector<Tensor> dl = linear_attention_backward(grad, phi_q, phi_k, vc, out, den, kvz, guard);
-  const auto features_grad = [&](const Tensor& x, const Tensor& phi, const Tensor& dphi) {
-    const Tensor xs = unary(UnaryOp::MulScalar, x, scale);
-    return unary(UnaryOp::MulScalar, positive_features_backward(dphi, xs, wc, phi, false)[0], scale);
+  // dx = scale dx~ (x~ = scale x: the forward's, else recomputed); each feature gradient dropped
+  // once used and the scaling in place, so that no more is live at once than in the two ops' own
+  // backwards.
+  const auto features_grad = [&](const Tensor& x, size_t kept, const Tensor& phi, Tensor& dphi) {
+    const Tensor xs = forward.size() == 7 ? forward[kept] : unary(UnaryOp::MulScalar, x, scale);
+    Tensor dx = positive_features_backward(dphi, xs, wc, phi, false)[0];
+    dphi = Tensor();
+    LINEA_BACKEND(dx.device(), unary, UnaryOp::MulScalar, dx, dx, scale, 0.0);
+    return dx;
   };
-  return {features_grad(qc, phi_q, dl[0]), features_grad(kc, phi_k, dl[1]), dl[2]};
+  Tensor dq = features_grad(qc, 5, phi_q, dl[0]);
+  Tensor dk = features_grad(kc, 6, phi_k, dl[1]);
+  return {dq, dk, dl[2]};
 }
 
 namespace {

@@ -1,6 +1,6 @@
 // FAVOR+ attention on CUDA in one pass over each operand (core/kernels.h; raw::favor_attention
-// composes positive_features and linear_attention where these return false, and on the CPU: the
-// same formulas). Per (b, h), in tiles of kRows rows, with x~ = scale x:
+// composes positive_features and linear_attention where favor_attention_fused says no, and on
+// the CPU: the same formulas). Per (b, h), in tiles of kRows rows, with x~ = scale x:
 //   forward   1. key logits  l = x~ W^T - |x~|^2/2 into phi_k, and each tile's max over its
 //                            unpadded rows
 //             2. key sums    c = the max of the tiles' maxima; phi_k = exp(l - c) / sqrt(S) (0 on
@@ -18,7 +18,9 @@
 // The products are each block's own, in shared memory: 256 threads, each a 4 x 4 patch of every
 // 64 x 64 block of the output (block_product); operands padded with zeros to whole 64-wide blocks.
 // Every sum has a fixed order: the same bits every run. Sizes whose operands do not fit a block's
-// shared memory (e.g. S = D = 128 in float32 on an H100) return false: the composed ops run.
+// shared memory are not fused (favor_attention_fused): on an H100, float32 takes S = 128 with D =
+// E = 64 (182 KB for the query gradients) but not S = D = 128 (234 KB); float64 S, D, E <= 64.
+// The products run in the tensors' dtype whatever the matmul precision (no TF32 or bf16 here).
 #include <cfloat>
 #include <cmath>
 
@@ -490,15 +492,21 @@ template <typename T> void sum_parts(const T* part, int64_t runs, const FavorDim
 
 }  // namespace
 
-bool favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
+bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega) {
+  const FavorDims d = favor_dims(q, k, v, omega);
+  bool ok = false;
+  LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] { ok = fits<scalar_t>(d); });
+  return ok;
+}
+
+void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
                              const Tensor& pad, double guard, const Tensor& out, const Tensor& den, const Tensor& kvz,
                              const Tensor& phi_q, const Tensor& phi_k) {
   const FavorDims d = favor_dims(q, k, v, omega);
-  bool done = false;
+  check_head_rows("favor_attention", {&q, &k, &v, &out});
   LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] {
     using T = scalar_t;
-    if (!fits<T>(d)) return;
-    check_head_rows("favor_attention", {&q, &k, &v, &out});
+    LINEA_CHECK(fits<T>(d), "favor_attention: no fused CUDA kernel for these sizes (see favor_attention_fused)");
     const T sc = static_cast<T>(scale), inv_sqrt_s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.S)));
     const uint8_t* pad_p = pad.defined() ? cptr<uint8_t>(pad) : nullptr;
     const unsigned BH = static_cast<unsigned>(d.BH());
@@ -522,21 +530,20 @@ bool favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
         rows_in<T>(q), cptr<T>(omega), cptr<T>(kvz), d, sc, inv_sqrt_s, static_cast<T>(guard), rows_out<T>(out),
         ptr<T>(den), ptr<T>(phi_q));
     LINEA_KERNEL_LAUNCH_CHECK();
-    done = true;
   });
-  return done;
 }
 
-bool favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
+void favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
                               const Tensor& out, const Tensor& den, const Tensor& kvz, const Tensor& phi_q,
                               const Tensor& phi_k, const Tensor& dout, double guard, const Tensor& dq, const Tensor& dk,
                               const Tensor& dv) {
   const FavorDims d = favor_dims(q, k, v, omega);
-  bool done = false;
+  check_head_rows("favor_attention_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention_backward", [&] {
     using T = scalar_t;
-    if (!fits<T>(d)) return;
-    check_head_rows("favor_attention_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+    LINEA_CHECK(fits<T>(d),
+                "favor_attention_backward: no fused CUDA kernel for these sizes (see "
+                "favor_attention_fused)");
     const T sc = static_cast<T>(scale);
     const unsigned BH = static_cast<unsigned>(d.BH());
     const int64_t qtiles = tiles_of(d.N), per_run = tiles_per_run(qtiles, d.BH()),
@@ -554,9 +561,7 @@ bool favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     key_grads_kernel<T><<<dim3(static_cast<unsigned>(tiles_of(d.M)), BH), kThreads, bytes, stream()>>>(
         rows_in<T>(k), rows_in<T>(v), cptr<T>(omega), dkvz.p, cptr<T>(phi_k), d, sc, rows_out<T>(dk), rows_out<T>(dv));
     LINEA_KERNEL_LAUNCH_CHECK();
-    done = true;
   });
-  return done;
 }
 
 }  // namespace linea::cuda
