@@ -71,6 +71,20 @@ Tensor rnd(const Shape& s, DType dt, double scale = 1.0) { return mul(randn(s, t
 // write fails the comparison.
 Tensor poisoned(const Shape& shape, DType dt) { return full(shape, NAN, TensorOptions(dt).with_device(kCuda)); }
 
+// Heads [B, H, L, dim] of a poisoned [B, L, H, pitch] device buffer: a projection's layout, for
+// the kernels that read and write heads in place.
+Tensor heads(int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
+  return narrow(permute(poisoned({B, L, H, pitch}, dt), {0, 2, 1, 3}), 3, 0, dim);
+}
+// Nothing written past a view of heads()'s head dims: the rest of each buffer row is still NaN.
+void gaps_untouched(const Tensor& view, int64_t dim, int64_t pitch, const char* what) {
+  if (pitch == dim) return;
+  const Tensor buffer = as_strided(view, {view.size(0), view.size(2), view.size(1), pitch},
+                                   {view.stride(0), view.stride(2), view.stride(1), 1}, view.offset());
+  const std::vector<double> g = narrow(buffer, 3, dim, pitch - dim).to(kCPU).to(DType::Float64).to_vector<double>();
+  EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double x) { return std::isnan(x); })) << what << " wrote a gap";
+}
+
 // Int64 tensor from values.
 Tensor ints(const std::vector<int64_t>& v, const Shape& s) { return from_vector<int64_t>(v, s); }
 // A key padding mask Bool [B, M] for the attention kernels: batch 0 has every third key padded,
@@ -941,10 +955,6 @@ TEST(CudaParity, SoftmaxAttentionHeadStrides) {
       {2, 4, 50, 50, 16, 16, 16, false, false, false},  // the ViT's heads, rows on 16 bytes
       {1, 3, 70, 70, 32, 32, 36, true, false, true},    // causal, one key/value head for all
   };
-  // Heads [B, H, L, dim] of a poisoned [B, L, H, pitch] device buffer.
-  const auto heads = [](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
-    return narrow(permute(poisoned({B, L, H, pitch}, dt), {0, 2, 1, 3}), 3, 0, dim);
-  };
   // The same values (the inputs are finite: a NaN, such as an unwritten poisoned element, differs).
   const auto same_bits = [](const Tensor& got, const Tensor& ref, const char* what) {
     const std::vector<double> a = got.to(kCPU).to(DType::Float64).to_vector<double>(),
@@ -952,14 +962,6 @@ TEST(CudaParity, SoftmaxAttentionHeadStrides) {
     size_t differ = 0;
     for (size_t i = 0; i < a.size(); ++i) differ += !(a[i] == b[i]);
     EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << a.size() << " differ";
-  };
-  // Nothing written past a view's head dims: the rest of each buffer row is still NaN.
-  const auto gaps_untouched = [](const Tensor& view, int64_t dim, int64_t pitch, const char* what) {
-    if (pitch == dim) return;
-    const Tensor buffer = as_strided(view, {view.size(0), view.size(2), view.size(1), pitch},
-                                     {view.stride(0), view.stride(2), view.stride(1), 1}, view.offset());
-    const std::vector<double> g = narrow(buffer, 3, dim, pitch - dim).to(kCPU).to(DType::Float64).to_vector<double>();
-    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double x) { return std::isnan(x); })) << what << " wrote a gap";
   };
   struct Restore {
     ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
@@ -1234,20 +1236,10 @@ TEST(CudaParity, FavorAttentionKernel) {
       {1, 2, 330, 600, 16, 40, 50, 48, true, true},  {2, 1, 70, 9, 64, 64, 64, 64, false, true},
       {1, 1, 130, 200, 16, 40, 70, 40, true, false},  // S in two blocks
       {1, 2, 70, 9, 70, 65, 23, 72, false, false}};   // D and E in two blocks
-  const auto heads = [](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
-    return narrow(permute(poisoned({B, L, H, pitch}, dt), {0, 2, 1, 3}), 3, 0, dim);
-  };
   const auto filled = [&](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
     Tensor view = heads(B, H, L, dim, pitch, dt);
     view.copy_(rnd(view.shape(), dt).to(kCuda));
     return view;
-  };
-  const auto gaps_untouched = [](const Tensor& view, int64_t dim, int64_t pitch, const char* what) {
-    if (pitch == dim) return;
-    const Tensor buffer = as_strided(view, {view.size(0), view.size(2), view.size(1), pitch},
-                                     {view.stride(0), view.stride(2), view.stride(1), 1}, view.offset());
-    const std::vector<double> g = narrow(buffer, 3, dim, pitch - dim).to(kCPU).to(DType::Float64).to_vector<double>();
-    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double x) { return std::isnan(x); })) << what << " wrote a gap";
   };
   const double guard = 1e-30;
   for (DType dt : kFloatTypes) {
