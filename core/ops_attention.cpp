@@ -300,9 +300,9 @@ std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tens
     LINEA_BACKEND(q.device(), favor_attention_forward, qc, kc, vc, wc, scale, pc, guard, r[0], r[1], r[2], r[3], r[4]);
     return r;
   }
-  // Composed: the features, then the product (what the kernels above fuse).
-  // The scaled q~ and k~ come back too: the backward's feature gradients take them (recomputing
-  // them there cost the CPU about 5% of a forward and backward at L = 4096).
+  // Composed: the features, then the product (what the kernels above fuse). The scaled q~ and k~
+  // come back too, for the backward's feature gradients (recomputing them there cost the CPU
+  // about 5% of a forward and backward at L = 4096).
   const Tensor qs = unary(UnaryOp::MulScalar, qc, scale), ks = unary(UnaryOp::MulScalar, kc, scale);
   const Tensor phi_q = positive_features(qs, wc, /*per_row=*/true, Tensor());
   const Tensor phi_k = positive_features(ks, wc, /*per_row=*/false, pc);
