@@ -187,8 +187,7 @@ struct LtContext {
 LtContext& lt() {
   static LtContext* ctx = [] {
     auto* c = new LtContext();  // leaked, like the other handles
-    cudaStream_t s = stream();
-    (void)s;
+    stream();                   // the device selected (or a clear error) before the handle is made
     LINEA_CUBLAS_CHECK(cublasLtCreate(&c->handle));
     const BlasWorkspace w = blas_workspace();
     c->workspace = w.p;
