@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -316,6 +317,14 @@ __device__ __forceinline__ void report_device_error(DeviceErrorReport* rep, Devi
   r->bound = bound;
   __threadfence_system();
   r->code = static_cast<int>(code);
+}
+
+// The lowest finite value of T (a max's start that no finite value loses to).
+template <typename T> __device__ __forceinline__ T lowest() { return sizeof(T) == 4 ? T(-FLT_MAX) : T(-DBL_MAX); }
+// A linear attention's guarded denominator den~: den where |den| >= guard, else guard with den's
+// sign (0 counting as +).
+template <typename T> __device__ __forceinline__ T guarded(T den, T guard) {
+  return fabs(den) < guard ? (den >= T(0) ? guard : -guard) : den;
 }
 
 // Device math that picks the float or double overload explicitly.

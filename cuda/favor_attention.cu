@@ -21,7 +21,6 @@
 // shared memory are not fused (favor_attention_fused): on an H100, float32 takes S = 128 with D =
 // E = 64 (182 KB for the query gradients) but not S = D = 128 (234 KB); float64 S, D, E <= 64.
 // The products run in the tensors' dtype whatever the matmul precision (no TF32 or bf16 here).
-#include <cfloat>
 #include <cmath>
 
 #include "core/kernels.h"
@@ -42,8 +41,6 @@ struct FavorDims {
   int Dp, Ep, Sp;  // D, E and S rounded up to whole 64-wide blocks
   __host__ __device__ int64_t BH() const { return B * H; }
 };
-
-template <typename T> __device__ __forceinline__ T lowest() { return sizeof(T) == 4 ? T(-FLT_MAX) : T(-DBL_MAX); }
 
 // A matrix in shared memory, rows ld = cols + 1 apart (an odd pitch: a warp's 16 threads reading
 // one column of 16 rows hit 16 banks).
@@ -201,10 +198,6 @@ template <typename T> __device__ void load_kvz(const T* p, const FavorDims& d, M
 template <typename T> __device__ void half_norms(Mat<T> x, int Dp, T* half) {
   const T h = row_reduce(Dp, T(0), Add(), [&](int r, int c) { return x(r, c) * x(r, c); }) * T(0.5);
   if (threadIdx.x % 4 == 0) half[threadIdx.x / 4] = h;
-}
-
-template <typename T> __device__ __forceinline__ T guarded(T den, T guard) {
-  return fabs(den) < guard ? (den >= T(0) ? guard : -guard) : den;
 }
 
 int64_t tiles_of(int64_t rows) { return (rows + kRows - 1) / kRows; }

@@ -54,10 +54,6 @@ template <typename T> void copy_rows(const T* src, int64_t src_ld, int64_t rows,
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T> __device__ __forceinline__ T guarded(T den, T guard) {
-  return fabs(den) < guard ? (den >= T(0) ? guard : -guard) : den;
-}
-
 // The key sums z[bh, s] = sum_m phi_k[bh, m, s]: column sums of phi_k [BH, M, S] as [outer, r,
 // inner] of the column skeleton (32 features of one (b, h) per block, coalesced, its 8 rows of
 // threads splitting the keys, added by tree_reduce_y), over run blockIdx.y of the keys

@@ -9,7 +9,6 @@
 //             (sum_s dl) x; dW_h = sum_b dl_bh^T x_bh: one GEMM into per-(b, h) parts, summed
 //             over b in order.
 // Every sum is a GEMM's, a fixed tree or a warp's butterfly: the same bits every run.
-#include <cfloat>
 #include <cmath>
 
 #include "core/kernels.h"
@@ -24,8 +23,6 @@ namespace {
 struct FeatureDims {
   int64_t B, H, L, D, S;
 };
-
-template <typename T> __device__ __forceinline__ T lowest() { return sizeof(T) == 4 ? T(-FLT_MAX) : T(-DBL_MAX); }
 
 // Per row of l [B H L, S]: l -= |x|^2 / 2; padded rows get 0 (and rowmax lowest); per_row: the exp
 // with the row's max; else rowmax[row] = the row's max for the sequence stabilizer.
