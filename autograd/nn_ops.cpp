@@ -357,6 +357,34 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                 });
 }
 
+std::pair<Tensor, Tensor> scaled_dot_product_attention_lse(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                           double scale, bool causal, int64_t query_offset,
+                                                           const Tensor& key_padding, const Tensor& key_bias) {
+  const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
+  const Tensor qc = raw::sdpa_operand(q.detach()), kc = raw::sdpa_operand(k.detach()),
+               vc = raw::sdpa_operand(v.detach());
+  const Tensor bc = key_bias.defined() ? raw::contiguous(key_bias.detach()) : Tensor();
+  std::vector<Tensor> r = raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, false, FoldedDropout(), bc);
+  std::vector<Tensor> inputs = {q, k, v};
+  if (bc.defined()) inputs.push_back(key_bias);
+  if (!needs_grad(inputs)) return {r[0], r[1]};
+  // One node for both: [out | lse] [B, H, N, E + 1] (as linear attention's kvz is [KV | z]), the
+  // two handed out as views, whose gradients the engine gathers into one for the backward.
+  const int64_t E = v.size(3);
+  const Tensor packed = raw::cat({r[0], raw::unsqueeze(r[1], 3)}, 3);
+  Tensor both = attach(packed, "scaled_dot_product_attention_lse", inputs,
+                       [qc, kc, vc, bc, out = raw::narrow(packed.detach(), 3, 0, E), lse = r[1], E, scale, causal,
+                        query_offset, pad](const Tensor& g) -> std::vector<Tensor> {
+                         const Tensor dlse = raw::squeeze(raw::contiguous(raw::narrow(g, 3, E, 1)), 3);
+                         std::vector<Tensor> d =
+                             raw::sdpa_backward(raw::narrow(g, 3, 0, E), qc, kc, vc, out, lse, scale, causal,
+                                                query_offset, pad, Tensor(), FoldedDropout(), bc, dlse);
+                         if (!bc.defined()) d.pop_back();  // {dq, dk, dv}
+                         return d;
+                       });
+  return {narrow(both, 3, 0, E), squeeze(narrow(both, 3, E, 1), 3)};
+}
+
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
                           int64_t fft_len) {
   Tensor y = raw::toeplitz_attention(c, phi_q, phi_k, v, fft_len);

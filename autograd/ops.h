@@ -206,6 +206,13 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                                     bool causal = false, int64_t query_offset = 0, const Tensor& key_padding = Tensor(),
                                     bool keep_probs = false, double dropout_p = 0.0, const Tensor& key_bias = Tensor());
+// The same attention (no dropout, no kept probabilities) and each query's log-sum-exp of its
+// visible scores, both differentiable: {out [B, H, N, E], lse [B, H, N]} (a query that sees no key:
+// out 0, lse -inf). Where the normalizer itself is used, as LARA's mixture uses its landmarks'.
+std::pair<Tensor, Tensor> scaled_dot_product_attention_lse(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                           double scale, bool causal = false, int64_t query_offset = 0,
+                                                           const Tensor& key_padding = Tensor(),
+                                                           const Tensor& key_bias = Tensor());
 // Toeplitz-modulated linear attention, fused (CPU and CUDA): y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m
 // for c [H or B, H, N+M-1] (c_t at index t + N - 1), phi_q [B, H, N, S], phi_k [B, H, M, S],
 // v [B, H, M, E], by FFTs of length fft_len >= N + M - 1, a feature at a time: no

@@ -289,12 +289,13 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,      \
                     const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& out,               \
                     const Tensor& lse, const Tensor& probs);                                                           \
-  /* dq, dk, dv and, when defined, dbias [B, H, M] (overwritten) from dout and the forward's out, lse and probs */     \
-  /* (undefined: recomputed); the same dropout factors drawn again */                                                  \
+  /* dq, dk, dv and, when defined, dbias [B, H, M] (overwritten) from dout, dlse [B, H, N] (the gradient of lse; */   \
+  /* undefined: none) and the forward's out, lse and probs (undefined: recomputed); the same dropout factors */        \
+  /* drawn again. dlse enters as delta_n = dout_n . out_n - dlse_n */                                                  \
   void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,          \
-                     const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,               \
-                     const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq,               \
-                     const Tensor& dk, const Tensor& dv, const Tensor& dbias);                                         \
+                     const Tensor& probs, const Tensor& dout, const Tensor& dlse, double scale, bool causal,          \
+                     int64_t offset, const Tensor& pad, const Tensor& bias, const FoldedDropout& drop,                \
+                     const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dbias);                      \
   /* Bidirectional linear attention (raw::linear_attention; performer's): out_n = phi_q_n KV / den~_n, KV =      */  \
   /* sum_m phi_k_m v_m^T, den_n = phi_q_n . sum_m phi_k_m, den~ = den where |den| >= guard, else guard with den's  */  \
   /* sign (0 counting as +). phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], one float dtype, all dims   */  \

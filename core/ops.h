@@ -102,13 +102,14 @@ std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, doub
 // projection in place), else a contiguous copy. out and the gradients come back laid out as q, k
 // and v there; dense on the CPU. What the autograd op keeps for its backward.
 Tensor sdpa_operand(const Tensor& t);
-// Returns {dq, dk, dv, dbias} (dbias undefined without a bias) from grad [B, H, N, E] and the
-// forward's out, lse and probs (undefined: recomputed block by block); drop and bias as in the
-// forward.
+// Returns {dq, dk, dv, dbias} (dbias undefined without a bias) from grad [B, H, N, E], the
+// gradient of lse (dlse [B, H, N]; undefined: none) and the forward's out, lse and probs
+// (undefined: recomputed block by block); drop and bias as in the forward.
 std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
                                   const Tensor& pad, const Tensor& probs = Tensor(),
-                                  const FoldedDropout& drop = FoldedDropout(), const Tensor& bias = Tensor());
+                                  const FoldedDropout& drop = FoldedDropout(), const Tensor& bias = Tensor(),
+                                  const Tensor& dlse = Tensor());
 // Toeplitz-modulated linear attention, fused: y_n = sum_m c_{m-n}
 // (phi_q_n . phi_k_m) v_m for c [H, N+M-1] or [B, H, N+M-1] (c_t at t + N - 1), phi_q
 // [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by FFTs of length fft_len >= N + M - 1,

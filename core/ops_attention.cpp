@@ -85,8 +85,8 @@ std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, doub
 
 std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool causal, int64_t offset,
-                                  const Tensor& pad, const Tensor& probs, const FoldedDropout& drop,
-                                  const Tensor& bias) {
+                                  const Tensor& pad, const Tensor& probs, const FoldedDropout& drop, const Tensor& bias,
+                                  const Tensor& dlse) {
   check_sdpa_args("sdpa_backward", q, k, v, scale, offset, pad);
   check_sdpa_dropout("sdpa_backward", drop, probs.defined());
   check_key_bias("sdpa_backward", q, k, bias);
@@ -97,15 +97,21 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
   LINEA_CHECK(!probs.defined() || probs.shape() == Shape({q.size(0), q.size(1), q.size(2), k.size(2)}),
               "sdpa_backward: probs ", shape_str(probs.shape()), " do not match q ", shape_str(q.shape()), " and k ",
               shape_str(k.shape()), " (expected [B, H, N, M])");
-  check_same_dtype("sdpa_backward", q, grad);
-  if (probs.defined()) check_same_dtype("sdpa_backward", q, probs);
+  LINEA_CHECK(!dlse.defined() || dlse.shape() == lse.shape(), "sdpa_backward: dlse ", shape_str(dlse.shape()),
+              " does not match lse ", shape_str(lse.shape()));
+  for (const Tensor* t : {&grad, &probs, &dlse}) {
+    if (!t->defined()) continue;
+    check_same_dtype("sdpa_backward", q, *t);
+    check_same_device("sdpa_backward", q, *t);
+  }
   Tensor dq = empty_heads(q.shape(), q), dk = empty_heads(k.shape(), k), dv = empty_heads(v.shape(), v);
   Tensor db = bias.defined() ? empty(bias.shape(), bias.options()) : Tensor();
   if (q.numel() + k.numel() + v.numel() > 0)
     LINEA_BACKEND(q.device(), sdpa_backward, sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), sdpa_operand(out),
-                  contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), sdpa_operand(grad), scale, causal,
-                  offset, pad.defined() ? contiguous(pad) : Tensor(), bias.defined() ? contiguous(bias) : Tensor(),
-                  drop, dq, dk, dv, db);
+                  contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), sdpa_operand(grad),
+                  dlse.defined() ? contiguous(dlse) : Tensor(), scale, causal, offset,
+                  pad.defined() ? contiguous(pad) : Tensor(), bias.defined() ? contiguous(bias) : Tensor(), drop, dq,
+                  dk, dv, db);
   return {dq, dk, dv, db};
 }
 

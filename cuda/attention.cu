@@ -913,11 +913,11 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
   store_rows<ET>(dq.at(bh, heads), dq.row, dq_acc, scale, nw, s.N, s.D, g, t);
 }
 
-// delta [B H N] = rowwise dout . out, a warp per row (a thread per row read each row's E values
-// with a stride of E between the lanes: 32 rows' cache lines per load).
+// delta [B H N] = rowwise dout . out - dlse (dlse null: none), a warp per row (a thread per row
+// read each row's E values with a stride of E between the lanes: 32 rows' cache lines per load).
 template <typename T>
-__global__ void sdpa_delta_kernel(HeadRows<const T> dout, HeadRows<const T> out, int64_t heads, int64_t N, int64_t rows,
-                                  int64_t E, T* delta) {
+__global__ void sdpa_delta_kernel(HeadRows<const T> dout, HeadRows<const T> out, const T* dlse, int64_t heads,
+                                  int64_t N, int64_t rows, int64_t E, T* delta) {
   const WarpRows w;
   for (int64_t r = w.first; r < rows; r += w.step) {
     const int64_t bh = r / N, n = r - bh * N;
@@ -926,7 +926,7 @@ __global__ void sdpa_delta_kernel(HeadRows<const T> dout, HeadRows<const T> out,
     T acc = T(0);
     for (int64_t e = w.lane; e < E; e += WarpRows::kLanes) acc += d[e] * o[e];
     acc = warp_sum(acc);
-    if (w.lane == 0) delta[r] = acc;
+    if (w.lane == 0) delta[r] = dlse ? acc - dlse[r] : acc;
   }
 }
 
@@ -1347,9 +1347,9 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 }
 
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
-                   const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk,
-                   const Tensor& dv, const Tensor& dbias) {
+                   const Tensor& probs, const Tensor& dout, const Tensor& dlse, double scale, bool causal,
+                   int64_t offset, const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq,
+                   const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
   LINEA_CHECK(!probs.defined(), "sdpa_backward: the CUDA kernel recomputes the probabilities; got kept ones");
   check_head_rows("sdpa_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
@@ -1364,8 +1364,9 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     using T = scalar_t;
     DeviceScratch<T> delta_scratch(rows);  // delta [B, H, N]
     T* delta = delta_scratch.p;
-    sdpa_delta_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(rows_in<T>(dout), rows_in<T>(out),
-                                                                                q.size(1), a.s.N, rows, a.s.E, delta);
+    sdpa_delta_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(
+        rows_in<T>(dout), rows_in<T>(out), dlse.defined() ? cptr<T>(dlse) : nullptr, q.size(1), a.s.N, rows, a.s.E,
+        delta);
     LINEA_KERNEL_LAUNCH_CHECK();
     if constexpr (std::is_same_v<T, float>)
       if (with_mma_kernels(q, a.s, [&](auto format, auto dm) {

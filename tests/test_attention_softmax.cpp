@@ -319,6 +319,39 @@ TEST(SoftmaxAttention, LayerPathsAgree) {
   EXPECT_TRUE(all_close(dropped, attn::softmax_attention_composed(q, k, v, {}, 0.5, true), 1e-5, 1e-6));
 }
 
+// The attention with its log-sum-exp: out as scaled_dot_product_attention gives it, lse the
+// composed log-sum-exp of the visible scores (-inf for a row that sees no key).
+TEST(SoftmaxAttention, LseMatchesTheComposedFormula) {
+  manual_seed(14);
+  const Tensor q = test::randn64({2, 2, 5, 3}), k = test::randn64({2, 2, 6, 3}), v = test::randn64({2, 2, 6, 4}),
+               bias = test::randn64({2, 2, 6});
+  const Tensor pad = tensor<bool>({false, true, false, false, true, false, true, true, true, true, true, true}, {2, 6});
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "bidirectional");
+    auto [out, lse] = scaled_dot_product_attention_lse(q, k, v, 0.6, causal, 1, pad, bias);
+    EXPECT_TRUE(
+        all_close(out, scaled_dot_product_attention(q, k, v, 0.6, causal, 1, pad, false, 0.0, bias), 1e-12, 1e-12));
+    Tensor hidden = unsqueeze(unsqueeze(pad, 1), 1);  // [B, 1, 1, M]
+    if (causal) {                                     // key m hidden from query n when m > n + 1
+      std::vector<double> later;
+      for (int n = 0; n < 5; ++n)
+        for (int m = 0; m < 6; ++m) later.push_back(m > n + 1);
+      hidden = logical_or(hidden, from_vector<double>(later, {5, 6}, TensorOptions(DType::Bool)));
+    }
+    const Tensor scores = add(mul(matmul(q, transpose(k, 2, 3)), 0.6), unsqueeze(bias, 2));
+    const Tensor ref = logsumexp(masked_fill(scores, hidden, -INFINITY), {3});
+    const std::vector<double> got = lse.to_vector<double>(), want = ref.to_vector<double>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::isinf(want[i])) {
+        EXPECT_EQ(got[i], want[i]) << i;  // batch 1 sees no key
+      } else {
+        EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+      }
+    }
+  }
+}
+
 TEST(SoftmaxAttention, FusedKernelBadInputsThrow) {
   Tensor q = zeros({1, 2, 3, 4}), k = zeros({1, 2, 5, 4}), v = zeros({1, 2, 5, 6});
   EXPECT_LINEA_ERROR(scaled_dot_product_attention(q, zeros({1, 1, 5, 4}), v, 1.0), "shapes do not match");

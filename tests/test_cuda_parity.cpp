@@ -804,11 +804,14 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
       const Tensor qd = q.to(kCuda), kd = k.to(kCuda), vd = v.to(kCuda), dd = dout.to(kCuda),
                    pd = pad.defined() ? pad.to(kCuda) : Tensor();
       // plain; with the probabilities dropped (both devices draw the same factors); with a key bias
+      // and a gradient of lse (LARA's landmarks)
       const Tensor bias = rnd({c.B, c.H, c.M}, dt), bias_d = bias.to(kCuda);
+      const Tensor dlse = rnd({c.B, c.H, c.N}, dt), dlse_d = dlse.to(kCuda);
       for (int variant = 0; variant < 3; ++variant) {
         const FoldedDropout drop = variant == 1 ? FoldedDropout{0.3, 1234, 7, 2, nullptr} : FoldedDropout{};
         const Tensor b = variant == 2 ? bias : Tensor(), bd = variant == 2 ? bias_d : Tensor();
-        SCOPED_TRACE(variant == 0 ? "plain" : variant == 1 ? "dropout 0.3" : "key bias");
+        const Tensor gl = variant == 2 ? dlse : Tensor(), gl_d = variant == 2 ? dlse_d : Tensor();
+        SCOPED_TRACE(variant == 0 ? "plain" : variant == 1 ? "dropout 0.3" : "key bias, dlse");
         Tensor out = empty({c.B, c.H, c.N, c.E}, cpu_opts), lse = empty({c.B, c.H, c.N}, cpu_opts);
         cpu::sdpa_forward(q, k, v, scale, c.causal, c.offset, pad, b, drop, out, lse, Tensor());
         Tensor out_d = poisoned(out.shape(), dt), lse_d = poisoned(lse.shape(), dt);
@@ -819,11 +822,12 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
 
         Tensor dq = empty(q.shape(), cpu_opts), dk = empty(k.shape(), cpu_opts), dv = empty(v.shape(), cpu_opts),
                db = b.defined() ? empty(b.shape(), cpu_opts) : Tensor();
-        cpu::sdpa_backward(q, k, v, out, lse, Tensor(), dout, scale, c.causal, c.offset, pad, b, drop, dq, dk, dv, db);
+        cpu::sdpa_backward(q, k, v, out, lse, Tensor(), dout, gl, scale, c.causal, c.offset, pad, b, drop, dq, dk, dv,
+                           db);
         Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt),
                db_d = b.defined() ? poisoned(b.shape(), dt) : Tensor();
-        LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out_d, lse_d, Tensor(), dd, scale, c.causal, c.offset, pd, bd,
-                      drop, dq_d, dk_d, dv_d, db_d);
+        LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out_d, lse_d, Tensor(), dd, gl_d, scale, c.causal, c.offset, pd,
+                      bd, drop, dq_d, dk_d, dv_d, db_d);
         EXPECT_TRUE(matches(dq_d, dq, long_sum, "dq"));
         EXPECT_TRUE(matches(dk_d, dk, long_sum, "dk"));
         EXPECT_TRUE(matches(dv_d, dv, long_sum, "dv"));
@@ -921,12 +925,13 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
         Tensor dq = empty(q.shape(), TensorOptions(dt)), dk = empty(k.shape(), TensorOptions(dt)),
                dv = empty(v.shape(), TensorOptions(dt)),
                db = b.defined() ? empty(b.shape(), TensorOptions(dt)) : Tensor();
-        cpu::sdpa_backward(qr, kr, vr, out, lse, Tensor(), dr, scale, c.causal, c.offset, pad, b, drop, dq, dk, dv, db);
+        cpu::sdpa_backward(qr, kr, vr, out, lse, Tensor(), dr, Tensor(), scale, c.causal, c.offset, pad, b, drop, dq,
+                           dk, dv, db);
         Tensor dq_d = poisoned(q.shape(), dt), dk_d = poisoned(k.shape(), dt), dv_d = poisoned(v.shape(), dt),
                db_d = b.defined() ? poisoned(b.shape(), dt) : Tensor();
         set_matmul_precision(precision);
-        LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out.to(kCuda), lse.to(kCuda), Tensor(), dd, scale, c.causal,
-                      c.offset, pd, bd, drop, dq_d, dk_d, dv_d, db_d);
+        LINEA_BACKEND(kCuda, sdpa_backward, qd, kd, vd, out.to(kCuda), lse.to(kCuda), Tensor(), dd, Tensor(), scale,
+                      c.causal, c.offset, pd, bd, drop, dq_d, dk_d, dv_d, db_d);
         set_matmul_precision(MatmulPrecision::Float32);
         EXPECT_TRUE(test::all_close(dq_d.to(kCPU), dq, 2 * tol, 2 * tol)) << "dq";
         EXPECT_TRUE(test::all_close(dk_d.to(kCPU), dk, 2 * tol, 2 * tol)) << "dk";
@@ -997,15 +1002,15 @@ TEST(CudaParity, SoftmaxAttentionHeadStrides) {
       Tensor out = poisoned({c.B, c.H, c.N, c.E}, dt), lse = poisoned({c.B, c.H, c.N}, dt);
       LINEA_BACKEND(kCuda, sdpa_forward, qc, kc, vc, scale, c.causal, 0, pad, Tensor(), drop, out, lse, Tensor());
       Tensor dq = poisoned(q.shape(), dt), dk = poisoned(k.shape(), dt), dv = poisoned(v.shape(), dt);
-      LINEA_BACKEND(kCuda, sdpa_backward, qc, kc, vc, out, lse, Tensor(), dc, scale, c.causal, 0, pad, Tensor(), drop,
-                    dq, dk, dv, Tensor());
+      LINEA_BACKEND(kCuda, sdpa_backward, qc, kc, vc, out, lse, Tensor(), dc, Tensor(), scale, c.causal, 0, pad,
+                    Tensor(), drop, dq, dk, dv, Tensor());
       // Strided: the views in, outputs into heads of poisoned buffers.
       Tensor out_s = heads(c.B, c.H, c.N, c.E, c.pitch, dt), lse_s = poisoned({c.B, c.H, c.N}, dt);
       LINEA_BACKEND(kCuda, sdpa_forward, q, k, v, scale, c.causal, 0, pad, Tensor(), drop, out_s, lse_s, Tensor());
       Tensor dq_s = heads(c.B, c.H, c.N, c.D, c.pitch, dt), dk_s = heads(c.B, c.H, c.M, c.D, c.pitch, dt),
              dv_s = heads(c.B, c.H, c.M, c.E, c.pitch, dt);
-      LINEA_BACKEND(kCuda, sdpa_backward, q, k, v, out_s, lse_s, Tensor(), dout, scale, c.causal, 0, pad, Tensor(),
-                    drop, dq_s, dk_s, dv_s, Tensor());
+      LINEA_BACKEND(kCuda, sdpa_backward, q, k, v, out_s, lse_s, Tensor(), dout, Tensor(), scale, c.causal, 0, pad,
+                    Tensor(), drop, dq_s, dk_s, dv_s, Tensor());
       set_matmul_precision(MatmulPrecision::Float32);
       same_bits(out_s, out, "out");
       same_bits(lse_s, lse, "lse");

@@ -212,6 +212,23 @@ TEST(GradCheck, SoftmaxAttentionPadded) {
     }
 }
 
+// The attention and its log-sum-exp, both differentiable through one backward (LARA's landmarks):
+// both outputs, or lse alone (then only the lse's gradient reaches the kernel), with a key bias and
+// padding that leaves every batch a key (a row that sees none has lse -inf).
+TEST(GradCheck, SoftmaxAttentionLse) {
+  manual_seed(23);
+  const Tensor pad = tensor<bool>({false, true, false, true, true, false, true, true}, {2, 4});
+  for (bool causal : {false, true})
+    for (bool only_lse : {false, true}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "bidirectional") + (only_lse ? ", lse only" : ", out and lse"));
+      const Fn f = [&](const std::vector<Tensor>& x) {
+        auto [out, lse] = scaled_dot_product_attention_lse(x[0], x[1], x[2], 0.7, causal, 1, pad, x[3]);
+        return only_lse ? lse : cat({out, unsqueeze(lse, 3)}, 3);
+      };
+      EXPECT_GRADCHECK(f, {randn64({2, 2, 3, 2}), randn64({2, 2, 4, 2}), randn64({2, 2, 4, 3}), randn64({2, 2, 4})});
+    }
+}
+
 TEST(GradCheck, TransformerEncoderLayer) {
   manual_seed(20);
   auto layer = prepare(std::make_shared<attn::TransformerEncoderLayer>(4, 2, 6, 0.1), 0.5);

@@ -1,10 +1,12 @@
 // Linear randomized attention (see lara.h): segment landmarks by matmul with a constant
 // membership matrix, then the proposal, importance weights and mixture of the paper, composed
-// from differentiable ops batched over [B, H] (the [B, H, N, C] mixture weights by one fused op
-// on the CPU); all [.., C, ..] tensors, nothing of size N x M.
+// from differentiable ops batched over [B, H]: the [B, H, N, C] mixture weights by one fused op,
+// f_c and its log-sum-exp by the fused softmax attention of the landmarks over the keys; all
+// [.., C, ..] tensors, nothing of size N x M.
 #include "attention/lara/lara.h"
 
 #include <cmath>
+#include <tuple>
 
 namespace linea::attn {
 
@@ -67,7 +69,7 @@ const LinearRandomizedAttention::Segments& LinearRandomizedAttention::segments(i
   return segments_;
 }
 
-LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor& q, const Tensor& k,
+LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor& q, const Tensor& k, const Tensor& v,
                                                                     const AttentionOptions& opts, const char* who) {
   check_attention_inputs(who, q, k, k, opts);
   LINEA_CHECK(!opts.causal, "lara: causal attention is not supported (its landmarks summarize whole segments)");
@@ -113,13 +115,24 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   // exp(l_cc - logsumexp_c' l_cc') [B, H, C]: the balance heuristic's proposal weight.
   Tensor self_w = exp(sub(l_diag, logsumexp(l, {-1})));
 
-  // log xi(k~_m, w_c) [B, H, C, M], padded keys -inf: f_c's weights and their logsumexp over m.
-  Tensor lk = log_xi(w, ks);
-  Tensor probs = masked_softmax(lk, pad, -1);                       // [B, H, C, M]
-  Tensor lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);  // [B, H, C]
+  // f_c = sum_m softmax_m(log xi(k~_m, w_c)) v_m and lse_k = logsumexp_m log xi(k~_m, w_c) [B, H, C],
+  // padded keys left out: softmax attention of the landmarks w over k~ with the key bias -|k~|^2/2.
+  // A batch whose keys are all padded: f 0, and lse -inf raised to what masked_logsumexp gives
+  // (so that log u stays finite).
+  Parts parts;
+  Tensor lse_k;
+  if (v.defined()) {
+    std::tie(parts.f, lse_k) = scaled_dot_product_attention_lse(w, ks, v, 1.0, false, 0, key_padding_bool(opts),
+                                                                mul(squeeze(sq_norm(ks), -1), -0.5));
+    if (pad.defined()) lse_k = clamp(lse_k, 0.5 * dtype_lowest(q.dtype()), INFINITY);
+  } else {
+    Tensor lk = log_xi(w, ks);  // [B, H, C, M], padded keys -inf
+    parts.probs = masked_softmax(lk, pad, -1);
+    lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);
+  }
   // The [B, H, N, C] part, fused (mixture_weights composes the same from ops).
-  Tensor mix = lara_mixture(qs, qbar, w, self_w, sub(lse_k, l_diag), beta_, kAlphaFloor);
-  return {mix, probs};
+  parts.mix = lara_mixture(qs, qbar, w, self_w, sub(lse_k, l_diag), beta_, kAlphaFloor);
+  return parts;
 }
 
 Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,
@@ -136,13 +149,13 @@ Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, co
 Tensor LinearRandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const AttentionOptions& opts) {
   check_attention_inputs("lara", q, k, v, opts);
-  Parts p = compute(q, k, opts, "lara");
-  // out_n = sum_c softmax_c(log u_nc) f_c, f_c = probs_c @ v: [B, H, N, C] @ [B, H, C, Dv]
-  return matmul(p.mix, matmul(p.probs, v));
+  Parts p = compute(q, k, v, opts, "lara");
+  // out_n = sum_c softmax_c(log u_nc) f_c: [B, H, N, C] @ [B, H, C, Dv]
+  return matmul(p.mix, p.f);
 }
 
 Tensor LinearRandomizedAttention::attention_matrix(const Tensor& q, const Tensor& k, const AttentionOptions& opts) {
-  Parts p = compute(q, k, opts, "lara attention_matrix");
+  Parts p = compute(q, k, Tensor(), opts, "lara attention_matrix");
   return matmul(p.mix, p.probs);  // [B, H, N, M]
 }
 

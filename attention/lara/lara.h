@@ -70,10 +70,13 @@ class LinearRandomizedAttention : public AttentionMechanism {
 
  private:
   struct Parts {
-    Tensor mix;    // softmax_c(log u_nc)             [B, H, N, C]
-    Tensor probs;  // softmax_m(log xi(k~_m, w_c))     [B, H, C, M]
+    Tensor mix;    // softmax_c(log u_nc)                        [B, H, N, C]
+    Tensor f;      // f_c = softmax_m(log xi(k~_m, w_c)) v_m     [B, H, C, Dv]  (given v)
+    Tensor probs;  // softmax_m(log xi(k~_m, w_c))               [B, H, C, M]   (without v)
   };
-  Parts compute(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who);
+  // With v: f_c by the fused softmax attention of the landmarks w_c over the keys (nothing of size
+  // C x M kept); without (attention_matrix): the probabilities themselves.
+  Parts compute(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts, const char* who);
   // The segments of N positions in the given dtype/device, cached for the last shape (constants:
   // built once on the host, not a few kernels every forward).
   struct Segments {

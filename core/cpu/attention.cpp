@@ -186,8 +186,8 @@ void dropped_softmax_grad_row(const Problem& p, int64_t b, int64_t h, int64_t n,
 // recomputed into s.
 template <typename T>
 void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* q, const T* k, const T* v,
-                    const T* bias, const T* out, const T* lse, const T* probs, const T* dout, T* dq, T* dk_bh, T* dv_bh,
-                    T* db_bh, T* s, T* dp) {
+                    const T* bias, const T* out, const T* lse, const T* probs, const T* dout, const T* dlse, T* dq,
+                    T* dk_bh, T* dv_bh, T* db_bh, T* s, T* dp) {
   const int64_t rows = std::min(p.R, p.N - i0), mv = p.keys_of_block(i0, rows), b = bh / p.H;
   const T* qb = q + (bh * p.N + i0) * p.D;
   const T* kb = k + bh * p.M * p.D;
@@ -213,9 +213,11 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
   }
   gemm(false, true, rows, mv, p.E, T(1), gb, p.E, vb, p.E, T(0), dp, mv);  // dP = dO V^T
   for (int64_t r = 0; r < rows; ++r) {
-    // dS = P (dP - rowsum(dO * O)), the softmax backward (with dropout: P (Z dP - ...), P = Z P)
+    // dS = P (dP - rowsum(dO * O) + dlse), the softmax backward and the lse's (with dropout: P (Z
+    // dP - ...), P = Z P)
     double dot = 0;
     for (int64_t e = 0; e < p.E; ++e) dot += static_cast<double>(gb[r * p.E + e]) * ob[r * p.E + e];
+    if (dlse) dot -= dlse[bh * p.N + i0 + r];
     const T d = static_cast<T>(dot);
     if (p.drop.p > 0)
       dropped_softmax_grad_row(p, b, bh % p.H, i0 + r, s + r * mv, dp + r * mv, mv, d);
@@ -233,7 +235,7 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
 
 template <typename T>
 void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* bias, const T* out,
-                   const T* lse, const T* probs, const T* dout, T* dq, T* dk, T* dv, T* db) {
+                   const T* lse, const T* probs, const T* dout, const T* dlse, T* dq, T* dk, T* dv, T* db) {
   const int64_t BH = p.B * p.H, nblk = p.blocks(), kd = p.M * p.D, ve = p.M * p.E, rm = p.R * p.M, be = db ? p.M : 0;
   const int nt = omp_get_max_threads();
   // Whole heads per thread when there are enough (each accumulates its own dk, dv rows); else
@@ -263,8 +265,8 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
         std::fill(dv + bh * ve, dv + (bh + 1) * ve, T(0));
         if (db) std::fill(db + bh * be, db + (bh + 1) * be, T(0));
         for (int64_t blk = 0; blk < nblk; ++blk)
-          backward_block(p, scale, bh, blk * p.R, q, k, v, bias, out, lse, probs, dout, dq, dk + bh * kd, dv + bh * ve,
-                         db ? db + bh * be : nullptr, s[t], dp[t]);
+          backward_block(p, scale, bh, blk * p.R, q, k, v, bias, out, lse, probs, dout, dlse, dq, dk + bh * kd,
+                         dv + bh * ve, db ? db + bh * be : nullptr, s[t], dp[t]);
       }
     }
     return;
@@ -278,8 +280,8 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < BH * nblk; ++it) {
       const int64_t bh = it / nblk;
-      backward_block(p, scale, bh, (it % nblk) * p.R, q, k, v, bias, out, lse, probs, dout, dq, acc_k[t] + bh * kd,
-                     acc_v[t] + bh * ve, db ? acc_b[t] + bh * be : nullptr, s[t], dp[t]);
+      backward_block(p, scale, bh, (it % nblk) * p.R, q, k, v, bias, out, lse, probs, dout, dlse, dq,
+                     acc_k[t] + bh * kd, acc_v[t] + bh * ve, db ? acc_b[t] + bh * be : nullptr, s[t], dp[t]);
     }
   }
   if (db) {  // the threads' dbias copies, summed in thread order
@@ -328,15 +330,16 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 }
 
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const Tensor& probs, const Tensor& dout, double scale, bool causal, int64_t offset,
-                   const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq, const Tensor& dk,
-                   const Tensor& dv, const Tensor& dbias) {
+                   const Tensor& probs, const Tensor& dout, const Tensor& dlse, double scale, bool causal,
+                   int64_t offset, const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq,
+                   const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
   const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
     backward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
                             bias.defined() ? bias.data<scalar_t>() : nullptr, out.data<scalar_t>(),
                             lse.data<scalar_t>(), probs.defined() ? probs.data<scalar_t>() : nullptr,
-                            dout.data<scalar_t>(), dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>(),
+                            dout.data<scalar_t>(), dlse.defined() ? dlse.data<scalar_t>() : nullptr,
+                            dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>(),
                             dbias.defined() ? dbias.data<scalar_t>() : nullptr);
   });
 }
