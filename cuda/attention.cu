@@ -10,6 +10,10 @@
 //             tiles. Each sum is taken by one block in a fixed order: no atomics, so the result
 //             is the same bits every run (FlashAttention's single backward kernel adds dq with
 //             atomics; ours recomputes the scores once more for dq instead).
+//   key ranges where the query tiles are too few to fill the GPU over many keys (LARA's C
+//             landmarks over L keys, a decoding step): the forward and dq blocks each walk one
+//             range of the keys (grid z), into parts merged (out and lse) or summed (dq) in order
+//             afterwards, as flash-decoding splits them (key_ranges).
 // Tiles live in dynamic shared memory (at most 48 KB, but the bf16 tensor-core forward's at head
 // dims of 128, which opts in to 70 KB); each of the 128 threads owns a (BR/16) x (BC/8) patch of a
 // score tile and a (rows) x (DM/8) patch of an output tile, its accumulators in registers. DM,
@@ -22,6 +26,7 @@
 // up to 128), in TF32 under TF32, and as three TF32 products per product (3xTF32, about float32's
 // accuracy, as PyTorch's SDPA in float32) under the default precision (both up to 128 too). The
 // SIMT kernels take float64, older GPUs and the head dims past those.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -44,6 +49,24 @@ struct SdpaShape {
   int64_t offset;      // query n sits at position n + offset (causal masking)
   bool causal;
 };
+
+// The keys [begin, end) that block z of the forward or dq kernel walks: its range of `split` keys,
+// cut at `horizon` (past it every key is hidden from the block's rows). With more than one range
+// (few query tiles, many keys: as flash-decoding splits them) each writes its own partial result
+// at head range_head() = bh + z BH, and the ranges are merged afterwards in order.
+struct KeyRange {
+  int64_t begin, end;
+};
+// RANGES: the kernel's instantiation for more than one range (the one-range kernels stay as they
+// were: ptxas gave some of them 30 to 90 more registers, or spills, for a range's bounds).
+template <bool RANGES> __device__ __forceinline__ KeyRange key_range(int64_t split, int64_t horizon) {
+  if (!RANGES) return {0, horizon};
+  const int64_t begin = static_cast<int64_t>(blockIdx.z) * split;
+  return {begin, min(horizon, begin + split)};
+}
+template <bool RANGES> __device__ __forceinline__ int64_t range_head() {
+  return RANGES ? blockIdx.y + static_cast<int64_t>(blockIdx.z) * gridDim.y : blockIdx.y;
+}
 
 // The first query row of `n0..` that may see key m, and whether key m is hidden from row n.
 __device__ __forceinline__ bool hidden(const SdpaShape& s, const uint8_t* pad, int64_t n, int64_t m) {
@@ -154,10 +177,10 @@ __device__ __forceinline__ void accumulate_patch_t(const T* p, const T* x, T (&a
   }
 }
 
-template <typename T, int DM, int B>
+template <typename T, int DM, int B, bool RANGES>
 __global__ void sdpa_forward_kernel(HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v, const uint8_t* pad,
                                     const T* bias, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
-                                    const uint64_t* draw_base, HeadRows<T> out, T* lse) {
+                                    const uint64_t* draw_base, HeadRows<T> out, T* lse, int64_t split) {
   constexpr int TR = B / kRowThreads, TC = B / kColThreads, TD = DM / kColThreads;
   static_assert(4 * B <= kThreads && (4 * B) % 32 == 0, "the softmax pass takes whole warps of quads");
   constexpr int P = pitch<DM>();
@@ -182,8 +205,8 @@ __global__ void sdpa_forward_kernel(HeadRows<const T> q, HeadRows<const T> k, He
 #pragma unroll
     for (int c = 0; c < TD; ++c) o[i][c] = T(0);
   // Keys past the last row's causal horizon are hidden from the whole tile.
-  const int64_t m_end = s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M;
-  for (int64_t m0 = 0; m0 < m_end; m0 += B) {
+  const KeyRange keys = key_range<RANGES>(split, s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M);
+  for (int64_t m0 = keys.begin; m0 < keys.end; m0 += B) {
     __syncthreads();  // the previous tile's k, v, p are used up
     load_tile<T, DM, B>(ks, kb, m0, s.M, s.D);
     load_tile<T, DM, B>(vs, vb, m0, s.M, s.E);
@@ -241,7 +264,7 @@ __global__ void sdpa_forward_kernel(HeadRows<const T> q, HeadRows<const T> k, He
     accumulate_patch<T, DM, TR, B>(ps, vs, o, ty, tx);
   }
   __syncthreads();
-  T* out_b = out.at(bh, heads);
+  T* out_b = out.at(range_head<RANGES>(), heads);
 #pragma unroll
   for (int i = 0; i < TR; ++i) {
     const int r = ty + kRowThreads * i;
@@ -253,7 +276,7 @@ __global__ void sdpa_forward_kernel(HeadRows<const T> q, HeadRows<const T> k, He
       const int e = tx + kColThreads * c;
       if (e < s.E) out_b[n * out.row + e] = o[i][c] * inv;
     }
-    if (tx == 0) lse[bh * s.N + n] = l == T(0) ? neg_inf<T>() : row_m[r] + d_log(l);  // NaN stays NaN
+    if (tx == 0) lse[range_head<RANGES>() * s.N + n] = l == T(0) ? neg_inf<T>() : row_m[r] + d_log(l);  // NaN stays NaN
   }
 }
 
@@ -552,11 +575,11 @@ template <typename F, int DM> constexpr int forward_keys() {
 }
 template <typename F, int DM> constexpr int mma_forward_stage() { return 2 * forward_keys<F, DM>() * (DM + F::PAD); }
 
-template <typename F, int DM>
+template <typename F, int DM, bool RANGES>
 __global__ void __launch_bounds__(kMmaThreads)
     sdpa_forward_mma_kernel(MmaOperands<typename F::Elem> in, const uint8_t* pad, const float* bias, float scale,
                             SdpaShape s, int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base,
-                            HeadRows<float> out, float* lse) {
+                            HeadRows<float> out, float* lse, int64_t split) {
   using Elem = typename F::Elem;
   constexpr int NK = forward_keys<F, DM>(), NT = NK / 8, ET = DM / 8;
   constexpr int KS = DM + F::PAD;  // the tiles' row stride
@@ -592,12 +615,12 @@ __global__ void __launch_bounds__(kMmaThreads)
   float row_m[2] = {neg_inf<float>(), neg_inf<float>()}, row_l[2] = {0.f, 0.f};
   const float scale2 = scale * kLog2e;
 
-  const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
+  const KeyRange keys = key_range<RANGES>(split, s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M);
   __syncthreads();  // the query tile's fragments are read: its space may be the first key tile's
-  if (m_end > 0) issue(0, 0);
-  for (int64_t m0 = 0, it = 0; m0 < m_end; m0 += NK, ++it) {
+  if (keys.begin < keys.end) issue(keys.begin, 0);
+  for (int64_t m0 = keys.begin, it = 0; m0 < keys.end; m0 += NK, ++it) {
     const int stage = static_cast<int>(it % 2);
-    if (m0 + NK < m_end) {
+    if (m0 + NK < keys.end) {
       issue(m0 + NK, stage ^ 1);
       cp_async_wait<1>();  // this tile's group is done, the next one's may still be in flight
     } else {
@@ -645,7 +668,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     mma_accumulated<F, NT, ET>(o, sc, vs, KS, g, t);
     __syncthreads();  // this stage is read: the next copies into it may start
   }
-  float* out_b = out.at(bh, heads);
+  float* out_b = out.at(range_head<RANGES>(), heads);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = quad_sum(row_l[h]), inv = l > 0.f ? 1.f / l : 0.f;
@@ -658,7 +681,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int c = e * 8 + 2 * t + j;
         if (c < s.E) out_b[n * out.row + c] = o[e][2 * h + j] * inv;
       }
-    if (t == 0) lse[bh * s.N + n] = l == 0.f ? neg_inf<float>() : row_m[h] * kLn2 + d_log(l);  // NaN stays NaN
+    if (t == 0)
+      lse[range_head<RANGES>() * s.N + n] = l == 0.f ? neg_inf<float>() : row_m[h] * kLn2 + d_log(l);  // NaN stays NaN
   }
 }
 
@@ -847,11 +871,12 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
   }
 }
 
-template <typename F, int DM>
+template <typename F, int DM, bool RANGES>
 __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
     sdpa_backward_dq_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, const float* delta,
                                 const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
-                                ExampleDropout<float> drop, const uint64_t* draw_base, HeadRows<float> dq) {
+                                ExampleDropout<float> drop, const uint64_t* draw_base, HeadRows<float> dq,
+                                int64_t split) {
   using Elem = typename F::Elem;
   constexpr int LD = DM + F::PAD, ET = DM / 8, NK = dq_keys<F, DM>(), NT = NK / 8;
   Elem* smem = shared_mem<Elem>();  // the kept tiles; 2 x [k tile [NK, LD], v tile [NK, LD]]
@@ -881,11 +906,11 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
     cp_async_commit();
   };
 
-  const int64_t m_end = s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M;
-  if (m_end > 0) issue(0, 0);
-  for (int64_t m0 = 0, it = 0; m0 < m_end; m0 += NK, ++it) {
+  const KeyRange keys = key_range<RANGES>(split, s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M);
+  if (keys.begin < keys.end) issue(keys.begin, 0);
+  for (int64_t m0 = keys.begin, it = 0; m0 < keys.end; m0 += NK, ++it) {
     const int stage = static_cast<int>(it % 2);
-    if (m0 + NK < m_end) {
+    if (m0 + NK < keys.end) {
       issue(m0 + NK, stage ^ 1);
       cp_async_wait<1>();
     } else {
@@ -910,7 +935,7 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
     // This stage is read: the next copies into it may start.
     __syncthreads();
   }
-  store_rows<ET>(dq.at(bh, heads), dq.row, dq_acc, scale, nw, s.N, s.D, g, t);
+  store_rows<ET>(dq.at(range_head<RANGES>(), heads), dq.row, dq_acc, scale, nw, s.N, s.D, g, t);
 }
 
 // delta [B H N] = rowwise dout . out - dlse (dlse null: none), a warp per row (a thread per row
@@ -927,6 +952,52 @@ __global__ void sdpa_delta_kernel(HeadRows<const T> dout, HeadRows<const T> out,
     for (int64_t e = w.lane; e < E; e += WarpRows::kLanes) acc += d[e] * o[e];
     acc = warp_sum(acc);
     if (w.lane == 0) delta[r] = dlse ? acc - dlse[r] : acc;
+  }
+}
+
+// The forward's key ranges merged in order (parts at heads bh + z BH, z < ranges): lse = log
+// sum_z exp(lse_z), out = sum_z exp(lse_z - lse) out_z (each part normalized by its own sum); a
+// row that no range saw: out 0, lse -inf. A warp per row.
+template <typename T>
+__global__ void sdpa_merge_ranges_kernel(HeadRows<const T> part_out, const T* part_lse, int64_t ranges, int64_t heads,
+                                         int64_t N, int64_t rows, int64_t E, HeadRows<T> out, T* lse) {
+  const WarpRows w;
+  const int64_t BH = rows / N;
+  for (int64_t r = w.first; r < rows; r += w.step) {
+    const int64_t bh = r / N, n = r - bh * N;
+    T mx = neg_inf<T>();
+    for (int64_t z = 0; z < ranges; ++z) mx = max_nan(mx, part_lse[z * rows + r]);
+    T sum = T(0);
+    if (mx != neg_inf<T>())
+      for (int64_t z = 0; z < ranges; ++z) sum += d_exp(part_lse[z * rows + r] - mx);
+    const T total = mx == neg_inf<T>() ? mx : mx + d_log(sum);
+    T* o = out.at(bh, heads) + n * out.row;
+    for (int64_t e = w.lane; e < E; e += WarpRows::kLanes) {
+      T acc = T(0);
+      for (int64_t z = 0; z < ranges; ++z) {
+        const T l = part_lse[z * rows + r];
+        if (l != neg_inf<T>()) acc += d_exp(l - total) * part_out.at(bh + z * BH, heads)[n * part_out.row + e];
+      }
+      o[e] = acc;
+    }
+    if (w.lane == 0) lse[r] = total;
+  }
+}
+
+// dq [B, H, N, D] = the sum of the key ranges' parts (heads bh + z BH), in order of z. A warp per row.
+template <typename T>
+__global__ void sdpa_sum_ranges_kernel(HeadRows<const T> part, int64_t ranges, int64_t heads, int64_t N, int64_t rows,
+                                       int64_t D, HeadRows<T> dq) {
+  const WarpRows w;
+  const int64_t BH = rows / N;
+  for (int64_t r = w.first; r < rows; r += w.step) {
+    const int64_t bh = r / N, n = r - bh * N;
+    T* o = dq.at(bh, heads) + n * dq.row;
+    for (int64_t d = w.lane; d < D; d += WarpRows::kLanes) {
+      T acc = T(0);
+      for (int64_t z = 0; z < ranges; ++z) acc += part.at(bh + z * BH, heads)[n * part.row + d];
+      o[d] = acc;
+    }
   }
 }
 
@@ -1046,11 +1117,11 @@ __global__ void sdpa_backward_dkv_kernel(HeadRows<const T> q, HeadRows<const T> 
 }
 
 // dq for BR = B queries: over the key tiles they may see.
-template <typename T, int DM, int B>
+template <typename T, int DM, int B, bool RANGES>
 __global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
                                         HeadRows<const T> dout, const T* lse, const T* delta, const uint8_t* pad,
                                         const T* bias, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
-                                        const uint64_t* draw_base, HeadRows<T> dq) {
+                                        const uint64_t* draw_base, HeadRows<T> dq, int64_t split) {
   constexpr int TR = B / kRowThreads, TD = DM / kColThreads;
   BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
@@ -1065,8 +1136,8 @@ __global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k
   for (int i = 0; i < TR; ++i)
 #pragma unroll
     for (int c = 0; c < TD; ++c) dq_acc[i][c] = T(0);
-  const int64_t m_end = s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M;
-  for (int64_t m0 = 0; m0 < m_end; m0 += B) {
+  const KeyRange keys = key_range<RANGES>(split, s.causal ? min(s.M, min(n0 + B, s.N) + s.offset) : s.M);
+  for (int64_t m0 = keys.begin; m0 < keys.end; m0 += B) {
     __syncthreads();
     t.load_keys(kb, vb, s, m0);
     __syncthreads();
@@ -1074,7 +1145,7 @@ __global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k
     __syncthreads();
     accumulate_patch<T, DM, TR, B>(t.dss, t.ks, dq_acc, ty, tx);  // dq += ds k (scaled below)
   }
-  T* dq_b = dq.at(bh, heads);
+  T* dq_b = dq.at(range_head<RANGES>(), heads);
 #pragma unroll
   for (int i = 0; i < TR; ++i) {
     const int64_t n = n0 + ty + kRowThreads * i;
@@ -1103,15 +1174,57 @@ struct SdpaArgs {
   const FoldedDropout& drop;
 };
 
-// A [B, H, rows, dim] operand's heads as the kernels read them (HeadRows).
+// The key ranges of the forward and dq kernels (grid z): one, unless their query tiles leave most
+// of the GPU idle (fewer than kTargetBlocks blocks) over many keys (LARA's C landmarks over L
+// keys, a decoding step): then about kTargetBlocks blocks in all, each range at least
+// kMinRangeKeys keys and a multiple of 128 (every kernel's key tile divides it). From the shape
+// alone: the same bits every run.
+struct KeyRanges {
+  int64_t split, count;
+};
+KeyRanges key_ranges(int64_t query_tiles, int64_t BH, int64_t M) {
+  constexpr int64_t kTargetBlocks = 264, kMinRangeKeys = 512, kAlign = 128;
+  const int64_t blocks = query_tiles * BH;
+  const int64_t count =
+      blocks >= kTargetBlocks ? 1 : std::min((kTargetBlocks + blocks - 1) / blocks, M / kMinRangeKeys);
+  if (count <= 1) return {std::max<int64_t>(M, 1), 1};
+  const int64_t split = ((M + count - 1) / count + kAlign - 1) / kAlign * kAlign;
+  return {split, (M + split - 1) / split};
+}
+
+// launch(split, ranges, dst, lse) over the key ranges of query tiles of `tile_rows`: one range
+// straight into dst (out or dq) and lse; several into parts [ranges B, H, N, width] that are then
+// merged (the forward: lse defined) or summed (dq), in order of the ranges.
+template <typename T, typename Launch>
+void over_key_ranges(const SdpaArgs& a, int64_t tile_rows, int64_t width, const Tensor& dst, const Tensor& lse,
+                     Launch&& launch) {
+  const int64_t H = a.q.size(1), BH = a.q.size(0) * H, N = a.s.N, rows = BH * N;
+  const KeyRanges kr = key_ranges((N + tile_rows - 1) / tile_rows, BH, a.s.M);
+  if (kr.count == 1) return launch(kr.split, 1u, rows_out<T>(dst), lse.defined() ? ptr<T>(lse) : nullptr);
+  DeviceScratch<T> part(kr.count * rows * width), part_lse(lse.defined() ? kr.count * rows : 0);
+  const HeadRows<T> parts{part.p, H * N * width, N * width, width};
+  launch(kr.split, static_cast<unsigned>(kr.count), parts, lse.defined() ? part_lse.p : nullptr);
+  const HeadRows<const T> done{part.p, parts.batch, parts.head, parts.row};
+  if (lse.defined())
+    sdpa_merge_ranges_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(
+        done, part_lse.p, kr.count, H, N, rows, width, rows_out<T>(dst), ptr<T>(lse));
+  else
+    sdpa_sum_ranges_kernel<T>
+        <<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(done, kr.count, H, N, rows, width, rows_out<T>(dst));
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
 
 template <typename T, int DM, int B> void forward_tiles(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
-  const dim3 grid(static_cast<unsigned>((a.s.N + B - 1) / B), static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
-  sdpa_forward_kernel<T, DM, B><<<grid, kThreads, forward_smem<T, DM, B>(), stream()>>>(
-      rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr,
-      a.bias.defined() ? cptr<T>(a.bias) : nullptr, static_cast<T>(a.scale), a.s, a.q.size(1),
-      example_dropout<T>(a.drop), a.drop.draw_base, rows_out<T>(out), ptr<T>(lse));
-  LINEA_KERNEL_LAUNCH_CHECK();
+  over_key_ranges<T>(a, B, a.s.E, out, lse, [&](int64_t split, unsigned ranges, HeadRows<T> o, T* l) {
+    const dim3 grid(static_cast<unsigned>((a.s.N + B - 1) / B), static_cast<unsigned>(a.q.size(0) * a.q.size(1)),
+                    ranges);
+    const auto kernel = ranges > 1 ? sdpa_forward_kernel<T, DM, B, true> : sdpa_forward_kernel<T, DM, B, false>;
+    kernel<<<grid, kThreads, forward_smem<T, DM, B>(), stream()>>>(
+        rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr,
+        a.bias.defined() ? cptr<T>(a.bias) : nullptr, static_cast<T>(a.scale), a.s, a.q.size(1),
+        example_dropout<T>(a.drop), a.drop.draw_base, o, l, split);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 // Shared memory of the three kernels (bytes). Past kMaxSmem a kernel opts in (allow_smem): 52 KB
@@ -1223,9 +1336,8 @@ template <int DM> struct StagedCopies {
 };
 
 // Lets `kernel` take `bytes` of dynamic shared memory past the 48 KB a kernel gets by default;
-// once per process and kernel (F, DM and the kernel's type tell the instantiations apart): the
-// attribute stays with the kernel.
-template <typename F, int DM, typename Kernel> void allow_smem(Kernel* kernel, size_t bytes) {
+// once per process and kernel: the attribute stays with the kernel.
+template <auto kernel> void allow_smem(size_t bytes) {
   if (bytes <= kMaxSmem) return;
   static const bool opted_in = [&] {
     LINEA_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
@@ -1238,15 +1350,20 @@ template <typename F, int DM, typename Kernel> void allow_smem(Kernel* kernel, s
 template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& out, const Tensor& lse) {
   static_assert(kept_in_smem<F, DM>() || kMmaRows * (DM + F::PAD) <= mma_forward_stage<F, DM>(),
                 "the query tile fits in a stage");
-  allow_smem<F, DM>(&sdpa_forward_mma_kernel<F, DM>, mma_forward_smem<F, DM>());
+  allow_smem<sdpa_forward_mma_kernel<F, DM, false>>(mma_forward_smem<F, DM>());
+  allow_smem<sdpa_forward_mma_kernel<F, DM, true>>(mma_forward_smem<F, DM>());
   const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
-    const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
-                    static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
-    sdpa_forward_mma_kernel<F, DM><<<grid, kMmaThreads, mma_forward_smem<F, DM>(), stream()>>>(
-        in, a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr, a.bias.defined() ? cptr<float>(a.bias) : nullptr,
-        static_cast<float>(a.scale), a.s, a.q.size(1), example_dropout<float>(a.drop), a.drop.draw_base,
-        rows_out<float>(out), ptr<float>(lse));
-    LINEA_KERNEL_LAUNCH_CHECK();
+    over_key_ranges<float>(
+        a, kMmaRows, a.s.E, out, lse, [&](int64_t split, unsigned ranges, HeadRows<float> o, float* l) {
+          const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
+                          static_cast<unsigned>(a.q.size(0) * a.q.size(1)), ranges);
+          const auto kernel = ranges > 1 ? sdpa_forward_mma_kernel<F, DM, true> : sdpa_forward_mma_kernel<F, DM, false>;
+          kernel<<<grid, kMmaThreads, mma_forward_smem<F, DM>(), stream()>>>(
+              in, a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr, a.bias.defined() ? cptr<float>(a.bias) : nullptr,
+              static_cast<float>(a.scale), a.s, a.q.size(1), example_dropout<float>(a.drop), a.drop.draw_base, o, l,
+              split);
+          LINEA_KERNEL_LAUNCH_CHECK();
+        });
   };
   if constexpr (std::is_same_v<F, Bf16Format>)
     launch(StagedCopies<DM>(a, nullptr).in);  // the copies live to the end of the statement
@@ -1257,8 +1374,9 @@ template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& 
 template <typename F, int DM>
 void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const float* delta, const Tensor& dq,
                   const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
-  allow_smem<F, DM>(&sdpa_backward_dkv_mma_kernel<F, DM>, mma_dkv_smem<F, DM>());
-  allow_smem<F, DM>(&sdpa_backward_dq_mma_kernel<F, DM>, mma_dq_smem<F, DM>());
+  allow_smem<sdpa_backward_dkv_mma_kernel<F, DM>>(mma_dkv_smem<F, DM>());
+  allow_smem<sdpa_backward_dq_mma_kernel<F, DM, false>>(mma_dq_smem<F, DM>());
+  allow_smem<sdpa_backward_dq_mma_kernel<F, DM, true>>(mma_dq_smem<F, DM>());
   const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
   const uint8_t* pad = a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr;
   const float* bias = a.bias.defined() ? cptr<float>(a.bias) : nullptr;
@@ -1270,10 +1388,15 @@ void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, cons
            stream()>>>(in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base,
                        rows_out<float>(dk), rows_out<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr);
     LINEA_KERNEL_LAUNCH_CHECK();
-    sdpa_backward_dq_mma_kernel<F, DM><<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH),
-                                         kMmaThreads, mma_dq_smem<F, DM>(), stream()>>>(
-        in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<float>(dq));
-    LINEA_KERNEL_LAUNCH_CHECK();
+    over_key_ranges<float>(
+        a, kMmaRows, a.s.D, dq, Tensor(), [&](int64_t split, unsigned ranges, HeadRows<float> d, float*) {
+          const auto kernel =
+              ranges > 1 ? sdpa_backward_dq_mma_kernel<F, DM, true> : sdpa_backward_dq_mma_kernel<F, DM, false>;
+          kernel<<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH, ranges), kMmaThreads,
+                   mma_dq_smem<F, DM>(), stream()>>>(in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1),
+                                                     drop, a.drop.draw_base, d, split);
+          LINEA_KERNEL_LAUNCH_CHECK();
+        });
   };
   if constexpr (std::is_same_v<F, Bf16Format>)
     launch(StagedCopies<DM>(a, &dout).in);
@@ -1295,11 +1418,13 @@ void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, co
           a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<T>(dk), rows_out<T>(dv),
           dbias.defined() ? ptr<T>(dbias) : nullptr);
   LINEA_KERNEL_LAUNCH_CHECK();
-  sdpa_backward_dq_kernel<T, DM, B>
-      <<<dim3(static_cast<unsigned>((a.s.N + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
-          rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), rows_in<T>(dout), cptr<T>(lse), delta, pad, bias, scale,
-          a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<T>(dq));
-  LINEA_KERNEL_LAUNCH_CHECK();
+  over_key_ranges<T>(a, B, a.s.D, dq, Tensor(), [&](int64_t split, unsigned ranges, HeadRows<T> d, T*) {
+    const auto kernel = ranges > 1 ? sdpa_backward_dq_kernel<T, DM, B, true> : sdpa_backward_dq_kernel<T, DM, B, false>;
+    kernel<<<dim3(static_cast<unsigned>((a.s.N + B - 1) / B), BH, ranges), kThreads, backward_smem<T, DM, B>(),
+             stream()>>>(rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), rows_in<T>(dout), cptr<T>(lse), delta, pad,
+                         bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, d, split);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 // Calls f(Tiles<DM, B>{}) with DM the head dims rounded up to 16, 32, 64 or 128 and B = 32 or 16,

@@ -769,8 +769,9 @@ TEST(CudaParity, Softmax) {
 // The backend kernels called directly, their outputs filled with NaN first (a row or element the
 // CUDA kernel forgets to write fails), against the CPU kernel on the same random inputs. Sizes
 // are not multiples of the CUDA tiles (16 or 32 rows, head dims padded to 32/64/128), with
-// cross-attention, causal masks with a query offset (a decoding step), key padding and a batch
-// whose keys are all padding (rows that see nothing: out 0, lse -inf, zero gradients).
+// cross-attention, causal masks with a query offset (a decoding step), key padding, a batch
+// whose keys are all padding (rows that see nothing: out 0, lse -inf, zero gradients), and keys
+// split in ranges (few query tiles).
 TEST(CudaParity, SoftmaxAttentionKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(11);
@@ -787,6 +788,11 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
       {2, 1, 5, 70, 32, 40, true, 65, true},    // a few new queries after 65 cached keys
       {1, 1, 33, 20, 96, 80, false, 0, false},  // head dims of the 128 tiles
       {3, 2, 1, 1, 8, 8, true, 0, false},       // one token
+      // Few query tiles over many keys: the forward and dq kernels split the keys in two ranges
+      // (640 + the rest), merged afterwards; a decoding step with padding (a batch all padded),
+      // and LARA's landmarks over their keys.
+      {2, 1, 5, 1100, 17, 23, true, 1095, true},
+      {1, 1, 20, 1030, 16, 16, false, 0, true},
   };
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
@@ -880,6 +886,7 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
       {1, 1, 200, 200, 64, 48, true, 0, false},
       {1, 1, 40, 150, 128, 100, false, 0, false},  // head dims of 128 (70 KB of tiles), 3 key tiles
       {1, 2, 3, 0, 8, 8, false, 0, false},         // no keys: out 0, lse -inf
+      {1, 1, 20, 1030, 32, 24, true, 1020, true},  // keys in two ranges (see SoftmaxAttentionKernel)
   };
   struct Restore {
     ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
