@@ -367,6 +367,12 @@ TEST(SoftmaxAttention, FusedKernelBadInputsThrow) {
                      "float64");
   EXPECT_LINEA_ERROR(scaled_dot_product_attention(q, k, v, 1.0, false, 0, {}, false, 1.0),
                      "dropout_p must be in [0, 1), got 1");
+  EXPECT_LINEA_ERROR(scaled_dot_product_attention_lse(q, k, zeros({1, 2, 4, 6}), 1.0), "shapes do not match");
+  // The gradient of lse must be shaped as lse.
+  const std::vector<Tensor> f = raw::sdpa(q, k, v, 1.0, false, 0, Tensor());
+  EXPECT_LINEA_ERROR(raw::sdpa_backward(zeros({1, 2, 3, 6}), q, k, v, f[0], f[1], 1.0, false, 0, Tensor(), Tensor(),
+                                        FoldedDropout(), Tensor(), zeros({1, 2, 4})),
+                     "sdpa_backward: dlse [1, 2, 4] does not match lse [1, 2, 3]");
 }
 
 TEST(SoftmaxAttention, BadInputsThrow) {
