@@ -790,9 +790,9 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
       {3, 2, 1, 1, 8, 8, true, 0, false},       // one token
       // Few query tiles over many keys: the forward and dq kernels split the keys in two ranges
       // (640 + the rest), merged afterwards; a decoding step with padding (a batch all padded),
-      // and LARA's landmarks over their keys.
+      // and LARA's landmarks over their keys (head dims of the 64 tiles, LARA's at D = 64).
       {2, 1, 5, 1100, 17, 23, true, 1095, true},
-      {1, 1, 20, 1030, 16, 16, false, 0, true},
+      {1, 1, 20, 1030, 40, 16, false, 0, true},
   };
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
