@@ -157,8 +157,8 @@ TEST(AttentionCudaParity, NprfRpe) {
 // host and device. The budgets are the counts measured on 2026-11-28 (B = 1, H = 2, N = 7,
 // float32; apps/bench/README.md; on 2026-11-29 bidirectional performer, the fused
 // favor_attention, and lara, its landmarks by scaled_dot_product_attention_lse): a change that
-// adds launches fails here, one that removes some should lower its budget. redraw=0 keeps the feature draws (a host
-// draw and copy each) out.
+// adds launches fails here, one that removes some should lower its budget. redraw=0 keeps the
+// feature draws (a host draw and copy each) out.
 TEST(AttentionCudaLaunches, ForwardBackward) {
   LINEA_REQUIRE_CUDA();
   manual_seed(6);
