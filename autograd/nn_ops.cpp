@@ -323,10 +323,30 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 }
 
 // ---- fused attention ----------------------------------------------------------------------------
+namespace {
+// q, k, v and the key bias as the sdpa kernels read them (raw::sdpa_operand: the heads of a
+// projection in place on CUDA, a contiguous copy on the CPU), kept so for the backward, which then
+// copies nothing; the padding detached; the graph's inputs (the bias only when given).
+struct SdpaOperands {
+  Tensor q, k, v, bias, pad;
+  std::vector<Tensor> inputs;
+};
+SdpaOperands sdpa_operands(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding,
+                           const Tensor& key_bias) {
+  SdpaOperands o{raw::sdpa_operand(q.detach()),
+                 raw::sdpa_operand(k.detach()),
+                 raw::sdpa_operand(v.detach()),
+                 key_bias.defined() ? raw::contiguous(key_bias.detach()) : Tensor(),
+                 key_padding.defined() ? key_padding.detach() : Tensor(),
+                 {q, k, v}};
+  if (key_bias.defined()) o.inputs.push_back(key_bias);
+  return o;
+}
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
                                     int64_t query_offset, const Tensor& key_padding, bool keep_probs, double dropout_p,
                                     const Tensor& key_bias) {
-  const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
   const bool grad = needs_grad({&q, &k, &v, &key_bias});
   LINEA_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "scaled_dot_product_attention: dropout_p must be in [0, 1), got ",
               dropout_p);
@@ -337,19 +357,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     drop = FoldedDropout{dropout_p, d.seed, d.draw, d.first_row, d.base};
     keep_probs = false;
   }
-  // q, k, v as the kernel reads them (raw::sdpa_operand: the heads of a projection in place on
-  // CUDA, a contiguous copy on the CPU), kept so for the backward, which then copies nothing.
-  const Tensor qc = raw::sdpa_operand(q.detach()), kc = raw::sdpa_operand(k.detach()),
-               vc = raw::sdpa_operand(v.detach());
-  const Tensor bc = key_bias.defined() ? raw::contiguous(key_bias.detach()) : Tensor();
-  std::vector<Tensor> r =
-      raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, grad && keep_probs, drop, bc);  // out, lse, probs
+  const SdpaOperands o = sdpa_operands(q, k, v, key_padding, key_bias);
+  std::vector<Tensor> r = raw::sdpa(o.q, o.k, o.v, scale, causal, query_offset, o.pad, grad && keep_probs, drop,
+                                    o.bias);  // out, lse, probs
   if (!grad) return r[0];
-  std::vector<Tensor> inputs = {q, k, v};
-  if (bc.defined()) inputs.push_back(key_bias);
-  return attach(r[0], "scaled_dot_product_attention", inputs,
-                [qd = qc, kd = kc, vd = vc, bd = bc, out = r[0].detach(), lse = r[1], probs = r[2], scale, causal,
-                 query_offset, pad, drop](const Tensor& g) -> std::vector<Tensor> {
+  return attach(r[0], "scaled_dot_product_attention", o.inputs,
+                [qd = o.q, kd = o.k, vd = o.v, bd = o.bias, out = r[0].detach(), lse = r[1], probs = r[2], scale,
+                 causal, query_offset, pad = o.pad, drop](const Tensor& g) -> std::vector<Tensor> {
                   std::vector<Tensor> d =
                       raw::sdpa_backward(g, qd, kd, vd, out, lse, scale, causal, query_offset, pad, probs, drop, bd);
                   if (!bd.defined()) d.pop_back();  // {dq, dk, dv}
@@ -360,21 +374,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 std::pair<Tensor, Tensor> scaled_dot_product_attention_lse(const Tensor& q, const Tensor& k, const Tensor& v,
                                                            double scale, bool causal, int64_t query_offset,
                                                            const Tensor& key_padding, const Tensor& key_bias) {
-  const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
-  const Tensor qc = raw::sdpa_operand(q.detach()), kc = raw::sdpa_operand(k.detach()),
-               vc = raw::sdpa_operand(v.detach());
-  const Tensor bc = key_bias.defined() ? raw::contiguous(key_bias.detach()) : Tensor();
-  std::vector<Tensor> r = raw::sdpa(qc, kc, vc, scale, causal, query_offset, pad, false, FoldedDropout(), bc);
-  std::vector<Tensor> inputs = {q, k, v};
-  if (bc.defined()) inputs.push_back(key_bias);
-  if (!needs_grad(inputs)) return {r[0], r[1]};
+  const SdpaOperands o = sdpa_operands(q, k, v, key_padding, key_bias);
+  std::vector<Tensor> r = raw::sdpa(o.q, o.k, o.v, scale, causal, query_offset, o.pad, false, FoldedDropout(), o.bias);
+  if (!needs_grad(o.inputs)) return {r[0], r[1]};
   // One node for both: [out | lse] [B, H, N, E + 1] (as linear attention's kvz is [KV | z]), the
   // two handed out as views, whose gradients the engine gathers into one for the backward.
   const int64_t E = v.size(3);
   const Tensor packed = raw::cat({r[0], raw::unsqueeze(r[1], 3)}, 3);
-  Tensor both = attach(packed, "scaled_dot_product_attention_lse", inputs,
-                       [qc, kc, vc, bc, out = raw::narrow(packed.detach(), 3, 0, E), lse = r[1], E, scale, causal,
-                        query_offset, pad](const Tensor& g) -> std::vector<Tensor> {
+  Tensor both = attach(packed, "scaled_dot_product_attention_lse", o.inputs,
+                       [qc = o.q, kc = o.k, vc = o.v, bc = o.bias, out = raw::narrow(packed.detach(), 3, 0, E),
+                        lse = r[1], E, scale, causal, query_offset,
+                        pad = o.pad](const Tensor& g) -> std::vector<Tensor> {
                          const Tensor dlse = raw::squeeze(raw::contiguous(raw::narrow(g, 3, E, 1)), 3);
                          std::vector<Tensor> d =
                              raw::sdpa_backward(raw::narrow(g, 3, 0, E), qc, kc, vc, out, lse, scale, causal,
