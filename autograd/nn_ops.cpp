@@ -21,7 +21,8 @@
 //   linear_attention          O = (Pq KV) / den, KV = Pk^T V, den = Pq z, z = Pk^T 1:
 //                             G = [g / den, -rowsum(g * O) / den], dPq = G [KV, z]^T,
 //                             [dKV, dz] = Pq^T G, dPk = V dKV^T + 1 dz^T, dV = Pk dKV
-//   favor_attention           linear_attention of positive_features(scale q) and (scale k), as one op
+//   favor_attention           (causal_)linear_attention of positive_features(scale q) and (scale k),
+//                             as one op
 //   causal_linear_attention   the same per chunk of rows, KV the state before the chunk plus the
 //                             chunk's own keys through tril(Pq Pk^T); dstate = Pq^T G
 //                             (the chunk formulas: core/cpu/linear_attention.cpp)
@@ -430,21 +431,21 @@ Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& 
 }
 
 Tensor favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
-                       const Tensor& key_padding, double den_guard) {
+                       const Tensor& key_padding, double den_guard, bool causal, int64_t chunk) {
   LINEA_CHECK(!omega.requires_grad(),
               "favor_attention: omega takes no gradient (the features are samples); got an "
               "omega that requires one");
   const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
   // Kept as they are for the backward (the raw op reads the heads of a projection in place).
   const Tensor qc = q.detach(), kc = k.detach(), vc = v.detach(), wc = omega.detach();
-  std::vector<Tensor> r =
-      raw::favor_attention(qc, kc, vc, wc, scale, pad, den_guard);  // out, den, kvz, phi_q, phi_k[, q~, k~]
+  std::vector<Tensor> r = raw::favor_attention(qc, kc, vc, wc, scale, pad, den_guard, causal,
+                                               chunk);  // out, den, kvz, phi_q, phi_k[, q~, k~]
   const Tensor out = r[0];
   if (!needs_grad({&q, &k, &v})) return out;
   r[0] = out.detach();
   return attach(out, "favor_attention", {q, k, v},
-                [qc, kc, vc, wc, scale, r = std::move(r), den_guard](const Tensor& g) {
-                  return raw::favor_attention_backward(g, qc, kc, vc, wc, scale, r, den_guard);
+                [qc, kc, vc, wc, scale, r = std::move(r), den_guard, causal, chunk](const Tensor& g) {
+                  return raw::favor_attention_backward(g, qc, kc, vc, wc, scale, r, den_guard, causal, chunk);
                 });
 }
 

@@ -235,12 +235,13 @@ Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& 
 // FAVOR+ attention, fused (CPU and CUDA): linear_attention(phi_q, phi_k, v, den_guard) of the
 // positive features phi_q = positive_features(scale q, omega, per_row) and phi_k =
 // positive_features(scale k, omega, per (b, h), key_padding), for q [B, H, N, D], k [B, H, M, D],
-// v [B, H, M, E], omega [H, S, D]. On CUDA one pass of fused kernels that reads the heads of a
-// projection in place (the two ops where the sizes do not fit them); on the CPU the two ops.
-// Differentiable in q, k and v; omega is a constant (the features are samples). Performer's
-// bidirectional path with its softmax feature map.
+// v [B, H, M, E], omega [H, S, D]; causal (self-attention, N = M): causal_linear_attention of
+// them in chunks of `chunk` rows. On CUDA one pass of fused kernels that reads the heads of a
+// projection in place (the ops composed where the sizes, or a chunk other than 64, do not fit
+// them); on the CPU the ops composed. Differentiable in q, k and v; omega is a constant (the
+// features are samples). Performer's path with its softmax feature map.
 Tensor favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
-                       const Tensor& key_padding, double den_guard);
+                       const Tensor& key_padding, double den_guard, bool causal = false, int64_t chunk = 64);
 // Causal linear attention, fused (CPU and CUDA), in chunks of `chunk` rows (a scan over chunk
 // states, then each chunk from its state plus its masked product): out_n = num_n / den~_n with
 // [num, den]_n = phi_q_n (state + sum_{m<=n} phi_k_m^T [v_m, 1]) for phi_q, phi_k [B, H, N, S] and

@@ -332,23 +332,26 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   /* a constant. dx, domega: overwritten. */                                                                          \
   void positive_features_backward(const Tensor& x, const Tensor& omega, const Tensor& phi, const Tensor& dphi,     \
                                   const Tensor& dx, const Tensor& domega);                                             \
-  /* FAVOR+ attention in one op (raw::favor_attention; bidirectional performer's with the softmax map): with      */  \
-  /* x~ = scale x, phi_q = positive_features(q~, omega, per row), phi_k = positive_features(k~, omega, per (b, h),  */  \
-  /* pad), then linear_attention(phi_q, phi_k, v, guard). Whether the backend has fused kernels for these sizes    */  \
-  /* (the CPU: never, its positive_features and linear_attention kernels are its fused form); where it has not,   */  \
-  /* raw::favor_attention composes those two ops. */                                                                 \
-  bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega);                \
-  /* q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] and out any batch, head and row strides, a row's values          */  \
-  /* contiguous; omega [H, S, D]; pad Bool [B, M] or undefined. Writes out, den [B, H, N], kvz [B, H, S, E + 1],    */  \
-  /* phi_q [B, H, N, S] and phi_k [B, H, M, S] (kept for the backward). */                                            \
-  void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,   \
-                               const Tensor& pad, double guard, const Tensor& out, const Tensor& den,                 \
-                               const Tensor& kvz, const Tensor& phi_q, const Tensor& phi_k);                           \
+  /* FAVOR+ attention in one op (raw::favor_attention; performer's with the softmax map): with x~ = scale x,      */  \
+  /* phi_q = positive_features(q~, omega, per row), phi_k = positive_features(k~, omega, per (b, h), pad), then   */  \
+  /* linear_attention(phi_q, phi_k, v, guard) or, causal (N = M), causal_linear_attention(phi_q, phi_k, v, none,  */  \
+  /* chunk, guard). Whether the backend has fused kernels for these sizes and that chunk (the CPU: never, its     */  \
+  /* positive_features and linear attention kernels are its fused form); where it has not, raw::favor_attention   */  \
+  /* composes those ops. */                                                                                           \
+  bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, bool causal,     \
+                             int64_t chunk);                                                                          \
+  /* q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] and out any batch, head and row strides, a row's values       */  \
+  /* contiguous; omega [H, S, D]; pad Bool [B, M] or undefined. Writes out, den [B, H, N], kvz [B, H, S, E + 1]   */  \
+  /* (causal: the states [B, H, C, S, E + 1] of causal_linear_attention), phi_q [B, H, N, S] and phi_k [B, H, M,  */  \
+  /* S] (kept for the backward). */                                                                                   \
+  void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,  \
+                               const Tensor& pad, double guard, bool causal, int64_t chunk, const Tensor& out,        \
+                               const Tensor& den, const Tensor& kvz, const Tensor& phi_q, const Tensor& phi_k);       \
   /* dq, dk, dv (overwritten; any strides as above) from dout and the forward's outputs */                            \
-  void favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,  \
-                                const Tensor& out, const Tensor& den, const Tensor& kvz, const Tensor& phi_q,          \
-                                const Tensor& phi_k, const Tensor& dout, double guard, const Tensor& dq,               \
-                                const Tensor& dk, const Tensor& dv);                                                   \
+  void favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale, \
+                                bool causal, int64_t chunk, const Tensor& out, const Tensor& den, const Tensor& kvz,  \
+                                const Tensor& phi_q, const Tensor& phi_k, const Tensor& dout, double guard,           \
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv);                                \
   /* Toeplitz-modulated linear attention (raw::toeplitz_attention; nprf_rpe's FFT path), per (b, h): */                \
   /* y_n = sum_s phi_q_ns sum_m c_{m-n} phi_k_ms v_m, through transforms of length fft_len >= N + M - 1 one */         \
   /* (feature, value channel) at a time (memory O((N + M) S), not O(N S E)); fft_len 0: directly, term by */           \

@@ -136,18 +136,22 @@ std::vector<Tensor> linear_attention(const Tensor& phi_q, const Tensor& phi_k, c
 std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& phi_q, const Tensor& phi_k,
                                               const Tensor& v, const Tensor& out, const Tensor& den, const Tensor& kvz,
                                               double guard);
-// FAVOR+ attention (bidirectional, positive softmax features), fused: linear_attention of
-// phi_q = positive_features(scale q, omega, per_row) and phi_k = positive_features(scale k, omega,
-// per (b, h), pad) for q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] (any layout; the heads of a
-// projection are read in place). Returns {out (laid out as q's heads on CUDA, see sdpa_operand),
-// den, kvz, phi_q, phi_k} and, where the two ops ran, the scaled q and k (all for the backward).
-// One pass of fused kernels on CUDA where they fit the sizes; else, and on the CPU, the two ops.
+// FAVOR+ attention (positive softmax features), fused: linear_attention of phi_q =
+// positive_features(scale q, omega, per_row) and phi_k = positive_features(scale k, omega, per
+// (b, h), pad) for q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] (any layout; the heads of a
+// projection are read in place) or, causal (self-attention: N = M, key m seen by queries n >= m),
+// causal_linear_attention of them in chunks of `chunk` rows. Returns {out (laid out as q's heads
+// on CUDA, see sdpa_operand), den, kvz (causal: the chunk states), phi_q, phi_k} and, where the
+// ops ran one after the other, the scaled q and k (all for the backward). One pass of fused
+// kernels on CUDA where they fit the sizes (and, causal, chunks of 64); else, and on the CPU,
+// the ops composed.
 std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
-                                    double scale, const Tensor& pad, double guard);
+                                    double scale, const Tensor& pad, double guard, bool causal = false,
+                                    int64_t chunk = 64);
 // Returns {dq, dk, dv} (laid out as q, k, v) from grad [B, H, N, E] and the forward's outputs.
 std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& omega, double scale, const std::vector<Tensor>& forward,
-                                             double guard);
+                                             double guard, bool causal = false, int64_t chunk = 64);
 // Causal linear attention, fused, in chunks of `chunk` rows: query n sees keys m <= n of phi_k
 // and v (rows aligned with phi_q's) and the sums of earlier keys `state` [B, H, S, E + 1] (or
 // undefined). Returns {out [B, H, N, E], den [B, H, N] (unguarded), states [B, H, C, S, E + 1]

@@ -278,7 +278,7 @@ namespace {
 Tensor rows_operand(const Tensor& t) { return t.size(3) <= 1 || t.stride(3) == 1 ? t : contiguous(t); }
 
 void check_favor_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
-                      double scale, const Tensor& pad, double guard) {
+                      double scale, const Tensor& pad, double guard, bool causal, int64_t chunk) {
   check_sdpa_args(op, q, k, v, 1.0, 0, pad);
   check_defined(op, omega, "omega");
   LINEA_CHECK(omega.dim() == 3 && omega.size(0) == q.size(1) && omega.size(1) > 0 && omega.size(2) == q.size(3), op,
@@ -290,20 +290,25 @@ void check_favor_args(const char* op, const Tensor& q, const Tensor& k, const Te
               shape_str(q.shape()), " and k ", shape_str(k.shape()));
   LINEA_CHECK(std::isfinite(scale) && scale > 0.0, op, ": scale must be finite and > 0, got ", scale);
   LINEA_CHECK(guard >= 0.0 && std::isfinite(guard), op, ": guard must be finite and >= 0, got ", guard);
+  LINEA_CHECK(!causal || q.size(2) == k.size(2), op, ": causal takes as many queries as keys (self-attention), got q ",
+              shape_str(q.shape()), " and k ", shape_str(k.shape()));
+  LINEA_CHECK(!causal || chunk > 0, op, ": chunk must be positive, got ", chunk);
 }
 }  // namespace
 
 std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
-                                    double scale, const Tensor& pad, double guard) {
-  check_favor_args("favor_attention", q, k, v, omega, scale, pad, guard);
+                                    double scale, const Tensor& pad, double guard, bool causal, int64_t chunk) {
+  check_favor_args("favor_attention", q, k, v, omega, scale, pad, guard, causal, chunk);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), S = omega.size(1), E = v.size(3);
   const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
   const Tensor pc = pad.defined() ? contiguous(pad) : Tensor();
-  if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc)) {
-    std::vector<Tensor> r = {empty_heads({B, H, N, E}, qc), empty({B, H, N}, q.options()),
-                             empty({B, H, S, E + 1}, q.options()), empty({B, H, N, S}, q.options()),
+  if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, causal, chunk)) {
+    const Shape kvz = causal ? Shape{B, H, (N + chunk - 1) / chunk, S, E + 1} : Shape{B, H, S, E + 1};
+    std::vector<Tensor> r = {empty_heads({B, H, N, E}, qc), empty({B, H, N}, q.options()), empty(kvz, q.options()),
+                             empty({B, H, N, S}, q.options()),
                              empty({B, H, M, S}, q.options())};  // out, den, kvz, phi_q, phi_k
-    LINEA_BACKEND(q.device(), favor_attention_forward, qc, kc, vc, wc, scale, pc, guard, r[0], r[1], r[2], r[3], r[4]);
+    LINEA_BACKEND(q.device(), favor_attention_forward, qc, kc, vc, wc, scale, pc, guard, causal, chunk, r[0], r[1],
+                  r[2], r[3], r[4]);
     return r;
   }
   // Composed: the features, then the product (what the kernels above fuse). The scaled q~ and k~
@@ -312,39 +317,44 @@ std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tens
   const Tensor qs = unary(UnaryOp::MulScalar, qc, scale), ks = unary(UnaryOp::MulScalar, kc, scale);
   const Tensor phi_q = positive_features(qs, wc, /*per_row=*/true, Tensor());
   const Tensor phi_k = positive_features(ks, wc, /*per_row=*/false, pc);
-  std::vector<Tensor> lin = linear_attention(phi_q, phi_k, vc, guard);  // out, den, kvz
+  std::vector<Tensor> lin = causal ? causal_linear_attention(phi_q, phi_k, vc, Tensor(), chunk, guard)
+                                   : linear_attention(phi_q, phi_k, vc, guard);  // out, den, kvz or states[, final]
   return {lin[0], lin[1], lin[2], phi_q, phi_k, qs, ks};
 }
 
 std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& omega, double scale, const std::vector<Tensor>& forward,
-                                             double guard) {
+                                             double guard, bool causal, int64_t chunk) {
   const char* op = "favor_attention_backward";
-  check_favor_args(op, q, k, v, omega, scale, Tensor(), guard);
+  check_favor_args(op, q, k, v, omega, scale, Tensor(), guard, causal, chunk);
   check_defined(op, grad, "grad");
   LINEA_CHECK(forward.size() == 5 || forward.size() == 7, op, ": expected the forward's 5 or 7 outputs, got ",
               forward.size());
   const Tensor &out = forward[0], &den = forward[1], &kvz = forward[2], &phi_q = forward[3], &phi_k = forward[4];
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), S = omega.size(1), E = v.size(3);
-  LINEA_CHECK(grad.shape() == Shape({B, H, N, E}) && out.shape() == grad.shape() && den.shape() == Shape({B, H, N}) &&
-                  kvz.shape() == Shape({B, H, S, E + 1}) && phi_q.shape() == Shape({B, H, N, S}) &&
-                  phi_k.shape() == Shape({B, H, M, S}),
-              op, ": grad ", shape_str(grad.shape()), " and the forward's out ", shape_str(out.shape()), ", den ",
-              shape_str(den.shape()), ", kvz ", shape_str(kvz.shape()), ", phi_q ", shape_str(phi_q.shape()),
-              ", phi_k ", shape_str(phi_k.shape()), " do not match q ", shape_str(q.shape()), ", k ",
-              shape_str(k.shape()), ", v ", shape_str(v.shape()), " and omega ", shape_str(omega.shape()));
+  const Shape kvz_shape = causal ? Shape{B, H, (N + chunk - 1) / chunk, S, E + 1} : Shape{B, H, S, E + 1};
+  LINEA_CHECK(
+      grad.shape() == Shape({B, H, N, E}) && out.shape() == grad.shape() && den.shape() == Shape({B, H, N}) &&
+          kvz.shape() == kvz_shape && phi_q.shape() == Shape({B, H, N, S}) && phi_k.shape() == Shape({B, H, M, S}),
+      op, ": grad ", shape_str(grad.shape()), " and the forward's out ", shape_str(out.shape()), ", den ",
+      shape_str(den.shape()), ", kvz ", shape_str(kvz.shape()), ", phi_q ", shape_str(phi_q.shape()), ", phi_k ",
+      shape_str(phi_k.shape()), " do not match q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
+      shape_str(v.shape()), " and omega ", shape_str(omega.shape()), causal ? " (causal)" : "");
   for (const Tensor* t : {&grad, &out, &den, &kvz, &phi_q, &phi_k}) {
     check_same_dtype(op, q, *t);
     check_same_device(op, q, *t);
   }
   const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
-  if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc)) {
+  if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, causal, chunk)) {
     std::vector<Tensor> d = {empty_heads(q.shape(), qc), empty_heads(k.shape(), kc), empty_heads(v.shape(), vc)};
-    LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, rows_operand(out), contiguous(den),
-                  contiguous(kvz), contiguous(phi_q), contiguous(phi_k), rows_operand(grad), guard, d[0], d[1], d[2]);
+    LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, causal, chunk, rows_operand(out),
+                  contiguous(den), contiguous(kvz), contiguous(phi_q), contiguous(phi_k), rows_operand(grad), guard,
+                  d[0], d[1], d[2]);
     return d;
   }
-  std::vector<Tensor> dl = linear_attention_backward(grad, phi_q, phi_k, vc, out, den, kvz, guard);
+  std::vector<Tensor> dl =
+      causal ? causal_linear_attention_backward(grad, phi_q, phi_k, vc, out, den, kvz, chunk, guard, false)
+             : linear_attention_backward(grad, phi_q, phi_k, vc, out, den, kvz, guard);
   // dx = scale dx~ (x~ = scale x: the forward's, else recomputed); each feature gradient dropped
   // once used and the scaling in place, so that no more is live at once than in the two ops' own
   // backwards.

@@ -425,6 +425,36 @@ __global__ void subtract_scaled_rows_kernel(const T* s, const T* y, int64_t rows
   }
 }
 
+// Causal linear attention's chunk states (cuda/linear_attention.cu; causal FAVOR+ in
+// cuda/favor_attention.cu): parts [BH, C, S, E1] (rows ld >= E1 apart, each chunk's own sums) in
+// place to the exclusive prefix sums over the chunks (reverse: over the later chunks), from init
+// [BH, S, E1] (or 0), the total into total [BH, S, E1] (or nowhere). One thread per (bh, entry),
+// the chunks in order: the same bits every run.
+template <typename T>
+__global__ void scan_chunks_kernel(int64_t BH, int64_t C, int64_t S, int64_t E1, int64_t ld, bool reverse,
+                                   const T* init, T* parts, T* total) {
+  const int64_t n = S * E1;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < BH * n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bh = i / n, j = i % n / E1 * ld + i % E1;
+    T acc = init ? init[i] : T(0);
+    for (int64_t k = 0; k < C; ++k) {
+      T& p = parts[(bh * C + (reverse ? C - 1 - k : k)) * S * ld + j];
+      const T x = p;
+      p = acc;
+      acc += x;
+    }
+    if (total) total[i] = acc;
+  }
+}
+template <typename T>
+void scan_chunks(int64_t BH, int64_t C, int64_t S, int64_t E1, int64_t ld, bool reverse, const T* init, T* parts,
+                 T* total) {
+  scan_chunks_kernel<T>
+      <<<grid_for(BH * S * E1), kBlockSize, 0, stream()>>>(BH, C, S, E1, ld, reverse, init, parts, total);
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+
 // For kernels that only move elements (copies, where, gathers): calls f(E{}) with E the
 // unsigned integer type of the given element size (1, 4 or 8 bytes).
 template <typename F> void dispatch_bits(size_t element_size, const char* op, F&& f) {

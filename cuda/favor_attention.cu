@@ -12,14 +12,22 @@
 //                            (G KV^T + G_z z^T) * phi_q; dq = scale (dl W - rowsum(dl) x~); over a
 //                            run of tiles dKV += phi_q^T G, dz += phi_q^T G_z; the runs added in order
 //             5. keys        dl = (v dKV^T + 1 dz^T) * phi_k, dv = phi_k dKV, dk as dq
+// Causal (self-attention, N = M; causal_linear_attention's chunked form, chunks = the 64-row tiles):
+//   forward   1. as above;  2. as above, a run a tile, into the chunk states, then an exclusive
+//             scan over the chunks (scan_chunks);  3. each query tile from its chunk's state plus
+//             its own keys: [num, den] = phi_q S + tril(phi_q phi_k^T) [v, 1]
+//   backward  6. query tiles: dq, and each chunk's phi_q^T [G, G_z], reverse-scanned into R
+//             7. key tiles: dk and dv from R and the chunk's own queries (formulas at 6.)
 // Seven launches for a forward and backward where the composed ops take about 30 (positive
-// features, the scaling of q and k, linear attention's GEMMs and row passes), and q, k, v, out
-// and their gradients are read and written in place as the heads of a projection (HeadRows).
+// features, the scaling of q and k, linear attention's GEMMs and row passes; causal 49), and q,
+// k, v, out and their gradients are read and written in place as the heads of a projection
+// (HeadRows).
 // The products are each block's own, in shared memory: 256 threads, each a 4 x 4 patch of every
 // 64 x 64 block of the output (block_product); operands padded with zeros to whole 64-wide blocks.
 // Every sum has a fixed order: the same bits every run. Sizes whose operands do not fit a block's
 // shared memory are not fused (favor_attention_fused): on an H100, float32 takes S = 128 with D =
-// E = 64 (182 KB for the query gradients) but not S = D = 128 (234 KB); float64 S, D, E <= 64.
+// E = 64 (182 KB for the query gradients; causal 212 KB) but not S = D = 128 (234 KB); float64
+// S, D, E <= 64, and never causal (262 KB).
 // The products run in the tensors' dtype whatever the matmul precision (no TF32 or bf16 here).
 #include <cmath>
 
@@ -87,25 +95,48 @@ template <typename T> struct KeySumsSmem {
 template <typename T, typename C> __host__ __device__ KeySumsSmem<T> key_sums_smem(C& c, const FavorDims& d) {
   return {c.mat(kRows, d.Sp), c.mat(kRows, d.Ep), c.mat(d.Sp, d.Ep), c.vec(d.Sp), c.vec(kThreads / 32)};
 }
+// Causal: po holds the chunk's other side (the key features, or the query features in the key
+// gradients), v its values, a the masked products within the chunk (in the forward, x's place).
 template <typename T> struct QueriesSmem {
-  Mat<T> w, kv, x, p;
+  Mat<T> w, kv, x, p, po, v;
   T *z, *half, *inv;  // inv: 1 / den~ per row
 };
-template <typename T, typename C> __host__ __device__ QueriesSmem<T> queries_smem(C& c, const FavorDims& d) {
-  return {c.mat(d.Sp, d.Dp), c.mat(d.Sp, d.Ep), c.mat(kRows, d.Dp), c.mat(kRows, d.Sp),
-          c.vec(d.Sp),       c.vec(kRows),      c.vec(kRows)};
+template <typename T, typename C>
+__host__ __device__ QueriesSmem<T> queries_smem(C& c, const FavorDims& d, bool causal) {
+  const Mat<T> none{nullptr, 0};
+  return {c.mat(d.Sp, d.Dp),
+          c.mat(d.Sp, d.Ep),
+          c.mat(kRows, d.Dp),
+          c.mat(kRows, d.Sp),
+          causal ? c.mat(kRows, d.Sp) : none,
+          causal ? c.mat(kRows, d.Ep) : none,
+          c.vec(d.Sp),
+          c.vec(kRows),
+          c.vec(kRows)};
 }
 // The gradient kernels: G (queries) or v (keys) shares its space with x~, read after it.
 template <typename T> struct GradSmem {
-  Mat<T> w, kv, dkv, p, dl, gx;
+  Mat<T> w, kv, dkv, p, dl, gx, po, v, a;
   T *z, *dz, *gz, *rs, *inv;
 };
-template <typename T, typename C> __host__ __device__ GradSmem<T> grad_smem(C& c, const FavorDims& d, bool queries) {
+template <typename T, typename C>
+__host__ __device__ GradSmem<T> grad_smem(C& c, const FavorDims& d, bool queries, bool causal) {
   const int wide = d.Ep > d.Dp ? d.Ep : d.Dp;
-  return {c.mat(d.Sp, d.Dp),  c.mat(d.Sp, d.Ep),  queries ? c.mat(d.Sp, d.Ep) : Mat<T>{nullptr, 0},
-          c.mat(kRows, d.Sp), c.mat(kRows, d.Sp), c.mat(kRows, wide),
-          c.vec(d.Sp),        c.vec(d.Sp),        c.vec(kRows),
-          c.vec(kRows),       c.vec(kRows)};
+  const Mat<T> none{nullptr, 0};
+  return {c.mat(d.Sp, d.Dp),
+          c.mat(d.Sp, d.Ep),
+          queries && !causal ? c.mat(d.Sp, d.Ep) : none,
+          c.mat(kRows, d.Sp),
+          c.mat(kRows, d.Sp),
+          c.mat(kRows, wide),
+          causal ? c.mat(kRows, d.Sp) : none,
+          causal ? c.mat(kRows, d.Ep) : none,
+          causal ? c.mat(kRows, kRows) : none,
+          c.vec(d.Sp),
+          c.vec(d.Sp),
+          c.vec(kRows),
+          c.vec(kRows),
+          c.vec(kRows)};
 }
 template <typename T, typename Layout> size_t smem_bytes(Layout layout) {
   Count<T> c;
@@ -113,33 +144,48 @@ template <typename T, typename Layout> size_t smem_bytes(Layout layout) {
   return static_cast<size_t>(c.used) * sizeof(T);
 }
 
-// f(r, c, sum_{k < K} a(r, k) b(k, c)) for every (r, c) of an R x N product (R and N whole 64
-// blocks): thread (ty, tx) of the 16 x 16 computes rows ty + 16 i and columns tx + 16 j of each
-// 64 x 64 block, 16 products for 8 shared loads (a warp's a loads are two broadcasts; its b loads
-// 16 banks). All threads of the block call it.
-template <typename T, typename A, typename B, typename F>
-__device__ __forceinline__ void block_product(int R, int N, int K, const A& a, const B& b, F&& f) {
+// acc += sum_{k < K} a(r, k) b(k, c) over a thread's rows r0 + ty + 16 i and columns c0 + tx + 16 j
+// of a 64 x 64 block: 16 products for 8 shared loads (a warp's a loads are two broadcasts; its b
+// loads 16 banks).
+template <typename T, typename A, typename B>
+__device__ __forceinline__ void accumulate(T (&acc)[4][4], int r0, int c0, int K, const A& a, const B& b) {
+  const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
+#pragma unroll 4
+  for (int k = 0; k < K; ++k) {
+    T x[4], y[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = a(r0 + ty + kSide * i, k);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) y[j] = b(k, c0 + tx + kSide * j);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
+  }
+}
+
+// f(r, c, sum_{k < K} a(r, k) b(k, c) + sum_{k < K2} a2(r, k) b2(k, c)) for every (r, c) of an R x N
+// product (R and N whole 64 blocks): thread (ty, tx) of the 16 x 16 computes rows ty + 16 i and
+// columns tx + 16 j of each 64 x 64 block. All threads of the block call it.
+template <typename T, typename A, typename B, typename A2, typename B2, typename F>
+__device__ __forceinline__ void block_product2(int R, int N, int K, const A& a, const B& b, int K2, const A2& a2,
+                                               const B2& b2, F&& f) {
   const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
   for (int r0 = 0; r0 < R; r0 += kRows)
     for (int c0 = 0; c0 < N; c0 += kRows) {
       T acc[4][4] = {};
-#pragma unroll 4
-      for (int k = 0; k < K; ++k) {
-        T x[4], y[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) x[i] = a(r0 + ty + kSide * i, k);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) y[j] = b(k, c0 + tx + kSide * j);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
-      }
+      accumulate(acc, r0, c0, K, a, b);
+      if (K2 > 0) accumulate(acc, r0, c0, K2, a2, b2);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) f(r0 + ty + kSide * i, c0 + tx + kSide * j, acc[i][j]);
     }
+}
+// One product: f(r, c, sum_{k < K} a(r, k) b(k, c)).
+template <typename T, typename A, typename B, typename F>
+__device__ __forceinline__ void block_product(int R, int N, int K, const A& a, const B& b, F&& f) {
+  block_product2<T>(R, N, K, a, b, 0, a, b, f);
 }
 
 // The 4 threads of row r = threadIdx.x / 4 combine f(r, c) over c < n by op (in a fixed order);
@@ -234,11 +280,12 @@ __global__ void __launch_bounds__(kThreads) key_logits_kernel(HeadRows<const T> 
 
 // 2. Over run blockIdx.x of head blockIdx.y's tiles (`per_run` of them): phi_k = exp(l - c) /
 //    sqrt(S) in place of the logits (0 on padded rows), c = the max of the head's tile_max; and
-//    part [run, BH, S, E + 1] = [phi_k^T v, phi_k^T 1] over the run.
+//    the run's [phi_k^T v, phi_k^T 1] [S, E + 1] at part + run run_ld + bh head_ld ([run, BH, S,
+//    E + 1]; causal, a run a tile: [BH, tile, S, E + 1]).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     key_sums_kernel(HeadRows<const T> v, const uint8_t* pad, FavorDims d, int64_t tiles, int64_t per_run,
-                    const T* tile_max, T inv_sqrt_s, T* phi_k, T* part) {
+                    const T* tile_max, T inv_sqrt_s, T* phi_k, T* part, int64_t run_ld, int64_t head_ld) {
   Carve<T> carve{shared_mem<T>()};
   const KeySumsSmem<T> sm = key_sums_smem<T>(carve, d);
   const int64_t bh = blockIdx.y;
@@ -271,26 +318,36 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  T* out = part + (blockIdx.x * d.BH() + bh) * d.S * (d.E + 1);
+  T* out = part + blockIdx.x * run_ld + bh * head_ld;
   for (int64_t i = threadIdx.x; i < d.S * (d.E + 1); i += kThreads) {
     const int s = static_cast<int>(i / (d.E + 1)), e = static_cast<int>(i % (d.E + 1));
     out[i] = e < d.E ? sm.kv(s, e) : sm.z[s];
   }
 }
 
+// n rows of [*, S] features (a head's, its row r0 at p) into m [kRows, Sp].
+template <typename T> __device__ void load_features(const T* p, int64_t r0, int n, const FavorDims& d, Mat<T> m) {
+  fill_mat(m, kRows, d.Sp, n, static_cast<int>(d.S), [&](int r, int s) { return p[(r0 + r) * d.S + s]; });
+}
+
 // 3. Query tile blockIdx.x of head blockIdx.y: phi_q (per-row stabilizer), den = phi_q . z (raw)
-//    and out = phi_q KV / den~.
-template <typename T>
+//    and out = phi_q KV / den~. Causal (kvz: the chunk states [BH, tiles, S, E + 1], N = M): the
+//    tile's state, and its own keys through A = tril(phi_q phi_k^T): [num, den] += A [v, 1].
+template <typename T, bool kCausal>
 __global__ void __launch_bounds__(kThreads)
     queries_kernel(HeadRows<const T> q, const T* omega, const T* kvz, FavorDims d, T scale, T inv_sqrt_s, T guard,
-                   HeadRows<T> out, T* den, T* phi_q) {
+                   const T* phi_k, HeadRows<const T> v, HeadRows<T> out, T* den, T* phi_q) {
   Carve<T> carve{shared_mem<T>()};
-  const QueriesSmem<T> sm = queries_smem<T>(carve, d);
+  const QueriesSmem<T> sm = queries_smem<T>(carve, d, kCausal);
   const int64_t bh = blockIdx.y, n0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
   load_omega(omega, d, sm.w);
-  load_kvz(kvz + bh * d.S * (d.E + 1), d, sm.kv, sm.z);
+  load_kvz(kvz + (kCausal ? bh * gridDim.x + blockIdx.x : bh) * d.S * (d.E + 1), d, sm.kv, sm.z);
   load_rows(q.rows(bh, d.H), n0, n, static_cast<int>(d.D), d.Dp, scale, sm.x);
+  if constexpr (kCausal) {
+    load_features(phi_k + bh * d.M * d.S, n0, n, d, sm.po);
+    load_rows(v.rows(bh, d.H), n0, n, static_cast<int>(d.E), d.Ep, T(1), sm.v);
+  }
   __syncthreads();
   half_norms(sm.x, d.Dp, sm.half);
   __syncthreads();
@@ -311,7 +368,15 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  const T raw = row_reduce(S, T(0), Add(), [&](int r, int s) { return sm.p(r, s) * sm.z[s]; });
+  const Mat<T> a = sm.x;  // causal: A in place of x~ (read only by the logits)
+  if constexpr (kCausal) {
+    block_product<T>(
+        kRows, kRows, d.Sp, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int m) { return sm.po(m, s); },
+        [&](int r, int m, T acc) { a(r, m) = m <= r ? acc : T(0); });
+    __syncthreads();
+  }
+  T raw = row_reduce(S, T(0), Add(), [&](int r, int s) { return sm.p(r, s) * sm.z[s]; });
+  if constexpr (kCausal) raw += row_reduce(kRows, T(0), Add(), [&](int r, int m) { return a(r, m); });
   if (threadIdx.x % 4 == 0) {
     const int r = static_cast<int>(threadIdx.x) / 4;
     sm.inv[r] = T(1) / guarded(raw, guard);
@@ -319,24 +384,54 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const Rows<T> o = out.rows(bh, d.H);
-  block_product<T>(
+  block_product2<T>(
       kRows, d.Ep, d.Sp, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int e) { return sm.kv(s, e); },
+      kCausal ? kRows : 0, [&](int r, int m) { return a(r, m); }, [&](int m, int e) { return sm.v(m, e); },
       [&](int r, int e, T acc) {
         if (r < n && e < d.E) o.p[(n0 + r) * o.row + e] = acc * sm.inv[r];
       });
 }
 
 // ---- backward -----------------------------------------------------------------------------------
+// G of the query tile at n0 (n rows) into sm.gx: g / den~, and sm.gz = G_z = -(g . out) / den~, 0
+// where the guard holds den~ (a constant); rows past n 0. Barriers inside.
+template <typename T>
+__device__ void g_tile(const GradSmem<T>& sm, const FavorDims& d, int64_t n0, int n, Rows<const T> gr,
+                       Rows<const T> outr, const T* den, T guard) {
+  const int E = static_cast<int>(d.E);
+  load_rows(gr, n0, n, E, d.Ep, T(1), sm.gx);
+  __syncthreads();
+  const T dot = row_reduce(E, T(0), Add(),
+                           [&](int r, int e) { return r < n ? sm.gx(r, e) * outr.p[(n0 + r) * outr.row + e] : T(0); });
+  if (threadIdx.x % 4 == 0) {
+    const int r = static_cast<int>(threadIdx.x) / 4;
+    const T raw = r < n ? den[n0 + r] : T(1), dg = guarded(raw, guard);
+    sm.inv[r] = T(1) / dg;
+    sm.gz[r] = dg == raw ? -dot / dg : T(0);
+  }
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < kRows * d.Ep; i += kThreads) {
+    const int r = i / d.Ep, e = i - r * d.Ep;
+    sm.gx(r, e) *= sm.inv[r];
+  }
+  __syncthreads();
+}
 // dl = dphi * phi into sm.dl and its row sums into sm.rs, with dphi = a(r, e) kv(s, e)^T over e +
-// bias(r, s): the queries' G KV^T + G_z z^T, the keys' v dKV^T + dz^T.
-template <typename T, typename A, typename Bias>
-__device__ void feature_grads(const GradSmem<T>& sm, const FavorDims& d, Mat<T> kv, const A& a, const Bias& bias) {
-  block_product<T>(
-      kRows, d.Sp, d.Ep, a, [&](int e, int s) { return kv(s, e); },
+// bias(r, s) [+ a2(r, m) b2(m, s) over m < K2]: the queries' G KV^T + G_z z^T [+ B phi_k], the
+// keys' v dKV^T + dz^T [+ B^T phi_q].
+template <typename T, typename A, typename Bias, typename A2, typename B2>
+__device__ void feature_grads(const GradSmem<T>& sm, const FavorDims& d, Mat<T> kv, const A& a, const Bias& bias,
+                              int K2, const A2& a2, const B2& b2) {
+  block_product2<T>(
+      kRows, d.Sp, d.Ep, a, [&](int e, int s) { return kv(s, e); }, K2, a2, b2,
       [&](int r, int s, T acc) { sm.dl(r, s) = (acc + bias(r, s)) * sm.p(r, s); });
   __syncthreads();
   const T rs = row_reduce(d.Sp, T(0), Add(), [&](int r, int s) { return sm.dl(r, s); });
   if (threadIdx.x % 4 == 0) sm.rs[threadIdx.x / 4] = rs;
+}
+template <typename T, typename A, typename Bias>
+__device__ void feature_grads(const GradSmem<T>& sm, const FavorDims& d, Mat<T> kv, const A& a, const Bias& bias) {
+  feature_grads(sm, d, kv, a, bias, 0, a, a);
 }
 // dx = scale (dl W - rowsum(dl) x~) for the tile's n rows from sm.dl, sm.rs and x~ in sm.gx.
 template <typename T>
@@ -356,7 +451,7 @@ __global__ void __launch_bounds__(kThreads)
                        const T* den, const T* phi_q, FavorDims d, int64_t tiles, int64_t per_run, T scale, T guard,
                        HeadRows<T> dq, T* part) {
   Carve<T> carve{shared_mem<T>()};
-  const GradSmem<T> sm = grad_smem<T>(carve, d, true);
+  const GradSmem<T> sm = grad_smem<T>(carve, d, true, false);
   const int64_t bh = blockIdx.y;
   load_omega(omega, d, sm.w);
   load_kvz(kvz + bh * d.S * (d.E + 1), d, sm.kv, sm.z);
@@ -364,30 +459,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) sm.dz[s] = T(0);
   const Rows<const T> qr = q.rows(bh, d.H), outr = out.rows(bh, d.H), gr = dout.rows(bh, d.H);
   const Rows<T> dqr = dq.rows(bh, d.H);
-  const int E = static_cast<int>(d.E), S = static_cast<int>(d.S);
+  const int E = static_cast<int>(d.E);
   const int64_t t1 = min(tiles, (blockIdx.x + 1) * per_run);
   for (int64_t t = blockIdx.x * per_run; t < t1; ++t) {
     const int64_t n0 = t * kRows;
     const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
-    // G's row r: g / den~; G_z = -(g . out) / den~, 0 where the guard holds den~ (a constant).
-    load_rows(gr, n0, n, E, d.Ep, T(1), sm.gx);
-    const T* pq = phi_q + (bh * d.N + n0) * d.S;
-    fill_mat(sm.p, kRows, d.Sp, n, S, [&](int r, int s) { return pq[r * d.S + s]; });
-    __syncthreads();
-    const T dot = row_reduce(
-        E, T(0), Add(), [&](int r, int e) { return r < n ? sm.gx(r, e) * outr.p[(n0 + r) * outr.row + e] : T(0); });
-    if (threadIdx.x % 4 == 0) {
-      const int r = static_cast<int>(threadIdx.x) / 4;
-      const T raw = r < n ? den[bh * d.N + n0 + r] : T(1), dg = guarded(raw, guard);
-      sm.inv[r] = T(1) / dg;
-      sm.gz[r] = dg == raw ? -dot / dg : T(0);
-    }
-    __syncthreads();
-    for (int i = static_cast<int>(threadIdx.x); i < kRows * d.Ep; i += kThreads) {
-      const int r = i / d.Ep, e = i - r * d.Ep;
-      sm.gx(r, e) *= sm.inv[r];
-    }
-    __syncthreads();
+    load_features(phi_q + bh * d.N * d.S, n0, n, d, sm.p);
+    g_tile(sm, d, n0, n, gr, outr, den + bh * d.N, guard);
     feature_grads(
         sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int r, int s) { return sm.gz[r] * sm.z[s]; });
     block_product<T>(
@@ -417,14 +495,13 @@ __global__ void __launch_bounds__(kThreads)
     key_grads_kernel(HeadRows<const T> k, HeadRows<const T> v, const T* omega, const T* dkvz, const T* phi_k,
                      FavorDims d, T scale, HeadRows<T> dk, HeadRows<T> dv) {
   Carve<T> carve{shared_mem<T>()};
-  const GradSmem<T> sm = grad_smem<T>(carve, d, false);
+  const GradSmem<T> sm = grad_smem<T>(carve, d, false, false);
   const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
   load_omega(omega, d, sm.w);
   load_kvz(dkvz + bh * d.S * (d.E + 1), d, sm.kv, sm.dz);  // dKV and dz
   load_rows(v.rows(bh, d.H), m0, n, static_cast<int>(d.E), d.Ep, T(1), sm.gx);
-  const T* pk = phi_k + (bh * d.M + m0) * d.S;
-  fill_mat(sm.p, kRows, d.Sp, n, static_cast<int>(d.S), [&](int r, int s) { return pk[r * d.S + s]; });
+  load_features(phi_k + bh * d.M * d.S, m0, n, d, sm.p);
   __syncthreads();
   feature_grads(
       sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int, int s) { return sm.dz[s]; });
@@ -440,6 +517,94 @@ __global__ void __launch_bounds__(kThreads)
   input_grads(sm, d, m0, n, scale, dk.rows(bh, d.H));
 }
 
+// ---- causal backward (N = M; chunk t = query and key tile t) ------------------------------------
+// With G = [g / den~, G_z] of the chunk's queries, R = dstates' entry for the chunk (the sum over
+// the later chunks of phi_q^T G), A = tril(phi_q phi_k^T) and B = tril(G [v, 1]^T) within it:
+//   dphi_q = G S^T + B phi_k,   dphi_k = [v, 1] R^T + B^T phi_q,   dv = phi_k R + A^T G.
+// 6. Chunk blockIdx.x of head blockIdx.y, its queries: dq, and its phi_q^T [G, G_z] [S, E + 1] into
+//    part [BH, chunks, S, E + 1] (the reverse scan makes them R).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    causal_query_grads_kernel(HeadRows<const T> q, HeadRows<const T> v, HeadRows<const T> out, HeadRows<const T> dout,
+                              const T* omega, const T* states, const T* den, const T* phi_q, const T* phi_k,
+                              FavorDims d, T scale, T guard, HeadRows<T> dq, T* part) {
+  Carve<T> carve{shared_mem<T>()};
+  const GradSmem<T> sm = grad_smem<T>(carve, d, true, true);
+  const int64_t bh = blockIdx.y, n0 = blockIdx.x * static_cast<int64_t>(kRows);
+  const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
+  const int64_t chunk = bh * gridDim.x + blockIdx.x;
+  load_omega(omega, d, sm.w);
+  load_kvz(states + chunk * d.S * (d.E + 1), d, sm.kv, sm.z);
+  load_features(phi_q + bh * d.N * d.S, n0, n, d, sm.p);
+  load_features(phi_k + bh * d.M * d.S, n0, n, d, sm.po);
+  load_rows(v.rows(bh, d.H), n0, n, static_cast<int>(d.E), d.Ep, T(1), sm.v);
+  g_tile(sm, d, n0, n, dout.rows(bh, d.H), out.rows(bh, d.H), den + bh * d.N, guard);
+  block_product<T>(  // B
+      kRows, kRows, d.Ep, [&](int r, int e) { return sm.gx(r, e); }, [&](int e, int m) { return sm.v(m, e); },
+      [&](int r, int m, T acc) { sm.a(r, m) = m <= r ? acc + sm.gz[r] : T(0); });
+  __syncthreads();
+  feature_grads(
+      sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int r, int s) { return sm.gz[r] * sm.z[s]; }, kRows,
+      [&](int r, int m) { return sm.a(r, m); }, [&](int m, int s) { return sm.po(m, s); });
+  T* o = part + chunk * d.S * (d.E + 1);
+  const int E = static_cast<int>(d.E), S = static_cast<int>(d.S);
+  block_product<T>(
+      d.Sp, d.Ep, kRows, [&](int s, int m) { return sm.p(m, s); }, [&](int m, int e) { return sm.gx(m, e); },
+      [&](int s, int e, T acc) {
+        if (s < S && e < E) o[s * (E + 1) + e] = acc;
+      });
+  for (int s = static_cast<int>(threadIdx.x); s < S; s += kThreads) {
+    T acc = T(0);
+    for (int m = 0; m < kRows; ++m) acc += sm.p(m, s) * sm.gz[m];
+    o[s * (E + 1) + E] = acc;
+  }
+  __syncthreads();  // G read by all: x~ takes its place
+  load_rows(q.rows(bh, d.H), n0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
+  __syncthreads();
+  input_grads(sm, d, n0, n, scale, dq.rows(bh, d.H));
+}
+
+// 7. Chunk blockIdx.x of head blockIdx.y, its keys: dk and dv from R (dstates) and the chunk's
+//    queries (padded rows: phi_k = 0, so 0).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    causal_key_grads_kernel(HeadRows<const T> k, HeadRows<const T> v, HeadRows<const T> out, HeadRows<const T> dout,
+                            const T* omega, const T* dstates, const T* den, const T* phi_q, const T* phi_k, FavorDims d,
+                            T scale, T guard, HeadRows<T> dk, HeadRows<T> dv) {
+  Carve<T> carve{shared_mem<T>()};
+  const GradSmem<T> sm = grad_smem<T>(carve, d, false, true);
+  const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
+  const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
+  load_omega(omega, d, sm.w);
+  load_kvz(dstates + (bh * gridDim.x + blockIdx.x) * d.S * (d.E + 1), d, sm.kv, sm.dz);  // R: dKV and dz
+  load_features(phi_k + bh * d.M * d.S, m0, n, d, sm.p);
+  load_features(phi_q + bh * d.N * d.S, m0, n, d, sm.po);
+  load_rows(v.rows(bh, d.H), m0, n, static_cast<int>(d.E), d.Ep, T(1), sm.v);
+  g_tile(sm, d, m0, n, dout.rows(bh, d.H), out.rows(bh, d.H), den + bh * d.N, guard);
+  block_product<T>(  // B^T
+      kRows, kRows, d.Ep, [&](int m, int e) { return sm.v(m, e); }, [&](int e, int r) { return sm.gx(r, e); },
+      [&](int m, int r, T acc) { sm.a(m, r) = r >= m ? acc + sm.gz[r] : T(0); });
+  __syncthreads();
+  feature_grads(
+      sm, d, sm.kv, [&](int m, int e) { return sm.v(m, e); }, [&](int, int s) { return sm.dz[s]; }, kRows,
+      [&](int m, int r) { return sm.a(m, r); }, [&](int r, int s) { return sm.po(r, s); });
+  block_product<T>(  // A^T, in B^T's place (read before feature_grads' barrier)
+      kRows, kRows, d.Sp, [&](int m, int s) { return sm.p(m, s); }, [&](int s, int r) { return sm.po(r, s); },
+      [&](int m, int r, T acc) { sm.a(m, r) = r >= m ? acc : T(0); });
+  __syncthreads();
+  const Rows<T> dvr = dv.rows(bh, d.H);
+  block_product2<T>(
+      kRows, d.Ep, d.Sp, [&](int m, int s) { return sm.p(m, s); }, [&](int s, int e) { return sm.kv(s, e); }, kRows,
+      [&](int m, int r) { return sm.a(m, r); }, [&](int r, int e) { return sm.gx(r, e); },
+      [&](int m, int e, T acc) {
+        if (m < n && e < d.E) dvr.p[(m0 + m) * dvr.row + e] = acc;
+      });
+  __syncthreads();  // G read by all: k~ takes its place
+  load_rows(k.rows(bh, d.H), m0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
+  __syncthreads();
+  input_grads(sm, d, m0, n, scale, dk.rows(bh, d.H));
+}
+
 // ---- launch ---------------------------------------------------------------------------------------
 int round_up(int64_t x) { return static_cast<int>((x + kRows - 1) / kRows * kRows); }
 
@@ -449,11 +614,13 @@ FavorDims favor_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 }
 
 // Whether every kernel's shared memory fits a block (and the grid its heads), for T.
-template <typename T> bool fits(const FavorDims& d) {
+template <typename T> bool fits(const FavorDims& d, bool causal) {
+  if (causal && sizeof(T) == 8) return false;  // the gradients' eight 64 x 64 tiles: 262 KB at least
   const size_t most = std::max({smem_bytes<T>([&](Count<T>& c) { key_logits_smem<T>(c, d); }),
                                 smem_bytes<T>([&](Count<T>& c) { key_sums_smem<T>(c, d); }),
-                                smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d); }),
-                                smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true); })});
+                                smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d, causal); }),
+                                smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true, causal); }),
+                                smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, false, causal); })});
   return d.BH() <= 65535 && most <= shared_memory_optin();
 }
 
@@ -485,27 +652,31 @@ template <typename T> void sum_parts(const T* part, int64_t runs, const FavorDim
 
 }  // namespace
 
-bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega) {
+bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, bool causal,
+                           int64_t chunk) {
   const FavorDims d = favor_dims(q, k, v, omega);
+  if (causal && (chunk != kRows || d.N != d.M)) return false;
   bool ok = false;
-  LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] { ok = fits<scalar_t>(d); });
+  LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] { ok = fits<scalar_t>(d, causal); });
   return ok;
 }
 
 void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
-                             const Tensor& pad, double guard, const Tensor& out, const Tensor& den, const Tensor& kvz,
-                             const Tensor& phi_q, const Tensor& phi_k) {
+                             const Tensor& pad, double guard, bool causal, int64_t chunk, const Tensor& out,
+                             const Tensor& den, const Tensor& kvz, const Tensor& phi_q, const Tensor& phi_k) {
   const FavorDims d = favor_dims(q, k, v, omega);
   check_head_rows("favor_attention", {&q, &k, &v, &out});
   LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] {
     using T = scalar_t;
-    LINEA_CHECK(fits<T>(d), "favor_attention: no fused CUDA kernel for these sizes (see favor_attention_fused)");
+    LINEA_CHECK(favor_attention_fused(q, k, v, omega, causal, chunk),
+                "favor_attention: no fused CUDA kernel for these sizes (see favor_attention_fused)");
     const T sc = static_cast<T>(scale), inv_sqrt_s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.S)));
     const uint8_t* pad_p = pad.defined() ? cptr<uint8_t>(pad) : nullptr;
     const unsigned BH = static_cast<unsigned>(d.BH());
-    const int64_t ktiles = tiles_of(d.M), per_run = tiles_per_run(ktiles, d.BH()),
-                  runs = (ktiles + per_run - 1) / per_run;
-    DeviceScratch<T> tile_max(d.BH() * ktiles), part(runs * d.BH() * d.S * (d.E + 1));
+    // Causal: a run a tile, its sums into kvz (the chunk states), then the exclusive scan.
+    const int64_t ktiles = tiles_of(d.M), per_run = causal ? 1 : tiles_per_run(ktiles, d.BH()),
+                  runs = (ktiles + per_run - 1) / per_run, state = d.S * (d.E + 1);
+    DeviceScratch<T> tile_max(d.BH() * ktiles), part(causal ? 0 : runs * d.BH() * state);
     size_t bytes = smem_bytes<T>([&](Count<T>& c) { key_logits_smem<T>(c, d); });
     allow_smem<key_logits_kernel<T>>(bytes);
     key_logits_kernel<T><<<dim3(static_cast<unsigned>(ktiles), BH), kThreads, bytes, stream()>>>(
@@ -514,42 +685,70 @@ void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     bytes = smem_bytes<T>([&](Count<T>& c) { key_sums_smem<T>(c, d); });
     allow_smem<key_sums_kernel<T>>(bytes);
     key_sums_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
-        rows_in<T>(v), pad_p, d, ktiles, per_run, tile_max.p, inv_sqrt_s, ptr<T>(phi_k), part.p);
+        rows_in<T>(v), pad_p, d, ktiles, per_run, tile_max.p, inv_sqrt_s, ptr<T>(phi_k), causal ? ptr<T>(kvz) : part.p,
+        causal ? state : d.BH() * state, causal ? ktiles * state : state);
     LINEA_KERNEL_LAUNCH_CHECK();
-    sum_parts(part.p, runs, d, ptr<T>(kvz));
-    bytes = smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d); });
-    allow_smem<queries_kernel<T>>(bytes);
-    queries_kernel<T><<<dim3(static_cast<unsigned>(tiles_of(d.N)), BH), kThreads, bytes, stream()>>>(
-        rows_in<T>(q), cptr<T>(omega), cptr<T>(kvz), d, sc, inv_sqrt_s, static_cast<T>(guard), rows_out<T>(out),
-        ptr<T>(den), ptr<T>(phi_q));
+    if (causal)
+      scan_chunks<T>(d.BH(), ktiles, d.S, d.E + 1, d.E + 1, false, nullptr, ptr<T>(kvz), nullptr);
+    else
+      sum_parts(part.p, runs, d, ptr<T>(kvz));
+    bytes = smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d, causal); });
+    // float64 is never fused causal (fits): no such kernels are built.
+    const auto queries = causal ? queries_kernel<T, sizeof(T) == 4> : queries_kernel<T, false>;
+    if (causal)
+      allow_smem<queries_kernel<T, sizeof(T) == 4>>(bytes);
+    else
+      allow_smem<queries_kernel<T, false>>(bytes);
+    queries<<<dim3(static_cast<unsigned>(tiles_of(d.N)), BH), kThreads, bytes, stream()>>>(
+        rows_in<T>(q), cptr<T>(omega), cptr<T>(kvz), d, sc, inv_sqrt_s, static_cast<T>(guard), cptr<T>(phi_k),
+        rows_in<T>(v), rows_out<T>(out), ptr<T>(den), ptr<T>(phi_q));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
 
 void favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
-                              const Tensor& out, const Tensor& den, const Tensor& kvz, const Tensor& phi_q,
-                              const Tensor& phi_k, const Tensor& dout, double guard, const Tensor& dq, const Tensor& dk,
-                              const Tensor& dv) {
+                              bool causal, int64_t chunk, const Tensor& out, const Tensor& den, const Tensor& kvz,
+                              const Tensor& phi_q, const Tensor& phi_k, const Tensor& dout, double guard,
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const FavorDims d = favor_dims(q, k, v, omega);
   check_head_rows("favor_attention_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention_backward", [&] {
     using T = scalar_t;
-    LINEA_CHECK(fits<T>(d),
+    LINEA_CHECK(favor_attention_fused(q, k, v, omega, causal, chunk),
                 "favor_attention_backward: no fused CUDA kernel for these sizes (see "
                 "favor_attention_fused)");
-    const T sc = static_cast<T>(scale);
+    const T sc = static_cast<T>(scale), g = static_cast<T>(guard);
     const unsigned BH = static_cast<unsigned>(d.BH());
-    const int64_t qtiles = tiles_of(d.N), per_run = tiles_per_run(qtiles, d.BH()),
-                  runs = (qtiles + per_run - 1) / per_run;
-    DeviceScratch<T> part(runs * d.BH() * d.S * (d.E + 1)), dkvz(d.BH() * d.S * (d.E + 1));
-    size_t bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true); });
+    const int64_t qtiles = tiles_of(d.N), state = d.S * (d.E + 1);
+    if constexpr (sizeof(T) == 4)  // float64 is never fused causal (fits)
+      if (causal) {                // the chunks' phi_q^T [G, G_z], reverse-scanned into R, then the keys
+        DeviceScratch<T> dstates(d.BH() * qtiles * state);
+        const unsigned chunks = static_cast<unsigned>(qtiles);
+        size_t bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true, true); });
+        allow_smem<causal_query_grads_kernel<T>>(bytes);
+        causal_query_grads_kernel<T><<<dim3(chunks, BH), kThreads, bytes, stream()>>>(
+            rows_in<T>(q), rows_in<T>(v), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), cptr<T>(kvz), cptr<T>(den),
+            cptr<T>(phi_q), cptr<T>(phi_k), d, sc, g, rows_out<T>(dq), dstates.p);
+        LINEA_KERNEL_LAUNCH_CHECK();
+        scan_chunks<T>(d.BH(), qtiles, d.S, d.E + 1, d.E + 1, true, nullptr, dstates.p, nullptr);
+        bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, false, true); });
+        allow_smem<causal_key_grads_kernel<T>>(bytes);
+        causal_key_grads_kernel<T><<<dim3(chunks, BH), kThreads, bytes, stream()>>>(
+            rows_in<T>(k), rows_in<T>(v), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), dstates.p, cptr<T>(den),
+            cptr<T>(phi_q), cptr<T>(phi_k), d, sc, g, rows_out<T>(dk), rows_out<T>(dv));
+        LINEA_KERNEL_LAUNCH_CHECK();
+        return;
+      }
+    const int64_t per_run = tiles_per_run(qtiles, d.BH()), runs = (qtiles + per_run - 1) / per_run;
+    DeviceScratch<T> part(runs * d.BH() * state), dkvz(d.BH() * state);
+    size_t bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true, false); });
     allow_smem<query_grads_kernel<T>>(bytes);
     query_grads_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
         rows_in<T>(q), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), cptr<T>(kvz), cptr<T>(den), cptr<T>(phi_q), d,
-        qtiles, per_run, sc, static_cast<T>(guard), rows_out<T>(dq), part.p);
+        qtiles, per_run, sc, g, rows_out<T>(dq), part.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     sum_parts(part.p, runs, d, dkvz.p);
-    bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, false); });
+    bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, false, false); });
     allow_smem<key_grads_kernel<T>>(bytes);
     key_grads_kernel<T><<<dim3(static_cast<unsigned>(tiles_of(d.M)), BH), kThreads, bytes, stream()>>>(
         rows_in<T>(k), rows_in<T>(v), cptr<T>(omega), dkvz.p, cptr<T>(phi_k), d, sc, rows_out<T>(dk), rows_out<T>(dv));

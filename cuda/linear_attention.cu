@@ -15,10 +15,10 @@
 // Causal linear attention (the CPU twin's chunked formulas, core/cpu/linear_attention.cpp): the
 // rows of each (b, h) padded with zero rows to C whole chunks of T (skipped when T divides N), so
 // every per-chunk product is one strided-batched GEMM over (b, h, chunk); the chunk states by a
-// scan kernel (one thread per (b, h, entry), chunks in order); tril by a masking kernel. The
-// internal [*, E + 1] matrices ([v, 1], [num, den], G, d[v, 1], R) in rows of E1p as above; the
-// states [S, E + 1] of the op's contract stay as they are (the GEMMs that read or write them are
-// the unaligned ones left).
+// scan kernel (scan_chunks, common.cuh); tril by a masking kernel. The internal [*, E + 1]
+// matrices ([v, 1], [num, den], G, d[v, 1], R) in rows of E1p as above; the states [S, E + 1] of
+// the op's contract stay as they are (the GEMMs that read or write them are the unaligned ones
+// left).
 #include <algorithm>
 #include <cmath>
 
@@ -127,7 +127,6 @@ struct CausalDims {
   __host__ __device__ int64_t P() const { return C() * T; }  // padded rows per (b, h)
   __host__ __device__ int64_t E1() const { return E + 1; }
   __host__ __device__ int64_t E1p() const { return (E + 4) / 4 * 4; }  // the internal row length
-  __host__ __device__ int64_t n() const { return S * E1(); }  // entries of one state
   int64_t chunks() const { return BH * C(); }
 };
 
@@ -152,26 +151,6 @@ __global__ void unpad_rows_kernel(const T* src, CausalDims d, int64_t src_cols, 
     const int64_t bh = row / d.N, r = row - bh * d.N;
     const T* s = src + (bh * d.P() + r) * src_cols;
     for (int64_t j = w.lane; j < cols; j += WarpRows::kLanes) dst[row * cols + j] = s[j];
-  }
-}
-
-// parts [BH, C, S, E + 1] (rows ld apart) in place: the exclusive prefix sums over the chunks
-// (reverse: over the later chunks) from init [BH, S, E + 1] (or 0), the total into total
-// [BH, S, E + 1] (or nowhere).
-template <typename T>
-__global__ void scan_chunks_kernel(CausalDims d, bool reverse, const T* init, T* parts, int64_t ld, T* total) {
-  const int64_t C = d.C(), n = d.n(), E1 = d.E1();
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < d.BH * n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bh = i / n, j = i % n / E1 * ld + i % E1;
-    T acc = init ? init[i] : T(0);
-    for (int64_t k = 0; k < C; ++k) {
-      T& p = parts[(bh * C + (reverse ? C - 1 - k : k)) * d.S * ld + j];
-      const T x = p;
-      p = acc;
-      acc += x;
-    }
-    if (total) total[i] = acc;
   }
 }
 
@@ -341,9 +320,7 @@ void causal_linear_attention_forward(const Tensor& phi_q, const Tensor& phi_k, c
     PaddedInputs<T> in(d, phi_q, phi_k, v);
     T* st = ptr<T>(states);
     chunk_gemm<T>(d, in.k, true, rows_s, in.v1.p, false, rows_e1, st, state_op, S, E1, Tc);  // KV_c
-    scan_chunks_kernel<T><<<grid_for(d.BH * d.n()), kBlockSize, 0, stream()>>>(
-        d, false, state.defined() ? cptr<T>(state) : nullptr, st, E1, ptr<T>(final));
-    LINEA_KERNEL_LAUNCH_CHECK();
+    scan_chunks<T>(d.BH, d.C(), S, E1, E1, false, state.defined() ? cptr<T>(state) : nullptr, st, ptr<T>(final));
     // [num, den]_c = phi_q_c S_c + tril(phi_q_c phi_k_c^T) [v_c, 1]
     DeviceScratch<T> nd(d.BH * d.P() * E1p), a(d.chunks() * Tc * Tc);
     chunk_gemm<T>(d, in.q, false, rows_s, st, false, state_op, nd.p, rows_e1, Tc, E1, S);
@@ -375,9 +352,7 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
     LINEA_KERNEL_LAUNCH_CHECK();
     // R_c = sum over the later chunks of phi_q^T G, dstate = the sum over all of them
     chunk_gemm<T>(d, in.q, true, rows_s, G.p, false, rows_e1, R.p, padded_state, S, E1, Tc);
-    scan_chunks_kernel<T><<<grid_for(d.BH * d.n()), kBlockSize, 0, stream()>>>(
-        d, true, static_cast<const T*>(nullptr), R.p, E1p, dstate.defined() ? ptr<T>(dstate) : nullptr);
-    LINEA_KERNEL_LAUNCH_CHECK();
+    scan_chunks<T>(d.BH, d.C(), S, E1, E1p, true, nullptr, R.p, dstate.defined() ? ptr<T>(dstate) : nullptr);
     // A = tril(G_c [v_c, 1]^T): dphi_q_c = G_c S_c^T + A phi_k_c, dphi_k_c = [v_c, 1] R_c^T + A^T phi_q_c
     DeviceScratch<T> dqs(whole ? 0 : d.BH * d.P() * S), dks(whole ? 0 : d.BH * d.P() * S);
     T* dq = whole ? ptr<T>(dphi_q) : dqs.p;

@@ -119,6 +119,7 @@ TEST(AttentionCudaParity, Performer) {
   LINEA_REQUIRE_CUDA();
   run_cases({{"performer:features=6"},
              {"performer:features=6,chunk=3", true, true},
+             {"performer:features=6", true, true},  // fused causal (float32; chunks of 64)
              {"performer:features=5", false, true, true},
              {"performer:features=6,feature_map=relu", true},
              {"performer:features=6,feature_map=trf", false, true},
@@ -171,6 +172,7 @@ TEST(AttentionCudaLaunches, ForwardBackward) {
       {"softmax", false, 4},
       {"softmax", true, 4},
       {"performer:features=6,redraw=0", false, 7},
+      {"performer:features=6,redraw=0", true, 7},
       {"performer:features=6,redraw=0,chunk=3", true, 49},
       {"lara:samples=3", false, 87},
       {"ra:samples=3", false, 39},

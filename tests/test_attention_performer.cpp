@@ -649,6 +649,35 @@ TEST(GradCheck, FavorAttention) {
       {randn64({2, 2, 5, 3}), randn64({2, 2, 4, 3}), randn64({2, 2, 4, 2})});
 }
 
+// Causal: the features, then causal_linear_attention in chunks (3 rows: a short last chunk).
+TEST(FavorAttention, CausalMatchesTheComposedFormula) {
+  manual_seed(68);
+  const Tensor q = randn64({2, 3, 7, 5}), k = randn64({2, 3, 7, 5}), v = randn64({2, 3, 7, 4}),
+               w = randn64({3, 6, 5}).detach();
+  const Tensor pad = mask_of({0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, 2, 7).to(DType::Bool);
+  for (const Tensor& p : {Tensor(), pad}) {
+    const Tensor got = favor_attention(q, k, v, w, 0.7, p, 1e-30, /*causal=*/true, 3);
+    const Tensor want = causal_linear_attention(positive_features(q * 0.7, w, true),
+                                                positive_features(k * 0.7, w, false, p), v, Tensor(), 3, 1e-30);
+    EXPECT_TRUE(all_close(got, want, 1e-12, 1e-12));
+    // Query n sees keys m <= n only: the first row is v's first row (where that key is not padded).
+    if (!p.defined()) {
+      EXPECT_TRUE(all_close(narrow(got, 2, 0, 1), narrow(v, 2, 0, 1), 1e-12, 1e-12));
+    }
+  }
+}
+
+TEST(GradCheck, FavorAttentionCausal) {
+  manual_seed(69);
+  const Tensor w = randn64({2, 4, 3}).detach();
+  const Tensor pad = mask_of({0, 1, 0, 0, 0, 1, 1, 0, 1, 1}, 2, 5).to(DType::Bool);
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& in) {
+        return favor_attention(in[0], in[1], in[2], w, 0.8, pad, 1e-30, /*causal=*/true, 2);
+      },
+      {randn64({2, 2, 5, 3}), randn64({2, 2, 5, 3}), randn64({2, 2, 5, 2})});
+}
+
 TEST(FavorAttention, BadInputsThrow) {
   const Tensor q = randn({1, 2, 3, 4}), k = randn({1, 2, 5, 4}), v = randn({1, 2, 5, 6}), w = randn({2, 7, 4});
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, randn({2, 7, 3}), 0.5, Tensor(), 0.0),
@@ -658,6 +687,11 @@ TEST(FavorAttention, BadInputsThrow) {
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.5, Tensor(), -1.0), "guard must be finite and >= 0, got -1");
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.5, zeros({1, 4}, DType::Bool), 0.0),
                      "favor_attention: key padding must be bool [B, M] = [1, 5]");
+  EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.5, Tensor(), 0.0, /*causal=*/true),
+                     "favor_attention: causal takes as many queries as keys (self-attention), got q [1, 2, 3, 4] and "
+                     "k [1, 2, 5, 4]");
+  EXPECT_LINEA_ERROR(favor_attention(k, k, v, w, 0.5, Tensor(), 0.0, /*causal=*/true, 0),
+                     "favor_attention: chunk must be positive, got 0");
   Tensor wg = w.detach();
   wg.requires_grad_(true);
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, wg, 0.5, Tensor(), 0.0), "favor_attention: omega takes no gradient");

@@ -7,8 +7,8 @@
 // and, being detached, leaves the gradient of the ratio unchanged (the ratio does not depend on
 // it). The fused ops (favor_attention, linear_attention, causal_linear_attention) take numerator
 // and denominator from one product: v gets a column of ones, so its last column is
-// phi(q_n).sum_m phi(k_m). favor_attention (the softmax map, bidirectional) computes the features
-// too, with the stabilizers of positive_features.
+// phi(q_n).sum_m phi(k_m). favor_attention (the softmax map; causal when the queries are the keys'
+// positions) computes the features too, with the stabilizers of positive_features.
 #include "attention/performer/performer.h"
 
 #include <algorithm>
@@ -198,8 +198,10 @@ std::pair<Tensor, Tensor> PerformerAttention::features_of(const Tensor& q, const
 Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   check_inputs("performer", *this, q, k, v, opts);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2);
-  if (!opts.causal && feature_map_ == FeatureMap::Softmax)  // features and product in one fused op
-    return favor_attention(q, k, v, current_omega(q), scale_of(q.size(3)), key_padding_bool(opts), kDenGuard);
+  // Features and product in one fused op (causal: where query n sits at key n's position).
+  if (feature_map_ == FeatureMap::Softmax && (!opts.causal || (opts.query_offset == 0 && N == M)))
+    return favor_attention(q, k, v, current_omega(q), scale_of(q.size(3)), key_padding_bool(opts), kDenGuard,
+                           opts.causal, chunk_);
   auto [phi_q, phi_k] = features_of(q, k, opts);  // [B, H, N, F], [B, H, M, F]
   if (!opts.causal) return linear_attention(phi_q, phi_k, v, kDenGuard);  // fused, on either device
   // Query n sits at position o + n among the keys (o = query_offset): the keys before o come in

@@ -358,18 +358,18 @@ void causal_linear_attention_backward(const Tensor& phi_q, const Tensor& phi_k, 
   });
 }
 
-// FAVOR+ attention: the CPU's fused form is positive_features and linear_attention one after the
-// other (raw::favor_attention composes them), each already one pass of blocked GEMMs.
-bool favor_attention_fused(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { return false; }
+// FAVOR+ attention: the CPU's fused form is positive_features and (causal_)linear_attention one
+// after the other (raw::favor_attention composes them), each already one pass of blocked GEMMs.
+bool favor_attention_fused(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, int64_t) { return false; }
 void favor_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, double,
-                             const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+                             bool, int64_t, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   LINEA_FAIL(
       "favor_attention: no fused CPU kernel (raw::favor_attention composes positive_features and "
       "linear_attention)");
 }
-void favor_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, const Tensor&,
-                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double,
-                              const Tensor&, const Tensor&, const Tensor&) {
+void favor_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, bool, int64_t,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              double, const Tensor&, const Tensor&, const Tensor&) {
   LINEA_FAIL(
       "favor_attention_backward: no fused CPU kernel (raw::favor_attention_backward composes the two ops' "
       "backwards)");
