@@ -449,6 +449,14 @@ Tensor favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                 });
 }
 
+std::vector<Tensor> favor_attention_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
+                                         double scale, const Tensor& key_padding, double den_guard, const Tensor& sums,
+                                         const Tensor& c, int64_t chunk) {
+  LINEA_CHECK(!needs_grad({&q, &k, &v, &omega, &sums, &c}),
+              "favor_attention_step: decoding takes no gradient; run it under NoGradGuard");
+  return raw::favor_attention_step(q, k, v, omega, scale, key_padding, den_guard, sums, c, chunk);
+}
+
 Tensor causal_linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state,
                                int64_t chunk, double den_guard, Tensor* final) {
   const Tensor pq = raw::contiguous(phi_q.detach()), pk = raw::contiguous(phi_k.detach()),

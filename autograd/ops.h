@@ -242,6 +242,13 @@ Tensor linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& 
 // features are samples). Performer's path with its softmax feature map.
 Tensor favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
                        const Tensor& key_padding, double den_guard, bool causal = false, int64_t chunk = 64);
+// One step of causal FAVOR+ decoding (raw::favor_attention_step): {out, sums, c} for the T new
+// positions after the running sums and stabilizer of the earlier keys (undefined before the
+// first step). Decoding takes no gradient: inputs that would need one are refused (run it under
+// NoGradGuard). Performer's decoding step with its softmax feature map.
+std::vector<Tensor> favor_attention_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
+                                         double scale, const Tensor& key_padding, double den_guard, const Tensor& sums,
+                                         const Tensor& c, int64_t chunk = 64);
 // Causal linear attention, fused (CPU and CUDA), in chunks of `chunk` rows (a scan over chunk
 // states, then each chunk from its state plus its masked product): out_n = num_n / den~_n with
 // [num, den]_n = phi_q_n (state + sum_{m<=n} phi_k_m^T [v_m, 1]) for phi_q, phi_k [B, H, N, S] and

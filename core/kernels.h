@@ -352,6 +352,14 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
                                 bool causal, int64_t chunk, const Tensor& out, const Tensor& den, const Tensor& kvz,  \
                                 const Tensor& phi_q, const Tensor& phi_k, const Tensor& dout, double guard,           \
                                 const Tensor& dq, const Tensor& dk, const Tensor& dv);                                \
+  /* One step of causal FAVOR+ decoding (raw::favor_attention_step; no gradient), where favor_attention_fused     */  \
+  /* says so for (q, k, v, omega, causal, chunk 64): the T new positions q, k [B, H, T, D], v [B, H, T, E] after  */  \
+  /* the sums [B, H, S, E + 1] of earlier keys' stabilized features and their stabilizer c [B, H, 1, 1] (both     */  \
+  /* undefined: none). Writes out (any strides as above), sums_out and c_out (c' = max(c, the step's unpadded     */  \
+  /* keys' max log-factor), the sums after the step's keys, stabilized by c'). */                                     \
+  void favor_attention_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,     \
+                            const Tensor& pad, double guard, const Tensor& sums, const Tensor& c, const Tensor& out,  \
+                            const Tensor& sums_out, const Tensor& c_out);                                             \
   /* Toeplitz-modulated linear attention (raw::toeplitz_attention; nprf_rpe's FFT path), per (b, h): */                \
   /* y_n = sum_s phi_q_ns sum_m c_{m-n} phi_k_ms v_m, through transforms of length fft_len >= N + M - 1 one */         \
   /* (feature, value channel) at a time (memory O((N + M) S), not O(N S E)); fft_len 0: directly, term by */           \

@@ -152,6 +152,15 @@ std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tens
 std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& omega, double scale, const std::vector<Tensor>& forward,
                                              double guard, bool causal = false, int64_t chunk = 64);
+// One step of causal FAVOR+ decoding (no gradient): the T new positions q, k [B, H, T, D], v [B, H,
+// T, E] (query t sees the step's keys <= t) after the earlier keys' running sums [B, H, S, E + 1] =
+// sum_m phi~(k_m) [v_m, 1]^T, phi~ their features stabilized by c [B, H, 1, 1] (both undefined
+// before the first step). The step's keys are stabilized by c' = max(c, their largest log-factor
+// over the unpadded keys), the sums rescaled to it. Returns {out [B, H, T, E], the sums after the
+// step, c'}; favor_attention's causal kernels on CUDA where they fit, else the ops composed.
+std::vector<Tensor> favor_attention_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
+                                         double scale, const Tensor& pad, double guard, const Tensor& sums,
+                                         const Tensor& c, int64_t chunk = 64);
 // Causal linear attention, fused, in chunks of `chunk` rows: query n sees keys m <= n of phi_k
 // and v (rows aligned with phi_q's) and the sums of earlier keys `state` [B, H, S, E + 1] (or
 // undefined). Returns {out [B, H, N, E], den [B, H, N] (unguarded), states [B, H, C, S, E + 1]

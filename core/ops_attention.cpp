@@ -370,6 +370,52 @@ std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q
   return {dq, dk, dl[2]};
 }
 
+std::vector<Tensor> favor_attention_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
+                                         double scale, const Tensor& pad, double guard, const Tensor& sums,
+                                         const Tensor& c, int64_t chunk) {
+  const char* op = "favor_attention_step";
+  check_favor_args(op, q, k, v, omega, scale, pad, guard, true, chunk);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = omega.size(1), E = v.size(3);
+  LINEA_CHECK(sums.defined() == c.defined(), op, ": the running sums and their stabilizer come together, got ",
+              sums.defined() ? "sums without c" : "c without sums");
+  if (sums.defined()) {
+    LINEA_CHECK(sums.shape() == Shape({B, H, S, E + 1}) && c.shape() == Shape({B, H, 1, 1}), op, ": expected sums [", B,
+                ", ", H, ", ", S, ", ", E + 1, "] and c [", B, ", ", H, ", 1, 1], got ", shape_str(sums.shape()),
+                " and ", shape_str(c.shape()));
+    for (const Tensor* t : {&sums, &c}) {
+      check_same_dtype(op, q, *t);
+      check_same_device(op, q, *t);
+    }
+  }
+  const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
+  const Tensor pc = pad.defined() ? contiguous(pad) : Tensor();
+  if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, true, chunk)) {
+    std::vector<Tensor> r = {empty_heads({B, H, T, E}, qc), empty({B, H, S, E + 1}, q.options()),
+                             empty({B, H, 1, 1}, q.options())};  // out, sums, c
+    LINEA_BACKEND(q.device(), favor_attention_step, qc, kc, vc, wc, scale, pc, guard,
+                  sums.defined() ? contiguous(sums) : Tensor(), sums.defined() ? contiguous(c) : Tensor(), r[0], r[1],
+                  r[2]);
+    return r;
+  }
+  // Composed. The keys' log-factors l = k~ W^T - |k~|^2/2 [B, H, T, S], padded rows at the lowest
+  // value (their features 0), and c' over them and c.
+  const Tensor qs = unary(UnaryOp::MulScalar, qc, scale), ks = unary(UnaryOp::MulScalar, kc, scale);
+  const Tensor half = unary(UnaryOp::MulScalar, reduce(ReduceOp::Sum, unary(UnaryOp::Square, ks), {-1}, true), 0.5);
+  Tensor l = binary(BinaryOp::Sub, matmul(ks, transpose(wc, -2, -1)), half);
+  const Tensor pad4 = pc.defined() ? reshape(pc, {B, 1, T, 1}) : Tensor();
+  if (pad4.defined()) l = masked_fill(l, pad4, dtype_lowest(l.dtype()));
+  Tensor cn = reduce(ReduceOp::Max, l, {2, 3}, true);
+  if (c.defined()) cn = binary(BinaryOp::Maximum, cn, c);
+  Tensor phi_k = unary(UnaryOp::MulScalar, unary(UnaryOp::Exp, binary(BinaryOp::Sub, l, cn)),
+                       1.0 / std::sqrt(static_cast<double>(S)));
+  if (pad4.defined()) phi_k = masked_fill(phi_k, pad4, 0.0);
+  const Tensor state =
+      sums.defined() ? binary(BinaryOp::Mul, sums, unary(UnaryOp::Exp, binary(BinaryOp::Sub, c, cn))) : Tensor();
+  const Tensor phi_q = positive_features(qs, wc, /*per_row=*/true, Tensor());
+  std::vector<Tensor> r = causal_linear_attention(phi_q, phi_k, vc, state, chunk, guard);  // out, den, states, final
+  return {r[0], r[3], cn};
+}
+
 namespace {
 void check_causal_linear_args(const char* op, const Tensor& pq, const Tensor& pk, const Tensor& v, const Tensor& state,
                               int64_t chunk, double guard) {

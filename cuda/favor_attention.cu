@@ -18,6 +18,8 @@
 //             its own keys: [num, den] = phi_q S + tril(phi_q phi_k^T) [v, 1]
 //   backward  6. query tiles: dq, and each chunk's phi_q^T [G, G_z], reverse-scanned into R
 //             7. key tiles: dk and dv from R and the chunk's own queries (formulas at 6.)
+//   decoding  (favor_attention_step) the causal forward with a running stabilizer and sums in:
+//             c = the max with it, the sums rescaled to c as the scan's start, its total out
 // Seven launches for a forward and backward where the composed ops take about 30 (positive
 // features, the scaling of q and k, linear attention's GEMMs and row passes; causal 49), and q,
 // k, v, out and their gradients are read and written in place as the heads of a projection
@@ -278,20 +280,40 @@ __global__ void __launch_bounds__(kThreads) key_logits_kernel(HeadRows<const T> 
   if (threadIdx.x == 0) tile_max[bh * gridDim.x + blockIdx.x] = mx;
 }
 
+// A decoding step's running sums (favor_attention_step): the stabilizer c [BH] and the sums [BH, S,
+// E + 1] of the earlier keys (null before the first step); the step's c' = max(c, its keys' max)
+// and the earlier sums rescaled to it (init, the scan's start).
+template <typename T> struct RunningSums {
+  const T *c, *sums;
+  T *c_out, *init;
+};
+
 // 2. Over run blockIdx.x of head blockIdx.y's tiles (`per_run` of them): phi_k = exp(l - c) /
-//    sqrt(S) in place of the logits (0 on padded rows), c = the max of the head's tile_max; and
-//    the run's [phi_k^T v, phi_k^T 1] [S, E + 1] at part + run run_ld + bh head_ld ([run, BH, S,
-//    E + 1]; causal, a run a tile: [BH, tile, S, E + 1]).
+//    sqrt(S) in place of the logits (0 on padded rows), c = the max of the head's tile_max (and of
+//    the running c); and the run's [phi_k^T v, phi_k^T 1] [S, E + 1] at part + run run_ld + bh
+//    head_ld ([run, BH, S, E + 1]; causal, a run a tile: [BH, tile, S, E + 1]).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     key_sums_kernel(HeadRows<const T> v, const uint8_t* pad, FavorDims d, int64_t tiles, int64_t per_run,
-                    const T* tile_max, T inv_sqrt_s, T* phi_k, T* part, int64_t run_ld, int64_t head_ld) {
+                    const T* tile_max, T inv_sqrt_s, T* phi_k, T* part, int64_t run_ld, int64_t head_ld,
+                    RunningSums<T> run) {
   Carve<T> carve{shared_mem<T>()};
   const KeySumsSmem<T> sm = key_sums_smem<T>(carve, d);
   const int64_t bh = blockIdx.y;
   T c = lowest<T>();
   for (int64_t t = threadIdx.x; t < tiles; t += kThreads) c = max(c, tile_max[bh * tiles + t]);
   c = block_max(c, sm.red);
+  if (run.c) {
+    c = max(c, run.c[bh]);
+    if (blockIdx.x == 0) {
+      const int64_t n = d.S * (d.E + 1);
+      const T f = d_exp(run.c[bh] - c);
+      if (threadIdx.x == 0) run.c_out[bh] = c;
+      for (int64_t i = threadIdx.x; i < n; i += kThreads) run.init[bh * n + i] = run.sums[bh * n + i] * f;
+    }
+  } else if (run.c_out && blockIdx.x == 0 && threadIdx.x == 0) {
+    run.c_out[bh] = c;
+  }
   fill_mat(sm.kv, d.Sp, d.Ep, 0, 0, [](int, int) { return T(0); });
   for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) sm.z[s] = T(0);
   const Rows<const T> vr = v.rows(bh, d.H);
@@ -661,48 +683,82 @@ bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, co
   return ok;
 }
 
+namespace {
+// The forward's kernels (the pointers of the tensors named as in favor_attention_forward): a
+// decoding step's running sums come in as `running` (c null: none) and its sums after the step go
+// to `total` (causal only; null: nowhere).
+template <typename T>
+void forward_kernels(const FavorDims& d, bool causal, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& omega, double scale, const Tensor& pad, double guard, RunningSums<T> running,
+                     T* total, const Tensor& out, T* den, T* kvz, T* phi_q, T* phi_k) {
+  const T sc = static_cast<T>(scale), inv_sqrt_s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.S)));
+  const uint8_t* pad_p = pad.defined() ? cptr<uint8_t>(pad) : nullptr;
+  const unsigned BH = static_cast<unsigned>(d.BH());
+  // Causal: a run a tile, its sums into kvz (the chunk states), then the exclusive scan.
+  const int64_t ktiles = tiles_of(d.M), per_run = causal ? 1 : tiles_per_run(ktiles, d.BH()),
+                runs = (ktiles + per_run - 1) / per_run, state = d.S * (d.E + 1);
+  DeviceScratch<T> tile_max(d.BH() * ktiles), part(causal ? 0 : runs * d.BH() * state),
+      init(running.c ? d.BH() * state : 0);
+  running.init = init.p;
+  size_t bytes = smem_bytes<T>([&](Count<T>& c) { key_logits_smem<T>(c, d); });
+  allow_smem<key_logits_kernel<T>>(bytes);
+  key_logits_kernel<T><<<dim3(static_cast<unsigned>(ktiles), BH), kThreads, bytes, stream()>>>(
+      rows_in<T>(k), cptr<T>(omega), pad_p, d, sc, phi_k, tile_max.p);
+  LINEA_KERNEL_LAUNCH_CHECK();
+  bytes = smem_bytes<T>([&](Count<T>& c) { key_sums_smem<T>(c, d); });
+  allow_smem<key_sums_kernel<T>>(bytes);
+  key_sums_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
+      rows_in<T>(v), pad_p, d, ktiles, per_run, tile_max.p, inv_sqrt_s, phi_k, causal ? kvz : part.p,
+      causal ? state : d.BH() * state, causal ? ktiles * state : state, running);
+  LINEA_KERNEL_LAUNCH_CHECK();
+  if (causal)
+    scan_chunks<T>(d.BH(), ktiles, d.S, d.E + 1, d.E + 1, false, running.c ? init.p : nullptr, kvz, total);
+  else
+    sum_parts(part.p, runs, d, kvz);
+  bytes = smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d, causal); });
+  // float64 is never fused causal (fits): no such kernels are built.
+  const auto queries = causal ? queries_kernel<T, sizeof(T) == 4> : queries_kernel<T, false>;
+  if (causal)
+    allow_smem<queries_kernel<T, sizeof(T) == 4>>(bytes);
+  else
+    allow_smem<queries_kernel<T, false>>(bytes);
+  queries<<<dim3(static_cast<unsigned>(tiles_of(d.N)), BH), kThreads, bytes, stream()>>>(
+      rows_in<T>(q), cptr<T>(omega), kvz, d, sc, inv_sqrt_s, static_cast<T>(guard), phi_k, rows_in<T>(v),
+      rows_out<T>(out), den, phi_q);
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+}  // namespace
+
 void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
                              const Tensor& pad, double guard, bool causal, int64_t chunk, const Tensor& out,
                              const Tensor& den, const Tensor& kvz, const Tensor& phi_q, const Tensor& phi_k) {
   const FavorDims d = favor_dims(q, k, v, omega);
   check_head_rows("favor_attention", {&q, &k, &v, &out});
+  LINEA_CHECK(favor_attention_fused(q, k, v, omega, causal, chunk),
+              "favor_attention: no fused CUDA kernel for these sizes (see favor_attention_fused)");
   LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] {
     using T = scalar_t;
-    LINEA_CHECK(favor_attention_fused(q, k, v, omega, causal, chunk),
-                "favor_attention: no fused CUDA kernel for these sizes (see favor_attention_fused)");
-    const T sc = static_cast<T>(scale), inv_sqrt_s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.S)));
-    const uint8_t* pad_p = pad.defined() ? cptr<uint8_t>(pad) : nullptr;
-    const unsigned BH = static_cast<unsigned>(d.BH());
-    // Causal: a run a tile, its sums into kvz (the chunk states), then the exclusive scan.
-    const int64_t ktiles = tiles_of(d.M), per_run = causal ? 1 : tiles_per_run(ktiles, d.BH()),
-                  runs = (ktiles + per_run - 1) / per_run, state = d.S * (d.E + 1);
-    DeviceScratch<T> tile_max(d.BH() * ktiles), part(causal ? 0 : runs * d.BH() * state);
-    size_t bytes = smem_bytes<T>([&](Count<T>& c) { key_logits_smem<T>(c, d); });
-    allow_smem<key_logits_kernel<T>>(bytes);
-    key_logits_kernel<T><<<dim3(static_cast<unsigned>(ktiles), BH), kThreads, bytes, stream()>>>(
-        rows_in<T>(k), cptr<T>(omega), pad_p, d, sc, ptr<T>(phi_k), tile_max.p);
-    LINEA_KERNEL_LAUNCH_CHECK();
-    bytes = smem_bytes<T>([&](Count<T>& c) { key_sums_smem<T>(c, d); });
-    allow_smem<key_sums_kernel<T>>(bytes);
-    key_sums_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
-        rows_in<T>(v), pad_p, d, ktiles, per_run, tile_max.p, inv_sqrt_s, ptr<T>(phi_k), causal ? ptr<T>(kvz) : part.p,
-        causal ? state : d.BH() * state, causal ? ktiles * state : state);
-    LINEA_KERNEL_LAUNCH_CHECK();
-    if (causal)
-      scan_chunks<T>(d.BH(), ktiles, d.S, d.E + 1, d.E + 1, false, nullptr, ptr<T>(kvz), nullptr);
-    else
-      sum_parts(part.p, runs, d, ptr<T>(kvz));
-    bytes = smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d, causal); });
-    // float64 is never fused causal (fits): no such kernels are built.
-    const auto queries = causal ? queries_kernel<T, sizeof(T) == 4> : queries_kernel<T, false>;
-    if (causal)
-      allow_smem<queries_kernel<T, sizeof(T) == 4>>(bytes);
-    else
-      allow_smem<queries_kernel<T, false>>(bytes);
-    queries<<<dim3(static_cast<unsigned>(tiles_of(d.N)), BH), kThreads, bytes, stream()>>>(
-        rows_in<T>(q), cptr<T>(omega), cptr<T>(kvz), d, sc, inv_sqrt_s, static_cast<T>(guard), cptr<T>(phi_k),
-        rows_in<T>(v), rows_out<T>(out), ptr<T>(den), ptr<T>(phi_q));
-    LINEA_KERNEL_LAUNCH_CHECK();
+    forward_kernels<T>(d, causal, q, k, v, omega, scale, pad, guard, RunningSums<T>{}, nullptr, out, ptr<T>(den),
+                       ptr<T>(kvz), ptr<T>(phi_q), ptr<T>(phi_k));
+  });
+}
+
+void favor_attention_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
+                          const Tensor& pad, double guard, const Tensor& sums, const Tensor& c, const Tensor& out,
+                          const Tensor& sums_out, const Tensor& c_out) {
+  const FavorDims d = favor_dims(q, k, v, omega);
+  check_head_rows("favor_attention_step", {&q, &k, &v, &out});
+  LINEA_CHECK(favor_attention_fused(q, k, v, omega, true, kRows),
+              "favor_attention_step: no fused CUDA kernel for these sizes (see favor_attention_fused)");
+  LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention_step", [&] {
+    using T = scalar_t;
+    // The forward's other outputs, for no backward: scratch.
+    DeviceScratch<T> den(d.BH() * d.N), states(d.BH() * tiles_of(d.N) * d.S * (d.E + 1)), phi_q(d.BH() * d.N * d.S),
+        phi_k(d.BH() * d.M * d.S);
+    const RunningSums<T> running{sums.defined() ? cptr<T>(c) : nullptr, sums.defined() ? cptr<T>(sums) : nullptr,
+                                 ptr<T>(c_out), nullptr};
+    forward_kernels<T>(d, true, q, k, v, omega, scale, pad, guard, running, ptr<T>(sums_out), out, den.p, states.p,
+                       phi_q.p, phi_k.p);
   });
 }
 

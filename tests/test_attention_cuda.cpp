@@ -152,6 +152,50 @@ TEST(AttentionCudaParity, NprfRpe) {
 }
 
 #ifndef LINEA_PARITY_SELF_TEST
+// Decoding on CUDA, a position at a time with padding, equals the CPU's (performer's softmax map:
+// one fused op a step, favor_attention_step: its four kernels and a copy of the step's padding,
+// a column of the decoder's mask; relu's composed path) in float32; from the third step on (the
+// first has no sums to rescale: the first two fill the caching allocator), a step asks the device
+// for its kernels alone: within the budget, no synchronization, allocation or host copy.
+TEST(AttentionCudaDecoding, StepsEqualTheCpusWithinALaunchBudget) {
+  LINEA_REQUIRE_CUDA();
+  struct Budget {
+    std::string spec;
+    int64_t most;
+  };
+  for (const Budget& b : std::vector<Budget>{{"performer:features=6,redraw=0", 5},
+                                             {"performer:features=6,redraw=0,feature_map=relu", 40}}) {
+    SCOPED_TRACE(b.spec);
+    manual_seed(9);
+    const int64_t B = 2, H = 2, L = 6, D = 4;
+    auto cpu = attn::make_attention(b.spec, H, D, attn::AttentionUse::CausalSelf);
+    auto gpu = attn::make_attention(b.spec, H, D, attn::AttentionUse::CausalSelf);
+    gpu->load_state_dict(cpu->state_dict());
+    gpu->to(kCuda);
+    cpu->eval();
+    gpu->eval();
+    NoGradGuard ng;
+    const Tensor q = randn({B, H, L, D}), k = randn({B, H, L, D}), v = randn({B, H, L, D});
+    const Tensor pad = from_vector<int64_t>({0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0}, {B, L}).to(DType::Bool);
+    const Tensor qg = q.to(kCuda), kg = k.to(kCuda), vg = v.to(kCuda), pg = pad.to(kCuda);
+    auto sc = cpu->start_decoding(), sg = gpu->start_decoding();
+    for (int64_t t = 0; t < L; ++t) {
+      const Tensor ref =
+          cpu->decode_step(narrow(q, 2, t, 1), narrow(k, 2, t, 1), narrow(v, 2, t, 1), *sc, narrow(pad, 1, t, 1));
+      const cuda::Counters before = cuda::counters();
+      const Tensor got =
+          gpu->decode_step(narrow(qg, 2, t, 1), narrow(kg, 2, t, 1), narrow(vg, 2, t, 1), *sg, narrow(pg, 1, t, 1));
+      const cuda::Counters c = cuda::counters() - before;
+      EXPECT_TRUE(test::all_close(got.to(kCPU), ref, 1e-5, 1e-4)) << "step " << t;
+      if (t < 2) continue;
+      EXPECT_LE(c.kernel_launches + c.library_calls, b.most) << "step " << t << ": " << c.str();
+      EXPECT_EQ(c.host_syncs + c.host_waits + c.device_allocs + c.h2d_copies + c.d2h_copies, 0)
+          << "step " << t << ": " << c.str();
+      if (t == L - 1) std::printf("  %-50s %s\n", (b.spec + " decode step").c_str(), c.str().c_str());
+    }
+  }
+}
+
 // What one training forward + backward asks of the device, per mechanism: kernel launches plus
 // library calls within a budget, and from the second call on the same work every call, with no
 // host synchronization, no allocation (the caching allocator serves it all) and no copy between

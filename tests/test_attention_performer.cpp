@@ -678,6 +678,31 @@ TEST(GradCheck, FavorAttentionCausal) {
       {randn64({2, 2, 5, 3}), randn64({2, 2, 5, 3}), randn64({2, 2, 5, 2})});
 }
 
+// Two steps of decoding equal the causal op over both (the second step's keys stabilized by the
+// running max, the first step's sums rescaled to it), and the running sums are the keys' sums.
+TEST(FavorAttention, StepsEqualTheCausalOp) {
+  manual_seed(70);
+  const Tensor q = randn64({2, 2, 7, 3}), k = randn64({2, 2, 7, 3}), v = randn64({2, 2, 7, 4}),
+               w = randn64({2, 5, 3}).detach();
+  const Tensor pad = mask_of({0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 0}, 2, 7).to(DType::Bool);
+  NoGradGuard ng;
+  const Tensor full = favor_attention(q, k, v, w, 0.9, pad, 1e-30, /*causal=*/true, 2);
+  const auto part = [](const Tensor& x, int64_t from, int64_t n) { return narrow(x, x.dim() == 2 ? 1 : 2, from, n); };
+  std::vector<Tensor> a = favor_attention_step(part(q, 0, 3), part(k, 0, 3), part(v, 0, 3), w, 0.9, part(pad, 0, 3),
+                                               1e-30, Tensor(), Tensor(), 2);
+  std::vector<Tensor> b =
+      favor_attention_step(part(q, 3, 4), part(k, 3, 4), part(v, 3, 4), w, 0.9, part(pad, 3, 4), 1e-30, a[1], a[2], 2);
+  EXPECT_TRUE(all_close(cat({a[0], b[0]}, 2), full, 1e-12, 1e-12));
+  // sums = sum_m exp(l_m - c) / sqrt(S) [v_m, 1] over the unpadded keys, with c the largest l.
+  const Tensor ks = k * 0.9, l = matmul(ks, transpose(w, -2, -1)) - sum(ks * ks, {-1}, true) * 0.5;
+  const Tensor keep = (~reshape(pad, {2, 1, 7, 1})).to(DType::Float64);
+  const Tensor c = max(masked_fill(l, reshape(pad, {2, 1, 7, 1}), -1e300), {2, 3}, true);
+  const Tensor phi = exp(l - c) * keep / std::sqrt(5.0);
+  const Tensor sums = matmul(transpose(phi, -2, -1), cat({v, ones({2, 2, 7, 1}, v.options())}, -1));
+  EXPECT_TRUE(all_close(b[2], c, 0, 0));
+  EXPECT_TRUE(all_close(b[1], sums, 1e-12, 1e-12));
+}
+
 TEST(FavorAttention, BadInputsThrow) {
   const Tensor q = randn({1, 2, 3, 4}), k = randn({1, 2, 5, 4}), v = randn({1, 2, 5, 6}), w = randn({2, 7, 4});
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, randn({2, 7, 3}), 0.5, Tensor(), 0.0),
@@ -692,6 +717,20 @@ TEST(FavorAttention, BadInputsThrow) {
                      "k [1, 2, 5, 4]");
   EXPECT_LINEA_ERROR(favor_attention(k, k, v, w, 0.5, Tensor(), 0.0, /*causal=*/true, 0),
                      "favor_attention: chunk must be positive, got 0");
+  const Tensor sums = rand({1, 2, 7, 7}), c = randn({1, 2, 1, 1});
+  {
+    NoGradGuard ng;
+    EXPECT_LINEA_ERROR(favor_attention_step(k, k, v, w, 0.5, Tensor(), 0.0, sums, Tensor()),
+                       "favor_attention_step: the running sums and their stabilizer come together, got sums "
+                       "without c");
+    EXPECT_LINEA_ERROR(favor_attention_step(k, k, v, w, 0.5, Tensor(), 0.0, rand({1, 2, 7, 6}), c),
+                       "favor_attention_step: expected sums [1, 2, 7, 7] and c [1, 2, 1, 1], got [1, 2, 7, 6] and "
+                       "[1, 2, 1, 1]");
+  }
+  Tensor kg = k.detach();
+  kg.requires_grad_(true);
+  EXPECT_LINEA_ERROR(favor_attention_step(kg, k, v, w, 0.5, Tensor(), 0.0, sums, c),
+                     "favor_attention_step: decoding takes no gradient; run it under NoGradGuard");
   Tensor wg = w.detach();
   wg.requires_grad_(true);
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, wg, 0.5, Tensor(), 0.0), "favor_attention: omega takes no gradient");

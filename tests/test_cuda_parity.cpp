@@ -1375,6 +1375,63 @@ TEST(CudaParity, FavorAttentionCausalKernel) {
   }
 }
 
+// A decoding step of causal FAVOR+ (favor_attention_step: the causal kernels with the running
+// sums coming in and going out) against the CPU's composed op: a first step (no sums), one
+// position, a step of 70 (two chunks) after earlier sums, sums whose stabilizer is above the
+// step's keys' and below them, key padding with a batch all padding; NaN-poisoned outputs.
+// float64 composes on CUDA, compared too.
+TEST(CudaParity, FavorAttentionStepKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(33);
+  struct Case {
+    int64_t B, H, T, D, E, S, pitch;
+    bool sums, pad;
+    double c;  // the running stabilizer (the step's keys' log-factors are about 0 to 10)
+  };
+  const std::vector<Case> cases = {{2, 3, 5, 17, 23, 23, 26, false, true, 0},
+                                   {1, 2, 1, 16, 40, 50, 48, true, false, 30},
+                                   {2, 1, 70, 16, 40, 50, 40, true, true, -5},
+                                   {1, 1, 3, 64, 64, 64, 64, true, false, 2}};
+  const auto filled = [&](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
+    Tensor view = heads(B, H, L, dim, pitch, dt);
+    view.copy_(rnd(view.shape(), dt).to(kCuda));
+    return view;
+  };
+  const double guard = 1e-30, long_sum = 8;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " T " + std::to_string(c.T) + " S " +
+                           std::to_string(c.S) + (c.sums ? " after sums" : "") + (c.pad ? " padded" : ""),
+                       dt));
+      const Tensor q = filled(c.B, c.H, c.T, c.D, c.pitch, dt), k = filled(c.B, c.H, c.T, c.D, c.pitch, dt),
+                   v = filled(c.B, c.H, c.T, c.E, c.pitch, dt);
+      const Tensor w = rnd({c.H, c.S, c.D}, dt), pad = c.pad ? key_padding(c.B, c.T) : Tensor();
+      const Tensor sums = c.sums ? abs(rnd({c.B, c.H, c.S, c.E + 1}, dt)) : Tensor();
+      const Tensor cs = c.sums ? add(rnd({c.B, c.H, 1, 1}, dt), c.c) : Tensor();
+      const double scale = std::pow(static_cast<double>(c.D), -0.25);
+      const std::vector<Tensor> ref =
+          raw::favor_attention_step(q.to(kCPU), k.to(kCPU), v.to(kCPU), w, scale, pad, guard, sums, cs, 64);
+
+      const Tensor wd = w.to(kCuda), pd = pad.defined() ? pad.to(kCuda) : Tensor();
+      const Tensor sd = sums.defined() ? sums.to(kCuda) : Tensor(), cd = cs.defined() ? cs.to(kCuda) : Tensor();
+      const bool fits = dt == DType::Float32;
+      ASSERT_EQ(LINEA_BACKEND(kCuda, favor_attention_fused, q, k, v, wd, true, 64), fits);
+      std::vector<Tensor> got;
+      if (fits) {
+        got = {heads(c.B, c.H, c.T, c.E, c.pitch, dt), poisoned({c.B, c.H, c.S, c.E + 1}, dt),
+               poisoned({c.B, c.H, 1, 1}, dt)};
+        LINEA_BACKEND(kCuda, favor_attention_step, q, k, v, wd, scale, pd, guard, sd, cd, got[0], got[1], got[2]);
+        gaps_untouched(got[0], c.E, c.pitch, "out");
+      } else {
+        got = raw::favor_attention_step(q, k, v, wd, scale, pd, guard, sd, cd, 64);  // composed
+      }
+      EXPECT_TRUE(matches(got[0], ref[0], long_sum, "out"));
+      EXPECT_TRUE(matches(got[1], ref[1], long_sum, "sums"));
+      EXPECT_TRUE(matches(got[2], ref[2], 1, "c"));
+    }
+  }
+}
+
 // LARA's mixture-weight kernels, as above: sizes off every block shape, N past one column
 // block's 256 threads, a beta large enough that the floor clamps some weights (no gradient
 // there), NaN-poisoned outputs.

@@ -8,7 +8,8 @@
 // it). The fused ops (favor_attention, linear_attention, causal_linear_attention) take numerator
 // and denominator from one product: v gets a column of ones, so its last column is
 // phi(q_n).sum_m phi(k_m). favor_attention (the softmax map; causal when the queries are the keys'
-// positions) computes the features too, with the stabilizers of positive_features.
+// positions) computes the features too, with the stabilizers of positive_features, and
+// favor_attention_step a decoding step of them.
 #include "attention/performer/performer.h"
 
 #include <algorithm>
@@ -262,11 +263,18 @@ Tensor PerformerAttention::decode_step(const Tensor& q, const Tensor& k, const T
     st->omega = sample("omega", {heads(), features_, head_dim()}, q,
                        [&] { return clone(omega_).to(q.device()).to(q.dtype()); });
   Tensor pad = key_padding_bool(key_padding);
-  if (pad.defined()) {
+  if (pad.defined())
     LINEA_CHECK(pad.dim() == 2 && pad.size(0) == B && pad.size(1) == T, "performer decode_step: key_padding must be [",
                 B, ", ", T, "], got ", shape_str(pad.shape()));
-    pad = reshape(pad, {B, 1, T, 1});
+  if (feature_map_ == FeatureMap::Softmax) {  // features, sums and product in one fused op
+    std::vector<Tensor> r = favor_attention_step(q, k, v, st->omega, scale_of(q.size(3)), pad, kDenGuard, st->sums,
+                                                 st->c, chunk_);  // out, sums, c
+    st->sums = r[1];
+    st->c = r[2];
+    advance(*st, T);
+    return r[0];
   }
+  if (pad.defined()) pad = reshape(pad, {B, 1, T, 1});
   Tensor phi_q = query_features(q, st->omega);  // [B, H, T, F]
   KeyParts parts = key_parts(k, st->omega);
   Tensor c = st->c;

@@ -375,4 +375,11 @@ void favor_attention_backward(const Tensor&, const Tensor&, const Tensor&, const
       "backwards)");
 }
 
+void favor_attention_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, double,
+                          const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  LINEA_FAIL(
+      "favor_attention_step: no fused CPU kernel (raw::favor_attention_step composes positive_features and "
+      "causal_linear_attention)");
+}
+
 }  // namespace linea::cpu
