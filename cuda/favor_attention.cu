@@ -543,6 +543,22 @@ __global__ void __launch_bounds__(kThreads)
 // With G = [g / den~, G_z] of the chunk's queries, R = dstates' entry for the chunk (the sum over
 // the later chunks of phi_q^T G), A = tril(phi_q phi_k^T) and B = tril(G [v, 1]^T) within it:
 //   dphi_q = G S^T + B phi_k,   dphi_k = [v, 1] R^T + B^T phi_q,   dv = phi_k R + A^T G.
+// The start of both causal gradient kernels, for the chunk of head blockIdx.y at r0 (n rows): W,
+// the chunk's [S, E + 1] entry (states or R) into kv and z, the chunk's own features (phi_q or
+// phi_k) into p and the other side's into po, its values into v, and its G (g_tile).
+template <typename T>
+__device__ void load_chunk(const GradSmem<T>& sm, const FavorDims& d, int64_t r0, int n, const T* omega, const T* entry,
+                           T* z, const T* own, const T* other, HeadRows<const T> v, HeadRows<const T> out,
+                           HeadRows<const T> dout, const T* den, T guard) {
+  const int64_t bh = blockIdx.y;
+  load_omega(omega, d, sm.w);
+  load_kvz(entry, d, sm.kv, z);
+  load_features(own + bh * d.N * d.S, r0, n, d, sm.p);  // N = M
+  load_features(other + bh * d.N * d.S, r0, n, d, sm.po);
+  load_rows(v.rows(bh, d.H), r0, n, static_cast<int>(d.E), d.Ep, T(1), sm.v);
+  g_tile(sm, d, r0, n, dout.rows(bh, d.H), out.rows(bh, d.H), den + bh * d.N, guard);
+}
+
 // 6. Chunk blockIdx.x of head blockIdx.y, its queries: dq, and its phi_q^T [G, G_z] [S, E + 1] into
 //    part [BH, chunks, S, E + 1] (the reverse scan makes them R).
 template <typename T>
@@ -555,12 +571,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bh = blockIdx.y, n0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
   const int64_t chunk = bh * gridDim.x + blockIdx.x;
-  load_omega(omega, d, sm.w);
-  load_kvz(states + chunk * d.S * (d.E + 1), d, sm.kv, sm.z);
-  load_features(phi_q + bh * d.N * d.S, n0, n, d, sm.p);
-  load_features(phi_k + bh * d.M * d.S, n0, n, d, sm.po);
-  load_rows(v.rows(bh, d.H), n0, n, static_cast<int>(d.E), d.Ep, T(1), sm.v);
-  g_tile(sm, d, n0, n, dout.rows(bh, d.H), out.rows(bh, d.H), den + bh * d.N, guard);
+  load_chunk(sm, d, n0, n, omega, states + chunk * d.S * (d.E + 1), sm.z, phi_q, phi_k, v, out, dout, den, guard);
   block_product<T>(  // B
       kRows, kRows, d.Ep, [&](int r, int e) { return sm.gx(r, e); }, [&](int e, int m) { return sm.v(m, e); },
       [&](int r, int m, T acc) { sm.a(r, m) = m <= r ? acc + sm.gz[r] : T(0); });
@@ -597,12 +608,8 @@ __global__ void __launch_bounds__(kThreads)
   const GradSmem<T> sm = grad_smem<T>(carve, d, false, true);
   const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
-  load_omega(omega, d, sm.w);
-  load_kvz(dstates + (bh * gridDim.x + blockIdx.x) * d.S * (d.E + 1), d, sm.kv, sm.dz);  // R: dKV and dz
-  load_features(phi_k + bh * d.M * d.S, m0, n, d, sm.p);
-  load_features(phi_q + bh * d.N * d.S, m0, n, d, sm.po);
-  load_rows(v.rows(bh, d.H), m0, n, static_cast<int>(d.E), d.Ep, T(1), sm.v);
-  g_tile(sm, d, m0, n, dout.rows(bh, d.H), out.rows(bh, d.H), den + bh * d.N, guard);
+  load_chunk(sm, d, m0, n, omega, dstates + (bh * gridDim.x + blockIdx.x) * d.S * (d.E + 1), sm.dz, phi_k, phi_q, v,
+             out, dout, den, guard);  // R: dKV and dz
   block_product<T>(  // B^T
       kRows, kRows, d.Ep, [&](int m, int e) { return sm.v(m, e); }, [&](int e, int r) { return sm.gx(r, e); },
       [&](int m, int r, T acc) { sm.a(m, r) = r >= m ? acc + sm.gz[r] : T(0); });

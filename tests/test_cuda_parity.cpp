@@ -1235,19 +1235,27 @@ TEST(CudaParity, PositiveFeaturesKernel) {
 // key padding with a batch that is all padding (its denominators 0: the guard), the heads of
 // [B, L, H, pitch] buffers in and out (nothing written between a view's rows), NaN-poisoned
 // outputs. Where the kernels decline (favor_attention_fused), the raw op composes the two ops on
-// CUDA: compared too.
+// CUDA: compared too. Causal (N = M, chunks of 64 rows: a scan over the chunk states, each chunk's
+// own keys through its masked products; against positive features, then
+// causal_linear_attention): one row, a short last chunk, several chunks (N = 200: three whole and
+// one of 8), two whole chunks, S, D or E in two blocks; float64 is never fused causal (the key
+// gradients' tiles exceed a block's shared memory), nor a chunk other than 64.
 TEST(CudaParity, FavorAttentionKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(31);
   struct Case {
     int64_t B, H, N, M, D, E, S, pitch;
-    bool pad, fits_f64;
+    bool pad, fits_f64, causal;
   };
   const std::vector<Case> cases = {
-      {2, 3, 37, 45, 17, 23, 23, 26, true, true},    {1, 1, 1, 1, 1, 1, 1, 1, false, true},
-      {1, 2, 330, 600, 16, 40, 50, 48, true, true},  {2, 1, 70, 9, 64, 64, 64, 64, false, true},
-      {1, 1, 130, 200, 16, 40, 70, 40, true, false},  // S in two blocks
-      {1, 2, 70, 9, 70, 65, 23, 72, false, false}};   // D and E in two blocks
+      {2, 3, 37, 45, 17, 23, 23, 26, true, true, false},    {1, 1, 1, 1, 1, 1, 1, 1, false, true, false},
+      {1, 2, 330, 600, 16, 40, 50, 48, true, true, false},  {2, 1, 70, 9, 64, 64, 64, 64, false, true, false},
+      {1, 1, 130, 200, 16, 40, 70, 40, true, false, false},  // S in two blocks
+      {1, 2, 70, 9, 70, 65, 23, 72, false, false, false},    // D and E in two blocks
+      {2, 3, 45, 45, 17, 23, 23, 26, true, false, true},    {1, 1, 1, 1, 1, 1, 1, 1, false, false, true},
+      {1, 2, 200, 200, 16, 40, 50, 48, true, false, true},  {2, 1, 128, 128, 64, 64, 64, 64, false, false, true},
+      {1, 1, 130, 130, 16, 40, 70, 40, true, false, true},  // causal, S in two blocks
+      {1, 2, 70, 70, 70, 65, 23, 72, false, false, true}};  // causal, D and E in two blocks
   const auto filled = [&](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
     Tensor view = heads(B, H, L, dim, pitch, dt);
     view.copy_(rnd(view.shape(), dt).to(kCuda));
@@ -1258,7 +1266,7 @@ TEST(CudaParity, FavorAttentionKernel) {
     for (const Case& c : cases) {
       SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +
                            std::to_string(c.M) + " D " + std::to_string(c.D) + " E " + std::to_string(c.E) + " S " +
-                           std::to_string(c.S) + (c.pad ? " padded" : ""),
+                           std::to_string(c.S) + (c.pad ? " padded" : "") + (c.causal ? " causal" : ""),
                        dt));
       const Tensor q = filled(c.B, c.H, c.N, c.D, c.pitch, dt), k = filled(c.B, c.H, c.M, c.D, c.pitch, dt),
                    v = filled(c.B, c.H, c.M, c.E, c.pitch, dt), dout = filled(c.B, c.H, c.N, c.E, c.pitch, dt);
@@ -1266,103 +1274,36 @@ TEST(CudaParity, FavorAttentionKernel) {
       const double scale = std::pow(static_cast<double>(c.D), -0.25);
       // Reference: the CPU's composed op.
       const Tensor qh = q.to(kCPU), kh = k.to(kCPU), vh = v.to(kCPU), gh = dout.to(kCPU);
-      const std::vector<Tensor> ref = raw::favor_attention(qh, kh, vh, w, scale, pad, guard);
-      const std::vector<Tensor> dref = raw::favor_attention_backward(gh, qh, kh, vh, w, scale, ref, guard);
+      const std::vector<Tensor> ref = raw::favor_attention(qh, kh, vh, w, scale, pad, guard, c.causal, 64);
+      const std::vector<Tensor> dref =
+          raw::favor_attention_backward(gh, qh, kh, vh, w, scale, ref, guard, c.causal, 64);
 
       const Tensor wd = w.to(kCuda), pd = pad.defined() ? pad.to(kCuda) : Tensor();
-      const Shape den_s{c.B, c.H, c.N}, kvz_s{c.B, c.H, c.S, c.E + 1}, pq_s{c.B, c.H, c.N, c.S},
-          pk_s{c.B, c.H, c.M, c.S};
-      std::vector<Tensor> fwd = {heads(c.B, c.H, c.N, c.E, c.pitch, dt), poisoned(den_s, dt), poisoned(kvz_s, dt),
-                                 poisoned(pq_s, dt), poisoned(pk_s, dt)};
+      const Shape kvz_s = c.causal ? Shape{c.B, c.H, (c.N + 63) / 64, c.S, c.E + 1} : Shape{c.B, c.H, c.S, c.E + 1};
+      std::vector<Tensor> fwd = {heads(c.B, c.H, c.N, c.E, c.pitch, dt), poisoned({c.B, c.H, c.N}, dt),
+                                 poisoned(kvz_s, dt), poisoned({c.B, c.H, c.N, c.S}, dt),
+                                 poisoned({c.B, c.H, c.M, c.S}, dt)};
       const bool fits = dt == DType::Float32 || c.fits_f64;
       const double long_sum = 8;  // sums over up to 600 keys and 70 features, exp of sums over D
-      ASSERT_EQ(LINEA_BACKEND(kCuda, favor_attention_fused, q, k, v, wd, false, 64), fits);
+      ASSERT_EQ(LINEA_BACKEND(kCuda, favor_attention_fused, q, k, v, wd, c.causal, 64), fits);
+      if (c.causal) {
+        ASSERT_FALSE(LINEA_BACKEND(kCuda, favor_attention_fused, q, k, v, wd, true, 32));
+      }
       if (!fits) {  // the raw op composes
-        const std::vector<Tensor> got = raw::favor_attention(q, k, v, wd, scale, pd, guard);
+        const std::vector<Tensor> got = raw::favor_attention(q, k, v, wd, scale, pd, guard, c.causal, 64);
         EXPECT_TRUE(matches(got[0], ref[0], long_sum, "out (composed)"));
-        const std::vector<Tensor> dgot = raw::favor_attention_backward(dout, q, k, v, wd, scale, got, guard);
+        const std::vector<Tensor> dgot =
+            raw::favor_attention_backward(dout, q, k, v, wd, scale, got, guard, c.causal, 64);
         for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(matches(dgot[i], dref[i], long_sum, "gradient (composed)"));
         continue;
       }
-      LINEA_BACKEND(kCuda, favor_attention_forward, q, k, v, wd, scale, pd, guard, false, 64, fwd[0], fwd[1], fwd[2],
+      LINEA_BACKEND(kCuda, favor_attention_forward, q, k, v, wd, scale, pd, guard, c.causal, 64, fwd[0], fwd[1], fwd[2],
                     fwd[3], fwd[4]);
-      const char* names[] = {"out", "den", "kvz", "phi_q", "phi_k"};
+      const char* names[] = {"out", "den", c.causal ? "states" : "kvz", "phi_q", "phi_k"};
       for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(matches(fwd[i], ref[i], long_sum, names[i]));
       std::vector<Tensor> d = {heads(c.B, c.H, c.N, c.D, c.pitch, dt), heads(c.B, c.H, c.M, c.D, c.pitch, dt),
                                heads(c.B, c.H, c.M, c.E, c.pitch, dt)};
-      LINEA_BACKEND(kCuda, favor_attention_backward, q, k, v, wd, scale, false, 64, fwd[0], fwd[1], fwd[2], fwd[3],
-                    fwd[4], dout, guard, d[0], d[1], d[2]);
-      EXPECT_TRUE(matches(d[0], dref[0], long_sum, "dq"));
-      EXPECT_TRUE(matches(d[1], dref[1], long_sum, "dk"));
-      EXPECT_TRUE(matches(d[2], dref[2], long_sum, "dv"));
-      gaps_untouched(fwd[0], c.E, c.pitch, "out");
-      gaps_untouched(d[0], c.D, c.pitch, "dq");
-      gaps_untouched(d[1], c.D, c.pitch, "dk");
-      gaps_untouched(d[2], c.E, c.pitch, "dv");
-    }
-  }
-}
-
-// The causal kernels of FAVOR+ attention (N = M, chunks of 64 rows: a scan over the chunk states,
-// each chunk's own keys through its masked products) against the CPU's composed op (positive
-// features, then causal_linear_attention): one row, a short last chunk, several chunks (N = 200:
-// three whole and one of 8), two whole chunks, S, D or E in two 64-wide blocks, key padding with
-// a batch all padding (den 0: the guard), the heads of [B, L, H, pitch] buffers, NaN-poisoned
-// outputs. float64 is never fused causal (the key gradients' tiles exceed a block's shared
-// memory): the raw op composes the ops on CUDA, compared too. A chunk other than 64 composes.
-TEST(CudaParity, FavorAttentionCausalKernel) {
-  LINEA_REQUIRE_CUDA();
-  manual_seed(32);
-  struct Case {
-    int64_t B, H, N, D, E, S, pitch;
-    bool pad;
-  };
-  const std::vector<Case> cases = {{2, 3, 45, 17, 23, 23, 26, true},  {1, 1, 1, 1, 1, 1, 1, false},
-                                   {1, 2, 200, 16, 40, 50, 48, true}, {2, 1, 128, 64, 64, 64, 64, false},
-                                   {1, 1, 130, 16, 40, 70, 40, true},   // S in two blocks
-                                   {1, 2, 70, 70, 65, 23, 72, false}};  // D and E in two blocks
-  const auto filled = [&](int64_t B, int64_t H, int64_t L, int64_t dim, int64_t pitch, DType dt) {
-    Tensor view = heads(B, H, L, dim, pitch, dt);
-    view.copy_(rnd(view.shape(), dt).to(kCuda));
-    return view;
-  };
-  const double guard = 1e-30, long_sum = 8;  // sums over up to 200 keys and 70 features
-  for (DType dt : kFloatTypes) {
-    for (const Case& c : cases) {
-      SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " D " +
-                           std::to_string(c.D) + " E " + std::to_string(c.E) + " S " + std::to_string(c.S) +
-                           (c.pad ? " padded" : ""),
-                       dt));
-      const Tensor q = filled(c.B, c.H, c.N, c.D, c.pitch, dt), k = filled(c.B, c.H, c.N, c.D, c.pitch, dt),
-                   v = filled(c.B, c.H, c.N, c.E, c.pitch, dt), dout = filled(c.B, c.H, c.N, c.E, c.pitch, dt);
-      const Tensor w = rnd({c.H, c.S, c.D}, dt), pad = c.pad ? key_padding(c.B, c.N) : Tensor();
-      const double scale = std::pow(static_cast<double>(c.D), -0.25);
-      const Tensor qh = q.to(kCPU), kh = k.to(kCPU), vh = v.to(kCPU), gh = dout.to(kCPU);
-      const std::vector<Tensor> ref = raw::favor_attention(qh, kh, vh, w, scale, pad, guard, true, 64);
-      const std::vector<Tensor> dref = raw::favor_attention_backward(gh, qh, kh, vh, w, scale, ref, guard, true, 64);
-
-      const Tensor wd = w.to(kCuda), pd = pad.defined() ? pad.to(kCuda) : Tensor();
-      const bool fits = dt == DType::Float32;
-      ASSERT_EQ(LINEA_BACKEND(kCuda, favor_attention_fused, q, k, v, wd, true, 64), fits);
-      ASSERT_FALSE(LINEA_BACKEND(kCuda, favor_attention_fused, q, k, v, wd, true, 32));
-      if (!fits) {  // the raw op composes
-        const std::vector<Tensor> got = raw::favor_attention(q, k, v, wd, scale, pd, guard, true, 64);
-        EXPECT_TRUE(matches(got[0], ref[0], long_sum, "out (composed)"));
-        const std::vector<Tensor> dgot = raw::favor_attention_backward(dout, q, k, v, wd, scale, got, guard, true, 64);
-        for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(matches(dgot[i], dref[i], long_sum, "gradient (composed)"));
-        continue;
-      }
-      const int64_t C = (c.N + 63) / 64;
-      std::vector<Tensor> fwd = {heads(c.B, c.H, c.N, c.E, c.pitch, dt), poisoned({c.B, c.H, c.N}, dt),
-                                 poisoned({c.B, c.H, C, c.S, c.E + 1}, dt), poisoned({c.B, c.H, c.N, c.S}, dt),
-                                 poisoned({c.B, c.H, c.N, c.S}, dt)};
-      LINEA_BACKEND(kCuda, favor_attention_forward, q, k, v, wd, scale, pd, guard, true, 64, fwd[0], fwd[1], fwd[2],
-                    fwd[3], fwd[4]);
-      const char* names[] = {"out", "den", "states", "phi_q", "phi_k"};
-      for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(matches(fwd[i], ref[i], long_sum, names[i]));
-      std::vector<Tensor> d = {heads(c.B, c.H, c.N, c.D, c.pitch, dt), heads(c.B, c.H, c.N, c.D, c.pitch, dt),
-                               heads(c.B, c.H, c.N, c.E, c.pitch, dt)};
-      LINEA_BACKEND(kCuda, favor_attention_backward, q, k, v, wd, scale, true, 64, fwd[0], fwd[1], fwd[2], fwd[3],
+      LINEA_BACKEND(kCuda, favor_attention_backward, q, k, v, wd, scale, c.causal, 64, fwd[0], fwd[1], fwd[2], fwd[3],
                     fwd[4], dout, guard, d[0], d[1], d[2]);
       EXPECT_TRUE(matches(d[0], dref[0], long_sum, "dq"));
       EXPECT_TRUE(matches(d[1], dref[1], long_sum, "dk"));
