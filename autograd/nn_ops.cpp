@@ -438,8 +438,8 @@ Tensor favor_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const Tensor pad = key_padding.defined() ? key_padding.detach() : Tensor();
   // Kept as they are for the backward (the raw op reads the heads of a projection in place).
   const Tensor qc = q.detach(), kc = k.detach(), vc = v.detach(), wc = omega.detach();
-  std::vector<Tensor> r = raw::favor_attention(qc, kc, vc, wc, scale, pad, den_guard, causal,
-                                               chunk);  // out, den, kvz, phi_q, phi_k[, q~, k~]
+  // out, den, kvz (causal: the chunk states), phi_q, phi_k[, q~, k~]
+  std::vector<Tensor> r = raw::favor_attention(qc, kc, vc, wc, scale, pad, den_guard, causal, chunk);
   const Tensor out = r[0];
   if (!needs_grad({&q, &k, &v})) return out;
   r[0] = out.detach();

@@ -4,10 +4,10 @@
 #
 #   apps/bench/gpu_check.sh bundle BUILD_DIR OUT_DIR [BASE_BUILD_DIR]   here: packs the test and
 #       benchmark executables (test_cuda_parity, test_cuda_basics, test_attention_cuda,
-#       test_gpu_step, train-step, attention-scaling, protein-bench-context) and this script with
-#       the comparison scripts into OUT_DIR (git-ignored gpu/); with BASE_BUILD_DIR, that build's
-#       attention-scaling too, as attention-scaling-base, for the `ab` part (build it from a
-#       worktree of the commit to compare with: cmake --build DIR --target attention-scaling)
+#       test_gpu_step, train-step, attention-scaling, attention-decode, protein-bench-context) and
+#       this script with the comparison scripts into OUT_DIR (git-ignored gpu/); with BASE_BUILD_DIR,
+#       that build's attention-scaling too, as attention-scaling-base, for the `ab` part (build it
+#       from a worktree of the commit to compare with: cmake --build DIR --target attention-scaling)
 #   gpu/run.sh bash scripts/gpu_check.sh run LOG_DIR [PART...]   there, from the repository
 #       root, LOG_DIR = $OUT. The parts, in this order of priority (all by default):
 #         correct    the CUDA test binaries (parity, basics, attention, training steps) one after
@@ -25,7 +25,8 @@
 #         compare    gpu_compare.sh: the apps' training steps against PyTorch's
 #         protein    protein-bench-context --device cuda at 8k..64k tokens
 #         nprf       nprf_rpe's dense (direct) path against its FFT path at 256..8k (dense=auto's fit)
-#         causal     softmax and performer, causal, Linea alone at 1k..16k
+#         causal     softmax and performer, causal, Linea alone at 1k..16k, and a decoding step
+#                    of each after 128..4k positions (attention-decode)
 #       Not run by default (name it): profile  ncu's time of every kernel (gpu__time_duration,
 #                    summed per kernel name, largest first) of softmax at L = 4k (float32 and
 #                    bf16), performer and lara at L = 16k and the default ViT's eager training
@@ -41,7 +42,7 @@ case "$mode" in
     # unpacked by an earlier run.sh here (it would travel too), or an earlier bundle's base
     rm -rf "$OUT/bin" "$OUT/lib" "$OUT/data" "$OUT/base-commit"
     EXES=(test_cuda_parity test_cuda_basics test_attention_cuda test_gpu_step train-step attention-scaling
-      protein-bench-context)
+      attention-decode protein-bench-context)
     # gpu-bundle.sh takes one build folder: the executables gathered in one, linked, not copied
     PACK=$(mktemp -d)
     trap 'rm -rf "$PACK"' EXIT
@@ -184,6 +185,9 @@ PY
             part 40 causal.log "$G/run.sh" bin/attention-scaling --device cuda --batch 4 --heads 8 --dim 64 --causal \
               --specs softmax,performer:features=64 --lengths 1024,4096,16384 --repeats 3 --json "$W/causal.jsonl"
             grep -E '^  L=' "$W/causal.log"
+            part 40 decode.log "$G/run.sh" bin/attention-decode --device cuda --batch 4 --heads 8 --dim 64 \
+              --specs softmax,performer --length 4096 --report 128,1024,4096
+            grep -E '^(softmax|performer) ' "$W/decode.log"
             ;;
           compare)
             echo "== gpu_compare"
