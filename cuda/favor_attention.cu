@@ -21,7 +21,7 @@
 //   decoding  (favor_attention_step) the causal forward with a running stabilizer and sums in:
 //             c = the max with it, the sums rescaled to c as the scan's start, its total out
 // Seven launches for a forward and backward where the composed ops take about 30 (positive
-// features, the scaling of q and k, linear attention's GEMMs and row passes; causal 49), and q,
+// features, the scaling of q and k, linear attention's GEMMs and row passes; causal 43), and q,
 // k, v, out and their gradients are read and written in place as the heads of a projection
 // (HeadRows).
 // The products are each block's own, in shared memory: 256 threads, each a 4 x 4 patch of every
