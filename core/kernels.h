@@ -341,9 +341,9 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, bool causal,     \
                              int64_t chunk);                                                                          \
   /* q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] and out any batch, head and row strides, a row's values       */  \
-  /* contiguous; omega [H, S, D]; pad Bool [B, M] or undefined. Writes out, den [B, H, N], kvz [B, H, S, E + 1]   */  \
-  /* (causal: the states [B, H, C, S, E + 1] of causal_linear_attention), phi_q [B, H, N, S] and phi_k [B, H, M,  */  \
-  /* S] (kept for the backward). */                                                                                   \
+  /* contiguous; omega [H, S, D]; pad Bool [B, M] (rows any stride apart, a row contiguous) or undefined. Writes  */  \
+  /* out, den [B, H, N], kvz [B, H, S, E + 1] (causal: the states [B, H, C, S, E + 1] of                          */  \
+  /* causal_linear_attention), phi_q [B, H, N, S] and phi_k [B, H, M, S] (kept for the backward). */                  \
   void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,  \
                                const Tensor& pad, double guard, bool causal, int64_t chunk, const Tensor& out,        \
                                const Tensor& den, const Tensor& kvz, const Tensor& phi_q, const Tensor& phi_k);       \

@@ -276,6 +276,11 @@ namespace {
 // strides, a row's values contiguous (the heads of a projection in place, on either device: the
 // composed path reads any layout too).
 Tensor rows_operand(const Tensor& t) { return t.size(3) <= 1 || t.stride(3) == 1 ? t : contiguous(t); }
+// The key padding [B, M] as the fused kernels read it: rows any stride apart, a row contiguous (a
+// decoding step's column of the decoder's mask in place); undefined stays undefined.
+Tensor pad_rows(const Tensor& pad) {
+  return !pad.defined() || pad.size(1) <= 1 || pad.stride(1) == 1 ? pad : contiguous(pad);
+}
 
 void check_favor_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
                       double scale, const Tensor& pad, double guard, bool causal, int64_t chunk) {
@@ -301,16 +306,16 @@ std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tens
   check_favor_args("favor_attention", q, k, v, omega, scale, pad, guard, causal, chunk);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), S = omega.size(1), E = v.size(3);
   const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
-  const Tensor pc = pad.defined() ? contiguous(pad) : Tensor();
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, causal, chunk)) {
     const Shape kvz = causal ? Shape{B, H, (N + chunk - 1) / chunk, S, E + 1} : Shape{B, H, S, E + 1};
     std::vector<Tensor> r = {empty_heads({B, H, N, E}, qc), empty({B, H, N}, q.options()), empty(kvz, q.options()),
                              empty({B, H, N, S}, q.options()),
                              empty({B, H, M, S}, q.options())};  // out, den, kvz, phi_q, phi_k
-    LINEA_BACKEND(q.device(), favor_attention_forward, qc, kc, vc, wc, scale, pc, guard, causal, chunk, r[0], r[1],
-                  r[2], r[3], r[4]);
+    LINEA_BACKEND(q.device(), favor_attention_forward, qc, kc, vc, wc, scale, pad_rows(pad), guard, causal, chunk, r[0],
+                  r[1], r[2], r[3], r[4]);
     return r;
   }
+  const Tensor pc = pad.defined() ? contiguous(pad) : Tensor();
   // Composed: the features, then the product (what the kernels above fuse). The scaled q~ and k~
   // come back too, for the backward's feature gradients (recomputing them there cost the CPU
   // about 5% of a forward and backward at L = 4096).
@@ -388,15 +393,15 @@ std::vector<Tensor> favor_attention_step(const Tensor& q, const Tensor& k, const
     }
   }
   const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
-  const Tensor pc = pad.defined() ? contiguous(pad) : Tensor();
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, true, chunk)) {
     std::vector<Tensor> r = {empty_heads({B, H, T, E}, qc), empty({B, H, S, E + 1}, q.options()),
                              empty({B, H, 1, 1}, q.options())};  // out, sums, c
-    LINEA_BACKEND(q.device(), favor_attention_step, qc, kc, vc, wc, scale, pc, guard,
+    LINEA_BACKEND(q.device(), favor_attention_step, qc, kc, vc, wc, scale, pad_rows(pad), guard,
                   sums.defined() ? contiguous(sums) : Tensor(), sums.defined() ? contiguous(c) : Tensor(), r[0], r[1],
                   r[2]);
     return r;
   }
+  const Tensor pc = pad.defined() ? contiguous(pad) : Tensor();
   // Composed. The keys' log-factors l = k~ W^T - |k~|^2/2 [B, H, T, S], padded rows at the lowest
   // value (their features 0), and c' over them and c.
   const Tensor qs = unary(UnaryOp::MulScalar, qc, scale), ks = unary(UnaryOp::MulScalar, kc, scale);

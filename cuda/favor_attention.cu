@@ -254,8 +254,9 @@ int64_t tiles_of(int64_t rows) { return (rows + kRows - 1) / kRows; }
 // 1. l = k~ W^T - |k~|^2/2 of tile blockIdx.x of head blockIdx.y into lg [BH, M, S]; tile_max
 //    [BH, tiles] = the max over the tile's unpadded rows (lowest where every row is padded).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) key_logits_kernel(HeadRows<const T> k, const T* omega, const uint8_t* pad,
-                                                              FavorDims d, T scale, T* lg, T* tile_max) {
+__global__ void __launch_bounds__(kThreads)
+    key_logits_kernel(HeadRows<const T> k, const T* omega, Rows<const uint8_t> pad, FavorDims d, T scale, T* lg,
+                      T* tile_max) {
   Carve<T> carve{shared_mem<T>()};
   const KeyLogitsSmem<T> sm = key_logits_smem<T>(carve, d);
   const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(kThreads) key_logits_kernel(HeadRows<const T> 
   __syncthreads();
   half_norms(sm.x, d.Dp, sm.half);
   __syncthreads();
-  const uint8_t* pb = pad ? pad + bh / d.H * d.M + m0 : nullptr;
+  const uint8_t* pb = pad.p ? pad.p + bh / d.H * pad.row + m0 : nullptr;
   T* out = lg + (bh * d.M + m0) * d.S;
   T mx = lowest<T>();
   block_product<T>(
@@ -294,7 +295,7 @@ template <typename T> struct RunningSums {
 //    head_ld ([run, BH, S, E + 1]; causal, a run a tile: [BH, tile, S, E + 1]).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    key_sums_kernel(HeadRows<const T> v, const uint8_t* pad, FavorDims d, int64_t tiles, int64_t per_run,
+    key_sums_kernel(HeadRows<const T> v, Rows<const uint8_t> pad, FavorDims d, int64_t tiles, int64_t per_run,
                     const T* tile_max, T inv_sqrt_s, T* phi_k, T* part, int64_t run_ld, int64_t head_ld,
                     RunningSums<T> run) {
   Carve<T> carve{shared_mem<T>()};
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(kThreads)
   fill_mat(sm.kv, d.Sp, d.Ep, 0, 0, [](int, int) { return T(0); });
   for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) sm.z[s] = T(0);
   const Rows<const T> vr = v.rows(bh, d.H);
-  const uint8_t* pb = pad ? pad + bh / d.H * d.M : nullptr;
+  const uint8_t* pb = pad.p ? pad.p + bh / d.H * pad.row : nullptr;
   const int64_t t1 = min(tiles, (blockIdx.x + 1) * per_run);
   for (int64_t t = blockIdx.x * per_run; t < t1; ++t) {
     const int64_t m0 = t * kRows;
@@ -511,6 +512,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The end of both key-gradient kernels, for the key tile of head blockIdx.y at m0 (n rows):
+// dv = phi_k dKV plus a second product over K2 (the causal chunk's A^T G; none: K2 = 0), then
+// dk from k~, read into G's (or v's) place once the product is done.
+template <typename T, typename A2, typename B2>
+__device__ void key_grads_end(const GradSmem<T>& sm, const FavorDims& d, int64_t m0, int n, int K2, const A2& a2,
+                              const B2& b2, HeadRows<const T> k, T scale, HeadRows<T> dk, HeadRows<T> dv) {
+  const int64_t bh = blockIdx.y;
+  const Rows<T> dvr = dv.rows(bh, d.H);
+  block_product2<T>(
+      kRows, d.Ep, d.Sp, [&](int m, int s) { return sm.p(m, s); }, [&](int s, int e) { return sm.kv(s, e); }, K2, a2,
+      b2,
+      [&](int m, int e, T acc) {
+        if (m < n && e < d.E) dvr.p[(m0 + m) * dvr.row + e] = acc;
+      });
+  __syncthreads();  // G (or v) read by all: k~ takes its place
+  load_rows(k.rows(bh, d.H), m0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
+  __syncthreads();
+  input_grads(sm, d, m0, n, scale, dk.rows(bh, d.H));
+}
+
 // 5. Key tile blockIdx.x of head blockIdx.y: dv = phi_k dKV and dk (padded rows: phi_k = 0, so 0).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -527,16 +548,9 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   feature_grads(
       sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int, int s) { return sm.dz[s]; });
-  const Rows<T> dvr = dv.rows(bh, d.H);
-  block_product<T>(
-      kRows, d.Ep, d.Sp, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int e) { return sm.kv(s, e); },
-      [&](int r, int e, T acc) {
-        if (r < n && e < d.E) dvr.p[(m0 + r) * dvr.row + e] = acc;
-      });
-  __syncthreads();  // v read by all: x~ takes its place
-  load_rows(k.rows(bh, d.H), m0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
-  __syncthreads();
-  input_grads(sm, d, m0, n, scale, dk.rows(bh, d.H));
+  key_grads_end(
+      sm, d, m0, n, 0, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int e) { return sm.kv(s, e); }, k, scale,
+      dk, dv);
 }
 
 // ---- causal backward (N = M; chunk t = query and key tile t) ------------------------------------
@@ -621,17 +635,9 @@ __global__ void __launch_bounds__(kThreads)
       kRows, kRows, d.Sp, [&](int m, int s) { return sm.p(m, s); }, [&](int s, int r) { return sm.po(r, s); },
       [&](int m, int r, T acc) { sm.a(m, r) = r >= m ? acc : T(0); });
   __syncthreads();
-  const Rows<T> dvr = dv.rows(bh, d.H);
-  block_product2<T>(
-      kRows, d.Ep, d.Sp, [&](int m, int s) { return sm.p(m, s); }, [&](int s, int e) { return sm.kv(s, e); }, kRows,
-      [&](int m, int r) { return sm.a(m, r); }, [&](int r, int e) { return sm.gx(r, e); },
-      [&](int m, int e, T acc) {
-        if (m < n && e < d.E) dvr.p[(m0 + m) * dvr.row + e] = acc;
-      });
-  __syncthreads();  // G read by all: k~ takes its place
-  load_rows(k.rows(bh, d.H), m0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
-  __syncthreads();
-  input_grads(sm, d, m0, n, scale, dk.rows(bh, d.H));
+  key_grads_end(
+      sm, d, m0, n, kRows, [&](int m, int r) { return sm.a(m, r); }, [&](int r, int e) { return sm.gx(r, e); }, k,
+      scale, dk, dv);
 }
 
 // ---- launch ---------------------------------------------------------------------------------------
@@ -699,7 +705,10 @@ void forward_kernels(const FavorDims& d, bool causal, const Tensor& q, const Ten
                      const Tensor& omega, double scale, const Tensor& pad, double guard, RunningSums<T> running,
                      T* total, const Tensor& out, T* den, T* kvz, T* phi_q, T* phi_k) {
   const T sc = static_cast<T>(scale), inv_sqrt_s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.S)));
-  const uint8_t* pad_p = pad.defined() ? cptr<uint8_t>(pad) : nullptr;
+  // The key padding [B, M] (Bool; undefined: none), its rows pad.stride(0) apart (a decoding
+  // step's column of the decoder's mask is read in place).
+  const Rows<const uint8_t> pad_p =
+      pad.defined() ? Rows<const uint8_t>{cptr<uint8_t>(pad), pad.stride(0)} : Rows<const uint8_t>{nullptr, 0};
   const unsigned BH = static_cast<unsigned>(d.BH());
   // Causal: a run a tile, its sums into kvz (the chunk states), then the exclusive scan.
   const int64_t ktiles = tiles_of(d.M), per_run = causal ? 1 : tiles_per_run(ktiles, d.BH()),

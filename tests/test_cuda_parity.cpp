@@ -96,6 +96,16 @@ Tensor key_padding(int64_t B, int64_t M) {
   return ints(mask, {B, M}).to(DType::Bool);
 }
 
+// pad on CUDA as columns 2.. of a wider mask (rows M + 3 apart, the columns around it unpadded: read
+// in their place, they would show keys of the all-padded batch), as a decoding step reads its
+// column of the decoder's mask in place.
+Tensor in_wider_rows(const Tensor& pad) {
+  const int64_t B = pad.size(0), M = pad.size(1);
+  Tensor wide = ints(std::vector<int64_t>(static_cast<size_t>(B * (M + 3)), 0), {B, M + 3}).to(DType::Bool);
+  narrow(wide, 1, 2, M).copy_(pad);
+  return narrow(wide.to(kCuda), 1, 2, M);
+}
+
 ::testing::AssertionResult matches(const Tensor& got, const Tensor& ref, double scale, const char* what) {
   if (got.defined() != ref.defined())
     return ::testing::AssertionFailure() << what << ": defined on " << (got.defined() ? "CUDA" : "CPU") << " only";
@@ -1233,13 +1243,12 @@ TEST(CudaParity, PositiveFeaturesKernel) {
 // (S, D or E past 64 take two blocks: float32 only, float64 does not fit the emulator's 227 KB of
 // shared memory there and must decline), several runs of key and query tiles (M = 600, N = 330),
 // key padding with a batch that is all padding (its denominators 0: the guard), the heads of
-// [B, L, H, pitch] buffers in and out (nothing written between a view's rows), NaN-poisoned
-// outputs. Where the kernels decline (favor_attention_fused), the raw op composes the two ops on
-// CUDA: compared too. Causal (N = M, chunks of 64 rows: a scan over the chunk states, each chunk's
-// own keys through its masked products; against positive features, then
-// causal_linear_attention): one row, a short last chunk, several chunks (N = 200: three whole and
-// one of 8), two whole chunks, S, D or E in two blocks; float64 is never fused causal (the key
-// gradients' tiles exceed a block's shared memory), nor a chunk other than 64.
+// [B, L, H, pitch] buffers in and out (nothing written between a view's rows), the padding a view
+// of a wider mask's rows, NaN-poisoned outputs. Where the kernels decline (favor_attention_fused), the raw op composes
+// the two ops on CUDA: compared too. Causal (N = M, chunks of 64 rows: a scan over the chunk states, each chunk's own
+// keys through its masked products; against positive features, then causal_linear_attention): one row, a short last
+// chunk, several chunks (N = 200: three whole and one of 8), two whole chunks, S, D or E in two blocks; float64 is
+// never fused causal (the key gradients' tiles exceed a block's shared memory), nor a chunk other than 64.
 TEST(CudaParity, FavorAttentionKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(31);
@@ -1278,7 +1287,7 @@ TEST(CudaParity, FavorAttentionKernel) {
       const std::vector<Tensor> dref =
           raw::favor_attention_backward(gh, qh, kh, vh, w, scale, ref, guard, c.causal, 64);
 
-      const Tensor wd = w.to(kCuda), pd = pad.defined() ? pad.to(kCuda) : Tensor();
+      const Tensor wd = w.to(kCuda), pd = pad.defined() ? in_wider_rows(pad) : Tensor();
       const Shape kvz_s = c.causal ? Shape{c.B, c.H, (c.N + 63) / 64, c.S, c.E + 1} : Shape{c.B, c.H, c.S, c.E + 1};
       std::vector<Tensor> fwd = {heads(c.B, c.H, c.N, c.E, c.pitch, dt), poisoned({c.B, c.H, c.N}, dt),
                                  poisoned(kvz_s, dt), poisoned({c.B, c.H, c.N, c.S}, dt),
@@ -1319,7 +1328,8 @@ TEST(CudaParity, FavorAttentionKernel) {
 // A decoding step of causal FAVOR+ (favor_attention_step: the causal kernels with the running
 // sums coming in and going out) against the CPU's composed op: a first step (no sums), one
 // position, a step of 70 (two chunks) after earlier sums, sums whose stabilizer is above the
-// step's keys' and below them, key padding with a batch all padding; NaN-poisoned outputs.
+// step's keys' and below them, key padding with a batch all padding (a view of a wider mask's
+// rows); NaN-poisoned outputs.
 // float64 composes on CUDA, compared too.
 TEST(CudaParity, FavorAttentionStepKernel) {
   LINEA_REQUIRE_CUDA();
@@ -1353,7 +1363,7 @@ TEST(CudaParity, FavorAttentionStepKernel) {
       const std::vector<Tensor> ref =
           raw::favor_attention_step(q.to(kCPU), k.to(kCPU), v.to(kCPU), w, scale, pad, guard, sums, cs, 64);
 
-      const Tensor wd = w.to(kCuda), pd = pad.defined() ? pad.to(kCuda) : Tensor();
+      const Tensor wd = w.to(kCuda), pd = pad.defined() ? in_wider_rows(pad) : Tensor();
       const Tensor sd = sums.defined() ? sums.to(kCuda) : Tensor(), cd = cs.defined() ? cs.to(kCuda) : Tensor();
       const bool fits = dt == DType::Float32;
       ASSERT_EQ(LINEA_BACKEND(kCuda, favor_attention_fused, q, k, v, wd, true, 64), fits);
