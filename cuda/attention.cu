@@ -25,7 +25,9 @@
 // below, FlashAttention-2's register layout): in bf16 under the BF16 matmul precision (head dims
 // up to 128), in TF32 under TF32, and as three TF32 products per product (3xTF32, about float32's
 // accuracy, as PyTorch's SDPA in float32) under the default precision (both up to 128 too). The
-// SIMT kernels take float64, older GPUs and the head dims past those.
+// SIMT kernels take float64, older GPUs and the head dims past those. The tensor-core kernels'
+// TOEPLITZ instantiations are nprf_rpe's dense path (ToeplitzTiles): the same tiles and walks with
+// p = (phi_q . phi_k) c_{m-n} in place of the softmax.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -575,11 +577,30 @@ template <typename F, int DM> constexpr int forward_keys() {
 }
 template <typename F, int DM> constexpr int mma_forward_stage() { return 2 * forward_keys<F, DM>() * (DM + F::PAD); }
 
-template <typename F, int DM, bool RANGES>
+// nprf_rpe's dense path in the same tiles (the forward kernel's TOEPLITZ instantiation; the
+// CPU twin in core/cpu/toeplitz_attention.cpp): y_n = sum_m (q_n . k_m) c_{m-n} v_m with q, k
+// the positive features phi_q, phi_k and v [M, E] whose last column w enters as a per-key weight
+// of a row sum: the first E - 1 columns by the tensor cores (v_dim = E - 1), y's last column
+// sum_m p_nm w_m beside them, so that nprf_rpe's column of ones (the denominator) does not double
+// DM. No mask, scale or normalization: causality and padding are in c and phi_k.
+struct ToeplitzTiles {
+  const float* c = nullptr;  // [rows, N + M - 1], c_t at t + N - 1; rows H (c_rows == heads) or B H
+  int64_t c_rows = 0;
+  HeadRows<const float> w;  // v's last column: w_m at w.at(bh)[m * w.row]
+  HeadRows<float> den;      // the forward's: y's last column, likewise
+  HeadRows<float> dw;       // the backward's: dv's last column
+  __device__ const float* c_row(int64_t bh, const SdpaShape& s) const { return c + bh % c_rows * (s.N + s.M - 1); }
+  // c_{m-n} for query n and key m; 0 past the ends (the tiles' zero rows).
+  __device__ float at(const float* row, const SdpaShape& s, int64_t n, int64_t m) const {
+    return n < s.N && m < s.M ? row[m - n + s.N - 1] : 0.f;
+  }
+};
+
+template <typename F, int DM, bool RANGES, bool TOEPLITZ = false>
 __global__ void __launch_bounds__(kMmaThreads)
     sdpa_forward_mma_kernel(MmaOperands<typename F::Elem> in, const uint8_t* pad, const float* bias, float scale,
                             SdpaShape s, int64_t heads, ExampleDropout<float> drop, const uint64_t* draw_base,
-                            HeadRows<float> out, float* lse, int64_t split) {
+                            HeadRows<float> out, float* lse, int64_t split, ToeplitzTiles tz) {
   using Elem = typename F::Elem;
   constexpr int NK = forward_keys<F, DM>(), NT = NK / 8, ET = DM / 8;
   constexpr int KS = DM + F::PAD;  // the tiles' row stride
@@ -614,6 +635,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   // this lane's part of the sum.
   float row_m[2] = {neg_inf<float>(), neg_inf<float>()}, row_l[2] = {0.f, 0.f};
   const float scale2 = scale * kLog2e;
+  // TOEPLITZ: head bh's row of c and its key weights.
+  const float* c_row = TOEPLITZ ? tz.c_row(bh, s) : nullptr;
+  const Rows<const float> w_rows = TOEPLITZ ? tz.w.rows(bh, heads) : Rows<const float>{nullptr, 0};
 
   const KeyRange keys = key_range<RANGES>(split, s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M);
   __syncthreads();  // the query tile's fragments are read: its space may be the first key tile's
@@ -631,6 +655,20 @@ __global__ void __launch_bounds__(kMmaThreads)
     const Elem* vs = ks + NK * KS;
     float sc[NT][4];
     mma_rows<F, DM, NT>(sc, qa, ks, KS, g, t);
+    if constexpr (TOEPLITZ) {  // p = s c_{m-n}; row_l: sum_m p w_m
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t n = rows[i / 2], m = m0 + nt * 8 + 2 * t + i % 2;
+          float& x = sc[nt][i];
+          x *= tz.at(c_row, s, n, m);
+          if (m < s.M) row_l[i / 2] += x * w_rows.p[m * w_rows.row];
+        }
+      mma_accumulated<F, NT, ET>(o, sc, vs, KS, g, t);
+      __syncthreads();  // this stage is read: the next copies into it may start
+      continue;
+    }
     // Element (nt, i) of a lane: row rows[i / 2], key m0 + nt * 8 + 2 t + i % 2.
     const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     float tile_max[2] = {neg_inf<float>(), neg_inf<float>()};
@@ -669,9 +707,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();  // this stage is read: the next copies into it may start
   }
   float* out_b = out.at(range_head<RANGES>(), heads);
+  // TOEPLITZ: y unnormalized, the first E - 1 columns, then the row sums in its last.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float l = quad_sum(row_l[h]), inv = l > 0.f ? 1.f / l : 0.f;
+    const float l = quad_sum(row_l[h]), inv = TOEPLITZ ? 1.f : l > 0.f ? 1.f / l : 0.f;
     const int64_t n = rows[h];
     if (n >= s.N) continue;
 #pragma unroll
@@ -681,7 +720,10 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int c = e * 8 + 2 * t + j;
         if (c < s.E) out_b[n * out.row + c] = o[e][2 * h + j] * inv;
       }
-    if (t == 0)
+    if (t != 0) continue;
+    if constexpr (TOEPLITZ)
+      tz.den.at(bh, heads)[n * tz.den.row] = l;
+    else
       lse[range_head<RANGES>() * s.N + n] = l == 0.f ? neg_inf<float>() : row_m[h] * kLn2 + d_log(l);  // NaN stays NaN
   }
 }
@@ -787,12 +829,14 @@ __device__ __forceinline__ void keep_warp_rows(KeptRows<F, DM>& a0, KeptRows<F, 
 template <int DM> constexpr int dkv_min_blocks() { return DM == 16 ? 3 : 0; }
 template <int DM> constexpr int dq_min_blocks() { return DM == 16 ? 4 : 0; }
 
-template <typename F, int DM>
+// TOEPLITZ (ToeplitzTiles; delta: dy's last column r_n, lse unused): p = s c_{m-n}, dp = dout . v
+// over the first E - 1 columns plus r_n w_m, ds = c_{m-n} dp; dv's last column sum_n p r_n.
+template <typename F, int DM, bool TOEPLITZ = false>
 __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
     sdpa_backward_dkv_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, const float* delta,
                                  const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
                                  ExampleDropout<float> drop, const uint64_t* draw_base, HeadRows<float> dk,
-                                 HeadRows<float> dv, float* dbias) {
+                                 HeadRows<float> dv, float* dbias, ToeplitzTiles tz) {
   using Elem = typename F::Elem;
   constexpr int LD = DM + F::PAD, ET = DM / 8, NQ = dkv_queries<F, DM>(), NT = NQ / 8;
   Elem* smem = shared_mem<Elem>();  // the kept tiles; 2 x [q tile [NQ, LD], dout tile [NQ, LD]]
@@ -812,6 +856,13 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
   const Elem* qb = in.q.at(bh, heads);
   const Elem* dob = in.dout.at(bh, heads);
   const float* stat_rows[2] = {lse + bh * s.N, delta + bh * s.N};
+  const float* c_row = TOEPLITZ ? tz.c_row(bh, s) : nullptr;
+  float wk[2] = {0.f, 0.f};  // TOEPLITZ: the weights w_m of the lane's two keys
+  if constexpr (TOEPLITZ) {
+    const Rows<const float> w = tz.w.rows(bh, heads);
+    for (int h = 0; h < 2; ++h)
+      if (mw + g + 8 * h < s.M) wk[h] = w.p[(mw + g + 8 * h) * w.row];
+  }
   // Query tile n0 (q, dout, lse, delta; zeros past N) into stage `st`, one commit group.
   const auto issue = [&](int64_t n0, int st) {
     Elem* qs = stages + st * dkv_stage<F, DM>();
@@ -847,6 +898,13 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int c = nt * 8 + 2 * t + i % 2;
+        if constexpr (TOEPLITZ) {
+          const float cc = tz.at(c_row, s, n0 + c, mw + g + 8 * (i / 2));
+          sT[nt][i] *= cc;
+          dpt[nt][i] = cc * (dpt[nt][i] + row_delta[c] * wk[i / 2]);
+          db[i / 2] += sT[nt][i] * row_delta[c];
+          continue;
+        }
         float pz;
         const float d = mma_dscore(sT[nt][i], dpt[nt][i], n0 + c, mw + g + 8 * (i / 2), row_lse[c], row_delta[c], scale,
                                    s, masked, pad_b, bias_b, drop, bh, heads, &pz);
@@ -861,6 +919,16 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
   }
   store_rows<ET>(dk.at(bh, heads), dk.row, dk_acc, scale, mw, s.M, s.D, g, t);
   store_rows<ET>(dv.at(bh, heads), dv.row, dv_acc, 1.f, mw, s.M, s.E, g, t);
+  if constexpr (TOEPLITZ) {
+    const Rows<float> dw = tz.dw.rows(bh, heads);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(db[h]);
+      const int64_t m = mw + g + 8 * h;
+      if (t == 0 && m < s.M) dw.p[m * dw.row] = sum;
+    }
+    return;
+  }
   if (dbias) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -871,12 +939,13 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
   }
 }
 
-template <typename F, int DM, bool RANGES>
+// TOEPLITZ as the dk/dv kernel: ds = c_{m-n} (dout . v + r_n w_m), no scores needed.
+template <typename F, int DM, bool RANGES, bool TOEPLITZ = false>
 __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
     sdpa_backward_dq_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, const float* delta,
                                 const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
                                 ExampleDropout<float> drop, const uint64_t* draw_base, HeadRows<float> dq,
-                                int64_t split) {
+                                int64_t split, ToeplitzTiles tz) {
   using Elem = typename F::Elem;
   constexpr int LD = DM + F::PAD, ET = DM / 8, NK = dq_keys<F, DM>(), NT = NK / 8;
   Elem* smem = shared_mem<Elem>();  // the kept tiles; 2 x [k tile [NK, LD], v tile [NK, LD]]
@@ -919,8 +988,23 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
     __syncthreads();
     const Elem* ks = stages + stage * dq_stage<F, DM>();
     const Elem* vs = ks + NK * LD;
-    const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     float sc[NT][4], dp[NT][4];
+    if constexpr (TOEPLITZ) {
+      mma_rows<F, DM, NT>(dp, da, vs, LD, g, t);
+      const float* c_row = tz.c_row(bh, s);
+      const Rows<const float> w = tz.w.rows(bh, heads);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t n = nw + g + 8 * (i / 2), m = m0 + nt * 8 + 2 * t + i % 2;
+          sc[nt][i] = m < s.M ? tz.at(c_row, s, n, m) * (dp[nt][i] + row_delta[i / 2] * w.p[m * w.row]) : 0.f;
+        }
+      mma_accumulated<F, NT, ET>(dq_acc, sc, ks, LD, g, t);
+      __syncthreads();  // this stage is read: the next copies into it may start
+      continue;
+    }
+    const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     mma_rows<F, DM, NT>(sc, qa, ks, LD, g, t);
     mma_rows<F, DM, NT>(dp, da, vs, LD, g, t);
 #pragma unroll
@@ -1361,7 +1445,7 @@ template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& 
           kernel<<<grid, kMmaThreads, mma_forward_smem<F, DM>(), stream()>>>(
               in, a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr, a.bias.defined() ? cptr<float>(a.bias) : nullptr,
               static_cast<float>(a.scale), a.s, a.q.size(1), example_dropout<float>(a.drop), a.drop.draw_base, o, l,
-              split);
+              split, ToeplitzTiles{});
           LINEA_KERNEL_LAUNCH_CHECK();
         });
   };
@@ -1383,10 +1467,10 @@ void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, cons
   const float scale = static_cast<float>(a.scale);
   const ExampleDropout<float> drop = example_dropout<float>(a.drop);
   const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
-    sdpa_backward_dkv_mma_kernel<F, DM>
-        <<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH), kMmaThreads, mma_dkv_smem<F, DM>(),
-           stream()>>>(in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base,
-                       rows_out<float>(dk), rows_out<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr);
+    sdpa_backward_dkv_mma_kernel<F, DM><<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH),
+                                          kMmaThreads, mma_dkv_smem<F, DM>(), stream()>>>(
+        in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<float>(dk),
+        rows_out<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr, ToeplitzTiles{});
     LINEA_KERNEL_LAUNCH_CHECK();
     over_key_ranges<float>(
         a, kMmaRows, a.s.D, dq, Tensor(), [&](int64_t split, unsigned ranges, HeadRows<float> d, float*) {
@@ -1394,7 +1478,7 @@ void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, cons
               ranges > 1 ? sdpa_backward_dq_mma_kernel<F, DM, true> : sdpa_backward_dq_mma_kernel<F, DM, false>;
           kernel<<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH, ranges), kMmaThreads,
                    mma_dq_smem<F, DM>(), stream()>>>(in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1),
-                                                     drop, a.drop.draw_base, d, split);
+                                                     drop, a.drop.draw_base, d, split, ToeplitzTiles{});
           LINEA_KERNEL_LAUNCH_CHECK();
         });
   };
@@ -1402,6 +1486,60 @@ void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, cons
     launch(StagedCopies<DM>(a, &dout).in);
   else
     launch(tensor_operands(a, &dout));
+}
+
+// The Toeplitz forward (ToeplitzTiles) of y [B, H, N, E]: a.v's first E - 1 columns by the tensor
+// cores, its last as the row sums' key weights.
+template <typename F, int DM> void toeplitz_forward_tiles(const SdpaArgs& a, const ToeplitzTiles& tz, const Tensor& y) {
+  const auto kernel = sdpa_forward_mma_kernel<F, DM, false, true>;
+  allow_smem<sdpa_forward_mma_kernel<F, DM, false, true>>(mma_forward_smem<F, DM>());
+  const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
+    const dim3 grid(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows),
+                    static_cast<unsigned>(a.q.size(0) * a.q.size(1)));
+    kernel<<<grid, kMmaThreads, mma_forward_smem<F, DM>(), stream()>>>(in, nullptr, nullptr, 1.f, a.s, a.q.size(1),
+                                                                       ExampleDropout<float>{}, nullptr,
+                                                                       rows_out<float>(y), nullptr, 0, tz);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  };
+  if constexpr (std::is_same_v<F, Bf16Format>)
+    launch(StagedCopies<DM>(a, nullptr).in);
+  else
+    launch(tensor_operands(a, nullptr));
+}
+
+// r [B H, N] = column `col` of each head's N rows of x (grid y: the heads): the Toeplitz
+// backward's dy's last column, contiguous as the kernels read delta.
+__global__ void head_column_kernel(HeadRows<const float> x, int64_t heads, int64_t N, int64_t col, float* r) {
+  const float* xb = x.at(blockIdx.y, heads);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    r[blockIdx.y * N + i] = xb[i * x.row + col];
+}
+
+// The Toeplitz backward's dphi_q, dphi_k and dv (ToeplitzTiles; r: dy's last column).
+template <typename F, int DM>
+void toeplitz_backward_tiles(const SdpaArgs& a, const ToeplitzTiles& tz, const Tensor& dy, const float* r,
+                             const Tensor& dpq, const Tensor& dpk, const Tensor& dv) {
+  const auto dkv = sdpa_backward_dkv_mma_kernel<F, DM, true>;
+  const auto dq = sdpa_backward_dq_mma_kernel<F, DM, false, true>;
+  allow_smem<sdpa_backward_dkv_mma_kernel<F, DM, true>>(mma_dkv_smem<F, DM>());
+  allow_smem<sdpa_backward_dq_mma_kernel<F, DM, false, true>>(mma_dq_smem<F, DM>());
+  const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
+  const int64_t heads = a.q.size(1);
+  const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
+    dkv<<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH), kMmaThreads, mma_dkv_smem<F, DM>(),
+          stream()>>>(in, r, r, nullptr, nullptr, 1.f, a.s, heads, ExampleDropout<float>{}, nullptr,
+                      rows_out<float>(dpk), rows_out<float>(dv), nullptr, tz);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    dq<<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH), kMmaThreads, mma_dq_smem<F, DM>(),
+         stream()>>>(in, r, r, nullptr, nullptr, 1.f, a.s, heads, ExampleDropout<float>{}, nullptr,
+                     rows_out<float>(dpq), 0, tz);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  };
+  if constexpr (std::is_same_v<F, Bf16Format>)
+    launch(StagedCopies<DM>(a, &dy).in);
+  else
+    launch(tensor_operands(a, &dy));
 }
 
 template <typename T, int DM, int B>
@@ -1501,6 +1639,58 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     with_tiles<T>(a.s, "sdpa_backward", [&](auto t) {
       backward_tiles<T, decltype(t)::DM, decltype(t)::B>(a, dout, lse, delta, dq, dk, dv, dbias);
     });
+  });
+}
+
+namespace {
+// The Toeplitz tiles' call (ToeplitzTiles): phi_q, phi_k as q, k; v's first E - 1 columns as v.
+struct ToeplitzCall {
+  Tensor none;
+  FoldedDropout off;
+  SdpaArgs a;
+  ToeplitzTiles tz;
+  ToeplitzCall(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v)
+      : a{phi_q, phi_k, v, none, none, 1.0, {phi_q.size(2), phi_k.size(2), phi_q.size(3), v.size(3) - 1, 0, false},
+          off} {
+    const int64_t E = v.size(3);
+    tz.c = cptr<float>(c);
+    tz.c_rows = c.dim() == 3 ? phi_q.size(0) * phi_q.size(1) : phi_q.size(1);
+    const HeadRows<const float> vr = rows_in<float>(v);
+    tz.w = {vr.p + E - 1, vr.batch, vr.head, vr.row};
+  }
+  // Whether the tensor-core kernels take it, f(format, DM) if so.
+  template <typename Fn> bool with_kernels(Fn&& f) const {
+    const int64_t BH = a.q.size(0) * a.q.size(1);
+    if (a.v.dtype() != DType::Float32 || a.s.E < 1 || BH == 0 || BH > 65535 || a.s.N == 0) return false;
+    return with_mma_kernels(a.q, a.s, f);
+  }
+};
+// The last column of the heads of x [B, H, L, E] as HeadRows.
+HeadRows<float> last_column(const Tensor& x) {
+  const HeadRows<float> r = rows_out<float>(x);
+  return {r.p + x.size(3) - 1, r.batch, r.head, r.row};
+}
+}  // namespace
+
+bool detail::toeplitz_forward_mma(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                                  const Tensor& y) {
+  ToeplitzCall call(c, phi_q, phi_k, v);
+  call.tz.den = last_column(y);
+  return call.with_kernels(
+      [&](auto format, auto dm) { toeplitz_forward_tiles<decltype(format), decltype(dm)::value>(call.a, call.tz, y); });
+}
+
+bool detail::toeplitz_backward_mma(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
+                                   const Tensor& dy, const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv) {
+  ToeplitzCall call(c, phi_q, phi_k, v);
+  call.tz.dw = last_column(dv);
+  return call.with_kernels([&](auto format, auto dm) {
+    const int64_t BH = phi_q.size(0) * phi_q.size(1), N = phi_q.size(2);
+    DeviceScratch<float> r(BH * N);
+    head_column_kernel<<<dim3(std::max(1u, grid_for(N)), static_cast<unsigned>(BH)), kBlockSize, 0, stream()>>>(
+        rows_in<float>(dy), phi_q.size(1), N, dy.size(3) - 1, r.p);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    toeplitz_backward_tiles<decltype(format), decltype(dm)::value>(call.a, call.tz, dy, r.p, dphi_q, dphi_k, dv);
   });
 }
 

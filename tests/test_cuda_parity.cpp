@@ -1519,16 +1519,18 @@ TEST(CudaParity, ToeplitzAttentionKernel) {
     }
 }
 
-// The direct path of the same op (fft length 0: batched GEMMs over chunks of query rows, the
-// bias table applied in between, dc summed along diagonals): in the default chunks and in chunks
-// of one and of two query rows.
+// The direct path of the same op (fft length 0): the float32 forward in the tensor-core tiles
+// of the softmax forward (toeplitz_forward_mma: E - 1 columns by mma, the last as the row sums'
+// key weights; E = 1 declines to the GEMMs), the rest batched GEMMs over chunks of query rows, the
+// bias table applied in between, dc summed along diagonals: in the default chunks and in chunks
+// of one and of two query rows. Sizes off the 64-row tiles, E - 1 = 64 and S = 40 (nprf_rpe's
+// shape: DM = 64), c per (b, h).
 TEST(CudaParity, ToeplitzAttentionDirectKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(17);
-  const std::vector<ToeplitzCase> cases = {{2, 3, 7, 9, 5, 3, 0, false},
-                                           {2, 1, 12, 5, 4, 5, 0, true},
-                                           {1, 2, 1, 1, 1, 1, 0, false},
-                                           {1, 1, 70, 33, 6, 4, 0, false}};
+  const std::vector<ToeplitzCase> cases = {{2, 3, 7, 9, 5, 3, 0, false},      {2, 1, 12, 5, 4, 5, 0, true},
+                                           {1, 2, 1, 1, 1, 1, 0, false},      {1, 1, 70, 33, 6, 4, 0, false},
+                                           {1, 2, 130, 75, 40, 65, 0, false}, {2, 1, 65, 140, 17, 20, 0, true}};
   for (DType dt : kFloatTypes)
     for (const ToeplitzCase& c : cases) {
       SCOPED_TRACE(tag(c.str(), dt));
@@ -1536,6 +1538,49 @@ TEST(CudaParity, ToeplitzAttentionDirectKernel) {
       const int64_t row_bytes = c.B * c.H * c.M * static_cast<int64_t>(dtype_size(dt));
       const double long_sum = 8;  // sums over up to 70 rows and 33 keys in another order
       expect_toeplitz_parity(x[0], x[1], x[2], x[3], x[4], 0, {0, row_bytes, 2 * row_bytes}, long_sum);
+    }
+}
+
+// The direct path's tensor-core tiles under --precision bf16 and tf32 (P and dS rounded like
+// softmax's): within 2^-7 (bf16) and 2^-9 (TF32) of the largest value of each result, against the
+// CPU kernel in float32; under the emulator, rounded at all.
+TEST(CudaParity, ToeplitzAttentionTensorCores) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(18);
+  struct Restore {
+    ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
+  } restore;
+  const std::vector<ToeplitzCase> cases = {{1, 2, 130, 75, 40, 65, 0, false}, {2, 1, 65, 140, 17, 20, 0, true}};
+  for (const MatmulPrecision precision : {MatmulPrecision::BF16, MatmulPrecision::TF32})
+    for (const ToeplitzCase& c : cases) {
+      const bool bf16 = precision == MatmulPrecision::BF16;
+      SCOPED_TRACE(std::string(bf16 ? "bf16 " : "tf32 ") + c.str());
+      const DType dt = DType::Float32;
+      const std::vector<Tensor> x = c.inputs(dt);
+      Tensor y = empty({c.B, c.H, c.N, c.E}, TensorOptions(dt)), dpq = empty(x[1].shape(), TensorOptions(dt)),
+             dpk = empty(x[2].shape(), TensorOptions(dt)), dv = empty(x[3].shape(), TensorOptions(dt)),
+             dc = empty(x[0].shape(), TensorOptions(dt));
+      cpu::toeplitz_attention_forward(x[0], x[1], x[2], x[3], 0, y);
+      cpu::toeplitz_attention_backward(x[0], x[1], x[2], x[3], x[4], 0, dc, dpq, dpk, dv);
+      std::vector<Tensor> d;
+      for (const Tensor& t : x) d.push_back(t.to(kCuda));
+      Tensor y_d = poisoned(y.shape(), dt), dc_d = poisoned(dc.shape(), dt), dpq_d = poisoned(dpq.shape(), dt),
+             dpk_d = poisoned(dpk.shape(), dt), dv_d = poisoned(dv.shape(), dt);
+      set_matmul_precision(precision);
+      LINEA_BACKEND(kCuda, toeplitz_attention_forward, d[0], d[1], d[2], d[3], 0, y_d);
+      LINEA_BACKEND(kCuda, toeplitz_attention_backward, d[0], d[1], d[2], d[3], d[4], 0, dc_d, dpq_d, dpk_d, dv_d);
+      set_matmul_precision(MatmulPrecision::Float32);
+      const double tol = bf16 ? 1.0 / 128 : 1.0 / 512;  // measured: at most 0.54 and 0.26 of these
+      const std::vector<std::pair<const char*, std::pair<Tensor, Tensor>>> results = {
+          {"y", {y_d, y}}, {"dphi_q", {dpq_d, dpq}}, {"dphi_k", {dpk_d, dpk}}, {"dv", {dv_d, dv}}, {"dc", {dc_d, dc}}};
+      for (const auto& [what, r] : results) {
+        const Tensor got = r.first.to(kCPU);
+        const double most = max(abs(r.second)).item(), err = max(abs(got - r.second)).item();
+        EXPECT_LE(err, tol * most) << what << ": " << err << " from values up to " << most;
+#ifdef LINEA_CUDA_EMULATOR
+        EXPECT_GT(err, 0.0) << what << ": not rounded";
+#endif
+      }
     }
 }
 

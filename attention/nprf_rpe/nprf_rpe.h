@@ -30,7 +30,8 @@ namespace linea::attn {
 // rows omega [H, S, D] and the bias table rpe [H, 2L-1] (L >= max(N, M)); omega and rpe are
 // converted to q's dtype and device. dense: the O(N M) path instead of the FFT one. Both run the
 // fused toeplitz_attention kernel (no [S, Dv] products per key in memory): by FFT, or (dense)
-// term by term in tiles of query rows by keys, never holding the [N, M] matrix.
+// term by term in tiles of query rows by keys (on CUDA the tensor-core tiles of the softmax
+// kernels), never holding the [N, M] matrix.
 // Differentiable in q, k, v, rpe (and omega).
 Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, const Tensor& rpe,
                           const AttentionOptions& opts = {}, bool dense = false);
@@ -53,7 +54,7 @@ enum class NprfPath { Fft, Dense, Auto };
 // queries, M keys, S features and value dim Dv on the CPU, or on CUDA when `cuda` (a cost model
 // fitted to timings of both paths on each, see nprf_rpe.cpp; shapes only, never data). With the
 // defaults (S = 64): dense up to N = M ~ 1500 at Dv = 16, ~4000 at Dv = 64 on the CPU; ~6900 at
-// Dv = 64 on CUDA.
+// Dv = 64 on CUDA (fitted before the tensor-core tiles took the dense path: to refit).
 bool nprf_rpe_prefers_dense(int64_t N, int64_t M, int64_t S, int64_t Dv, bool cuda = false);
 
 // The mechanism. Spec options: features=S (default 64), max_len=L (default 512), redraw=N (new
