@@ -1022,6 +1022,94 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
   store_rows<ET>(dq.at(range_head<RANGES>(), heads), dq.row, dq_acc, scale, nw, s.N, s.D, g, t);
 }
 
+// The dc kernel's shared memory: dq's kept tiles and stages (elements), then its [64, 65] band
+// tile (floats).
+template <typename F, int DM> constexpr int toeplitz_band_space() {
+  return kept_in_smem<F, DM>() ? backward_stages<F, DM>() + 2 * dq_stage<F, DM>()
+                               : std::max(kept_tiles<F, DM>(), 2 * dq_stage<F, DM>());
+}
+
+// dc of the TOEPLITZ backward, a band of 64 diagonals a block: block (band, row of c) owns t = m - n
+// in [t0, t0 + 64), t0 = 64 band - (N - 1), and walks the query tiles the band meets, for each
+// (b, h) that row of c serves (one, or the batch in order: c per head). Per query tile its warps
+// keep their 16 queries and dout rows (as dq's kernel) and take S = Q K^T and dP = dout V^T over
+// the keys [n0 + t0, n0 + t0 + 128) in dq's key tiles; each element on a band diagonal, s (dp +
+// r_n w_m), goes to its place in a [64 rows, 64 diagonals] tile of shared memory (each place once),
+// whose columns thread j < 64 then adds in row order into diagonal t0 + j's sum. No atomics: the
+// same bits every run, dc written once.
+template <typename F, int DM>
+__global__ void __launch_bounds__(kMmaThreads)
+    toeplitz_dc_mma_kernel(MmaOperands<typename F::Elem> in, const float* r, SdpaShape s, int64_t heads,
+                           int64_t batches, ToeplitzTiles tz, float* dc) {
+  using Elem = typename F::Elem;
+  constexpr int LD = DM + F::PAD, NK = dq_keys<F, DM>(), NT = NK / 8, kBand = 64, DP = kBand + 1;
+  Elem* smem = shared_mem<Elem>();
+  Elem* stages = smem + backward_stages<F, DM>();
+  float* band = reinterpret_cast<float*>(smem + toeplitz_band_space<F, DM>());  // [64 rows, DP]
+  ExampleDropout<float> off;
+  MmaLane lane(nullptr, nullptr, s, heads, off, nullptr);
+  const int warp = lane.warp, g = lane.g, t = lane.t, tid = threadIdx.x;
+  const int64_t L = s.N + s.M - 1, t0 = static_cast<int64_t>(blockIdx.x) * kBand - (s.N - 1);
+  // The queries with a key on a band diagonal: m = n + t in [0, M).
+  const int64_t n_lo = max(int64_t{0}, -t0 - (kBand - 1)), n_hi = min(s.N, s.M - t0);
+  float sum = 0.f;  // thread j < 64: diagonal t0 + j
+  // c per (b, h): one head; per head: the batch's heads h, H + h, ... in order.
+  for (int64_t b = 0; b < (tz.c_rows == heads ? batches : 1); ++b) {
+    const int64_t bh = tz.c_rows == heads ? b * heads + blockIdx.y : blockIdx.y;
+    lane.bh = bh;
+    const Rows<const float> w = tz.w.rows(bh, heads);
+    const Elem* kb = in.k.at(bh, heads);
+    const Elem* vb = in.v.at(bh, heads);
+    for (int64_t n0 = n_lo / kMmaRows * kMmaRows; n0 < n_hi; n0 += kMmaRows) {
+      const int64_t nw = n0 + warp * 16;
+      KeptRows<F, DM> qa, da;
+      keep_warp_rows<F, DM>(qa, da, smem, smem + kMmaRows * LD, in.q, in.qk_dim, in.dout, in.v_dim, heads, n0, s.N,
+                            in.vec, lane);
+      float row_r[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) row_r[h] = nw + g + 8 * h < s.N ? r[bh * s.N + nw + g + 8 * h] : 0.f;
+      for (int i = tid; i < kBand * DP; i += kMmaThreads) band[i] = 0.f;
+      // The window's keys, clipped to [0, M).
+      const int64_t k_begin = max(int64_t{0}, n0 + t0), k_end = min(s.M, n0 + t0 + kMmaRows + kBand - 1);
+      const auto issue = [&](int64_t m0, int st) {
+        Elem* ks = stages + st * dq_stage<F, DM>();
+        copy_rows_async<DM, NK>(ks, LD, kb, in.k.row, in.qk_dim, m0, s.M, in.vec);
+        copy_rows_async<DM, NK>(ks + NK * LD, LD, vb, in.v.row, in.v_dim, m0, s.M, in.vec);
+        cp_async_commit();
+      };
+      if (k_begin < k_end) issue(k_begin, 0);
+      for (int64_t m0 = k_begin, it = 0; m0 < k_end; m0 += NK, ++it) {
+        const int stage = static_cast<int>(it % 2);
+        if (m0 + NK < k_end) {
+          issue(m0 + NK, stage ^ 1);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();
+        const Elem* ks = stages + stage * dq_stage<F, DM>();
+        const Elem* vs = ks + NK * LD;
+        float sc[NT][4], dp[NT][4];
+        mma_rows<F, DM, NT>(sc, qa, ks, LD, g, t);
+        mma_rows<F, DM, NT>(dp, da, vs, LD, g, t);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int64_t n = nw + g + 8 * (i / 2), m = m0 + nt * 8 + 2 * t + i % 2, j = m - n - t0;
+            if (j >= 0 && j < kBand && n < s.N && m < k_end)
+              band[(n - n0) * DP + j] = sc[nt][i] * (dp[nt][i] + row_r[i / 2] * w.p[m * w.row]);
+          }
+        __syncthreads();  // this stage is read: the next copies into it may start
+      }
+      if (tid < kBand)
+        for (int i = 0; i < kMmaRows; ++i) sum += band[i * DP + tid];
+      __syncthreads();  // the band tile is read: the next query tile may reuse it and the kept tiles
+    }
+  }
+  if (tid < kBand && t0 + tid < s.M) dc[blockIdx.y * L + t0 + tid + s.N - 1] = sum;
+}
+
 // delta [B H N] = rowwise dout . out - dlse (dlse null: none), a warp per row (a thread per row
 // read each row's E values with a stride of E between the lanes: 32 rows' cache lines per load).
 template <typename T>
@@ -1324,6 +1412,9 @@ template <typename F, int DM> constexpr size_t mma_dq_smem() {
   return sizeof(typename F::Elem) * (kept_in_smem<F, DM>() ? backward_stages<F, DM>() + 2 * dq_stage<F, DM>()
                                                            : std::max(kept_tiles<F, DM>(), 2 * dq_stage<F, DM>()));
 }
+template <typename F, int DM> constexpr size_t toeplitz_dc_smem() {
+  return sizeof(typename F::Elem) * toeplitz_band_space<F, DM>() + sizeof(float) * 64 * 65;
+}
 template <typename F, int DM> constexpr size_t mma_smem_most() {
   return std::max({mma_forward_smem<F, DM>(), mma_dkv_smem<F, DM>(), mma_dq_smem<F, DM>()});
 }
@@ -1519,11 +1610,13 @@ __global__ void head_column_kernel(HeadRows<const float> x, int64_t heads, int64
 // The Toeplitz backward's dphi_q, dphi_k and dv (ToeplitzTiles; r: dy's last column).
 template <typename F, int DM>
 void toeplitz_backward_tiles(const SdpaArgs& a, const ToeplitzTiles& tz, const Tensor& dy, const float* r,
-                             const Tensor& dpq, const Tensor& dpk, const Tensor& dv) {
+                             const Tensor& dc, const Tensor& dpq, const Tensor& dpk, const Tensor& dv) {
   const auto dkv = sdpa_backward_dkv_mma_kernel<F, DM, true>;
   const auto dq = sdpa_backward_dq_mma_kernel<F, DM, false, true>;
+  const auto bands = toeplitz_dc_mma_kernel<F, DM>;
   allow_smem<sdpa_backward_dkv_mma_kernel<F, DM, true>>(mma_dkv_smem<F, DM>());
   allow_smem<sdpa_backward_dq_mma_kernel<F, DM, false, true>>(mma_dq_smem<F, DM>());
+  allow_smem<toeplitz_dc_mma_kernel<F, DM>>(toeplitz_dc_smem<F, DM>());
   const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
   const int64_t heads = a.q.size(1);
   const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
@@ -1534,6 +1627,10 @@ void toeplitz_backward_tiles(const SdpaArgs& a, const ToeplitzTiles& tz, const T
     dq<<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH), kMmaThreads, mma_dq_smem<F, DM>(),
          stream()>>>(in, r, r, nullptr, nullptr, 1.f, a.s, heads, ExampleDropout<float>{}, nullptr,
                      rows_out<float>(dpq), 0, tz);
+    LINEA_KERNEL_LAUNCH_CHECK();
+    const int64_t L = a.s.N + a.s.M - 1;
+    bands<<<dim3(static_cast<unsigned>((L + 63) / 64), static_cast<unsigned>(tz.c_rows)), kMmaThreads,
+            toeplitz_dc_smem<F, DM>(), stream()>>>(in, r, a.s, heads, a.q.size(0), tz, ptr<float>(dc));
     LINEA_KERNEL_LAUNCH_CHECK();
   };
   if constexpr (std::is_same_v<F, Bf16Format>)
@@ -1681,7 +1778,8 @@ bool detail::toeplitz_forward_mma(const Tensor& c, const Tensor& phi_q, const Te
 }
 
 bool detail::toeplitz_backward_mma(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
-                                   const Tensor& dy, const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv) {
+                                   const Tensor& dy, const Tensor& dc, const Tensor& dphi_q, const Tensor& dphi_k,
+                                   const Tensor& dv) {
   ToeplitzCall call(c, phi_q, phi_k, v);
   call.tz.dw = last_column(dv);
   return call.with_kernels([&](auto format, auto dm) {
@@ -1690,7 +1788,7 @@ bool detail::toeplitz_backward_mma(const Tensor& c, const Tensor& phi_q, const T
     head_column_kernel<<<dim3(std::max(1u, grid_for(N)), static_cast<unsigned>(BH)), kBlockSize, 0, stream()>>>(
         rows_in<float>(dy), phi_q.size(1), N, dy.size(3) - 1, r.p);
     LINEA_KERNEL_LAUNCH_CHECK();
-    toeplitz_backward_tiles<decltype(format), decltype(dm)::value>(call.a, call.tz, dy, r.p, dphi_q, dphi_k, dv);
+    toeplitz_backward_tiles<decltype(format), decltype(dm)::value>(call.a, call.tz, dy, r.p, dc, dphi_q, dphi_k, dv);
   });
 }
 

@@ -287,12 +287,12 @@ template <typename T> void irfft_rows(T* in, T* out, int64_t batch, int64_t n);
 
 // nprf_rpe's dense path (toeplitz_attention with fft_len 0) on the tensor cores (cuda/attention.cu:
 // the softmax kernels' tiles with p = (phi_q . phi_k) c_{m-n}): the forward's y [B, H, N, E], the
-// backward's dphi_q, dphi_k and dv (not dc), from contiguous c, phi_q, phi_k, v, dy (float32);
-// false (nothing written) where those kernels do not take the call (not float32, before sm_80, S
-// or E - 1 past 128, E < 2).
+// backward's dc, dphi_q, dphi_k and dv, from contiguous c, phi_q, phi_k, v, dy (float32); false
+// (nothing written) where those kernels do not take the call (not float32, before sm_80, S or
+// E - 1 past 128, E < 2).
 bool toeplitz_forward_mma(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& y);
 bool toeplitz_backward_mma(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& dy,
-                           const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv);
+                           const Tensor& dc, const Tensor& dphi_q, const Tensor& dphi_k, const Tensor& dv);
 
 // Scratch device memory of n T's from the caching allocator for the work queued while it lives;
 // freed at the end of the scope, its blocks then go only to work queued later on the same stream.

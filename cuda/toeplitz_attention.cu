@@ -272,9 +272,9 @@ template <typename T> __global__ void extract_kernel(const T* dg, ToeplitzDims d
 }
 
 // ---- the direct path (fft_len == 0) --------------------------------------------------------------
-// The same sums term by term. In float32 from sm_80 on, y, dphi_q, dphi_k and dv in the softmax
-// kernels' tensor-core tiles (toeplitz_forward_mma, toeplitz_backward_mma: cuda/attention.cu;
-// O(N + M) memory) and dc below; elsewhere all of it as batched GEMMs over a chunk of query rows
+// The same sums term by term. In float32 from sm_80 on, in the softmax kernels' tensor-core tiles
+// (toeplitz_forward_mma, toeplitz_backward_mma: cuda/attention.cu; O(N + M) memory); elsewhere
+// as batched GEMMs over a chunk of query rows
 // at a time (all (b, h)): A = phi_q phi_k^T [rows, M], each entry times c_{m-n} (the bias table),
 // y = A v. Exact, O(N M) work at the matmul precision, O(chunk) memory: the faster path for short
 // sequences.
@@ -345,11 +345,10 @@ void direct_forward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk,
 }
 
 // Per chunk: K = phi_q phi_k^T, G = dy v^T; dc_{m-n} += K G along the diagonals; with W = c K,
-// Z = c G: dv += W^T dy, dphi_q = Z phi_k, dphi_k += Z^T phi_q (dc_only: the tensor-core tiles
-// took those).
+// Z = c G: dv += W^T dy, dphi_q = Z phi_k, dphi_k += Z^T phi_q.
 template <typename T>
 void direct_backward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk, const T* v, const T* dy, T* dc,
-                     T* dpq, T* dpk, T* dv, bool dc_only) {
+                     T* dpq, T* dpk, T* dv) {
   const int64_t BH = d.B * d.H, nc = direct_rows<T>(d);
   DeviceScratch<T> K(BH * nc * d.M), G(BH * nc * d.M), dcb(BH * d.L());
   count_work(counter_cells().device_copies);
@@ -363,7 +362,6 @@ void direct_backward(const ToeplitzDims& d, const T* c, const T* pq, const T* pk
                     1.0);
     diagonal_sums_kernel<T><<<grid_for(BH * d.L()), kBlockSize, 0, stream()>>>(K.p, G.p, d, n0, r, dcb.p);
     LINEA_KERNEL_LAUNCH_CHECK();
-    if (dc_only) continue;
     bias_weight_kernel<T><<<rows_grid(BH * r, d.M), kBlockSize, 0, stream()>>>(K.p, G.p, c, d, n0, r);
     LINEA_KERNEL_LAUNCH_CHECK();
     gemm_strided<T>(K.p, true, d.M, r * d.M, dy + n0 * d.E, false, d.E, d.N * d.E, dv, d.E, d.M * d.E, d.M, d.E, r, BH,
@@ -431,9 +429,9 @@ void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Ten
   LINEA_DISPATCH_FLOAT(v.dtype(), "toeplitz_attention_backward", [&] {
     using T = scalar_t;
     if (fft_len == 0) {
-      const bool tiles = toeplitz_backward_mma(c, phi_q, phi_k, v, dy, dphi_q, dphi_k, dv);
+      if (toeplitz_backward_mma(c, phi_q, phi_k, v, dy, dc, dphi_q, dphi_k, dv)) return;
       return direct_backward<T>(d, cptr<T>(c), cptr<T>(phi_q), cptr<T>(phi_k), cptr<T>(v), cptr<T>(dy), ptr<T>(dc),
-                                ptr<T>(dphi_q), ptr<T>(dphi_k), ptr<T>(dv), tiles);
+                                ptr<T>(dphi_q), ptr<T>(dphi_k), ptr<T>(dv));
     }
     const int64_t nf = d.nf(), per = groups_per_chunk<T>(d) * d.S;
     DeviceScratch<T> spec(d.rows() * 2 * nf), dG(d.B * d.H * 2 * nf), u(per * d.n), X(per * 2 * nf), P(per * 2 * nf),

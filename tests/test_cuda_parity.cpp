@@ -1519,12 +1519,12 @@ TEST(CudaParity, ToeplitzAttentionKernel) {
     }
 }
 
-// The direct path of the same op (fft length 0): the float32 forward in the tensor-core tiles
-// of the softmax forward (toeplitz_forward_mma: E - 1 columns by mma, the last as the row sums'
-// key weights; E = 1 declines to the GEMMs), the rest batched GEMMs over chunks of query rows, the
-// bias table applied in between, dc summed along diagonals: in the default chunks and in chunks
-// of one and of two query rows. Sizes off the 64-row tiles, E - 1 = 64 and S = 40 (nprf_rpe's
-// shape: DM = 64), c per (b, h).
+// The direct path of the same op (fft length 0): in float32 the tensor-core tiles of the softmax
+// kernels (toeplitz_forward_mma, toeplitz_backward_mma: E - 1 columns by mma, the last as the row
+// sums' key weights, dc in bands of diagonals; E = 1 declines), in float64 batched GEMMs over
+// chunks of query rows, the bias table applied in between, dc summed along diagonals: in the
+// default chunks and in chunks of one and of two query rows. Sizes off the 64-row tiles, E - 1 = 64 and S = 40
+// (nprf_rpe's shape: DM = 64), c per (b, h).
 TEST(CudaParity, ToeplitzAttentionDirectKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(17);
