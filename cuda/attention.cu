@@ -1782,7 +1782,12 @@ bool detail::toeplitz_backward_mma(const Tensor& c, const Tensor& phi_q, const T
                                    const Tensor& dv) {
   ToeplitzCall call(c, phi_q, phi_k, v);
   call.tz.dw = last_column(dv);
-  return call.with_kernels([&](auto format, auto dm) {
+  bool fits = true;  // dc's band tile beside the dq kernel's stages: 16.6 KB more shared memory
+  const bool taken = call.with_kernels([&](auto format, auto dm) {
+    if (toeplitz_dc_smem<decltype(format), decltype(dm)::value>() > shared_memory_optin()) {
+      fits = false;
+      return;
+    }
     const int64_t BH = phi_q.size(0) * phi_q.size(1), N = phi_q.size(2);
     DeviceScratch<float> r(BH * N);
     head_column_kernel<<<dim3(std::max(1u, grid_for(N)), static_cast<unsigned>(BH)), kBlockSize, 0, stream()>>>(
@@ -1790,6 +1795,7 @@ bool detail::toeplitz_backward_mma(const Tensor& c, const Tensor& phi_q, const T
     LINEA_KERNEL_LAUNCH_CHECK();
     toeplitz_backward_tiles<decltype(format), decltype(dm)::value>(call.a, call.tz, dy, r.p, dc, dphi_q, dphi_k, dv);
   });
+  return taken && fits;
 }
 
 }  // namespace linea::cuda
