@@ -396,6 +396,11 @@ std::pair<Tensor, Tensor> scaled_dot_product_attention_lse(const Tensor& q, cons
   return {narrow(both, 3, 0, E), squeeze(narrow(both, 3, E, 1), 3)};
 }
 
+Tensor sample_attention_keys(const Tensor& q, const Tensor& k, const Tensor& u, double scale,
+                             const Tensor& key_padding) {
+  return raw::sdpa_sample(q, k, u, scale, key_padding);
+}
+
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,
                           int64_t fft_len) {
   Tensor y = raw::toeplitz_attention(c, phi_q, phi_k, v, fft_len);

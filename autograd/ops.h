@@ -213,6 +213,12 @@ std::pair<Tensor, Tensor> scaled_dot_product_attention_lse(const Tensor& q, cons
                                                            double scale, bool causal = false, int64_t query_offset = 0,
                                                            const Tensor& key_padding = Tensor(),
                                                            const Tensor& key_bias = Tensor());
+// Keys drawn from each query's softmax attention, fused (CPU and CUDA): Int64 [B, H, N, S], key m
+// with probability softmax_m(scale q_n.k_m) over the keys key_padding (Bool [B, M]) leaves visible,
+// one draw per u_s of u [B, H, N, S] (uniform in [0, 1)) by inverse CDF in key order; key 0 for a
+// query that sees no key. No [N, M] probabilities kept (RA's draw); no gradient.
+Tensor sample_attention_keys(const Tensor& q, const Tensor& k, const Tensor& u, double scale,
+                             const Tensor& key_padding = Tensor());
 // Toeplitz-modulated linear attention, fused (CPU and CUDA): y_n = sum_m c_{m-n} (phi_q_n . phi_k_m) v_m
 // for c [H or B, H, N+M-1] (c_t at index t + N - 1), phi_q [B, H, N, S], phi_k [B, H, M, S],
 // v [B, H, M, E], by FFTs of length fft_len >= N + M - 1, a feature at a time: no

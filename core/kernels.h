@@ -296,6 +296,13 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
                      const Tensor& probs, const Tensor& dout, const Tensor& dlse, double scale, bool causal,          \
                      int64_t offset, const Tensor& pad, const Tensor& bias, const FoldedDropout& drop,                \
                      const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dbias);                      \
+  /* Keys drawn from softmax attention (raw::sdpa_sample, RA's draw): for query n of q [B, H, N, D] and each u_s */  \
+  /* of u [B, H, N, S] in [0, 1), with e_m = exp(scale q_n.k_m - max) (k [B, H, M, D], M > 0; 0 where pad, Bool */  \
+  /* [B, M] or undefined, marks key m) and E_m = e_0 + ... + e_m in key order, out Int64 [B, H, N, S] = the     */  \
+  /* number of keys with E_m <= u_s E_(M-1), clamped to the last key with e_m > 0 (0 when there is none): an   */  \
+  /* inverse-CDF draw from the row's probabilities without keeping them. q, k, u contiguous, one float dtype. */    \
+  void sdpa_sample(const Tensor& q, const Tensor& k, const Tensor& pad, const Tensor& u, double scale,               \
+                   const Tensor& out);                                                                               \
   /* Bidirectional linear attention (raw::linear_attention; performer's): out_n = phi_q_n KV / den~_n, KV =      */  \
   /* sum_m phi_k_m v_m^T, den_n = phi_q_n . sum_m phi_k_m, den~ = den where |den| >= guard, else guard with den's  */  \
   /* sign (0 counting as +). phi_q [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], one float dtype, all dims   */  \

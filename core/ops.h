@@ -110,6 +110,10 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
                                   const Tensor& pad, const Tensor& probs = Tensor(),
                                   const FoldedDropout& drop = FoldedDropout(), const Tensor& bias = Tensor(),
                                   const Tensor& dlse = Tensor());
+// Keys drawn from each query's softmax attention (core/kernels.h sdpa_sample): out Int64 [B, H, N,
+// S], key m with probability p_nm = softmax_m(scale q_n.k_m) over the unpadded keys, by inverse CDF
+// at u [B, H, N, S] (uniform in [0, 1)); key 0 for a query that sees no key. No [N, M] kept.
+Tensor sdpa_sample(const Tensor& q, const Tensor& k, const Tensor& u, double scale, const Tensor& pad);
 // Toeplitz-modulated linear attention, fused: y_n = sum_m c_{m-n}
 // (phi_q_n . phi_k_m) v_m for c [H, N+M-1] or [B, H, N+M-1] (c_t at t + N - 1), phi_q
 // [B, H, N, S], phi_k [B, H, M, S], v [B, H, M, E], by FFTs of length fft_len >= N + M - 1,

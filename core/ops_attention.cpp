@@ -143,6 +143,23 @@ void check_toeplitz_args(const char* op, const Tensor& c, const Tensor& pq, cons
 }
 }  // namespace
 
+Tensor sdpa_sample(const Tensor& q, const Tensor& k, const Tensor& u, double scale, const Tensor& pad) {
+  const char* op = "sdpa_sample";
+  check_sdpa_args(op, q, k, k, scale, 0, pad);
+  check_defined(op, u, "u");
+  LINEA_CHECK(k.size(2) > 0, op, ": needs at least one key, got k ", shape_str(k.shape()));
+  LINEA_CHECK(u.dim() == 4 && u.size(0) == q.size(0) && u.size(1) == q.size(1) && u.size(2) == q.size(2), op,
+              ": expected u [B, H, N, S] = [", q.size(0), ", ", q.size(1), ", ", q.size(2), ", S], got ",
+              shape_str(u.shape()));
+  check_same_dtype(op, q, u);
+  check_same_device(op, q, u);
+  Tensor out = empty(u.shape(), TensorOptions(DType::Int64, q.device()));
+  if (out.numel() > 0)
+    LINEA_BACKEND(q.device(), sdpa_sample, contiguous(q), contiguous(k), pad.defined() ? contiguous(pad) : Tensor(),
+                  contiguous(u), scale, out);
+  return out;
+}
+
 Tensor toeplitz_attention(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, int64_t fft_len) {
   check_toeplitz_args("toeplitz_attention", c, phi_q, phi_k, v, fft_len);
   Tensor y = empty({phi_q.size(0), phi_q.size(1), phi_q.size(2), v.size(3)}, v.options());

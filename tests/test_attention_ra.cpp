@@ -263,6 +263,43 @@ TEST(RandomizedAttention, BiasedDoesNotConvergeToSoftmax) {
 }
 
 // ---- the index sampler ------------------------------------------------------------------------
+// The fused sampler RA draws with (sample_attention_keys) against its definition in float64
+// (test::inverse_cdf_draws) and against the composed formula it replaced (masked_softmax, cumsum,
+// searchsorted of u times the total, clamped to the last key with p > 0): sizes off every tile, a
+// scale, padding with one batch all padded (key 0), more draws than a warp's 32.
+TEST(RandomizedAttention, FusedSamplerIsTheInverseCdfOfTheComposedProbabilities) {
+  manual_seed(4);
+  const int64_t B = 3, H = 2, N = 9, M = 70, D = 37, S = 35;
+  const double scale = 0.6;
+  std::vector<int> pad(static_cast<size_t>(B * M), 0);
+  for (int64_t m = 0; m < M; ++m) {
+    pad[static_cast<size_t>(m)] = m % 3 == 1;
+    pad[static_cast<size_t>(2 * M + m)] = 1;
+  }
+  const Tensor pm = mask_of(pad, B, M).to(DType::Bool);
+  for (DType dt : {DType::Float64, DType::Float32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor q = mul(randn({B, H, N, D}, f64()), 0.8).to(dt), k = randn({B, H, M, D}, f64()).to(dt);
+    const Tensor u = rand({B, H, N, S}, f64()).to(dt);
+    const Tensor idx = sample_attention_keys(q, k, u, scale, pm);
+    EXPECT_TRUE(test::inverse_cdf_draws(idx, q, k, u, scale, pm, dt == DType::Float64 ? 1e-12 : 5e-5));
+    const Tensor pi = attn::masked_softmax(mul(matmul(q, transpose(k, -2, -1)), scale), reshape(pm, {B, 1, 1, M}), -1);
+    const Tensor cdf = cumsum(pi, -1);
+    const Tensor count = searchsorted(cdf, u * narrow(cdf, 3, M - 1, 1), /*right=*/true);
+    const Tensor pos = reshape(arange(0.0, static_cast<double>(M), 1.0, TensorOptions(DType::Int64)), {1, 1, 1, M});
+    const Tensor composed = minimum(count, max(where(pi > 0.0, pos, 0.0), {-1}, true));
+    // Both the same draws up to rounding at a boundary (float32 sums in another order); in float64 equal.
+    EXPECT_TRUE(test::inverse_cdf_draws(composed, q, k, u, scale, pm, dt == DType::Float64 ? 1e-12 : 5e-5));
+    const auto a = idx.to_vector<int64_t>();
+    if (dt == DType::Float64) EXPECT_EQ(a, composed.to_vector<int64_t>());
+    for (int64_t i = 2 * H * N * S; i < B * H * N * S; ++i) ASSERT_EQ(a[static_cast<size_t>(i)], 0) << "all padded";
+  }
+  EXPECT_LINEA_ERROR(sample_attention_keys(randn({1, 1, 2, 3}), randn({1, 1, 0, 3}), rand({1, 1, 2, 4}), 1.0),
+                     "sdpa_sample: needs at least one key");
+  EXPECT_LINEA_ERROR(sample_attention_keys(randn({1, 1, 2, 3}), randn({1, 1, 5, 3}), rand({1, 1, 3, 4}), 1.0),
+                     "sdpa_sample: expected u [B, H, N, S] = [1, 1, 2, S], got [1, 1, 3, 4]");
+}
+
 // m_ns ~ Cat(pi_n): never a padded key (even when padded keys would score highest), and the
 // frequencies over S = 4000 draws match pi within 5 binomial standard errors (36 cells: a false
 // alarm has probability below 36 * 6e-7).

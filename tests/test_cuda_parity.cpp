@@ -853,6 +853,41 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
   }
 }
 
+// RA's fused draw (sdpa_sample) on both devices: every draw an inverse-CDF draw of its row's
+// probabilities (test::inverse_cdf_draws: the key of the float64 definition, or where u lies within
+// rounding of a boundary a neighbour across it). Query blocks of 64 rows, key tiles of 64 and head
+// dims in chunks of 32 all cut off-size; more draws than a warp's 32; padding with a batch all
+// padded (key 0); a single key; the output poisoned before the call.
+TEST(CudaParity, AttentionSampleKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(12);
+  struct Case {
+    int64_t B, H, N, M, D, S;
+    bool pad;
+  };
+  const std::vector<Case> cases = {
+      {2, 1, 70, 130, 40, 33, true}, {1, 2, 5, 64, 64, 40, false}, {3, 1, 65, 1, 7, 4, true}};
+  for (DType dt : kFloatTypes)
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +
+                           std::to_string(c.M) + " D " + std::to_string(c.D) + " S " + std::to_string(c.S) +
+                           (c.pad ? " padded" : ""),
+                       dt));
+      const Tensor q = rnd({c.B, c.H, c.N, c.D}, dt, 0.5), k = rnd({c.B, c.H, c.M, c.D}, dt);
+      const Tensor u = rand({c.B, c.H, c.N, c.S}, test::f64()).to(dt);
+      const Tensor pad = c.pad ? key_padding(c.B, c.M) : Tensor();
+      const double scale = 0.7, tol = dt == DType::Float64 ? 1e-12 : 5e-5;
+      Tensor out = empty(u.shape(), TensorOptions(DType::Int64));
+      cpu::sdpa_sample(q, k, pad, u, scale, out);
+      Tensor out_d = full(u.shape(), -5, TensorOptions(DType::Int64).with_device(kCuda));
+      LINEA_BACKEND(kCuda, sdpa_sample, q.to(kCuda), k.to(kCuda), pad.defined() ? pad.to(kCuda) : Tensor(), u.to(kCuda),
+                    scale, out_d);
+      EXPECT_TRUE(on_device(out_d));
+      EXPECT_TRUE(test::inverse_cdf_draws(out_d, q, k, u, scale, pad, tol)) << "CUDA";
+      EXPECT_TRUE(test::inverse_cdf_draws(out, q, k, u, scale, pad, tol)) << "CPU";
+    }
+}
+
 // float32 q, k, v rounded as the tensor cores read them: to bfloat16 (to nearest even), or to
 // TF32 (to nearest, ties away: cuda/mma.cuh's round_tf32).
 Tensor round_for(MatmulPrecision p, const Tensor& x) {

@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -118,6 +119,65 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+// Whether idx (Int64 [B, H, N, S], any device) holds inverse-CDF draws from each query's softmax
+// attention (sample_attention_keys) for q, k, u, scale and pad (Bool [B, M] or undefined), checked
+// in float64: per row p = softmax_m(scale q.k_m) over the visible keys and its running sums P_m,
+// draw s the first key with P_m > u_s (the last visible one if none; key 0 for a row that sees no
+// key). Where u_s lies within tol of some P_m, rounding may take either neighbour: there the draw
+// need only be a visible key with P_(m-1) - tol <= u_s <= P_m + tol.
+inline ::testing::AssertionResult inverse_cdf_draws(const Tensor& idx, const Tensor& q, const Tensor& k,
+                                                    const Tensor& u, double scale, const Tensor& pad, double tol) {
+  const Device cpu(DeviceType::CPU);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), M = k.size(2), S = u.size(3);
+  const auto qv = q.to(cpu).to(DType::Float64).to_vector<double>(),
+             kv = k.to(cpu).to(DType::Float64).to_vector<double>(),
+             uv = u.to(cpu).to(DType::Float64).to_vector<double>();
+  const auto pv = pad.defined() ? pad.to(cpu).to(DType::Int64).to_vector<int64_t>() : std::vector<int64_t>();
+  const auto got = idx.to(cpu).to_vector<int64_t>();
+  if (idx.shape() != u.shape()) return ::testing::AssertionFailure() << "draws of shape " << shape_str(idx.shape());
+  std::vector<double> P(static_cast<size_t>(M));
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t n = 0; n < N; ++n) {
+      const auto visible = [&](int64_t m) { return pv.empty() || pv[static_cast<size_t>(bh / H * M + m)] == 0; };
+      double mx = -INFINITY;
+      for (int64_t m = 0; m < M; ++m) {
+        double s = 0;
+        for (int64_t d = 0; d < D; ++d)
+          s += qv[static_cast<size_t>((bh * N + n) * D + d)] * kv[static_cast<size_t>((bh * M + m) * D + d)];
+        P[static_cast<size_t>(m)] = visible(m) ? scale * s : -INFINITY;
+        mx = std::max(mx, P[static_cast<size_t>(m)]);
+      }
+      int64_t last = 0;
+      double run = 0;
+      for (int64_t m = 0; m < M; ++m) {
+        const double e = mx == -INFINITY ? 0.0 : std::exp(P[static_cast<size_t>(m)] - mx);
+        if (e > 0) last = m;
+        P[static_cast<size_t>(m)] = run += e;
+      }
+      for (int64_t s = 0; s < S; ++s) {
+        const size_t i = static_cast<size_t>((bh * N + n) * S + s);
+        const double x = uv[i];
+        const int64_t m = got[i];
+        int64_t want = 0;
+        bool near = false;
+        for (int64_t j = 0; j < M && run > 0; ++j) {
+          want += P[static_cast<size_t>(j)] / run <= x;
+          near = near || std::fabs(P[static_cast<size_t>(j)] / run - x) < tol;
+        }
+        want = std::min(want, last);
+        const auto fail = [&] {
+          return ::testing::AssertionFailure() << "row " << bh * N + n << " draw " << s << " (u " << x << "): key " << m
+                                               << ", expected " << want << (near ? " or a neighbour" : "");
+        };
+        if (m == want) continue;
+        if (!near || m < 0 || m > last || !visible(m)) return fail();
+        const double below = m == 0 ? 0.0 : P[static_cast<size_t>(m - 1)] / run, upto = P[static_cast<size_t>(m)] / run;
+        if (below - tol > x || x > upto + tol) return fail();
+      }
+    }
+  return ::testing::AssertionSuccess();
+}
 
 inline std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

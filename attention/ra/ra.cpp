@@ -1,6 +1,6 @@
-// Randomized attention (see ra.h): the mixture sampling of the component indices (raw ops, no
-// graph), the samples w_ns, and the estimator through the fused softmax attention (the weights
-// composed from ops for attention_matrix).
+// Randomized attention (see ra.h): the component indices drawn by the fused sampler
+// (sample_attention_keys), the samples w_ns, and the estimator through the fused softmax attention
+// (the weights composed from ops for attention_matrix).
 #include "attention/ra/ra.h"
 
 namespace linea::attn {
@@ -22,22 +22,6 @@ std::string RandomizedAttention::extra_repr() const {
          ", samples=" + std::to_string(samples_) + ", biased=" + (biased_ ? "1" : "0");
 }
 
-Tensor RandomizedAttention::draw_index(const Tensor& pi, int64_t S) {
-  const int64_t B = pi.size(0), H = pi.size(1), N = pi.size(2), M = pi.size(3);
-  const TensorOptions i64(DType::Int64, pi.device());
-  // Inverse CDF: m = #{m' : cdf_m' <= u * total}, the first m with cdf_m > u * total. A padded
-  // key has pi = 0 exactly, so its cdf equals its predecessor's and it is never that first m
-  // (the cumsum runs in order on every device). total (not 1) keeps rounding out of it.
-  Tensor cdf = cumsum(pi, -1);              // [B, H, N, M]
-  Tensor total = narrow(cdf, 3, M - 1, 1);  // [B, H, N, 1]
-  Tensor x = uniform_per_example({B, H, N, S}, 0.0, 1.0, pi.options()) * total;
-  Tensor count = searchsorted(cdf, x, /*right=*/true);  // Int64 [B, H, N, S], by binary search
-  // u * total may round up to total: clamp to the last key with pi > 0 (0 if there is none).
-  Tensor pos = reshape(arange(0.0, static_cast<double>(M), 1.0, i64), {1, 1, 1, M});
-  Tensor last = max(where(pi > 0.0, pos, 0.0), {-1}, true);
-  return minimum(count, last);
-}
-
 RandomizedAttention::Samples RandomizedAttention::draw(const Tensor& q, const Tensor& k, const AttentionOptions& opts,
                                                        const char* who) {
   check_attention_inputs(who, q, k, k, opts);
@@ -55,9 +39,10 @@ RandomizedAttention::Samples RandomizedAttention::draw(const Tensor& q, const Te
     bool drew = false;
     Tensor index = sample("ra_index", {B, H, N, S}, q, [&] {
       drew = true;
-      // pi_n = softmax_m(q~_n.k~_m), padded keys excluded: [B, H, N, M], no gradient
-      const Tensor pi = masked_softmax(matmul(qs.detach(), transpose(ks.detach(), -2, -1)), padded_keys(opts), -1);
-      return draw_index(pi, S);
+      // m_ns ~ pi_n = softmax_m(q~_n.k~_m) over the unpadded keys, by inverse CDF at uniforms u_ns:
+      // one fused op, no [N, M] probabilities or running sums in memory (no gradient)
+      const Tensor u = uniform_per_example({B, H, N, S}, 0.0, 1.0, q.options());
+      return sample_attention_keys(qs, ks, u, 1.0, key_padding_bool(opts));
     });
     if (!drew) {  // explicit or frozen values: check them once here (a host sync, but not in training draws)
       LINEA_CHECK(index.dtype() == DType::Int64, "ra: sample 'ra_index' must be int64, got ",

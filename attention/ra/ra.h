@@ -13,9 +13,9 @@
 // by one Gaussian at its mean: lower variance, but it keeps a bias.
 //
 // Random quantities (AttentionMechanism::sample): "ra_index" Int64 [B, H, N, S] (unbiased only),
-// drawn on the inputs' device by inverse CDF (cumsum of pi_n and comparisons with uniforms; a
-// padded key is never drawn, and a query whose keys are all padded gets index 0, which cannot
-// matter: its output is zero), and "eps" [B, H, N, S, D].
+// drawn on the inputs' device by inverse CDF (sample_attention_keys: pi_n's running sums in key
+// order against uniforms, no [N, M] kept; a padded key is never drawn, and a query whose keys are
+// all padded gets index 0, which cannot matter: its output is zero), and "eps" [B, H, N, S, D].
 // Eval mode: biased RA uses eps = 0 (no draw, and an explicit "eps" is ignored: deterministic, one
 // sample suffices). UNBIASED RA STAYS A SAMPLE in eval (it draws m_ns and eps as in training),
 // since its mixture has no single deterministic point that keeps it unbiased;
@@ -66,8 +66,6 @@ class RandomizedAttention : public AttentionMechanism {
   Samples draw(const Tensor& q, const Tensor& k, const AttentionOptions& opts, const char* who);
   // The averaged attention weights [B, H, N, M] of the samples.
   static Tensor weights(const Samples& d, const AttentionOptions& opts);
-  // m_ns ~ Cat(pi_n) for pi [B, H, N, M] (no graph) -> Int64 [B, H, N, S].
-  static Tensor draw_index(const Tensor& pi, int64_t S);
 
   int64_t samples_;
   bool biased_;

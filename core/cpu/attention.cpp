@@ -15,6 +15,7 @@
 #include "core/cpu/vec_math.h"
 #include "core/cpu/workspace.h"
 #include "core/kernels.h"
+#include "core/search_math.h"
 
 namespace linea::cpu {
 
@@ -158,6 +159,56 @@ void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v,
         if (p.drop.p > 0) drop_row(p, b, bh % p.H, i0 + r, sb + r * ld, mv);  // lse stays the undropped one
       }
       gemm(false, false, rows, p.E, mv, T(1), sb, ld, v + bh * p.M * p.E, p.E, T(0), ob, p.E);
+    }
+  }
+}
+
+// One row of sdpa_sample: s [M] (scaled scores) becomes the running sums E_m of e_m = exp(s_m -
+// max) over the unpadded keys, in key order; returns the last key with e_m > 0 (0: none).
+template <typename T> int64_t cumulative_exp(T* s, int64_t M, const uint8_t* padb) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  if (padb)
+    for (int64_t m = 0; m < M; ++m)
+      if (padb[m]) s[m] = kNegInf;  // exp gives exactly 0
+  const T mx = row_max(s, M);
+  if (mx == kNegInf) {  // no key visible: every draw is key 0
+    std::fill(s, s + M, T(0));
+    return 0;
+  }
+  exp_shifted(s, M, mx);
+  int64_t last = 0;
+  T sum = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    if (s[m] > T(0)) last = m;
+    sum += s[m];
+    s[m] = sum;
+  }
+  return last;
+}
+
+// sdpa_sample: a block of query rows' scores by one GEMM, then per row its running sums in place
+// and each draw by binary search in them (sorted_position, as searchsorted).
+template <typename T>
+void sample_impl(const Problem& p, T scale, const T* q, const T* k, const T* u, int64_t S, int64_t* out) {
+  const int64_t nblk = p.blocks(), items = p.B * p.H * nblk, rm = p.R * p.M;
+  const int nt = omp_get_max_threads();
+  Workspace<T> ws(nt * Workspace<T>::rounded(rm));
+  std::vector<T*> scores(static_cast<size_t>(nt), nullptr);
+  for (T*& t : scores) t = ws.take(rm);
+#pragma omp parallel num_threads(nt)
+  {
+    T* s = scores[static_cast<size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t bh = it / nblk, b = bh / p.H, i0 = (it % nblk) * p.R, rows = std::min(p.R, p.N - i0);
+      gemm(false, true, rows, p.M, p.D, scale, q + (bh * p.N + i0) * p.D, p.D, k + bh * p.M * p.D, p.D, T(0), s, p.M);
+      for (int64_t r = 0; r < rows; ++r) {
+        T* e = s + r * p.M;
+        const int64_t last = cumulative_exp(e, p.M, p.pad ? p.pad + b * p.M : nullptr);
+        const int64_t row = bh * p.N + i0 + r;
+        for (int64_t j = 0; j < S; ++j)
+          out[row * S + j] = std::min(sorted_position(e, p.M, u[row * S + j] * e[p.M - 1], true), last);
+      }
     }
   }
 }
@@ -326,6 +377,15 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
     forward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
                            bias.defined() ? bias.data<scalar_t>() : nullptr, out.data<scalar_t>(), lse.data<scalar_t>(),
                            probs.defined() ? probs.data<scalar_t>() : nullptr);
+  });
+}
+
+void sdpa_sample(const Tensor& q, const Tensor& k, const Tensor& pad, const Tensor& u, double scale,
+                 const Tensor& out) {
+  const Problem p = problem_of(q, k, k, false, 0, pad, FoldedDropout());
+  LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_sample", [&] {
+    sample_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), u.data<scalar_t>(),
+                          u.size(3), out.data<int64_t>());
   });
 }
 

@@ -8,6 +8,8 @@
 //   out_n = sum_m p_nm v_m,  p_nm = exp(scale q_n.k_m - lse_n) over the keys n may see, 0 elsewhere
 // where lse_n is the log-sum-exp of row n's visible scaled scores; a row that sees no key gets
 // out_n = 0 and lse_n = -inf (masked_softmax's convention: fully hidden rows are zero).
+// Its draw (raw::sdpa_sample, RA's; on CUDA cuda/attention_sample.cu) takes a block's scores the
+// same way and turns each row into its running sums of exp(s - max), searched for each draw.
 // The forward can keep the probabilities p [B, H, N, M] for the backward; without them the
 // backward recomputes each block's scores from q, k and lse (one more GEMM and exp per score).
 #pragma once

@@ -40,6 +40,29 @@ template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask
   const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
   return all[lane ^ static_cast<unsigned>(lane_mask)];
 }
+template <typename T> inline T __shfl_sync(unsigned mask, T v, int src, int = 32) {
+  if (mask != 0xffffffffu) std::abort();
+  T all[32];
+  emu::warp_exchange(&v, all, sizeof(T));
+  return all[static_cast<unsigned>(src) % 32];
+}
+template <typename T> inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int = 32) {
+  if (mask != 0xffffffffu) std::abort();
+  T all[32];
+  emu::warp_exchange(&v, all, sizeof(T));
+  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+  return lane >= delta ? all[lane - delta] : v;
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  if (mask != 0xffffffffu) std::abort();
+  int all[32];
+  emu::warp_exchange(&pred, all, sizeof(int));
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32; ++l) bits |= all[l] ? 1u << l : 0u;
+  return bits;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
 inline void __threadfence_system() {}
 inline void __threadfence() {}
 inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
