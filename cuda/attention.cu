@@ -596,6 +596,27 @@ struct ToeplitzTiles {
   }
 };
 
+// The tiles [begin, end), `step` rows apart, through two stages of shared memory: issue(x0, st)
+// starts tile x0's copies into stage st (one commit group), body(x0, st) computes on it while the
+// next tile's copies are in flight. A barrier before the body (its tile has landed) and one after
+// (its stage is read: the copies of the tile after next may overwrite it).
+template <typename Issue, typename Body>
+__device__ __forceinline__ void walk_staged(int64_t begin, int64_t end, int64_t step, Issue&& issue, Body&& body) {
+  if (begin < end) issue(begin, 0);
+  for (int64_t x0 = begin, it = 0; x0 < end; x0 += step, ++it) {
+    const int stage = static_cast<int>(it % 2);
+    if (x0 + step < end) {
+      issue(x0 + step, stage ^ 1);
+      cp_async_wait<1>();  // this tile's group is done, the next one's may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    body(x0, stage);
+    __syncthreads();
+  }
+}
+
 template <typename F, int DM, bool RANGES, bool TOEPLITZ = false>
 __global__ void __launch_bounds__(kMmaThreads)
     sdpa_forward_mma_kernel(MmaOperands<typename F::Elem> in, const uint8_t* pad, const float* bias, float scale,
@@ -609,7 +630,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   Elem* smem = shared_mem<Elem>();
   Elem* stages = smem + kept_space<F, DM>(1);
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
-  const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
+  const int warp = lane.warp, g = lane.g, t = lane.t;  // named apart: lambdas capture them (C++17)
+  const int64_t bh = lane.bh;
+  const uint8_t* pad_b = lane.pad_b;
+  const float* bias_b = lane.bias_b;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t rows[2] = {n0 + warp * 16 + g, n0 + warp * 16 + g + 8};  // this lane's two rows
   const Elem* kb = in.k.at(bh, heads);
@@ -641,16 +665,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   const KeyRange keys = key_range<RANGES>(split, s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M);
   __syncthreads();  // the query tile's fragments are read: its space may be the first key tile's
-  if (keys.begin < keys.end) issue(keys.begin, 0);
-  for (int64_t m0 = keys.begin, it = 0; m0 < keys.end; m0 += NK, ++it) {
-    const int stage = static_cast<int>(it % 2);
-    if (m0 + NK < keys.end) {
-      issue(m0 + NK, stage ^ 1);
-      cp_async_wait<1>();  // this tile's group is done, the next one's may still be in flight
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  walk_staged(keys.begin, keys.end, NK, issue, [&](int64_t m0, int stage) {
     const Elem* ks = stages + stage * mma_forward_stage<F, DM>();
     const Elem* vs = ks + NK * KS;
     float sc[NT][4];
@@ -666,8 +681,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           if (m < s.M) row_l[i / 2] += x * w_rows.p[m * w_rows.row];
         }
       mma_accumulated<F, NT, ET>(o, sc, vs, KS, g, t);
-      __syncthreads();  // this stage is read: the next copies into it may start
-      continue;
+      return;
     }
     // Element (nt, i) of a lane: row rows[i / 2], key m0 + nt * 8 + 2 t + i % 2.
     const bool masked = tile_masked(s, pad_b, n0, m0, NK);
@@ -704,8 +718,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
     for (int e = 0; e < ET; ++e) o[e][0] *= alpha[0], o[e][1] *= alpha[0], o[e][2] *= alpha[1], o[e][3] *= alpha[1];
     mma_accumulated<F, NT, ET>(o, sc, vs, KS, g, t);
-    __syncthreads();  // this stage is read: the next copies into it may start
-  }
+  });
   float* out_b = out.at(range_head<RANGES>(), heads);
   // TOEPLITZ: y unnormalized, the first E - 1 columns, then the row sums in its last.
 #pragma unroll
@@ -843,7 +856,10 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
   Elem* stages = smem + backward_stages<F, DM>();
   float* stats = reinterpret_cast<float*>(smem + dkv_stats<F, DM>());  // 2 x [lse, delta]
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
-  const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
+  const int warp = lane.warp, g = lane.g, t = lane.t;  // named apart: lambdas capture them (C++17)
+  const int64_t bh = lane.bh;
+  const uint8_t* pad_b = lane.pad_b;
+  const float* bias_b = lane.bias_b;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kMmaKeys, mw = m0 + warp * 16;
   KeptRows<F, DM> ka, va;  // the warp's 16 keys and values
   keep_warp_rows<F, DM>(ka, va, smem, smem + kMmaKeys * LD, in.k, in.qk_dim, in.v, in.v_dim, heads, m0, s.M, in.vec,
@@ -875,16 +891,7 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
   };
 
   const int64_t n_begin = s.causal && m0 > s.offset ? (m0 - s.offset) / NQ * NQ : int64_t{0};
-  if (n_begin < s.N) issue(n_begin, 0);
-  for (int64_t n0 = n_begin, it = 0; n0 < s.N; n0 += NQ, ++it) {
-    const int stage = static_cast<int>(it % 2);
-    if (n0 + NQ < s.N) {
-      issue(n0 + NQ, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  walk_staged(n_begin, s.N, NQ, issue, [&](int64_t n0, int stage) {
     const Elem* qs = stages + stage * dkv_stage<F, DM>();
     const Elem* ds = qs + NQ * LD;
     const float* row_lse = stats + stage * 2 * NQ;
@@ -914,9 +921,7 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
       }
     mma_accumulated<F, NT, ET>(dv_acc, sT, ds, LD, g, t);   // dv += (z p)^T dout
     mma_accumulated<F, NT, ET>(dk_acc, dpt, qs, LD, g, t);  // dk += ds^T q (scaled below)
-    // This stage is read: the next copies into it may start.
-    __syncthreads();
-  }
+  });
   store_rows<ET>(dk.at(bh, heads), dk.row, dk_acc, scale, mw, s.M, s.D, g, t);
   store_rows<ET>(dv.at(bh, heads), dv.row, dv_acc, 1.f, mw, s.M, s.E, g, t);
   if constexpr (TOEPLITZ) {
@@ -951,7 +956,10 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
   Elem* smem = shared_mem<Elem>();  // the kept tiles; 2 x [k tile [NK, LD], v tile [NK, LD]]
   Elem* stages = smem + backward_stages<F, DM>();
   const MmaLane lane(pad, bias, s, heads, drop, draw_base);
-  const auto& [warp, g, t, bh, pad_b, bias_b] = lane;
+  const int warp = lane.warp, g = lane.g, t = lane.t;  // named apart: lambdas capture them (C++17)
+  const int64_t bh = lane.bh;
+  const uint8_t* pad_b = lane.pad_b;
+  const float* bias_b = lane.bias_b;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
   KeptRows<F, DM> qa, da;  // the warp's 16 queries and their output gradients
   keep_warp_rows<F, DM>(qa, da, smem, smem + kMmaRows * LD, in.q, in.qk_dim, in.dout, in.v_dim, heads, n0, s.N, in.vec,
@@ -976,16 +984,7 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
   };
 
   const KeyRange keys = key_range<RANGES>(split, s.causal ? min(s.M, min(n0 + kMmaRows, s.N) + s.offset) : s.M);
-  if (keys.begin < keys.end) issue(keys.begin, 0);
-  for (int64_t m0 = keys.begin, it = 0; m0 < keys.end; m0 += NK, ++it) {
-    const int stage = static_cast<int>(it % 2);
-    if (m0 + NK < keys.end) {
-      issue(m0 + NK, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  walk_staged(keys.begin, keys.end, NK, issue, [&](int64_t m0, int stage) {
     const Elem* ks = stages + stage * dq_stage<F, DM>();
     const Elem* vs = ks + NK * LD;
     float sc[NT][4], dp[NT][4];
@@ -1001,8 +1000,7 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
           sc[nt][i] = m < s.M ? tz.at(c_row, s, n, m) * (dp[nt][i] + row_delta[i / 2] * w.p[m * w.row]) : 0.f;
         }
       mma_accumulated<F, NT, ET>(dq_acc, sc, ks, LD, g, t);
-      __syncthreads();  // this stage is read: the next copies into it may start
-      continue;
+      return;
     }
     const bool masked = tile_masked(s, pad_b, n0, m0, NK);
     mma_rows<F, DM, NT>(sc, qa, ks, LD, g, t);
@@ -1016,9 +1014,7 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
                                row_delta[i / 2], scale, s, masked, pad_b, bias_b, drop, bh, heads, &pz);
       }
     mma_accumulated<F, NT, ET>(dq_acc, sc, ks, LD, g, t);  // dq += ds k (scaled below)
-    // This stage is read: the next copies into it may start.
-    __syncthreads();
-  }
+  });
   store_rows<ET>(dq.at(range_head<RANGES>(), heads), dq.row, dq_acc, scale, nw, s.N, s.D, g, t);
 }
 
@@ -1077,16 +1073,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         copy_rows_async<DM, NK>(ks + NK * LD, LD, vb, in.v.row, in.v_dim, m0, s.M, in.vec);
         cp_async_commit();
       };
-      if (k_begin < k_end) issue(k_begin, 0);
-      for (int64_t m0 = k_begin, it = 0; m0 < k_end; m0 += NK, ++it) {
-        const int stage = static_cast<int>(it % 2);
-        if (m0 + NK < k_end) {
-          issue(m0 + NK, stage ^ 1);
-          cp_async_wait<1>();
-        } else {
-          cp_async_wait<0>();
-        }
-        __syncthreads();
+      walk_staged(k_begin, k_end, NK, issue, [&](int64_t m0, int stage) {
         const Elem* ks = stages + stage * dq_stage<F, DM>();
         const Elem* vs = ks + NK * LD;
         float sc[NT][4], dp[NT][4];
@@ -1100,8 +1087,7 @@ __global__ void __launch_bounds__(kMmaThreads)
             if (j >= 0 && j < kBand && n < s.N && m < k_end)
               band[(n - n0) * DP + j] = sc[nt][i] * (dp[nt][i] + row_r[i / 2] * w.p[m * w.row]);
           }
-        __syncthreads();  // this stage is read: the next copies into it may start
-      }
+      });
       if (tid < kBand)
         for (int i = 0; i < kMmaRows; ++i) sum += band[i * DP + tid];
       __syncthreads();  // the band tile is read: the next query tile may reuse it and the kept tiles

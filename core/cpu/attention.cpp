@@ -122,45 +122,54 @@ template <typename T> void add_key_bias(T* s, int64_t rows, int64_t ld, int64_t 
     for (int64_t m = 0; m < mv; ++m) s[r * ld + m] += bias[m];
 }
 
-template <typename T>
-void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* bias, T* out, T* lse,
-                  T* probs) {
+// Runs block(s, bh, i0, rows) for each block of query rows [i0, i0 + rows) of each (b, h), the
+// blocks spread over the threads; s: the thread's scratch for R x M scores (null without scratch).
+template <typename T, typename Block> void for_each_block(const Problem& p, bool scratch, Block&& block) {
   const int64_t nblk = p.blocks(), items = p.B * p.H * nblk, rm = p.R * p.M;
   const int nt = omp_get_max_threads();
-  Workspace<T> ws(probs ? 0 : nt * Workspace<T>::rounded(rm));  // scratch scores unless kept
+  Workspace<T> ws(scratch ? nt * Workspace<T>::rounded(rm) : 0);
   std::vector<T*> scores(static_cast<size_t>(nt), nullptr);
-  if (!probs)
+  if (scratch)
     for (T*& t : scores) t = ws.take(rm);
 #pragma omp parallel num_threads(nt)
   {
     T* s = scores[static_cast<size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < items; ++it) {
-      const int64_t bh = it / nblk, b = bh / p.H, i0 = (it % nblk) * p.R, rows = std::min(p.R, p.N - i0);
-      const int64_t mv = p.keys_of_block(i0, rows);
-      const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
-      const T* qb = q + (bh * p.N + i0) * p.D;
-      T* ob = out + (bh * p.N + i0) * p.E;
-      T* lb = lse + bh * p.N + i0;
-      // The block's scores: in the kept probabilities when there are any, else in scratch.
-      T* sb = probs ? probs + (bh * p.N + i0) * p.M : s;
-      const int64_t ld = probs ? p.M : mv;
-      if (probs)  // keys [mv, M) are hidden from the whole block: probability 0
-        for (int64_t r = 0; r < rows; ++r) std::fill(sb + r * p.M + mv, sb + (r + 1) * p.M, T(0));
-      if (mv == 0) {
-        std::fill(ob, ob + rows * p.E, T(0));
-        std::fill(lb, lb + rows, -std::numeric_limits<T>::infinity());
-        continue;
-      }
-      gemm(false, true, rows, mv, p.D, scale, qb, p.D, k + bh * p.M * p.D, p.D, T(0), sb, ld);
-      add_key_bias(sb, rows, ld, mv, bias ? bias + bh * p.M : nullptr);
-      for (int64_t r = 0; r < rows; ++r) {
-        lb[r] = softmax_row(sb + r * ld, mv, p.visible_end(i0 + r, mv), padb);
-        if (p.drop.p > 0) drop_row(p, b, bh % p.H, i0 + r, sb + r * ld, mv);  // lse stays the undropped one
-      }
-      gemm(false, false, rows, p.E, mv, T(1), sb, ld, v + bh * p.M * p.E, p.E, T(0), ob, p.E);
+      const int64_t i0 = (it % nblk) * p.R;
+      block(s, it / nblk, i0, std::min(p.R, p.N - i0));
     }
   }
+}
+
+template <typename T>
+void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* bias, T* out, T* lse,
+                  T* probs) {
+  // Scratch scores unless the probabilities are kept.
+  for_each_block<T>(p, !probs, [&](T* s, int64_t bh, int64_t i0, int64_t rows) {
+    const int64_t b = bh / p.H, mv = p.keys_of_block(i0, rows);
+    const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
+    const T* qb = q + (bh * p.N + i0) * p.D;
+    T* ob = out + (bh * p.N + i0) * p.E;
+    T* lb = lse + bh * p.N + i0;
+    // The block's scores: in the kept probabilities when there are any, else in scratch.
+    T* sb = probs ? probs + (bh * p.N + i0) * p.M : s;
+    const int64_t ld = probs ? p.M : mv;
+    if (probs)  // keys [mv, M) are hidden from the whole block: probability 0
+      for (int64_t r = 0; r < rows; ++r) std::fill(sb + r * p.M + mv, sb + (r + 1) * p.M, T(0));
+    if (mv == 0) {
+      std::fill(ob, ob + rows * p.E, T(0));
+      std::fill(lb, lb + rows, -std::numeric_limits<T>::infinity());
+      return;
+    }
+    gemm(false, true, rows, mv, p.D, scale, qb, p.D, k + bh * p.M * p.D, p.D, T(0), sb, ld);
+    add_key_bias(sb, rows, ld, mv, bias ? bias + bh * p.M : nullptr);
+    for (int64_t r = 0; r < rows; ++r) {
+      lb[r] = softmax_row(sb + r * ld, mv, p.visible_end(i0 + r, mv), padb);
+      if (p.drop.p > 0) drop_row(p, b, bh % p.H, i0 + r, sb + r * ld, mv);  // lse stays the undropped one
+    }
+    gemm(false, false, rows, p.E, mv, T(1), sb, ld, v + bh * p.M * p.E, p.E, T(0), ob, p.E);
+  });
 }
 
 // One row of sdpa_sample: s [M] (scaled scores) becomes the running sums E_m of e_m = exp(s_m -
@@ -190,27 +199,17 @@ template <typename T> int64_t cumulative_exp(T* s, int64_t M, const uint8_t* pad
 // and each draw by binary search in them (sorted_position, as searchsorted).
 template <typename T>
 void sample_impl(const Problem& p, T scale, const T* q, const T* k, const T* u, int64_t S, int64_t* out) {
-  const int64_t nblk = p.blocks(), items = p.B * p.H * nblk, rm = p.R * p.M;
-  const int nt = omp_get_max_threads();
-  Workspace<T> ws(nt * Workspace<T>::rounded(rm));
-  std::vector<T*> scores(static_cast<size_t>(nt), nullptr);
-  for (T*& t : scores) t = ws.take(rm);
-#pragma omp parallel num_threads(nt)
-  {
-    T* s = scores[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t bh = it / nblk, b = bh / p.H, i0 = (it % nblk) * p.R, rows = std::min(p.R, p.N - i0);
-      gemm(false, true, rows, p.M, p.D, scale, q + (bh * p.N + i0) * p.D, p.D, k + bh * p.M * p.D, p.D, T(0), s, p.M);
-      for (int64_t r = 0; r < rows; ++r) {
-        T* e = s + r * p.M;
-        const int64_t last = cumulative_exp(e, p.M, p.pad ? p.pad + b * p.M : nullptr);
-        const int64_t row = bh * p.N + i0 + r;
-        for (int64_t j = 0; j < S; ++j)
-          out[row * S + j] = std::min(sorted_position(e, p.M, u[row * S + j] * e[p.M - 1], true), last);
-      }
+  for_each_block<T>(p, true, [&](T* s, int64_t bh, int64_t i0, int64_t rows) {
+    const int64_t b = bh / p.H;
+    gemm(false, true, rows, p.M, p.D, scale, q + (bh * p.N + i0) * p.D, p.D, k + bh * p.M * p.D, p.D, T(0), s, p.M);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* e = s + r * p.M;
+      const int64_t last = cumulative_exp(e, p.M, p.pad ? p.pad + b * p.M : nullptr);
+      const int64_t row = bh * p.N + i0 + r;
+      for (int64_t j = 0; j < S; ++j)
+        out[row * S + j] = std::min(sorted_position(e, p.M, u[row * S + j] * e[p.M - 1], true), last);
     }
-  }
+  });
 }
 
 // dp = p (dp - d): the softmax backward of one row.
