@@ -2,7 +2,8 @@
 // of the formulas given explicit samples (unbiased, biased, padded, eval), float64 gradchecks with
 // frozen samples, the RA paper's claim (the average over S samples converges to softmax
 // attention with an error falling like 1/sqrt(S); biased RA keeps a bias), the index sampler
-// (never a padded key, frequencies follow pi), padding invariance, train/eval/freeze behaviour,
+// (the fused op against its float64 definition and the composed formula; never a padded key,
+// frequencies follow pi), padding invariance, train/eval/freeze behaviour,
 // float32 finiteness for large inputs, and errors.
 #include <cmath>
 #include <string>

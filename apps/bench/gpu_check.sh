@@ -113,7 +113,8 @@ case "$mode" in
             fi
             echo "== ab: attention-scaling of this build against the base build ($(cat "$G/base-commit")), same run"
             for pr in fp32 bf16; do
-              [ "$pr" = fp32 ] && specs=softmax,performer:features=64,lara:samples=64,nprf_rpe:features=64,redraw=0,dense=0
+              # ra: its draw (sample_attention_keys) against the base's composed one where the base predates it
+              [ "$pr" = fp32 ] && specs=softmax,performer:features=64,lara:samples=64,nprf_rpe:features=64,redraw=0,dense=0,ra
               [ "$pr" = bf16 ] && specs=softmax
               for i in 1 2; do  # base, this build, base, this build: load on the card hits both
                 for b in attention-scaling-base attention-scaling; do
