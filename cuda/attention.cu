@@ -1029,10 +1029,11 @@ template <typename F, int DM> constexpr int toeplitz_band_space() {
 // in [t0, t0 + 64), t0 = 64 band - (N - 1), and walks the query tiles the band meets, for each
 // (b, h) that row of c serves (one, or the batch in order: c per head). Per query tile its warps
 // keep their 16 queries and dout rows (as dq's kernel) and take S = Q K^T and dP = dout V^T over
-// the keys [n0 + t0, n0 + t0 + 128) in dq's key tiles; each element on a band diagonal, s (dp +
-// r_n w_m), goes to its place in a [64 rows, 64 diagonals] tile of shared memory (each place once),
-// whose columns thread j < 64 then adds in row order into diagonal t0 + j's sum. No atomics: the
-// same bits every run, dc written once.
+// the keys [n0 + t0, n0 + t0 + 128) in dq's key tiles (a warp only over the tiles that meet its
+// rows' 79 keys); each element on a band diagonal, s (dp + r_n w_m), goes to its place in a
+// [64 rows, 64 diagonals] tile of shared memory (each place once), whose columns thread j < 64
+// then adds in row order into diagonal t0 + j's sum. No atomics: the same bits every run, dc
+// written once.
 template <typename F, int DM>
 __global__ void __launch_bounds__(kMmaThreads)
     toeplitz_dc_mma_kernel(MmaOperands<typename F::Elem> in, const float* r, SdpaShape s, int64_t heads,
@@ -1074,6 +1075,11 @@ __global__ void __launch_bounds__(kMmaThreads)
         cp_async_commit();
       };
       walk_staged(k_begin, k_end, NK, issue, [&](int64_t m0, int stage) {
+        // The warp's rows meet the band at keys [nw + t0, nw + t0 + 15 + 63]: a tile outside
+        // them holds none of its elements (16-key tiles: 3 of 8 skipped, 32-key: 1 of 4; every
+        // warp meets both 64-key tiles).
+        if constexpr (NK < 64)
+          if (m0 + NK <= nw + t0 || m0 > nw + t0 + 15 + kBand - 1) return;
         const Elem* ks = stages + stage * dq_stage<F, DM>();
         const Elem* vs = ks + NK * LD;
         float sc[NT][4], dp[NT][4];
