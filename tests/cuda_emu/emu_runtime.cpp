@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 #include <cufft.h>
 #include <curand.h>
+#include <dlfcn.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <complex>
@@ -20,6 +22,7 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 uint3 threadIdx;
@@ -37,6 +40,55 @@ static std::map<const void*, size_t> g_smem_opt_in;
 
 static cudaError_t g_last_error = cudaSuccess;
 static long g_launches = 0;
+
+// EMU_TRACE_LAUNCHES=1: each kernel launch and library call on stderr, in order (which launches
+// a change adds or removes). Kernels are named from the executable's own symbol table (nm): most
+// sit in anonymous namespaces, out of the dynamic one that dladdr reads.
+static bool trace_launches() {
+  static const bool on = std::getenv("EMU_TRACE_LAUNCHES") != nullptr;
+  return on;
+}
+static void trace_call(const char* what) {
+  if (trace_launches()) std::fprintf(stderr, "emu call %s\n", what);
+}
+static std::string kernel_name(const void* kernel) {
+  static const std::map<uintptr_t, std::string> symbols = [] {
+    std::map<uintptr_t, std::string> m;
+    char exe[4096];
+    const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);  // this process's, not nm's
+    if (len <= 0) return m;
+    exe[len] = '\0';
+    FILE* nm = popen(("nm -C --defined-only '" + std::string(exe) + "' 2>/dev/null").c_str(), "r");
+    if (!nm) return m;
+    char line[4096];
+    while (std::fgets(line, sizeof line, nm)) {
+      char* end = nullptr;
+      const uintptr_t at = std::strtoull(line, &end, 16);
+      if (end == line || std::strlen(end) < 4) continue;
+      std::string name(end + 3);  // past " t "
+      if (!name.empty() && name.back() == '\n') name.pop_back();
+      // Drop the parameter list: from the '(' that opens the last top-level parentheses.
+      long depth = 0;
+      if (!name.empty() && name.back() == ')')
+        for (size_t i = name.size(); i-- > 0;) {
+          depth += name[i] == ')' ? 1 : name[i] == '(' ? -1 : 0;
+          if (depth == 0) {
+            name.resize(i);
+            break;
+          }
+        }
+      for (const char* noise : {"(anonymous namespace)::", "linea::cuda::", "void "})  // shorter lines
+        for (size_t i; (i = name.find(noise)) != std::string::npos;) name.erase(i, std::strlen(noise));
+      m.emplace(at, name);
+    }
+    pclose(nm);
+    return m;
+  }();
+  Dl_info info;
+  if (!dladdr(kernel, &info)) return "?";
+  const auto it = symbols.find(reinterpret_cast<uintptr_t>(kernel) - reinterpret_cast<uintptr_t>(info.dli_fbase));
+  return it == symbols.end() ? "?" : it->second;
+}
 
 // ---- fibers -------------------------------------------------------------------------------------
 namespace {
@@ -216,6 +268,9 @@ namespace emu {
 void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
 void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   ++g_launches;
+  if (trace_launches())
+    std::fprintf(stderr, "emu launch %s grid (%u,%u,%u) block (%u,%u,%u) smem %zu\n", kernel_name(kernel).c_str(),
+                 grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
   const unsigned nthreads = block.x * block.y * block.z;
   if (nthreads == 0 || nthreads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
       grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
@@ -592,6 +647,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, 
                                           long long int sA, const void* B, cudaDataType_t bt, int ldb, long long int sB,
                                           const void* beta, void* C, cudaDataType_t ct, int ldc, long long int sC,
                                           int count, cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (trace_launches())
+    std::fprintf(stderr, "emu call cublasGemmStridedBatchedEx m %d n %d k %d batch %d\n", m, n, k, count);
   if (!gemm_types_ok(at, bt, ct, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (!gemm_args_ok(ta, tb, m, n, k, lda, ldb, ldc, count)) return CUBLAS_STATUS_INVALID_VALUE;
   auto run = [&](auto tag) {
@@ -617,6 +674,7 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasO
                                    const void* const B[], cudaDataType_t bt, int ldb, const void* beta, void* const C[],
                                    cudaDataType_t ct, int ldc, int count, cublasComputeType_t compute,
                                    cublasGemmAlgo_t) {
+  if (trace_launches()) std::fprintf(stderr, "emu call cublasGemmBatchedEx m %d n %d k %d batch %d\n", m, n, k, count);
   if (!gemm_types_ok(at, bt, ct, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (!gemm_args_ok(ta, tb, m, n, k, lda, ldb, ldc, count)) return CUBLAS_STATUS_INVALID_VALUE;
   auto run = [&](auto tag) {
@@ -734,6 +792,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
                               cublasLtMatrixLayout_t la, const void* B, cublasLtMatrixLayout_t lb, const void* beta,
                               const void* C, cublasLtMatrixLayout_t lc, void* D, cublasLtMatrixLayout_t ld,
                               const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+  trace_call("cublasLtMatmul");
   const LtDesc* desc = reinterpret_cast<const LtDesc*>(d);
   const LtLayout *a = reinterpret_cast<const LtLayout*>(la), *b = reinterpret_cast<const LtLayout*>(lb),
                  *c = reinterpret_cast<const LtLayout*>(lc), *dl = reinterpret_cast<const LtLayout*>(ld);
@@ -847,24 +906,28 @@ cufftResult cufftPlanMany(cufftHandle* plan, int rank, int* n, int* inembed, int
 cufftResult cufftSetStream(cufftHandle p, cudaStream_t) { return g_plans.count(p) ? CUFFT_SUCCESS : CUFFT_INVALID_PLAN; }
 cufftResult cufftDestroy(cufftHandle p) { return g_plans.erase(p) ? CUFFT_SUCCESS : CUFFT_INVALID_PLAN; }
 cufftResult cufftExecR2C(cufftHandle p, cufftReal* in, cufftComplex* out) {
+  trace_call("cufftExecR2C");
   auto it = g_plans.find(p);
   if (it == g_plans.end() || it->second.type != CUFFT_R2C) return CUFFT_INVALID_PLAN;
   emu_submit([plan = it->second, in, out] { dft_r2c(plan, in, reinterpret_cast<float*>(out)); });
   return CUFFT_SUCCESS;
 }
 cufftResult cufftExecD2Z(cufftHandle p, cufftDoubleReal* in, cufftDoubleComplex* out) {
+  trace_call("cufftExecD2Z");
   auto it = g_plans.find(p);
   if (it == g_plans.end() || it->second.type != CUFFT_D2Z) return CUFFT_INVALID_PLAN;
   emu_submit([plan = it->second, in, out] { dft_r2c(plan, in, reinterpret_cast<double*>(out)); });
   return CUFFT_SUCCESS;
 }
 cufftResult cufftExecC2R(cufftHandle p, cufftComplex* in, cufftReal* out) {
+  trace_call("cufftExecC2R");
   auto it = g_plans.find(p);
   if (it == g_plans.end() || it->second.type != CUFFT_C2R) return CUFFT_INVALID_PLAN;
   emu_submit([plan = it->second, in, out] { dft_c2r(plan, reinterpret_cast<float*>(in), out); });
   return CUFFT_SUCCESS;
 }
 cufftResult cufftExecZ2D(cufftHandle p, cufftDoubleComplex* in, cufftDoubleReal* out) {
+  trace_call("cufftExecZ2D");
   auto it = g_plans.find(p);
   if (it == g_plans.end() || it->second.type != CUFFT_Z2D) return CUFFT_INVALID_PLAN;
   emu_submit([plan = it->second, in, out] { dft_c2r(plan, reinterpret_cast<double*>(in), out); });
@@ -918,21 +981,25 @@ curandStatus_t curandSetGeneratorOffset(curandGenerator_t g, unsigned long long 
   return CURAND_STATUS_SUCCESS;
 }
 curandStatus_t curandGenerateUniform(curandGenerator_t g, float* p, size_t n) {
+  trace_call("curandGenerateUniform");
   Gen* G = reinterpret_cast<Gen*>(g);
   for (size_t i = 0; i < n; ++i) p[i] = std::max(static_cast<float>(u01(G, i)), 1e-30f);
   G->offset += n;
   return CURAND_STATUS_SUCCESS;
 }
 curandStatus_t curandGenerateUniformDouble(curandGenerator_t g, double* p, size_t n) {
+  trace_call("curandGenerateUniformDouble");
   Gen* G = reinterpret_cast<Gen*>(g);
   for (size_t i = 0; i < n; ++i) p[i] = u01(G, i);
   G->offset += n;
   return CURAND_STATUS_SUCCESS;
 }
 curandStatus_t curandGenerateNormal(curandGenerator_t g, float* p, size_t n, float mean, float sd) {
+  trace_call("curandGenerateNormal");
   return normal_impl(g, p, n, mean, sd);
 }
 curandStatus_t curandGenerateNormalDouble(curandGenerator_t g, double* p, size_t n, double mean, double sd) {
+  trace_call("curandGenerateNormalDouble");
   return normal_impl(g, p, n, mean, sd);
 }
 }
