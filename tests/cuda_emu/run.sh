@@ -9,13 +9,13 @@
 # see data races, warp-level behaviour, or speed: run the real tests on a GPU for those.
 # The last binary, steps, runs apps/tests/test_gpu_step.cpp: what one training step of the
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
-# EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step), EMU_TRACE_LAUNCHES=1
-# every kernel launch (its name, grid and block) and library call in order (to find which launches
-# a launch budget counts); LINEA_EMU_CC=75
-# emulates an sm_75 device (the softmax parity runs once more so: its float32 SIMT kernels, which
-# sm_80 and newer leave for the tensor cores). Built with gcov's counters too: after an unfiltered
-# run, kernel_coverage.py lists the kernels and template instances no test ran, and a kernel that
-# none ran fails the run (a kernel no test runs is one no test compares with the CPU path).
+# EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step),
+# EMU_TRACE_LAUNCHES=1 every kernel launch (its name, grid and block) and library call in order
+# (to find which launches a launch budget counts); LINEA_EMU_CC=75 emulates an sm_75 device (the
+# softmax parity runs once more so: its float32 SIMT kernels, which sm_80 and newer leave for the
+# tensor cores). Built with gcov's counters too: after an unfiltered run, kernel_coverage.py
+# lists the kernels and template instances no test ran, and a kernel that none ran fails the run
+# (a kernel no test runs is one no test compares with the CPU path).
 #   tests/cuda_emu/run.sh [gtest args]          e.g. --gtest_filter=CudaParity.Matmul
 # Needs: g++, libgtest-dev, OpenBLAS, FFTW, and the CUDA toolkit headers (no GPU, no driver).
 set -euo pipefail
