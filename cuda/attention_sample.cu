@@ -4,8 +4,9 @@
 // scores computed into shared memory (a thread 4 rows by 4 keys, the head dims 32 at a time):
 //   pass 1  each row's max and its sum of exp(s - max), online (a warp per row: butterflies)
 //   pass 2  the running sums E_m in key order (the warp's scan of the tile, on the row's sum so
-//           far) and, for up to 32 draws at once, each draw's count of E_m <= u_s total by ballots
-//           (lane s keeps draw s); the pass again for each further 32 draws
+//           far) and, for up to 32 draws at once (lane s keeps draw s), each draw's count of
+//           E_m <= u_s total: a whole tile's keys or none, by one compare, unless u_s total falls
+//           within the tile's sums (then by ballots); the pass again for each further 32 draws
 // Every sum has a fixed order: the same keys every run.
 #include "core/kernels.h"
 #include "cuda/common.cuh"
@@ -23,6 +24,9 @@ constexpr int kScorePitch = kKeys + 1;  // the scores [64][65], over the chunks
 constexpr int kSmemElems = 2 * kRows * kPitch;  // the chunks, or the scores over them
 static_assert(kSmemElems >= kRows * kScorePitch, "the scores fit over the chunks");
 constexpr unsigned kFull = 0xffffffffu;
+// Blocks an SM keeps: 2 in float (128 registers a thread, no spill, so one block's tile loads
+// overlap the other's products), 1 in double (216 registers).
+template <typename T> constexpr int kMinBlocks = sizeof(T) == 4 ? 2 : 1;
 
 struct SampleShape {
   int64_t BH, H, N, M, D, S;
@@ -84,7 +88,7 @@ template <typename T> __device__ __forceinline__ T warp_scan(T x, int lane) {
 
 // grid.x: (query block, (b, h)), the query blocks of a head together.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<T>)
     sample_kernel(const T* q, const T* k, const uint8_t* pad, const T* u, SampleShape sh, T scale, int64_t* out) {
   T* smem = shared_mem<T>();
   const int64_t blocks = (sh.N + kRows - 1) / kRows;
@@ -115,17 +119,19 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // Pass 2, draws [s0, s0 + 32) at a time: lane s - s0 counts the keys whose running sum is at
-  // most x = u_s total; the warp also finds each row's last key with e_m > 0.
+  // Pass 2, draws [s0, s0 + 32) at a time (lane s - s0 keeps draw s): each draw's count of the keys
+  // whose running sum is at most x = u_s total, and each row's last key with e_m > 0. A tile's
+  // running sums lie in [base, top]: a draw with x < base counts none of its keys, one with x >= top
+  // all 64 (keys past M too: `last` clips them), and only the draws in between, about S 64 / M a
+  // tile, count by ballots. (top is a max: the scan's sums need not grow in their last bits.)
   for (int64_t s0 = 0; s0 < sh.S; s0 += 32) {
-    const int draws = static_cast<int>(sh.S - s0 < 32 ? sh.S - s0 : 32);
     const int64_t s = s0 + lane;
     T x[kRowsPerWarp], base[kRowsPerWarp];
     int count[kRowsPerWarp], last[kRowsPerWarp];  // M < 2^31 (checked)
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int64_t n = n0 + r0 + rr;
-      x[rr] = n < sh.N && s < sh.S ? u[((bh * sh.N) + n) * sh.S + s] * total[rr] : T(0);
+      x[rr] = n < sh.N && s < sh.S ? u[((bh * sh.N) + n) * sh.S + s] * total[rr] : T(-1);  // -1: no draw
       base[rr] = 0;
       count[rr] = 0;
       last[rr] = 0;
@@ -137,16 +143,20 @@ __global__ void __launch_bounds__(kThreads)
         const bool none = mx[rr] == neg_inf<T>();
         const T e0 = none ? T(0) : d_exp(sc[(r0 + rr) * kScorePitch + lane] - mx[rr]);
         const T e1 = none ? T(0) : d_exp(sc[(r0 + rr) * kScorePitch + lane + 32] - mx[rr]);
-        const T run0 = base[rr] + warp_scan(e0, lane);
+        const T below = base[rr];
+        const T run0 = below + warp_scan(e0, lane);
         const T mid = __shfl_sync(kFull, run0, 31);
         const T run1 = mid + warp_scan(e1, lane);
         base[rr] = __shfl_sync(kFull, run1, 31);
+        const T top = warp_max(run0 > run1 ? run0 : run1);
         const unsigned seen0 = __ballot_sync(kFull, e0 > T(0)), seen1 = __ballot_sync(kFull, e1 > T(0));
         if (seen1)
           last[rr] = static_cast<int>(m0) + 63 - __clz(seen1);
         else if (seen0)
           last[rr] = static_cast<int>(m0) + 31 - __clz(seen0);
-        for (int j = 0; j < draws; ++j) {
+        if (x[rr] >= top) count[rr] += kKeys;
+        for (unsigned todo = __ballot_sync(kFull, x[rr] >= below && x[rr] < top); todo; todo &= todo - 1) {
+          const int j = __ffs(static_cast<int>(todo)) - 1;
           const T xj = __shfl_sync(kFull, x[rr], j);
           const int c = __popc(__ballot_sync(kFull, run0 <= xj)) + __popc(__ballot_sync(kFull, run1 <= xj));
           if (lane == j) count[rr] += c;
@@ -156,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int64_t n = n0 + r0 + rr;
-      if (n < sh.N && s < sh.S) out[((bh * sh.N) + n) * sh.S + s] = count[rr] < last[rr] ? count[rr] : last[rr];
+      if (n < sh.N && s < sh.S) out[((bh * sh.N) + n) * sh.S + s] = min(count[rr], last[rr]);
     }
   }
 }

@@ -856,8 +856,9 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
 // RA's fused draw (sdpa_sample) on both devices: every draw an inverse-CDF draw of its row's
 // probabilities (test::inverse_cdf_draws: the key of the float64 definition, or where u lies within
 // rounding of a boundary a neighbour across it). Query blocks of 64 rows, key tiles of 64 and head
-// dims in chunks of 32 all cut off-size; more draws than a warp's 32; padding with a batch all
-// padded (key 0); a single key; the output poisoned before the call.
+// dims in chunks of 32 all cut off-size; more draws than a warp's 32 (and than two passes' 64) and
+// a single draw; padding with a batch all padded (key 0); a single key; the output poisoned before
+// the call.
 TEST(CudaParity, AttentionSampleKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(12);
@@ -865,8 +866,10 @@ TEST(CudaParity, AttentionSampleKernel) {
     int64_t B, H, N, M, D, S;
     bool pad;
   };
-  const std::vector<Case> cases = {
-      {2, 1, 70, 130, 40, 33, true}, {1, 2, 5, 64, 64, 40, false}, {3, 1, 65, 1, 7, 4, true}};
+  const std::vector<Case> cases = {{2, 1, 70, 130, 40, 33, true},
+                                   {1, 2, 5, 64, 64, 70, false},
+                                   {3, 1, 65, 1, 7, 4, true},
+                                   {1, 1, 3, 200, 16, 1, false}};
   for (DType dt : kFloatTypes)
     for (const Case& c : cases) {
       SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +

@@ -63,6 +63,7 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 inline void __threadfence_system() {}
 inline void __threadfence() {}
 inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
