@@ -149,6 +149,18 @@ __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&
 #endif
 }
 
+// x split for 3xTF32: big = x rounded to TF32, small = the rest (x - big) rounded to TF32.
+// (attention.cu's Tf32Format splits its a and b inline, bigs first: through this, ptxas moved six
+// of its kernels, one forward to 12 spilled bytes.)
+template <int N>
+__device__ __forceinline__ void split_tf32(const uint32_t (&x)[N], uint32_t (&big)[N], uint32_t (&small)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    big[i] = round_tf32(bits_to_float(x[i]));
+    small[i] = round_tf32(bits_to_float(x[i]) - bits_to_float(big[i]));
+  }
+}
+
 // d += A_big B_small + A_small B_big + A_big B_big (3xTF32: a and b each split into a TF32 big
 // part and the TF32 rounding of the rest), the small products first: three mma.
 __device__ __forceinline__ void mma_tf32x3_16x8x8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4],

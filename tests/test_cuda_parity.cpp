@@ -858,7 +858,8 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
 // rounding of a boundary a neighbour across it). Query blocks of 64 rows, key tiles of 64 and head
 // dims in chunks of 32 all cut off-size; more draws than a warp's 32 (and than two passes' 64) and
 // a single draw; padding with a batch all padded (key 0); a single key; the output poisoned before
-// the call.
+// the call. float32 takes the tensor cores (3xTF32 scores: TF32's alone miss this tolerance), and
+// the SIMT products under LINEA_EMU_CC=75 (tests/cuda_emu/run.sh); float64 the SIMT products.
 TEST(CudaParity, AttentionSampleKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(12);
