@@ -8,6 +8,7 @@
 //   log_softmax               dx = g - exp(y) * sum(g)
 //   layer_norm                dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w;
 //                             dw = sum_rows g * xhat, db = sum_rows g
+//   normalize  y = x / |x|    dx = (g - y (y . g)) / |x|; g / eps where |x| < eps (y = x / eps)
 //   cross_entropy (per row)   dx = (softmax(x) - (1 - s) onehot(t) - s / C) * g_row, 0 for ignored rows
 //   dropout  y = x * m        dx = g * m, m = bernoulli(1 - p) / (1 - p) drawn per example, again in
 //                             the backward (the same counters) instead of kept
@@ -194,6 +195,14 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   if (bd.defined()) grads.push_back(d[2]);
                   return grads;
                 });
+}
+
+Tensor normalize(const Tensor& x, double eps) {
+  Tensor y = raw::normalize(x, eps);
+  if (!needs_grad({&x})) return y;
+  return attach(y, "normalize", {x}, [xd = x.detach(), eps](const Tensor& g) -> std::vector<Tensor> {
+    return {raw::normalize_backward(g, xd, eps)};
+  });
 }
 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Shape& normalized_shape,

@@ -180,6 +180,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Shape& normalized_shape,
                                          const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                                          double eps = 1e-5, double dropout = 0.0);
+// x / max(|x|, eps) over the last dim (F.normalize(x, p=2, dim=-1, eps)): a zero row stays zero.
+Tensor normalize(const Tensor& x, double eps = 1e-12);
 enum class Reduction { None, Mean, Sum };
 // logits [N, C] with target Int64 [N], or [B, L, C] (any leading dims) with target [B, L]
 // (flattened to rows), or [C] with a 0-d target. Rows whose target == ignore_index count

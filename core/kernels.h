@@ -207,6 +207,11 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,                 \
                            const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,   \
                            int64_t cols);                                                                            \
+  /* rows of x [rows, cols] to unit length: out = x / max(|x|, eps) (F.normalize over the last dim) */               \
+  void normalize(const Tensor& x, double eps, const Tensor& out, int64_t rows, int64_t cols);                        \
+  /* its backward from x: dx = (g - y (y . g)) / |x| with y = x / |x|, or g / eps where |x| < eps */                 \
+  void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const Tensor& dx, int64_t rows,           \
+                          int64_t cols);                                                                             \
   /* per-row loss [N] and logsumexp [N] of logits [N, C], target Int64 [N]; rows whose                               \
      target == ignore_index get loss 0. smoothing: (1-s) * onehot + s / C */                                         \
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,             \

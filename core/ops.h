@@ -82,6 +82,9 @@ std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Folde
 // Returns {dx, dw, db} (dw/db undefined when w/b are).
 std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim, const Tensor& w,
                                         const Tensor& b, const Tensor& mean, const Tensor& rstd);
+// x / max(|x|, eps) over the last dim (F.normalize, p = 2), and its gradient from x.
+Tensor normalize(const Tensor& x, double eps);
+Tensor normalize_backward(const Tensor& grad, const Tensor& x, double eps);
 // logits [N, C], target Int64 [N] -> {loss per row [N], lse [N]}.
 std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                        double smoothing);

@@ -350,6 +350,39 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int
   return {dx, dw, db};
 }
 
+// ---- normalize ------------------------------------------------------------------------------
+namespace {
+// Checks x and eps; returns {rows, cols} over x's last dim.
+std::pair<int64_t, int64_t> normalize_dims(const char* op, const Tensor& x, double eps) {
+  check_defined(op, x, "x");
+  check_floating(op, x, "x");
+  LINEA_CHECK(x.dim() >= 1, op, ": needs a dim to normalize over, got a tensor of shape ", shape_str(x.shape()));
+  LINEA_CHECK(eps > 0 && std::isfinite(eps), op, ": eps must be positive and finite, got ", eps);
+  const int64_t cols = x.size(-1);
+  return {cols == 0 ? 0 : x.numel() / cols, cols};
+}
+}  // namespace
+
+Tensor normalize(const Tensor& x, double eps) {
+  const auto [rows, cols] = normalize_dims("normalize", x, eps);
+  Tensor out = empty(x.shape(), TensorOptions(x.dtype(), x.device()));
+  if (out.numel() > 0) LINEA_BACKEND(x.device(), normalize, contiguous(x), eps, out, rows, cols);
+  return out;
+}
+
+Tensor normalize_backward(const Tensor& grad, const Tensor& x, double eps) {
+  const auto [rows, cols] = normalize_dims("normalize_backward", x, eps);
+  check_defined("normalize_backward", grad, "grad");
+  check_same_device("normalize_backward", grad, x);
+  check_same_dtype("normalize_backward", grad, x);
+  LINEA_CHECK(grad.shape() == x.shape(), "normalize_backward: grad ", shape_str(grad.shape()), " and x ",
+              shape_str(x.shape()), " differ in shape");
+  Tensor dx = empty(x.shape(), TensorOptions(x.dtype(), x.device()));
+  if (dx.numel() > 0)
+    LINEA_BACKEND(x.device(), normalize_backward, contiguous(grad), contiguous(x), eps, dx, rows, cols);
+  return dx;
+}
+
 // ---- cross-entropy --------------------------------------------------------------------------
 namespace {
 void check_cross_entropy_args(const char* op, const Tensor& logits, const Tensor& target, int64_t ignore_index,

@@ -1,5 +1,5 @@
-// CUDA kernels of the fused neural-net ops: softmax / log_softmax, layer_norm and per-row
-// cross-entropy, forward and backward (namespace linea::cuda, contracts in core/kernels.h).
+// CUDA kernels of the fused neural-net ops: softmax / log_softmax, layer_norm, normalize and
+// per-row cross-entropy, forward and backward (namespace linea::cuda, contracts in core/kernels.h).
 // The formulas, their order of operations and the edge cases (an all -inf row, an absent
 // weight or bias, ignored rows) are those of the CPU reference, core/cpu/nn.cpp.
 //
@@ -354,6 +354,41 @@ __global__ void softmax_backward_apply_kernel(const T* g, const T* y, const T* s
 
 template <typename T> T* ptr_or_null(const Tensor& t) { return t.defined() ? ptr<T>(t) : nullptr; }
 
+// ---- normalize ----------------------------------------------------------------------------------
+// x, y [rows, cols], a warp per row (its lanes along the row; the butterfly's sum, the same bits
+// every run): y = x / max(|x|, eps).
+template <typename T> __global__ void normalize_kernel(const T* x, T eps, int64_t rows, int64_t cols, T* y) {
+  const WarpRows w;
+  for (int64_t r = w.first; r < rows; r += w.step) {
+    const T* xr = x + r * cols;
+    T sq = 0;
+    for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) sq += xr[c] * xr[c];
+    sq = warp_sum(sq);
+    const T inv = T(1) / sqrt(sq < eps * eps ? eps * eps : sq);  // a NaN stays
+    for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) y[r * cols + c] = xr[c] * inv;
+  }
+}
+
+// dx = g inv - x (x . g) inv^3 (inv = 1 / |x|), or g / eps where the norm was clamped.
+template <typename T>
+__global__ void normalize_backward_kernel(const T* g, const T* x, T eps, int64_t rows, int64_t cols, T* dx) {
+  const WarpRows w;
+  for (int64_t r = w.first; r < rows; r += w.step) {
+    const T *xr = x + r * cols, *gr = g + r * cols;
+    T sq = 0, xg = 0;
+    for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) {
+      sq += xr[c] * xr[c];
+      xg += xr[c] * gr[c];
+    }
+    sq = warp_sum(sq);
+    xg = warp_sum(xg);
+    const bool clamped = sq < eps * eps;
+    const T inv = T(1) / sqrt(clamped ? eps * eps : sq);
+    const T along = clamped ? T(0) : xg * inv * inv * inv;
+    for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) dx[r * cols + c] = gr[c] * inv - xr[c] * along;
+  }
+}
+
 }  // namespace
 
 // x, out [outer, r, inner]
@@ -479,6 +514,28 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, c
         cptr<T>(grad), cptr<T>(x), cptr_or_null<T>(w), cptr<T>(mean), cptr<T>(rstd), ptr<T>(dx),
         dw.defined() ? part_w.as<double>() : nullptr, db.defined() ? part_b.as<double>() : nullptr, ptr_or_null<T>(dw),
         ptr_or_null<T>(db), rows, cols, chunk, sums ? blocks_done_counter() : nullptr);
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// x, out [rows, cols]
+void normalize(const Tensor& x, double eps, const Tensor& out, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "normalize", [&] {
+    using T = scalar_t;
+    normalize_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(cptr<T>(x), static_cast<T>(eps), rows,
+                                                                               cols, ptr<T>(out));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// grad, x, dx [rows, cols]
+void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const Tensor& dx, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "normalize_backward", [&] {
+    using T = scalar_t;
+    normalize_backward_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(
+        cptr<T>(grad), cptr<T>(x), static_cast<T>(eps), rows, cols, ptr<T>(dx));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -292,7 +292,9 @@ TEST(RandomizedAttention, FusedSamplerIsTheInverseCdfOfTheComposedProbabilities)
     // Both the same draws up to rounding at a boundary (float32 sums in another order); in float64 equal.
     EXPECT_TRUE(test::inverse_cdf_draws(composed, q, k, u, scale, pm, dt == DType::Float64 ? 1e-12 : 5e-5));
     const auto a = idx.to_vector<int64_t>();
-    if (dt == DType::Float64) EXPECT_EQ(a, composed.to_vector<int64_t>());
+    if (dt == DType::Float64) {
+      EXPECT_EQ(a, composed.to_vector<int64_t>());
+    }
     for (int64_t i = 2 * H * N * S; i < B * H * N * S; ++i) ASSERT_EQ(a[static_cast<size_t>(i)], 0) << "all padded";
   }
   EXPECT_LINEA_ERROR(sample_attention_keys(randn({1, 1, 2, 3}), randn({1, 1, 0, 3}), rand({1, 1, 2, 4}), 1.0),

@@ -1696,6 +1696,39 @@ TEST(CudaParity, LayerNorm) {
   }
 }
 
+// normalize, kernel against kernel into poisoned outputs: a warp per row (rows past a block's 8
+// warps, rows longer than a warp's 32 lanes and not a multiple of them, one column), zero rows and
+// rows the eps clamps; then through autograd on a transposed input.
+TEST(CudaParity, Normalize) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(9);
+  struct Case {
+    int64_t rows, cols;
+    double eps, scale;
+  };
+  const std::vector<Case> cases = {
+      {301, 20, 1e-12, 1.0}, {21, 1000, 1e-12, 1.0}, {5, 1, 1e-12, 1.0}, {9, 33, 3.0, 0.1}};
+  for (DType dt : kFloatTypes)
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " eps " + std::to_string(c.eps), dt));
+      // the rows, then as many zero rows and rows 100 times longer
+      const Tensor x0 = rnd({c.rows, c.cols}, dt, c.scale);
+      const Tensor x = cat({x0, mul(x0, 0.0), mul(x0, 100.0)}, 0), g = rnd(x.shape(), dt);
+      const int64_t rows = x.size(0);
+      Tensor y = empty(x.shape(), TensorOptions(dt)), dx = empty(x.shape(), TensorOptions(dt));
+      cpu::normalize(x, c.eps, y, rows, c.cols);
+      cpu::normalize_backward(g, x, c.eps, dx, rows, c.cols);
+      Tensor y_d = poisoned(x.shape(), dt), dx_d = poisoned(x.shape(), dt);
+      LINEA_BACKEND(kCuda, normalize, x.to(kCuda), c.eps, y_d, rows, c.cols);
+      LINEA_BACKEND(kCuda, normalize_backward, g.to(kCuda), x.to(kCuda), c.eps, dx_d, rows, c.cols);
+      EXPECT_TRUE(matches(y_d, y, 1.0, "y"));
+      EXPECT_TRUE(matches(dx_d, dx, 1.0, "dx"));
+    }
+  for (DType dt : kFloatTypes)
+    expect_parity(tag("autograd, transposed", dt), [](const std::vector<Tensor>& v) { return normalize(v[0].t()); },
+                  {rnd({7, 5}, dt)});
+}
+
 TEST(CudaParity, CrossEntropy) {
   LINEA_REQUIRE_CUDA();
   manual_seed(9);

@@ -157,6 +157,16 @@ TEST(GradCheck, LayerNormNoAffine) {
   EXPECT_GRADCHECK(f, {randn64_transposed({2, 4, 5})});
 }
 
+TEST(GradCheck, Normalize) {
+  manual_seed(10);
+  const Fn unit = [](const std::vector<Tensor>& x) { return normalize(x[0]); };
+  EXPECT_GRADCHECK(unit, {randn64({4, 6})});
+  EXPECT_GRADCHECK(unit, {randn64_transposed({2, 3, 5})});
+  // eps = 2 clamps the first rows (norms near 0.3: y = x / 2) and not the last (near 30).
+  const Fn clamped = [](const std::vector<Tensor>& x) { return normalize(x[0], 2.0); };
+  EXPECT_GRADCHECK(clamped, {cat({mul(randn64({2, 3}), 0.2), mul(randn64({2, 3}), 20.0)}, 0)});
+}
+
 TEST(GradCheck, CrossEntropy) {
   manual_seed(9);
   const Tensor target = tensor<int64_t>({2, -100, 0, 3, 1}, {5});

@@ -300,6 +300,36 @@ TEST(LayerNorm, BadInputs) {
   EXPECT_LINEA_ERROR(layer_norm(randn({2, 3}), {3}, randn({3}, f64())), "layer_norm");
 }
 
+// ---- normalize ---------------------------------------------------------------------------------
+
+// The composed x rsqrt(max(|x|^2, eps^2)) that the fused op replaces.
+Tensor composed_normalize(const Tensor& x, double eps) {
+  return mul(x, rsqrt(clamp(sum(square(x), {-1}, true), eps * eps, INFINITY)));
+}
+
+TEST(Normalize, MatchesComposedKeepsZeroRowsAndChecksInputs) {
+  manual_seed(18);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{5, 8}, {700, 96}, {3, 1}}) {
+    Tensor x = mul(randn({rows, cols}, f64()), 3.0);
+    x = cat({x, zeros({1, cols}, f64()), mul(ones({1, cols}, f64()), 1e-14)}, 0);  // a zero row, a clamped one
+    const Tensor y = normalize(x);
+    EXPECT_TRUE(all_close(y, composed_normalize(x, 1e-12), 1e-14, 1e-14));
+    EXPECT_TRUE(all_close(sum(square(narrow(y, 0, 0, rows)), {-1}), ones({rows}, f64()), 1e-12, 0));
+    EXPECT_TRUE(all_close(select(y, 0, rows), zeros({cols}, f64()), 0, 0));
+    // float32, on a transposed view; its gradient against the composed one's
+    Tensor x32 = x.to(DType::Float32).t().contiguous().t();
+    EXPECT_TRUE(all_close(normalize(x32), composed_normalize(x, 1e-12).to(DType::Float32), 1e-5, 1e-5));
+    Tensor a = x.detach().requires_grad_(true), b = x.detach().requires_grad_(true);
+    const Tensor g = randn(x.shape(), f64());
+    normalize(a, 0.5).backward(g);
+    composed_normalize(b, 0.5).backward(g);
+    EXPECT_TRUE(all_close(a.grad(), b.grad(), 1e-12, 1e-12));
+  }
+  EXPECT_LINEA_ERROR(normalize(zeros({2, 3}, TensorOptions(DType::Int64))), "normalize");
+  EXPECT_LINEA_ERROR(normalize(randn({})), "normalize: needs a dim to normalize over, got a tensor of shape []");
+  EXPECT_LINEA_ERROR(normalize(randn({2, 3}), 0.0), "normalize: eps must be positive and finite, got 0");
+}
+
 // ---- cross-entropy -----------------------------------------------------------------------------
 
 // Per-row loss: lse - (1 - s) x[t] - s / C sum_c x[c]; 0 for ignored rows.

@@ -21,9 +21,6 @@ constexpr int64_t kMaxRpeLength = int64_t{1} << 20;
 // division stays finite even where the guard is active.
 double tiny(DType dt) { return dt == DType::Float32 ? 1e-18 : 1e-140; }
 
-// x / |x| over the last dim; a zero vector stays zero (its norm is clamped, not divided by).
-Tensor unit(const Tensor& x) { return mul(x, rsqrt(clamp(sq_norm(x), 1e-24, INFINITY))); }
-
 // Max over dims, kept, outside the graph: a stabilizer that cancels in the ratio.
 Tensor detached_max(const Tensor& x, const std::vector<int64_t>& dims) {
   return max(x.detach(), dims, /*keepdim=*/true);
@@ -68,8 +65,8 @@ Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tens
   // Query features stabilized per row (phi(q^_i) / max_s phi(q^_i)_s), key features per (b, h)
   // over the unpadded keys, padded keys exactly 0 (fused: autograd's positive_features).
   Tensor pad = key_padding_bool(opts);  // Bool [B, M] or undefined
-  t.phi_q = positive_features(unit(q), omega, /*per_row=*/true, Tensor());  // [B, H, N, S]
-  t.phi_k = positive_features(unit(k), omega, /*per_row=*/false, pad);      // [B, H, M, S]
+  t.phi_q = positive_features(normalize(q), omega, /*per_row=*/true, Tensor());  // [B, H, N, S]; q^ = q / |q|
+  t.phi_k = positive_features(normalize(k), omega, /*per_row=*/false, pad);      // [B, H, M, S]
 
   // Bias of the relative positions j - (n + o) for j - n = -(N-1)..(M-1), i.e. rpe indices
   // L-N-o .. L+M-2-o; causal hides the positive ones (c index > N-1+o).

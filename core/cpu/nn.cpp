@@ -1,5 +1,6 @@
-// CPU kernels of the fused neural-net ops: softmax / log_softmax, layer_norm and per-row
-// cross-entropy, forward and backward (namespace linea::cpu, API in core/kernels.h).
+// CPU kernels of the fused neural-net ops: softmax / log_softmax, layer_norm, normalize (rows to
+// unit length) and per-row cross-entropy, forward and backward (namespace linea::cpu, API in
+// core/kernels.h).
 // Each works on contiguous tensors, one pass (or two) over a row, parallel over rows with
 // OpenMP above a work threshold, and is numerically stable (the row max is subtracted
 // before exp). float32 uses the vectorizable exp of core/cpu/vec_math.h (loops marked
@@ -269,6 +270,42 @@ void layer_norm_backward_impl(const T* pg, const T* px, const T* pw, const T* pm
   }
 }
 
+// x, y [rows, cols]: y = x / max(|x|, eps), a row at a time (|x|^2 clamped at eps^2, then one
+// reciprocal square root).
+template <typename T> void normalize_impl(const T* px, T eps, T* py, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelWork)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* xr = px + i * cols;
+    T* yr = py + i * cols;
+    T sq = 0;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t c = 0; c < cols; ++c) sq += xr[c] * xr[c];
+    const T inv = T(1) / std::sqrt(std::max(sq, eps * eps));
+    for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * inv;
+  }
+}
+
+// dx = inv (g - y (y . g)) with inv = 1 / |x| and y = x inv, or g / eps where the norm was
+// clamped (y = x / eps is linear there).
+template <typename T> void normalize_backward_impl(const T* pg, const T* px, T eps, T* pd, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelWork)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* gr = pg + i * cols;
+    const T* xr = px + i * cols;
+    T* dr = pd + i * cols;
+    T sq = 0, xg = 0;
+#pragma omp simd reduction(+ : sq, xg)
+    for (int64_t c = 0; c < cols; ++c) {
+      sq += xr[c] * xr[c];
+      xg += xr[c] * gr[c];
+    }
+    const bool clamped = sq < eps * eps;
+    const T inv = T(1) / std::sqrt(std::max(sq, eps * eps));
+    const T along = clamped ? T(0) : xg * inv * inv * inv;  // (y . g) inv, as a factor of x
+    for (int64_t c = 0; c < cols; ++c) dr[c] = gr[c] * inv - xr[c] * along;
+  }
+}
+
 // logits [N, C], target [N], loss and lse [N]:
 //   loss_i = lse_i - (1 - s) * x[i, t_i] - s / C * sum_c x[i, c]   (0 where t_i == ignore_index)
 template <typename T>
@@ -378,6 +415,23 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, c
         grad.data<scalar_t>(), x.data<scalar_t>(), w.defined() ? w.data<scalar_t>() : nullptr, mean.data<scalar_t>(),
         rstd.data<scalar_t>(), dx.data<scalar_t>(), dw.defined() ? dw.data<scalar_t>() : nullptr,
         db.defined() ? db.data<scalar_t>() : nullptr, rows, cols);
+  });
+}
+
+// x, out [rows, cols]
+void normalize(const Tensor& x, double eps, const Tensor& out, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "normalize", [&] {
+    normalize_impl<scalar_t>(x.data<scalar_t>(), static_cast<scalar_t>(eps), out.data<scalar_t>(), rows, cols);
+  });
+}
+
+// grad, x, dx [rows, cols]
+void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const Tensor& dx, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "normalize_backward", [&] {
+    normalize_backward_impl<scalar_t>(grad.data<scalar_t>(), x.data<scalar_t>(), static_cast<scalar_t>(eps),
+                                      dx.data<scalar_t>(), rows, cols);
   });
 }
 
