@@ -9,6 +9,7 @@
 //   layer_norm                dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w;
 //                             dw = sum_rows g * xhat, db = sum_rows g
 //   normalize  y = x / |x|    dx = (g - y (y . g)) / |x|; g / eps where |x| < eps (y = x / eps)
+//   sq_norm  y = s |x|^2      dx = 2 s g x   (over the last dim, which y drops)
 //   cross_entropy (per row)   dx = (softmax(x) - (1 - s) onehot(t) - s / C) * g_row, 0 for ignored rows
 //   dropout  y = x * m        dx = g * m, m = bernoulli(1 - p) / (1 - p) drawn per example, again in
 //                             the backward (the same counters) instead of kept
@@ -202,6 +203,14 @@ Tensor normalize(const Tensor& x, double eps) {
   if (!needs_grad({&x})) return y;
   return attach(y, "normalize", {x}, [xd = x.detach(), eps](const Tensor& g) -> std::vector<Tensor> {
     return {raw::normalize_backward(g, xd, eps)};
+  });
+}
+
+Tensor sq_norm(const Tensor& x, double scale) {
+  Tensor y = raw::sq_norm(x, scale);
+  if (!needs_grad({&x})) return y;
+  return attach(y, "sq_norm", {x}, [xd = x.detach(), scale](const Tensor& g) -> std::vector<Tensor> {
+    return {raw::sq_norm_backward(g, xd, scale)};
   });
 }
 

@@ -182,6 +182,9 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const
                                          double eps = 1e-5, double dropout = 0.0);
 // x / max(|x|, eps) over the last dim (F.normalize(x, p=2, dim=-1, eps)): a zero row stays zero.
 Tensor normalize(const Tensor& x, double eps = 1e-12);
+// scale |x|^2 over the last dim, which it drops: x [..., D] -> [...] (one kernel each way instead
+// of square, sum and a scale).
+Tensor sq_norm(const Tensor& x, double scale = 1.0);
 enum class Reduction { None, Mean, Sum };
 // logits [N, C] with target Int64 [N], or [B, L, C] (any leading dims) with target [B, L]
 // (flattened to rows), or [C] with a 0-d target. Rows whose target == ignore_index count

@@ -212,6 +212,11 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   /* its backward from x: dx = (g - y (y . g)) / |x| with y = x / |x|, or g / eps where |x| < eps */                 \
   void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const Tensor& dx, int64_t rows,           \
                           int64_t cols);                                                                             \
+  /* scale |x_r|^2 of each row of x [rows, cols] into out [rows] (cols 0: out 0), and its backward:                  \
+     dx = 2 scale g_r x_r */                                                                                         \
+  void sq_norm(const Tensor& x, double scale, const Tensor& out, int64_t rows, int64_t cols);                        \
+  void sq_norm_backward(const Tensor& grad, const Tensor& x, double scale, const Tensor& dx, int64_t rows,           \
+                        int64_t cols);                                                                               \
   /* per-row loss [N] and logsumexp [N] of logits [N, C], target Int64 [N]; rows whose                               \
      target == ignore_index get loss 0. smoothing: (1-s) * onehot + s / C */                                         \
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,             \

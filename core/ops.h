@@ -85,6 +85,9 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int
 // x / max(|x|, eps) over the last dim (F.normalize, p = 2), and its gradient from x.
 Tensor normalize(const Tensor& x, double eps);
 Tensor normalize_backward(const Tensor& grad, const Tensor& x, double eps);
+// scale |x|^2 over the last dim, which it drops: x [..., D] -> [...]; and its gradient from x.
+Tensor sq_norm(const Tensor& x, double scale);
+Tensor sq_norm_backward(const Tensor& grad, const Tensor& x, double scale);
 // logits [N, C], target Int64 [N] -> {loss per row [N], lse [N]}.
 std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                        double smoothing);

@@ -1,7 +1,7 @@
-// linea::raw matmul and the fused nn ops (softmax, layer_norm, per-row cross-entropy):
-// argument checks that name the op and the offending shapes/dtypes/values, output
-// allocation, the [outer, r, inner] / [rows, cols] views the kernels work on, and dispatch
-// to the CPU or CUDA kernels (core/kernels.h).
+// linea::raw matmul and the fused nn ops (softmax, layer_norm, normalize, sq_norm, per-row
+// cross-entropy): argument checks that name the op and the offending shapes/dtypes/values,
+// output allocation, the [outer, r, inner] / [rows, cols] views the kernels work on, and
+// dispatch to the CPU or CUDA kernels (core/kernels.h).
 // Not here: the kernels themselves (core/cpu/blas.cpp, core/cpu/nn.cpp, cuda/) and autograd
 // (autograd/nn_ops.cpp).
 #include <algorithm>
@@ -358,6 +358,8 @@ std::pair<int64_t, int64_t> normalize_dims(const char* op, const Tensor& x, doub
   check_floating(op, x, "x");
   LINEA_CHECK(x.dim() >= 1, op, ": needs a dim to normalize over, got a tensor of shape ", shape_str(x.shape()));
   LINEA_CHECK(eps > 0 && std::isfinite(eps), op, ": eps must be positive and finite, got ", eps);
+  LINEA_CHECK(x.dtype() != DType::Float32 || static_cast<float>(eps) > 0, op, ": eps ", eps,
+              " rounds to 0 in float32 (a zero row would give 0 / 0)");
   const int64_t cols = x.size(-1);
   return {cols == 0 ? 0 : x.numel() / cols, cols};
 }
@@ -380,6 +382,43 @@ Tensor normalize_backward(const Tensor& grad, const Tensor& x, double eps) {
   Tensor dx = empty(x.shape(), TensorOptions(x.dtype(), x.device()));
   if (dx.numel() > 0)
     LINEA_BACKEND(x.device(), normalize_backward, contiguous(grad), contiguous(x), eps, dx, rows, cols);
+  return dx;
+}
+
+// ---- sq_norm --------------------------------------------------------------------------------
+namespace {
+// Checks x; returns {rows, cols} over x's last dim.
+std::pair<int64_t, int64_t> sq_norm_dims(const char* op, const Tensor& x) {
+  check_defined(op, x, "x");
+  check_floating(op, x, "x");
+  LINEA_CHECK(x.dim() >= 1, op, ": needs a dim to sum over, got a tensor of shape ", shape_str(x.shape()));
+  Shape lead = x.shape();
+  lead.pop_back();
+  return {shape_numel(lead), x.size(-1)};
+}
+}  // namespace
+
+Tensor sq_norm(const Tensor& x, double scale) {
+  const auto [rows, cols] = sq_norm_dims("sq_norm", x);
+  Shape shape = x.shape();
+  shape.pop_back();
+  Tensor out = empty(shape, TensorOptions(x.dtype(), x.device()));
+  if (rows > 0) LINEA_BACKEND(x.device(), sq_norm, contiguous(x), scale, out, rows, cols);
+  return out;
+}
+
+Tensor sq_norm_backward(const Tensor& grad, const Tensor& x, double scale) {
+  const auto [rows, cols] = sq_norm_dims("sq_norm_backward", x);
+  check_defined("sq_norm_backward", grad, "grad");
+  check_same_device("sq_norm_backward", grad, x);
+  check_same_dtype("sq_norm_backward", grad, x);
+  LINEA_CHECK(grad.dim() == x.dim() - 1 && shape_numel(grad.shape()) == rows &&
+                  std::equal(grad.shape().begin(), grad.shape().end(), x.shape().begin()),
+              "sq_norm_backward: grad ", shape_str(grad.shape()), " is not x ", shape_str(x.shape()),
+              " without its last dim");
+  Tensor dx = empty(x.shape(), TensorOptions(x.dtype(), x.device()));
+  if (dx.numel() > 0)
+    LINEA_BACKEND(x.device(), sq_norm_backward, contiguous(grad), contiguous(x), scale, dx, rows, cols);
   return dx;
 }
 

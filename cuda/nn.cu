@@ -1,5 +1,5 @@
-// CUDA kernels of the fused neural-net ops: softmax / log_softmax, layer_norm, normalize and
-// per-row cross-entropy, forward and backward (namespace linea::cuda, contracts in core/kernels.h).
+// CUDA kernels of the fused neural-net ops: softmax / log_softmax, layer_norm, normalize, sq_norm
+// and per-row cross-entropy, forward and backward (namespace linea::cuda, contracts in core/kernels.h).
 // The formulas, their order of operations and the edge cases (an all -inf row, an absent
 // weight or bias, ignored rows) are those of the CPU reference, core/cpu/nn.cpp.
 //
@@ -364,7 +364,8 @@ template <typename T> __global__ void normalize_kernel(const T* x, T eps, int64_
     T sq = 0;
     for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) sq += xr[c] * xr[c];
     sq = warp_sum(sq);
-    const T inv = T(1) / sqrt(sq < eps * eps ? eps * eps : sq);  // a NaN stays
+    const T norm = sqrt(sq);
+    const T inv = T(1) / (norm < eps ? eps : norm);  // a NaN stays
     for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) y[r * cols + c] = xr[c] * inv;
   }
 }
@@ -382,11 +383,34 @@ __global__ void normalize_backward_kernel(const T* g, const T* x, T eps, int64_t
     }
     sq = warp_sum(sq);
     xg = warp_sum(xg);
-    const bool clamped = sq < eps * eps;
-    const T inv = T(1) / sqrt(clamped ? eps * eps : sq);
+    const T norm = sqrt(sq);
+    const bool clamped = norm < eps;
+    const T inv = T(1) / (clamped ? eps : norm);
     const T along = clamped ? T(0) : xg * inv * inv * inv;
     for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) dx[r * cols + c] = gr[c] * inv - xr[c] * along;
   }
+}
+
+// ---- sq_norm -------------------------------------------------------------------------------------
+// x [rows, cols] -> y [rows], a warp per row: y_r = scale |x_r|^2 (the butterfly's sum).
+template <typename T> __global__ void sq_norm_kernel(const T* x, T scale, int64_t rows, int64_t cols, T* y) {
+  const WarpRows w;
+  for (int64_t r = w.first; r < rows; r += w.step) {
+    const T* xr = x + r * cols;
+    T sq = 0;
+    for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) sq += xr[c] * xr[c];
+    sq = warp_sum(sq);
+    if (w.lane == 0) y[r] = scale * sq;
+  }
+}
+
+// dx [rows, cols] = 2 scale g_r x_r, a thread an element.
+template <typename T>
+__global__ void sq_norm_backward_kernel(const T* g, const T* x, T scale, int64_t rows, int64_t cols, T* dx) {
+  const int64_t n = rows * cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dx[e] = 2 * scale * g[e / cols] * x[e];
 }
 
 }  // namespace
@@ -536,6 +560,28 @@ void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const T
     using T = scalar_t;
     normalize_backward_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(
         cptr<T>(grad), cptr<T>(x), static_cast<T>(eps), rows, cols, ptr<T>(dx));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// x [rows, cols], out [rows]
+void sq_norm(const Tensor& x, double scale, const Tensor& out, int64_t rows, int64_t cols) {
+  if (rows == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "sq_norm", [&] {
+    using T = scalar_t;
+    sq_norm_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(cptr<T>(x), static_cast<T>(scale), rows,
+                                                                             cols, ptr<T>(out));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// grad [rows], x and dx [rows, cols]
+void sq_norm_backward(const Tensor& grad, const Tensor& x, double scale, const Tensor& dx, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "sq_norm_backward", [&] {
+    using T = scalar_t;
+    sq_norm_backward_kernel<T><<<grid_for(rows * cols), kBlockSize, 0, stream()>>>(
+        cptr<T>(grad), cptr<T>(x), static_cast<T>(scale), rows, cols, ptr<T>(dx));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

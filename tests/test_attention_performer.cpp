@@ -231,7 +231,10 @@ TEST(PerformerCausal, EqualsMaskedQuadraticForEveryChunkLength) {
     for (int64_t chunk : {1, 3, 7, 10}) {
       Tensor w;
       auto p = performer64(H, D, S, kind, chunk, &w);
-      EXPECT_TRUE(all_close(p->forward(q, k, v, o), reference(q, k, v, w, kind, true), 1e-12, 1e-12))
+      // trf's features are signed: at S = 5 some denominators nearly cancel (outputs near -1600 from
+      // inputs near 1), and the order |k|^2 is summed in moves the 12th digit there.
+      const double tol = kind == FeatureMap::Trf ? 1e-10 : 1e-12;
+      EXPECT_TRUE(all_close(p->forward(q, k, v, o), reference(q, k, v, w, kind, true), tol, tol))
           << attn::feature_map_name(kind) << " chunk " << chunk;
     }
   // Padded and causal; and M != N both ways (keys m <= n only).

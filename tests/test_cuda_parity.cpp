@@ -1729,6 +1729,35 @@ TEST(CudaParity, Normalize) {
                   {rnd({7, 5}, dt)});
 }
 
+// sq_norm, kernel against kernel into poisoned outputs: a warp per row forward (rows past a block's
+// 8 warps, rows longer than 32 lanes and not a multiple of them, one column, no columns), a thread
+// an element backward; then through autograd on a transposed input.
+TEST(CudaParity, SqNorm) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(9);
+  struct Case {
+    int64_t rows, cols;
+    double scale;
+  };
+  const std::vector<Case> cases = {{301, 20, 1.0}, {21, 1000, -0.5}, {5, 1, 2.0}, {9, 33, 0.5}, {4, 0, 1.0}};
+  for (DType dt : kFloatTypes)
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag(std::to_string(c.rows) + " x " + std::to_string(c.cols), dt));
+      const Tensor x = rnd({c.rows, c.cols}, dt), g = rnd({c.rows}, dt);
+      Tensor y = empty({c.rows}, TensorOptions(dt)), dx = empty(x.shape(), TensorOptions(dt));
+      cpu::sq_norm(x, c.scale, y, c.rows, c.cols);
+      cpu::sq_norm_backward(g, x, c.scale, dx, c.rows, c.cols);
+      Tensor y_d = poisoned(y.shape(), dt), dx_d = poisoned(x.shape(), dt);
+      LINEA_BACKEND(kCuda, sq_norm, x.to(kCuda), c.scale, y_d, c.rows, c.cols);
+      LINEA_BACKEND(kCuda, sq_norm_backward, g.to(kCuda), x.to(kCuda), c.scale, dx_d, c.rows, c.cols);
+      EXPECT_TRUE(matches(y_d, y, 1.0, "y"));
+      EXPECT_TRUE(matches(dx_d, dx, 1.0, "dx"));
+    }
+  for (DType dt : kFloatTypes)
+    expect_parity(tag("autograd, transposed", dt), [](const std::vector<Tensor>& v) { return sq_norm(v[0].t(), -0.5); },
+                  {rnd({7, 5}, dt)});
+}
+
 TEST(CudaParity, CrossEntropy) {
   LINEA_REQUIRE_CUDA();
   manual_seed(9);

@@ -167,6 +167,15 @@ TEST(GradCheck, Normalize) {
   EXPECT_GRADCHECK(clamped, {cat({mul(randn64({2, 3}), 0.2), mul(randn64({2, 3}), 20.0)}, 0)});
 }
 
+TEST(GradCheck, SqNorm) {
+  manual_seed(11);
+  const Fn plain = [](const std::vector<Tensor>& x) { return sq_norm(x[0]); };
+  EXPECT_GRADCHECK(plain, {randn64({4, 6})});
+  const Fn half = [](const std::vector<Tensor>& x) { return sq_norm(x[0], -0.5); };
+  EXPECT_GRADCHECK(half, {randn64_transposed({2, 3, 5})});
+  EXPECT_GRADCHECK(half, {randn64({7})});
+}
+
 TEST(GradCheck, CrossEntropy) {
   manual_seed(9);
   const Tensor target = tensor<int64_t>({2, -100, 0, 3, 1}, {5});

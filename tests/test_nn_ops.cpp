@@ -328,6 +328,44 @@ TEST(Normalize, MatchesComposedKeepsZeroRowsAndChecksInputs) {
   EXPECT_LINEA_ERROR(normalize(zeros({2, 3}, TensorOptions(DType::Int64))), "normalize");
   EXPECT_LINEA_ERROR(normalize(randn({})), "normalize: needs a dim to normalize over, got a tensor of shape []");
   EXPECT_LINEA_ERROR(normalize(randn({2, 3}), 0.0), "normalize: eps must be positive and finite, got 0");
+  // float32 with an eps whose square underflows (1e-60): the norm is clamped, not its square, so a
+  // zero row stays zero (not 0 / 0) forward and backward; an eps that is itself 0 in float32 is refused.
+  Tensor z = zeros({2, 3}).requires_grad_(true);
+  const Tensor yz = normalize(z, 1e-30);
+  EXPECT_TRUE(all_close(yz, zeros({2, 3}), 0, 0));
+  yz.backward(ones({2, 3}));
+  EXPECT_TRUE(all_close(z.grad(), full({2, 3}, 1e30), 0, 1e-6));
+  EXPECT_LINEA_ERROR(normalize(randn({2, 3}), 1e-50), "normalize: eps 1e-50 rounds to 0 in float32");
+}
+
+// ---- sq_norm -----------------------------------------------------------------------------------
+
+TEST(SqNorm, MatchesComposedAndChecksInputs) {
+  manual_seed(19);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{5, 8}, {700, 96}, {3, 1}}) {
+    const Tensor x = mul(randn({2, rows, cols}, f64()), 3.0);
+    for (double s : {1.0, -0.5}) {
+      const Tensor y = sq_norm(x, s);
+      EXPECT_EQ(y.shape(), (Shape{2, rows}));
+      EXPECT_TRUE(all_close(y, mul(sum(square(x), {-1}), s), 1e-13, 1e-13));
+      // float32 on a transposed view
+      const Tensor x32 = x.to(DType::Float32).transpose(0, 1).contiguous().transpose(0, 1);
+      EXPECT_TRUE(all_close(sq_norm(x32, s), mul(sum(square(x), {-1}), s).to(DType::Float32), 1e-4, 1e-5));
+      // the gradient against the composed one's
+      Tensor a = x.detach().requires_grad_(true), b = x.detach().requires_grad_(true);
+      const Tensor g = randn({2, rows}, f64());
+      sq_norm(a, s).backward(g);
+      mul(sum(square(b), {-1}), s).backward(g);
+      EXPECT_TRUE(all_close(a.grad(), b.grad(), 1e-13, 1e-13));
+    }
+  }
+  // A row of no columns sums to 0; a vector to a 0-d tensor.
+  EXPECT_TRUE(all_close(sq_norm(randn({3, 0})), zeros({3}), 0, 0));
+  EXPECT_TRUE(all_close(sq_norm(full({4}, 2.0), 0.5), full({}, 8.0), 0, 0));
+  EXPECT_LINEA_ERROR(sq_norm(zeros({2, 3}, TensorOptions(DType::Int64))), "sq_norm");
+  EXPECT_LINEA_ERROR(sq_norm(randn({})), "sq_norm: needs a dim to sum over, got a tensor of shape []");
+  EXPECT_LINEA_ERROR(raw::sq_norm_backward(randn({3}), randn({2, 3}), 1.0),
+                     "sq_norm_backward: grad [3] is not x [2, 3] without its last dim");
 }
 
 // ---- cross-entropy -----------------------------------------------------------------------------

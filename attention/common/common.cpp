@@ -10,11 +10,9 @@ double scale_of(int64_t head_dim) { return std::pow(static_cast<double>(head_dim
 
 Tensor scaled(const Tensor& x) { return mul(x, scale_of(x.size(-1))); }
 
-Tensor sq_norm(const Tensor& x) { return sum(square(x), {-1}, /*keepdim=*/true); }
-
 Tensor log_xi(const Tensor& w, const Tensor& x) {
   // [..., P, M] = w x^T - (|x|^2 / 2)^T ; x^T is a view, no copy.
-  return sub(matmul(w, transpose(x, -2, -1)), mul(transpose(sq_norm(x), -2, -1), 0.5));
+  return sub(matmul(w, transpose(x, -2, -1)), unsqueeze(sq_norm(x, 0.5), -2));
 }
 
 Tensor masked_logsumexp(const Tensor& logits, const Tensor& hidden, int64_t dim, bool keepdim) {

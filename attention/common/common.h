@@ -20,9 +20,6 @@ double scale_of(int64_t head_dim);
 // log xi(x_m, w_p) for every pair: w [..., P, D], x [..., M, D] -> [..., P, M] = w x^T - |x|^2/2.
 Tensor log_xi(const Tensor& w, const Tensor& x);
 
-// Squared norm over the last dim, kept: x [..., D] -> [..., 1].
-Tensor sq_norm(const Tensor& x);
-
 // logsumexp over `dim` leaving out entries where `hidden` (Bool, broadcast) is true; a slice with
 // every entry hidden gives the dtype's lowest finite value (so exp() of it is 0), not -inf/NaN.
 Tensor masked_logsumexp(const Tensor& logits, const Tensor& hidden, int64_t dim, bool keepdim);

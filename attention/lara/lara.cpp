@@ -111,7 +111,7 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
 
   // l_cc' = log xi(mu_c', w_c) [B, H, C, C]; its diagonal l_cc [B, H, C] computed directly.
   Tensor l = log_xi(w, mu);
-  Tensor l_diag = sub(sum(mul(w, mu), {-1}), mul(sum(square(mu), {-1}), 0.5));
+  Tensor l_diag = sub(sum(mul(w, mu), {-1}), sq_norm(mu, 0.5));
   // exp(l_cc - logsumexp_c' l_cc') [B, H, C]: the balance heuristic's proposal weight.
   Tensor self_w = exp(sub(l_diag, logsumexp(l, {-1})));
 
@@ -122,8 +122,8 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   Parts parts;
   Tensor lse_k;
   if (v.defined()) {
-    std::tie(parts.f, lse_k) = scaled_dot_product_attention_lse(w, ks, v, 1.0, false, 0, key_padding_bool(opts),
-                                                                mul(squeeze(sq_norm(ks), -1), -0.5));
+    std::tie(parts.f, lse_k) =
+        scaled_dot_product_attention_lse(w, ks, v, 1.0, false, 0, key_padding_bool(opts), sq_norm(ks, -0.5));
     if (pad.defined()) lse_k = clamp(lse_k, 0.5 * dtype_lowest(q.dtype()), INFINITY);
   } else {
     Tensor lk = log_xi(w, ks);  // [B, H, C, M], padded keys -inf

@@ -86,11 +86,11 @@ Tensor performer_features(const Tensor& x, const Tensor& omega, FeatureMap kind)
   Tensor wx = projections(x, omega);  // [B, H, L, S]
   switch (kind) {
     case FeatureMap::Softmax:  // exp(W x - |x|^2/2) / sqrt(S)
-      return mul(exp(sub(wx, mul(sq_norm(x), 0.5))), inv_sqrt_s);
+      return mul(exp(sub(wx, unsqueeze(sq_norm(x, 0.5), -1))), inv_sqrt_s);
     case FeatureMap::Relu:  // relu(W x) + 1e-3
       return add(relu(wx), kReluFloor);
     case FeatureMap::Trf:  // exp(|x|^2/2) [sin(W x), cos(W x)] / sqrt(S)
-      return mul(cat({sin(wx), cos(wx)}, -1), mul(exp(mul(sq_norm(x), 0.5)), inv_sqrt_s));
+      return mul(cat({sin(wx), cos(wx)}, -1), mul(exp(unsqueeze(sq_norm(x, 0.5), -1)), inv_sqrt_s));
   }
   LINEA_FAIL("performer_features: bad feature map");
 }
@@ -155,12 +155,12 @@ PerformerAttention::KeyParts PerformerAttention::key_parts(const Tensor& k, cons
   const Tensor ks = scaled(k);
   switch (feature_map_) {
     case FeatureMap::Softmax:
-      return {projections(ks, omega) - sq_norm(ks) * 0.5, Tensor()};  // log phi [B, H, M, S]
+      return {projections(ks, omega) - unsqueeze(sq_norm(ks, 0.5), -1), Tensor()};  // log phi [B, H, M, S]
     case FeatureMap::Relu:
       return {Tensor(), relu(projections(ks, omega)) + kReluFloor};
     case FeatureMap::Trf: {
       Tensor wk = projections(ks, omega);
-      return {sq_norm(ks) * 0.5, cat({sin(wk), cos(wk)}, -1)};  // exp(|k~|^2/2) [sin, cos]
+      return {unsqueeze(sq_norm(ks, 0.5), -1), cat({sin(wk), cos(wk)}, -1)};  // exp(|k~|^2/2) [sin, cos]
     }
   }
   LINEA_FAIL("performer: bad feature map");

@@ -81,10 +81,10 @@ Tensor RandomizedAttention::weights(const Samples& d, const AttentionOptions& op
 Tensor RandomizedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   check_attention_inputs("ra", q, k, v, opts);
   const Samples d = draw(q, k, opts, "ra");
-  const int64_t B = d.w.size(0), H = d.w.size(1), N = d.w.size(2), Sw = d.w.size(3), D = d.w.size(4), M = d.ks.size(2);
+  const int64_t B = d.w.size(0), H = d.w.size(1), N = d.w.size(2), Sw = d.w.size(3), D = d.w.size(4);
   // (1/Sw) sum_s softmax_m(w_ns.k~_m - |k~_m|^2/2) v_m: the fused attention over the N Sw rows
   // w_ns, xi's key term as a per-key bias; no [N, Sw, M] weights are kept.
-  const Tensor bias = mul(reshape(sq_norm(d.ks), {B, H, M}), -0.5);
+  const Tensor bias = sq_norm(d.ks, -0.5);  // [B, H, M]
   const Tensor out = scaled_dot_product_attention(reshape(d.w, {B, H, N * Sw, D}), d.ks, v, 1.0, false, 0,
                                                   key_padding_bool(opts), false, 0.0, bias);
   return mean(reshape(out, {B, H, N, Sw, v.size(3)}), {3});  // [B, H, N, Dv]

@@ -1,6 +1,6 @@
 // CPU kernels of the fused neural-net ops: softmax / log_softmax, layer_norm, normalize (rows to
-// unit length) and per-row cross-entropy, forward and backward (namespace linea::cpu, API in
-// core/kernels.h).
+// unit length), sq_norm (a row's squared length) and per-row cross-entropy, forward and backward
+// (namespace linea::cpu, API in core/kernels.h).
 // Each works on contiguous tensors, one pass (or two) over a row, parallel over rows with
 // OpenMP above a work threshold, and is numerically stable (the row max is subtracted
 // before exp). float32 uses the vectorizable exp of core/cpu/vec_math.h (loops marked
@@ -270,8 +270,8 @@ void layer_norm_backward_impl(const T* pg, const T* px, const T* pw, const T* pm
   }
 }
 
-// x, y [rows, cols]: y = x / max(|x|, eps), a row at a time (|x|^2 clamped at eps^2, then one
-// reciprocal square root).
+// x, y [rows, cols]: y = x / max(|x|, eps), a row at a time (the norm clamped, not its square:
+// eps^2 can underflow where eps does not).
 template <typename T> void normalize_impl(const T* px, T eps, T* py, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelWork)
   for (int64_t i = 0; i < rows; ++i) {
@@ -280,7 +280,7 @@ template <typename T> void normalize_impl(const T* px, T eps, T* py, int64_t row
     T sq = 0;
 #pragma omp simd reduction(+ : sq)
     for (int64_t c = 0; c < cols; ++c) sq += xr[c] * xr[c];
-    const T inv = T(1) / std::sqrt(std::max(sq, eps * eps));
+    const T inv = T(1) / std::max(std::sqrt(sq), eps);  // a NaN stays
     for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * inv;
   }
 }
@@ -299,10 +299,35 @@ template <typename T> void normalize_backward_impl(const T* pg, const T* px, T e
       sq += xr[c] * xr[c];
       xg += xr[c] * gr[c];
     }
-    const bool clamped = sq < eps * eps;
-    const T inv = T(1) / std::sqrt(std::max(sq, eps * eps));
+    const T norm = std::sqrt(sq);
+    const bool clamped = norm < eps;
+    const T inv = T(1) / (clamped ? eps : norm);
     const T along = clamped ? T(0) : xg * inv * inv * inv;  // (y . g) inv, as a factor of x
     for (int64_t c = 0; c < cols; ++c) dr[c] = gr[c] * inv - xr[c] * along;
+  }
+}
+
+// x [rows, cols], y [rows]: y_r = scale |x_r|^2.
+template <typename T> void sq_norm_impl(const T* px, T scale, T* py, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelWork)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* xr = px + i * cols;
+    T sq = 0;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t c = 0; c < cols; ++c) sq += xr[c] * xr[c];
+    py[i] = scale * sq;
+  }
+}
+
+// dx_r = (2 scale g_r) x_r
+template <typename T> void sq_norm_backward_impl(const T* pg, const T* px, T scale, T* pd, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelWork)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T f = 2 * scale * pg[i];
+    const T* xr = px + i * cols;
+    T* dr = pd + i * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) dr[c] = f * xr[c];
   }
 }
 
@@ -432,6 +457,23 @@ void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const T
   LINEA_DISPATCH_FLOAT(x.dtype(), "normalize_backward", [&] {
     normalize_backward_impl<scalar_t>(grad.data<scalar_t>(), x.data<scalar_t>(), static_cast<scalar_t>(eps),
                                       dx.data<scalar_t>(), rows, cols);
+  });
+}
+
+// x [rows, cols], out [rows]
+void sq_norm(const Tensor& x, double scale, const Tensor& out, int64_t rows, int64_t cols) {
+  if (rows == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "sq_norm", [&] {
+    sq_norm_impl<scalar_t>(x.data<scalar_t>(), static_cast<scalar_t>(scale), out.data<scalar_t>(), rows, cols);
+  });
+}
+
+// grad [rows], x and dx [rows, cols]
+void sq_norm_backward(const Tensor& grad, const Tensor& x, double scale, const Tensor& dx, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "sq_norm_backward", [&] {
+    sq_norm_backward_impl<scalar_t>(grad.data<scalar_t>(), x.data<scalar_t>(), static_cast<scalar_t>(scale),
+                                    dx.data<scalar_t>(), rows, cols);
   });
 }
 
