@@ -19,22 +19,28 @@ namespace detail {
 
 struct Node;
 
-// Where an input's gradient goes: an interior node, a leaf's accumulator, or nowhere.
+// Where an input's gradient goes: an interior node (to its output `output`), a leaf's
+// accumulator, or nowhere.
 struct Edge {
   std::shared_ptr<Node> node;
   std::shared_ptr<AutogradMeta> leaf;
+  int output = 0;
   bool active() const { return node || leaf; }
 };
 
 // One gradient per input, in input order; undefined = zero / not needed.
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+// The same for a node of several outputs: their gradients in output order, undefined where an
+// output got none (at least one is defined).
+using MultiBackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
 
 struct Node {
   const char* name = "";
   std::vector<Edge> next;           // one per input
   std::vector<Shape> input_shapes;  // checked against the returned gradients
-  BackwardFn backward;              // empty once released
-  Shape out_shape;
+  BackwardFn backward;              // a node of one output; empty once released
+  MultiBackwardFn multi_backward;   // a node of several (attach_outputs); empty once released
+  int outputs = 1;
   // Storage versions of the inputs and the output when recorded. An in-place write to any of
   // them before this node's backward runs is an error (checked conservatively: whether or not
   // the backward reads that tensor).
@@ -45,6 +51,7 @@ struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;                    // leaves only
   std::shared_ptr<Node> grad_fn;  // interior tensors only
+  int output = 0;                 // which of grad_fn's outputs this tensor is
   std::function<void()> grad_ready;  // leaves only: set_grad_ready_hook
 };
 
@@ -76,6 +83,12 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // Makes `out` (a fresh result, not an input's handle) the output of a node named `name`
 // with the given inputs and backward. Returns out.
 Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, detail::BackwardFn backward);
+// The same for an op of several outputs (fused kernels that hand out two results, each of which
+// may or may not get a gradient): one node whose backward runs once with all the outputs'
+// gradients, instead of a packed output handed out as views (a copy forward, a zero-filled
+// gradient per view backward). Returns outs.
+std::vector<Tensor> attach_outputs(std::vector<Tensor> outs, const char* name, const std::vector<Tensor>& inputs,
+                                   detail::MultiBackwardFn backward);
 
 // Computes gradients of `outputs` (weighted by `grad_outputs`) into the .grad of leaves.
 // A leaf's grad-ready hook runs as soon as its gradient of this backward is complete.

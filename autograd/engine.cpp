@@ -132,34 +132,71 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, detail::BackwardFn backward) {
-  // An op may hand back one of its inputs' storage (contiguous() of a contiguous tensor):
-  // give the output its own handle so the input's graph state is untouched.
-  for (const Tensor& in : inputs)
-    if (in.defined() && in.same(out)) out = out.detach();
+namespace {
+// A node named `name` with an edge per input (to the node that made it, or its leaf accumulator,
+// or none), recording the inputs' storage versions.
+std::shared_ptr<detail::Node> make_node(const char* name, const std::vector<Tensor>& inputs) {
   std::shared_ptr<detail::Node> node(new detail::Node, NodeDeleter{});
   node->name = name;
-  node->backward = std::move(backward);
-  node->out_shape = out.shape();
   node->next.reserve(inputs.size());
   node->input_shapes.reserve(inputs.size());
   for (const Tensor& in : inputs) {
     detail::Edge e;
     if (in.defined() && in.requires_grad()) {
       auto& m = in.impl().autograd;
-      if (m->grad_fn)
+      if (m->grad_fn) {
         e.node = m->grad_fn;
-      else
+        e.output = m->output;
+      } else {
         e.leaf = m;
+      }
     }
     node->next.push_back(std::move(e));
     node->input_shapes.push_back(in.defined() ? in.shape() : Shape{});
     if (in.defined()) node->versions.emplace_back(in.impl().storage, in.impl().storage->version);
   }
+  return node;
+}
+
+// An op may hand back one of its inputs' storage (contiguous() of a contiguous tensor): give the
+// output its own handle so the input's graph state is untouched.
+Tensor own_handle(const Tensor& out, const std::vector<Tensor>& inputs) {
+  for (const Tensor& in : inputs)
+    if (in.defined() && in.same(out)) return out.detach();
+  return out;
+}
+
+// Makes out output i of node.
+void set_output(const std::shared_ptr<detail::Node>& node, Tensor& out, int i) {
   node->versions.emplace_back(out.impl().storage, out.impl().storage->version);
   auto& m = meta_of(out);
-  m.grad_fn = std::move(node);
+  m.grad_fn = node;
+  m.output = i;
+}
+}  // namespace
+
+Tensor attach(Tensor out, const char* name, const std::vector<Tensor>& inputs, detail::BackwardFn backward) {
+  out = own_handle(out, inputs);
+  std::shared_ptr<detail::Node> node = make_node(name, inputs);
+  node->backward = std::move(backward);
+  set_output(node, out, 0);
   return out;
+}
+
+std::vector<Tensor> attach_outputs(std::vector<Tensor> outs, const char* name, const std::vector<Tensor>& inputs,
+                                   detail::MultiBackwardFn backward) {
+  LINEA_CHECK(!outs.empty(), "attach_outputs: ", name, " has no outputs");
+  std::shared_ptr<detail::Node> node = make_node(name, inputs);
+  node->multi_backward = std::move(backward);
+  node->outputs = static_cast<int>(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    LINEA_CHECK(outs[i].defined(), "attach_outputs: ", name, "'s output ", i, " is undefined");
+    outs[i] = own_handle(outs[i], inputs);
+    for (size_t j = 0; j < i; ++j)  // the same handle twice: each output its own
+      if (outs[j].same(outs[i])) outs[i] = outs[i].detach();
+    set_output(node, outs[i], static_cast<int>(i));
+  }
+  return outs;
 }
 
 // ---- backward --------------------------------------------------------------------------------
@@ -206,14 +243,8 @@ class BackwardPass {
         accumulate_leaf(m, g);
         continue;
       }
-      NodePtr n = m.grad_fn.get();
-      auto it = pending_.find(n);
-      if (it == pending_.end()) {
-        pending_[n] = g;
-        roots_.push_back(m.grad_fn);
-      } else {
-        it->second = raw::binary(BinaryOp::Add, it->second, g);
-      }
+      if (!pending_.count(m.grad_fn.get())) roots_.push_back(m.grad_fn);
+      add_pending(m.grad_fn.get(), m.output, g);
     }
   }
 
@@ -245,7 +276,7 @@ class BackwardPass {
     while (!ready_.empty()) {
       NodePtr n = ready_.back();
       ready_.pop_back();
-      Tensor g = std::move(pending_[n]);
+      std::vector<Tensor> g = std::move(pending_[n]);
       pending_.erase(n);
       std::vector<Tensor> grads = call_backward(*n, g);
       for (size_t i = 0; i < grads.size(); ++i) deliver(*n, i, grads[i]);
@@ -253,10 +284,29 @@ class BackwardPass {
   }
 
  private:
-  // Runs n's backward on its summed output gradient g (after checking that it still can and that
+  // Output `output` of n gets gradient g: summed into what it has (the engine's one add per
+  // tensor used twice).
+  void add_pending(NodePtr n, int output, const Tensor& g) {
+    std::vector<Tensor>& waiting = pending_[n];
+    if (waiting.empty()) waiting.resize(static_cast<size_t>(n->outputs));
+    Tensor& sum = waiting[static_cast<size_t>(output)];
+    sum = sum.defined() ? raw::binary(BinaryOp::Add, sum, g) : g;
+  }
+
+  // Whether some output of n has a gradient waiting.
+  bool has_gradient(NodePtr n) const {
+    auto it = pending_.find(n);
+    if (it == pending_.end()) return false;
+    for (const Tensor& g : it->second)
+      if (g.defined()) return true;
+    return false;
+  }
+
+  // Runs n's backward on its summed output gradients g (after checking that it still can and that
   // nothing it recorded was modified in place), then frees its saved tensors unless retain_graph.
-  std::vector<Tensor> call_backward(detail::Node& n, const Tensor& g) {
-    LINEA_CHECK(n.backward != nullptr, "backward: trying to backward through the graph a second time (at ", n.name,
+  std::vector<Tensor> call_backward(detail::Node& n, const std::vector<Tensor>& g) {
+    LINEA_CHECK(n.backward != nullptr || n.multi_backward != nullptr,
+                "backward: trying to backward through the graph a second time (at ", n.name,
                 "); its saved tensors were freed. Pass retain_graph = true to the first backward");
     for (const auto& [storage, version] : n.versions) {
       auto st = storage.lock();
@@ -264,8 +314,11 @@ class BackwardPass {
                   " was modified by an in-place operation after ", n.name, " recorded it (storage version ",
                   st ? st->version : 0, ", expected ", version, "); write into a clone instead");
     }
-    std::vector<Tensor> grads = n.backward(g);
-    if (!retain_graph_) n.backward = nullptr;  // frees the saved tensors
+    std::vector<Tensor> grads = n.multi_backward ? n.multi_backward(g) : n.backward(g[0]);
+    if (!retain_graph_) {  // frees the saved tensors
+      n.backward = nullptr;
+      n.multi_backward = nullptr;
+    }
     LINEA_CHECK(grads.size() == n.next.size(), "backward: ", n.name, " returned ", grads.size(), " gradients for ",
                 n.next.size(), " inputs");
     return grads;
@@ -279,14 +332,10 @@ class BackwardPass {
       // A consumer that yields no gradient still counts as delivered.
       if (gi.defined()) {
         check_shape(n, i, gi);
-        auto it = pending_.find(e.node.get());
-        if (it == pending_.end() || !it->second.defined())
-          pending_[e.node.get()] = gi;
-        else
-          it->second = raw::binary(BinaryOp::Add, it->second, gi);
+        add_pending(e.node.get(), e.output, gi);
       }
       if (--deps_[e.node.get()] == 0) {
-        if (pending_[e.node.get()].defined())
+        if (has_gradient(e.node.get()))
           ready_.push_back(e.node.get());
         else
           skip_without_gradient(e.node.get());
@@ -316,7 +365,7 @@ class BackwardPass {
       for (auto& qe : q->next) {
         if (qe.leaf) leaf_delivered(qe.leaf.get());
         if (qe.node && --deps_[qe.node.get()] == 0) {
-          if (pending_.count(qe.node.get()) && pending_[qe.node.get()].defined())
+          if (has_gradient(qe.node.get()))
             ready_.push_back(qe.node.get());
           else
             quiet.push_back(qe.node.get());
@@ -333,7 +382,8 @@ class BackwardPass {
   }
 
   const bool retain_graph_;
-  std::unordered_map<NodePtr, Tensor> pending_;  // summed gradients of the nodes yet to run
+  std::unordered_map<NodePtr, std::vector<Tensor>>
+      pending_;                                  // summed gradients of the nodes yet to run, an output each
   std::unordered_map<NodePtr, int> deps_;        // edges into each node yet to deliver
   std::unordered_map<detail::AutogradMeta*, int> leaf_deps_;
   std::vector<std::shared_ptr<detail::Node>> roots_;

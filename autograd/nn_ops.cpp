@@ -231,27 +231,25 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const
   }
   // {sum [x's shape], out [x's shape], mean [rows], rstd [rows]}: one kernel on CUDA
   std::vector<Tensor> f = raw::add_layer_norm(x, r, fd, nd, weight, bias, eps);
-  Tensor sum = f[0];
-  if (needs_grad({&x, &r}))  // the sum's node: its gradient goes to x unchanged, to r through the dropout
-    sum = attach(sum, "add", {x, r}, [dropout, d](const Tensor& g) -> std::vector<Tensor> {
-      return {g, dropout > 0 ? dropout_rows(g, dropout, d) : g};
-    });
-  std::vector<Tensor> inputs{sum};
+  std::vector<Tensor> inputs{x, r};
   if (weight.defined()) inputs.push_back(weight);
   if (bias.defined()) inputs.push_back(bias);
-  if (!needs_grad(inputs)) return {sum, f[1]};
-  const Tensor wd = weight.defined() ? weight.detach() : Tensor();
-  const Tensor bd = bias.defined() ? bias.detach() : Tensor();
-  Tensor out =
-      attach(f[1], "layer_norm", inputs,
-             [sd = sum.detach(), wd, bd, mean = f[2], rstd = f[3], nd](const Tensor& g) -> std::vector<Tensor> {
-               std::vector<Tensor> d = raw::layer_norm_backward(g, sd, nd, wd, bd, mean, rstd);
-               std::vector<Tensor> grads{d[0]};
-               if (wd.defined()) grads.push_back(d[1]);
-               if (bd.defined()) grads.push_back(d[2]);
-               return grads;
-             });
-  return {sum, out};
+  if (!needs_grad(inputs)) return {f[0], f[1]};
+  // One node for both outputs: the sum's own gradient (from the next residual) is added in the
+  // norm's backward kernel, which also writes r's through the dropout (one launch, where the norm's
+  // backward, the engine's sum of the two and the dropout took three).
+  std::vector<Tensor> outs =
+      attach_outputs({f[0], f[1]}, "add_layer_norm", inputs,
+                     [sd = f[0].detach(), wd = weight.defined() ? weight.detach() : Tensor(),
+                      bd = bias.defined() ? bias.detach() : Tensor(), mean = f[2], rstd = f[3], nd,
+                      fd](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                       std::vector<Tensor> d = raw::add_layer_norm_backward(g[1], g[0], sd, nd, wd, bd, mean, rstd, fd);
+                       std::vector<Tensor> grads{d[0], d[1].defined() ? d[1] : d[0]};  // x's, r's
+                       if (wd.defined()) grads.push_back(d[2]);
+                       if (bd.defined()) grads.push_back(d[3]);
+                       return grads;
+                     });
+  return {outs[0], outs[1]};
 }
 
 // ---- cross-entropy ------------------------------------------------------------------------------
@@ -396,22 +394,18 @@ std::pair<Tensor, Tensor> scaled_dot_product_attention_lse(const Tensor& q, cons
   const SdpaOperands o = sdpa_operands(q, k, v, key_padding, key_bias);
   std::vector<Tensor> r = raw::sdpa(o.q, o.k, o.v, scale, causal, query_offset, o.pad, false, FoldedDropout(), o.bias);
   if (!needs_grad(o.inputs)) return {r[0], r[1]};
-  // One node for both: [out | lse] [B, H, N, E + 1] (as linear attention's kvz is [KV | z]), the
-  // two handed out as views, whose gradients the engine gathers into one for the backward.
-  const int64_t E = v.size(3);
-  const Tensor packed = raw::cat({r[0], raw::unsqueeze(r[1], 3)}, 3);
-  Tensor both = attach(packed, "scaled_dot_product_attention_lse", o.inputs,
-                       [qc = o.q, kc = o.k, vc = o.v, bc = o.bias, out = raw::narrow(packed.detach(), 3, 0, E),
-                        lse = r[1], E, scale, causal, query_offset,
-                        pad = o.pad](const Tensor& g) -> std::vector<Tensor> {
-                         const Tensor dlse = raw::squeeze(raw::contiguous(raw::narrow(g, 3, E, 1)), 3);
-                         std::vector<Tensor> d =
-                             raw::sdpa_backward(raw::narrow(g, 3, 0, E), qc, kc, vc, out, lse, scale, causal,
-                                                query_offset, pad, Tensor(), FoldedDropout(), bc, dlse);
-                         if (!bc.defined()) d.pop_back();  // {dq, dk, dv}
-                         return d;
-                       });
-  return {narrow(both, 3, 0, E), squeeze(narrow(both, 3, E, 1), 3)};
+  // One node for both outputs: its backward gets out's gradient and lse's (either may be absent).
+  std::vector<Tensor> outs = attach_outputs(
+      {r[0], r[1]}, "scaled_dot_product_attention_lse", o.inputs,
+      [qc = o.q, kc = o.k, vc = o.v, bc = o.bias, out = r[0].detach(), lse = r[1].detach(), scale, causal, query_offset,
+       pad = o.pad](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+        const Tensor gout = g[0].defined() ? g[0] : zeros_like(out);
+        std::vector<Tensor> d = raw::sdpa_backward(gout, qc, kc, vc, out, lse, scale, causal, query_offset, pad,
+                                                   Tensor(), FoldedDropout(), bc, g[1]);
+        if (!bc.defined()) d.pop_back();  // {dq, dk, dv}
+        return d;
+      });
+  return {outs[0], outs[1]};
 }
 
 Tensor sample_attention_keys(const Tensor& q, const Tensor& k, const Tensor& u, double scale,

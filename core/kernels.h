@@ -207,6 +207,11 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean,                 \
                            const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows,   \
                            int64_t cols);                                                                            \
+  /* add_layer_norm's backward: dx = layer_norm_backward(grad) + grad_sum (the sum's own gradient; undefined: */  \
+  /* none), then dr = dx through the residual's dropout (drop.p > 0; else dr undefined: r's gradient is dx) */       \
+  void add_layer_norm_backward(const Tensor& grad, const Tensor& grad_sum, const Tensor& x, const Tensor& w,         \
+                               const Tensor& mean, const Tensor& rstd, const FoldedDropout& drop, const Tensor& dx,  \
+                               const Tensor& dr, const Tensor& dw, const Tensor& db, int64_t rows, int64_t cols);    \
   /* rows of x [rows, cols] to unit length: out = x / max(|x|, eps) (F.normalize over the last dim) */               \
   void normalize(const Tensor& x, double eps, const Tensor& out, int64_t rows, int64_t cols);                        \
   /* its backward from x: dx = (g - y (y . g)) / |x| with y = x / |x|, or g / eps where |x| < eps */                 \

@@ -82,6 +82,12 @@ std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Folde
 // Returns {dx, dw, db} (dw/db undefined when w/b are).
 std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim, const Tensor& w,
                                         const Tensor& b, const Tensor& mean, const Tensor& rstd);
+// add_layer_norm's backward, one kernel on CUDA: dx = the norm's backward of grad (undefined: none)
+// plus grad_sum, the sum's own gradient (undefined: none); dr = dx through the residual's dropout
+// (undefined when dropout.p == 0: r's gradient is dx). Returns {dx, dr, dw, db}.
+std::vector<Tensor> add_layer_norm_backward(const Tensor& grad, const Tensor& grad_sum, const Tensor& sum,
+                                            int64_t normalized_ndim, const Tensor& w, const Tensor& b,
+                                            const Tensor& mean, const Tensor& rstd, const FoldedDropout& dropout);
 // x / max(|x|, eps) over the last dim (F.normalize, p = 2), and its gradient from x.
 Tensor normalize(const Tensor& x, double eps);
 Tensor normalize_backward(const Tensor& grad, const Tensor& x, double eps);

@@ -12,6 +12,7 @@
 
 #include "core/dispatch.h"
 #include "core/ops.h"
+#include "core/random.h"
 
 namespace linea::raw {
 
@@ -322,17 +323,32 @@ std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Folde
   return {sum, out, mean, rstd};
 }
 
+namespace {
+// A gradient `what` of x's shape, device and dtype.
+void check_like_x(const char* op, const Tensor& g, const char* what, const Tensor& x) {
+  check_defined(op, g, what);
+  check_same_device(op, g, x);
+  check_same_dtype(op, g, x);
+  LINEA_CHECK(g.shape() == x.shape(), op, ": ", what, " ", shape_str(g.shape()), " and input ", shape_str(x.shape()),
+              " differ in shape");
+}
+
+// layer_norm_backward's checks; returns {rows, cols}.
+std::pair<int64_t, int64_t> norm_backward_dims(const char* op, const Tensor& grad, const Tensor& x,
+                                               int64_t normalized_ndim, const Tensor& w, const Tensor& b,
+                                               const Tensor& mean, const Tensor& rstd) {
+  const auto [rows, cols] = layer_norm_dims(op, x, normalized_ndim, w, b);
+  check_like_x(op, grad, "grad", x);
+  LINEA_CHECK(mean.numel() == rows && rstd.numel() == rows, op, ": mean/rstd ", shape_str(mean.shape()), "/",
+              shape_str(rstd.shape()), " do not have ", rows, " rows");
+  return {rows, cols};
+}
+}  // namespace
+
 // grad, x [..., *norm]; w, b [*norm] or undefined; mean, rstd [rows] -> {dx, dw, db}
 std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int64_t normalized_ndim, const Tensor& w,
                                         const Tensor& b, const Tensor& mean, const Tensor& rstd) {
-  const auto [rows, cols] = layer_norm_dims("layer_norm_backward", x, normalized_ndim, w, b);
-  check_defined("layer_norm_backward", grad, "grad");
-  check_same_device("layer_norm_backward", grad, x);
-  check_same_dtype("layer_norm_backward", grad, x);
-  LINEA_CHECK(grad.shape() == x.shape(), "layer_norm_backward: grad ", shape_str(grad.shape()), " and input ",
-              shape_str(x.shape()), " differ in shape");
-  LINEA_CHECK(mean.numel() == rows && rstd.numel() == rows, "layer_norm_backward: mean/rstd ", shape_str(mean.shape()),
-              "/", shape_str(rstd.shape()), " do not have ", rows, " rows");
+  const auto [rows, cols] = norm_backward_dims("layer_norm_backward", grad, x, normalized_ndim, w, b, mean, rstd);
   const TensorOptions opts(x.dtype(), x.device());
   Tensor dx = empty(x.shape(), opts);
   Tensor dw = w.defined() ? empty(w.shape(), opts) : Tensor();
@@ -348,6 +364,33 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, int
   Tensor mc = contiguous(mean), rc = contiguous(rstd);
   LINEA_BACKEND(x.device(), layer_norm_backward, gc, xc, wc, mc, rc, dx, dw, db, rows, cols);
   return {dx, dw, db};
+}
+
+// grad (the norm's; undefined: none), grad_sum (the sum's own; undefined: none), sum [..., *norm];
+// w, b [*norm] or undefined; mean, rstd [rows] -> {dx, dr, dw, db}
+std::vector<Tensor> add_layer_norm_backward(const Tensor& grad, const Tensor& grad_sum, const Tensor& sum,
+                                            int64_t normalized_ndim, const Tensor& w, const Tensor& b,
+                                            const Tensor& mean, const Tensor& rstd, const FoldedDropout& dropout) {
+  const char* op = "add_layer_norm_backward";
+  LINEA_CHECK(grad.defined() || grad_sum.defined(), op, ": neither the norm nor the sum has a gradient");
+  if (grad_sum.defined()) check_like_x(op, grad_sum, "grad_sum", sum);
+  const ExampleDraw draw{dropout.seed, dropout.draw, dropout.first_row, dropout.draw_base};
+  if (!grad.defined())  // the norm got none: the sum's goes to x, and through the dropout to r
+    return {grad_sum, dropout.p > 0 ? dropout_rows(grad_sum, dropout.p, draw) : Tensor(), Tensor(), Tensor()};
+  const auto [rows, cols] = norm_backward_dims(op, grad, sum, normalized_ndim, w, b, mean, rstd);
+  if (rows == 0 || cols == 0) {  // nothing normalized: layer_norm_backward's zeros
+    std::vector<Tensor> d = layer_norm_backward(grad, sum, normalized_ndim, w, b, mean, rstd);
+    const Tensor dx = grad_sum.defined() ? binary(BinaryOp::Add, d[0], grad_sum) : d[0];
+    return {dx, dropout.p > 0 ? dropout_rows(dx, dropout.p, draw) : Tensor(), d[1], d[2]};
+  }
+  const TensorOptions opts(sum.dtype(), sum.device());
+  Tensor dx = empty(sum.shape(), opts), dr = dropout.p > 0 ? empty(sum.shape(), opts) : Tensor();
+  Tensor dw = w.defined() ? empty(w.shape(), opts) : Tensor(), db = b.defined() ? empty(b.shape(), opts) : Tensor();
+  LINEA_BACKEND(sum.device(), add_layer_norm_backward, contiguous(grad),
+                grad_sum.defined() ? contiguous(grad_sum) : Tensor(), contiguous(sum),
+                w.defined() ? contiguous(w) : Tensor(), contiguous(mean), contiguous(rstd), dropout, dx, dr, dw, db,
+                rows, cols);
+  return {dx, dr, dw, db};
 }
 
 // ---- normalize ------------------------------------------------------------------------------

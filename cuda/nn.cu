@@ -135,16 +135,20 @@ __global__ void layer_norm_kernel(const T* x, const T* r, Dropout<T> drop, T* su
 // (x - mean) * rstd and gw = grad * w:
 //   dx = rstd * (gw - mean_c(gw) - xhat * mean_c(gw * xhat))       (rows in groups of blockDim.x,
 //                                                                    threadIdx.y splitting a row)
+// (add_layer_norm's: plus gsum, the sum's own gradient, where not null; and dres = dx through the
+// residual's dropout where not null, with the forward's factors)
 // then, when dw or db is wanted, the chunk's column sums pw[k, c] = sum grad * xhat and pb[k, c]
 // = sum grad (double), and the last block to finish (a device counter, reset by that block) adds
 // the chunks in order: dw[c] = sum_k pw[k, c], db[c] = sum_k pb[k, c]. Deterministic: no atomics
 // on the sums.
 template <typename T>
-__global__ void layer_norm_backward_kernel(const T* g, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                                           double* pw, double* pb, T* dw, T* db, int64_t rows, int64_t cols,
-                                           int64_t chunk, unsigned int* blocks_done) {
+__global__ void layer_norm_backward_kernel(const T* g, const T* gsum, const T* x, const T* w, const T* mean,
+                                           const T* rstd, Dropout<T> drop, T* dx, T* dres, double* pw, double* pb,
+                                           T* dw, T* db, int64_t rows, int64_t cols, int64_t chunk,
+                                           unsigned int* blocks_done) {
   T* sh = shared_mem<T>();
   const T inv_cols = T(1) / static_cast<T>(cols);
+  if (dres && drop.base) drop.ex.draw += *drop.base;
   const int64_t r0 = blockIdx.x * chunk, r1 = min(rows, r0 + chunk);
   for (int64_t first = r0; first < r1; first += blockDim.x) {
     const int64_t r = first + threadIdx.x;
@@ -166,7 +170,10 @@ __global__ void layer_norm_backward_kernel(const T* g, const T* x, const T* w, c
     const T a = sum_gw * inv_cols, q = sum_gwx * inv_cols;
     for (int64_t c = threadIdx.y; c < cols; c += blockDim.y) {
       const T gw = w ? gr[c] * w[c] : gr[c];
-      dr[c] = rs * (gw - a - (xr[c] - mu) * rs * q);
+      T d = rs * (gw - a - (xr[c] - mu) * rs * q);
+      if (gsum) d += gsum[r * cols + c];
+      dr[c] = d;
+      if (dres) dres[r * cols + c] = d * drop.factor(r * cols + c);
     }
   }
   if (!pw && !pb) return;
@@ -513,6 +520,33 @@ void add_layer_norm(const Tensor& x, const Tensor& r, const FoldedDropout& drop,
   });
 }
 
+namespace {
+// layer_norm_backward's launch; add_layer_norm's with gsum, dres and drop (else null, off).
+template <typename T>
+void launch_layer_norm_backward(const Tensor& grad, const T* gsum, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                const Tensor& rstd, const Dropout<T>& drop, const Tensor& dx, T* dres, const Tensor& dw,
+                                const Tensor& db, int64_t rows, int64_t cols) {
+  const bool sums = dw.defined() || db.defined();
+  if (rows == 0) {  // empty sums
+    if (dw.defined()) fill(dw, 0.0);
+    if (db.defined()) fill(db, 0.0);
+    return;
+  }
+  // Chunks of at least 64 rows, at most 1024 of them (the last block adds that many partials).
+  constexpr int64_t kMinChunk = 64, kMaxChunks = 1024;
+  const int64_t chunk = std::max<int64_t>(kMinChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+  const int64_t nchunks = (rows + chunk - 1) / chunk;
+  const size_t part_bytes = sums ? sizeof(double) * static_cast<size_t>(nchunks * cols) : 0;
+  DeviceBuffer part_w(dw.defined() ? part_bytes : 0), part_b(db.defined() ? part_bytes : 0);
+  const dim3 block = column_block(cols, 1);
+  layer_norm_backward_kernel<T><<<static_cast<unsigned>(nchunks), block, sizeof(T) * kBlockSize, stream()>>>(
+      cptr<T>(grad), gsum, cptr<T>(x), cptr_or_null<T>(w), cptr<T>(mean), cptr<T>(rstd), drop, ptr<T>(dx), dres,
+      dw.defined() ? part_w.as<double>() : nullptr, db.defined() ? part_b.as<double>() : nullptr, ptr_or_null<T>(dw),
+      ptr_or_null<T>(db), rows, cols, chunk, sums ? blocks_done_counter() : nullptr);
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+}  // namespace
+
 // grad, x, dx [rows, cols]; w [cols] or undefined; mean, rstd [rows]; dw, db [cols] or undefined
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                          const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows, int64_t cols) {
@@ -520,25 +554,30 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, c
               "layer_norm_backward: x ", shape_str(x.shape()), " does not match [", rows, ", ", cols, "]");
   if (cols == 0) return;
   LINEA_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
+    launch_layer_norm_backward<scalar_t>(grad, nullptr, x, w, mean, rstd, Dropout<scalar_t>(), dx, nullptr, dw, db,
+                                         rows, cols);
+  });
+}
+
+// grad, grad_sum (or undefined), x, dx, dr (or undefined) [rows, cols], x's first dim the batch of
+// the dropout's draw; w [cols] or undefined; mean, rstd [rows]; dw, db [cols] or undefined
+void add_layer_norm_backward(const Tensor& grad, const Tensor& grad_sum, const Tensor& x, const Tensor& w,
+                             const Tensor& mean, const Tensor& rstd, const FoldedDropout& drop, const Tensor& dx,
+                             const Tensor& dr, const Tensor& dw, const Tensor& db, int64_t rows, int64_t cols) {
+  LINEA_CHECK(x.numel() == rows * cols && grad.numel() == x.numel() && dx.numel() == x.numel() &&
+                  (!grad_sum.defined() || grad_sum.numel() == x.numel()) && (!dr.defined() || dr.numel() == x.numel()),
+              "add_layer_norm_backward: x ", shape_str(x.shape()), " does not match [", rows, ", ", cols, "]");
+  if (cols == 0) return;
+  LINEA_DISPATCH_FLOAT(x.dtype(), "add_layer_norm_backward", [&] {
     using T = scalar_t;
-    const bool sums = dw.defined() || db.defined();
-    if (rows == 0) {  // empty sums
-      if (dw.defined()) fill(dw, 0.0);
-      if (db.defined()) fill(db, 0.0);
-      return;
+    Dropout<T> d;  // the forward's (add_layer_norm above)
+    if (dr.defined()) {
+      d.ex = example_dropout<T>(drop);
+      d.len = x.numel() / std::max<int64_t>(x.size(0), 1);
+      d.base = drop.draw_base;
     }
-    // Chunks of at least 64 rows, at most 1024 of them (the last block adds that many partials).
-    constexpr int64_t kMinChunk = 64, kMaxChunks = 1024;
-    const int64_t chunk = std::max<int64_t>(kMinChunk, (rows + kMaxChunks - 1) / kMaxChunks);
-    const int64_t nchunks = (rows + chunk - 1) / chunk;
-    const size_t part_bytes = sums ? sizeof(double) * static_cast<size_t>(nchunks * cols) : 0;
-    DeviceBuffer part_w(dw.defined() ? part_bytes : 0), part_b(db.defined() ? part_bytes : 0);
-    const dim3 block = column_block(cols, 1);
-    layer_norm_backward_kernel<T><<<static_cast<unsigned>(nchunks), block, sizeof(T) * kBlockSize, stream()>>>(
-        cptr<T>(grad), cptr<T>(x), cptr_or_null<T>(w), cptr<T>(mean), cptr<T>(rstd), ptr<T>(dx),
-        dw.defined() ? part_w.as<double>() : nullptr, db.defined() ? part_b.as<double>() : nullptr, ptr_or_null<T>(dw),
-        ptr_or_null<T>(db), rows, cols, chunk, sums ? blocks_done_counter() : nullptr);
-    LINEA_KERNEL_LAUNCH_CHECK();
+    launch_layer_norm_backward<T>(grad, grad_sum.defined() ? cptr<T>(grad_sum) : nullptr, x, w, mean, rstd, d, dx,
+                                  dr.defined() ? ptr<T>(dr) : nullptr, dw, db, rows, cols);
   });
 }
 

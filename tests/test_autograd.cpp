@@ -191,6 +191,59 @@ TEST(Autograd, MultipleOutputsShareOneBackward) {
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{5.0, 7.0}));
 }
 
+// An op of two outputs, a = 2 x and b = x^2, as one node (attach_outputs) that records which of
+// its outputs' gradients it got.
+std::pair<Tensor, Tensor> twice_and_square(const Tensor& x, std::vector<std::string>* seen) {
+  const Tensor xd = x.detach();
+  std::vector<Tensor> outs =
+      attach_outputs({xd * 2.0, xd * xd}, "twice_and_square", {x}, [xd, seen](const std::vector<Tensor>& g) {
+        seen->push_back(std::string(g[0].defined() ? "a" : "-") + (g[1].defined() ? "b" : "-"));
+        Tensor dx = g[0].defined() ? g[0] * 2.0 : Tensor();  // the engine runs this without recording
+        if (g[1].defined()) {
+          const Tensor db = g[1] * xd * 2.0;
+          dx = dx.defined() ? dx + db : db;
+        }
+        return std::vector<Tensor>{dx};
+      });
+  return {outs[0], outs[1]};
+}
+
+TEST(Autograd, NodeOfSeveralOutputsRunsOnceWithEachOutputsGradient) {
+  std::vector<std::string> seen;
+  Tensor x = tensor<double>({1.0, 3.0}, {2});
+  x.requires_grad_();
+  // Both outputs used, b twice (its two gradients summed before the node runs): one backward call.
+  auto [a, b] = twice_and_square(x, &seen);
+  sum(a * 5.0 + b + b * 3.0).backward();
+  EXPECT_EQ(seen, (std::vector<std::string>{"ab"}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{10.0 + 8.0, 10.0 + 24.0}));
+  // Only the second used: the first's gradient comes undefined; and through a later op.
+  x.zero_grad();
+  seen.clear();
+  auto [a2, b2] = twice_and_square(x, &seen);
+  sum(exp(b2 * 0.0) * b2).backward();
+  EXPECT_EQ(seen, (std::vector<std::string>{"-b"}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2.0, 6.0}));
+  // Both outputs as the roots of one backward, with retain_graph, then again.
+  x.zero_grad();
+  seen.clear();
+  auto [a3, b3] = twice_and_square(x, &seen);
+  run_backward({b3, a3}, {ones({2}, f64()), full({2}, 10.0, f64())}, true);
+  run_backward({a3}, {ones({2}, f64())}, false);
+  EXPECT_EQ(seen, (std::vector<std::string>{"ab", "a-"}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2.0 + 20.0 + 2.0, 6.0 + 20.0 + 2.0}));
+  EXPECT_EQ(a3.grad_fn_name(), "twice_and_square");
+  EXPECT_LINEA_ERROR(sum(b3).backward(), "trying to backward through the graph a second time");
+  // No output reaches the loss with a gradient: the node does not run, the leaf gets nothing.
+  Tensor x4 = tensor<double>({1.0}, {1});
+  x4.requires_grad_();
+  seen.clear();
+  auto [a4, b4] = twice_and_square(x4, &seen);
+  sum(drop_gradient(a4) + drop_gradient(b4)).backward();
+  EXPECT_TRUE(seen.empty());
+  EXPECT_FALSE(x4.grad().defined());
+}
+
 TEST(Autograd, InPlaceWriteIntoRecordedTensorIsAnError) {
   Tensor x = tensor<double>({1.0, 2.0}, {2});
   x.requires_grad_();

@@ -7,6 +7,7 @@
 // Every test starts with LINEA_REQUIRE_CUDA(): without a GPU they are skipped, not failed.
 // Not here: tests that run without a GPU (tests/test_cuda_basics.cpp).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -1663,7 +1664,55 @@ TEST(CudaParity, AddLayerNorm) {
                     return add(mul(s, 0.5), y);
                   },
                   {rnd({5, 7, 9}, dt), rnd({5, 7, 9}, dt), rnd({9}, dt)});
+    // The backward's kernel with the sum's gradient added and r's through the dropout, over rows
+    // past one chunk of 64 (several blocks, their dw sums added by the last).
+    expect_parity(tag("dropout, 301 rows", dt),
+                  [](const std::vector<Tensor>& v) {
+                    manual_seed(56);
+                    auto [s, y] = add_layer_norm(v[0], v[1], {33}, v[2], v[3], 1e-5, 0.2);
+                    return add(mul(s, 0.5), y);
+                  },
+                  {rnd({7, 43, 33}, dt), rnd({7, 43, 33}, dt), rnd({33}, dt), rnd({33}, dt)});
+    expect_parity(tag("dropout, the sum only", dt),
+                  [](const std::vector<Tensor>& v) {
+                    manual_seed(57);
+                    return add_layer_norm(v[0], v[1], {9}, v[2], Tensor(), 1e-5, 0.3).first;
+                  },
+                  {rnd({5, 7, 9}, dt), rnd({5, 7, 9}, dt), rnd({9}, dt)});
   }
+}
+
+// add_layer_norm's backward kernel against the CPU's (the three steps) into poisoned outputs: with
+// and without the sum's own gradient and the dropout, rows past one block's chunk of 64, a row
+// longer than a block's threads and not a multiple of them.
+TEST(CudaParity, AddLayerNormBackwardKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(19);
+  for (DType dt : kFloatTypes)
+    for (auto [batch, rows_per, cols] : std::vector<std::array<int64_t, 3>>{{7, 43, 33}, {2, 3, 1030}})
+      for (bool with_sum : {true, false})
+        for (double p : {0.25, 0.0}) {
+          SCOPED_TRACE(tag(std::to_string(batch * rows_per) + " x " + std::to_string(cols) + (with_sum ? " sum" : "") +
+                               " p " + std::to_string(p),
+                           dt));
+          const int64_t rows = batch * rows_per;
+          const Tensor x = rnd({batch, rows_per, cols}, dt), g = rnd(x.shape(), dt), w = rnd({cols}, dt);
+          const Tensor gsum = with_sum ? rnd(x.shape(), dt) : Tensor();
+          const Tensor mean = rnd({rows}, dt), rstd = add(rand({rows}).to(dt), 0.5);
+          const FoldedDropout drop{p, 1234, 5, 3, nullptr};
+          const TensorOptions o(dt);
+          Tensor dx = empty(x.shape(), o), dr = p > 0 ? empty(x.shape(), o) : Tensor(), dw = empty({cols}, o),
+                 db = empty({cols}, o);
+          cpu::add_layer_norm_backward(g, gsum, x, w, mean, rstd, drop, dx, dr, dw, db, rows, cols);
+          Tensor dx_d = poisoned(x.shape(), dt), dr_d = p > 0 ? poisoned(x.shape(), dt) : Tensor(),
+                 dw_d = poisoned({cols}, dt), db_d = poisoned({cols}, dt);
+          LINEA_BACKEND(kCuda, add_layer_norm_backward, g.to(kCuda), with_sum ? gsum.to(kCuda) : Tensor(), x.to(kCuda),
+                        w.to(kCuda), mean.to(kCuda), rstd.to(kCuda), drop, dx_d, dr_d, dw_d, db_d, rows, cols);
+          EXPECT_TRUE(matches(dx_d, dx, 1.0, "dx"));
+          EXPECT_TRUE(matches(dr_d, dr, 1.0, "dr"));
+          EXPECT_TRUE(matches(dw_d, dw, 4.0, "dw"));
+          EXPECT_TRUE(matches(db_d, db, 4.0, "db"));
+        }
 }
 
 TEST(CudaParity, LayerNorm) {

@@ -480,24 +480,39 @@ TEST(LayerNormForward, AddLayerNormEqualsAddThenNorm) {
 
 TEST(LayerNormForward, AddLayerNormWithDropoutEqualsDropoutAddThenNorm) {
   // The residual branch's dropout folded into the sum: the same draws and bits as dropout(r, p),
-  // add, layer_norm, forward and backward.
-  for (DType dt : {DType::Float32, DType::Float64}) {
-    const Tensor x0 = randn({3, 5, 40}).to(dt), r0 = randn({3, 5, 40}).to(dt), w = randn({40}).to(dt);
-    const Tensor gs = randn({3, 5, 40}).to(dt), gy = randn({3, 5, 40}).to(dt);
-    Tensor x = x0.detach(), r = r0.detach(), x2 = x0.detach(), r2 = r0.detach();
-    for (Tensor* t : {&x, &r, &x2, &r2}) t->requires_grad_(true);
-    manual_seed(91);
-    auto [s, y] = add_layer_norm(x, r, {40}, w, Tensor(), 1e-5, 0.3);
-    (s * gs + y * gy).sum().backward();
-    manual_seed(91);
-    const Tensor s2 = add(x2, dropout(r2, 0.3, true));
-    const Tensor y2 = layer_norm(s2, {40}, w);
-    (s2 * gs + y2 * gy).sum().backward();
-    EXPECT_TRUE(all_close(s, s2, 0, 0));
-    EXPECT_TRUE(all_close(y, y2, 0, 0));
-    EXPECT_TRUE(all_close(x.grad(), x2.grad(), 0, 0));
-    EXPECT_TRUE(all_close(r.grad(), r2.grad(), 0, 0));
-  }
+  // add, layer_norm, forward and backward; whether both outputs get a gradient or one only (the
+  // op is one node of two outputs), with the dropout or without.
+  for (DType dt : {DType::Float32, DType::Float64})
+    for (double p : {0.3, 0.0})
+      for (int used : {3, 1, 2}) {  // 1: the sum, 2: the norm, 3: both
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " p " + std::to_string(p) + " used " + std::to_string(used));
+        const Tensor x0 = randn({3, 5, 40}).to(dt), r0 = randn({3, 5, 40}).to(dt), w = randn({40}).to(dt);
+        const Tensor gs = randn({3, 5, 40}).to(dt), gy = randn({3, 5, 40}).to(dt);
+        Tensor x = x0.detach(), r = r0.detach(), x2 = x0.detach(), r2 = r0.detach();
+        Tensor w1 = w.detach(), w2 = w.detach();
+        for (Tensor* t : {&x, &r, &x2, &r2, &w1, &w2}) t->requires_grad_(true);
+        const auto loss = [used, &gs, &gy](const Tensor& s, const Tensor& y) {
+          if (used == 1) return (s * gs).sum();
+          if (used == 2) return (y * gy).sum();
+          return (s * gs + y * gy).sum();
+        };
+        manual_seed(91);
+        auto [s, y] = add_layer_norm(x, r, {40}, w1, Tensor(), 1e-5, p);
+        EXPECT_EQ(s.grad_fn_name(), "add_layer_norm");
+        loss(s, y).backward();
+        manual_seed(91);
+        const Tensor s2 = add(x2, p > 0 ? dropout(r2, p, true) : r2);
+        const Tensor y2 = layer_norm(s2, {40}, w2);
+        loss(s2, y2).backward();
+        EXPECT_TRUE(all_close(s, s2, 0, 0));
+        EXPECT_TRUE(all_close(y, y2, 0, 0));
+        EXPECT_TRUE(all_close(x.grad(), x2.grad(), 0, 0));
+        EXPECT_TRUE(all_close(r.grad(), r2.grad(), 0, 0));
+        EXPECT_EQ(w1.grad().defined(), used != 1);
+        if (used != 1) {
+          EXPECT_TRUE(all_close(w1.grad(), w2.grad(), 0, 0));
+        }
+      }
 }
 
 // ---- dropout -----------------------------------------------------------------------------------

@@ -443,6 +443,16 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, c
   });
 }
 
+// As add_layer_norm, composed (the same bits as the three steps, which the CPU runs at memory speed
+// anyway): the norm's backward, the sum's own gradient added, the dropout.
+void add_layer_norm_backward(const Tensor& grad, const Tensor& grad_sum, const Tensor& x, const Tensor& w,
+                             const Tensor& mean, const Tensor& rstd, const FoldedDropout& drop, const Tensor& dx,
+                             const Tensor& dr, const Tensor& dw, const Tensor& db, int64_t rows, int64_t cols) {
+  layer_norm_backward(grad, x, w, mean, rstd, dx, dw, db, rows, cols);
+  if (grad_sum.defined()) binary(BinaryOp::Add, dx, grad_sum, dx);
+  if (dr.defined()) dropout_rows(dx, dr, drop.p, drop.seed, drop.draw, drop.first_row, drop.draw_base);
+}
+
 // x, out [rows, cols]
 void normalize(const Tensor& x, double eps, const Tensor& out, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
