@@ -90,6 +90,18 @@ void MultiHeadAttention::init(std::shared_ptr<AttentionMechanism> mechanism, con
   mechanism_ = register_module("mechanism", std::move(mechanism));
 }
 
+namespace {
+// x through several linear layers as one op (linears).
+std::vector<Tensor> project(const Tensor& x, std::initializer_list<const nn::Linear*> layers) {
+  std::vector<Tensor> weights, biases;
+  for (const nn::Linear* l : layers) {
+    weights.push_back(l->weight());
+    biases.push_back(l->bias());
+  }
+  return linears(x, weights, biases);
+}
+}  // namespace
+
 Tensor MultiHeadAttention::heads_of(const Tensor& x, int64_t L) const {
   // [B, L, dim] -> [B, L, H, Dh] -> [B, H, L, Dh] (views)
   return permute(reshape(x, {x.size(0), L, heads_, dim_ / heads_}), {0, 2, 1, 3});
@@ -108,10 +120,16 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv, const 
               "MultiHeadAttention: expected x_kv [", x_q.size(0), ", M, ", kv_dim_, "] (batch of x_q ",
               shape_str(x_q.shape()), "), got ", shape_str(x_kv.shape()));
   const int64_t B = x_q.size(0), N = x_q.size(1), M = x_kv.size(1), H = heads_, Dh = dim_ / heads_;
-  Tensor q = heads_of(q_proj_->forward(x_q), N);
-  Tensor k = heads_of(k_proj_->forward(x_kv), M);
-  Tensor v = heads_of(v_proj_->forward(x_kv), M);
-  Tensor o = mechanism_->forward(q, k, v, opts);  // [B, H, N, Dh]
+  // The projections that read one input run as one op (self-attention: x's q, k and v;
+  // cross-attention: the memory's k and v), so that its gradient is summed in their GEMMs.
+  std::vector<Tensor> qkv;
+  if (x_q.same(x_kv)) {
+    qkv = project(x_q, {q_proj_.get(), k_proj_.get(), v_proj_.get()});
+  } else {
+    qkv = project(x_kv, {k_proj_.get(), v_proj_.get()});
+    qkv.insert(qkv.begin(), q_proj_->forward(x_q));
+  }
+  Tensor o = mechanism_->forward(heads_of(qkv[0], N), heads_of(qkv[1], M), heads_of(qkv[2], M), opts);  // [B, H, N, Dh]
   LINEA_CHECK(o.shape() == Shape({B, H, N, Dh}), "MultiHeadAttention: mechanism '", spec_, "' returned ",
               shape_str(o.shape()), ", expected ", shape_str({B, H, N, Dh}));
   return out_proj_->forward(merge_heads(o));

@@ -142,6 +142,49 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       });
 }
 
+// x through several linear layers (attention's q, k and v projections of one input): one node
+// whose backward sums x's gradient in the GEMMs (each after the first adds into it, beta = 1),
+// where a node per layer left the engine an add per extra layer. Forward as linear, layer by layer.
+std::vector<Tensor> linears(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases) {
+  LINEA_CHECK(!weights.empty() && biases.size() == weights.size(), "linears: expected as many biases as weights (",
+              "undefined for none) and at least one weight, got ", weights.size(), " weights and ", biases.size(),
+              " biases");
+  std::vector<Tensor> outs, inputs{x};  // inputs: x, w0, b0, w1, b1, ...
+  for (size_t i = 0; i < weights.size(); ++i) {
+    outs.push_back(raw::linear(x, weights[i], biases[i]));
+    inputs.push_back(weights[i]);
+    inputs.push_back(biases[i]);
+  }
+  if (!needs_grad(inputs)) return outs;
+  std::vector<Tensor> wd;
+  std::vector<char> need_w, need_b;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    wd.push_back(weights[i].detach());
+    need_w.push_back(weights[i].requires_grad());
+    need_b.push_back(biases[i].defined() && biases[i].requires_grad());
+  }
+  return attach_outputs(
+      std::move(outs), "linears", inputs,
+      [xd = x.detach(), wd, need_x = x.requires_grad(), need_w, need_b](const std::vector<Tensor>& g) {
+        // g[i] [..., N_i] (undefined: that output got no gradient): dx [..., K] = sum_i g[i] @ w_i,
+        // dw_i = g[i]^T @ x and db_i = g[i] summed over the rows, as linear's.
+        std::vector<Tensor> grads(1 + 2 * g.size());
+        for (size_t i = 0; i < g.size(); ++i) {
+          if (!g[i].defined()) continue;
+          if (need_x && !grads[0].defined())
+            grads[0] = raw::matmul(g[i], wd[i]);
+          else if (need_x)
+            raw::matmul_into(g[i], wd[i], grads[0], 1.0, /*accumulate=*/true);
+          if (need_w[i] || need_b[i]) {
+            std::vector<Tensor> wb = raw::linear_weight_grad(g[i], xd, need_b[i]);
+            if (need_w[i]) grads[1 + 2 * i] = wb[0];
+            if (need_b[i]) grads[2 + 2 * i] = wb[1];
+          }
+        }
+        return grads;
+      });
+}
+
 // a [B, M, K] @ b [B, K, N] -> [B, M, N]
 Tensor bmm(const Tensor& a, const Tensor& b) {
   raw::check_defined("bmm", a, "a");

@@ -166,6 +166,10 @@ Tensor bmm(const Tensor& a, const Tensor& b);     // [B, M, K] @ [B, K, N]
 // x [..., K] @ weight^T + bias -> [..., N] (torch.nn.functional.linear); weight [N, K], bias [N]
 // or undefined. One fused op: forward one GEMM with the bias, backward two (dx; dw with db).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// linear(x, weights[i], biases[i]) for each i (biases[i] undefined: none), as one node: x's
+// gradient is summed inside the backward's GEMMs (beta = 1), not by the engine an add at a time.
+// For layers that read one input: attention's q, k and v projections.
+std::vector<Tensor> linears(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases);
 
 // ---- neural-net ops (fused forward and backward kernels) -----------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);

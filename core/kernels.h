@@ -180,11 +180,11 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);             \
   /* index of the max (min) over r, first one on ties; out Int64 [outer, inner] */                                   \
   void arg_reduce(bool is_max, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);         \
-  /* out [batch..., M, N] = alpha * a [batch..., M, K] @ b [batch..., K, N]. Batch dims of a, b                      \
-     already expanded to out's (any strides, 0 allowed); each matrix of a and b is row-major                         \
-     (stride(-1) == 1) or column-major (stride(-2) == 1); out's matrices are row-major, its                          \
+  /* out [batch..., M, N] = alpha * a [batch..., M, K] @ b [batch..., K, N], or += when accumulate (the GEMM's      \
+     beta = 1). Batch dims of a, b already expanded to out's (any strides, 0 allowed); each matrix of a and b is     \
+     row-major (stride(-1) == 1) or column-major (stride(-2) == 1); out's matrices are row-major, its                \
      batch dims any non-overlapping strides (a gradient written in its input's layout). */                           \
-  void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha);                                    \
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate);                    \
   /* A linear layer's GEMMs: out [R, N] = x [R, K] @ w^T + b, x row- or column-major, w [N, K] and b [N] (or      */ \
   /* undefined) contiguous; and its weight gradient dw [N, K] = g^T @ x with db [N] = the sums of g [R, N]          */ \
   /* (contiguous) over its rows (db undefined: not wanted). On CUDA one cuBLASLt call each (bias epilogues). */      \

@@ -58,7 +58,9 @@ std::vector<int64_t> reduction_dims(const std::vector<int64_t>& dims, int64_t nd
 Tensor matmul(const Tensor& a, const Tensor& b, double alpha = 1.0);
 // The same into `out` (a, b at least 2-D; out of the broadcast shape [batch..., M, N], its
 // matrices row-major, its batch dims any layout): a gradient written in its input's layout.
-void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0);
+// accumulate: out += the product (the GEMM's beta = 1; out must not overlap a or b), a sum of
+// gradients made in the GEMMs.
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0, bool accumulate = false);
 // An uninitialized tensor of t's shape, dtype and device, laid out like t when t is a
 // permutation of a dense tensor (attention's [B, H, N, D] view of [B, N, H, D]), else contiguous.
 Tensor empty_like_layout(const Tensor& t);

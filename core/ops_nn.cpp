@@ -140,14 +140,14 @@ Shape matmul_shape(const Tensor& a2, const Tensor& b2) {
   return out_shape;
 }
 
-// out = alpha a2 @ b2 for 2-D or more operands; out [batch..., M, N] with row-major matrices.
-void matmul_2d(Tensor a2, Tensor b2, const Tensor& out, double alpha) {
+// out (+)= alpha a2 @ b2 for 2-D or more operands; out [batch..., M, N] with row-major matrices.
+void matmul_2d(Tensor a2, Tensor b2, const Tensor& out, double alpha, bool accumulate) {
   const int64_t M = a2.size(-2), N = b2.size(-1), K = a2.size(-1);
   LINEA_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, "matmul: matrix dims above 2^31 are not supported (",
               shape_str(a2.shape()), " and ", shape_str(b2.shape()), ")");
   if (out.numel() == 0) return;
   if (K == 0) {
-    LINEA_BACKEND(out.device(), fill, out, 0.0);  // an empty sum
+    if (!accumulate) LINEA_BACKEND(out.device(), fill, out, 0.0);  // an empty sum
     return;
   }
   // Layout first (a copy, if one is needed, is made before broadcasting), then expand.
@@ -159,7 +159,7 @@ void matmul_2d(Tensor a2, Tensor b2, const Tensor& out, double alpha) {
   sb.insert(sb.end(), {K, N});
   if (a2.shape() != sa) a2 = expand(a2, sa);
   if (b2.shape() != sb) b2 = expand(b2, sb);
-  LINEA_BACKEND(out.device(), matmul, a2, b2, out, alpha);
+  LINEA_BACKEND(out.device(), matmul, a2, b2, out, alpha, accumulate);
 }
 }  // namespace
 
@@ -171,7 +171,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
   const Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a;  // [..., M, K]
   const Tensor b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;  // [..., K, N]
   Tensor out = empty(matmul_shape(a2, b2), TensorOptions(a.dtype(), a.device()));
-  matmul_2d(a2, b2, out, alpha);
+  matmul_2d(a2, b2, out, alpha, false);
   // Drop the promoted dims.
   if (a.dim() == 1 && b.dim() == 1) return view(out, {});
   if (a.dim() == 1) return squeeze(out, -2);
@@ -179,7 +179,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
   return out;
 }
 
-void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate) {
   check_matmul_args(a, b);
   check_defined("matmul", out, "out");
   LINEA_CHECK(a.dim() >= 2 && b.dim() >= 2 && out.shape() == matmul_shape(a, b), "matmul: out has shape ",
@@ -190,7 +190,7 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
   LINEA_CHECK(out.size(-1) <= 1 || out.stride(-1) == 1, "matmul: out's matrices must be row-major, got strides ",
               shape_str(out.strides()));
   ++out.impl().storage->version;
-  matmul_2d(a, b, out, alpha);
+  matmul_2d(a, b, out, alpha, accumulate);
 }
 
 Tensor empty_like_layout(const Tensor& t) {

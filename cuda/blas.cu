@@ -119,7 +119,7 @@ __global__ void batch_pointers_kernel(const T* a, const T* b, T* c, OffsetCalc<3
   }
 }
 
-template <typename T> void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+template <typename T> void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
   const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
   const MatLayout la = matmul_layout(a), lb = matmul_layout(b), lc = matmul_layout(out);
   LINEA_CHECK(!lc.trans || M <= 1, "matmul: the output's matrices must be row-major, got strides ",
@@ -142,9 +142,10 @@ template <typename T> void matmul_impl(const Tensor& a, const Tensor& b, const T
                   stride_c = count > 1 ? oc.strides[2][0] : 0;
     if (count > 1 && stride_b == 0 && !la.trans && stride_a == M * la.ld && stride_c == M * lc.ld) {
       // A shared right operand and a row-major stack of left matrices: one GEMM of M * count rows.
-      gemm_call(pa, la, 0, pb, lb, 0, pc, lc.ld, 0, M * count, N, K, 1, alpha);
+      gemm_call<T>(pa, la, 0, pb, lb, 0, pc, lc.ld, 0, M * count, N, K, 1, alpha, nullptr, nullptr, nullptr, beta);
     } else {
-      gemm_call(pa, la, stride_a, pb, lb, stride_b, pc, lc.ld, stride_c, M, N, K, count, alpha);
+      gemm_call<T>(pa, la, stride_a, pb, lb, stride_b, pc, lc.ld, stride_c, M, N, K, count, alpha, nullptr, nullptr,
+                   nullptr, beta);
     }
     return;
   }
@@ -156,7 +157,7 @@ template <typename T> void matmul_impl(const Tensor& a, const Tensor& b, const T
   T** arr_c = arrays.as<T*>() + 2 * count;
   batch_pointers_kernel<T><<<grid_for(count), kBlockSize, 0, stream()>>>(pa, pb, pc, oc, count, arr_a, arr_b, arr_c);
   LINEA_KERNEL_LAUNCH_CHECK();
-  gemm_call<T>(nullptr, la, 0, nullptr, lb, 0, nullptr, lc.ld, 0, M, N, K, count, alpha, arr_a, arr_b, arr_c);
+  gemm_call<T>(nullptr, la, 0, nullptr, lb, 0, nullptr, lc.ld, 0, M, N, K, count, alpha, arr_a, arr_b, arr_c, beta);
 }
 
 // A 2-D tensor's transpose, as a view.
@@ -297,7 +298,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out
                 Epilogue::Bias, const_cast<float*>(cptr<float>(b))))
       return;
   }
-  matmul(x, wt, out, 1.0);
+  matmul(x, wt, out, 1.0, false);
   if (!b.defined()) return;
   LINEA_DISPATCH_FLOAT(out.dtype(), "linear", [&] {
     add_bias_kernel<scalar_t>
@@ -320,22 +321,22 @@ void linear_weight_grad(const Tensor& g, const Tensor& x, const Tensor& dw, cons
                 Epilogue::BiasGrad, ptr<float>(db)))
       return;
   }
-  matmul(transposed(g), x, dw, 1.0);
+  matmul(transposed(g), x, dw, 1.0, false);
   if (db.defined()) reduce(ReduceOp::Sum, g, db, 1, R, N);
 }
 
-// out [batch..., M, N] = alpha a [batch..., M, K] @ b [batch..., K, N]; out's matrices row-major
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+// out [batch..., M, N] (+)= alpha a [batch..., M, K] @ b [batch..., K, N]; out's matrices row-major
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate) {
   LINEA_CHECK(a.dim() >= 2 && a.dim() == b.dim() && a.dim() == out.dim() && a.size(-1) == b.size(-2) &&
                   a.size(-2) == out.size(-2) && b.size(-1) == out.size(-1),
               "matmul: shapes do not match: a ", shape_str(a.shape()), ", b ", shape_str(b.shape()), ", out ",
               shape_str(out.shape()));
   if (out.numel() == 0) return;
   if (a.size(-1) == 0) {
-    fill(out, 0.0);
+    if (!accumulate) fill(out, 0.0);  // an empty sum
     return;
   }
-  LINEA_DISPATCH_FLOAT(out.dtype(), "matmul", [&] { matmul_impl<scalar_t>(a, b, out, alpha); });
+  LINEA_DISPATCH_FLOAT(out.dtype(), "matmul", [&] { matmul_impl<scalar_t>(a, b, out, alpha, accumulate ? 1.0 : 0.0); });
 }
 
 }  // namespace linea::cuda

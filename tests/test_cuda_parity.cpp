@@ -628,6 +628,50 @@ TEST(CudaParity, Linear) {
   }
 }
 
+// Several linear layers of one input as one node (attention's q, k, v), x's gradient summed in
+// the GEMMs (beta = 1); and matmul_into's accumulate in each of the CUDA matmul's paths (one
+// GEMM of a folded batch, a strided batch, a pointer-array batch, a transposed operand, K = 0)
+// against the CPU's, into the same random base.
+TEST(CudaParity, LinearsAndAccumulatingMatmul) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(64);
+  const Fn qkv = [](const std::vector<Tensor>& v) {
+    return cat(linears(v[0], {v[1], v[2], v[3]}, {v[4], Tensor(), v[5]}), -1);
+  };
+  for (DType dt : kFloatTypes) {
+    expect_parity(
+        tag("linears", dt), qkv,
+        {rnd({3, 37, 19}, dt), rnd({11, 19}, dt), rnd({5, 19}, dt), rnd({11, 19}, dt), rnd({11}, dt), rnd({11}, dt)});
+    expect_parity(
+        tag("linears, transposed input", dt),
+        [&qkv](const std::vector<Tensor>& v) {
+          std::vector<Tensor> t = v;
+          t[0] = v[0].t();
+          return qkv(t);
+        },
+        {rnd({19, 37}, dt), rnd({11, 19}, dt), rnd({5, 19}, dt), rnd({11, 19}, dt), rnd({11}, dt), rnd({11}, dt)});
+    struct Case {
+      const char* what;
+      Tensor a, b;
+    };
+    const std::vector<Case> cases = {
+        {"folded batch", rnd({3, 37, 19}, dt), rnd({19, 11}, dt)},
+        {"strided batch", rnd({3, 37, 19}, dt), rnd({3, 19, 11}, dt)},
+        {"pointer arrays", rnd({2, 5, 3, 19}, dt).permute({1, 0, 2, 3}), rnd({5, 2, 19, 11}, dt)},
+        {"transposed", rnd({19, 37}, dt).t(), rnd({11, 19}, dt).t()},
+        {"K = 0", rnd({37, 0}, dt), rnd({0, 11}, dt)},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag(c.what, dt));
+      const Tensor base = rnd(raw::matmul(c.a, c.b).shape(), dt);
+      Tensor ref = clone(base), got = base.to(kCuda);
+      raw::matmul_into(c.a, c.b, ref, 1.0, /*accumulate=*/true);
+      raw::matmul_into(c.a.to(kCuda), c.b.to(kCuda), got, 1.0, /*accumulate=*/true);
+      EXPECT_TRUE(matches(got, ref, 1.0, "accumulated"));
+    }
+  }
+}
+
 // --precision tf32 / bf16: the float32 GEMMs' inputs rounded on the tensor cores, float32
 // accumulation. Against the CPU's float32 with a tolerance of those inputs' precision; the
 // emulator rounds exactly so, and there the result must also differ from full float32.

@@ -87,6 +87,30 @@ TEST(GradCheck, Linear) {
   EXPECT_GRADCHECK(f, {randn64({3, 4}), randn({5, 4}, f64()), randn({5}, f64())});
 }
 
+// Several linear layers of one input as one node: x's gradient summed in the GEMMs. The outputs
+// concatenated (each gets its own slice of the upstream gradient, a non-contiguous one); one
+// output unused; x also read beside the node (the engine adds that to the node's sum).
+TEST(GradCheck, Linears) {
+  manual_seed(42);
+  const Fn all = [](const std::vector<Tensor>& x) {
+    return cat(linears(x[0], {x[1], x[2], x[4]}, {x[3], Tensor(), x[5]}), -1);
+  };
+  EXPECT_GRADCHECK(all,
+                   {randn64({2, 3, 4}), randn64({5, 4}), randn64({2, 4}), randn64({5}), randn64({3, 4}), randn64({3})});
+  EXPECT_GRADCHECK(all, {randn64_transposed({3, 4}), randn64({5, 4}), randn64_transposed({2, 4}), randn64({5}),
+                         randn64({3, 4}), randn64({3})});
+  const Fn skip_middle = [](const std::vector<Tensor>& x) {
+    std::vector<Tensor> o = linears(x[0], {x[1], x[2], x[3]}, {Tensor(), Tensor(), Tensor()});
+    return cat({o[0], o[2], x[0] * 2.0}, -1);
+  };
+  EXPECT_GRADCHECK(skip_middle, {randn64({3, 4}), randn64({5, 4}), randn64({2, 4}), randn64({3, 4})});
+  // Only the weights, or only the input, require grad.
+  EXPECT_GRADCHECK(
+      all, {randn({3, 4}, f64()), randn64({5, 4}), randn64({2, 4}), randn64({5}), randn64({3, 4}), randn({3}, f64())});
+  EXPECT_GRADCHECK(all, {randn64({3, 4}), randn({5, 4}, f64()), randn({2, 4}, f64()), randn({5}, f64()),
+                         randn({3, 4}, f64()), randn({3}, f64())});
+}
+
 TEST(GradCheck, Softmax) {
   manual_seed(5);
   for (int64_t dim : {-1, 0}) {

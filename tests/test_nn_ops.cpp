@@ -5,6 +5,7 @@
 // Not here: gradients (tests/test_gradcheck_nn.cpp).
 #include <array>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "core/allocator.h"
@@ -183,6 +184,74 @@ TEST(Matmul, BadInputs) {
   EXPECT_LINEA_ERROR(bmm(randn({2, 3}), randn({3, 4})), "bmm");
   EXPECT_LINEA_ERROR(bmm(randn({2, 2, 3}), randn({3, 3, 4})), "bmm: batch sizes differ");
   EXPECT_LINEA_ERROR(bmm(randn({2, 2, 3}), randn({2, 4, 4})), "bmm: shapes cannot be multiplied");
+}
+
+// matmul_into with accumulate: out += a @ b (the GEMM's beta = 1) in each of the CPU kernel's
+// paths: one GEMM, a transposed operand, a batch folded into one GEMM (a shared right operand),
+// a batch of GEMMs; an empty sum leaves out as it was.
+TEST(Matmul, IntoAccumulates) {
+  manual_seed(77);
+  struct Case {
+    Tensor a, b;
+  };
+  const std::vector<Case> cases = {
+      {randn({5, 7}, f64()), randn({7, 3}, f64())},    {randn({7, 5}, f64()).t(), randn({3, 7}, f64()).t()},
+      {randn({2, 4, 7}, f64()), randn({7, 3}, f64())}, {randn({2, 4, 7}, f64()), randn({2, 7, 3}, f64())},
+      {randn({5, 0}, f64()), randn({0, 3}, f64())},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(shape_str(c.a.shape()) + " @ " + shape_str(c.b.shape()));
+    const Tensor base = randn(raw::matmul(c.a, c.b).shape(), f64());
+    Tensor out = clone(base);
+    raw::matmul_into(c.a, c.b, out, 0.5, /*accumulate=*/true);
+    EXPECT_TRUE(all_close(out, base + matmul(c.a, c.b) * 0.5, 1e-12, 1e-12));
+    raw::matmul_into(c.a, c.b, out, 0.5);  // overwrites
+    EXPECT_TRUE(all_close(out, matmul(c.a, c.b) * 0.5, 1e-12, 1e-12));
+  }
+  // float32, through OpenBLAS's sgemm
+  const Tensor a = randn({9, 6}), b = randn({6, 4}), base = randn({9, 4});
+  Tensor out = clone(base);
+  raw::matmul_into(a, b, out, 1.0, true);
+  EXPECT_TRUE(all_close(out, base + matmul(a, b), 1e-5, 1e-5));
+}
+
+// linears: the outputs of linear, layer by layer, bit for bit; the gradients of the separate
+// layers (x's summed by the engine there, in the GEMMs here).
+TEST(Linears, EqualLinearLayerByLayer) {
+  manual_seed(78);
+  for (DType dt : {DType::Float64, DType::Float32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const TensorOptions o(dt);
+    const Tensor x = randn({2, 5, 8}, o), w0 = randn({8, 8}, o), w1 = randn({3, 8}, o), w2 = randn({8, 8}, o),
+                 b0 = randn({8}, o), b2 = randn({8}, o), gy = randn({2, 5, 19}, o);
+    std::vector<Tensor> leaves{x, w0, w1, w2, b0, b2};
+    std::vector<std::vector<Tensor>> grads;
+    for (int fused = 0; fused < 2; ++fused) {
+      std::vector<Tensor> in;
+      for (const Tensor& t : leaves) in.push_back(t.detach().requires_grad_(true));
+      std::vector<Tensor> y =
+          fused ? linears(in[0], {in[1], in[2], in[3]}, {in[4], Tensor(), in[5]})
+                : std::vector<Tensor>{linear(in[0], in[1], in[4]), linear(in[0], in[2]), linear(in[0], in[3], in[5])};
+      const Tensor ref0 = linear(x, w0, b0), ref1 = linear(x, w1), ref2 = linear(x, w2, b2);
+      EXPECT_EQ(max(abs(y[0] - ref0)).item(), 0.0);
+      EXPECT_EQ(max(abs(y[1] - ref1)).item(), 0.0);
+      EXPECT_EQ(max(abs(y[2] - ref2)).item(), 0.0);
+      cat(y, -1).backward(gy);
+      grads.emplace_back();
+      for (const Tensor& t : in) grads.back().push_back(t.grad());
+    }
+    const double tol = dt == DType::Float64 ? 1e-12 : 1e-5;
+    for (size_t i = 0; i < leaves.size(); ++i) EXPECT_TRUE(all_close(grads[1][i], grads[0][i], tol, tol)) << i;
+  }
+}
+
+TEST(Linears, BadInputs) {
+  const Tensor x = randn({3, 4}), w = randn({5, 4});
+  EXPECT_LINEA_ERROR(linears(x, {}, {}), "linears: expected as many biases as weights");
+  EXPECT_LINEA_ERROR(linears(x, {w, w}, {Tensor()}), "got 2 weights and 1 biases");
+  EXPECT_LINEA_ERROR(linears(x, {w, randn({5, 3})}, {Tensor(), Tensor()}),
+                     "linear: expected x [..., K] and weight [N, K], got x [3, 4] and weight [5, 3]");
+  EXPECT_LINEA_ERROR(linears(x, {w}, {randn({4})}), "linear: bias must be [5]");
 }
 
 // ---- softmax ---------------------------------------------------------------------------------

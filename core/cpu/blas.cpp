@@ -26,12 +26,13 @@ using linea::detail::MatLayout;
 using linea::detail::matmul_layout;
 
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const float* a, int lda,
-                 const float* b, int ldb, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(alpha), a, lda, b, ldb, 0.0f, c, ldc);
+                 const float* b, int ldb, double beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta), c,
+              ldc);
 }
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* a, int lda,
-                 const double* b, int ldb, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.0, c, ldc);
+                 const double* b, int ldb, double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Element offsets of each batch matrix of t (batch dims = all but the last two), in the
@@ -68,7 +69,7 @@ bool blas_is_openmp() {
 template <typename T>
 void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, int64_t ldc, int64_t M, int64_t N,
                   int64_t K, int64_t batch, const std::vector<int64_t>& offa, const std::vector<int64_t>& offb,
-                  const std::vector<int64_t>& offc, double alpha) {
+                  const std::vector<int64_t>& offc, double alpha, double beta) {
   const CBLAS_TRANSPOSE ta = la.trans ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = lb.trans ? CblasTrans : CblasNoTrans;
   // Fold the batch into M when b is the same matrix for every batch entry and a's and c's
@@ -78,12 +79,12 @@ void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, i
     fold = offb[i] == offb[0] && offa[i] == offa[0] + i * M * la.ld && offc[i] == offc[0] + i * M * ldc;
   if (fold) {
     gemm(ta, tb, static_cast<int>(batch * M), static_cast<int>(N), static_cast<int>(K), alpha, pa + offa[0],
-         static_cast<int>(la.ld), pb + offb[0], static_cast<int>(lb.ld), pc + offc[0], static_cast<int>(ldc));
+         static_cast<int>(la.ld), pb + offb[0], static_cast<int>(lb.ld), beta, pc + offc[0], static_cast<int>(ldc));
     return;
   }
   const auto one = [&](int64_t i) {
     gemm(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, pa + offa[i],
-         static_cast<int>(la.ld), pb + offb[i], static_cast<int>(lb.ld), pc + offc[i], static_cast<int>(ldc));
+         static_cast<int>(la.ld), pb + offb[i], static_cast<int>(lb.ld), beta, pc + offc[i], static_cast<int>(ldc));
   };
   const int threads = omp_get_max_threads();
   const bool par = threads > 1 && batch >= threads && blas_is_openmp() && !omp_in_parallel();
@@ -100,12 +101,12 @@ void batched_gemm(const T* pa, const T* pb, T* pc, MatLayout la, MatLayout lb, i
 
 }  // namespace
 
-// out [batch..., M, N] = alpha a [batch..., M, K] @ b [batch..., K, N]; out's matrices row-major.
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+// out [batch..., M, N] (+)= alpha a [batch..., M, K] @ b [batch..., K, N]; out's matrices row-major.
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate) {
   const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
   if (out.numel() == 0) return;
   if (K == 0) {
-    fill(out, 0.0);
+    if (!accumulate) fill(out, 0.0);  // an empty sum
     return;
   }
   const int64_t batch = out.numel() / (M * N);
@@ -116,7 +117,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
                              offc = batch_offsets(out, batch);
   LINEA_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
     batched_gemm<scalar_t>(a.data<scalar_t>(), b.data<scalar_t>(), out.data<scalar_t>(), la, lb, lc.ld, M, N, K, batch,
-                           offa, offb, offc, alpha);
+                           offa, offb, offc, alpha, accumulate ? 1.0 : 0.0);
   });
 }
 
@@ -129,7 +130,7 @@ Tensor transposed(const Tensor& t) {
 // out [R, N] = x [R, K] @ w^T + b: the GEMM, then the bias added row by row (as the composed
 // matmul + add computed it)
 void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out) {
-  matmul(x, transposed(w), out, 1.0);
+  matmul(x, transposed(w), out, 1.0, false);
   if (!b.defined() || out.numel() == 0) return;
   const int64_t R = out.size(0), N = out.size(1);
   dispatch_float(out.dtype(), "linear", [&](auto tag_) {
@@ -144,7 +145,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out
 
 // dw [N, K] = g^T @ x; db [N] = sums of g [R, N] over its rows
 void linear_weight_grad(const Tensor& g, const Tensor& x, const Tensor& dw, const Tensor& db) {
-  matmul(transposed(g), x, dw, 1.0);
+  matmul(transposed(g), x, dw, 1.0, false);
   if (db.defined()) reduce(ReduceOp::Sum, g, db, 1, g.size(0), g.size(1));
 }
 
