@@ -584,6 +584,40 @@ TEST(LayerNormForward, AddLayerNormWithDropoutEqualsDropoutAddThenNorm) {
       }
 }
 
+TEST(LayerNormForward, AddLayerNormOfNothingEqualsAddThenNorm) {
+  // No rows, or rows of no columns: the backward's own branch (layer_norm_backward's zeros, the
+  // sum's gradient added, r's through the dropout) against the composed ops.
+  for (const Shape& shape : {Shape{0, 40}, Shape{3, 0}})
+    for (double p : {0.3, 0.0}) {
+      SCOPED_TRACE(shape_str(shape) + " p " + std::to_string(p));
+      const Shape norm{shape[1]};
+      const Tensor w = randn(norm, f64()), b = randn(norm, f64()), gs = randn(shape, f64()), gy = randn(shape, f64());
+      std::vector<std::vector<Tensor>> grads;
+      for (int fused = 0; fused < 2; ++fused) {
+        Tensor x = randn(shape, f64()).requires_grad_(true), r = randn(shape, f64()).requires_grad_(true);
+        Tensor wl = w.detach().requires_grad_(true), bl = b.detach().requires_grad_(true);
+        manual_seed(92);
+        Tensor s, y;
+        if (fused) {
+          std::tie(s, y) = add_layer_norm(x, r, norm, wl, bl, 1e-5, p);
+        } else {
+          s = add(x, p > 0 ? dropout(r, p, true) : r);
+          y = layer_norm(s, norm, wl, bl);
+        }
+        EXPECT_EQ(s.shape(), shape);
+        EXPECT_EQ(y.shape(), shape);
+        (s * gs + y * gy).sum().backward();
+        grads.push_back({x.grad(), r.grad(), wl.grad(), bl.grad()});
+      }
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        ASSERT_TRUE(grads[1][i].defined()) << i;
+        EXPECT_EQ(grads[1][i].shape(), grads[0][i].shape()) << i;
+        EXPECT_TRUE(all_close(grads[1][i], grads[0][i], 0, 0)) << i;
+      }
+      for (double v : grads[1][2].to_vector<double>()) EXPECT_EQ(v, 0.0);  // dw: a sum over no rows, or empty
+    }
+}
+
 // ---- dropout -----------------------------------------------------------------------------------
 
 TEST(Dropout, KeepRateAndScaling) {
