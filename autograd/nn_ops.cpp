@@ -316,11 +316,15 @@ Tensor cross_entropy_rows(const Tensor& l2, const Tensor& t2, int64_t ignore_ind
     case Reduction::Sum:
       return sum(loss);
     case Reduction::Mean: {
-      // Divide by the number of non-ignored rows, computed on the device (no host sync);
-      // max(count, 1) makes an all-ignored batch give 0 rather than NaN.
-      Tensor count = sum((t2 != static_cast<double>(ignore_index)).to(l2.dtype()));
-      count = maximum(count, full({}, 1.0, TensorOptions(l2.dtype(), l2.device())));
-      return div(sum(loss), count);
+      // Divided by the number of non-ignored rows, at least 1 (an all-ignored batch gives 0, not
+      // NaN): one kernel, on the device (no host sync). Its backward hands the rows' backward
+      // g / count expanded (read in place, no copy).
+      std::vector<Tensor> mc = raw::cross_entropy_mean(loss, t2, ignore_index);  // {mean, count}
+      if (!needs_grad({&loss})) return mc[0];
+      return attach(mc[0], "cross_entropy_mean", {loss},
+                    [count = mc[1], N = loss.size(0)](const Tensor& g) -> std::vector<Tensor> {
+                      return {raw::expand(raw::binary(BinaryOp::Div, g, count), {N})};  // g 0-d -> [N]
+                    });
     }
   }
   LINEA_FAIL("cross_entropy: unknown reduction");

@@ -226,7 +226,11 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
      target == ignore_index get loss 0. smoothing: (1-s) * onehot + s / C */                                         \
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,             \
                      const Tensor& loss, const Tensor& lse);                                                         \
-  /* dlogits [N, C] from grad of the per-row loss [N] */                                                             \
+  /* the mean over the rows kept: out = sum of loss [N] / count, count = max(#(target [N] != ignore_index), 1) (an */ \
+  /* all-ignored batch gives 0), both 0-d */                                                                         \
+  void cross_entropy_mean(const Tensor& loss, const Tensor& target, int64_t ignore_index, const Tensor& out,          \
+                          const Tensor& count);                                                                      \
+  /* dlogits [N, C] from grad of the per-row loss [N], read with its stride (0: one value for every row, a mean's) */ \
   void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,     \
                               int64_t ignore_index, double smoothing, const Tensor& dlogits);                        \
   /* out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n]) along the middle */                         \

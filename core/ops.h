@@ -99,8 +99,13 @@ Tensor sq_norm_backward(const Tensor& grad, const Tensor& x, double scale);
 // logits [N, C], target Int64 [N] -> {loss per row [N], lse [N]}.
 std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                        double smoothing);
+// grad [N] (a stride-0 expand is read in place: a mean's one value) -> dlogits [N, C].
 Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                                    int64_t ignore_index, double smoothing);
+// The mean over the rows kept, in one kernel: loss [N], target Int64 [N] -> {sum(loss) / count,
+// count} (0-d), count = max(#rows whose target is not ignore_index, 1): an all-ignored batch
+// gives 0, not NaN.
+std::vector<Tensor> cross_entropy_mean(const Tensor& loss, const Tensor& target, int64_t ignore_index);
 // Fused softmax attention (the fused kernels of both devices: core/kernels.h):
 // q [B, H, N, D], k [B, H, M, D], v [B, H, M, E]; key m hidden from query n when causal and
 // m > n + offset, or where pad (Bool [B, M], true = padding; undefined: none) says so.

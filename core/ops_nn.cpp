@@ -518,10 +518,26 @@ Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, con
               shape_str(grad.shape()), " and lse ", shape_str(lse.shape()), " must be [", N, "]");
   Tensor dlogits = empty(logits.shape(), TensorOptions(logits.dtype(), logits.device()));
   if (dlogits.numel() > 0) {
-    Tensor gc = contiguous(grad), lc = contiguous(logits), tc = contiguous(target), ec = contiguous(lse);
+    Tensor gc = grad.stride(0) == 0 ? grad : contiguous(grad);  // an expanded mean's gradient, read in place
+    Tensor lc = contiguous(logits), tc = contiguous(target), ec = contiguous(lse);
     LINEA_BACKEND(logits.device(), cross_entropy_backward, gc, lc, tc, ec, ignore_index, smoothing, dlogits);
   }
   return dlogits;
+}
+
+std::vector<Tensor> cross_entropy_mean(const Tensor& loss, const Tensor& target, int64_t ignore_index) {
+  const char* op = "cross_entropy_mean";
+  check_defined(op, loss, "loss");
+  check_defined(op, target, "target");
+  check_floating(op, loss, "loss");
+  LINEA_CHECK(loss.dim() == 1 && target.dtype() == DType::Int64 && target.shape() == loss.shape(), op,
+              ": expected loss [N] and an Int64 target [N], got loss ", shape_str(loss.shape()), " and target ",
+              dtype_name(target.dtype()), " ", shape_str(target.shape()));
+  check_same_device(op, loss, target);
+  const TensorOptions opts(loss.dtype(), loss.device());
+  Tensor out = empty({}, opts), count = empty({}, opts);
+  LINEA_BACKEND(loss.device(), cross_entropy_mean, contiguous(loss), contiguous(target), ignore_index, out, count);
+  return {out, count};
 }
 
 }  // namespace linea::raw

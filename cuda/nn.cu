@@ -254,8 +254,8 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* target, T* loss,
 //   dlogits[i, c] = (exp(x[i, c] - lse_i) - s / C) * grad_i - (c == t_i) * (1 - s) * grad_i
 // (0 for ignored rows and rows with a bad target)
 template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* g, const T* x, const int64_t* target, const T* lse, T* dx,
-                                              int64_t N, int64_t C, int64_t ignore_index, T s) {
+__global__ void cross_entropy_backward_kernel(const T* g, int64_t gs, const T* x, const int64_t* target, const T* lse,
+                                              T* dx, int64_t N, int64_t C, int64_t ignore_index, T s) {
   const T s_over_c = s / static_cast<T>(C);
   const int64_t n = N * C;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
@@ -266,11 +266,30 @@ __global__ void cross_entropy_backward_kernel(const T* g, const T* x, const int6
       dx[e] = T(0);
       continue;
     }
-    const T gi = g[i];
+    const T gi = g[i * gs];
     T d = (d_exp(x[e] - lse[i]) - s_over_c) * gi;
     if (c == t) d -= (T(1) - s) * gi;
     dx[e] = d;
   }
+}
+
+// The mean loss over the rows kept, by one block of kBlockSize threads (blockDim.y): each sums
+// its rows in order, then the tree; the count of kept rows likewise. out = sum / max(count, 1).
+template <typename T>
+__global__ void cross_entropy_mean_kernel(const T* loss, const int64_t* target, int64_t N, int64_t ignore_index, T* out,
+                                          T* count) {
+  T s = 0;
+  int64_t kept = 0;
+  for (int64_t i = threadIdx.y; i < N; i += blockDim.y) {
+    s += loss[i];
+    kept += target[i] != ignore_index;
+  }
+  s = tree_reduce_y(s, SumOp(), shared_mem<T>());  // the sum's tree, then the count's (8 bytes a thread)
+  kept = tree_reduce_y(kept, SumOp(), shared_mem<int64_t>());
+  if (threadIdx.y != 0) return;
+  const T c = static_cast<T>(kept > 0 ? kept : 1);
+  *count = c;
+  *out = s / c;
 }
 
 template <typename T> const T* cptr_or_null(const Tensor& t) { return t.defined() ? cptr<T>(t) : nullptr; }
@@ -643,7 +662,18 @@ void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_in
   });
 }
 
-// grad [N], logits and dlogits [N, C], target Int64 [N], lse [N]
+// loss and target Int64 [N]; out and count 0-d
+void cross_entropy_mean(const Tensor& loss, const Tensor& target, int64_t ignore_index, const Tensor& out,
+                        const Tensor& count) {
+  LINEA_DISPATCH_FLOAT(loss.dtype(), "cross_entropy_mean", [&] {
+    using T = scalar_t;
+    cross_entropy_mean_kernel<T><<<1, dim3(1, kBlockSize), sizeof(int64_t) * kBlockSize, stream()>>>(
+        cptr<T>(loss), cptr<int64_t>(target), loss.numel(), ignore_index, ptr<T>(out), ptr<T>(count));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// grad [N] (any stride), logits and dlogits [N, C], target Int64 [N], lse [N]
 void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                             int64_t ignore_index, double smoothing, const Tensor& dlogits) {
   LINEA_CHECK(logits.dim() == 2 && dlogits.numel() == logits.numel() && grad.numel() == logits.size(0) &&
@@ -654,8 +684,8 @@ void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tens
   LINEA_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&] {
     using T = scalar_t;
     cross_entropy_backward_kernel<T><<<grid_for(N * C), kBlockSize, 0, stream()>>>(
-        cptr<T>(grad), cptr<T>(logits), cptr<int64_t>(target), cptr<T>(lse), ptr<T>(dlogits), N, C, ignore_index,
-        static_cast<T>(smoothing));
+        cptr<T>(grad), grad.stride(0), cptr<T>(logits), cptr<int64_t>(target), cptr<T>(lse), ptr<T>(dlogits), N, C,
+        ignore_index, static_cast<T>(smoothing));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -1875,6 +1875,32 @@ TEST(CudaParity, CrossEntropy) {
   }
 }
 
+// The mean over many rows (several per thread of the mean's one block), some ignored, and over
+// none kept (0, not NaN); a training call's launches: the rows' kernel and the mean's forward,
+// the division and the rows' backward, which reads the expanded g / count in place.
+TEST(CudaParity, CrossEntropyMean) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(11);
+  std::vector<int64_t> tv(1037);
+  for (size_t i = 0; i < tv.size(); ++i) tv[i] = i % 5 == 3 ? -100 : static_cast<int64_t>((i * 5) % 7);
+  const Tensor target = ints(tv, {1037}), none = full({300}, -100.0, TensorOptions(DType::Int64));
+  const Fn mean = [](const std::vector<Tensor>& v) { return cross_entropy(v[0], v[1], -100, 0.1); };
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("1037 rows", dt), mean, {rnd({1037, 7}, dt, 2.0), target});
+    expect_parity(tag("every row ignored", dt), mean, {rnd({300, 7}, dt), none});
+    expect_parity(tag("no rows", dt), mean, {rnd({0, 7}, dt), ints({}, {0})});
+  }
+  Tensor logits = rnd({1037, 7}, DType::Float32).to(kCuda).requires_grad_(true);
+  const Tensor tc = target.to(kCuda), one = full({}, 1.0, TensorOptions(DType::Float32, kCuda));
+#ifndef LINEA_PARITY_SELF_TEST
+  const cuda::Counters before = cuda::counters();
+  cross_entropy(logits, tc, -100, 0.1).backward(one);
+  const cuda::Counters c = cuda::counters() - before;
+  EXPECT_EQ(c.kernel_launches, 4) << c.str();
+  EXPECT_EQ(c.library_calls + c.device_copies + c.h2d_copies + c.host_syncs, 0) << c.str();
+#endif
+}
+
 TEST(CudaParity, Dropout) {
   LINEA_REQUIRE_CUDA();
   manual_seed(10);

@@ -518,9 +518,36 @@ TEST(CrossEntropy, IgnoreIndex) {
   double row0 = 0;
   for (int64_t c = 0; c < C; ++c) row0 += std::fabs(g[c]);
   EXPECT_GT(row0, 0.0);
-  // All rows ignored: loss 0 (not NaN), gradient 0.
+  // All rows ignored: loss 0 (not NaN), gradient 0. No rows: 0.
   Tensor all_ignored = full({5}, -1.0, TensorOptions(DType::Int64));
-  EXPECT_EQ(cross_entropy(x, all_ignored, -1).item(), 0.0);
+  Tensor x2 = x.detach().requires_grad_(true);
+  Tensor none = cross_entropy(x2, all_ignored, -1);
+  EXPECT_EQ(none.item(), 0.0);
+  none.backward();
+  for (double v : x2.grad().to_vector<double>()) EXPECT_EQ(v, 0.0);
+  EXPECT_EQ(cross_entropy(randn({0, C}, f64()), zeros({0}, TensorOptions(DType::Int64))).item(), 0.0);
+}
+
+// The mean's kernel: sum(loss) / count bit for bit, count the rows kept (at least 1); its input
+// checked.
+TEST(CrossEntropy, MeanKernel) {
+  manual_seed(21);
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    const Tensor loss = randn({1000}, TensorOptions(dt));
+    std::vector<int64_t> tv(1000);
+    for (size_t i = 0; i < tv.size(); ++i) tv[i] = i % 3 == 0 ? -100 : 1;
+    const std::vector<Tensor> mc = raw::cross_entropy_mean(loss, from_vector<int64_t>(tv, {1000}), -100);
+    EXPECT_EQ(mc[1].item(), 666.0);
+    EXPECT_EQ(mc[0].item(), (sum(loss) / full({}, 666.0, TensorOptions(dt))).item());
+    EXPECT_EQ(raw::cross_entropy_mean(loss, full({1000}, 4.0, TensorOptions(DType::Int64)), 4)[1].item(), 1.0);
+  }
+  const Tensor t = zeros({3}, TensorOptions(DType::Int64));
+  EXPECT_LINEA_ERROR(
+      raw::cross_entropy_mean(randn({3}), zeros({3}), 0),
+      "cross_entropy_mean: expected loss [N] and an Int64 target [N], got loss [3] and target float32 [3]");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_mean(randn({4}), t, 0), "got loss [4] and target int64 [3]");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_mean(randn({3, 1}), t, 0), "got loss [3, 1]");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_mean(t, t, 0), "cross_entropy_mean");
 }
 
 TEST(CrossEntropy, BadTargets) {

@@ -366,8 +366,8 @@ void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, int64_t N,
 
 //   dlogits[i, c] = (exp(x[i, c] - lse_i) - (1 - s) * [c == t_i] - s / C) * grad_i   (0 for ignored rows)
 template <typename T>
-void cross_entropy_backward_impl(const T* pg, const T* px, const int64_t* pt, const T* pe, T* pd, int64_t N, int64_t C,
-                                 int64_t ignore_index, T s) {
+void cross_entropy_backward_impl(const T* pg, int64_t gs, const T* px, const int64_t* pt, const T* pe, T* pd, int64_t N,
+                                 int64_t C, int64_t ignore_index, T s) {
   const bool par = N * C > kParallelWork;
   const T s_over_c = s / static_cast<T>(C);
 #pragma omp parallel for schedule(static) if (par)
@@ -379,7 +379,7 @@ void cross_entropy_backward_impl(const T* pg, const T* px, const int64_t* pt, co
       for (int64_t c = 0; c < C; ++c) dr[c] = 0;
       continue;
     }
-    const T g = pg[i], l = pe[i];
+    const T g = pg[i * gs], l = pe[i];
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) dr[c] = (exp_(xr[c] - l) - s_over_c) * g;
     dr[t] -= (T(1) - s) * g;
@@ -498,15 +498,31 @@ void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_in
   });
 }
 
-// grad [N], logits and dlogits [N, C], target Int64 [N], lse [N]
+// loss and target Int64 [N]; out and count 0-d. The sum as the reduction kernel sums (the bits
+// of sum(loss)), the count exact.
+void cross_entropy_mean(const Tensor& loss, const Tensor& target, int64_t ignore_index, const Tensor& out,
+                        const Tensor& count) {
+  const int64_t N = loss.numel();
+  reduce(ReduceOp::Sum, loss, out, 1, N, 1);
+  const int64_t* pt = target.data<int64_t>();
+  int64_t kept = 0;
+  for (int64_t i = 0; i < N; ++i) kept += pt[i] != ignore_index;
+  LINEA_DISPATCH_FLOAT(loss.dtype(), "cross_entropy_mean", [&] {
+    const scalar_t c = static_cast<scalar_t>(std::max<int64_t>(kept, 1));
+    *count.data<scalar_t>() = c;
+    *out.data<scalar_t>() = *out.data<scalar_t>() / c;
+  });
+}
+
+// grad [N] (any stride), logits and dlogits [N, C], target Int64 [N], lse [N]
 void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                             int64_t ignore_index, double smoothing, const Tensor& dlogits) {
   const int64_t N = logits.size(0), C = logits.size(1);
   if (N == 0 || C == 0) return;
   LINEA_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&] {
-    cross_entropy_backward_impl<scalar_t>(grad.data<scalar_t>(), logits.data<scalar_t>(), target.data<int64_t>(),
-                                          lse.data<scalar_t>(), dlogits.data<scalar_t>(), N, C, ignore_index,
-                                          static_cast<scalar_t>(smoothing));
+    cross_entropy_backward_impl<scalar_t>(grad.data<scalar_t>(), grad.stride(0), logits.data<scalar_t>(),
+                                          target.data<int64_t>(), lse.data<scalar_t>(), dlogits.data<scalar_t>(), N, C,
+                                          ignore_index, static_cast<scalar_t>(smoothing));
   });
 }
 
