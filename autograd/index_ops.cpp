@@ -6,7 +6,7 @@
 //
 // Derivative rules (g = gradient of the output):
 //   index_select(x, d, i)    dx = index_add(zeros_like(x), d, i, g)
-//   embedding(W, i)          dW = index_add(zeros_like(W), 0, flat(i), g.reshape([-1, D]))
+//   embedding(W, i, p)       dW = index_add(zeros_like(W), 0, flat(i), g.reshape([-1, D])), row p zeroed
 //   gather(x, d, i)          dx = scatter_add(zeros_like(x), d, i, g)
 //   scatter_add(x, d, i, s)  dx = g, ds = gather(g, d, i)
 //   cat(xs, d)               dx_k = narrow(g, d, offset_k, size_k)
@@ -78,14 +78,27 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   });
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& index) {
+Tensor embedding(const Tensor& weight, const Tensor& index, int64_t padding_idx) {
   LINEA_CHECK(weight.dim() == 2, "embedding: weight must be [V, D], got ", shape_str(weight.shape()));
   LINEA_CHECK(index.dtype() == DType::Int64, "embedding: index must have dtype int64, got ", dtype_name(index.dtype()),
               " (index shape ", shape_str(index.shape()), ")");
+  LINEA_CHECK(padding_idx >= -1 && padding_idx < weight.size(0), "embedding: padding_idx ", padding_idx,
+              " is out of range for ", weight.size(0), " rows (-1: none)");
   Shape out_shape = index.shape();
   out_shape.push_back(weight.size(1));                    // [index.shape..., D]
   Tensor flat = index.detach().reshape({index.numel()});  // [N]
-  Tensor rows = linea::index_select(weight, 0, flat);     // [N, D]
+  if (padding_idx < 0) return linea::reshape(linea::index_select(weight, 0, flat), out_shape);
+  // The padding row passes no gradient back (F.embedding's padding_idx): index_select's
+  // backward with that row of the result zeroed, where masking the output's gradient took a
+  // comparison and a where forward and a where backward.
+  Tensor rows = raw::index_select(weight, 0, flat);  // [N, D]
+  if (needs_grad({&weight}))
+    rows = attach(rows, "embedding", {weight},
+                  [shape = weight.shape(), flat, padding_idx](const Tensor& g) -> std::vector<Tensor> {
+                    Tensor dw = raw::index_add(zeros(shape, g.options()), 0, flat, g);  // [V, D]
+                    raw::fill_(dw.narrow(0, padding_idx, 1), 0.0);
+                    return {dw};
+                  });
   return linea::reshape(rows, out_shape);
 }
 

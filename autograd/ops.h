@@ -282,8 +282,9 @@ Tensor lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const 
 
 // ---- indexing and joining -----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-// weight [V, D], index Int64 of any shape -> [index.shape..., D]
-Tensor embedding(const Tensor& weight, const Tensor& index);
+// weight [V, D], index Int64 of any shape -> [index.shape..., D]; row padding_idx (-1: none) gets
+// no gradient (F.embedding's padding_idx: its output is still that row).
+Tensor embedding(const Tensor& weight, const Tensor& index, int64_t padding_idx = -1);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

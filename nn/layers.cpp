@@ -79,11 +79,7 @@ Tensor Embedding::forward(const Tensor& index) {
   raw::check_defined("Embedding", index, "index");
   LINEA_CHECK(index.dtype() == DType::Int64, "Embedding: index must be int64, got ", dtype_name(index.dtype()),
               " (shape ", shape_str(index.shape()), ")");
-  Tensor out = embedding(weight_, index);  // [..., dim]
-  if (padding_idx_ < 0 || !needs_grad({&out})) return out;
-  // Same values, but positions holding padding_idx pass no gradient back to the table.
-  Tensor is_pad = (index == double(padding_idx_)).unsqueeze(-1);  // [..., 1]
-  return where(is_pad, out.detach(), out);
+  return embedding(weight_, index, padding_idx_);  // [..., dim]; the padding row gets no gradient
 }
 
 std::string Embedding::extra_repr() const {

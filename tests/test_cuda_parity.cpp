@@ -1955,6 +1955,9 @@ TEST(CudaParity, Indexing) {
                   [](const std::vector<Tensor>& v) { return index_select(v[0].t(), 0, v[1]); }, {rnd({3, 9}, dt), idx});
     expect_parity(tag("embedding", dt), [](const std::vector<Tensor>& v) { return embedding(v[0], v[1]); },
                   {rnd({10, 6}, dt), ints({1, 9, 1, 0, 4, 4, 4, 7, 2, 3, 1, 8}, {3, 4})});
+    expect_parity(tag("embedding, padding row 4 used", dt),
+                  [](const std::vector<Tensor>& v) { return embedding(v[0], v[1], 4); },
+                  {rnd({10, 6}, dt), ints({1, 9, 1, 0, 4, 4, 4, 7, 2, 3, 1, 8}, {3, 4})});
     const Tensor gidx =
         ints({0, 6, 3, 3, 1, 2, 2, 5, 0, 6, 4, 1, 1, 1, 0, 6, 5, 4, 3, 2}, {4, 5, 1}).expand({4, 5, 3}).contiguous();
     expect_parity(tag("gather dim 1", dt), [](const std::vector<Tensor>& v) { return gather(v[0], 1, v[1]); },

@@ -54,6 +54,16 @@ TEST(GradCheck, Embedding) {
   const double counts[6] = {1, 2, 0, 0, 3, 0};
   for (int64_t v = 0; v < 6; ++v)
     for (int64_t d = 0; d < 3; ++d) EXPECT_EQ(g[v * 3 + d], counts[v]) << "row " << v;
+  // padding_idx: a padding row the batch does not use changes nothing; a used one gets no
+  // gradient (by design not its derivative), the other rows theirs.
+  EXPECT_GRADCHECK([&](const Inputs& in) { return embedding(in[0], idx, 2); }, {w});
+  Tensor w3 = randn64({6, 3});
+  embedding(w3, idx, 4).sum().backward();
+  g = w3.grad().to_vector<double>();
+  const double pad_counts[6] = {1, 2, 0, 0, 0, 0};
+  for (int64_t v = 0; v < 6; ++v)
+    for (int64_t d = 0; d < 3; ++d) EXPECT_EQ(g[v * 3 + d], pad_counts[v]) << "row " << v;
+  EXPECT_EQ(max(abs(embedding(w3, idx, 4) - embedding(w3, idx))).item(), 0.0);  // the row itself forward
 }
 
 TEST(GradCheck, Gather) {

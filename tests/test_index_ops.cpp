@@ -500,6 +500,8 @@ TEST(IndexOps, BadInputsThrow) {
   EXPECT_LINEA_ERROR(scatter_add(x, 0, tensor<int64_t>({9}, {1, 1}), zeros({1, 1}, f64())),
                      "scatter_add: index 9 is out of range for dim 0 of size 5");
   EXPECT_LINEA_ERROR(embedding(x, tensor<int64_t>({7}, {1})), "index 7 is out of range");
+  EXPECT_LINEA_ERROR(embedding(x, tensor<int64_t>({1}, {1}), 5), "embedding: padding_idx 5 is out of range for 5 rows");
+  EXPECT_LINEA_ERROR(embedding(x, tensor<int64_t>({1}, {1}), -2), "padding_idx -2");
   EXPECT_LINEA_ERROR(raw::index_add(x, 0, tensor<int64_t>({5}, {1}), zeros({1, 3}, f64())), "index_add: index 5");
   // wrong index dtype
   EXPECT_LINEA_ERROR(index_select(x, 0, tensor<double>({1.0}, {1})), "index_select: index must have dtype int64");
