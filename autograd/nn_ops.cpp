@@ -166,21 +166,24 @@ std::vector<Tensor> linears(const Tensor& x, const std::vector<Tensor>& weights,
   return attach_outputs(
       std::move(outs), "linears", inputs,
       [xd = x.detach(), wd, need_x = x.requires_grad(), need_w, need_b](const std::vector<Tensor>& g) {
-        // g[i] [..., N_i] (undefined: that output got no gradient): dx [..., K] = sum_i g[i] @ w_i,
-        // dw_i = g[i]^T @ x and db_i = g[i] summed over the rows, as linear's.
+        // g[i] [..., N_i] (undefined: that output got no gradient): dx [..., K] = sum_i g[i] @ w_i
+        // over the rows [R, K], dw_i = g[i]^T @ x and db_i = g[i] summed over the rows, as linear's.
         std::vector<Tensor> grads(1 + 2 * g.size());
+        Tensor dx;  // [R, K]
         for (size_t i = 0; i < g.size(); ++i) {
           if (!g[i].defined()) continue;
-          if (need_x && !grads[0].defined())
-            grads[0] = raw::matmul(g[i], wd[i]);
+          const Tensor g2 = raw::reshape(g[i], {-1, g[i].size(-1)});  // [R, N_i]
+          if (need_x && !dx.defined())
+            dx = raw::matmul(g2, wd[i]);
           else if (need_x)
-            raw::matmul_into(g[i], wd[i], grads[0], 1.0, /*accumulate=*/true);
+            raw::matmul_into(g2, wd[i], dx, 1.0, /*accumulate=*/true);
           if (need_w[i] || need_b[i]) {
             std::vector<Tensor> wb = raw::linear_weight_grad(g[i], xd, need_b[i]);
             if (need_w[i]) grads[1 + 2 * i] = wb[0];
             if (need_b[i]) grads[2 + 2 * i] = wb[1];
           }
         }
+        if (dx.defined()) grads[0] = raw::reshape(dx, xd.shape());
         return grads;
       });
 }

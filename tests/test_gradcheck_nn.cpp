@@ -104,6 +104,7 @@ TEST(GradCheck, Linears) {
     return cat({o[0], o[2], x[0] * 2.0}, -1);
   };
   EXPECT_GRADCHECK(skip_middle, {randn64({3, 4}), randn64({5, 4}), randn64({2, 4}), randn64({3, 4})});
+  EXPECT_GRADCHECK(skip_middle, {randn64({4}), randn64({5, 4}), randn64({2, 4}), randn64({3, 4})});  // one row
   // Only the weights, or only the input, require grad.
   EXPECT_GRADCHECK(
       all, {randn({3, 4}, f64()), randn64({5, 4}), randn64({2, 4}), randn64({5}), randn64({3, 4}), randn({3}, f64())});
