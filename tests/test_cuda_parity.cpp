@@ -1890,9 +1890,28 @@ TEST(CudaParity, CrossEntropyMean) {
     expect_parity(tag("every row ignored", dt), mean, {rnd({300, 7}, dt), none});
     expect_parity(tag("no rows", dt), mean, {rnd({0, 7}, dt), ints({}, {0})});
   }
+  // The two kernels into poisoned outputs: the mean and its count, and the rows' backward reading
+  // one gradient value for every row (a stride-0 expand).
+  for (int64_t n : {1037, 0}) {
+    SCOPED_TRACE(n);
+    const Tensor loss = rnd({n}, DType::Float64), t = narrow(target, 0, 0, n), x = rnd({n, 7}, DType::Float64);
+    const Tensor lse = logsumexp(x, {1}), g0 = rnd({}, DType::Float64), g = g0.expand({n});
+    const TensorOptions o(DType::Float64);
+    Tensor out = empty({}, o), count = empty({}, o), dx = empty({n, 7}, o);
+    cpu::cross_entropy_mean(loss, t, -100, out, count);
+    cpu::cross_entropy_backward(g, x, t, lse, -100, 0.1, dx);
+    Tensor out_d = poisoned({}, DType::Float64), count_d = poisoned({}, DType::Float64),
+           dx_d = poisoned({n, 7}, DType::Float64);
+    LINEA_BACKEND(kCuda, cross_entropy_mean, loss.to(kCuda), t.to(kCuda), -100, out_d, count_d);
+    LINEA_BACKEND(kCuda, cross_entropy_backward, g0.to(kCuda).expand({n}), x.to(kCuda), t.to(kCuda), lse.to(kCuda),
+                  -100, 0.1, dx_d);
+    EXPECT_TRUE(matches(out_d, out, 1.0, "mean"));
+    EXPECT_TRUE(matches(count_d, count, 1.0, "count"));
+    EXPECT_TRUE(matches(dx_d, dx, 1.0, "dlogits"));
+  }
+#ifndef LINEA_PARITY_SELF_TEST
   Tensor logits = rnd({1037, 7}, DType::Float32).to(kCuda).requires_grad_(true);
   const Tensor tc = target.to(kCuda), one = full({}, 1.0, TensorOptions(DType::Float32, kCuda));
-#ifndef LINEA_PARITY_SELF_TEST
   const cuda::Counters before = cuda::counters();
   cross_entropy(logits, tc, -100, 0.1).backward(one);
   const cuda::Counters c = cuda::counters() - before;
