@@ -53,17 +53,20 @@ Tensor sign(const Tensor& x) { return raw::unary(UnaryOp::Sign, x); }
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = raw::binary(BinaryOp::Add, a, b);
   if (!needs_grad({&a, &b})) return out;
-  return attach(out, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
-    return {sum_to(g, sa), sum_to(g, sb)};
+  // Only the sides that require grad: a constant side's sum_to would be a wasted reduction (a
+  // positional table under a batch of tokens).
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
+  return attach(out, "add", {a, b}, [sa = a.shape(), sb = b.shape(), ga, gb](const Tensor& g) -> std::vector<Tensor> {
+    return {ga ? sum_to(g, sa) : Tensor(), gb ? sum_to(g, sb) : Tensor()};
   });
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = raw::binary(BinaryOp::Sub, a, b);
   if (!needs_grad({&a, &b})) return out;
-  bool gb = b.requires_grad();
-  return attach(out, "sub", {a, b}, [sa = a.shape(), sb = b.shape(), gb](const Tensor& g) -> std::vector<Tensor> {
-    return {sum_to(g, sa), gb ? sum_to(-g, sb) : Tensor()};
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
+  return attach(out, "sub", {a, b}, [sa = a.shape(), sb = b.shape(), ga, gb](const Tensor& g) -> std::vector<Tensor> {
+    return {ga ? sum_to(g, sa) : Tensor(), gb ? sum_to(-g, sb) : Tensor()};
   });
 }
 
@@ -81,13 +84,14 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = raw::binary(BinaryOp::Div, a, b);
   if (!needs_grad({&a, &b})) return out;
-  bool gb = b.requires_grad();
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
   Tensor sb = b.detach(), so = gb ? out.detach() : Tensor();
   // d(a/b)/da = 1/b; d(a/b)/db = -a/b^2 = -out/b
-  return attach(out, "div", {a, b}, [sb, so, sha = a.shape(), shb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
-    Tensor g_over_b = g / sb;
-    return {sum_to(g_over_b, sha), so.defined() ? sum_to(-(g_over_b * so), shb) : Tensor()};
-  });
+  return attach(
+      out, "div", {a, b}, [sb, so, ga, sha = a.shape(), shb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
+        Tensor g_over_b = g / sb;
+        return {ga ? sum_to(g_over_b, sha) : Tensor(), so.defined() ? sum_to(-(g_over_b * so), shb) : Tensor()};
+      });
 }
 
 namespace {
@@ -95,14 +99,14 @@ namespace {
 Tensor extremum(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   Tensor out = raw::binary(op, a, b);
   if (!needs_grad({&a, &b})) return out;
-  const bool is_max = op == BinaryOp::Maximum;
-  return attach(out, name, {a, b}, [is_max, sa = a.detach(), sb = b.detach()](const Tensor& g) -> std::vector<Tensor> {
-    Tensor tie = sa == sb;
-    Tensor half = g * 0.5;
-    Tensor ga = where(is_max ? sa > sb : sa < sb, g, where(tie, half, 0.0));
-    Tensor gb = where(is_max ? sa < sb : sa > sb, g, where(tie, half, 0.0));
-    return {sum_to(ga, sa.shape()), sum_to(gb, sb.shape())};
-  });
+  const bool is_max = op == BinaryOp::Maximum, need_a = a.requires_grad(), need_b = b.requires_grad();
+  return attach(out, name, {a, b},
+                [is_max, need_a, need_b, sa = a.detach(), sb = b.detach()](const Tensor& g) -> std::vector<Tensor> {
+                  Tensor tie_half = where(sa == sb, g * 0.5, 0.0);
+                  Tensor ga = need_a ? sum_to(where(is_max ? sa > sb : sa < sb, g, tie_half), sa.shape()) : Tensor();
+                  Tensor gb = need_b ? sum_to(where(is_max ? sa < sb : sa > sb, g, tie_half), sb.shape()) : Tensor();
+                  return {ga, gb};
+                });
 }
 
 // s as a 0-d tensor of a's dtype and device, for a comparison or an in-place op with a. When

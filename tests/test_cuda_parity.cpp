@@ -250,6 +250,39 @@ TEST(CudaParity, BinaryBroadcast) {
                     {rnd({2, 3, 2, 3, 2, 3}, dt), rnd({3, 3, 1, 2, 2, 1}, dt)});
     }
   }
+#ifndef LINEA_PARITY_SELF_TEST
+  // A constant operand broadcast under x (a positional table under a batch of tokens) gets no
+  // gradient: its sum over the batch was a reduction nobody read. x's gradient against the CPU's,
+  // and each backward's launches.
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&, const Tensor&)> f;
+    int64_t launches;
+  };
+  const std::vector<Case> cases = {
+      {"x + c", [](const Tensor& x, const Tensor& c) { return add(x, c); }, 0},
+      {"c + x", [](const Tensor& x, const Tensor& c) { return add(c, x); }, 0},
+      {"x - c", [](const Tensor& x, const Tensor& c) { return sub(x, c); }, 0},
+      {"c - x", [](const Tensor& x, const Tensor& c) { return sub(c, x); }, 1},              // -g
+      {"x / c", [](const Tensor& x, const Tensor& c) { return div(x, c); }, 1},              // g / c
+      {"c / x", [](const Tensor& x, const Tensor& c) { return div(c, x); }, 3},              // -(g / x) * out
+      {"maximum(x, c)", [](const Tensor& x, const Tensor& c) { return maximum(x, c); }, 5},  // ties, halves, wins
+  };
+  const Tensor x = rnd({4, 5, 7}, DType::Float32), c = add(abs(rnd({5, 7}, DType::Float32)), 0.5),
+               g = rnd({4, 5, 7}, DType::Float32);
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    Tensor xh = x.detach().requires_grad_(true);
+    k.f(xh, c).backward(g);
+    Tensor xd = x.to(kCuda).requires_grad_(true);
+    const Tensor yd = k.f(xd, c.to(kCuda)), gd = g.to(kCuda);
+    const cuda::Counters before = cuda::counters();
+    yd.backward(gd);
+    const cuda::Counters n = cuda::counters() - before;
+    EXPECT_EQ(n.kernel_launches, k.launches) << n.str();
+    EXPECT_TRUE(test::all_close(xd.grad().to(kCPU), xh.grad(), 1e-6, 1e-6));
+  }
+#endif
 }
 
 TEST(CudaParity, Comparisons) {
