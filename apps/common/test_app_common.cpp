@@ -18,8 +18,10 @@
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
 #include "core/error.h"
+#include "tests/test_util.h"
 
 using namespace linea::apps;
+using linea::test::TempDir;
 
 namespace {
 
@@ -50,14 +52,6 @@ void write_all(const std::string& path, const std::string& text) {
 bool file_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
-}
-
-// A fresh directory under the test temp dir, unique per test.
-std::string temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string dir = ::testing::TempDir() + "linea_app_common_" + info->name() + "_" + std::to_string(::getpid());
-  ::mkdir(dir.c_str(), 0755);
-  return dir;
 }
 
 std::vector<std::string> split_lines(const std::string& s) {
@@ -210,7 +204,8 @@ TEST(ProgressBar, UnknownTotalAndBadArguments) {
 }
 
 TEST(MetricsLog, FreshRunTruncatesAndWritesLines) {
-  const std::string path = temp_dir() + "/metrics.jsonl";
+  const TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
   write_all(path, "{\"step\": 99, \"old\": true}\n");
   {
     MetricsLog log(path);
@@ -229,7 +224,8 @@ TEST(MetricsLog, FreshRunTruncatesAndWritesLines) {
 }
 
 TEST(MetricsLog, ResumeDropsLinesAfterTheCheckpointAndAppends) {
-  const std::string path = temp_dir() + "/metrics.jsonl";
+  const TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
   write_all(path,
             "{\"run\": \"config\"}\n"
             "{\"step\": 10, \"loss\": 1.0}\n"
@@ -262,7 +258,8 @@ TEST(MetricsLog, ResumeDropsLinesAfterTheCheckpointAndAppends) {
 }
 
 TEST(MetricsLog, ResumeWithoutAFileStartsOne) {
-  const std::string path = temp_dir() + "/fresh.jsonl";
+  const TempDir dir;
+  const std::string path = dir.file("fresh.jsonl");
   std::remove(path.c_str());
   {
     MetricsLog log(path, 0);
@@ -272,7 +269,8 @@ TEST(MetricsLog, ResumeWithoutAFileStartsOne) {
 }
 
 TEST(MetricsLog, ReadSkipsMalformedLinesAndErrorsNameThePath) {
-  const std::string dir = temp_dir();
+  const TempDir tmp;
+  const std::string dir = tmp.path.string();
   const std::string path = dir + "/m.jsonl";
   write_all(path, "{\"a\":1}\nnot json\n[1,2]\n{\"b\":2}\n{\"c\":");
   const auto recs = MetricsLog::read(path);
@@ -319,7 +317,8 @@ Figure sample_figure() {
 
 TEST(PlotPng, WritesAPngWhenGnuplotIsInstalled) {
   if (!gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (Debian package gnuplot-nox)";
-  const std::string dir = temp_dir();
+  const TempDir tmp;
+  const std::string dir = tmp.path.string();
   const std::string path = dir + "/curves.png";
   write_all(path, "old picture");  // replaced as a whole
   std::string err = "stale";
@@ -340,26 +339,27 @@ TEST(PlotPng, WritesAPngWhenGnuplotIsInstalled) {
 }
 
 TEST(PlotPng, FailuresReturnFalseWithAReason) {
+  const TempDir dir;
   std::string err;
   Figure fig = sample_figure();
-  EXPECT_FALSE(plot_png(temp_dir() + "/no/such/dir/curves.png", fig, &err));
+  EXPECT_FALSE(plot_png(dir.file("no/such/dir/curves.png"), fig, &err));
   if (gnuplot_available()) {
     EXPECT_NE(err.find("no/such/dir/curves.png"), std::string::npos) << err;
   }
   EXPECT_EQ(err.rfind("plot_png: ", 0), 0u) << err;
   EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  EXPECT_FALSE(plot_png(temp_dir() + "/no/such/dir/curves.png", fig));  // no error string: still false
+  EXPECT_FALSE(plot_png(dir.file("no/such/dir/curves.png"), fig));  // no error string: still false
 
   Figure empty;
   empty.series = {Series{"nan", {1, 2}, {std::nan(""), std::nan("")}, false, false}};
   err.clear();
-  EXPECT_FALSE(plot_png(temp_dir() + "/empty.png", empty, &err));
+  EXPECT_FALSE(plot_png(dir.file("empty.png"), empty, &err));
   EXPECT_NE(err.find("nothing to plot"), std::string::npos) << err;
 
   Figure ragged;
   ragged.series = {Series{"ragged", {1, 2, 3}, {1, 2}, false, false}};
   err.clear();
-  EXPECT_FALSE(plot_png(temp_dir() + "/ragged.png", ragged, &err));
+  EXPECT_FALSE(plot_png(dir.file("ragged.png"), ragged, &err));
   EXPECT_NE(err.find("ragged"), std::string::npos) << err;
 }
 
@@ -368,9 +368,10 @@ TEST(PlotPng, MissingGnuplotIsAReasonNotACrash) {
   const char* old = std::getenv("PATH");
   const std::string saved = old ? old : "";
   ::setenv("PATH", "/nonexistent-linea-dir", 1);
+  const TempDir dir;
   std::string err;
   const bool available = gnuplot_available();
-  const bool ok = plot_png(temp_dir() + "/x.png", sample_figure(), &err);
+  const bool ok = plot_png(dir.file("x.png"), sample_figure(), &err);
   ::setenv("PATH", saved.c_str(), 1);
   EXPECT_FALSE(available);
   EXPECT_FALSE(ok);

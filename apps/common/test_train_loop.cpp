@@ -24,6 +24,7 @@
 #include "core/random.h"
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
+#include "tests/test_util.h"
 
 using namespace linea;
 using json = nlohmann::json;
@@ -31,19 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("linea_loop_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
+using linea::test::TempDir;
 
 // 3 classes of 2-d points around three centres.
 std::shared_ptr<nn::TensorDataset> points(int64_t n) {

@@ -208,13 +208,13 @@ using translate::test::write_toy_pair;
 
 // The toy data, prepared once for every test of this file.
 const std::string& toy_data() {
-  static TempDir* dir = new TempDir();  // lives until the process ends
+  static TempDir dir;  // removed when the process exits
   static const std::string data = [] {
-    write_toy_pair(dir->file("src.txt"), dir->file("tgt.txt"));
+    write_toy_pair(dir.file("src.txt"), dir.file("tgt.txt"));
     PrepareOptions p;
-    p.src_file = dir->file("src.txt");
-    p.tgt_file = dir->file("tgt.txt");
-    p.out = dir->file("data");
+    p.src_file = dir.file("src.txt");
+    p.tgt_file = dir.file("tgt.txt");
+    p.out = dir.file("data");
     p.valid_size = p.test_size = 50;
     p.vocab_size = 64;
     prepare(p);
