@@ -1,12 +1,13 @@
 // Differentiable indexing, joining, prefix-sum and real-FFT ops (declared in autograd/ops.h):
-// index_select, embedding, gather, scatter_add, cat, stack, split, chunk, cumsum, searchsorted,
-// rfft, irfft.
+// index_select, embedding, embed_tokens, gather, scatter_add, cat, stack, split, chunk, cumsum,
+// searchsorted, rfft, irfft.
 // Forward values come from linea::raw (core/ops_index.cpp); each backward sits beside its
 // forward. Not the kernels and not the argument checks (those are in the raw layer).
 //
 // Derivative rules (g = gradient of the output):
 //   index_select(x, d, i)    dx = index_add(zeros_like(x), d, i, g)
 //   embedding(W, i, p)       dW = index_add(zeros_like(W), 0, flat(i), g.reshape([-1, D])), row p zeroed
+//   embed_tokens(W, i, s, P) dW = s * the same; dP[offset + l] = sum over the batch of g[.., l, :]
 //   gather(x, d, i)          dx = scatter_add(zeros_like(x), d, i, g)
 //   scatter_add(x, d, i, s)  dx = g, ds = gather(g, d, i)
 //   cat(xs, d)               dx_k = narrow(g, d, offset_k, size_k)
@@ -84,22 +85,40 @@ Tensor embedding(const Tensor& weight, const Tensor& index, int64_t padding_idx)
               " (index shape ", shape_str(index.shape()), ")");
   LINEA_CHECK(padding_idx >= -1 && padding_idx < weight.size(0), "embedding: padding_idx ", padding_idx,
               " is out of range for ", weight.size(0), " rows (-1: none)");
-  Shape out_shape = index.shape();
-  out_shape.push_back(weight.size(1));                    // [index.shape..., D]
-  Tensor flat = index.detach().reshape({index.numel()});  // [N]
-  if (padding_idx < 0) return linea::reshape(linea::index_select(weight, 0, flat), out_shape);
-  // The padding row passes no gradient back (F.embedding's padding_idx): index_select's
-  // backward with that row of the result zeroed, where masking the output's gradient took a
-  // comparison and a where forward and a where backward.
-  Tensor rows = raw::index_select(weight, 0, flat);  // [N, D]
-  if (needs_grad({&weight}))
-    rows = attach(rows, "embedding", {weight},
-                  [shape = weight.shape(), flat, padding_idx](const Tensor& g) -> std::vector<Tensor> {
-                    Tensor dw = raw::index_add(zeros(shape, g.options()), 0, flat, g);  // [V, D]
-                    raw::fill_(dw.narrow(0, padding_idx, 1), 0.0);
-                    return {dw};
-                  });
-  return linea::reshape(rows, out_shape);
+  if (!is_floating(weight.dtype())) {  // a table of ints: a lookup, nothing to differentiate
+    Shape out_shape = index.shape();
+    out_shape.push_back(weight.size(1));
+    return raw::index_select(weight, 0, index.reshape({index.numel()})).reshape(out_shape);
+  }
+  return embed_tokens(weight, index, 1.0, Tensor(), 0, padding_idx);
+}
+
+Tensor embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions, int64_t offset,
+                    int64_t padding_idx) {
+  Tensor out = raw::embed_tokens(weight, index, scale, positions, offset);  // [index.shape..., D]
+  LINEA_CHECK(padding_idx >= -1 && padding_idx < weight.size(0), "embed_tokens: padding_idx ", padding_idx,
+              " is out of range for the weight ", shape_str(weight.shape()), " (-1: none)");
+  const bool need_w = weight.requires_grad(), need_p = positions.defined() && positions.requires_grad();
+  if (!needs_grad({&weight, &positions})) return out;
+  const int64_t num = weight.size(0), D = weight.size(1), n = index.numel();
+  const int64_t length = positions.defined() ? index.size(-1) : 1, max_len = need_p ? positions.size(0) : 0;
+  return attach(out, "embed_tokens", {weight, positions},
+                [flat = index.detach().reshape({n}), scale, padding_idx, need_w, need_p, num, D, n, length, max_len,
+                 offset](const Tensor& g) -> std::vector<Tensor> {
+                  Tensor rows = g.reshape({n, D}), dw, dp;
+                  if (need_w) dw = raw::embedding_weight_grad(rows, flat, num, scale, padding_idx);
+                  if (need_p) {  // each position's rows summed over the batch
+                    const int64_t batch = length > 0 ? n / length : 0;
+                    Tensor s = raw::reduce(ReduceOp::Sum, rows.reshape({batch, length, D}), {0}, false);
+                    if (offset == 0 && length == max_len) {
+                      dp = s;
+                    } else {
+                      dp = zeros({max_len, D}, g.options());
+                      raw::copy_(dp.narrow(0, offset, length), s);
+                    }
+                  }
+                  return {dw, dp};
+                });
 }
 
 // ---- gather / scatter_add ---------------------------------------------------------------

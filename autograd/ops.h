@@ -285,6 +285,13 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 // weight [V, D], index Int64 of any shape -> [index.shape..., D]; row padding_idx (-1: none) gets
 // no gradient (F.embedding's padding_idx: its output is still that row).
 Tensor embedding(const Tensor& weight, const Tensor& index, int64_t padding_idx = -1);
+// A sequence model's input embedding in one kernel (fairseq's embed_scale * embed_tokens(ids) +
+// embed_positions(ids), llm.c's encoder): scale * weight[index] + positions[offset + l] for the
+// index's last coordinate l -> [index.shape..., D]. positions [max_len, D] or undefined (none); a
+// table that requires grad gets its rows' sums over the batch, a fixed one (sinusoids) nothing.
+// The weight's gradient as embedding's, scaled, with padding_idx.
+Tensor embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions,
+                    int64_t offset = 0, int64_t padding_idx = -1);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

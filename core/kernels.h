@@ -230,15 +230,19 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   /* all-ignored batch gives 0), both 0-d */                                                                         \
   void cross_entropy_mean(const Tensor& loss, const Tensor& target, int64_t ignore_index, const Tensor& out,          \
                           const Tensor& count);                                                                      \
-  /* dlogits [N, C] from grad of the per-row loss [N], read with its stride (0: one value for every row, a mean's) */ \
+  /* dlogits [N, C] from grad of the per-row loss [N], read with its stride (0: one value for every row, a mean's) */\
   void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,     \
                               int64_t ignore_index, double smoothing, const Tensor& dlogits);                        \
   /* out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n]) along the middle */                         \
   void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,            \
                     int64_t inner);                                                                                  \
-  /* out [outer, size, inner] += src [outer, n, inner] at index (Int64 [n]) (accumulates) */                         \
+  /* out [outer, size, inner] += alpha * src [outer, n, inner] at index (Int64 [n]) (accumulates) */                 \
   void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,             \
-                 int64_t inner);                                                                                     \
+                 int64_t inner, double alpha);                                                                       \
+  /* out [n, D] = scale * weight [V, D] at index (Int64 [n]) + positions [max_len, D] at offset + (j % length) */    \
+  /* for row j (positions undefined: none): a sequence model's input embedding */                                    \
+  void embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions,                \
+                    int64_t offset, int64_t length, const Tensor& out);                                              \
   /* out = x gathered along dim at index; index Int64 has x's ndim, out index's shape */                             \
   void gather(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim);                                 \
   /* out (accumulated into) along dim at index += src; index and src have the same shape */                          \

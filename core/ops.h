@@ -209,6 +209,12 @@ std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, c
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 // base + src added at index along dim (base not modified); the backward of index_select.
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+// scale * weight [V, D] at index + positions [max_len, D] at offset + the index's last coordinate
+// (undefined: none) -> [index.shape..., D], one kernel: a sequence model's input embedding.
+Tensor embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions, int64_t offset);
+// An embedding's weight gradient: [num, D] zeros plus scale * grad [n, D] added at index [n] (each
+// row's sources in index order on both devices), row padding_idx (-1: none) zeroed.
+Tensor embedding_weight_grad(const Tensor& grad, const Tensor& index, int64_t num, double scale, int64_t padding_idx);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

@@ -128,8 +128,60 @@ Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Ten
   if (src.numel() == 0) return out;
   Tensor sc = contiguous(src);
   LINEA_BACKEND(base.device(), index_add, out, idx, sc, prod(base.shape(), 0, dim), base.size(dim),
-                prod(base.shape(), dim + 1, base.dim()));
+                prod(base.shape(), dim + 1, base.dim()), 1.0);
   return out;
+}
+
+// ---- embed_tokens ------------------------------------------------------------------------
+
+Tensor embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions, int64_t offset) {
+  const char* op = "embed_tokens";
+  check_defined(op, weight, "weight");
+  check_defined(op, index, "index");
+  check_same_device(op, weight, index);
+  check_index_dtype(op, index);
+  LINEA_CHECK(weight.dim() == 2 && is_floating(weight.dtype()), op, ": weight must be a float [V, D] table, got ",
+              dtype_name(weight.dtype()), " ", shape_str(weight.shape()));
+  const int64_t V = weight.size(0), D = weight.size(1);
+  int64_t length = 1;  // the positions' period along the flattened index
+  if (positions.defined()) {
+    check_same_device(op, weight, positions);
+    check_same_dtype(op, weight, positions);
+    LINEA_CHECK(positions.dim() == 2 && positions.size(1) == D, op, ": positions must be [max_len, ", D,
+                "] like the weight ", shape_str(weight.shape()), ", got ", shape_str(positions.shape()));
+    LINEA_CHECK(index.dim() >= 1, op, ": with positions the index needs a sequence dim (last), got ",
+                shape_str(index.shape()));
+    length = index.size(-1);
+    LINEA_CHECK(offset >= 0 && offset + length <= positions.size(0), op, ": positions [", offset, ", ", offset + length,
+                ") of index ", shape_str(index.shape()), " exceed the table's ", positions.size(0), " rows");
+  }
+  Tensor idx = contiguous(index);
+  check_index_values(op, idx, 0, V);
+  Shape out_shape = index.shape();
+  out_shape.push_back(D);
+  Tensor out = empty(out_shape, weight.options());
+  if (out.numel() == 0) return out;
+  LINEA_BACKEND(weight.device(), embed_tokens, contiguous(weight), idx, scale,
+                positions.defined() ? contiguous(positions) : Tensor(), offset, length, out);
+  return out;
+}
+
+Tensor embedding_weight_grad(const Tensor& grad, const Tensor& index, int64_t num, double scale, int64_t padding_idx) {
+  const char* op = "embedding_weight_grad";
+  check_defined(op, grad, "grad");
+  check_defined(op, index, "index");
+  check_same_device(op, grad, index);
+  check_index_dtype(op, index);
+  const int64_t n = index.numel();
+  LINEA_CHECK(grad.dim() == 2 && grad.size(0) == n && padding_idx >= -1 && padding_idx < num, op, ": grad ",
+              shape_str(grad.shape()), " must be [", n, ", D] for an index of ", n, ", padding_idx ", padding_idx,
+              " in [-1, ", num, ")");
+  Tensor idx = contiguous(index.reshape({n}));
+  check_index_values(op, idx, 0, num);
+  Tensor dw = zeros({num, grad.size(1)}, grad.options());
+  if (grad.numel() > 0) LINEA_BACKEND(grad.device(), index_add, dw, idx, contiguous(grad), 1, num, grad.size(1), scale);
+  if (padding_idx >= 0) fill_(dw.narrow(0, padding_idx, 1), 0.0);
+  return dw;
 }
 
 // ---- gather / scatter_add ------------------------------------------------------------------

@@ -37,6 +37,9 @@ inline unsigned grid_for(int64_t n, int block = kBlockSize) {
 // Bool is stored as uint8_t).
 template <typename T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
 template <typename T> const T* cptr(const Tensor& t) { return static_cast<const T*>(t.data_ptr()); }
+// The same, null for an undefined tensor (an optional operand).
+template <typename T> T* ptr_or_null(const Tensor& t) { return t.defined() ? ptr<T>(t) : nullptr; }
+template <typename T> const T* cptr_or_null(const Tensor& t) { return t.defined() ? cptr<T>(t) : nullptr; }
 
 // Smallest power of two >= n, clamped to [lo, hi].
 inline int pow2_clamp(int64_t n, int lo, int hi) {

@@ -78,7 +78,15 @@ unsigned int* blocks_done_counter();
 // writes a report into host-mapped memory and moves on (the affected outputs are 0);
 // check_device_errors(), called after every host synchronization (memcpy_d2h,
 // synchronize(), LINEA_CUDA_SYNC=1 launches), throws linea::Error from the host.
-enum class DeviceErrorCode : int { None = 0, IndexSelect, IndexAdd, Gather, ScatterAdd, CrossEntropyTarget };
+enum class DeviceErrorCode : int {
+  None = 0,
+  IndexSelect,
+  IndexAdd,
+  Gather,
+  ScatterAdd,
+  CrossEntropyTarget,
+  EmbedTokens
+};
 struct DeviceErrorReport {
   int code;       // a DeviceErrorCode; 0 = none
   int64_t value;  // the bad value (one of them, when several threads saw one)

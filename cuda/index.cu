@@ -1,6 +1,6 @@
-// CUDA kernels for indexing and prefix sums: index_select, index_add, gather, scatter_add,
-// cumsum, searchsorted (namespace linea::cuda, contracts in core/kernels.h; CPU reference core/cpu/index.cpp).
-// All tensors are contiguous.
+// CUDA kernels for indexing and prefix sums: index_select, index_add, embed_tokens, gather,
+// scatter_add, cumsum, searchsorted (namespace linea::cuda, contracts in core/kernels.h; CPU
+// reference core/cpu/index.cpp). All tensors are contiguous.
 //
 // Index values are not checked on the host for CUDA tensors (that would need a host sync):
 // a kernel that meets an index outside [0, size) reads 0 (or skips the addition) and files a
@@ -14,6 +14,8 @@
 // Kernels that only move data (index_select, gather) are instantiated per element size.
 // Not here: argument checks, dim handling, allocation (core/ops_index.cpp).
 #include <cub/device/device_radix_sort.cuh>
+
+#include <type_traits>
 
 #include "core/kernels.h"
 #include "core/search_math.h"
@@ -63,12 +65,23 @@ void sort_positions(const int64_t* key, int64_t n, int64_t* pos) {
       cub::DeviceRadixSort::SortPairs(temp.p, bytes, key, sorted_keys.p, positions.p, pos, n, 0, 64, stream()));
 }
 
-// out [outer, size, inner] += src [outer, n, inner] at index [n], pos the positions 0..n-1 sorted
-// by (index, position): the thread of (o, p, i) where sorted position p starts a run of one
-// index adds the run's sources to out in position order (the other threads have nothing to do).
+// acc + a * b rounded as the CPU rounds it, the product and then the sum: nvcc would fuse the two
+// into one fma, and a scaled sum's last bits would differ from the CPU's.
+template <typename T> __device__ T add_product_unfused(T acc, T a, T b) {
+#ifdef __CUDA_ARCH__
+  if constexpr (std::is_same_v<T, float>) return __fadd_rn(acc, __fmul_rn(a, b));
+  if constexpr (std::is_same_v<T, double>) return __dadd_rn(acc, __dmul_rn(a, b));
+#endif
+  return acc + a * b;
+}
+
+// out [outer, size, inner] += alpha * src [outer, n, inner] at index [n], pos the positions 0..n-1
+// sorted by (index, position): the thread of (o, p, i) where sorted position p starts a run of
+// one index adds the run's sources to out in position order (the other threads have nothing to
+// do).
 template <typename T>
 __global__ void index_add_sorted_kernel(T* out, const int64_t* index, const int64_t* pos, const T* src, int64_t outer,
-                                        int64_t size, int64_t n, int64_t inner, DeviceErrorReport* rep) {
+                                        int64_t size, int64_t n, int64_t inner, T alpha, DeviceErrorReport* rep) {
   const int64_t total = outer * n * inner;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -81,8 +94,29 @@ __global__ void index_add_sorted_kernel(T* out, const int64_t* index, const int6
     }
     T* dst = out + (o * size + idx) * inner + i;
     T acc = *dst;
-    for (int64_t q = p; q < n && index[pos[q]] == idx; ++q) acc += src[(o * n + pos[q]) * inner + i];
+    for (int64_t q = p; q < n && index[pos[q]] == idx; ++q)
+      acc = add_product_unfused(acc, alpha, src[(o * n + pos[q]) * inner + i]);
     *dst = acc;
+  }
+}
+
+// out [n, D] = scale * weight [V, D] at index [n] + positions at offset + (j % length) for row j
+// (positions null: none).
+template <typename T>
+__global__ void embed_tokens_kernel(const T* weight, const int64_t* index, T scale, const T* positions, int64_t offset,
+                                    int64_t length, T* out, int64_t n, int64_t V, int64_t D, DeviceErrorReport* rep) {
+  const int64_t total = n * D;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = e % D, j = e / D;
+    const int64_t idx = index[j];
+    if (idx < 0 || idx >= V) {
+      report_device_error(rep, DeviceErrorCode::EmbedTokens, idx, V);
+      out[e] = T(0);
+      continue;
+    }
+    const T p = positions ? positions[(offset + j % length) * D + c] : T(0);
+    out[e] = add_product_unfused(p, scale, weight[idx * D + c]);
   }
 }
 
@@ -200,8 +234,9 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64
   dispatch_bits(x.element_size(), "index_select", run);
 }
 
-// out [outer, size, inner] += src [outer, n, inner] at index (Int64 [n])
-void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size, int64_t inner) {
+// out [outer, size, inner] += alpha * src [outer, n, inner] at index (Int64 [n])
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size, int64_t inner,
+               double alpha) {
   check_index_tensor("index_add", index);
   const int64_t n = index.numel();
   LINEA_CHECK(out.numel() == outer * size * inner && src.numel() == outer * n * inner, "index_add: out ",
@@ -214,7 +249,27 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_
   LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add", [&] {
     index_add_sorted_kernel<scalar_t><<<grid_for(total), kBlockSize, 0, stream()>>>(
         ptr<scalar_t>(out), cptr<int64_t>(index), pos.as<int64_t>(), cptr<scalar_t>(src), outer, size, n, inner,
-        device_error_report());
+        static_cast<scalar_t>(alpha), device_error_report());
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// out [n, D] = scale * weight [V, D] at index (Int64 [n]) + positions [max_len, D] at offset +
+// (j % length) for row j (positions undefined: none)
+void embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions, int64_t offset,
+                  int64_t length, const Tensor& out) {
+  check_index_tensor("embed_tokens", index);
+  const int64_t n = index.numel(), V = weight.size(0), D = weight.size(1);
+  LINEA_CHECK(out.numel() == n * D && length > 0 && n % length == 0 &&
+                  (!positions.defined() || (positions.size(1) == D && offset + length <= positions.size(0))),
+              "embed_tokens: weight ", shape_str(weight.shape()), ", ", n, " indices in rows of ", length,
+              ", positions ", positions.defined() ? shape_str(positions.shape()) : std::string("none"), " at offset ",
+              offset, ", out ", shape_str(out.shape()));
+  if (out.numel() == 0) return;
+  LINEA_DISPATCH_FLOAT(weight.dtype(), "embed_tokens", [&] {
+    embed_tokens_kernel<scalar_t><<<grid_for(out.numel()), kBlockSize, 0, stream()>>>(
+        cptr<scalar_t>(weight), cptr<int64_t>(index), static_cast<scalar_t>(scale), cptr_or_null<scalar_t>(positions),
+        offset, length, ptr<scalar_t>(out), n, V, D, device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -292,7 +292,6 @@ __global__ void cross_entropy_mean_kernel(const T* loss, const int64_t* target, 
   *out = s / c;
 }
 
-template <typename T> const T* cptr_or_null(const Tensor& t) { return t.defined() ? cptr<T>(t) : nullptr; }
 // Long columns on many blocks (ColumnRuns, cuda/common.cuh): each run's max m_k and sum s_k of
 // exp(x - m_k) into partial [run, 2, columns]; merged per column in order (M = max m_k, S = sum
 // s_k exp(m_k - M)) into stats [2, columns]; then every element from its column's (M, S). The
@@ -377,8 +376,6 @@ __global__ void softmax_backward_apply_kernel(const T* g, const T* y, const T* s
     dx[e] = log ? g[e] - d_exp(y[e]) * s : y[e] * (g[e] - s);
   }
 }
-
-template <typename T> T* ptr_or_null(const Tensor& t) { return t.defined() ? ptr<T>(t) : nullptr; }
 
 // ---- normalize ----------------------------------------------------------------------------------
 // x, y [rows, cols], a warp per row (its lanes along the row; the butterfly's sum, the same bits

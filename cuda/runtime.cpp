@@ -286,6 +286,8 @@ const char* device_error_op(int code) {
       return "scatter_add";
     case DeviceErrorCode::CrossEntropyTarget:
       return "cross_entropy";
+    case DeviceErrorCode::EmbedTokens:
+      return "embed_tokens";
     default:
       return "CUDA kernel";
   }

@@ -2010,6 +2010,18 @@ TEST(CudaParity, Indexing) {
     expect_parity(tag("embedding, padding row 4 used", dt),
                   [](const std::vector<Tensor>& v) { return embedding(v[0], v[1], 4); },
                   {rnd({10, 6}, dt), ints({1, 9, 1, 0, 4, 4, 4, 7, 2, 3, 1, 8}, {3, 4})});
+    // The input embedding: a learned table at an offset, then the table as long as the rows, a
+    // padding row used, no positions.
+    const Tensor tokens = ints({1, 9, 1, 0, 4, 4, 4, 7, 2, 3, 1, 8}, {3, 4});
+    expect_parity(tag("embed_tokens, learned positions at 2", dt),
+                  [](const std::vector<Tensor>& v) { return embed_tokens(v[0], v[1], 2.5, v[2], 2, 4); },
+                  {rnd({10, 6}, dt), tokens, rnd({7, 6}, dt)});
+    expect_parity(tag("embed_tokens, 4 positions", dt),
+                  [](const std::vector<Tensor>& v) { return embed_tokens(v[0], v[1], -0.3, v[2]); },
+                  {rnd({10, 6}, dt), tokens, rnd({4, 6}, dt)});
+    expect_parity(tag("embed_tokens, no positions", dt),
+                  [](const std::vector<Tensor>& v) { return embed_tokens(v[0], v[1], 8.0, Tensor()); },
+                  {rnd({10, 6}, dt), tokens});
     const Tensor gidx =
         ints({0, 6, 3, 3, 1, 2, 2, 5, 0, 6, 4, 1, 1, 1, 0, 6, 5, 4, 3, 2}, {4, 5, 1}).expand({4, 5, 3}).contiguous();
     expect_parity(tag("gather dim 1", dt), [](const std::vector<Tensor>& v) { return gather(v[0], 1, v[1]); },
@@ -2094,6 +2106,49 @@ TEST(CudaParity, IndexAddAndScatterAddEqualTheCpuBitForBit) {
     EXPECT_EQ(raw::scatter_add(mbase.to(kCuda), 0, mi.to(kCuda), ms.to(kCuda)).to(kCPU).to_vector<double>(),
               raw::scatter_add(mbase, 0, mi, ms).to_vector<double>());
   }
+  // Scaled (the input embedding's sqrt(dim)): the product and the sum rounded apart on the GPU too,
+  // as on the CPU. Kernel calls against the CPU's: index_add into the same random base, and the
+  // embedding's forward into a NaN-poisoned output (35 rows of 13: not a multiple of the block).
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor base = rnd({50, 33}, dt), src = mul(rnd({3000, 33}, dt), exp(rnd({3000, 33}, dt, 3.0)));
+    Tensor cpu = clone(base), gpu = base.to(kCuda);
+    cpu::index_add(cpu, skewed, src, 1, 50, 33, 0.37);
+    LINEA_BACKEND(kCuda, index_add, gpu, skewed.to(kCuda), src.to(kCuda), 1, 50, 33, 0.37);
+    EXPECT_EQ(gpu.to(kCPU).to_vector<double>(), cpu.to_vector<double>());
+
+    const Tensor w = rnd({50, 13}, dt), pos = rnd({9, 13}, dt), tok = skewed.narrow(0, 0, 35);
+    for (const Tensor& p : {pos, Tensor()}) {
+      SCOPED_TRACE(p.defined() ? "positions" : "none");
+      Tensor out = empty({35, 13}, TensorOptions(dt)), out_d = poisoned({35, 13}, dt);
+      cpu::embed_tokens(w, tok, 5.7, p, 2, 7, out);  // 5 rows of 7 positions from 2 (9 in the table)
+      LINEA_BACKEND(kCuda, embed_tokens, w.to(kCuda), tok.to(kCuda), 5.7, p.defined() ? p.to(kCuda) : Tensor(), 2, 7,
+                    out_d);
+      EXPECT_EQ(out_d.to(kCPU).to_vector<double>(), out.to_vector<double>());
+    }
+  }
+#ifndef LINEA_PARITY_SELF_TEST
+  {  // A training call: the forward one kernel; with a fixed table the backward the weight's only
+    // (the positions to sort, CUB's sort, the sorted add; the zeros and the padding row memsets),
+    // with a learned one its sum besides.
+    const Tensor tokc = ints({1, 9, 1, 0, 4, 4, 4, 7, 2, 3, 1, 8}, {3, 4}).to(kCuda);
+    const Tensor pos = rnd({4, 6}, DType::Float32).to(kCuda), g = rnd({3, 4, 6}, DType::Float32).to(kCuda);
+    for (bool learned : {false, true}) {
+      SCOPED_TRACE(learned ? "learned" : "fixed");
+      Tensor w = rnd({10, 6}, DType::Float32).to(kCuda).requires_grad_(true);
+      Tensor p = learned ? pos.detach().requires_grad_(true) : pos;
+      cuda::Counters before = cuda::counters();
+      const Tensor y = embed_tokens(w, tokc, 8.0, p, 0, 2);
+      cuda::Counters n = cuda::counters() - before;
+      EXPECT_EQ(n.kernel_launches, 1) << n.str();
+      before = cuda::counters();
+      y.backward(g);
+      n = cuda::counters() - before;
+      EXPECT_EQ(n.kernel_launches, learned ? 3 : 2) << n.str();
+      EXPECT_EQ(n.device_copies, 2) << n.str();
+    }
+  }
+#endif
   // int64 values (exact sums)
   const Tensor ibase = randint(-9, 9, {50, 3}), isrc = randint(-1000, 1000, {3000, 3});
   EXPECT_EQ(raw::index_add(ibase.to(kCuda), 0, skewed.to(kCuda), isrc.to(kCuda)).to(kCPU).to_vector<int64_t>(),
@@ -2108,6 +2163,7 @@ TEST(CudaParity, BadIndicesAreReported) {
   const Tensor x = randn({4, 3}, TensorOptions(DType::Float32, kCuda));
   const Tensor bad = ints({1, 4}, {2}).to(kCuda);
   EXPECT_LINEA_ERROR(index_select(x, 0, bad).to(kCPU), "out of range");
+  EXPECT_LINEA_ERROR(embed_tokens(x, bad, 2.0, Tensor()).to(kCPU), "embed_tokens");
   const Tensor logits = randn({2, 5}, TensorOptions(DType::Float32, kCuda));
   EXPECT_LINEA_ERROR(cross_entropy(logits, ints({1, 5}, {2}).to(kCuda)).item(), "cross_entropy");
   // the device is still usable afterwards

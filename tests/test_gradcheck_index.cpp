@@ -1,8 +1,8 @@
 // Gradient checks (float64, central differences vs backward) of the indexing, joining,
-// prefix-sum and real-FFT ops: index_select, embedding, gather, scatter_add, cat, stack, split,
-// chunk, cumsum, rfft, irfft. Each family includes a non-contiguous (transposed or sliced) input;
-// the FFTs are checked for even and odd n, with padding (n > L) and truncation (n < L), and
-// along a non-last dim. Forward values are in test_index_ops.cpp.
+// prefix-sum and real-FFT ops: index_select, embedding, embed_tokens, gather, scatter_add, cat,
+// stack, split, chunk, cumsum, rfft, irfft. Each family includes a non-contiguous (transposed or
+// sliced) input; the FFTs are checked for even and odd n, with padding (n > L) and truncation
+// (n < L), and along a non-last dim. Forward values are in test_index_ops.cpp.
 #include <vector>
 
 #include "tests/test_util.h"
@@ -64,6 +64,26 @@ TEST(GradCheck, Embedding) {
   for (int64_t v = 0; v < 6; ++v)
     for (int64_t d = 0; d < 3; ++d) EXPECT_EQ(g[v * 3 + d], pad_counts[v]) << "row " << v;
   EXPECT_EQ(max(abs(embedding(w3, idx, 4) - embedding(w3, idx))).item(), 0.0);  // the row itself forward
+}
+
+// The weight and a learned positions table, scaled, at an offset (rows 2..4 of 5) and from 0,
+// with an unused padding row; non-contiguous leaves whose table is exactly the rows' length; one
+// sequence (a 1-d index).
+TEST(GradCheck, EmbedTokens) {
+  manual_seed(104);
+  Tensor w = randn64({6, 3}), pos = randn64({5, 3});
+  Tensor idx = tensor<int64_t>({1, 4, 1, 0, 4, 4}, {2, 3});  // [B, L] = [2, 3], repeated indices
+  for (int64_t offset : {0, 2})
+    EXPECT_GRADCHECK([&](const Inputs& in) { return embed_tokens(in[0], idx, 1.7, in[1], offset); }, {w, pos});
+  EXPECT_GRADCHECK([&](const Inputs& in) { return embed_tokens(in[0], idx, 0.5, in[1], 1, 2); }, {w, pos});
+  Tensor ws = randn64_sliced({6, 3}), ps = randn64_sliced({3, 3});
+  EXPECT_GRADCHECK([&](const Inputs& in) { return embed_tokens(in[0], idx, -2.0, in[1]); }, {ws, ps});
+  EXPECT_GRADCHECK(
+      [&](const Inputs& in) {
+        return embed_tokens(in[0], tensor<int64_t>({2, 2, 5}, {3}), 3.0, in[1], 2);
+      },
+      {w, pos});
+  EXPECT_GRADCHECK([&](const Inputs& in) { return embed_tokens(in[0], idx, 3.0, Tensor()); }, {w});
 }
 
 TEST(GradCheck, Gather) {

@@ -355,6 +355,51 @@ TEST(IndexOps, EmbeddingValues) {
   EXPECT_EQ(y.to_vector<double>(), (std::vector<double>{12, 13, 14, 0, 1, 2, 12, 13, 14, 6, 7, 8}));
 }
 
+// embed_tokens against the composed formula (scale * embedding + the table's rows): the same
+// bits forward and the same gradients, a learned table at an offset and from 0, no table, a
+// padding row used; a fixed table (a buffer: sinusoids) gets no gradient.
+TEST(IndexOps, EmbedTokensEqualsTheComposedFormula) {
+  manual_seed(12);
+  const Tensor idx = tensor<int64_t>({3, 2, 2, 8, 0, 2, 5, 5, 1, 3, 7, 2}, {3, 4});
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    const Tensor w = randn({9, 5}, TensorOptions(dt)), pos = randn({7, 5}, TensorOptions(dt));
+    const Tensor g = randn({3, 4, 5}, TensorOptions(dt));
+    for (int64_t offset : {0, 3})
+      for (bool with_pos : {true, false}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " offset " + std::to_string(offset) + (with_pos ? "" : " none"));
+        Tensor w1 = clone(w).requires_grad_(true), p1 = clone(pos).requires_grad_(true);
+        Tensor w2 = clone(w).requires_grad_(true), p2 = clone(pos).requires_grad_(true);
+        Tensor fused = embed_tokens(w1, idx, 2.5, with_pos ? p1 : Tensor(), offset, 2);
+        Tensor composed = embedding(w2, idx, 2) * 2.5;
+        if (with_pos) composed = composed + narrow(p2, 0, offset, 4);
+        EXPECT_TRUE(all_close(fused, composed, 0, 0));
+        fused.backward(g);
+        composed.backward(g);
+        EXPECT_TRUE(all_close(w1.grad(), w2.grad(), 0, 0));
+        auto gv = w1.grad().to_vector<double>();
+        for (int64_t c = 0; c < 5; ++c) EXPECT_EQ(gv[2 * 5 + c], 0.0);  // the padding row, used three times
+        if (with_pos) {
+          EXPECT_TRUE(all_close(p1.grad(), p2.grad(), 0, 0));
+          EXPECT_EQ(max(abs(narrow(p1.grad(), 0, offset == 0 ? 4 : 0, 3))).item(), 0.0);  // rows not used
+        }
+      }
+    Tensor w3 = clone(w).requires_grad_(true);
+    Tensor fixed = clone(pos);  // no grad
+    embed_tokens(w3, idx, 1.0, fixed, 1).backward(g);
+    EXPECT_FALSE(fixed.grad().defined());
+    EXPECT_TRUE(w3.grad().defined());
+    // no tokens, or sequences of none: an empty output, zero gradients
+    for (const Shape& shape : {Shape{0, 4}, Shape{3, 0}}) {
+      Tensor w4 = clone(w).requires_grad_(true), p4 = clone(pos).requires_grad_(true);
+      Tensor y = embed_tokens(w4, zeros(shape, TensorOptions(DType::Int64)), 2.0, p4, 1);
+      EXPECT_EQ(y.shape(), (Shape{shape[0], shape[1], 5}));
+      y.sum().backward();
+      EXPECT_EQ(max(abs(w4.grad())).item(), 0.0);
+      EXPECT_EQ(max(abs(p4.grad())).item(), 0.0);
+    }
+  }
+}
+
 // ---- gather / scatter_add -------------------------------------------------------------------
 
 TEST(IndexOps, GatherValues) {
@@ -507,6 +552,20 @@ TEST(IndexOps, BadInputsThrow) {
   EXPECT_LINEA_ERROR(index_select(x, 0, tensor<double>({1.0}, {1})), "index_select: index must have dtype int64");
   EXPECT_LINEA_ERROR(gather(x, 0, zeros({1, 1}, f64())), "gather: index must have dtype int64");
   EXPECT_LINEA_ERROR(embedding(x, zeros({2}, f64())), "embedding: index must have dtype int64");
+  // embed_tokens: the table's width, its rows, the sequence dim, the dtypes, padding_idx, values
+  const Tensor ids = tensor<int64_t>({1, 2, 0, 4}, {2, 2});
+  EXPECT_LINEA_ERROR(embed_tokens(x, ids, 1.0, zeros({4, 2}, f64())), "embed_tokens: positions must be [max_len, 3]");
+  EXPECT_LINEA_ERROR(embed_tokens(x, ids, 1.0, zeros({4, 3}, f64()), 3),
+                     "embed_tokens: positions [3, 5) of index [2, 2] exceed the table's 4 rows");
+  EXPECT_LINEA_ERROR(embed_tokens(x, ids, 1.0, zeros({4, 3}, f64()), -1), "embed_tokens: positions [-1, 1)");
+  EXPECT_LINEA_ERROR(embed_tokens(x, tensor<int64_t>({1}, {}), 1.0, zeros({4, 3}, f64())),
+                     "embed_tokens: with positions the index needs a sequence dim");
+  EXPECT_LINEA_ERROR(embed_tokens(x, ids, 1.0, zeros({4, 3})), "embed_tokens");  // float32 table, float64 weight
+  EXPECT_LINEA_ERROR(embed_tokens(x, ids, 1.0, Tensor(), 0, 5), "embed_tokens: padding_idx 5 is out of range");
+  EXPECT_LINEA_ERROR(embed_tokens(x, tensor<int64_t>({1, 7}, {2}), 1.0, Tensor()),
+                     "embed_tokens: index 7 is out of range");
+  EXPECT_LINEA_ERROR(embed_tokens(x, zeros({2}, f64()), 1.0, Tensor()), "embed_tokens: index must have dtype int64");
+  EXPECT_LINEA_ERROR(embed_tokens(zeros({5}, f64()), ids, 1.0, Tensor()), "embed_tokens");
   // index rank / shape
   EXPECT_LINEA_ERROR(gather(x, 0, tensor<int64_t>({0}, {1})), "gather: index must have the same number of dims");
   EXPECT_LINEA_ERROR(gather(x, 0, zeros({2, 4}, TensorOptions(DType::Int64))), "gather: index [2, 4] is larger");

@@ -90,8 +90,9 @@ Tensor ProteinLM::hidden(const Tensor& tokens, const Tensor& pad) {
     LINEA_CHECK(pad.shape() == tokens.shape() && (pad.dtype() == DType::Bool || pad.dtype() == DType::Int64),
                 "ProteinLM: the padding mask must be Bool or Int64 shaped like the tokens ", shape_str(tokens.shape()),
                 ", got ", dtype_name(pad.dtype()), " ", shape_str(pad.shape()));
-  Tensor x = (*embed_)(tokens)*std::sqrt(static_cast<double>(cfg_.dim));  // [B, T, dim]
-  if (pos_) x = (*pos_)(x);
+  // scale * embed[tokens] + pos in one kernel: [B, T, dim]
+  Tensor x = embed_tokens(embed_->weight(), tokens, std::sqrt(static_cast<double>(cfg_.dim)),
+                          pos_ ? pos_->weight() : Tensor(), 0, embed_->padding_idx());
   x = (*drop_)(x);
   attn::AttentionOptions o;
   o.key_padding_mask = pad;  // padded keys are hidden from every query

@@ -66,9 +66,10 @@ Tensor Seq2Seq::embed(const std::shared_ptr<nn::Embedding>& table,
               dtype_name(ids.dtype()), " ", shape_str(ids.shape()));
   LINEA_CHECK(offset + ids.size(1) <= cfg_.max_len, "translate: a sequence of ", offset + ids.size(1),
               " tokens is longer than the model's maximum of ", cfg_.max_len, " (--max-len)");
-  Tensor x = (*table)(ids) * std::sqrt(static_cast<double>(cfg_.dim));
-  if (sin_pos_) x = (*sin_pos_)(x, offset);
-  if (learned) x = (*learned)(x, offset);
+  // scale * table[ids] + positions in one kernel; the modules hold the tables.
+  const Tensor positions = sin_pos_ ? sin_pos_->table() : learned ? learned->weight() : Tensor();
+  Tensor x = embed_tokens(table->weight(), ids, std::sqrt(static_cast<double>(cfg_.dim)), positions, offset,
+                          table->padding_idx());
   return (*drop_)(x);
 }
 

@@ -1,7 +1,7 @@
-// CPU kernels for indexing and prefix sums: index_select, index_add, gather, scatter_add,
-// cumsum, searchsorted (namespace linea::cpu, contracts in core/kernels.h). All tensors are contiguous and
-// index values were range-checked by the raw op layer. Not the argument checking (core/ops_index.cpp)
-// and not the FFTs (core/cpu/fft.cpp).
+// CPU kernels for indexing and prefix sums: index_select, index_add, embed_tokens, gather,
+// scatter_add, cumsum, searchsorted (namespace linea::cpu, contracts in core/kernels.h). All tensors
+// are contiguous and index values were range-checked by the raw op layer. Not the argument checking
+// (core/ops_index.cpp) and not the FFTs (core/cpu/fft.cpp).
 //
 // Parallelism: work is split over independent (outer, inner-block) tasks. The accumulating
 // kernels (index_add, scatter_add) give each task a disjoint set of output positions and walk
@@ -77,7 +77,7 @@ void index_select_impl(const Tensor& x, const Tensor& index, const Tensor& out, 
 
 template <typename T>
 void index_add_impl(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,
-                    int64_t inner) {
+                    int64_t inner, T alpha) {
   T* op = static_cast<T*>(out.data_ptr());
   const T* sp = static_cast<const T*>(src.data_ptr());
   const int64_t* ip = index.data<int64_t>();
@@ -92,7 +92,28 @@ void index_add_impl(const Tensor& out, const Tensor& index, const Tensor& src, i
     for (int64_t j = 0; j < n; ++j) {
       T* dst = op + (o * size + ip[j]) * inner;
       const T* s = sp + (o * n + j) * inner;
-      for (int64_t i = lo; i < hi; ++i) dst[i] += s[i];
+      for (int64_t i = lo; i < hi; ++i) dst[i] += alpha * s[i];
+    }
+  }
+}
+
+template <typename T>
+void embed_tokens_impl(const Tensor& weight, const Tensor& index, T scale, const Tensor& positions, int64_t offset,
+                       int64_t length, const Tensor& out) {
+  const T* wp = static_cast<const T*>(weight.data_ptr());
+  const T* pp = positions.defined() ? static_cast<const T*>(positions.data_ptr()) : nullptr;
+  T* op = static_cast<T*>(out.data_ptr());
+  const int64_t* ip = index.data<int64_t>();
+  const int64_t n = index.numel(), D = weight.size(1);
+#pragma omp parallel for schedule(static) if (n * D >= kParallelGrain && n > 1)
+  for (int64_t j = 0; j < n; ++j) {
+    const T* w = wp + ip[j] * D;
+    T* o = op + j * D;
+    if (pp) {
+      const T* p = pp + (offset + j % length) * D;
+      for (int64_t c = 0; c < D; ++c) o[c] = scale * w[c] + p[c];
+    } else {
+      for (int64_t c = 0; c < D; ++c) o[c] = scale * w[c];
     }
   }
 }
@@ -182,10 +203,21 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64
                      [&] { index_select_impl<scalar_t>(x, index, out, outer, size, inner); });
 }
 
-// out [outer, size, inner] += src [outer, n, inner] at index [n]
-void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size, int64_t inner) {
-  LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add",
-                         [&] { index_add_impl<scalar_t>(out, index, src, outer, size, inner); });
+// out [outer, size, inner] += alpha * src [outer, n, inner] at index [n]
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size, int64_t inner,
+               double alpha) {
+  LINEA_DISPATCH_NUMERIC(out.dtype(), "index_add", [&] {
+    index_add_impl<scalar_t>(out, index, src, outer, size, inner, static_cast<scalar_t>(alpha));
+  });
+}
+
+// out [n, D] = scale * weight at index + positions at offset + (j % length) (the caller checked the
+// index values)
+void embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions, int64_t offset,
+                  int64_t length, const Tensor& out) {
+  LINEA_DISPATCH_FLOAT(weight.dtype(), "embed_tokens", [&] {
+    embed_tokens_impl<scalar_t>(weight, index, static_cast<scalar_t>(scale), positions, offset, length, out);
+  });
 }
 
 // out (index's shape) = x at index along dim
