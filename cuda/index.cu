@@ -115,8 +115,8 @@ __global__ void embed_tokens_kernel(const T* weight, const int64_t* index, T sca
       out[e] = T(0);
       continue;
     }
-    const T p = positions ? positions[(offset + j % length) * D + c] : T(0);
-    out[e] = add_product_unfused(p, scale, weight[idx * D + c]);
+    const T w = weight[idx * D + c];  // no table: the product alone (0 + it would turn -0 into +0)
+    out[e] = positions ? add_product_unfused(positions[(offset + j % length) * D + c], scale, w) : scale * w;
   }
 }
 

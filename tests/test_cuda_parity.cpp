@@ -2117,14 +2117,20 @@ TEST(CudaParity, IndexAddAndScatterAddEqualTheCpuBitForBit) {
     LINEA_BACKEND(kCuda, index_add, gpu, skewed.to(kCuda), src.to(kCuda), 1, 50, 33, 0.37);
     EXPECT_EQ(gpu.to(kCPU).to_vector<double>(), cpu.to_vector<double>());
 
-    const Tensor w = rnd({50, 13}, dt), pos = rnd({9, 13}, dt), tok = skewed.narrow(0, 0, 35);
+    // (row 0 of the table zero and the scale negative: -0 without a table, on both devices)
+    const Tensor w = cat({zeros({1, 13}, TensorOptions(dt)), rnd({49, 13}, dt)}, 0), pos = rnd({9, 13}, dt),
+                 tok = skewed.narrow(0, 0, 35);
     for (const Tensor& p : {pos, Tensor()}) {
       SCOPED_TRACE(p.defined() ? "positions" : "none");
       Tensor out = empty({35, 13}, TensorOptions(dt)), out_d = poisoned({35, 13}, dt);
-      cpu::embed_tokens(w, tok, 5.7, p, 2, 7, out);  // 5 rows of 7 positions from 2 (9 in the table)
-      LINEA_BACKEND(kCuda, embed_tokens, w.to(kCuda), tok.to(kCuda), 5.7, p.defined() ? p.to(kCuda) : Tensor(), 2, 7,
+      cpu::embed_tokens(w, tok, -5.7, p, 2, 7, out);  // 5 rows of 7 positions from 2 (9 in the table)
+      LINEA_BACKEND(kCuda, embed_tokens, w.to(kCuda), tok.to(kCuda), -5.7, p.defined() ? p.to(kCuda) : Tensor(), 2, 7,
                     out_d);
-      EXPECT_EQ(out_d.to(kCPU).to_vector<double>(), out.to_vector<double>());
+      const std::vector<double> got = out_d.to(kCPU).to_vector<double>(), ref = out.to_vector<double>();
+      EXPECT_EQ(got, ref);
+      size_t signs = 0;
+      for (size_t i = 0; i < got.size(); ++i) signs += std::signbit(got[i]) != std::signbit(ref[i]);
+      EXPECT_EQ(signs, 0u);
     }
   }
 #ifndef LINEA_PARITY_SELF_TEST
