@@ -48,12 +48,14 @@ std::vector<int64_t> LinearRandomizedAttention::segment_sizes(int64_t N, int64_t
   return sizes;
 }
 
-const LinearRandomizedAttention::Segments& LinearRandomizedAttention::segments(int64_t N, const TensorOptions& opts) {
+const LinearRandomizedAttention::Segments& LinearRandomizedAttention::segments(int64_t N, int64_t D,
+                                                                               const TensorOptions& opts) {
   const int64_t Ce = std::min(samples_, N);
   const Tensor& m = segments_.member;
-  if (m.defined() && m.size(0) == Ce && m.size(1) == N && m.dtype() == opts.dtype && m.device() == opts.device)
+  if (m.defined() && m.size(0) == Ce && m.size(1) == N && m.dtype() == opts.dtype && m.device() == opts.device &&
+      key_scale_ == scale_of(D))
     return segments_;
-  // Setup of two constant [C_eff, N] matrices (C_eff * N host values), not a loop of the forward.
+  // Setup of three constant [C_eff, N] matrices (C_eff * N host values), not a loop of the forward.
   std::vector<double> member(static_cast<size_t>(Ce * N), 0.0), mean(member.size(), 0.0);
   int64_t start = 0, c = 0;
   for (int64_t len : segment_sizes(N, samples_)) {
@@ -64,8 +66,12 @@ const LinearRandomizedAttention::Segments& LinearRandomizedAttention::segments(i
     start += len;
     ++c;
   }
+  key_scale_ = scale_of(D);
+  std::vector<double> key_mean(mean);
+  for (double& e : key_mean) e *= key_scale_;
   segments_.member = from_vector<double>(member, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
   segments_.mean = from_vector<double>(mean, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
+  segments_.key_mean = from_vector<double>(key_mean, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
   return segments_;
 }
 
@@ -77,20 +83,23 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
               "up as landmarks), got q ", shape_str(q.shape()), " and k ", shape_str(k.shape()));
   LINEA_CHECK(is_floating(q.dtype()), who, ": expected float32/float64 inputs, got ", dtype_name(q.dtype()));
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
-  Tensor pad = padded_keys(opts);         // Bool [B, 1, 1, N] (true = padded) or undefined
-  Tensor qs = scaled(q), ks = scaled(k);  // q~, k~ [B, H, N, D]
+  Tensor pad = padded_keys(opts);  // Bool [B, 1, 1, N] (true = padded) or undefined
+  Tensor qs = scaled(q);           // q~ [B, H, N, D]; the mixture kernel reads it
+  // k~ = s k is never formed: its readers take k and s (the key means in their matrix, |k~|^2 in
+  // sq_norm's scale, the landmarks' attention in its scale), one [B, H, N, D] pass fewer each way.
+  const double s = scale_of(D);
 
   // Segment means.
-  const Segments& seg = segments(N, q.options());
+  const Segments& seg = segments(N, D, q.options());
   const int64_t C = seg.member.size(0);
   Tensor qbar = matmul(seg.mean, qs);  // q-_c [B, H, C, D]
-  Tensor kbar;                         // k-_c [B, H, C, D], padded keys left out
+  Tensor kbar;                         // k-_c [B, H, C, D] (of k~), padded keys left out
   if (!pad.defined()) {
-    kbar = matmul(seg.mean, ks);
+    kbar = matmul(seg.key_mean, k);
   } else {
     Tensor wk = seg.member * (~pad).to(q.dtype());           // [B,1,C,N]
     Tensor cnt = clamp(sum(wk, {-1}, true), 1.0, INFINITY);  // [B,1,C,1]; all padded: 0 / 1 = 0
-    kbar = matmul(wk / cnt, ks);                             // [B,1,C,N] @ [B,H,N,D]
+    kbar = matmul(wk / (cnt * (1.0 / s)), k);                // [B,1,C,N] @ [B,H,N,D]
   }
 
   // Proposal means mu_c [B, H, C, D].
@@ -123,10 +132,10 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   Tensor lse_k;
   if (v.defined()) {
     std::tie(parts.f, lse_k) =
-        scaled_dot_product_attention_lse(w, ks, v, 1.0, false, 0, key_padding_bool(opts), sq_norm(ks, -0.5));
+        scaled_dot_product_attention_lse(w, k, v, s, false, 0, key_padding_bool(opts), sq_norm(k, -0.5 * s * s));
     if (pad.defined()) lse_k = clamp(lse_k, 0.5 * dtype_lowest(q.dtype()), INFINITY);
   } else {
-    Tensor lk = log_xi(w, ks);  // [B, H, C, M], padded keys -inf
+    Tensor lk = log_xi(w, scaled(k));  // [B, H, C, M], padded keys -inf
     parts.probs = masked_softmax(lk, pad, -1);
     lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);
   }
