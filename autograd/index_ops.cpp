@@ -1,6 +1,6 @@
 // Differentiable indexing, joining, prefix-sum and real-FFT ops (declared in autograd/ops.h):
-// index_select, embedding, embed_tokens, gather, scatter_add, cat, stack, split, chunk, cumsum,
-// searchsorted, rfft, irfft.
+// index_select, embedding, embed_tokens, prepend_and_add_positions, gather, scatter_add, cat,
+// stack, split, chunk, cumsum, searchsorted, rfft, irfft.
 // Forward values come from linea::raw (core/ops_index.cpp); each backward sits beside its
 // forward. Not the kernels and not the argument checks (those are in the raw layer).
 //
@@ -8,6 +8,7 @@
 //   index_select(x, d, i)    dx = index_add(zeros_like(x), d, i, g)
 //   embedding(W, i, p)       dW = index_add(zeros_like(W), 0, flat(i), g.reshape([-1, D])), row p zeroed
 //   embed_tokens(W, i, s, P) dW = s * the same; dP[offset + l] = sum over the batch of g[.., l, :]
+//   prepend_and_add_positions(x, c, P)  dx = g[:, p:], dP = sum over the batch of g, dc = dP[:p]
 //   gather(x, d, i)          dx = scatter_add(zeros_like(x), d, i, g)
 //   scatter_add(x, d, i, s)  dx = g, ds = gather(g, d, i)
 //   cat(xs, d)               dx_k = narrow(g, d, offset_k, size_k)
@@ -73,9 +74,11 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   Shape xs = x.shape();
   Tensor idx = index.detach();
   return attach(out, "index_select", {x, index}, [xs, d, idx](const Tensor& g) -> std::vector<Tensor> {
-    // g [.., n at d, ..] -> dx [.., size at d, ..]: each selected row's gradient added back to its source
-    Tensor base = zeros(xs, g.options());
-    return {raw::index_add(base, d, idx, g), Tensor()};
+    // g [.., n at d, ..] -> dx [.., size at d, ..]: each selected row's gradient added back to its
+    // source, into zeros in place
+    Tensor dx = zeros(xs, g.options());
+    raw::index_add_(dx, d, idx, g);
+    return {dx, Tensor()};
   });
 }
 
@@ -121,6 +124,17 @@ Tensor embed_tokens(const Tensor& weight, const Tensor& index, double scale, con
                 });
 }
 
+Tensor prepend_and_add_positions(const Tensor& x, const Tensor& prefix, const Tensor& positions) {
+  Tensor out = raw::prepend_and_add_positions(x, prefix, positions);  // [B, P + N, D]
+  if (!needs_grad({&x, &prefix, &positions})) return out;
+  const int64_t P = prefix.defined() ? prefix.size(0) : 0;
+  return attach(out, "prepend_and_add_positions", {x, prefix, positions},
+                [P, want_x = x.requires_grad(), want_prefix = prefix.defined() && prefix.requires_grad(),
+                 want_pos = positions.requires_grad()](const Tensor& g) {
+                  return raw::prepend_and_add_positions_backward(g, P, want_x, want_prefix, want_pos);
+                });
+}
+
 // ---- gather / scatter_add ---------------------------------------------------------------
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
@@ -131,9 +145,11 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   Shape xs = x.shape();
   Tensor idx = index.detach();
   return attach(out, "gather", {x, index}, [xs, d, idx](const Tensor& g) -> std::vector<Tensor> {
-    // g [index.shape] -> dx [x.shape]: each gathered element's gradient added back where it came from
-    Tensor base = zeros(xs, g.options());
-    return {scatter_add(base, d, idx, g), Tensor()};
+    // g [index.shape] -> dx [x.shape]: each gathered element's gradient added back where it came
+    // from, into zeros in place
+    Tensor dx = zeros(xs, g.options());
+    raw::scatter_add_(dx, d, idx, g);
+    return {dx, Tensor()};
   });
 }
 

@@ -302,8 +302,10 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const
 namespace {
 // logits [N, C], target Int64 [N]: the fused per-row kernel, then the reduction.
 Tensor cross_entropy_rows(const Tensor& l2, const Tensor& t2, int64_t ignore_index, double label_smoothing,
-                          Reduction reduction) {
-  std::vector<Tensor> rows = raw::cross_entropy_rows(l2, t2, ignore_index, label_smoothing);  // {loss, lse} [N]
+                          Reduction reduction, Tensor* nll) {
+  // {loss, lse (, nll)} [N]
+  std::vector<Tensor> rows = raw::cross_entropy_rows(l2, t2, ignore_index, label_smoothing, nll != nullptr);
+  if (nll) *nll = raw::reduce(ReduceOp::Sum, rows[2], {}, false);
   Tensor loss = rows[0];
   if (needs_grad({&l2})) {
     loss = attach(loss, "cross_entropy", {l2},
@@ -336,7 +338,7 @@ Tensor cross_entropy_rows(const Tensor& l2, const Tensor& t2, int64_t ignore_ind
 
 // logits [..., C] with target Int64 [...] (any leading dims, flattened to rows), or [C] with a 0-d target
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                     Reduction reduction) {
+                     Reduction reduction, Tensor* nll) {
   raw::check_defined("cross_entropy", logits, "logits");
   raw::check_defined("cross_entropy", target, "target");
   LINEA_CHECK(target.dtype() == DType::Int64, "cross_entropy: target must be int64 class indices, got ",
@@ -349,11 +351,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const Shape lead(logits.shape().begin(), logits.shape().end() - 1);
   LINEA_CHECK(lead == target.shape(), "cross_entropy: target ", shape_str(target.shape()), " does not match logits ",
               shape_str(logits.shape()), " (expected target ", shape_str(lead), ")");
-  if (logits.dim() == 2) return cross_entropy_rows(logits, target, ignore_index, label_smoothing, reduction);
+  if (logits.dim() == 2) return cross_entropy_rows(logits, target, ignore_index, label_smoothing, reduction, nll);
   // [..., C] -> [N, C] and [...] -> [N] (a [C] row becomes [1, C]; reshape is differentiable)
   const int64_t C = logits.size(-1);
-  Tensor loss =
-      cross_entropy_rows(reshape(logits, {-1, C}), reshape(target, {-1}), ignore_index, label_smoothing, reduction);
+  Tensor loss = cross_entropy_rows(reshape(logits, {-1, C}), reshape(target, {-1}), ignore_index, label_smoothing,
+                                   reduction, nll);
   return reduction == Reduction::None ? reshape(loss, target.shape()) : loss;
 }
 
@@ -542,13 +544,13 @@ Tensor causal_linear_attention(const Tensor& phi_q, const Tensor& phi_k, const T
 }
 
 Tensor lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,
-                    double beta, double floor) {
+                    double beta, double floor, double q_scale) {
   const Tensor qc = raw::contiguous(q.detach()), qb = raw::contiguous(qbar.detach()), wc = raw::contiguous(w.detach());
-  std::vector<Tensor> r = raw::lara_mixture(qc, qb, wc, self_w.detach(), bias.detach(), beta, floor);  // mix, t, a
+  std::vector<Tensor> r = raw::lara_mixture(qc, qb, wc, self_w.detach(), bias.detach(), beta, floor, q_scale);
   if (!needs_grad({&q, &qbar, &w, &self_w, &bias})) return r[0];
   return attach(r[0], "lara_mixture", {q, qbar, w, self_w, bias},
-                [qc, qb, wc, mix = r[0].detach(), t = r[1], a = r[2], beta, floor](const Tensor& g) {
-                  return raw::lara_mixture_backward(g, qc, qb, wc, mix, t, a, beta, floor);
+                [qc, qb, wc, mix = r[0].detach(), t = r[1], a = r[2], beta, floor, q_scale](const Tensor& g) {
+                  return raw::lara_mixture_backward(g, qc, qb, wc, mix, t, a, beta, floor, q_scale);
                 });
 }
 

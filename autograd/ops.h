@@ -194,9 +194,11 @@ enum class Reduction { None, Mean, Sum };
 // (flattened to rows), or [C] with a 0-d target. Rows whose target == ignore_index count
 // neither in the loss nor in the mean (mean over non-ignored rows; 0 if all are ignored).
 // label_smoothing s: the target distribution is (1 - s) * onehot + s / C.
-// Reduction::None returns the per-row loss shaped like target.
+// Reduction::None returns the per-row loss shaped like target. nll, when given, gets the plain
+// (unsmoothed) cross-entropy summed over the rows kept, 0-d and without gradient, from the same
+// pass over the logits (fairseq's label_smoothed_nll_loss returns both: perplexity's statistic).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
-                     double label_smoothing = 0.0, Reduction reduction = Reduction::Mean);
+                     double label_smoothing = 0.0, Reduction reduction = Reduction::Mean, Tensor* nll = nullptr);
 // Inverted dropout: zeroes with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training);
 // dropout(act(x), p, training) with the activation (UnaryOp::GeluErf, GeluTanh or Relu) folded
@@ -273,12 +275,13 @@ std::vector<Tensor> favor_attention_step(const Tensor& q, const Tensor& k, const
 // decoding step's state). Performer's causal path and its decoding step.
 Tensor causal_linear_attention(const Tensor& phi_q, const Tensor& phi_k, const Tensor& v, const Tensor& state,
                                int64_t chunk, double den_guard, Tensor* final = nullptr);
-// LARA's mixture weights, fused (CPU and CUDA): per (b, h), t = softmax over n of q qbar^T,
-// a = self_w + beta (t - mean_c t), mix = softmax_c(log max(a, floor) + q w^T - |q|^2/2 + bias)
-// for q [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C] -> mix [B, H, N, C].
-// Differentiable in all five (no gradient where a < floor). attention/lara's mixture weights.
+// LARA's mixture weights, fused (CPU and CUDA): with q~ = q_scale q (never formed), per (b, h),
+// t = softmax over n of q~ qbar^T, a = self_w + beta (t - mean_c t),
+// mix = softmax_c(log max(a, floor) + q~ w^T - |q~|^2/2 + bias) for q [B, H, N, D], qbar and w
+// [B, H, C, D], self_w and bias [B, H, C] -> mix [B, H, N, C]. Differentiable in all five (no
+// gradient where a < floor). attention/lara's mixture weights.
 Tensor lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,
-                    double beta, double floor);
+                    double beta, double floor, double q_scale = 1.0);
 
 // ---- indexing and joining -----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
@@ -292,6 +295,10 @@ Tensor embedding(const Tensor& weight, const Tensor& index, int64_t padding_idx 
 // The weight's gradient as embedding's, scaled, with padding_idx.
 Tensor embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions,
                     int64_t offset = 0, int64_t padding_idx = -1);
+// A ViT's input sequence in one kernel each way (timm's cat((cls_token.expand(B, -1, -1), x), 1)
+// + pos_embed): x [B, N, D] with prefix [P, D] (undefined: none) before each sequence and
+// positions [P + N, D] added -> [B, P + N, D]. Differentiable in all three.
+Tensor prepend_and_add_positions(const Tensor& x, const Tensor& prefix, const Tensor& positions);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

@@ -223,9 +223,10 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void sq_norm_backward(const Tensor& grad, const Tensor& x, double scale, const Tensor& dx, int64_t rows,           \
                         int64_t cols);                                                                               \
   /* per-row loss [N] and logsumexp [N] of logits [N, C], target Int64 [N]; rows whose                               \
-     target == ignore_index get loss 0. smoothing: (1-s) * onehot + s / C */                                         \
+     target == ignore_index get loss 0. smoothing: (1-s) * onehot + s / C. nll [N], when defined, gets the           \
+     plain negative log-likelihood lse - x[target] from the same pass (0 where ignored) */                           \
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,             \
-                     const Tensor& loss, const Tensor& lse);                                                         \
+                     const Tensor& loss, const Tensor& lse, const Tensor& nll);                                      \
   /* the mean over the rows kept: out = sum of loss [N] / count, count = max(#(target [N] != ignore_index), 1) (an */ \
   /* all-ignored batch gives 0), both 0-d */                                                                         \
   void cross_entropy_mean(const Tensor& loss, const Tensor& target, int64_t ignore_index, const Tensor& out,          \
@@ -243,6 +244,14 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   /* for row j (positions undefined: none): a sequence model's input embedding */                                    \
   void embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions,                \
                     int64_t offset, int64_t length, const Tensor& out);                                              \
+  /* out [B, P + N, D] = (t < P ? prefix [P, D] at t : x [B, N, D] at t - P) + positions [P + N, D] at t */          \
+  /* (prefix undefined: P = 0), contiguous, one float dtype: a ViT's class token and positions */                    \
+  void prepend_and_add_positions(const Tensor& x, const Tensor& prefix, const Tensor& positions,                     \
+                                 const Tensor& out);                                                                 \
+  /* its backward from g [B, P + N, D]: dx [B, N, D] = g's last N rows of each b, dpositions [P + N, D] = */         \
+  /* the sum of g over b (in order of b), dprefix [P, D] = its first P rows; each undefined: not wanted */           \
+  void prepend_and_add_positions_backward(const Tensor& g, int64_t prefix_len, const Tensor& dx,                     \
+                                          const Tensor& dprefix, const Tensor& dpositions);                          \
   /* out = x gathered along dim at index; index Int64 has x's ndim, out index's shape */                             \
   void gather(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim);                                 \
   /* out (accumulated into) along dim at index += src; index and src have the same shape */                          \
@@ -402,17 +411,20 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void toeplitz_attention_backward(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v,         \
                                    const Tensor& dy, int64_t fft_len, const Tensor& dc, const Tensor& dphi_q,          \
                                    const Tensor& dphi_k, const Tensor& dv);                                            \
-  /* LARA's mixture weights (raw::lara_mixture; attention/lara/), per (b, h): t = softmax over n of */                 \
-  /* q~ qbar^T, a = self_w + beta (t - mean_c t), mix = softmax_c(log max(a, floor) + q~ w^T - |q~|^2/2 + bias) */     \
-  /* for q~ [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C]; contiguous, one float dtype, */          \
-  /* every dim > 0. Writes mix, t and a [B, H, N, C] (the last two for the backward). */                               \
-  void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,                \
-                            const Tensor& bias, double beta, double floor, const Tensor& mix, const Tensor& t,         \
-                            const Tensor& a);                                                                          \
-  /* dq, dqbar, dw, dself_w, dbias (overwritten) from dmix and the forward's mix, t and a */                           \
-  void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t, \
-                             const Tensor& a, const Tensor& dmix, double beta, double floor, const Tensor& dq,         \
-                             const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w, const Tensor& dbias);
+  /* LARA's mixture weights (raw::lara_mixture; attention/lara/), per (b, h), with q~ = q_scale q: */                \
+  /* t = softmax over n of q~ qbar^T, a = self_w + beta (t - mean_c t), */                                           \
+  /* mix = softmax_c(log max(a, floor) + q~ w^T - |q~|^2/2 + bias) for q [B, H, N, D], qbar and w */                 \
+  /* [B, H, C, D], self_w and bias [B, H, C] (the -|q~|^2/2, the same for every c, drops out); */                    \
+  /* contiguous, one float dtype, every dim > 0. Writes mix, t and a [B, H, N, C] (the last two for */               \
+  /* the backward). */                                                                                               \
+  void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,              \
+                            const Tensor& bias, double beta, double floor, double q_scale, const Tensor& mix,        \
+                            const Tensor& t, const Tensor& a);                                                       \
+  /* dq (of q, not q~), dqbar, dw, dself_w, dbias (overwritten) from dmix and the forward's mix, t and a */          \
+  void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t,\
+                             const Tensor& a, const Tensor& dmix, double beta, double floor, double q_scale,         \
+                             const Tensor& dq, const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w,         \
+                             const Tensor& dbias);
 
 namespace cpu {
 LINEA_KERNEL_API

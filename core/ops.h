@@ -96,9 +96,10 @@ Tensor normalize_backward(const Tensor& grad, const Tensor& x, double eps);
 // scale |x|^2 over the last dim, which it drops: x [..., D] -> [...]; and its gradient from x.
 Tensor sq_norm(const Tensor& x, double scale);
 Tensor sq_norm_backward(const Tensor& grad, const Tensor& x, double scale);
-// logits [N, C], target Int64 [N] -> {loss per row [N], lse [N]}.
+// logits [N, C], target Int64 [N] -> {loss per row [N], lse [N]}, and with want_nll the rows'
+// plain negative log-likelihood lse - x[target] [N] third (0 where ignored), from the same pass.
 std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                                       double smoothing);
+                                       double smoothing, bool want_nll = false);
 // grad [N] (a stride-0 expand is read in place: a mean's one value) -> dlogits [N, C].
 Tensor cross_entropy_rows_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                                    int64_t ignore_index, double smoothing);
@@ -196,27 +197,38 @@ std::vector<Tensor> causal_linear_attention_backward(const Tensor& grad, const T
                                                      const Tensor& v, const Tensor& out, const Tensor& den,
                                                      const Tensor& states, int64_t chunk, double guard,
                                                      bool want_dstate);
-// LARA's mixture weights, fused. Returns {mix, t, a}, all
+// LARA's mixture weights, fused, of q~ = q_scale q. Returns {mix, t, a}, all
 // [B, H, N, C] (t and a for the backward).
 std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
-                                 const Tensor& bias, double beta, double floor);
+                                 const Tensor& bias, double beta, double floor, double q_scale);
 // Returns {dq, dqbar, dw, dself_w, dbias} from grad [B, H, N, C] and the forward's mix, t, a.
 std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, const Tensor& qbar, const Tensor& w,
                                           const Tensor& mix, const Tensor& t, const Tensor& a, double beta,
-                                          double floor);
+                                          double floor, double q_scale);
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-// base + src added at index along dim (base not modified); the backward of index_select.
+// base + src added at index along dim (base not modified); index_add_ adds into out (contiguous)
+// in place: the backward of index_select, into its zeros.
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 // scale * weight [V, D] at index + positions [max_len, D] at offset + the index's last coordinate
 // (undefined: none) -> [index.shape..., D], one kernel: a sequence model's input embedding.
 Tensor embed_tokens(const Tensor& weight, const Tensor& index, double scale, const Tensor& positions, int64_t offset);
 // An embedding's weight gradient: [num, D] zeros plus scale * grad [n, D] added at index [n] (each
 // row's sources in index order on both devices), row padding_idx (-1: none) zeroed.
 Tensor embedding_weight_grad(const Tensor& grad, const Tensor& index, int64_t num, double scale, int64_t padding_idx);
+// x [B, N, D] with prefix [P, D] (undefined: none) before each sequence and positions [P + N, D]
+// added -> [B, P + N, D], one kernel: a ViT's class token and positions. Its backward returns
+// {dx, dprefix, dpositions}, each only where wanted (else undefined), one kernel.
+Tensor prepend_and_add_positions(const Tensor& x, const Tensor& prefix, const Tensor& positions);
+std::vector<Tensor> prepend_and_add_positions_backward(const Tensor& grad, int64_t prefix_len, bool want_x,
+                                                       bool want_prefix, bool want_positions);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// base + src added at index along dim, elementwise (base not modified); scatter_add_ in place into
+// out (contiguous): gather's backward, into its zeros.
 Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+void scatter_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);

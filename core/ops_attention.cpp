@@ -525,18 +525,18 @@ void check_mixture_args(const char* op, const Tensor& q, const Tensor& qbar, con
 }  // namespace
 
 std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
-                                 const Tensor& bias, double beta, double floor) {
+                                 const Tensor& bias, double beta, double floor, double q_scale) {
   check_mixture_args("lara_mixture", q, qbar, w, self_w, bias);
   const Shape shape{q.size(0), q.size(1), q.size(2), qbar.size(2)};
   Tensor mix = empty(shape, q.options()), t = empty(shape, q.options()), a = empty(shape, q.options());
   LINEA_BACKEND(q.device(), lara_mixture_forward, contiguous(q), contiguous(qbar), contiguous(w), contiguous(self_w),
-                contiguous(bias), beta, floor, mix, t, a);
+                contiguous(bias), beta, floor, q_scale, mix, t, a);
   return {mix, t, a};
 }
 
 std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, const Tensor& qbar, const Tensor& w,
                                           const Tensor& mix, const Tensor& t, const Tensor& a, double beta,
-                                          double floor) {
+                                          double floor, double q_scale) {
   const char* op = "lara_mixture_backward";
   check_mixture_args(op, q, qbar, w, Tensor(), Tensor());
   check_defined(op, grad, "grad");
@@ -548,7 +548,7 @@ std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, c
          dw = empty(w.shape(), q.options()), dself_w = empty({q.size(0), q.size(1), qbar.size(2)}, q.options()),
          dbias = empty(dself_w.shape(), q.options());
   LINEA_BACKEND(q.device(), lara_mixture_backward, contiguous(q), contiguous(qbar), contiguous(w), contiguous(mix),
-                contiguous(t), contiguous(a), contiguous(grad), beta, floor, dq, dqbar, dw, dself_w, dbias);
+                contiguous(t), contiguous(a), contiguous(grad), beta, floor, q_scale, dq, dqbar, dw, dself_w, dbias);
   return {dq, dqbar, dw, dself_w, dbias};
 }
 

@@ -108,8 +108,17 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
+  check_defined("index_add", base, "base");
+  Tensor out = clone(base);
+  index_add_(out, dim, index, src);
+  return out;
+}
+
+void index_add_(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
   const char* op = "index_add";
   check_defined(op, base, "base");
+  LINEA_CHECK(base.is_contiguous(), op, ": adds in place into a contiguous tensor, got ", shape_str(base.shape()),
+              " with strides ", shape_str(base.strides()));
   check_defined(op, index, "index");
   check_defined(op, src, "src");
   check_same_device(op, base, index);
@@ -124,12 +133,9 @@ Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Ten
               " (the index length)");
   Tensor idx = contiguous(index);
   check_index_values(op, idx, dim, base.size(dim));
-  Tensor out = clone(base);
-  if (src.numel() == 0) return out;
-  Tensor sc = contiguous(src);
-  LINEA_BACKEND(base.device(), index_add, out, idx, sc, prod(base.shape(), 0, dim), base.size(dim),
+  if (src.numel() == 0) return;
+  LINEA_BACKEND(base.device(), index_add, base, idx, contiguous(src), prod(base.shape(), 0, dim), base.size(dim),
                 prod(base.shape(), dim + 1, base.dim()), 1.0);
-  return out;
 }
 
 // ---- embed_tokens ------------------------------------------------------------------------
@@ -184,6 +190,48 @@ Tensor embedding_weight_grad(const Tensor& grad, const Tensor& index, int64_t nu
   return dw;
 }
 
+// ---- prepend_and_add_positions -------------------------------------------------------------
+
+Tensor prepend_and_add_positions(const Tensor& x, const Tensor& prefix, const Tensor& positions) {
+  const char* op = "prepend_and_add_positions";
+  check_defined(op, x, "x");
+  check_defined(op, positions, "positions");
+  const int64_t P = prefix.defined() && prefix.dim() >= 1 ? prefix.size(0) : 0;
+  LINEA_CHECK(x.dim() == 3 && positions.dim() == 2 && positions.size(1) == x.size(2) &&
+                  positions.size(0) == P + x.size(1) &&
+                  (!prefix.defined() || (prefix.dim() == 2 && prefix.size(1) == x.size(2))),
+              op, ": expected x [B, N, D], prefix [P, D] (or none) and positions [P + N, D], got x ",
+              shape_str(x.shape()), ", prefix ", prefix.defined() ? shape_str(prefix.shape()) : std::string("none"),
+              ", positions ", shape_str(positions.shape()));
+  LINEA_CHECK(is_floating(x.dtype()), op, ": expected float32 or float64, got ", dtype_name(x.dtype()));
+  for (const Tensor* t : {&prefix, &positions}) {
+    if (!t->defined()) continue;
+    check_same_dtype(op, x, *t);
+    check_same_device(op, x, *t);
+  }
+  Tensor out = empty({x.size(0), positions.size(0), x.size(2)}, x.options());
+  if (out.numel() == 0) return out;
+  LINEA_BACKEND(x.device(), prepend_and_add_positions, contiguous(x), prefix.defined() ? contiguous(prefix) : Tensor(),
+                contiguous(positions), out);
+  return out;
+}
+
+std::vector<Tensor> prepend_and_add_positions_backward(const Tensor& grad, int64_t prefix_len, bool want_x,
+                                                       bool want_prefix, bool want_positions) {
+  const char* op = "prepend_and_add_positions_backward";
+  check_defined(op, grad, "grad");
+  LINEA_CHECK(grad.dim() == 3 && prefix_len >= 0 && prefix_len <= grad.size(1), op, ": grad ", shape_str(grad.shape()),
+              " must be [B, P + N, D] with P = ", prefix_len, " in [0, ", grad.size(1), "]");
+  LINEA_CHECK(is_floating(grad.dtype()), op, ": expected float32 or float64, got ", dtype_name(grad.dtype()));
+  const int64_t B = grad.size(0), TT = grad.size(1), D = grad.size(2);
+  Tensor dx = want_x ? empty({B, TT - prefix_len, D}, grad.options()) : Tensor();
+  Tensor dprefix = want_prefix ? empty({prefix_len, D}, grad.options()) : Tensor();
+  Tensor dpos = want_positions ? empty({TT, D}, grad.options()) : Tensor();
+  if (want_x || want_prefix || want_positions)
+    LINEA_BACKEND(grad.device(), prepend_and_add_positions_backward, contiguous(grad), prefix_len, dx, dprefix, dpos);
+  return {dx, dprefix, dpos};
+}
+
 // ---- gather / scatter_add ------------------------------------------------------------------
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
@@ -205,8 +253,17 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
+  check_defined("scatter_add", base, "base");
+  Tensor out = clone(base);
+  scatter_add_(out, dim, index, src);
+  return out;
+}
+
+void scatter_add_(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
   const char* op = "scatter_add";
   check_defined(op, base, "base");
+  LINEA_CHECK(base.is_contiguous(), op, ": adds in place into a contiguous tensor, got ", shape_str(base.shape()),
+              " with strides ", shape_str(base.strides()));
   check_defined(op, index, "index");
   check_defined(op, src, "src");
   check_same_device(op, base, index);
@@ -220,11 +277,8 @@ Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const T
               shape_str(index.shape()));
   Tensor idx = contiguous(index);
   check_index_values(op, idx, dim, base.size(dim));
-  Tensor out = clone(base);
-  if (src.numel() == 0) return out;
-  Tensor sc = contiguous(src);
-  LINEA_BACKEND(base.device(), scatter_add, out, idx, sc, dim);
-  return out;
+  if (src.numel() == 0) return;
+  LINEA_BACKEND(base.device(), scatter_add, base, idx, contiguous(src), dim);
 }
 
 // ---- cat / stack ---------------------------------------------------------------------------

@@ -490,18 +490,19 @@ void check_cross_entropy_args(const char* op, const Tensor& logits, const Tensor
 }
 }  // namespace
 
-// logits [N, C], target Int64 [N] -> {loss [N], lse [N]}
+// logits [N, C], target Int64 [N] -> {loss [N], lse [N]} (+ nll [N])
 std::vector<Tensor> cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                                       double smoothing) {
+                                       double smoothing, bool want_nll) {
   check_cross_entropy_args("cross_entropy", logits, target, ignore_index, smoothing);
   const int64_t N = logits.size(0);
   const TensorOptions opts(logits.dtype(), logits.device());
-  Tensor loss = empty({N}, opts), lse = empty({N}, opts);
+  Tensor loss = empty({N}, opts), lse = empty({N}, opts), nll = want_nll ? empty({N}, opts) : Tensor();
   if (N > 0) {
     LINEA_CHECK(logits.size(1) > 0, "cross_entropy: logits ", shape_str(logits.shape()), " have no classes");
     Tensor lc = contiguous(logits), tc = contiguous(target);
-    LINEA_BACKEND(logits.device(), cross_entropy, lc, tc, ignore_index, smoothing, loss, lse);
+    LINEA_BACKEND(logits.device(), cross_entropy, lc, tc, ignore_index, smoothing, loss, lse, nll);
   }
+  if (want_nll) return {loss, lse, nll};
   return {loss, lse};
 }
 

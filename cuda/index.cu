@@ -1,4 +1,5 @@
-// CUDA kernels for indexing and prefix sums: index_select, index_add, embed_tokens, gather,
+// CUDA kernels for indexing and prefix sums: index_select, index_add, embed_tokens,
+// prepend_and_add_positions, gather,
 // scatter_add, cumsum, searchsorted (namespace linea::cuda, contracts in core/kernels.h; CPU
 // reference core/cpu/index.cpp). All tensors are contiguous.
 //
@@ -117,6 +118,40 @@ __global__ void embed_tokens_kernel(const T* weight, const int64_t* index, T sca
     }
     const T w = weight[idx * D + c];  // no table: the product alone (0 + it would turn -0 into +0)
     out[e] = positions ? add_product_unfused(positions[(offset + j % length) * D + c], scale, w) : scale * w;
+  }
+}
+
+// out [B, T, D] = (t < P ? prefix[t] : x[b, t - P]) + pos[t] (prefix null: P = 0)
+template <typename T>
+__global__ void prepend_positions_kernel(const T* x, const T* prefix, const T* pos, int64_t B, int64_t P, int64_t TT,
+                                         int64_t D, T* out) {
+  const int64_t total = B * TT * D, row = TT * D;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = e / row, te = e % row, t = te / D;  // te = t * D + c
+    const T v = t < P ? prefix[te] : x[b * (TT - P) * D + te - P * D];
+    out[e] = v + pos[te];
+  }
+}
+
+// A thread per (t, c) of [T, D]: g's column summed over b from b = 0 up (the CPU's order: the same
+// bits) into dpos (and dprefix for t < P), and copied into dx for t >= P; null: not wanted. B
+// steps of coalesced reads per thread: for the few hundred rows of a ViT's batch.
+template <typename T>
+__global__ void prepend_positions_backward_kernel(const T* g, int64_t B, int64_t P, int64_t TT, int64_t D, T* dx,
+                                                  T* dprefix, T* dpos) {
+  const int64_t row = TT * D;
+  for (int64_t te = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; te < row;
+       te += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool copy = dx && te >= P * D;
+    T s = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const T v = g[b * row + te];
+      s += v;
+      if (copy) dx[b * (TT - P) * D + te - P * D] = v;
+    }
+    if (dpos) dpos[te] = s;
+    if (dprefix && te < P * D) dprefix[te] = s;
   }
 }
 
@@ -270,6 +305,31 @@ void embed_tokens(const Tensor& weight, const Tensor& index, double scale, const
     embed_tokens_kernel<scalar_t><<<grid_for(out.numel()), kBlockSize, 0, stream()>>>(
         cptr<scalar_t>(weight), cptr<int64_t>(index), static_cast<scalar_t>(scale), cptr_or_null<scalar_t>(positions),
         offset, length, ptr<scalar_t>(out), n, V, D, device_error_report());
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// out [B, P + N, D] = prefix or x, plus positions (prefix undefined: P = 0)
+void prepend_and_add_positions(const Tensor& x, const Tensor& prefix, const Tensor& positions, const Tensor& out) {
+  const int64_t B = out.size(0), TT = out.size(1), D = out.size(2), P = prefix.defined() ? prefix.size(0) : 0;
+  if (out.numel() == 0) return;
+  LINEA_DISPATCH_FLOAT(out.dtype(), "prepend_and_add_positions", [&] {
+    using T = scalar_t;
+    prepend_positions_kernel<T><<<grid_for(out.numel()), kBlockSize, 0, stream()>>>(
+        cptr<T>(x), cptr_or_null<T>(prefix), cptr<T>(positions), B, P, TT, D, ptr<T>(out));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// dx, dprefix, dpositions (each undefined: not wanted) from g [B, P + N, D]
+void prepend_and_add_positions_backward(const Tensor& g, int64_t prefix_len, const Tensor& dx, const Tensor& dprefix,
+                                        const Tensor& dpositions) {
+  const int64_t B = g.size(0), TT = g.size(1), D = g.size(2);
+  if (TT * D == 0) return;
+  LINEA_DISPATCH_FLOAT(g.dtype(), "prepend_and_add_positions_backward", [&] {
+    using T = scalar_t;
+    prepend_positions_backward_kernel<T><<<grid_for(TT * D), kBlockSize, 0, stream()>>>(
+        cptr<T>(g), B, prefix_len, TT, D, ptr_or_null<T>(dx), ptr_or_null<T>(dprefix), ptr_or_null<T>(dpositions));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -1,12 +1,13 @@
 // LARA's mixture weights on CUDA (core/kernels.h; the CPU twin in core/cpu/lara_mixture.cpp,
-// same formulas). Per (b, h), [N, C] blocks:
+// same formulas; q~ = s q is never formed: s rides in the GEMMs' alpha, and the softmax over c
+// drops log xi's -|q~_n|^2/2, the same for every c of a row). Per (b, h), [N, C] blocks:
 //   forward   t = q~ qbar^T and l = q~ w^T (strided-batched GEMMs), t = softmax over n (the
 //             column softmax kernel), then one warp per row: a = self_w + beta (t - mean_c t),
-//             log u = log max(a, floor) + l - |q~|^2/2 + bias, mix = softmax_c(log u)
+//             log u = log max(a, floor) + l + bias, mix = softmax_c(log u)
 //   backward  one warp per row: dlu = mix (g - rowsum(g mix)), dt = beta (dalpha - mean_c dalpha)
 //             column sums over n in runs of rows on many blocks, added in order (ColumnRuns):
 //             dbias = colsum(dlu), dself_w = colsum(dalpha); then ds = t (dt - colsum(dt t))
-//             GEMMs: dq~ = dlu w + ds qbar - rowsum(dlu) q~, dw = dlu^T q~, dqbar = ds^T q~
+//             GEMMs: dq~ = dlu w + ds qbar, dw = dlu^T q~, dqbar = ds^T q~ (all times s for q's)
 // Every sum is a GEMM's or a fixed tree (a warp's butterfly for the rows): the same bits every run.
 #include "core/kernels.h"
 #include "cuda/common.cuh"
@@ -24,8 +25,8 @@ struct MixDims {
 // t (already the column softmax), l (in mix) -> a and mix, one warp per (bh, n) row, its lanes
 // along c.
 template <typename T>
-__global__ void mixture_rows_kernel(const T* q, const T* self_w, const T* bias, const T* t, MixDims d, T beta, T floor,
-                                    T* a, T* mix) {
+__global__ void mixture_rows_kernel(const T* self_w, const T* bias, const T* t, MixDims d, T beta, T floor, T* a,
+                                    T* mix) {
   const WarpRows w;
   constexpr int kL = WarpRows::kLanes;
   for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
@@ -38,13 +39,10 @@ __global__ void mixture_rows_kernel(const T* q, const T* self_w, const T* bias, 
     T mean = 0;
     for (int64_t c = w.lane; c < d.C; c += kL) mean += tn[c];
     mean = warp_sum(mean) / static_cast<T>(d.C);
-    T half = 0;
-    for (int64_t j = w.lane; j < d.D; j += kL) half += q[r * d.D + j] * q[r * d.D + j];
-    half = warp_sum(half) * T(0.5);
     T mx = neg_inf<T>();
     for (int64_t c = w.lane; c < d.C; c += kL) {
       an[c] = sw[c] + beta * (tn[c] - mean);
-      mn[c] = d_log(an[c] > floor ? an[c] : floor) + mn[c] - half + bb[c];
+      mn[c] = d_log(an[c] > floor ? an[c] : floor) + mn[c] + bb[c];
       mx = mn[c] > mx ? mn[c] : mx;
     }
     mx = warp_max(mx);
@@ -55,10 +53,10 @@ __global__ void mixture_rows_kernel(const T* q, const T* self_w, const T* bias, 
   }
 }
 
-// dlu, rowsum(dlu) and dt (into ds) from g, mix and a, one warp per (bh, n) row.
+// dlu and dt (into ds) from g, mix and a, one warp per (bh, n) row.
 template <typename T>
 __global__ void mixture_grad_rows_kernel(const T* mix, const T* a, const T* g, MixDims d, T beta, T floor, T* lu,
-                                         T* rowsum, T* ds) {
+                                         T* ds) {
   const WarpRows w;
   constexpr int kL = WarpRows::kLanes;
   for (int64_t r = w.first; r < d.BH * d.N; r += w.step) {
@@ -68,15 +66,12 @@ __global__ void mixture_grad_rows_kernel(const T* mix, const T* a, const T* g, M
     T dot = 0;
     for (int64_t c = w.lane; c < d.C; c += kL) dot += gn[c] * mn[c];
     dot = warp_sum(dot);
-    T rsum = 0, dmean = 0;
+    T dmean = 0;
     for (int64_t c = w.lane; c < d.C; c += kL) {
       ln[c] = mn[c] * (gn[c] - dot);
-      rsum += ln[c];
       dn[c] = an[c] < floor ? T(0) : ln[c] / an[c];  // dalpha for now
       dmean += dn[c];
     }
-    rsum = warp_sum(rsum);
-    if (w.lane == 0) rowsum[r] = rsum;
     dmean = warp_sum(dmean) / static_cast<T>(d.C);
     for (int64_t c = w.lane; c < d.C; c += kL) dn[c] = beta * (dn[c] - dmean);
   }
@@ -126,34 +121,35 @@ MixDims dims_of(const Tensor& q, const Tensor& qbar) {
 }  // namespace
 
 void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
-                          const Tensor& bias, double beta, double floor, const Tensor& mix, const Tensor& t,
-                          const Tensor& a) {
+                          const Tensor& bias, double beta, double floor, double q_scale, const Tensor& mix,
+                          const Tensor& t, const Tensor& a) {
   const MixDims d = dims_of(q, qbar);
   LINEA_DISPATCH_FLOAT(q.dtype(), "lara_mixture", [&] {
     using T = scalar_t;
     // t [N, C] = q~ [N, D] qbar^T, l [N, C] = q~ w^T (into mix)
     gemm_strided<T>(cptr<T>(q), false, d.D, d.N * d.D, cptr<T>(qbar), true, d.D, d.C * d.D, ptr<T>(t), d.C, d.N * d.C,
-                    d.N, d.C, d.D, d.BH, 1.0);
+                    d.N, d.C, d.D, d.BH, q_scale);
     gemm_strided<T>(cptr<T>(q), false, d.D, d.N * d.D, cptr<T>(w), true, d.D, d.C * d.D, ptr<T>(mix), d.C, d.N * d.C,
-                    d.N, d.C, d.D, d.BH, 1.0);
+                    d.N, d.C, d.D, d.BH, q_scale);
     softmax(t, t, d.BH, d.N, d.C, /*log=*/false);  // over n: [BH, N, C] with r = N
     mixture_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(
-        cptr<T>(q), cptr<T>(self_w), cptr<T>(bias), cptr<T>(t), d, static_cast<T>(beta), static_cast<T>(floor),
-        ptr<T>(a), ptr<T>(mix));
+        cptr<T>(self_w), cptr<T>(bias), cptr<T>(t), d, static_cast<T>(beta), static_cast<T>(floor), ptr<T>(a),
+        ptr<T>(mix));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
 
 void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t,
-                           const Tensor& a, const Tensor& dmix, double beta, double floor, const Tensor& dq,
-                           const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w, const Tensor& dbias) {
+                           const Tensor& a, const Tensor& dmix, double beta, double floor, double q_scale,
+                           const Tensor& dq, const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w,
+                           const Tensor& dbias) {
   const MixDims d = dims_of(q, qbar);
   LINEA_DISPATCH_FLOAT(q.dtype(), "lara_mixture_backward", [&] {
     using T = scalar_t;
     const T fl = static_cast<T>(floor);
-    DeviceScratch<T> lu(d.BH * d.N * d.C), ds(d.BH * d.N * d.C), rowsum(d.BH * d.N);
+    DeviceScratch<T> lu(d.BH * d.N * d.C), ds(d.BH * d.N * d.C);
     mixture_grad_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(
-        cptr<T>(mix), cptr<T>(a), cptr<T>(dmix), d, static_cast<T>(beta), fl, lu.p, rowsum.p, ds.p);
+        cptr<T>(mix), cptr<T>(a), cptr<T>(dmix), d, static_cast<T>(beta), fl, lu.p, ds.p);
     LINEA_KERNEL_LAUNCH_CHECK();
     // Column sums over n in runs, added in order; then ds.
     const int64_t columns = d.BH * d.C;
@@ -170,19 +166,16 @@ void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w,
       mixture_ds_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(cptr<T>(t), st.p, d, ds.p);
       LINEA_KERNEL_LAUNCH_CHECK();
     }
-    // dq~ [N, D] = dlu [N, C] w [C, D] + ds qbar - rowsum q~
+    // dq [N, D] = s (dlu [N, C] w [C, D] + ds qbar)
     gemm_strided<T>(lu.p, false, d.C, d.N * d.C, cptr<T>(w), false, d.D, d.C * d.D, ptr<T>(dq), d.D, d.N * d.D, d.N,
-                    d.D, d.C, d.BH, 1.0);
+                    d.D, d.C, d.BH, q_scale);
     gemm_strided<T>(ds.p, false, d.C, d.N * d.C, cptr<T>(qbar), false, d.D, d.C * d.D, ptr<T>(dq), d.D, d.N * d.D, d.N,
-                    d.D, d.C, d.BH, 1.0, 1.0);
-    subtract_scaled_rows_kernel<T><<<grid_for_warp_rows(d.BH * d.N), kBlockSize, 0, stream()>>>(
-        rowsum.p, cptr<T>(q), d.BH * d.N, d.D, ptr<T>(dq));
-    LINEA_KERNEL_LAUNCH_CHECK();
+                    d.D, d.C, d.BH, q_scale, 1.0);
     // dw [C, D] = dlu^T [C, N] q~ [N, D], dqbar = ds^T q~
     gemm_strided<T>(lu.p, true, d.C, d.N * d.C, cptr<T>(q), false, d.D, d.N * d.D, ptr<T>(dw), d.D, d.C * d.D, d.C, d.D,
-                    d.N, d.BH, 1.0);
+                    d.N, d.BH, q_scale);
     gemm_strided<T>(ds.p, true, d.C, d.N * d.C, cptr<T>(q), false, d.D, d.N * d.D, ptr<T>(dqbar), d.D, d.C * d.D, d.C,
-                    d.D, d.N, d.BH, 1.0);
+                    d.D, d.N, d.BH, q_scale);
   });
 }
 

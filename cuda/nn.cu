@@ -212,11 +212,12 @@ __global__ void layer_norm_backward_kernel(const T* g, const T* gsum, const T* x
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------------------
-// logits [N, C], target [N], loss and lse [N]:
+// logits [N, C], target [N], loss and lse [N], nll [N] or null:
 //   loss_i = lse_i - (1 - s) * x[i, t_i] - s / C * sum_c x[i, c]   (0 where t_i == ignore_index)
+//   nll_i = lse_i - x[i, t_i]   (the loss at s = 0, rounded as it is)
 // A target outside [0, C) (and not ignore_index) gets loss 0 and is reported to the host.
 template <typename T>
-__global__ void cross_entropy_kernel(const T* x, const int64_t* target, T* loss, T* lse, int64_t N, int64_t C,
+__global__ void cross_entropy_kernel(const T* x, const int64_t* target, T* loss, T* lse, T* nll, int64_t N, int64_t C,
                                      int64_t ignore_index, T s, DeviceErrorReport* rep) {
   T* sh = shared_mem<T>();
   const T s_over_c = s / static_cast<T>(C);
@@ -242,11 +243,14 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* target, T* loss,
     const int64_t t = target[row.c];
     if (t == ignore_index) {
       loss[row.c] = T(0);
+      if (nll) nll[row.c] = T(0);
     } else if (t < 0 || t >= C) {
       report_device_error(rep, DeviceErrorCode::CrossEntropyTarget, t, C);
       loss[row.c] = T(0);
+      if (nll) nll[row.c] = T(0);
     } else {
       loss[row.c] = l - (T(1) - s) * xr[t] - (s != T(0) ? s_over_c * sx : T(0));
+      if (nll) nll[row.c] = l - xr[t];
     }
   }
 }
@@ -641,11 +645,11 @@ void sq_norm_backward(const Tensor& grad, const Tensor& x, double scale, const T
   });
 }
 
-// logits [N, C], target Int64 [N], loss and lse [N]
+// logits [N, C], target Int64 [N], loss and lse [N], nll [N] or undefined
 void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
-                   const Tensor& loss, const Tensor& lse) {
+                   const Tensor& loss, const Tensor& lse, const Tensor& nll) {
   LINEA_CHECK(logits.dim() == 2 && target.numel() == logits.size(0) && loss.numel() == logits.size(0) &&
-                  lse.numel() == logits.size(0),
+                  lse.numel() == logits.size(0) && (!nll.defined() || nll.numel() == logits.size(0)),
               "cross_entropy: logits ", shape_str(logits.shape()), ", target ", shape_str(target.shape()));
   const int64_t N = logits.size(0), C = logits.size(1);
   if (N == 0 || C == 0) return;
@@ -653,7 +657,7 @@ void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_in
     using T = scalar_t;
     const dim3 block = column_block(C, 1);
     cross_entropy_kernel<T><<<column_grid(N, block), block, sizeof(T) * kBlockSize, stream()>>>(
-        cptr<T>(logits), cptr<int64_t>(target), ptr<T>(loss), ptr<T>(lse), N, C, ignore_index,
+        cptr<T>(logits), cptr<int64_t>(target), ptr<T>(loss), ptr<T>(lse), ptr_or_null<T>(nll), N, C, ignore_index,
         static_cast<T>(smoothing), device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   });

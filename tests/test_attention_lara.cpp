@@ -469,7 +469,7 @@ TEST(LinearRandomizedAttention, Float32FiniteForLargeInputs) {
 }
 
 // ---- the fused mixture weights (the CPU path) --------------------------------------------------------
-// Inputs of lara_mixture: q~ [B, H, N, D], qbar and w [B, H, C, D], self_w (positive) and bias [B, H, C].
+// Inputs of lara_mixture: q [B, H, N, D], qbar and w [B, H, C, D], self_w (positive) and bias [B, H, C].
 std::vector<Tensor> mixture_inputs(int64_t B, int64_t H, int64_t N, int64_t C, int64_t D) {
   return {randn64({B, H, N, D}), randn64({B, H, C, D}), randn64({B, H, C, D}), exp(randn64({B, H, C})),
           randn64({B, H, C})};
@@ -477,17 +477,29 @@ std::vector<Tensor> mixture_inputs(int64_t B, int64_t H, int64_t N, int64_t C, i
 
 TEST(LaraMixture, FusedEqualsComposed) {
   manual_seed(70);
-  // beta = 40 pushes some alpha below the floor: the clamp is exercised too.
-  for (double beta : {0.0, 1.0, 40.0}) {
-    const std::vector<Tensor> in = mixture_inputs(2, 3, 50, 6, 4);
-    const Tensor fused = lara_mixture(in[0], in[1], in[2], in[3], in[4], beta, 1e-8);
-    EXPECT_TRUE(all_close(fused, attn::mixture_weights(in[0], in[1], in[2], in[3], in[4], beta), 1e-12, 1e-13)) << beta;
-    std::vector<Tensor> in32;
-    for (const Tensor& t : in) in32.push_back(t.to(DType::Float32));
-    EXPECT_TRUE(all_close(lara_mixture(in32[0], in32[1], in32[2], in32[3], in32[4], beta, 1e-8).to(DType::Float64),
-                          fused, 1e-4, 1e-5))
-        << beta;
-  }
+  // beta = 40 pushes some alpha below the floor: the clamp is exercised too. q_scale s: the
+  // weights of q~ = s q, composed from the scaled copy.
+  for (double beta : {0.0, 1.0, 40.0})
+    for (double s : {1.0, 0.6}) {
+      SCOPED_TRACE("beta " + std::to_string(beta) + " q_scale " + std::to_string(s));
+      const std::vector<Tensor> in = mixture_inputs(2, 3, 50, 6, 4);
+      const Tensor fused = lara_mixture(in[0], in[1], in[2], in[3], in[4], beta, 1e-8, s);
+      EXPECT_TRUE(all_close(fused, attn::mixture_weights(in[0] * s, in[1], in[2], in[3], in[4], beta), 1e-12, 1e-13));
+      std::vector<Tensor> in32;
+      for (const Tensor& t : in) in32.push_back(t.to(DType::Float32));
+      EXPECT_TRUE(all_close(lara_mixture(in32[0], in32[1], in32[2], in32[3], in32[4], beta, 1e-8, s).to(DType::Float64),
+                            fused, 1e-4, 1e-5));
+      // The gradients equal those through the scaled copy (whose backward scales q's by s).
+      std::vector<Tensor> a, b;
+      for (const Tensor& t : in) {
+        a.push_back(t.detach().requires_grad_(true));
+        b.push_back(t.detach().requires_grad_(true));
+      }
+      const Tensor g = randn64(fused.shape());
+      lara_mixture(a[0], a[1], a[2], a[3], a[4], beta, 1e-8, s).backward(g);
+      lara_mixture(b[0] * s, b[1], b[2], b[3], b[4], beta, 1e-8).backward(g);
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(all_close(a[i].grad(), b[i].grad(), 1e-12, 1e-12)) << i;
+    }
 }
 
 TEST(GradCheck, LaraMixtureFused) {
@@ -503,6 +515,10 @@ TEST(GradCheck, LaraMixtureFused) {
     EXPECT_GRADCHECK(
         [beta](const std::vector<Tensor>& x) { return lara_mixture(x[0], x[1], x[2], x[3], x[4], beta, 1e-8); }, in)
         << beta;
+    EXPECT_GRADCHECK(
+        [beta](const std::vector<Tensor>& x) { return lara_mixture(x[0], x[1], x[2], x[3], x[4], beta, 1e-8, 0.7); },
+        in)
+        << beta << " q_scale 0.7";
   }
 }
 

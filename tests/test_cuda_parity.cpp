@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/cuda_counters.h"
@@ -1514,6 +1515,7 @@ TEST(CudaParity, LaraMixtureKernel) {
   const std::vector<Case> cases = {
       {2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {1, 2, 300, 16, 8}, {1, 1, 700, 3, 4}, {2, 2, 20, 40, 36}};
   const double floor = 1e-8;
+  const double q_scale = 0.6;  // q~ = 0.6 q: the scale in the GEMMs' alpha and the norms' factors
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
       for (double beta : {1.0, 40.0}) {
@@ -1527,11 +1529,11 @@ TEST(CudaParity, LaraMixtureKernel) {
         const TensorOptions cpu_opts(dt);
         const Shape ms{c.B, c.H, c.N, c.C};
         Tensor mix = empty(ms, cpu_opts), t = empty(ms, cpu_opts), a = empty(ms, cpu_opts);
-        cpu::lara_mixture_forward(q, qbar, w, self_w, bias, beta, floor, mix, t, a);
+        cpu::lara_mixture_forward(q, qbar, w, self_w, bias, beta, floor, q_scale, mix, t, a);
         const Tensor qd = q.to(kCuda), qbd = qbar.to(kCuda), wd = w.to(kCuda), swd = self_w.to(kCuda),
                      bd = bias.to(kCuda), gd = dmix.to(kCuda);
         Tensor mix_d = poisoned(ms, dt), t_d = poisoned(ms, dt), a_d = poisoned(ms, dt);
-        LINEA_BACKEND(kCuda, lara_mixture_forward, qd, qbd, wd, swd, bd, beta, floor, mix_d, t_d, a_d);
+        LINEA_BACKEND(kCuda, lara_mixture_forward, qd, qbd, wd, swd, bd, beta, floor, q_scale, mix_d, t_d, a_d);
         const double long_sum = 8;  // sums over up to 300 rows and 23 dims, exp and log of them
         EXPECT_TRUE(matches(mix_d, mix, long_sum, "mix"));
         EXPECT_TRUE(matches(t_d, t, long_sum, "t"));
@@ -1539,13 +1541,13 @@ TEST(CudaParity, LaraMixtureKernel) {
 
         Tensor dq = empty(q.shape(), cpu_opts), dqbar = empty(qbar.shape(), cpu_opts), dw = empty(w.shape(), cpu_opts),
                dsw = empty(self_w.shape(), cpu_opts), db = empty(bias.shape(), cpu_opts);
-        cpu::lara_mixture_backward(q, qbar, w, mix, t, a, dmix, beta, floor, dq, dqbar, dw, dsw, db);
+        cpu::lara_mixture_backward(q, qbar, w, mix, t, a, dmix, beta, floor, q_scale, dq, dqbar, dw, dsw, db);
         Tensor dq_d = poisoned(q.shape(), dt), dqbar_d = poisoned(qbar.shape(), dt), dw_d = poisoned(w.shape(), dt),
                dsw_d = poisoned(self_w.shape(), dt), db_d = poisoned(bias.shape(), dt);
         // from the CPU's forward state, so that a clamp decided differently by a rounding
         // cannot make the gradients differ
         LINEA_BACKEND(kCuda, lara_mixture_backward, qd, qbd, wd, mix.to(kCuda), t.to(kCuda), a.to(kCuda), gd, beta,
-                      floor, dq_d, dqbar_d, dw_d, dsw_d, db_d);
+                      floor, q_scale, dq_d, dqbar_d, dw_d, dsw_d, db_d);
         const double grad_sum = long_sum * beta;  // dt is beta times dalpha
         EXPECT_TRUE(matches(dq_d, dq, grad_sum, "dq"));
         EXPECT_TRUE(matches(dqbar_d, dqbar, grad_sum, "dqbar"));
@@ -1905,6 +1907,28 @@ TEST(CudaParity, CrossEntropy) {
                   {rnd({3, 1000}, dt), ints({999, 0, 512}, {3})});
     expect_parity(tag("single row [C]", dt), [](const std::vector<Tensor>& v) { return cross_entropy(v[0], v[1]); },
                   {rnd({5}, dt), scalar_tensor(2, TensorOptions(DType::Int64))});
+    // The plain summed cross-entropy beside the smoothed loss, through autograd.
+    expect_parity(tag("nll beside smoothing 0.1", dt),
+                  [](const std::vector<Tensor>& v) {
+                    Tensor nll;
+                    cross_entropy(v[0], v[1], -100, 0.1, Reduction::Mean, &nll);
+                    return nll;
+                  },
+                  {logits, target});
+    // The rows' kernel into poisoned outputs, nll written beside the smoothed loss: the CPU's
+    // values, and on the device the bits of its own loss at smoothing 0.
+    const TensorOptions o(dt);
+    Tensor loss = empty({13}, o), lse = empty({13}, o), nll = empty({13}, o);
+    cpu::cross_entropy(logits, target, -100, 0.1, loss, lse, nll);
+    const Tensor ld = logits.to(kCuda), td = target.to(kCuda);
+    Tensor loss_d = poisoned({13}, dt), lse_d = poisoned({13}, dt), nll_d = poisoned({13}, dt);
+    LINEA_BACKEND(kCuda, cross_entropy, ld, td, -100, 0.1, loss_d, lse_d, nll_d);
+    EXPECT_TRUE(matches(loss_d, loss, 1.0, "loss"));
+    EXPECT_TRUE(matches(lse_d, lse, 1.0, "lse"));
+    EXPECT_TRUE(matches(nll_d, nll, 1.0, "nll"));
+    Tensor plain_d = poisoned({13}, dt);
+    LINEA_BACKEND(kCuda, cross_entropy, ld, td, -100, 0.0, plain_d, lse_d, Tensor());
+    EXPECT_EQ(max(abs(nll_d - plain_d)).item(), 0.0);
   }
 }
 
@@ -2063,6 +2087,70 @@ TEST(CudaParity, Indexing) {
                 {gt(randn({5, 3}), 0.0)});
   expect_parity("cumsum int64", [](const std::vector<Tensor>& v) { return cumsum(v[0], 0); },
                 {ints({1, -2, 3, 4, 5, 6}, {3, 2})});
+#ifndef LINEA_PARITY_SELF_TEST
+  // index_select's and gather's backward add into their zeros in place: a memset and the adding
+  // kernels, no copy of the zeros.
+  for (int gathered = 0; gathered < 2; ++gathered) {
+    SCOPED_TRACE(gathered ? "gather" : "index_select");
+    const Tensor x = rnd({5, 9, 4}, DType::Float32).to(kCuda).requires_grad_(true);
+    const Tensor y = gathered ? gather(x, 1, zeros({5, 3, 4}, TensorOptions(DType::Int64, kCuda)))
+                              : index_select(x, 1, idx.to(kCuda));
+    const Tensor gy = rnd(y.shape(), DType::Float32).to(kCuda);
+    const cuda::Counters before = cuda::counters();
+    y.backward(gy);
+    const cuda::Counters c = cuda::counters() - before;
+    EXPECT_EQ(c.device_copies, 1) << c.str();  // the zeros' memset
+    EXPECT_EQ(c.h2d_copies + c.host_syncs, 0) << c.str();
+  }
+#endif
+}
+
+// The ViT's class token and positions: through autograd (one and no prefix rows, a transposed
+// x); the two kernels into NaN-poisoned outputs, bit for bit (the batch summed in the same order),
+// over a batch past one thread's and rows not a multiple of the block; a training call's launches.
+TEST(CudaParity, PrependAndAddPositions) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(12);
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("one prefix row", dt),
+                  [](const std::vector<Tensor>& v) { return prepend_and_add_positions(v[0], v[1], v[2]); },
+                  {rnd({3, 7, 5}, dt), rnd({1, 5}, dt), rnd({8, 5}, dt)});
+    expect_parity(
+        tag("no prefix, transposed x", dt),
+        [](const std::vector<Tensor>& v) { return prepend_and_add_positions(v[0].transpose(1, 2), Tensor(), v[1]); },
+        {rnd({3, 5, 7}, dt), rnd({7, 5}, dt)});
+    const int64_t B = 37, P = 2, N = 65, D = 9;
+    const Tensor x = rnd({B, N, D}, dt), c = rnd({P, D}, dt), pos = rnd({P + N, D}, dt), g = rnd({B, P + N, D}, dt);
+    const TensorOptions o(dt);
+    Tensor out = empty({B, P + N, D}, o), dx = empty({B, N, D}, o), dc = empty({P, D}, o), dpos = empty({P + N, D}, o);
+    cpu::prepend_and_add_positions(x, c, pos, out);
+    cpu::prepend_and_add_positions_backward(g, P, dx, dc, dpos);
+    Tensor out_d = poisoned(out.shape(), dt), dx_d = poisoned(dx.shape(), dt), dc_d = poisoned(dc.shape(), dt),
+           dpos_d = poisoned(dpos.shape(), dt);
+    LINEA_BACKEND(kCuda, prepend_and_add_positions, x.to(kCuda), c.to(kCuda), pos.to(kCuda), out_d);
+    LINEA_BACKEND(kCuda, prepend_and_add_positions_backward, g.to(kCuda), P, dx_d, dc_d, dpos_d);
+    for (const auto& [got, want, name] : {std::tuple{out_d, out, "out"}, std::tuple{dx_d, dx, "dx"},
+                                          std::tuple{dc_d, dc, "dprefix"}, std::tuple{dpos_d, dpos, "dpositions"}})
+      EXPECT_EQ(max(abs(got.to(kCPU) - want)).item(), 0.0) << name << " (" << dtype_name(dt) << ")";
+    // Only dpositions wanted: dx and dprefix untouched.
+    Tensor only = poisoned(dpos.shape(), dt);
+    LINEA_BACKEND(kCuda, prepend_and_add_positions_backward, g.to(kCuda), P, Tensor(), Tensor(), only);
+    EXPECT_EQ(max(abs(only.to(kCPU) - dpos)).item(), 0.0);
+  }
+#ifndef LINEA_PARITY_SELF_TEST
+  const Tensor x = rnd({4, 6, 8}, DType::Float32).to(kCuda).requires_grad_(true);
+  const Tensor c = rnd({1, 8}, DType::Float32).to(kCuda).requires_grad_(true);
+  const Tensor pos = rnd({7, 8}, DType::Float32).to(kCuda).requires_grad_(true);
+  const Tensor gy = rnd({4, 7, 8}, DType::Float32).to(kCuda);
+  const cuda::Counters before = cuda::counters();
+  const Tensor y = prepend_and_add_positions(x, c, pos);
+  const cuda::Counters mid = cuda::counters();
+  y.backward(gy);
+  const cuda::Counters f = mid - before, b = cuda::counters() - mid;
+  EXPECT_EQ(f.kernel_launches, 1) << f.str();
+  EXPECT_EQ(b.kernel_launches, 1) << b.str();
+  EXPECT_EQ(f.library_calls + f.device_copies + b.library_calls + b.device_copies, 0) << b.str();
+#endif
 }
 
 // index_add and scatter_add add each target's sources in position order on both devices, so the

@@ -86,6 +86,19 @@ TEST(GradCheck, EmbedTokens) {
   EXPECT_GRADCHECK([&](const Inputs& in) { return embed_tokens(in[0], idx, 3.0, Tensor()); }, {w});
 }
 
+// One and two prefix rows and none; a non-contiguous x and positions.
+TEST(GradCheck, PrependAndAddPositions) {
+  manual_seed(105);
+  const Tensor x = randn64({2, 3, 4});
+  for (int64_t P : {1, 2})
+    EXPECT_GRADCHECK([](const Inputs& in) { return prepend_and_add_positions(in[0], in[1], in[2]); },
+                     {x, randn64({P, 4}), randn64({P + 3, 4})});
+  EXPECT_GRADCHECK([](const Inputs& in) { return prepend_and_add_positions(in[0], Tensor(), in[1]); },
+                   {x, randn64({3, 4})});
+  EXPECT_GRADCHECK([](const Inputs& in) { return prepend_and_add_positions(in[0], in[1], in[2]); },
+                   {randn64({2, 4, 3}).transpose(1, 2), randn64({1, 4}), randn64_transposed({4, 4})});
+}
+
 TEST(GradCheck, Gather) {
   manual_seed(102);
   Tensor x = randn64({3, 4});

@@ -326,6 +326,18 @@ TEST(IndexOps, IndexAddAccumulatesRepeats) {
   Tensor out = raw::index_add(base, 0, tensor<int64_t>({3, 1, 3}, {3}), src);
   EXPECT_EQ(out.to_vector<double>(), (std::vector<double>{1, 1, 4, 5, 1, 1, 7, 9}));
   EXPECT_EQ(base.to_vector<double>(), (std::vector<double>(8, 1.0)));  // base untouched
+  // In place (index_select's backward, into its zeros): the same sums in base itself; a view
+  // that is not contiguous is refused, not written through wrong strides.
+  raw::index_add_(base, 0, tensor<int64_t>({3, 1, 3}, {3}), src);
+  EXPECT_EQ(base.to_vector<double>(), out.to_vector<double>());
+  EXPECT_LINEA_ERROR(raw::index_add_(ones({2, 4}, f64()).t(), 0, tensor<int64_t>({3, 1, 3}, {3}), src),
+                     "index_add: adds in place into a contiguous tensor, got [4, 2] with strides [1, 4]");
+  EXPECT_LINEA_ERROR(
+      raw::scatter_add_(ones({2, 4}, f64()).t(), 0, zeros({1, 2}, TensorOptions(DType::Int64)), ones({1, 2}, f64())),
+      "scatter_add: adds in place into a contiguous tensor, got [4, 2]");
+  Tensor sbase = zeros({2, 3}, f64());
+  raw::scatter_add_(sbase, 1, tensor<int64_t>({2, 2, 0, 1}, {2, 2}), tensor<double>({1, 2, 3, 4}, {2, 2}));
+  EXPECT_EQ(sbase.to_vector<double>(), (std::vector<double>{0, 0, 3, 3, 4, 0}));
 }
 
 TEST(IndexOps, IndexAddLargeDeterministicAndExact) {
@@ -398,6 +410,56 @@ TEST(IndexOps, EmbedTokensEqualsTheComposedFormula) {
       EXPECT_EQ(max(abs(p4.grad())).item(), 0.0);
     }
   }
+}
+
+// The ViT's class token and positions in one op: the composed cat + add's bits forward, its
+// gradients (the positions' a sum over the batch in another order: to rounding), with one and two
+// prefix rows and none, a non-contiguous x, a batch of none; only the wanted gradients; bad input.
+TEST(IndexOps, PrependAndAddPositionsEqualsTheComposedFormula) {
+  manual_seed(13);
+  for (DType dt : {DType::Float32, DType::Float64})
+    for (int64_t P : {1, 2, 0})
+      for (int64_t B : {3, 0}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " P " + std::to_string(P) + " B " + std::to_string(B));
+        const TensorOptions o(dt);
+        const Tensor x = randn({B, 5, 4}, o), c = randn({P, 4}, o), pos = randn({P + 5, 4}, o);
+        const Tensor g = randn({B, P + 5, 4}, o);
+        std::vector<Tensor> a, b;
+        for (const Tensor& t : {x, c, pos}) {
+          a.push_back(clone(t).requires_grad_(true));
+          b.push_back(clone(t).requires_grad_(true));
+        }
+        const Tensor fused = prepend_and_add_positions(a[0], P > 0 ? a[1] : Tensor(), a[2]);
+        const Tensor composed = (P > 0 ? cat({b[1].unsqueeze(0).expand({B, P, 4}), b[0]}, 1) : b[0]) + b[2];
+        EXPECT_TRUE(all_close(fused, composed, 0, 0));
+        fused.backward(g);
+        composed.backward(g);
+        const double tol = dt == DType::Float32 ? 1e-6 : 1e-14;
+        EXPECT_TRUE(all_close(a[0].grad(), b[0].grad(), 0, 0));
+        EXPECT_TRUE(all_close(a[2].grad(), b[2].grad(), tol, tol));
+        if (P > 0) {
+          EXPECT_TRUE(all_close(a[1].grad(), b[1].grad(), tol, tol));
+        }
+      }
+  // A transposed x; positions that need no gradient get none, x's still comes.
+  const Tensor xt = randn({4, 4, 5}).transpose(1, 2).requires_grad_(true), fixed = randn({6, 4});
+  const Tensor y = prepend_and_add_positions(xt, randn({1, 4}), fixed);
+  EXPECT_TRUE(all_close(narrow(y, 1, 1, 5), xt + narrow(fixed, 0, 1, 5), 0, 0));
+  y.sum().backward();
+  EXPECT_FALSE(fixed.grad().defined());
+  EXPECT_EQ(xt.grad().shape(), (Shape{4, 5, 4}));
+  const Tensor x = randn({2, 3, 4});
+  EXPECT_LINEA_ERROR(prepend_and_add_positions(x, randn({1, 4}), randn({3, 4})),
+                     "prepend_and_add_positions: expected x [B, N, D], prefix [P, D] (or none) and positions "
+                     "[P + N, D], got x [2, 3, 4], prefix [1, 4], positions [3, 4]");
+  EXPECT_LINEA_ERROR(prepend_and_add_positions(x, randn({1, 5}), randn({4, 4})), "prefix [1, 5]");
+  EXPECT_LINEA_ERROR(prepend_and_add_positions(randn({3, 4}), Tensor(), randn({3, 4})), "got x [3, 4]");
+  EXPECT_LINEA_ERROR(prepend_and_add_positions(x, Tensor(), randn({3, 4}, f64())), "prepend_and_add_positions");
+  EXPECT_LINEA_ERROR(prepend_and_add_positions(x, Tensor(), Tensor()), "positions");
+  EXPECT_LINEA_ERROR(prepend_and_add_positions(x, randn({}), randn({3, 4})), "prefix []");
+  EXPECT_LINEA_ERROR(prepend_and_add_positions(zeros({2, 3, 4}, TensorOptions(DType::Int64)), Tensor(),
+                                               zeros({3, 4}, TensorOptions(DType::Int64))),
+                     "expected float32 or float64, got int64");
 }
 
 // ---- gather / scatter_add -------------------------------------------------------------------

@@ -528,6 +528,37 @@ TEST(CrossEntropy, IgnoreIndex) {
   EXPECT_EQ(cross_entropy(randn({0, C}, f64()), zeros({0}, TensorOptions(DType::Int64))).item(), 0.0);
 }
 
+// The plain summed cross-entropy beside a smoothed loss, from the one pass: the bits of
+// cross_entropy(..., 0, Sum) for every reduction and smoothing, ignored rows left out, 3-d logits
+// flattened, no rows; no gradient, and the loss's own gradient unchanged.
+TEST(CrossEntropy, NllBesideTheLoss) {
+  manual_seed(20);
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    const Tensor x = mul(randn({2, 5, 7}, TensorOptions(dt)), 3.0);
+    const Tensor t = from_vector<int64_t>({1, 0, 6, 3, 0, 2, 0, 5, 0, 4}, {2, 5});  // pad (ignore) 0
+    const Tensor plain = cross_entropy(x, t, 0, 0.0, Reduction::Sum);
+    for (double s : {0.0, 0.1, 1.0})
+      for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+        SCOPED_TRACE(std::to_string(s) + " " + std::to_string(static_cast<int>(red)) + " " + dtype_name(dt));
+        const Tensor xg = x.detach().requires_grad_(true), xr = x.detach().requires_grad_(true);
+        Tensor nll;
+        const Tensor loss = cross_entropy(xg, t, 0, s, red, &nll);
+        ASSERT_TRUE(nll.defined());
+        EXPECT_EQ(nll.dim(), 0);
+        EXPECT_FALSE(nll.requires_grad());
+        EXPECT_EQ(nll.item(), plain.item());
+        const Tensor ref = cross_entropy(xr, t, 0, s, red);
+        EXPECT_EQ(max(abs(loss - ref)).item(), 0.0);
+        sum(loss).backward();
+        sum(ref).backward();
+        EXPECT_EQ(max(abs(xg.grad() - xr.grad())).item(), 0.0);
+      }
+  }
+  Tensor nll;
+  cross_entropy(randn({0, 3}), zeros({0}, TensorOptions(DType::Int64)), -100, 0.1, Reduction::Mean, &nll);
+  EXPECT_EQ(nll.item(), 0.0);
+}
+
 // The mean's kernel: sum(loss) / count bit for bit, count the rows kept (at least 1); its input
 // checked.
 TEST(CrossEntropy, MeanKernel) {

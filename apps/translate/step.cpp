@@ -18,11 +18,14 @@ apps::StepResult train_step(Seq2Seq& model, const nn::Batch& b, Device device, i
   Tensor tgt_out = b.at("tgt_out").to(device);
   Tensor logits = model.forward(b.at("src").to(device), b.at("src_pad").to(device), b.at("tgt_in").to(device));
   apps::StepResult r;
-  r.loss = cross_entropy(logits, tgt_out, pad, label_smoothing);  // the mean's count is taken on the device
+  // The mean's count is taken on the device; the plain summed cross-entropy comes from the same
+  // pass over the logits.
+  Tensor nll;
+  r.loss = cross_entropy(logits, tgt_out, pad, label_smoothing, Reduction::Mean, &nll);
+  r.stats["nll"] = nll;
   // Counted where the batch was made; a batch already on the device (a captured step) leaves it
   // to target_tokens.
   r.units = b.at("tgt_pad").is_cpu() ? target_tokens(b) : 0;
-  r.stats["nll"] = cross_entropy(logits.detach(), tgt_out, pad, 0.0, Reduction::Sum);
   return r;
 }
 

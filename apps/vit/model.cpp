@@ -51,9 +51,10 @@ Tensor VisionTransformer::forward(const Tensor& images) {
               "VisionTransformer: expected images [B, ", cfg_.channels, ", ", cfg_.image_size, ", ", cfg_.image_size,
               "], got ", shape_str(images.shape()));
   Tensor x = (*patch_)(images);  // [B, N, dim]
-  const int64_t b = x.size(0);
-  if (cls_.defined()) x = cat({cls_.expand({b, 1, cfg_.dim}), x}, 1);  // [B, 1 + N, dim]
-  x = (*drop_)((*pos_)(x));
+  // The class token before the patches and the positions added, one kernel each way:
+  // cat({cls.expand(B, 1, dim), x}, 1) + pos  [B, 1 + N, dim]
+  const Tensor prefix = cls_.defined() ? reshape(cls_, {1, cfg_.dim}) : Tensor();
+  x = (*drop_)(prepend_and_add_positions(x, prefix, pos_->weight()));
   x = (*encoder_)(x);
   Tensor feat = cls_.defined() ? select(x, 1, 0) : mean(x, {1});  // [B, dim]
   return (*head_)(feat);

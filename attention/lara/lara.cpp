@@ -53,25 +53,22 @@ const LinearRandomizedAttention::Segments& LinearRandomizedAttention::segments(i
   const int64_t Ce = std::min(samples_, N);
   const Tensor& m = segments_.member;
   if (m.defined() && m.size(0) == Ce && m.size(1) == N && m.dtype() == opts.dtype && m.device() == opts.device &&
-      key_scale_ == scale_of(D))
+      scale_ == scale_of(D))
     return segments_;
-  // Setup of three constant [C_eff, N] matrices (C_eff * N host values), not a loop of the forward.
+  // Setup of two constant [C_eff, N] matrices (C_eff * N host values), not a loop of the forward.
   std::vector<double> member(static_cast<size_t>(Ce * N), 0.0), mean(member.size(), 0.0);
   int64_t start = 0, c = 0;
   for (int64_t len : segment_sizes(N, samples_)) {
     for (int64_t n = start; n < start + len; ++n) {
       member[static_cast<size_t>(c * N + n)] = 1.0;
-      mean[static_cast<size_t>(c * N + n)] = 1.0 / static_cast<double>(len);
+      mean[static_cast<size_t>(c * N + n)] = scale_of(D) / static_cast<double>(len);
     }
     start += len;
     ++c;
   }
-  key_scale_ = scale_of(D);
-  std::vector<double> key_mean(mean);
-  for (double& e : key_mean) e *= key_scale_;
+  scale_ = scale_of(D);
   segments_.member = from_vector<double>(member, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
-  segments_.mean = from_vector<double>(mean, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
-  segments_.key_mean = from_vector<double>(key_mean, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
+  segments_.scaled_mean = from_vector<double>(mean, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
   return segments_;
 }
 
@@ -84,18 +81,18 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   LINEA_CHECK(is_floating(q.dtype()), who, ": expected float32/float64 inputs, got ", dtype_name(q.dtype()));
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
   Tensor pad = padded_keys(opts);  // Bool [B, 1, 1, N] (true = padded) or undefined
-  Tensor qs = scaled(q);           // q~ [B, H, N, D]; the mixture kernel reads it
-  // k~ = s k is never formed: its readers take k and s (the key means in their matrix, |k~|^2 in
-  // sq_norm's scale, the landmarks' attention in its scale), one [B, H, N, D] pass fewer each way.
+  // q~ = s q and k~ = s k are never formed: their readers take q or k and s (the segment means in
+  // their matrix, |k~|^2 in sq_norm's scale, the landmarks' attention and the mixture weights in
+  // their scales), two [B, H, N, D] passes fewer each way.
   const double s = scale_of(D);
 
   // Segment means.
   const Segments& seg = segments(N, D, q.options());
   const int64_t C = seg.member.size(0);
-  Tensor qbar = matmul(seg.mean, qs);  // q-_c [B, H, C, D]
-  Tensor kbar;                         // k-_c [B, H, C, D] (of k~), padded keys left out
+  Tensor qbar = matmul(seg.scaled_mean, q);  // q-_c [B, H, C, D] (of q~)
+  Tensor kbar;                               // k-_c [B, H, C, D] (of k~), padded keys left out
   if (!pad.defined()) {
-    kbar = matmul(seg.key_mean, k);
+    kbar = matmul(seg.scaled_mean, k);
   } else {
     Tensor wk = seg.member * (~pad).to(q.dtype());           // [B,1,C,N]
     Tensor cnt = clamp(sum(wk, {-1}, true), 1.0, INFINITY);  // [B,1,C,1]; all padded: 0 / 1 = 0
@@ -140,7 +137,7 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
     lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);
   }
   // The [B, H, N, C] part, fused (mixture_weights composes the same from ops).
-  parts.mix = lara_mixture(qs, qbar, w, self_w, sub(lse_k, l_diag), beta_, kAlphaFloor);
+  parts.mix = lara_mixture(q, qbar, w, self_w, sub(lse_k, l_diag), beta_, kAlphaFloor, s);
   return parts;
 }
 

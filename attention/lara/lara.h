@@ -81,8 +81,9 @@ class LinearRandomizedAttention : public AttentionMechanism {
   // built once on the host, not a few kernels every forward).
   struct Segments {
     Tensor member;    // 0/1 membership [C_eff, N]
-    Tensor mean;      // member with each row divided by its segment's size: the segment means' matrix
-    Tensor key_mean;  // mean * D^-1/4: the key means k-_c of k itself (no scaled copy of k)
+    // member with each row divided by its segment's size and multiplied by D^-1/4: the segment
+    // means of q~ and k~ taken from q and k themselves (no scaled copies of q and k)
+    Tensor scaled_mean;
   };
   const Segments& segments(int64_t N, int64_t D, const TensorOptions& opts);
 
@@ -92,7 +93,7 @@ class LinearRandomizedAttention : public AttentionMechanism {
   std::shared_ptr<nn::Linear> mu_proj_;     // adaptive only
   std::shared_ptr<nn::LayerNorm> mu_norm_;  // adaptive only
   Segments segments_;
-  double key_scale_ = 0;  // the D^-1/4 of segments_.key_mean
+  double scale_ = 0;  // the D^-1/4 of segments_.scaled_mean
 };
 
 // The mixture weights softmax_c(log u_nc) [B, H, N, C] composed from ops: the reference the fused

@@ -1,7 +1,7 @@
-// CPU kernels for indexing and prefix sums: index_select, index_add, embed_tokens, gather,
-// scatter_add, cumsum, searchsorted (namespace linea::cpu, contracts in core/kernels.h). All tensors
-// are contiguous and index values were range-checked by the raw op layer. Not the argument checking
-// (core/ops_index.cpp) and not the FFTs (core/cpu/fft.cpp).
+// CPU kernels for indexing and prefix sums: index_select, index_add, embed_tokens,
+// prepend_and_add_positions, gather, scatter_add, cumsum, searchsorted (namespace linea::cpu, contracts in
+// core/kernels.h). All tensors are contiguous and index values were range-checked by the raw op layer. Not the argument
+// checking (core/ops_index.cpp) and not the FFTs (core/cpu/fft.cpp).
 //
 // Parallelism: work is split over independent (outer, inner-block) tasks. The accumulating
 // kernels (index_add, scatter_add) give each task a disjoint set of output positions and walk
@@ -118,6 +118,40 @@ void embed_tokens_impl(const Tensor& weight, const Tensor& index, T scale, const
   }
 }
 
+// out [B, T, D] = (t < P ? prefix[t] : x[b, t - P]) + pos[t], rows of D
+template <typename T>
+void prepend_positions_impl(const T* x, const T* prefix, const T* pos, int64_t B, int64_t P, int64_t TT, int64_t D,
+                            T* out) {
+  const int64_t N = TT - P;
+#pragma omp parallel for collapse(2) schedule(static) if (B * TT * D >= kParallelGrain)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < TT; ++t) {
+      const T* src = t < P ? prefix + t * D : x + (b * N + t - P) * D;
+      const T* p = pos + t * D;
+      T* o = out + (b * TT + t) * D;
+      for (int64_t c = 0; c < D; ++c) o[c] = src[c] + p[c];
+    }
+}
+
+// g [B, T, D] -> dx [B, N, D] (g's rows from P on), dpos [T, D] = sum over b from b = 0 up (the
+// CUDA kernel's order: the same bits), dprefix [P, D] its first rows; null: not wanted.
+template <typename T>
+void prepend_positions_backward_impl(const T* g, int64_t B, int64_t P, int64_t TT, int64_t D, T* dx, T* dprefix,
+                                     T* dpos) {
+  const int64_t N = TT - P;
+#pragma omp parallel for schedule(static) if (B * TT * D >= kParallelGrain)
+  for (int64_t t = 0; t < TT; ++t) {
+    std::vector<T> s(static_cast<size_t>(D), T(0));
+    for (int64_t b = 0; b < B; ++b) {
+      const T* gr = g + (b * TT + t) * D;
+      for (int64_t c = 0; c < D; ++c) s[c] += gr[c];
+      if (dx && t >= P) std::copy(gr, gr + D, dx + (b * N + t - P) * D);
+    }
+    if (dpos) std::copy(s.begin(), s.end(), dpos + t * D);
+    if (dprefix && t < P) std::copy(s.begin(), s.end(), dprefix + t * D);
+  }
+}
+
 template <typename T> void gather_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_t dim) {
   const T* xp = static_cast<const T*>(x.data_ptr());
   T* op = static_cast<T*>(out.data_ptr());
@@ -217,6 +251,26 @@ void embed_tokens(const Tensor& weight, const Tensor& index, double scale, const
                   int64_t length, const Tensor& out) {
   LINEA_DISPATCH_FLOAT(weight.dtype(), "embed_tokens", [&] {
     embed_tokens_impl<scalar_t>(weight, index, static_cast<scalar_t>(scale), positions, offset, length, out);
+  });
+}
+
+// out [B, P + N, D] = prefix or x, plus positions (prefix undefined: P = 0)
+void prepend_and_add_positions(const Tensor& x, const Tensor& prefix, const Tensor& positions, const Tensor& out) {
+  const int64_t B = out.size(0), TT = out.size(1), D = out.size(2), P = prefix.defined() ? prefix.size(0) : 0;
+  LINEA_DISPATCH_FLOAT(out.dtype(), "prepend_and_add_positions", [&] {
+    prepend_positions_impl<scalar_t>(x.data<scalar_t>(), prefix.defined() ? prefix.data<scalar_t>() : nullptr,
+                                     positions.data<scalar_t>(), B, P, TT, D, out.data<scalar_t>());
+  });
+}
+
+// dx, dprefix, dpositions (each undefined: not wanted) from g [B, P + N, D]
+void prepend_and_add_positions_backward(const Tensor& g, int64_t prefix_len, const Tensor& dx, const Tensor& dprefix,
+                                        const Tensor& dpositions) {
+  LINEA_DISPATCH_FLOAT(g.dtype(), "prepend_and_add_positions_backward", [&] {
+    using T = scalar_t;
+    const auto p = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+    prepend_positions_backward_impl<T>(g.data<T>(), g.size(0), prefix_len, g.size(1), g.size(2), p(dx), p(dprefix),
+                                       p(dpositions));
   });
 }
 

@@ -1,13 +1,16 @@
 // LARA's mixture weights, fused (see attention.h). One work item per (b, h): the softmax over
 // queries needs every row of the head before any row's weights, and the [N, C] blocks stay in
-// this thread's cache between the passes. Forward, per (b, h):
+// this thread's cache between the passes. q~ = s q is never formed: s rides in the GEMMs' alpha.
+// log xi(q~_n, w_c) = q~ w^T - |q~_n|^2/2 and the -|q~_n|^2/2 is the same for every c of row n,
+// so the softmax over c drops it (and with it dq~'s term -rowsum(dlu) q~: rowsum(dlu) is 0).
+// Forward, per (b, h):
 //   s = q~ qbar^T, t = softmax over n of s (column-wise), a = self_w + beta (t - mean_c t),
-//   alpha = max(a, 1e-8), log u = log alpha + q~ w^T - |q~|^2/2 + bias, mix = softmax_c(log u)
+//   alpha = max(a, 1e-8), log u = log alpha + q~ w^T + bias, mix = softmax_c(log u)
 // keeping t, a and mix [B, H, N, C]. Backward (g = dmix):
 //   dlu = mix (g - rowsum(g mix)),  dbias = colsum(dlu),  dw = dlu^T q~,
 //   dalpha = dlu / alpha (0 where clamped),  dself_w = colsum(dalpha),
 //   dt = beta (dalpha - mean_c dalpha),  ds = t (dt - colsum(dt t)),
-//   dq~ = dlu w - rowsum(dlu) q~ + ds qbar,  dqbar = ds^T q~.
+//   dq~ = dlu w + ds qbar,  dqbar = ds^T q~,  and dq = s dq~.
 #include <omp.h>
 
 #include <algorithm>
@@ -32,8 +35,8 @@ struct Dims {
 };
 
 template <typename T>
-void forward_impl(const Dims& d, double beta, double floor, const T* q, const T* qbar, const T* w, const T* self_w,
-                  const T* bias, T* mix, T* t_out, T* a_out) {
+void forward_impl(const Dims& d, double beta, double floor, double s, const T* q, const T* qbar, const T* w,
+                  const T* self_w, const T* bias, T* mix, T* t_out, T* a_out) {
   const int64_t nc = d.N * d.C;
   const int nt = omp_get_max_threads();
   Workspace<T> ws(nt * Workspace<T>::rounded(nc));
@@ -48,8 +51,8 @@ void forward_impl(const Dims& d, double beta, double floor, const T* q, const T*
     T* t = t_out + bh * nc;
     T* a = a_out + bh * nc;
     T* m = mix + bh * nc;
-    gemm(false, true, d.N, d.C, d.D, T(1), qb, d.D, qbar + bh * d.C * d.D, d.D, T(0), t, d.C);  // s
-    gemm(false, true, d.N, d.C, d.D, T(1), qb, d.D, w + bh * d.C * d.D, d.D, T(0), l, d.C);     // q~ w^T
+    gemm(false, true, d.N, d.C, d.D, T(s), qb, d.D, qbar + bh * d.C * d.D, d.D, T(0), t, d.C);  // q~ qbar^T
+    gemm(false, true, d.N, d.C, d.D, T(s), qb, d.D, w + bh * d.C * d.D, d.D, T(0), l, d.C);     // q~ w^T
     // t = softmax over n, column by column (max and sum in one sweep over the rows each)
     std::vector<T> cmax(static_cast<size_t>(d.C), -std::numeric_limits<T>::infinity());
     std::vector<double> csum(static_cast<size_t>(d.C), 0.0);
@@ -69,14 +72,11 @@ void forward_impl(const Dims& d, double beta, double floor, const T* q, const T*
         mean += tn[c];
       }
       mean /= static_cast<T>(d.C);
-      T half = 0;
-      for (int64_t j = 0; j < d.D; ++j) half += qb[n * d.D + j] * qb[n * d.D + j];
-      half *= T(0.5);
       T* mn = m + n * d.C;
       T mx = -std::numeric_limits<T>::infinity();
       for (int64_t c = 0; c < d.C; ++c) {
         a[n * d.C + c] = sw[c] + static_cast<T>(beta) * (tn[c] - mean);
-        mn[c] = std::log(std::max(a[n * d.C + c], static_cast<T>(floor))) + l[n * d.C + c] - half + bb[c];
+        mn[c] = std::log(std::max(a[n * d.C + c], static_cast<T>(floor))) + l[n * d.C + c] + bb[c];
         mx = std::max(mx, mn[c]);
       }
       T sum = 0;
@@ -87,23 +87,22 @@ void forward_impl(const Dims& d, double beta, double floor, const T* q, const T*
 }
 
 template <typename T>
-void backward_impl(const Dims& d, double beta, double floor, const T* q, const T* qbar, const T* w, const T* mix,
-                   const T* t_in, const T* a_in, const T* g, T* dq, T* dqbar, T* dw, T* dself_w, T* dbias) {
+void backward_impl(const Dims& d, double beta, double floor, double s, const T* q, const T* qbar, const T* w,
+                   const T* mix, const T* t_in, const T* a_in, const T* g, T* dq, T* dqbar, T* dw, T* dself_w,
+                   T* dbias) {
   const int64_t nc = d.N * d.C;
   const int nt = omp_get_max_threads();
-  Workspace<T> ws(nt * (2 * Workspace<T>::rounded(nc) + Workspace<T>::rounded(d.N)));
-  std::vector<T*> dlu(static_cast<size_t>(nt)), ds(dlu.size()), rs(dlu.size());
+  Workspace<T> ws(nt * 2 * Workspace<T>::rounded(nc));
+  std::vector<T*> dlu(static_cast<size_t>(nt)), ds(dlu.size());
   for (size_t i = 0; i < dlu.size(); ++i) {
     dlu[i] = ws.take(nc);
     ds[i] = ws.take(nc);
-    rs[i] = ws.take(d.N);
   }
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t bh = 0; bh < d.BH; ++bh) {
     const size_t th = static_cast<size_t>(omp_get_thread_num());
     T* lu = dlu[th];
     T* dsb = ds[th];
-    T* rowsum = rs[th];
     const T* qb = q + bh * d.N * d.D;
     const T *m = mix + bh * nc, *t = t_in + bh * nc, *a = a_in + bh * nc, *gb = g + bh * nc;
     T* dsw = dself_w + bh * d.C;
@@ -117,17 +116,15 @@ void backward_impl(const Dims& d, double beta, double floor, const T* q, const T
       T* dn = dsb + n * d.C;  // dt for now
       T dot = 0;
       for (int64_t c = 0; c < d.C; ++c) dot += gn[c] * mn[c];
-      T rsum = 0, dmean = 0;
+      T dmean = 0;
       for (int64_t c = 0; c < d.C; ++c) {
         ln[c] = mn[c] * (gn[c] - dot);
-        rsum += ln[c];
         db[c] += ln[c];
         const T da = an[c] < static_cast<T>(floor) ? T(0) : ln[c] / an[c];
         dn[c] = da;
         dsw[c] += da;
         dmean += da;
       }
-      rowsum[n] = rsum;
       dmean /= static_cast<T>(d.C);
       for (int64_t c = 0; c < d.C; ++c) {
         dn[c] = static_cast<T>(beta) * (dn[c] - dmean);
@@ -137,12 +134,10 @@ void backward_impl(const Dims& d, double beta, double floor, const T* q, const T
     for (int64_t n = 0; n < d.N; ++n)
       for (int64_t c = 0; c < d.C; ++c) dsb[n * d.C + c] = t[n * d.C + c] * (dsb[n * d.C + c] - col[c]);
     T* dqb = dq + bh * d.N * d.D;
-    gemm(false, false, d.N, d.D, d.C, T(1), lu, d.C, w + bh * d.C * d.D, d.D, T(0), dqb, d.D);      // dlu w
-    gemm(false, false, d.N, d.D, d.C, T(1), dsb, d.C, qbar + bh * d.C * d.D, d.D, T(1), dqb, d.D);  // + ds qbar
-    for (int64_t n = 0; n < d.N; ++n)
-      for (int64_t j = 0; j < d.D; ++j) dqb[n * d.D + j] -= rowsum[n] * qb[n * d.D + j];
-    gemm(true, false, d.C, d.D, d.N, T(1), lu, d.C, qb, d.D, T(0), dw + bh * d.C * d.D, d.D);      // dlu^T q~
-    gemm(true, false, d.C, d.D, d.N, T(1), dsb, d.C, qb, d.D, T(0), dqbar + bh * d.C * d.D, d.D);  // ds^T q~
+    gemm(false, false, d.N, d.D, d.C, T(s), lu, d.C, w + bh * d.C * d.D, d.D, T(0), dqb, d.D);      // dlu w
+    gemm(false, false, d.N, d.D, d.C, T(s), dsb, d.C, qbar + bh * d.C * d.D, d.D, T(1), dqb, d.D);  // + ds qbar
+    gemm(true, false, d.C, d.D, d.N, T(s), lu, d.C, qb, d.D, T(0), dw + bh * d.C * d.D, d.D);       // dlu^T q~
+    gemm(true, false, d.C, d.D, d.N, T(s), dsb, d.C, qb, d.D, T(0), dqbar + bh * d.C * d.D, d.D);   // ds^T q~
   }
 }
 
@@ -153,22 +148,23 @@ Dims dims_of(const Tensor& q, const Tensor& qbar) {
 }  // namespace
 
 void lara_mixture_forward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
-                          const Tensor& bias, double beta, double floor, const Tensor& mix, const Tensor& t,
-                          const Tensor& a) {
+                          const Tensor& bias, double beta, double floor, double q_scale, const Tensor& mix,
+                          const Tensor& t, const Tensor& a) {
   const Dims d = dims_of(q, qbar);
   LINEA_DISPATCH_FLOAT(q.dtype(), "lara_mixture", [&] {
-    forward_impl<scalar_t>(d, beta, floor, q.data<scalar_t>(), qbar.data<scalar_t>(), w.data<scalar_t>(),
+    forward_impl<scalar_t>(d, beta, floor, q_scale, q.data<scalar_t>(), qbar.data<scalar_t>(), w.data<scalar_t>(),
                            self_w.data<scalar_t>(), bias.data<scalar_t>(), mix.data<scalar_t>(), t.data<scalar_t>(),
                            a.data<scalar_t>());
   });
 }
 
 void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t,
-                           const Tensor& a, const Tensor& dmix, double beta, double floor, const Tensor& dq,
-                           const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w, const Tensor& dbias) {
+                           const Tensor& a, const Tensor& dmix, double beta, double floor, double q_scale,
+                           const Tensor& dq, const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w,
+                           const Tensor& dbias) {
   const Dims d = dims_of(q, qbar);
   LINEA_DISPATCH_FLOAT(q.dtype(), "lara_mixture_backward", [&] {
-    backward_impl<scalar_t>(d, beta, floor, q.data<scalar_t>(), qbar.data<scalar_t>(), w.data<scalar_t>(),
+    backward_impl<scalar_t>(d, beta, floor, q_scale, q.data<scalar_t>(), qbar.data<scalar_t>(), w.data<scalar_t>(),
                             mix.data<scalar_t>(), t.data<scalar_t>(), a.data<scalar_t>(), dmix.data<scalar_t>(),
                             dq.data<scalar_t>(), dqbar.data<scalar_t>(), dw.data<scalar_t>(), dself_w.data<scalar_t>(),
                             dbias.data<scalar_t>());

@@ -334,7 +334,8 @@ template <typename T> void sq_norm_backward_impl(const T* pg, const T* px, T sca
 // logits [N, C], target [N], loss and lse [N]:
 //   loss_i = lse_i - (1 - s) * x[i, t_i] - s / C * sum_c x[i, c]   (0 where t_i == ignore_index)
 template <typename T>
-void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, int64_t N, int64_t C, int64_t ignore_index, T s) {
+void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, T* pn, int64_t N, int64_t C, int64_t ignore_index,
+                        T s) {
   const bool par = N * C > kParallelWork;
   const T s_over_c = s / static_cast<T>(C);
 #pragma omp parallel for schedule(static) if (par)
@@ -361,6 +362,7 @@ void cross_entropy_impl(const T* px, const int64_t* pt, T* pl, T* pe, int64_t N,
     pe[i] = l;
     const int64_t t = pt[i];
     pl[i] = t == ignore_index ? T(0) : l - (T(1) - s) * xr[t] - (s != 0 ? s_over_c * sx : T(0));
+    if (pn) pn[i] = t == ignore_index ? T(0) : l - xr[t];  // as the loss with s = 0: the same bits
   }
 }
 
@@ -489,12 +491,13 @@ void sq_norm_backward(const Tensor& grad, const Tensor& x, double scale, const T
 
 // logits [N, C], target Int64 [N] (values checked by the caller), loss and lse [N]
 void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
-                   const Tensor& loss, const Tensor& lse) {
+                   const Tensor& loss, const Tensor& lse, const Tensor& nll) {
   const int64_t N = logits.size(0), C = logits.size(1);
   if (N == 0 || C == 0) return;
   LINEA_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
     cross_entropy_impl<scalar_t>(logits.data<scalar_t>(), target.data<int64_t>(), loss.data<scalar_t>(),
-                                 lse.data<scalar_t>(), N, C, ignore_index, static_cast<scalar_t>(smoothing));
+                                 lse.data<scalar_t>(), nll.defined() ? nll.data<scalar_t>() : nullptr, N, C,
+                                 ignore_index, static_cast<scalar_t>(smoothing));
   });
 }
 
