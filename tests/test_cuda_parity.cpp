@@ -2119,6 +2119,9 @@ TEST(CudaParity, PrependAndAddPositions) {
         tag("no prefix, transposed x", dt),
         [](const std::vector<Tensor>& v) { return prepend_and_add_positions(v[0].transpose(1, 2), Tensor(), v[1]); },
         {rnd({3, 5, 7}, dt), rnd({7, 5}, dt)});
+    expect_parity(tag("no tokens, the prefix alone", dt),
+                  [](const std::vector<Tensor>& v) { return prepend_and_add_positions(v[0], v[1], v[2]); },
+                  {rnd({3, 0, 5}, dt), rnd({2, 5}, dt), rnd({2, 5}, dt)});
     const int64_t B = 37, P = 2, N = 65, D = 9;
     const Tensor x = rnd({B, N, D}, dt), c = rnd({P, D}, dt), pos = rnd({P + N, D}, dt), g = rnd({B, P + N, D}, dt);
     const TensorOptions o(dt);

@@ -441,6 +441,15 @@ TEST(IndexOps, PrependAndAddPositionsEqualsTheComposedFormula) {
           EXPECT_TRUE(all_close(a[1].grad(), b[1].grad(), tol, tol));
         }
       }
+  // Sequences of no tokens: the prefix alone, with its positions, in every row of the batch.
+  const Tensor c0 = randn({2, 4}).requires_grad_(true), p0 = randn({2, 4}).requires_grad_(true);
+  const Tensor x0 = randn({3, 0, 4}).requires_grad_(true);
+  const Tensor y0 = prepend_and_add_positions(x0, c0, p0);
+  EXPECT_TRUE(all_close(y0, (c0 + p0).unsqueeze(0).expand({3, 2, 4}), 0, 0));
+  y0.sum().backward();
+  EXPECT_EQ(x0.grad().shape(), (Shape{3, 0, 4}));
+  EXPECT_TRUE(all_close(p0.grad(), full({2, 4}, 3.0), 0, 0));
+  EXPECT_TRUE(all_close(c0.grad(), full({2, 4}, 3.0), 0, 0));
   // A transposed x; positions that need no gradient get none, x's still comes.
   const Tensor xt = randn({4, 4, 5}).transpose(1, 2).requires_grad_(true), fixed = randn({6, 4});
   const Tensor y = prepend_and_add_positions(xt, randn({1, 4}), fixed);

@@ -1,7 +1,8 @@
 // CPU kernels for indexing and prefix sums: index_select, index_add, embed_tokens,
-// prepend_and_add_positions, gather, scatter_add, cumsum, searchsorted (namespace linea::cpu, contracts in
-// core/kernels.h). All tensors are contiguous and index values were range-checked by the raw op layer. Not the argument
-// checking (core/ops_index.cpp) and not the FFTs (core/cpu/fft.cpp).
+// prepend_and_add_positions, gather, scatter_add, cumsum, searchsorted (namespace linea::cpu,
+// contracts in core/kernels.h). All tensors are contiguous and index values were range-checked by
+// the raw op layer. Not the argument checking (core/ops_index.cpp) and not the FFTs
+// (core/cpu/fft.cpp).
 //
 // Parallelism: work is split over independent (outer, inner-block) tasks. The accumulating
 // kernels (index_add, scatter_add) give each task a disjoint set of output positions and walk
