@@ -1515,7 +1515,7 @@ TEST(CudaParity, LaraMixtureKernel) {
   const std::vector<Case> cases = {
       {2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {1, 2, 300, 16, 8}, {1, 1, 700, 3, 4}, {2, 2, 20, 40, 36}};
   const double floor = 1e-8;
-  const double q_scale = 0.6;  // q~ = 0.6 q: the scale in the GEMMs' alpha and the norms' factors
+  const double q_scale = 0.6;  // q~ = 0.6 q: the scale in the GEMMs' alpha
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
       for (double beta : {1.0, 40.0}) {
@@ -2106,8 +2106,9 @@ TEST(CudaParity, Indexing) {
 }
 
 // The ViT's class token and positions: through autograd (one and no prefix rows, a transposed
-// x); the two kernels into NaN-poisoned outputs, bit for bit (the batch summed in the same order),
-// over a batch past one thread's and rows not a multiple of the block; a training call's launches.
+// x, sequences of no tokens); the two kernels into NaN-poisoned outputs, bit for bit (the batch
+// summed in the same order), 37 rows of batch over 67 x 9 columns (not a multiple of the block);
+// a training call's launches.
 TEST(CudaParity, PrependAndAddPositions) {
   LINEA_REQUIRE_CUDA();
   manual_seed(12);
@@ -2135,7 +2136,7 @@ TEST(CudaParity, PrependAndAddPositions) {
     for (const auto& [got, want, name] : {std::tuple{out_d, out, "out"}, std::tuple{dx_d, dx, "dx"},
                                           std::tuple{dc_d, dc, "dprefix"}, std::tuple{dpos_d, dpos, "dpositions"}})
       EXPECT_EQ(max(abs(got.to(kCPU) - want)).item(), 0.0) << name << " (" << dtype_name(dt) << ")";
-    // Only dpositions wanted: dx and dprefix untouched.
+    // Only dpositions wanted (dx and dprefix not asked for).
     Tensor only = poisoned(dpos.shape(), dt);
     LINEA_BACKEND(kCuda, prepend_and_add_positions_backward, g.to(kCuda), P, Tensor(), Tensor(), only);
     EXPECT_EQ(max(abs(only.to(kCPU) - dpos)).item(), 0.0);
