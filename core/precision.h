@@ -7,7 +7,8 @@
 // norms stay float32 (under TF32 and BF16 the fused softmax attention rounds the inputs of its
 // products, q, k, v and the probabilities, the same way; under Float32 it runs on the tensor cores
 // as three TF32 products per product, about 2^-21 relative instead of 2^-24, as PyTorch's
-// memory-efficient SDPA does in float32: cuda/attention.cu). The CPU path always computes
+// memory-efficient SDPA does in float32: cuda/attention.cu; FAVOR+ attention's fused products
+// likewise: cuda/favor_attention.cu). The CPU path always computes
 // in float32 (OpenBLAS), whatever the setting; float64 GEMMs are always full precision. Apps
 // expose it as --precision fp32|tf32|bf16.
 // Not here: the kernels (cuda/blas.cu passes the matching cuBLAS compute type).

@@ -24,17 +24,31 @@
 // features, the scaling of q and k, linear attention's GEMMs and row passes; causal 43), and q,
 // k, v, out and their gradients are read and written in place as the heads of a projection
 // (HeadRows).
-// The products are each block's own, in shared memory: 256 threads, each a 4 x 4 patch of every
-// 64 x 64 block of the output (block_product); operands padded with zeros to whole 64-wide blocks.
+// The products are each block's own, in shared memory, 64 x 64 blocks of the output at a time
+// (block_product); operands padded with zeros to whole 64-wide blocks. How they multiply is the
+// kernels' parameter P (the same for all of a call's kernels):
+//   Tf32Products<3>  float32 from sm_80 on, the default precision: on the tensor cores, m16n8k8
+//                    with each operand split as big + small TF32 parts, three mma per product
+//                    (about 2^-21 relative, as the softmax kernels' float32: cuda/attention.cu);
+//   Tf32Products<1>  --precision tf32: one TF32 mma;  Bf16Products  --precision bf16: m16n8k16
+//                    on operands rounded to bf16 as they are read;
+//   SimtProducts     float64, and float32 before sm_80: 256 threads, each a 4 x 4 patch.
+// The tensor-core formats give warp w the 16 rows 16 (w % 4).. and the 32 columns 32 (w / 4)..
+// of a block (four m16n8 tiles) and read their fragments from the shared tiles element by element
+// (the tiles hold float32, rows 4 banks apart: at most two of a fragment load's 32 addresses share
+// a bank, along a tile's rows or down its columns). Only the products' inputs are rounded: sums,
+// exponentials and the kept features stay float32.
 // Every sum has a fixed order: the same bits every run. Sizes whose operands do not fit a block's
-// shared memory are not fused (favor_attention_fused): on an H100, float32 takes S = 128 with D =
-// E = 64 (182 KB for the query gradients; causal 212 KB) but not S = D = 128 (234 KB); float64
-// S, D, E <= 64, and never causal (262 KB).
-// The products run in the tensors' dtype whatever the matmul precision (no TF32 or bf16 here).
+// shared memory are not fused (favor_attention_fused): on an H100 (227 KB a block), float32 takes
+// S = 128 with D = E = 64 (187 KB for the query gradients in the tensor cores' tiles; causal 220
+// KB) but not S = D = 128 (235 KB); float64 S, D, E <= 64, and never causal (262 KB).
 #include <cmath>
+#include <type_traits>
 
 #include "core/kernels.h"
+#include "core/precision.h"
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 
 namespace linea::cuda {
 
@@ -52,8 +66,9 @@ struct FavorDims {
   __host__ __device__ int64_t BH() const { return B * H; }
 };
 
-// A matrix in shared memory, rows ld = cols + 1 apart (an odd pitch: a warp's 16 threads reading
-// one column of 16 rows hit 16 banks).
+// A matrix in shared memory, rows ld = cols + pad apart: pad 1 for the SIMT products (an odd
+// pitch: a warp's 16 threads reading one column of 16 rows hit 16 banks), 4 for the tensor cores'
+// fragments (lane (g, t) reading row g, column t: bank 4 g + t).
 template <typename T> struct Mat {
   T* p;
   int ld;
@@ -66,7 +81,8 @@ template <typename T> struct Mat {
 // cannot place in shared memory: generic loads in the products.)
 template <typename T> struct Carve {
   T* next;
-  __host__ __device__ Mat<T> mat(int rows, int cols) { return {vec(rows * (cols + 1)), cols + 1}; }
+  int pad;  // the products' P::kPad
+  __host__ __device__ Mat<T> mat(int rows, int cols) { return {vec(rows * (cols + pad)), cols + pad}; }
   __host__ __device__ T* vec(int n) {
     T* p = next;
     next += n;
@@ -74,8 +90,9 @@ template <typename T> struct Carve {
   }
 };
 template <typename T> struct Count {
+  int pad;
   int64_t used = 0;
-  __host__ __device__ Mat<T> mat(int rows, int cols) { return {vec(rows * (cols + 1)), cols + 1}; }
+  __host__ __device__ Mat<T> mat(int rows, int cols) { return {vec(rows * (cols + pad)), cols + pad}; }
   __host__ __device__ T* vec(int n) {
     used += n;
     return nullptr;
@@ -140,54 +157,123 @@ __host__ __device__ GradSmem<T> grad_smem(C& c, const FavorDims& d, bool queries
           c.vec(kRows),
           c.vec(kRows)};
 }
-template <typename T, typename Layout> size_t smem_bytes(Layout layout) {
-  Count<T> c;
+template <typename T, typename P, typename Layout> size_t smem_bytes(Layout layout) {
+  Count<T> c{P::kPad};
   layout(c);
   return static_cast<size_t>(c.used) * sizeof(T);
 }
 
+// ---- the products ------------------------------------------------------------------------------
 // acc += sum_{k < K} a(r, k) b(k, c) over a thread's rows r0 + ty + 16 i and columns c0 + tx + 16 j
 // of a 64 x 64 block: 16 products for 8 shared loads (a warp's a loads are two broadcasts; its b
 // loads 16 banks).
-template <typename T, typename A, typename B>
-__device__ __forceinline__ void accumulate(T (&acc)[4][4], int r0, int c0, int K, const A& a, const B& b) {
-  const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
+struct SimtProducts {
+  static constexpr bool kMma = false;
+  static constexpr int kPad = 1;
+  template <typename T, typename A, typename B>
+  __device__ static void accumulate(T (&acc)[4][4], int r0, int c0, int K, const A& a, const B& b) {
+    const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
 #pragma unroll 4
-  for (int k = 0; k < K; ++k) {
-    T x[4], y[4];
+    for (int k = 0; k < K; ++k) {
+      T x[4], y[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = a(r0 + ty + kSide * i, k);
+      for (int i = 0; i < 4; ++i) x[i] = a(r0 + ty + kSide * i, k);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) y[j] = b(k, c0 + tx + kSide * j);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
-  }
-}
-
-// f(r, c, sum_{k < K} a(r, k) b(k, c) + sum_{k < K2} a2(r, k) b2(k, c)) for every (r, c) of an R x N
-// product (R and N whole 64 blocks): thread (ty, tx) of the 16 x 16 computes rows ty + 16 i and
-// columns tx + 16 j of each 64 x 64 block. All threads of the block call it.
-template <typename T, typename A, typename B, typename A2, typename B2, typename F>
-__device__ __forceinline__ void block_product2(int R, int N, int K, const A& a, const B& b, int K2, const A2& a2,
-                                               const B2& b2, F&& f) {
-  const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
-  for (int r0 = 0; r0 < R; r0 += kRows)
-    for (int c0 = 0; c0 < N; c0 += kRows) {
-      T acc[4][4] = {};
-      accumulate(acc, r0, c0, K, a, b);
-      if (K2 > 0) accumulate(acc, r0, c0, K2, a2, b2);
+      for (int j = 0; j < 4; ++j) y[j] = b(k, c0 + tx + kSide * j);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) f(r0 + ty + kSide * i, c0 + tx + kSide * j, acc[i][j]);
+        for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
+    }
+  }
+};
+
+// acc[j] += the warp's 16 x 8 tile j of sum_{k < K} a(r, k) b(k, c) for rows r0.. and columns
+// c0 + 8 j.. (cuda/mma.cuh's fragment layouts, g = lane / 4, t = lane % 4), K a multiple of 16.
+template <int PASSES> struct Tf32Products {
+  static_assert(PASSES == 1 || PASSES == 3);
+  static constexpr bool kMma = true;
+  static constexpr int kPad = 4;
+  template <typename A, typename B>
+  __device__ static void accumulate(float (&acc)[4][4], int r0, int c0, int K, const A& a, const B& b) {
+    const int g = static_cast<int>(threadIdx.x) % 32 / 4, t = static_cast<int>(threadIdx.x) % 4;
+#pragma unroll 1  // unrolled, ptxas spilled in the query gradients (sm_90)
+    for (int k = 0; k < K; k += 8) {
+      const uint32_t x[4] = {float_bits(a(r0 + g, k + t)), float_bits(a(r0 + g + 8, k + t)),
+                             float_bits(a(r0 + g, k + t + 4)), float_bits(a(r0 + g + 8, k + t + 4))};
+      uint32_t xb[4], xs[4];
+      split_tf32(x, xb, xs);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = c0 + 8 * j + g;
+        const uint32_t y[2] = {float_bits(b(k + t, c)), float_bits(b(k + t + 4, c))};
+        uint32_t yb[2], ys[2];
+        split_tf32(y, yb, ys);
+        if constexpr (PASSES == 3)
+          mma_tf32x3_16x8x8(acc[j], xb, xs, yb, ys);
+        else
+          mma_tf32_16x8x8(acc[j], xb, yb);
+      }
+    }
+  }
+};
+struct Bf16Products {
+  static constexpr bool kMma = true;
+  static constexpr int kPad = 4;
+  template <typename A, typename B>
+  __device__ static void accumulate(float (&acc)[4][4], int r0, int c0, int K, const A& a, const B& b) {
+    const int g = static_cast<int>(threadIdx.x) % 32 / 4, t2 = 2 * (static_cast<int>(threadIdx.x) % 4);
+    for (int k = 0; k < K; k += 16) {
+      const uint32_t x[4] = {pack_bf16x2(a(r0 + g, k + t2), a(r0 + g, k + t2 + 1)),
+                             pack_bf16x2(a(r0 + g + 8, k + t2), a(r0 + g + 8, k + t2 + 1)),
+                             pack_bf16x2(a(r0 + g, k + t2 + 8), a(r0 + g, k + t2 + 9)),
+                             pack_bf16x2(a(r0 + g + 8, k + t2 + 8), a(r0 + g + 8, k + t2 + 9))};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = c0 + 8 * j + g;
+        const uint32_t y[2] = {pack_bf16x2(b(k + t2, c), b(k + t2 + 1, c)),
+                               pack_bf16x2(b(k + t2 + 8, c), b(k + t2 + 9, c))};
+        mma_bf16_16x8x16(acc[j], x, y);
+      }
+    }
+  }
+};
+
+// f(r, c, sum_{k < K} a(r, k) b(k, c) + sum_{k < K2} a2(r, k) b2(k, c)) for every (r, c) of an R x N
+// product (R and N whole 64 blocks), each (r, c) by one thread, the same thread in every call of a
+// kernel. All threads of the block call it.
+template <typename P, typename T, typename A, typename B, typename A2, typename B2, typename F>
+__device__ __forceinline__ void block_product2(int R, int N, int K, const A& a, const B& b, int K2, const A2& a2,
+                                               const B2& b2, F&& f) {
+  for (int r0 = 0; r0 < R; r0 += kRows)
+    for (int c0 = 0; c0 < N; c0 += kRows) {
+      T acc[4][4] = {};
+      if constexpr (P::kMma) {  // warp w: rows 16 (w % 4).., columns 32 (w / 4)..; acc[j]: tile j's fragment
+        static_assert(std::is_same_v<T, float>, "the tensor-core products take float32");
+        const int w = static_cast<int>(threadIdx.x) / 32, g = static_cast<int>(threadIdx.x) % 32 / 4,
+                  t = static_cast<int>(threadIdx.x) % 4;
+        const int rw = r0 + 16 * (w % 4), cw = c0 + 32 * (w / 4);
+        P::accumulate(acc, rw, cw, K, a, b);
+        if (K2 > 0) P::accumulate(acc, rw, cw, K2, a2, b2);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) f(rw + g + 8 * (i / 2), cw + 8 * j + 2 * t + i % 2, acc[j][i]);
+      } else {
+        const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
+        P::accumulate(acc, r0, c0, K, a, b);
+        if (K2 > 0) P::accumulate(acc, r0, c0, K2, a2, b2);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) f(r0 + ty + kSide * i, c0 + tx + kSide * j, acc[i][j]);
+      }
     }
 }
 // One product: f(r, c, sum_{k < K} a(r, k) b(k, c)).
-template <typename T, typename A, typename B, typename F>
+template <typename P, typename T, typename A, typename B, typename F>
 __device__ __forceinline__ void block_product(int R, int N, int K, const A& a, const B& b, F&& f) {
-  block_product2<T>(R, N, K, a, b, 0, a, b, f);
+  block_product2<P, T>(R, N, K, a, b, 0, a, b, f);
 }
 
 // The 4 threads of row r = threadIdx.x / 4 combine f(r, c) over c < n by op (in a fixed order);
@@ -253,11 +339,11 @@ int64_t tiles_of(int64_t rows) { return (rows + kRows - 1) / kRows; }
 // ---- forward ------------------------------------------------------------------------------------
 // 1. l = k~ W^T - |k~|^2/2 of tile blockIdx.x of head blockIdx.y into lg [BH, M, S]; tile_max
 //    [BH, tiles] = the max over the tile's unpadded rows (lowest where every row is padded).
-template <typename T>
+template <typename T, typename P>
 __global__ void __launch_bounds__(kThreads)
     key_logits_kernel(HeadRows<const T> k, const T* omega, Rows<const uint8_t> pad, FavorDims d, T scale, T* lg,
                       T* tile_max) {
-  Carve<T> carve{shared_mem<T>()};
+  Carve<T> carve{shared_mem<T>(), P::kPad};
   const KeyLogitsSmem<T> sm = key_logits_smem<T>(carve, d);
   const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
@@ -269,7 +355,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint8_t* pb = pad.p ? pad.p + bh / d.H * pad.row + m0 : nullptr;
   T* out = lg + (bh * d.M + m0) * d.S;
   T mx = lowest<T>();
-  block_product<T>(
+  block_product<P, T>(
       kRows, d.Sp, d.Dp, [&](int r, int j) { return sm.x(r, j); }, [&](int j, int s) { return sm.w(s, j); },
       [&](int r, int s, T acc) {
         if (r >= n || s >= d.S) return;
@@ -293,12 +379,12 @@ template <typename T> struct RunningSums {
 //    sqrt(S) in place of the logits (0 on padded rows), c = the max of the head's tile_max (and of
 //    the running c); and the run's [phi_k^T v, phi_k^T 1] [S, E + 1] at part + run run_ld + bh
 //    head_ld ([run, BH, S, E + 1]; causal, a run a tile: [BH, tile, S, E + 1]).
-template <typename T>
+template <typename T, typename P>
 __global__ void __launch_bounds__(kThreads)
     key_sums_kernel(HeadRows<const T> v, Rows<const uint8_t> pad, FavorDims d, int64_t tiles, int64_t per_run,
                     const T* tile_max, T inv_sqrt_s, T* phi_k, T* part, int64_t run_ld, int64_t head_ld,
                     RunningSums<T> run) {
-  Carve<T> carve{shared_mem<T>()};
+  Carve<T> carve{shared_mem<T>(), P::kPad};
   const KeySumsSmem<T> sm = key_sums_smem<T>(carve, d);
   const int64_t bh = blockIdx.y;
   T c = lowest<T>();
@@ -331,7 +417,7 @@ __global__ void __launch_bounds__(kThreads)
     });
     load_rows(vr, m0, n, static_cast<int>(d.E), d.Ep, T(1), sm.v);
     __syncthreads();
-    block_product<T>(
+    block_product<P, T>(
         d.Sp, d.Ep, kRows, [&](int s, int m) { return sm.p(m, s); }, [&](int m, int e) { return sm.v(m, e); },
         [&](int s, int e, T acc) { sm.kv(s, e) += acc; });
     for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) {
@@ -356,11 +442,11 @@ template <typename T> __device__ void load_features(const T* p, int64_t r0, int 
 // 3. Query tile blockIdx.x of head blockIdx.y: phi_q (per-row stabilizer), den = phi_q . z (raw)
 //    and out = phi_q KV / den~. Causal (kvz: the chunk states [BH, tiles, S, E + 1], N = M): the
 //    tile's state, and its own keys through A = tril(phi_q phi_k^T): [num, den] += A [v, 1].
-template <typename T, bool kCausal>
+template <typename T, typename P, bool kCausal>
 __global__ void __launch_bounds__(kThreads)
     queries_kernel(HeadRows<const T> q, const T* omega, const T* kvz, FavorDims d, T scale, T inv_sqrt_s, T guard,
                    const T* phi_k, HeadRows<const T> v, HeadRows<T> out, T* den, T* phi_q) {
-  Carve<T> carve{shared_mem<T>()};
+  Carve<T> carve{shared_mem<T>(), P::kPad};
   const QueriesSmem<T> sm = queries_smem<T>(carve, d, kCausal);
   const int64_t bh = blockIdx.y, n0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
@@ -374,7 +460,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   half_norms(sm.x, d.Dp, sm.half);
   __syncthreads();
-  block_product<T>(
+  block_product<P, T>(
       kRows, d.Sp, d.Dp, [&](int r, int j) { return sm.x(r, j); }, [&](int j, int s) { return sm.w(s, j); },
       [&](int r, int s, T acc) { sm.p(r, s) = acc - sm.half[r]; });
   __syncthreads();
@@ -393,7 +479,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const Mat<T> a = sm.x;  // causal: A in place of x~ (read only by the logits)
   if constexpr (kCausal) {
-    block_product<T>(
+    block_product<P, T>(
         kRows, kRows, d.Sp, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int m) { return sm.po(m, s); },
         [&](int r, int m, T acc) { a(r, m) = m <= r ? acc : T(0); });
     __syncthreads();
@@ -407,7 +493,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const Rows<T> o = out.rows(bh, d.H);
-  block_product2<T>(
+  block_product2<P, T>(
       kRows, d.Ep, d.Sp, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int e) { return sm.kv(s, e); },
       kCausal ? kRows : 0, [&](int r, int m) { return a(r, m); }, [&](int m, int e) { return sm.v(m, e); },
       [&](int r, int e, T acc) {
@@ -442,24 +528,24 @@ __device__ void g_tile(const GradSmem<T>& sm, const FavorDims& d, int64_t n0, in
 // dl = dphi * phi into sm.dl and its row sums into sm.rs, with dphi = a(r, e) kv(s, e)^T over e +
 // bias(r, s) [+ a2(r, m) b2(m, s) over m < K2]: the queries' G KV^T + G_z z^T [+ B phi_k], the
 // keys' v dKV^T + dz^T [+ B^T phi_q].
-template <typename T, typename A, typename Bias, typename A2, typename B2>
+template <typename P, typename T, typename A, typename Bias, typename A2, typename B2>
 __device__ void feature_grads(const GradSmem<T>& sm, const FavorDims& d, Mat<T> kv, const A& a, const Bias& bias,
                               int K2, const A2& a2, const B2& b2) {
-  block_product2<T>(
+  block_product2<P, T>(
       kRows, d.Sp, d.Ep, a, [&](int e, int s) { return kv(s, e); }, K2, a2, b2,
       [&](int r, int s, T acc) { sm.dl(r, s) = (acc + bias(r, s)) * sm.p(r, s); });
   __syncthreads();
   const T rs = row_reduce(d.Sp, T(0), Add(), [&](int r, int s) { return sm.dl(r, s); });
   if (threadIdx.x % 4 == 0) sm.rs[threadIdx.x / 4] = rs;
 }
-template <typename T, typename A, typename Bias>
+template <typename P, typename T, typename A, typename Bias>
 __device__ void feature_grads(const GradSmem<T>& sm, const FavorDims& d, Mat<T> kv, const A& a, const Bias& bias) {
-  feature_grads(sm, d, kv, a, bias, 0, a, a);
+  feature_grads<P>(sm, d, kv, a, bias, 0, a, a);
 }
 // dx = scale (dl W - rowsum(dl) x~) for the tile's n rows from sm.dl, sm.rs and x~ in sm.gx.
-template <typename T>
+template <typename P, typename T>
 __device__ void input_grads(const GradSmem<T>& sm, const FavorDims& d, int64_t r0, int n, T scale, Rows<T> dx) {
-  block_product<T>(
+  block_product<P, T>(
       kRows, d.Dp, d.Sp, [&](int r, int s) { return sm.dl(r, s); }, [&](int s, int j) { return sm.w(s, j); },
       [&](int r, int j, T acc) {
         if (r < n && j < d.D) dx.p[(r0 + r) * dx.row + j] = scale * (acc - sm.rs[r] * sm.gx(r, j));
@@ -468,12 +554,12 @@ __device__ void input_grads(const GradSmem<T>& sm, const FavorDims& d, int64_t r
 
 // 4. Over run blockIdx.x of head blockIdx.y's query tiles: dq, and part [run, BH, S, E + 1] =
 //    [phi_q^T G, phi_q^T G_z] over the run.
-template <typename T>
+template <typename T, typename P>
 __global__ void __launch_bounds__(kThreads)
     query_grads_kernel(HeadRows<const T> q, HeadRows<const T> out, HeadRows<const T> dout, const T* omega, const T* kvz,
                        const T* den, const T* phi_q, FavorDims d, int64_t tiles, int64_t per_run, T scale, T guard,
                        HeadRows<T> dq, T* part) {
-  Carve<T> carve{shared_mem<T>()};
+  Carve<T> carve{shared_mem<T>(), P::kPad};
   const GradSmem<T> sm = grad_smem<T>(carve, d, true, false);
   const int64_t bh = blockIdx.y;
   load_omega(omega, d, sm.w);
@@ -489,9 +575,9 @@ __global__ void __launch_bounds__(kThreads)
     const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
     load_features(phi_q + bh * d.N * d.S, n0, n, d, sm.p);
     g_tile(sm, d, n0, n, gr, outr, den + bh * d.N, guard);
-    feature_grads(
+    feature_grads<P>(
         sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int r, int s) { return sm.gz[r] * sm.z[s]; });
-    block_product<T>(
+    block_product<P, T>(
         d.Sp, d.Ep, kRows, [&](int s, int m) { return sm.p(m, s); }, [&](int m, int e) { return sm.gx(m, e); },
         [&](int s, int e, T acc) { sm.dkv(s, e) += acc; });
     for (int s = static_cast<int>(threadIdx.x); s < d.Sp; s += kThreads) {
@@ -502,7 +588,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // G read by all: x~ may take its place
     load_rows(qr, n0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
     __syncthreads();
-    input_grads(sm, d, n0, n, scale, dqr);
+    input_grads<P>(sm, d, n0, n, scale, dqr);
     __syncthreads();
   }
   T* o = part + (blockIdx.x * d.BH() + bh) * d.S * (d.E + 1);
@@ -515,12 +601,12 @@ __global__ void __launch_bounds__(kThreads)
 // The end of both key-gradient kernels, for the key tile of head blockIdx.y at m0 (n rows):
 // dv = phi_k dKV plus a second product over K2 (the causal chunk's A^T G; none: K2 = 0), then
 // dk from k~, read into G's (or v's) place once the product is done.
-template <typename T, typename A2, typename B2>
+template <typename P, typename T, typename A2, typename B2>
 __device__ void key_grads_end(const GradSmem<T>& sm, const FavorDims& d, int64_t m0, int n, int K2, const A2& a2,
                               const B2& b2, HeadRows<const T> k, T scale, HeadRows<T> dk, HeadRows<T> dv) {
   const int64_t bh = blockIdx.y;
   const Rows<T> dvr = dv.rows(bh, d.H);
-  block_product2<T>(
+  block_product2<P, T>(
       kRows, d.Ep, d.Sp, [&](int m, int s) { return sm.p(m, s); }, [&](int s, int e) { return sm.kv(s, e); }, K2, a2,
       b2,
       [&](int m, int e, T acc) {
@@ -529,15 +615,15 @@ __device__ void key_grads_end(const GradSmem<T>& sm, const FavorDims& d, int64_t
   __syncthreads();  // G (or v) read by all: k~ takes its place
   load_rows(k.rows(bh, d.H), m0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
   __syncthreads();
-  input_grads(sm, d, m0, n, scale, dk.rows(bh, d.H));
+  input_grads<P>(sm, d, m0, n, scale, dk.rows(bh, d.H));
 }
 
 // 5. Key tile blockIdx.x of head blockIdx.y: dv = phi_k dKV and dk (padded rows: phi_k = 0, so 0).
-template <typename T>
+template <typename T, typename P>
 __global__ void __launch_bounds__(kThreads)
     key_grads_kernel(HeadRows<const T> k, HeadRows<const T> v, const T* omega, const T* dkvz, const T* phi_k,
                      FavorDims d, T scale, HeadRows<T> dk, HeadRows<T> dv) {
-  Carve<T> carve{shared_mem<T>()};
+  Carve<T> carve{shared_mem<T>(), P::kPad};
   const GradSmem<T> sm = grad_smem<T>(carve, d, false, false);
   const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
@@ -546,9 +632,9 @@ __global__ void __launch_bounds__(kThreads)
   load_rows(v.rows(bh, d.H), m0, n, static_cast<int>(d.E), d.Ep, T(1), sm.gx);
   load_features(phi_k + bh * d.M * d.S, m0, n, d, sm.p);
   __syncthreads();
-  feature_grads(
+  feature_grads<P>(
       sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int, int s) { return sm.dz[s]; });
-  key_grads_end(
+  key_grads_end<P>(
       sm, d, m0, n, 0, [&](int r, int s) { return sm.p(r, s); }, [&](int s, int e) { return sm.kv(s, e); }, k, scale,
       dk, dv);
 }
@@ -575,27 +661,27 @@ __device__ void load_chunk(const GradSmem<T>& sm, const FavorDims& d, int64_t r0
 
 // 6. Chunk blockIdx.x of head blockIdx.y, its queries: dq, and its phi_q^T [G, G_z] [S, E + 1] into
 //    part [BH, chunks, S, E + 1] (the reverse scan makes them R).
-template <typename T>
+template <typename T, typename P>
 __global__ void __launch_bounds__(kThreads)
     causal_query_grads_kernel(HeadRows<const T> q, HeadRows<const T> v, HeadRows<const T> out, HeadRows<const T> dout,
                               const T* omega, const T* states, const T* den, const T* phi_q, const T* phi_k,
                               FavorDims d, T scale, T guard, HeadRows<T> dq, T* part) {
-  Carve<T> carve{shared_mem<T>()};
+  Carve<T> carve{shared_mem<T>(), P::kPad};
   const GradSmem<T> sm = grad_smem<T>(carve, d, true, true);
   const int64_t bh = blockIdx.y, n0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.N - n0));
   const int64_t chunk = bh * gridDim.x + blockIdx.x;
   load_chunk(sm, d, n0, n, omega, states + chunk * d.S * (d.E + 1), sm.z, phi_q, phi_k, v, out, dout, den, guard);
-  block_product<T>(  // B
+  block_product<P, T>(  // B
       kRows, kRows, d.Ep, [&](int r, int e) { return sm.gx(r, e); }, [&](int e, int m) { return sm.v(m, e); },
       [&](int r, int m, T acc) { sm.a(r, m) = m <= r ? acc + sm.gz[r] : T(0); });
   __syncthreads();
-  feature_grads(
+  feature_grads<P>(
       sm, d, sm.kv, [&](int r, int e) { return sm.gx(r, e); }, [&](int r, int s) { return sm.gz[r] * sm.z[s]; }, kRows,
       [&](int r, int m) { return sm.a(r, m); }, [&](int m, int s) { return sm.po(m, s); });
   T* o = part + chunk * d.S * (d.E + 1);
   const int E = static_cast<int>(d.E), S = static_cast<int>(d.S);
-  block_product<T>(
+  block_product<P, T>(
       d.Sp, d.Ep, kRows, [&](int s, int m) { return sm.p(m, s); }, [&](int m, int e) { return sm.gx(m, e); },
       [&](int s, int e, T acc) {
         if (s < S && e < E) o[s * (E + 1) + e] = acc;
@@ -608,34 +694,34 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();  // G read by all: x~ takes its place
   load_rows(q.rows(bh, d.H), n0, n, static_cast<int>(d.D), d.Dp, scale, sm.gx);
   __syncthreads();
-  input_grads(sm, d, n0, n, scale, dq.rows(bh, d.H));
+  input_grads<P>(sm, d, n0, n, scale, dq.rows(bh, d.H));
 }
 
 // 7. Chunk blockIdx.x of head blockIdx.y, its keys: dk and dv from R (dstates) and the chunk's
 //    queries (padded rows: phi_k = 0, so 0).
-template <typename T>
+template <typename T, typename P>
 __global__ void __launch_bounds__(kThreads)
     causal_key_grads_kernel(HeadRows<const T> k, HeadRows<const T> v, HeadRows<const T> out, HeadRows<const T> dout,
                             const T* omega, const T* dstates, const T* den, const T* phi_q, const T* phi_k, FavorDims d,
                             T scale, T guard, HeadRows<T> dk, HeadRows<T> dv) {
-  Carve<T> carve{shared_mem<T>()};
+  Carve<T> carve{shared_mem<T>(), P::kPad};
   const GradSmem<T> sm = grad_smem<T>(carve, d, false, true);
   const int64_t bh = blockIdx.y, m0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
   load_chunk(sm, d, m0, n, omega, dstates + (bh * gridDim.x + blockIdx.x) * d.S * (d.E + 1), sm.dz, phi_k, phi_q, v,
              out, dout, den, guard);  // R: dKV and dz
-  block_product<T>(  // B^T
+  block_product<P, T>(                // B^T
       kRows, kRows, d.Ep, [&](int m, int e) { return sm.v(m, e); }, [&](int e, int r) { return sm.gx(r, e); },
       [&](int m, int r, T acc) { sm.a(m, r) = r >= m ? acc + sm.gz[r] : T(0); });
   __syncthreads();
-  feature_grads(
+  feature_grads<P>(
       sm, d, sm.kv, [&](int m, int e) { return sm.v(m, e); }, [&](int, int s) { return sm.dz[s]; }, kRows,
       [&](int m, int r) { return sm.a(m, r); }, [&](int r, int s) { return sm.po(r, s); });
-  block_product<T>(  // A^T, in B^T's place (read before feature_grads' barrier)
+  block_product<P, T>(  // A^T, in B^T's place (read before feature_grads' barrier)
       kRows, kRows, d.Sp, [&](int m, int s) { return sm.p(m, s); }, [&](int s, int r) { return sm.po(r, s); },
       [&](int m, int r, T acc) { sm.a(m, r) = r >= m ? acc : T(0); });
   __syncthreads();
-  key_grads_end(
+  key_grads_end<P>(
       sm, d, m0, n, kRows, [&](int m, int r) { return sm.a(m, r); }, [&](int r, int e) { return sm.gx(r, e); }, k,
       scale, dk, dv);
 }
@@ -648,14 +734,32 @@ FavorDims favor_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   return {q.size(0), q.size(1), q.size(2), k.size(2), D, E, S, round_up(D), round_up(E), round_up(S)};
 }
 
-// Whether every kernel's shared memory fits a block (and the grid its heads), for T.
-template <typename T> bool fits(const FavorDims& d, bool causal) {
+// fn(P{}) with the products of T's kernels on this device at the matmul precision (see the top).
+// Every tensor-core format pads its tiles alike, so what fits does not depend on the precision.
+template <typename T, typename Fn> void with_products(Fn&& fn) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (compute_capability() >= 80) {
+      switch (matmul_precision()) {
+        case MatmulPrecision::BF16:
+          return fn(Bf16Products{});
+        case MatmulPrecision::TF32:
+          return fn(Tf32Products<1>{});
+        default:
+          return fn(Tf32Products<3>{});
+      }
+    }
+  }
+  fn(SimtProducts{});
+}
+
+// Whether every kernel's shared memory fits a block (and the grid its heads), for T and P.
+template <typename T, typename P> bool fits(const FavorDims& d, bool causal) {
   if (causal && sizeof(T) == 8) return false;  // the gradients' eight 64 x 64 tiles: 262 KB at least
-  const size_t most = std::max({smem_bytes<T>([&](Count<T>& c) { key_logits_smem<T>(c, d); }),
-                                smem_bytes<T>([&](Count<T>& c) { key_sums_smem<T>(c, d); }),
-                                smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d, causal); }),
-                                smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true, causal); }),
-                                smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, false, causal); })});
+  const size_t most = std::max({smem_bytes<T, P>([&](Count<T>& c) { key_logits_smem<T>(c, d); }),
+                                smem_bytes<T, P>([&](Count<T>& c) { key_sums_smem<T>(c, d); }),
+                                smem_bytes<T, P>([&](Count<T>& c) { queries_smem<T>(c, d, causal); }),
+                                smem_bytes<T, P>([&](Count<T>& c) { grad_smem<T>(c, d, true, causal); }),
+                                smem_bytes<T, P>([&](Count<T>& c) { grad_smem<T>(c, d, false, causal); })});
   return d.BH() <= 65535 && most <= shared_memory_optin();
 }
 
@@ -692,7 +796,8 @@ bool favor_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, co
   const FavorDims d = favor_dims(q, k, v, omega);
   if (causal && (chunk != kRows || d.N != d.M)) return false;
   bool ok = false;
-  LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] { ok = fits<scalar_t>(d, causal); });
+  LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention",
+                       [&] { with_products<scalar_t>([&](auto p) { ok = fits<scalar_t, decltype(p)>(d, causal); }); });
   return ok;
 }
 
@@ -700,7 +805,7 @@ namespace {
 // The forward's kernels (the pointers of the tensors named as in favor_attention_forward): a
 // decoding step's running sums come in as `running` (c null: none) and its sums after the step go
 // to `total` (causal only; null: nowhere).
-template <typename T>
+template <typename T, typename P>
 void forward_kernels(const FavorDims& d, bool causal, const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& omega, double scale, const Tensor& pad, double guard, RunningSums<T> running,
                      T* total, const Tensor& out, T* den, T* kvz, T* phi_q, T* phi_k) {
@@ -716,14 +821,14 @@ void forward_kernels(const FavorDims& d, bool causal, const Tensor& q, const Ten
   DeviceScratch<T> tile_max(d.BH() * ktiles), part(causal ? 0 : runs * d.BH() * state),
       init(running.c ? d.BH() * state : 0);
   running.init = init.p;
-  size_t bytes = smem_bytes<T>([&](Count<T>& c) { key_logits_smem<T>(c, d); });
-  allow_smem<key_logits_kernel<T>>(bytes);
-  key_logits_kernel<T><<<dim3(static_cast<unsigned>(ktiles), BH), kThreads, bytes, stream()>>>(
+  size_t bytes = smem_bytes<T, P>([&](Count<T>& c) { key_logits_smem<T>(c, d); });
+  allow_smem<key_logits_kernel<T, P>>(bytes);
+  key_logits_kernel<T, P><<<dim3(static_cast<unsigned>(ktiles), BH), kThreads, bytes, stream()>>>(
       rows_in<T>(k), cptr<T>(omega), pad_p, d, sc, phi_k, tile_max.p);
   LINEA_KERNEL_LAUNCH_CHECK();
-  bytes = smem_bytes<T>([&](Count<T>& c) { key_sums_smem<T>(c, d); });
-  allow_smem<key_sums_kernel<T>>(bytes);
-  key_sums_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
+  bytes = smem_bytes<T, P>([&](Count<T>& c) { key_sums_smem<T>(c, d); });
+  allow_smem<key_sums_kernel<T, P>>(bytes);
+  key_sums_kernel<T, P><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
       rows_in<T>(v), pad_p, d, ktiles, per_run, tile_max.p, inv_sqrt_s, phi_k, causal ? kvz : part.p,
       causal ? state : d.BH() * state, causal ? ktiles * state : state, running);
   LINEA_KERNEL_LAUNCH_CHECK();
@@ -731,13 +836,13 @@ void forward_kernels(const FavorDims& d, bool causal, const Tensor& q, const Ten
     scan_chunks<T>(d.BH(), ktiles, d.S, d.E + 1, d.E + 1, false, running.c ? init.p : nullptr, kvz, total);
   else
     sum_parts(part.p, runs, d, kvz);
-  bytes = smem_bytes<T>([&](Count<T>& c) { queries_smem<T>(c, d, causal); });
+  bytes = smem_bytes<T, P>([&](Count<T>& c) { queries_smem<T>(c, d, causal); });
   // float64 is never fused causal (fits): no such kernels are built.
-  const auto queries = causal ? queries_kernel<T, sizeof(T) == 4> : queries_kernel<T, false>;
+  const auto queries = causal ? queries_kernel<T, P, sizeof(T) == 4> : queries_kernel<T, P, false>;
   if (causal)
-    allow_smem<queries_kernel<T, sizeof(T) == 4>>(bytes);
+    allow_smem<queries_kernel<T, P, sizeof(T) == 4>>(bytes);
   else
-    allow_smem<queries_kernel<T, false>>(bytes);
+    allow_smem<queries_kernel<T, P, false>>(bytes);
   queries<<<dim3(static_cast<unsigned>(tiles_of(d.N)), BH), kThreads, bytes, stream()>>>(
       rows_in<T>(q), cptr<T>(omega), kvz, d, sc, inv_sqrt_s, static_cast<T>(guard), phi_k, rows_in<T>(v),
       rows_out<T>(out), den, phi_q);
@@ -754,8 +859,10 @@ void favor_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
               "favor_attention: no fused CUDA kernel for these sizes (see favor_attention_fused)");
   LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention", [&] {
     using T = scalar_t;
-    forward_kernels<T>(d, causal, q, k, v, omega, scale, pad, guard, RunningSums<T>{}, nullptr, out, ptr<T>(den),
-                       ptr<T>(kvz), ptr<T>(phi_q), ptr<T>(phi_k));
+    with_products<T>([&](auto p) {
+      forward_kernels<T, decltype(p)>(d, causal, q, k, v, omega, scale, pad, guard, RunningSums<T>{}, nullptr, out,
+                                      ptr<T>(den), ptr<T>(kvz), ptr<T>(phi_q), ptr<T>(phi_k));
+    });
   });
 }
 
@@ -773,10 +880,58 @@ void favor_attention_step(const Tensor& q, const Tensor& k, const Tensor& v, con
         phi_k(d.BH() * d.M * d.S);
     const RunningSums<T> running{sums.defined() ? cptr<T>(c) : nullptr, sums.defined() ? cptr<T>(sums) : nullptr,
                                  ptr<T>(c_out), nullptr};
-    forward_kernels<T>(d, true, q, k, v, omega, scale, pad, guard, running, ptr<T>(sums_out), out, den.p, states.p,
-                       phi_q.p, phi_k.p);
+    with_products<T>([&](auto p) {
+      forward_kernels<T, decltype(p)>(d, true, q, k, v, omega, scale, pad, guard, running, ptr<T>(sums_out), out, den.p,
+                                      states.p, phi_q.p, phi_k.p);
+    });
   });
 }
+
+namespace {
+// The backward's kernels (the tensors named as in favor_attention_backward).
+template <typename T, typename P>
+void backward_kernels(const FavorDims& d, bool causal, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& omega, double scale, const Tensor& out, const Tensor& den, const Tensor& kvz,
+                      const Tensor& phi_q, const Tensor& phi_k, const Tensor& dout, double guard, const Tensor& dq,
+                      const Tensor& dk, const Tensor& dv) {
+  const T sc = static_cast<T>(scale), g = static_cast<T>(guard);
+  const unsigned BH = static_cast<unsigned>(d.BH());
+  const int64_t qtiles = tiles_of(d.N), state = d.S * (d.E + 1);
+  if constexpr (sizeof(T) == 4)  // float64 is never fused causal (fits)
+    if (causal) {                // the chunks' phi_q^T [G, G_z], reverse-scanned into R, then the keys
+      DeviceScratch<T> dstates(d.BH() * qtiles * state);
+      const unsigned chunks = static_cast<unsigned>(qtiles);
+      size_t bytes = smem_bytes<T, P>([&](Count<T>& c) { grad_smem<T>(c, d, true, true); });
+      allow_smem<causal_query_grads_kernel<T, P>>(bytes);
+      causal_query_grads_kernel<T, P><<<dim3(chunks, BH), kThreads, bytes, stream()>>>(
+          rows_in<T>(q), rows_in<T>(v), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), cptr<T>(kvz), cptr<T>(den),
+          cptr<T>(phi_q), cptr<T>(phi_k), d, sc, g, rows_out<T>(dq), dstates.p);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      scan_chunks<T>(d.BH(), qtiles, d.S, d.E + 1, d.E + 1, true, nullptr, dstates.p, nullptr);
+      bytes = smem_bytes<T, P>([&](Count<T>& c) { grad_smem<T>(c, d, false, true); });
+      allow_smem<causal_key_grads_kernel<T, P>>(bytes);
+      causal_key_grads_kernel<T, P><<<dim3(chunks, BH), kThreads, bytes, stream()>>>(
+          rows_in<T>(k), rows_in<T>(v), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), dstates.p, cptr<T>(den),
+          cptr<T>(phi_q), cptr<T>(phi_k), d, sc, g, rows_out<T>(dk), rows_out<T>(dv));
+      LINEA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+  const int64_t per_run = tiles_per_run(qtiles, d.BH()), runs = (qtiles + per_run - 1) / per_run;
+  DeviceScratch<T> part(runs * d.BH() * state), dkvz(d.BH() * state);
+  size_t bytes = smem_bytes<T, P>([&](Count<T>& c) { grad_smem<T>(c, d, true, false); });
+  allow_smem<query_grads_kernel<T, P>>(bytes);
+  query_grads_kernel<T, P><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
+      rows_in<T>(q), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), cptr<T>(kvz), cptr<T>(den), cptr<T>(phi_q), d,
+      qtiles, per_run, sc, g, rows_out<T>(dq), part.p);
+  LINEA_KERNEL_LAUNCH_CHECK();
+  sum_parts(part.p, runs, d, dkvz.p);
+  bytes = smem_bytes<T, P>([&](Count<T>& c) { grad_smem<T>(c, d, false, false); });
+  allow_smem<key_grads_kernel<T, P>>(bytes);
+  key_grads_kernel<T, P><<<dim3(static_cast<unsigned>(tiles_of(d.M)), BH), kThreads, bytes, stream()>>>(
+      rows_in<T>(k), rows_in<T>(v), cptr<T>(omega), dkvz.p, cptr<T>(phi_k), d, sc, rows_out<T>(dk), rows_out<T>(dv));
+  LINEA_KERNEL_LAUNCH_CHECK();
+}
+}  // namespace
 
 void favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, double scale,
                               bool causal, int64_t chunk, const Tensor& out, const Tensor& den, const Tensor& kvz,
@@ -784,47 +939,14 @@ void favor_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const FavorDims d = favor_dims(q, k, v, omega);
   check_head_rows("favor_attention_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+  LINEA_CHECK(favor_attention_fused(q, k, v, omega, causal, chunk),
+              "favor_attention_backward: no fused CUDA kernel for these sizes (see favor_attention_fused)");
   LINEA_DISPATCH_FLOAT(q.dtype(), "favor_attention_backward", [&] {
     using T = scalar_t;
-    LINEA_CHECK(favor_attention_fused(q, k, v, omega, causal, chunk),
-                "favor_attention_backward: no fused CUDA kernel for these sizes (see "
-                "favor_attention_fused)");
-    const T sc = static_cast<T>(scale), g = static_cast<T>(guard);
-    const unsigned BH = static_cast<unsigned>(d.BH());
-    const int64_t qtiles = tiles_of(d.N), state = d.S * (d.E + 1);
-    if constexpr (sizeof(T) == 4)  // float64 is never fused causal (fits)
-      if (causal) {                // the chunks' phi_q^T [G, G_z], reverse-scanned into R, then the keys
-        DeviceScratch<T> dstates(d.BH() * qtiles * state);
-        const unsigned chunks = static_cast<unsigned>(qtiles);
-        size_t bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true, true); });
-        allow_smem<causal_query_grads_kernel<T>>(bytes);
-        causal_query_grads_kernel<T><<<dim3(chunks, BH), kThreads, bytes, stream()>>>(
-            rows_in<T>(q), rows_in<T>(v), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), cptr<T>(kvz), cptr<T>(den),
-            cptr<T>(phi_q), cptr<T>(phi_k), d, sc, g, rows_out<T>(dq), dstates.p);
-        LINEA_KERNEL_LAUNCH_CHECK();
-        scan_chunks<T>(d.BH(), qtiles, d.S, d.E + 1, d.E + 1, true, nullptr, dstates.p, nullptr);
-        bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, false, true); });
-        allow_smem<causal_key_grads_kernel<T>>(bytes);
-        causal_key_grads_kernel<T><<<dim3(chunks, BH), kThreads, bytes, stream()>>>(
-            rows_in<T>(k), rows_in<T>(v), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), dstates.p, cptr<T>(den),
-            cptr<T>(phi_q), cptr<T>(phi_k), d, sc, g, rows_out<T>(dk), rows_out<T>(dv));
-        LINEA_KERNEL_LAUNCH_CHECK();
-        return;
-      }
-    const int64_t per_run = tiles_per_run(qtiles, d.BH()), runs = (qtiles + per_run - 1) / per_run;
-    DeviceScratch<T> part(runs * d.BH() * state), dkvz(d.BH() * state);
-    size_t bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, true, false); });
-    allow_smem<query_grads_kernel<T>>(bytes);
-    query_grads_kernel<T><<<dim3(static_cast<unsigned>(runs), BH), kThreads, bytes, stream()>>>(
-        rows_in<T>(q), rows_in<T>(out), rows_in<T>(dout), cptr<T>(omega), cptr<T>(kvz), cptr<T>(den), cptr<T>(phi_q), d,
-        qtiles, per_run, sc, g, rows_out<T>(dq), part.p);
-    LINEA_KERNEL_LAUNCH_CHECK();
-    sum_parts(part.p, runs, d, dkvz.p);
-    bytes = smem_bytes<T>([&](Count<T>& c) { grad_smem<T>(c, d, false, false); });
-    allow_smem<key_grads_kernel<T>>(bytes);
-    key_grads_kernel<T><<<dim3(static_cast<unsigned>(tiles_of(d.M)), BH), kThreads, bytes, stream()>>>(
-        rows_in<T>(k), rows_in<T>(v), cptr<T>(omega), dkvz.p, cptr<T>(phi_k), d, sc, rows_out<T>(dk), rows_out<T>(dv));
-    LINEA_KERNEL_LAUNCH_CHECK();
+    with_products<T>([&](auto p) {
+      backward_kernels<T, decltype(p)>(d, causal, q, k, v, omega, scale, out, den, kvz, phi_q, phi_k, dout, guard, dq,
+                                       dk, dv);
+    });
   });
 }
 

@@ -1501,6 +1501,98 @@ TEST(CudaParity, FavorAttentionStepKernel) {
   }
 }
 
+// FAVOR+ attention's kernels under --precision tf32 and bf16 (the products' inputs rounded as
+// the tensor cores read them, the sums, exponentials and features float32: cuda/favor_attention.cu)
+// against the CPU's composed op in float64 on the same inputs: within what the rounding of the
+// products' inputs moves them (checked relative to each output's largest value), and not equal
+// to the default precision's results (so the rounding took place). Non-causal and causal, sizes
+// off the tiles, padding, S, D or E in two blocks, heads of wider rows, NaN-poisoned outputs.
+// (Under the default precision the kernels take three TF32 products per product:
+// FavorAttentionKernel holds them to float32's tolerance.)
+TEST(CudaParity, FavorAttentionTensorCores) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(37);
+  struct Case {
+    int64_t B, H, N, M, D, E, S, pitch;
+    bool pad, causal;
+  };
+  const std::vector<Case> cases = {{2, 3, 37, 45, 17, 23, 23, 26, true, false},
+                                   {1, 2, 130, 200, 16, 40, 70, 40, true, false},  // S in two blocks
+                                   {1, 1, 70, 9, 70, 65, 23, 72, false, false},    // D and E in two blocks
+                                   {2, 3, 45, 45, 17, 23, 23, 26, true, true},
+                                   {1, 2, 200, 200, 16, 40, 50, 48, false, true}};
+  struct Restore {
+    ~Restore() { set_matmul_precision(MatmulPrecision::Float32); }
+  } restore;
+  const DType dt = DType::Float32;
+  const double guard = 1e-30;
+  // Each output within tol of its largest value: the rounding of the products' inputs (2^-9 for
+  // bf16, 2^-11 for TF32 relative) moves the logits, and through exp the features, by about that
+  // times the sums' magnitudes (on the emulator at most 0.024 for bf16, 0.0028 for TF32).
+  const auto near = [](const Tensor& got, const Tensor& ref, double tol, const char* what) {
+    const double top = max(abs(ref)).item();
+    return test::all_close(got.to(kCPU).to(DType::Float64), ref, tol * top, 0.0) << " [" << what << "]";
+  };
+  for (const Case& c : cases) {
+    const auto filled = [&](int64_t L, int64_t dim) {
+      Tensor view = heads(c.B, c.H, L, dim, c.pitch, dt);
+      view.copy_(rnd(view.shape(), dt).to(kCuda));
+      return view;
+    };
+    const Tensor q = filled(c.N, c.D), k = filled(c.M, c.D), v = filled(c.M, c.E), dout = filled(c.N, c.E);
+    const Tensor w = rnd({c.H, c.S, c.D}, dt), pad = c.pad ? key_padding(c.B, c.M) : Tensor();
+    const double scale = std::pow(static_cast<double>(c.D), -0.25);
+    const auto f64 = [](const Tensor& x) { return x.to(kCPU).to(DType::Float64); };
+    const std::vector<Tensor> ref =
+        raw::favor_attention(f64(q), f64(k), f64(v), f64(w), scale, pad, guard, c.causal, 64);
+    const std::vector<Tensor> dref =
+        raw::favor_attention_backward(f64(dout), f64(q), f64(k), f64(v), f64(w), scale, ref, guard, c.causal, 64);
+    const Tensor wd = w.to(kCuda), pd = pad.defined() ? in_wider_rows(pad) : Tensor();
+    const Shape kvz_s = c.causal ? Shape{c.B, c.H, (c.N + 63) / 64, c.S, c.E + 1} : Shape{c.B, c.H, c.S, c.E + 1};
+    // The kernels' outputs at a precision: out, den, kvz, phi_q, phi_k, dq, dk, dv.
+    const auto run = [&](MatmulPrecision precision) {
+      set_matmul_precision(precision);
+      std::vector<Tensor> o = {heads(c.B, c.H, c.N, c.E, c.pitch, dt),
+                               poisoned({c.B, c.H, c.N}, dt),
+                               poisoned(kvz_s, dt),
+                               poisoned({c.B, c.H, c.N, c.S}, dt),
+                               poisoned({c.B, c.H, c.M, c.S}, dt),
+                               heads(c.B, c.H, c.N, c.D, c.pitch, dt),
+                               heads(c.B, c.H, c.M, c.D, c.pitch, dt),
+                               heads(c.B, c.H, c.M, c.E, c.pitch, dt)};
+      EXPECT_TRUE(LINEA_BACKEND(kCuda, favor_attention_fused, q, k, v, wd, c.causal, 64));
+      LINEA_BACKEND(kCuda, favor_attention_forward, q, k, v, wd, scale, pd, guard, c.causal, 64, o[0], o[1], o[2], o[3],
+                    o[4]);
+      LINEA_BACKEND(kCuda, favor_attention_backward, q, k, v, wd, scale, c.causal, 64, o[0], o[1], o[2], o[3], o[4],
+                    dout, guard, o[5], o[6], o[7]);
+      set_matmul_precision(MatmulPrecision::Float32);
+      return o;
+    };
+    const std::vector<Tensor> fp32 = run(MatmulPrecision::Float32);
+    for (const MatmulPrecision precision : {MatmulPrecision::BF16, MatmulPrecision::TF32}) {
+      const bool bf16 = precision == MatmulPrecision::BF16;
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "tf32") + " B " + std::to_string(c.B) + " H " + std::to_string(c.H) +
+                   " N " + std::to_string(c.N) + " M " + std::to_string(c.M) + " D " + std::to_string(c.D) + " E " +
+                   std::to_string(c.E) + " S " + std::to_string(c.S) + (c.pad ? " padded" : "") +
+                   (c.causal ? " causal" : ""));
+      const double tol = bf16 ? 0.06 : 8e-3;
+      const std::vector<Tensor> got = run(precision);
+      const char* names[] = {"out", "den", c.causal ? "states" : "kvz", "phi_q", "phi_k", "dq", "dk", "dv"};
+      for (size_t i = 0; i < got.size(); ++i) {
+        const Tensor& r = i < 5 ? ref[i] : dref[i - 5];
+        EXPECT_TRUE(near(got[i], r, tol, names[i]));
+        if (max(abs(r)).item() > 0) {  // (one chunk's states: all 0)
+          EXPECT_GT(max(abs(f64(got[i]) - f64(fp32[i]))).item(), 0.0) << names[i] << " not rounded";
+        }
+      }
+      gaps_untouched(got[0], c.E, c.pitch, "out");
+      gaps_untouched(got[5], c.D, c.pitch, "dq");
+      gaps_untouched(got[6], c.D, c.pitch, "dk");
+      gaps_untouched(got[7], c.E, c.pitch, "dv");
+    }
+  }
+}
+
 // LARA's mixture-weight kernels, as above: sizes off every block shape, N past one column
 // block's 256 threads, a beta large enough that the floor clamps some weights (no gradient
 // there), NaN-poisoned outputs.

@@ -12,8 +12,8 @@
 # EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step),
 # EMU_TRACE_LAUNCHES=1 every kernel launch (its name, grid and block) and library call in order
 # (to find which launches a launch budget counts); LINEA_EMU_CC=75 emulates an sm_75 device (the
-# softmax parity and RA's draw run once more so: their float32 SIMT kernels, which sm_80 and newer
-# leave for the tensor cores). Built with gcov's counters too: after an unfiltered run,
+# softmax parity, RA's draw and FAVOR+ attention run once more so: their float32 SIMT kernels,
+# which sm_80 and newer leave for the tensor cores). Built with gcov's counters too: after an unfiltered run,
 # kernel_coverage.py lists the kernels and template instances no test ran, and a kernel that none
 # ran fails the run (a kernel no test runs is one no test compares with the CPU path).
 #   tests/cuda_emu/run.sh [gtest args]          e.g. --gtest_filter=CudaParity.Matmul
@@ -28,7 +28,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 "$B/basics" --gtest_brief=1
 "$B/parity" --gtest_brief=1 "$@"
 LINEA_EMU_CC=75 "$B/parity" --gtest_brief=1 \
-  --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN:CudaParity.AttentionSampleKernel'
+  --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN:CudaParity.AttentionSampleKernel:CudaParity.FavorAttentionKernel:CudaParity.FavorAttentionStepKernel'
 "$B/attention" --gtest_brief=1 "$@"
 "$B/steps" --gtest_brief=1 "$@"
 # Every kernel ran in some test above (all of them run when no filter is given).
