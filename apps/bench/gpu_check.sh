@@ -18,7 +18,8 @@
 #                    one, one after the other, on the same shapes: the changes timed in one run
 #                    (AB_LENGTHS, 1024,4096,16384; AB_DEVICE=cpu tries the plumbing here)
 #         attention  torch_attention.py --device cuda: every mechanism against PyTorch (SDPA in
-#                    float32 and bfloat16 beside them; time and peak memory) at L = 1k..16k
+#                    float32 and bfloat16 beside them; time and peak memory; softmax, performer
+#                    and lara also under --precision bf16) at L = 1k..16k
 #                    (ATTN_LENGTHS), then performer, lara and nprf_rpe against SDPA at 64k
 #                    (ATTN_LONG; softmax's float32 kernels take minutes there and the goals stop
 #                    at 16k for it), D = 64 and 128, B = 4, H = 8, 64 features
@@ -115,7 +116,7 @@ case "$mode" in
             for pr in fp32 bf16; do
               # ra: its draw (sample_attention_keys) against the base's composed one where the base predates it
               [ "$pr" = fp32 ] && specs=softmax,performer:features=64,lara:samples=64,nprf_rpe:features=64,redraw=0,dense=0,ra
-              [ "$pr" = bf16 ] && specs=softmax
+              [ "$pr" = bf16 ] && specs=softmax,performer:features=64,lara:samples=64
               for i in 1 2; do  # base, this build, base, this build: load on the card hits both
                 for b in attention-scaling-base attention-scaling; do
                   part 45 "ab_${pr}_${b}_$i.log" "$G/run.sh" bin/$b --device "${AB_DEVICE:-cuda}" --precision $pr --batch 4 --heads 8 \
@@ -171,7 +172,7 @@ PY
             sed -n '/^forward+backward/,$p' "$W/attention_vs_torch.log"
             part 80 attention_vs_torch_long.log python3 "$G/scripts/torch_attention.py" --linea "$G/run.sh $G/bin/attention-scaling" \
               --device cuda --lengths "${ATTN_LONG:-65536}" --specs performer,lara,nprf_rpe --dims 64,128 --batch 4 \
-              --heads 8 --features 64 --repeats 3 --json "$W/attention_vs_torch_long.jsonl"
+              --heads 8 --features 64 --bf16 --repeats 3 --json "$W/attention_vs_torch_long.jsonl"
             sed -n '/^forward+backward/,$p' "$W/attention_vs_torch_long.log"
             ;;
           nprf)

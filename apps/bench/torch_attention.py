@@ -27,8 +27,9 @@ live before) and printed as a ratio, and PyTorch's softmax is its fused SDPA
 (F.scaled_dot_product_attention). --sdpa (the default on cuda) adds SDPA's time in float32 and in
 bfloat16 at every length as the reference the other mechanisms are held to. A case that runs out
 of memory is n/a. --dims runs every length at several head dims. --bf16 (cuda) adds Linea's
-softmax under --precision bf16 (its fused kernel on the tensor cores, float32 tensors) against
-SDPA in bfloat16, the "same dtype" comparison.
+softmax, performer and lara (those of --specs) under --precision bf16 (their fused kernels' and
+GEMMs' products on the tensor cores in bf16, float32 tensors) against SDPA in bfloat16, the "same
+dtype" comparison.
 
 Usage:
   apps/bench/torch_attention.py [--linea build/release/apps/bench/attention-scaling]
@@ -51,6 +52,10 @@ import tempfile
 import time
 
 
+# The mechanisms whose products follow --precision bf16 on CUDA (nprf_rpe's FFT path does not).
+BF16_SPECS = ("softmax", "performer", "lara")
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--linea", default="build/release/apps/bench/attention-scaling", help="attention-scaling binary")
@@ -64,7 +69,8 @@ def parse_args():
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--sdpa", action="store_true", help="also time PyTorch's SDPA in float32 and bfloat16 (on cuda: always)")
     p.add_argument("--bf16", action="store_true",
-                   help="on cuda: also Linea's softmax under --precision bf16 against SDPA in bfloat16")
+                   help="on cuda: also Linea's softmax, performer and lara under --precision bf16 against SDPA in "
+                        "bfloat16")
     p.add_argument("--threads", type=int, default=2, help="threads for both (OpenMP/OpenBLAS and torch)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -321,8 +327,9 @@ def main():
     sdpa = args.sdpa or dev == "cuda"
     if args.bf16 and dev != "cuda":
         raise SystemExit("torch_attention.py: --bf16 needs --device cuda (Linea's bf16 precision is the GPU's)")
-    if args.bf16 and "softmax" not in args.specs.split(","):
-        raise SystemExit("torch_attention.py: --bf16 compares Linea's softmax: keep softmax in --specs")
+    bf16_names = [n for n in args.specs.split(",") if n in BF16_SPECS] if args.bf16 else []
+    if args.bf16 and not bf16_names:
+        raise SystemExit(f"torch_attention.py: --bf16 compares Linea's {', '.join(BF16_SPECS)}: keep one in --specs")
     if sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
         raise SystemExit(f"torch_attention.py: SDPA (--sdpa, --device cuda) needs PyTorch 2.0 or later, "
                          f"this is {torch.__version__}")
@@ -330,7 +337,7 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",") if x]
     dims = [int(x) for x in args.dims.split(",") if x]
     S, B, H = args.features, args.batch, args.heads
-    cols = names + (["softmax bf16"] if args.bf16 else []) + (["SDPA fp32", "SDPA bf16"] if sdpa else [])
+    cols = names + [n + " bf16" for n in bf16_names] + (["SDPA fp32", "SDPA bf16"] if sdpa else [])
 
     results, device = [], "?"
     with open(args.json, "w") as js:
@@ -342,10 +349,10 @@ def main():
                 mechs = make_torch_mechanisms(torch, H, D, S, L, gen, dev)
                 cases = [(n, sp, mechs[n], None, linea) for n, sp in zip(names, specs)]
                 f = torch.nn.functional.scaled_dot_product_attention if sdpa else None
-                if args.bf16:
-                    sp = specs[names.index("softmax")]
-                    linea_bf16, _ = time_linea(args, [sp], L, D, precision="bf16")
-                    cases.append(("softmax bf16", sp, f, torch.bfloat16, linea_bf16))
+                if bf16_names:
+                    bf16_specs = [specs[names.index(n)] for n in bf16_names]
+                    linea_bf16, _ = time_linea(args, bf16_specs, L, D, precision="bf16")
+                    cases += [(n + " bf16", sp, f, torch.bfloat16, linea_bf16) for n, sp in zip(bf16_names, bf16_specs)]
                 if sdpa:
                     cases += [("SDPA fp32", None, f, torch.float32, {}), ("SDPA bf16", None, f, torch.bfloat16, {})]
                 for name, spec, fn, dtype, linea_rows in cases:
