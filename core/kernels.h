@@ -176,7 +176,7 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);                                     \
   /* out = cond ? a : b; cond Bool; all any layout, expanded to out's shape */                                       \
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);                               \
-  /* x [outer, r, inner] -> out [outer, inner] */                                                                    \
+  /* x [outer, r, inner] -> out [outer, inner]; a Bool x: Sum only, the count of true into Int64 out */              \
   void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);             \
   /* index of the max (min) over r, first one on ties; out Int64 [outer, inner] */                                   \
   void arg_reduce(bool is_max, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner);         \

@@ -435,7 +435,11 @@ Shape reduced_shape(const Shape& s, const std::vector<int64_t>& rd, bool keepdim
 Tensor reduce(ReduceOp op, const Tensor& x_in, const std::vector<int64_t>& dims, bool keepdim) {
   const char* name = reduce_name(op);
   check_defined(name, x_in, "x");
-  Tensor x = x_in.dtype() == DType::Bool ? to_dtype(x_in, DType::Int64) : x_in;
+  // A Bool x: Sum counts its true elements into Int64 in the kernel's one pass (torch.sum of a
+  // bool tensor); the other reductions see it as Int64.
+  const bool count = x_in.dtype() == DType::Bool && op == ReduceOp::Sum;
+  Tensor x = x_in.dtype() == DType::Bool && !count ? to_dtype(x_in, DType::Int64) : x_in;
+  const TensorOptions out_opts = count ? x.options().with_dtype(DType::Int64) : x.options();
   LINEA_CHECK(op != ReduceOp::LogSumExp || is_floating(x.dtype()), name, ": expected a floating dtype, got ",
               dtype_name(x.dtype()));
   auto rd = reduction_dims(dims, x.dim(), name);
@@ -445,9 +449,9 @@ Tensor reduce(ReduceOp op, const Tensor& x_in, const std::vector<int64_t>& dims,
   if (r == 0 || x.numel() == 0) {
     LINEA_CHECK(op == ReduceOp::Sum || op == ReduceOp::LogSumExp || shape_numel(out_shape) == 0, name,
                 ": cannot reduce over a zero-size dimension (shape ", shape_str(x.shape()), ")");
-    return full(out_shape, op == ReduceOp::Sum ? 0.0 : -INFINITY, x.options());
+    return full(out_shape, op == ReduceOp::Sum ? 0.0 : -INFINITY, out_opts);
   }
-  Tensor out = empty(out_shape, x.options());
+  Tensor out = empty(out_shape, out_opts);
   // Reduced dims forming one contiguous range of a contiguous tensor: reduce in place as
   // [outer, r, inner]. Otherwise move them last and copy.
   bool range = rd.empty() || rd.back() - rd.front() + 1 == static_cast<int64_t>(rd.size());

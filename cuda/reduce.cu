@@ -1,6 +1,7 @@
-// CUDA reductions over the middle axis of a contiguous [outer, r, inner] view: sum, max, min,
-// logsumexp, and argmax/argmin (first index on ties; NaN wins, as on the CPU). Contracts in
-// core/kernels.h; the CPU reference is core/cpu/reduce.cpp.
+// CUDA reductions over the middle axis of a contiguous [outer, r, inner] view: sum (of a Bool
+// tensor: the count of true, into Int64), max, min, logsumexp, and argmax/argmin (first index on
+// ties; NaN wins, as on the CPU). Contracts in core/kernels.h; the CPU reference is
+// core/cpu/reduce.cpp.
 //
 // One kernel skeleton serves both layouts (cuda/common.cuh, "column reductions"): each
 // output is a column of r elements; threadIdx.x picks columns, threadIdx.y splits r, and the
@@ -29,6 +30,15 @@ template <typename T> struct SumP {
   __device__ acc_t load(T v, int64_t) const { return static_cast<acc_t>(v); }
   __device__ acc_t operator()(acc_t a, acc_t b) const { return a + b; }
   __device__ T finish(acc_t a) const { return static_cast<T>(a); }
+};
+
+// The sum of a Bool tensor: the count of its true elements, into Int64.
+struct CountP {
+  using acc_t = int64_t;
+  __device__ int64_t identity() const { return 0; }
+  __device__ int64_t load(uint8_t v, int64_t) const { return v != 0; }
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a + b; }
+  __device__ int64_t finish(int64_t a) const { return a; }
 };
 
 template <typename T> struct MaxP {  // identity -inf (lowest() for integers), NaN propagates (as the CPU)
@@ -183,6 +193,10 @@ void check_reduce_args(const char* op, const Tensor& x, const Tensor& out, int64
 void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner) {
   check_reduce_args("reduce", x, out, outer, r, inner);
   if (outer * inner == 0) return;
+  if (x.dtype() == DType::Bool) {  // Sum: the count of true into Int64
+    LINEA_CHECK(op == ReduceOp::Sum && out.dtype() == DType::Int64, "reduce: a bool tensor sums into int64 only");
+    return launch_reduce<uint8_t, int64_t>(x, out, outer, r, inner, CountP());
+  }
   LINEA_DISPATCH_NUMERIC(x.dtype(), "reduce", [&] {
     using T = scalar_t;
     switch (op) {

@@ -495,6 +495,29 @@ TEST(CudaParity, CopyConvertFillArange) {
 TEST(CudaParity, Reductions) {
   LINEA_REQUIRE_CUDA();
   manual_seed(5);
+  // A bool tensor sums into int64 (the count of true) in one kernel: over rows, the middle dim,
+  // dims that are not one range, long rows and columns (the split path's two passes).
+  for (const Shape& shape : std::vector<Shape>{{6, 37, 5}, {3, 20001}, {9000, 7}}) {
+    const Tensor mask = gt(rnd(shape, DType::Float64), 0.3);
+    for (const std::vector<int64_t>& dims :
+         std::vector<std::vector<int64_t>>{{0}, {1}, {}, {static_cast<int64_t>(shape.size()) - 1}}) {
+      const Tensor ref = sum(mask, dims);
+      const Tensor got = sum(mask.to(kCuda), dims);
+      ASSERT_EQ(got.dtype(), DType::Int64);
+      EXPECT_EQ(got.to(kCPU).to_vector<int64_t>(), ref.to_vector<int64_t>()) << shape_str(shape);
+    }
+    if (shape.size() == 3) {
+      EXPECT_EQ(sum(mask.to(kCuda), {0, 2}).to(kCPU).to_vector<int64_t>(), sum(mask, {0, 2}).to_vector<int64_t>());
+    }
+  }
+  {  // the kernel into a poisoned output: [2, 3, 4] over the middle dim
+    const Tensor mask = gt(rnd({2, 3, 4}, DType::Float64), 0.0).to(kCuda);
+    const Tensor out = full({2, 4}, -7, TensorOptions(DType::Int64).with_device(kCuda));
+    LINEA_BACKEND(kCuda, reduce, ReduceOp::Sum, mask, out, 2, 3, 4);
+    EXPECT_EQ(out.to(kCPU).to_vector<int64_t>(), sum(mask.to(kCPU), {1}).to_vector<int64_t>());
+    EXPECT_LINEA_ERROR(LINEA_BACKEND(kCuda, reduce, ReduceOp::Max, mask, out, 2, 3, 4),
+                       "reduce: a bool tensor sums into int64 only");
+  }
   for (DType dt : kFloatTypes) {
     const Tensor x = rnd({6, 37, 5}, dt);
     for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {0, 2}, {}, {1, 2}}) {

@@ -256,6 +256,15 @@ TEST(Tensor, ReductionValues) {
   EXPECT_NEAR(logsumexp(tensor<double>({1000, 1000}, {2}), {0}).item(), 1000 + std::log(2.0), 1e-9);
   EXPECT_EQ(logsumexp(full({3}, -INFINITY, f64()), {0}).item(), -INFINITY);
   EXPECT_EQ(sum(gt(x, 10.0)).item<int64_t>(), 13);  // bool sums count
+  // ... into int64, each layout the reduction takes: rows (the last dim), the middle dim, dims
+  // that are not one range (a permuted copy), nothing (zeros).
+  const Tensor b = gt(x, 10.0);
+  EXPECT_EQ(sum(b, {2}).dtype(), DType::Int64);
+  EXPECT_EQ(sum(b, {2}).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 1, 4, 4, 4}));
+  EXPECT_EQ(sum(b, {1}).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 0, 1, 3, 3, 3, 3}));
+  EXPECT_EQ(sum(b, {0, 2}).to_vector<int64_t>(), (std::vector<int64_t>{4, 4, 5}));
+  EXPECT_EQ(sum(zeros({0, 3}, TensorOptions(DType::Bool)), {0}).to_vector<int64_t>(), std::vector<int64_t>(3, 0));
+  EXPECT_EQ(sum(zeros({0, 3}, TensorOptions(DType::Bool)), {0}).dtype(), DType::Int64);
   EXPECT_EQ(sum(zeros({0, 3}), {0}).to_vector<float>(), std::vector<float>(3, 0.0f));
 }
 

@@ -103,7 +103,7 @@ DpRun train(const fs::path& out, bool data_parallel, int64_t max_steps, bool res
     apps::StepResult r;
     r.loss = cross_entropy(logits, b.at("target"));
     r.units = x.size(0);
-    r.stats["correct"] = sum(eq(argmax(logits.detach(), 1), b.at("target")).to(DType::Int64));
+    r.stats["correct"] = sum(eq(argmax(logits.detach(), 1), b.at("target")));
     return r;
   };
   h.evaluate = [&](const std::string&) {

@@ -85,7 +85,7 @@ LoopRun train_points(const apps::RunOptions& o, double lr = 0.1, int64_t nan_at_
     r.loss = cross_entropy(logits, b.at("target"));
     if (++steps_seen == nan_at_step) r.loss = r.loss * std::numeric_limits<double>::quiet_NaN();
     r.units = x.size(0);
-    r.stats["accuracy"] = sum(eq(argmax(logits.detach(), 1), b.at("target")).to(DType::Int64));
+    r.stats["accuracy"] = sum(eq(argmax(logits.detach(), 1), b.at("target")));
     return r;
   };
   h.evaluate = [&](const std::string&) {

@@ -294,11 +294,9 @@ TrainReport run_training(const TrainOptions& o) {
     const Tensor& tokens = b.at("tokens");
     const int64_t residues = static_cast<int64_t>(
         sum(logical_and(logical_and(tokens != static_cast<double>(kPad), tokens != static_cast<double>(kCls)),
-                        tokens != static_cast<double>(kEos))
-                .to(DType::Int64))
+                        tokens != static_cast<double>(kEos)))
             .item());
-    const int64_t chosen =
-        static_cast<int64_t>(sum((b.at("targets") != static_cast<double>(kPad)).to(DType::Int64)).item());
+    const int64_t chosen = static_cast<int64_t>(sum(b.at("targets") != static_cast<double>(kPad)).item());
     return std::pair<int64_t, double>(residues, static_cast<double>(chosen));
   };
   hooks.step = [&](const nn::Batch& b) {
@@ -310,12 +308,12 @@ TrainReport run_training(const TrainOptions& o) {
     // their count taken on the device, so that a captured step (--cuda-graph) divides by each
     // batch's own: nll * (1 / max(count, 1)), the reciprocal in double as a host division.
     const TensorOptions f64(DType::Float64, device);
-    const Tensor chosen = sum((tgt != static_cast<double>(kPad)).to(DType::Float64));
+    const Tensor chosen = sum(tgt != static_cast<double>(kPad)).to(DType::Float64);
     r.loss = nll * (full({}, 1.0, f64) / maximum(chosen, full({}, 1.0, f64))).to(nll.dtype());
     if (b.at("tokens").is_cpu()) std::tie(r.units, r.weight) = units_of(b);  // else hooks.units counts
     r.stats["nll"] = nll.detach();
     r.stats["chosen"] = chosen.to(DType::Float32);
-    r.stats["correct"] = sum((argmax(logits.detach(), -1) == tgt).to(DType::Float32));
+    r.stats["correct"] = sum(argmax(logits.detach(), -1) == tgt);
     return r;
   };
   hooks.units = units_of;

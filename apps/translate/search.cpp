@@ -17,7 +17,7 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 std::vector<int64_t> source_lengths(const Tensor& src_pad) {
   std::vector<int64_t> len;
-  const Tensor n = sum((~src_pad).to(DType::Int64), {1});
+  const Tensor n = sum(~src_pad, {1});
   for (int64_t v : n.to(kCPU).to_vector<int64_t>()) len.push_back(v);
   return len;
 }

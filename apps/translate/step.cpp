@@ -11,7 +11,7 @@ namespace translate {
 int64_t target_tokens(const nn::Batch& b) {
   const Tensor& pad = b.at("tgt_pad");
   LINEA_CHECK(pad.is_cpu(), "translate: target_tokens counts on the host, got a batch on ", pad.device().str());
-  return static_cast<int64_t>(sum((~pad).to(DType::Int64)).item());
+  return static_cast<int64_t>(sum(~pad).item());
 }
 
 apps::StepResult train_step(Seq2Seq& model, const nn::Batch& b, Device device, int64_t pad, double label_smoothing) {

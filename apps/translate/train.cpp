@@ -44,7 +44,7 @@ double split_loss(Seq2Seq& model, const TranslationDataset& data, int64_t max_to
     Tensor tgt_out = b.at("tgt_out").to(device);
     Tensor logits = model.forward(b.at("src").to(device), b.at("src_pad").to(device), b.at("tgt_in").to(device));
     nll += cross_entropy(logits, tgt_out, pad, 0.0, Reduction::Sum).item();
-    tokens += static_cast<int64_t>(sum((tgt_out != static_cast<double>(pad)).to(DType::Int64)).item());
+    tokens += static_cast<int64_t>(sum(tgt_out != static_cast<double>(pad)).item());
   }
   return tokens > 0 ? nll / static_cast<double>(tokens) : 0.0;
 }

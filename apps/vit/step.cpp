@@ -13,7 +13,7 @@ apps::StepResult train_step(VisionTransformer& model, const nn::Batch& batch, De
   apps::StepResult r;
   r.loss = cross_entropy(logits, y, -100, label_smoothing);
   r.units = x.size(0);
-  r.stats["accuracy"] = sum(eq(argmax(logits.detach(), 1), y).to(DType::Int64));
+  r.stats["accuracy"] = sum(eq(argmax(logits.detach(), 1), y));
   return r;
 }
 

@@ -21,8 +21,8 @@ template <typename T> T detail_highest() {
 }
 
 // Generic driver: for each (o, block of inner), fold rows j = 0..r-1 with `step(acc[], row ptr, len)`.
-template <typename T, typename Acc, typename Init, typename Step, typename Finish>
-void reduce_driver(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, Init init, Step step, Finish finish) {
+template <typename T, typename Acc, typename Out, typename Init, typename Step, typename Finish>
+void reduce_driver(const T* x, Out* out, int64_t outer, int64_t r, int64_t inner, Init init, Step step, Finish finish) {
   const int64_t blocks = (inner + kInnerBlock - 1) / kInnerBlock;
   const int64_t work = outer * r * inner;
   if (inner == 1) {
@@ -53,7 +53,7 @@ void reduce_driver(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, 
 // Sums of the rows of x [outer, r]. Eight running sums per row instead of one: a single chain of
 // dependent double additions runs at one add per 4 cycles, eight interleaved chains fill the
 // pipeline (the order is fixed, so the result is still deterministic).
-template <typename T, typename Acc> void sum_rows(const T* x, T* out, int64_t outer, int64_t r) {
+template <typename T, typename Acc, typename Out> void sum_rows(const T* x, Out* out, int64_t outer, int64_t r) {
 #pragma omp parallel for schedule(static) if (outer * r >= detail::kParallelGrain)
   for (int64_t o = 0; o < outer; ++o) {
     const T* row = x + o * r;
@@ -62,12 +62,21 @@ template <typename T, typename Acc> void sum_rows(const T* x, T* out, int64_t ou
     for (; j + 8 <= r; j += 8)
       for (int k = 0; k < 8; ++k) acc[k] += static_cast<Acc>(row[j + k]);
     for (; j < r; ++j) acc[0] += static_cast<Acc>(row[j]);
-    out[o] = static_cast<T>(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+    out[o] = static_cast<Out>(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
   }
 }
 }  // namespace
 
 void reduce(ReduceOp op, const Tensor& x, const Tensor& out, int64_t outer, int64_t r, int64_t inner) {
+  if (x.dtype() == DType::Bool) {  // Sum: the count of true (Bool is stored as 0 or 1) into Int64
+    LINEA_CHECK(op == ReduceOp::Sum && out.dtype() == DType::Int64, "reduce: a bool tensor sums into int64 only");
+    const uint8_t* px = static_cast<const uint8_t*>(x.data_ptr());
+    int64_t* po = static_cast<int64_t*>(out.data_ptr());
+    if (inner == 1) return sum_rows<uint8_t, int64_t>(px, po, outer, r);
+    return reduce_driver<uint8_t, int64_t>(
+        px, po, outer, r, inner, [] { return int64_t(0); }, [](int64_t a, uint8_t v) { return a + (v != 0); },
+        [](int64_t a, const uint8_t*, int64_t) { return a; });
+  }
   dispatch_numeric(x.dtype(), "reduce", [&](auto tag_) {
     using scalar_t = decltype(tag_);
     using T = scalar_t;
