@@ -710,7 +710,8 @@ __global__ void __launch_bounds__(kThreads)
   const int n = static_cast<int>(min(int64_t(kRows), d.M - m0));
   load_chunk(sm, d, m0, n, omega, dstates + (bh * gridDim.x + blockIdx.x) * d.S * (d.E + 1), sm.dz, phi_k, phi_q, v,
              out, dout, den, guard);  // R: dKV and dz
-  block_product<P, T>(                // B^T
+  // B^T
+  block_product<P, T>(
       kRows, kRows, d.Ep, [&](int m, int e) { return sm.v(m, e); }, [&](int e, int r) { return sm.gx(r, e); },
       [&](int m, int r, T acc) { sm.a(m, r) = r >= m ? acc + sm.gz[r] : T(0); });
   __syncthreads();
