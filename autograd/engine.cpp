@@ -209,12 +209,36 @@ bool sole_owner(const Tensor& g) {
          st.nbytes == static_cast<size_t>(g.numel()) * g.element_size();
 }
 
-void accumulate_leaf(detail::AutogradMeta& leaf, const Tensor& g) {
+// Which of a node's gradients are disjoint contiguous pieces of one buffer that nothing but them
+// holds (linears' gradients of packed weights: row blocks of one GEMM's output): each such piece
+// may be taken as a leaf's .grad as it is, as a sole owner is.
+std::vector<char> disjoint_pieces(const std::vector<Tensor>& grads) {
+  std::vector<char> owned(grads.size(), 0);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = grads[i];
+    if (!g.defined() || !g.is_contiguous() || g.impl_ptr().use_count() != 1) continue;
+    long sharing = 0;
+    bool disjoint = true;
+    for (size_t j = 0; j < grads.size(); ++j) {
+      const Tensor& h = grads[j];
+      if (!h.defined() || h.impl().storage != g.impl().storage) continue;
+      ++sharing;
+      if (j != i)
+        disjoint = disjoint && h.is_contiguous() && h.dtype() == g.dtype() &&
+                   (h.offset() + h.numel() <= g.offset() || g.offset() + g.numel() <= h.offset());
+    }
+    owned[i] = disjoint && g.impl().storage.use_count() == sharing;
+  }
+  return owned;
+}
+
+// owned: g is a disjoint piece of a buffer nothing else holds (disjoint_pieces).
+void accumulate_leaf(detail::AutogradMeta& leaf, const Tensor& g, bool owned = false) {
   if (!leaf.grad.defined()) {
     // Own the gradient: it may be a broadcast view, or shared with another input's gradient,
     // and users (clipping, optimizers) write into .grad in place. A gradient nothing else holds
     // is taken as it is (a copy per parameter and step saved).
-    leaf.grad = sole_owner(g) ? g : raw::clone(g);
+    leaf.grad = owned || sole_owner(g) ? g : raw::clone(g);
     return;
   }
   leaf.grad = raw::binary(BinaryOp::Add, leaf.grad, g);
@@ -279,7 +303,8 @@ class BackwardPass {
       std::vector<Tensor> g = std::move(pending_[n]);
       pending_.erase(n);
       std::vector<Tensor> grads = call_backward(*n, g);
-      for (size_t i = 0; i < grads.size(); ++i) deliver(*n, i, grads[i]);
+      const std::vector<char> owned = disjoint_pieces(grads);
+      for (size_t i = 0; i < grads.size(); ++i) deliver(*n, i, grads[i], owned[i]);
     }
   }
 
@@ -325,8 +350,8 @@ class BackwardPass {
   }
 
   // Input i's gradient gi (undefined: none) along n's edge i: summed into the node's pending
-  // gradient or accumulated into the leaf's .grad.
-  void deliver(detail::Node& n, size_t i, const Tensor& gi) {
+  // gradient or accumulated into the leaf's .grad (owned: a piece it may take as it is).
+  void deliver(detail::Node& n, size_t i, const Tensor& gi, bool owned) {
     detail::Edge& e = n.next[i];
     if (e.node) {
       // A consumer that yields no gradient still counts as delivered.
@@ -343,7 +368,7 @@ class BackwardPass {
     } else if (e.leaf) {
       if (gi.defined()) {
         check_shape(n, i, gi);
-        accumulate_leaf(*e.leaf, gi);
+        accumulate_leaf(*e.leaf, gi, owned);
       }
       leaf_delivered(e.leaf.get());
     }

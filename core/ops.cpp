@@ -157,6 +157,26 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   return make_view(x, s, x.strides(), x.offset() + start * x.strides()[dim]);
 }
 
+Tensor joined_view(const std::vector<Tensor>& parts, int64_t dim) {
+  if (parts.empty() || !parts[0].defined() || parts[0].dim() == 0 || parts[0].numel() == 0) return Tensor();
+  const Tensor& first = parts[0];
+  dim = wrap_dim(dim, first.dim(), "joined_view");
+  if (first.stride(dim) <= 0) return Tensor();
+  int64_t size = 0, next = first.offset();
+  for (const Tensor& p : parts) {
+    if (!p.defined() || p.impl().storage != first.impl().storage || p.dtype() != first.dtype() ||
+        p.strides() != first.strides() || p.offset() != next || p.numel() == 0)
+      return Tensor();
+    for (int64_t d = 0; d < p.dim(); ++d)
+      if (d != dim && p.size(d) != first.size(d)) return Tensor();
+    size += p.size(dim);
+    next += p.size(dim) * p.stride(dim);
+  }
+  Shape s = first.shape();
+  s[dim] = size;
+  return make_view(first, s, first.strides(), first.offset());
+}
+
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
   check_defined("slice", x, "x");
   LINEA_CHECK(x.dim() > 0, "slice: cannot slice a 0-d tensor");

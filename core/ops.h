@@ -22,6 +22,11 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
 Tensor unsqueeze(const Tensor& x, int64_t dim);
 Tensor squeeze(const Tensor& x, int64_t dim);
 Tensor expand(const Tensor& x, const Shape& shape);  // broadcast to shape (stride 0)
+// The view equal to cat(parts, dim) when the parts lie one after another along dim in one
+// storage (the same dtype, strides and sizes but along dim, each starting where the one before
+// ends: the q, k and v projections' weights packed in one buffer, or their outputs); undefined
+// otherwise. Lets an op that takes several tensors run once over them.
+Tensor joined_view(const std::vector<Tensor>& parts, int64_t dim);
 // Resolves one -1 entry in a requested shape for a tensor of numel elements.
 Shape infer_shape(const Shape& requested, int64_t numel, const char* op);
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -26,6 +28,64 @@ void replace_data(const Tensor& dst, const Tensor& src) {
   d.offset = s.offset;
   d.dtype = s.dtype;
   if (d.autograd) d.autograd->grad = Tensor();
+}
+
+void pack_together(const std::vector<Tensor>& tensors) {
+  LINEA_CHECK(!tensors.empty(), "pack_together: no tensors");
+  NoGradGuard ng;
+  int64_t n = 0;
+  for (const Tensor& t : tensors) {
+    raw::check_defined("pack_together", t, "tensor");
+    LINEA_CHECK(t.dtype() == tensors[0].dtype() && t.device() == tensors[0].device(), "pack_together: tensors of ",
+                dtype_name(tensors[0].dtype()), " on ", tensors[0].device().str(), " and of ", dtype_name(t.dtype()),
+                " on ", t.device().str());
+    n += t.numel();
+  }
+  const Tensor buffer = empty({n}, tensors[0].options());
+  int64_t at = 0;
+  for (const Tensor& t : tensors) {
+    const Tensor piece = raw::view(raw::narrow(buffer, 0, at, t.numel()), t.shape());
+    raw::copy_(piece, t);
+    replace_data(t, piece);
+    at += t.numel();
+  }
+}
+
+namespace {
+// Replaces each tensor's data by fn(data), once per storage where distinct tensors share one
+// (packed, or views of one another): fn converts the whole storage, and each tensor is rebound
+// to its place in the result, so they still share one.
+void convert_all(const std::vector<Tensor>& tensors, const std::function<Tensor(const Tensor&)>& fn) {
+  std::map<const Storage*, std::vector<Tensor>> by_storage;
+  std::vector<const Storage*> order;  // first-seen order: conversions run in a fixed order
+  std::set<const TensorImpl*> seen;
+  for (const Tensor& t : tensors) {
+    if (!seen.insert(&t.impl()).second) continue;  // one tensor registered twice (tied)
+    const Storage* s = t.impl().storage.get();
+    if (by_storage[s].empty()) order.push_back(s);
+    by_storage[s].push_back(t);
+  }
+  for (const Storage* s : order) {
+    const std::vector<Tensor>& group = by_storage[s];
+    const bool one_dtype =
+        std::all_of(group.begin(), group.end(), [&](const Tensor& t) { return t.dtype() == group[0].dtype(); });
+    if (group.size() == 1 || !one_dtype) {
+      for (const Tensor& t : group) replace_data(t, fn(t));
+      continue;
+    }
+    const int64_t elements = static_cast<int64_t>(s->nbytes / dtype_size(group[0].dtype()));
+    const Tensor whole = fn(as_strided(group[0], {elements}, {1}, 0));
+    for (const Tensor& t : group) replace_data(t, as_strided(whole, t.shape(), t.strides(), t.offset()));
+  }
+}
+}  // namespace
+
+void Module::tensors_into(std::vector<Tensor>& out, bool host_buffers) const {
+  for (auto& [_, t] : params_) out.push_back(t);
+  for (auto& [n, t] : buffers_)
+    if (host_buffers || std::find(host_buffers_.begin(), host_buffers_.end(), n) == host_buffers_.end())
+      out.push_back(t);
+  for (auto& [_, c] : children_) c->tensors_into(out, host_buffers);
 }
 
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
@@ -113,20 +173,19 @@ void Module::train(bool on) {
 
 void Module::to(Device device) {
   NoGradGuard ng;
-  for (auto& [_, t] : params_) replace_data(t, t.to(device).contiguous());
-  for (auto& [n, t] : buffers_)
-    if (std::find(host_buffers_.begin(), host_buffers_.end(), n) == host_buffers_.end())
-      replace_data(t, t.to(device).contiguous());
-  for (auto& [_, c] : children_) c->to(device);
+  std::vector<Tensor> tensors;
+  tensors_into(tensors, /*host_buffers=*/false);
+  convert_all(tensors, [&](const Tensor& t) { return t.to(device).contiguous(); });
 }
 
 void Module::to(DType dtype) {
   LINEA_CHECK(is_floating(dtype), type_name_, ".to: expected a floating dtype, got ", dtype_name(dtype));
   NoGradGuard ng;
-  for (auto* list : {&params_, &buffers_})
-    for (auto& [_, t] : *list)
-      if (is_floating(t.dtype())) replace_data(t, t.to(dtype));
-  for (auto& [_, c] : children_) c->to(dtype);
+  std::vector<Tensor> tensors;
+  tensors_into(tensors, /*host_buffers=*/true);
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [](const Tensor& t) { return !is_floating(t.dtype()); }),
+                tensors.end());
+  convert_all(tensors, [&](const Tensor& t) { return t.to(dtype); });
 }
 
 void Module::zero_grad() {

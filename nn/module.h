@@ -56,7 +56,7 @@ class Module : public std::enable_shared_from_this<Module> {
   void eval() { train(false); }
   bool is_training() const { return training_; }
   // Moves/converts every parameter and buffer in place (gradients are dropped); host buffers
-  // stay on the CPU.
+  // stay on the CPU. Tensors that share a storage (pack_together's) share the new one too.
   void to(Device device);
   void to(DType dtype);  // floating parameters and buffers only
   void zero_grad();
@@ -80,6 +80,7 @@ class Module : public std::enable_shared_from_this<Module> {
  private:
   void collect(const std::string& prefix, bool params, bool recurse,
                std::vector<std::pair<std::string, Tensor>>& out) const;
+  void tensors_into(std::vector<Tensor>& out, bool host_buffers) const;  // parameters and buffers, recursively
   void str_into(std::string& out, int indent) const;
 
   std::string type_name_;
@@ -120,5 +121,11 @@ void check_finite_weights(const Module& m, const std::string& source);
 // Replaces dst's data (storage, shape, strides, dtype) with src's, keeping dst's handle and
 // its requires_grad flag, so every holder of the handle sees the new data. Drops dst's grad.
 void replace_data(const Tensor& dst, const Tensor& src);
+
+// Rebinds the tensors (one dtype and device) to consecutive pieces of one new buffer, in order,
+// their values copied (replace_data): ops that take several tensors find them as one view
+// (raw::joined_view), as linears does MultiHeadAttention's q, k and v weights. Module::to keeps
+// the buffer shared.
+void pack_together(const std::vector<Tensor>& tensors);
 
 }  // namespace linea::nn

@@ -164,6 +164,28 @@ TEST(Autograd, LeafGradIsOwnedNotAliased) {
   EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{1.0, 1.0}));
 }
 
+// A node's gradients that are disjoint pieces of one buffer nothing else holds (linears' of
+// packed weights) become the leaves' .grad as they are; overlapping pieces, or a piece of a buffer
+// the node keeps, are copied (writing into one .grad must not change another).
+TEST(Autograd, LeafGradsMayBeDisjointPiecesOfOneBuffer) {
+  const auto run = [](int64_t second_start, bool keep_buffer) {
+    Tensor a = ones({2}, f64()).requires_grad_(), b = ones({2}, f64()).requires_grad_();
+    Tensor kept;
+    Tensor y = attach(raw::clone(a) + raw::clone(b), "pieces", {a, b}, [&, second_start, keep_buffer](const Tensor& g) {
+      const Tensor buffer = raw::cat({g, g * 2.0}, 0);  // [4]: pieces [0, 2) and [second_start, +2)
+      if (keep_buffer) kept = buffer;
+      return std::vector<Tensor>{raw::narrow(buffer, 0, 0, 2), raw::narrow(buffer, 0, second_start, 2)};
+    });
+    sum(y).backward();
+    const bool shared = a.grad().impl().storage == b.grad().impl().storage;
+    a.grad().fill_(7.0);
+    return std::make_pair(shared, b.grad().to_vector<double>());
+  };
+  EXPECT_EQ(run(2, false), std::make_pair(true, std::vector<double>{2.0, 2.0}));   // disjoint: taken
+  EXPECT_EQ(run(1, false), std::make_pair(false, std::vector<double>{1.0, 2.0}));  // overlapping: copied
+  EXPECT_EQ(run(2, true), std::make_pair(false, std::vector<double>{2.0, 2.0}));   // held elsewhere: copied
+}
+
 namespace {
 // A custom op whose backward yields no gradient for its (gradient-requiring) input.
 Tensor drop_gradient(const Tensor& h) {

@@ -134,6 +134,35 @@ TEST(Module, ToDtypeKeepsHandlesAndDropsGrads) {
   EXPECT_LINEA_ERROR(m->to(DType::Int64), "floating");
 }
 
+// pack_together puts tensors one after another in one buffer (values, names and handles kept);
+// moving or converting the module keeps them sharing one, at the same places.
+TEST(Module, PackedParametersStayPackedThroughMoves) {
+  auto t = std::make_shared<Tree>();
+  const Tensor w0 = t->a->w, w1 = t->blocks->at<Leaf>(0)->w, w2 = t->blocks->at<Leaf>(1)->w;
+  const std::vector<float> v0 = w0.to_vector<float>(), v1 = w1.to_vector<float>(), v2 = w2.to_vector<float>();
+  nn::pack_together({w0, w1, w2});
+  const auto packed = [&] { return raw::joined_view({w0, w1, w2}, 0); };
+  ASSERT_TRUE(packed().defined());
+  EXPECT_EQ(packed().shape(), (Shape{6, 2}));
+  EXPECT_TRUE(w0.requires_grad() && w0.is_leaf());
+  EXPECT_EQ(w1.to_vector<float>(), v1);
+  t->to(DType::Float64);
+  ASSERT_TRUE(packed().defined());
+  EXPECT_EQ(w2.dtype(), DType::Float64);
+  EXPECT_EQ(w0.to(DType::Float32).to_vector<float>(), v0);
+  EXPECT_EQ(w2.to(DType::Float32).to_vector<float>(), v2);
+  t->to(kCPU);  // already there: nothing moves
+  EXPECT_TRUE(packed().defined());
+  // Loading copies into the packed tensors; an unpacked tensor beside them moves on its own.
+  auto other = std::make_shared<Tree>();
+  other->to(DType::Float64);
+  t->load_state_dict(other->state_dict());
+  ASSERT_TRUE(packed().defined());
+  EXPECT_EQ(w1.to_vector<double>(), other->blocks->at<Leaf>(0)->w.to_vector<double>());
+  EXPECT_NE(t->a->b.impl().storage, w0.impl().storage);
+  EXPECT_LINEA_ERROR(nn::pack_together({w0, zeros({2})}), "pack_together: tensors of float64 on cpu and of float32");
+}
+
 TEST(Module, ZeroGradClearsEveryParameter) {
   auto t = std::make_shared<Tree>();
   Tensor loss = sum(t->a->w) + sum(t->blocks->at<Leaf>(0)->b);

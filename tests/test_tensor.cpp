@@ -37,6 +37,33 @@ TEST(Tensor, ShapesTooLargeForInt64Throw) {
   EXPECT_TRUE(shape_fits({0, big, big - 1}) == false && shape_fits({big, 0, 2}) && shape_fits({}));
 }
 
+// joined_view: the view equal to cat(parts, dim) where the parts lie one after another along dim
+// in one storage; undefined for anything else (a gap, another order, another storage or layout).
+TEST(Tensor, JoinedViewOfConsecutiveParts) {
+  const Tensor t = arange(60.0, f64()).reshape({3, 4, 5});
+  const std::vector<Tensor> rows{t.narrow(1, 0, 1), t.narrow(1, 1, 2), t.narrow(1, 3, 1)};
+  const Tensor j = raw::joined_view(rows, 1);
+  ASSERT_TRUE(j.defined());
+  EXPECT_EQ(j.shape(), t.shape());
+  EXPECT_EQ(j.impl().storage, t.impl().storage);
+  EXPECT_EQ(j.to_vector<double>(), cat(rows, 1).to_vector<double>());
+  // Along the last dim of a transposed view (parts strided along dim), and a single part.
+  const Tensor tt = t.transpose(0, 2);  // [5, 4, 3]
+  const Tensor jt = raw::joined_view({tt.narrow(2, 1, 1), tt.narrow(2, 2, 1)}, -1);
+  ASSERT_TRUE(jt.defined());
+  EXPECT_EQ(jt.to_vector<double>(), tt.narrow(2, 1, 2).to_vector<double>());
+  EXPECT_EQ(raw::joined_view({rows[1]}, 0).to_vector<double>(), rows[1].to_vector<double>());
+  // Not joined: a gap, the wrong order, another dim, another storage, other strides, nothing.
+  EXPECT_FALSE(raw::joined_view({t.narrow(1, 0, 1), t.narrow(1, 2, 2)}, 1).defined());
+  EXPECT_FALSE(raw::joined_view({rows[1], rows[0]}, 1).defined());
+  EXPECT_FALSE(raw::joined_view(rows, 2).defined());
+  EXPECT_FALSE(raw::joined_view({rows[0], clone(rows[1])}, 1).defined());
+  EXPECT_FALSE(raw::joined_view({t.narrow(1, 0, 1), t.slice(1, 1, 3, 2)}, 1).defined());
+  EXPECT_FALSE(raw::joined_view({}, 0).defined());
+  EXPECT_FALSE(raw::joined_view({Tensor(), rows[0]}, 0).defined());
+  EXPECT_FALSE(raw::joined_view({t.narrow(1, 0, 0), rows[0]}, 1).defined());  // empty parts: nothing to gain
+}
+
 TEST(Tensor, ViewsShareStorage) {
   Tensor t = arange(24.0, f64()).reshape({2, 3, 4});
   Tensor p = t.permute({2, 0, 1});
