@@ -87,6 +87,11 @@ void MultiHeadAttention::init(std::shared_ptr<AttentionMechanism> mechanism, con
   v_proj_ = register_module("v_proj", std::make_shared<nn::Linear>(kv_dim_, dim_, o.bias));
   out_proj_ = register_module("out_proj", std::make_shared<nn::Linear>(dim_, dim_, o.bias));
   for (auto* p : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) (*p)->reset_parameters_trunc_normal();
+  // q, k and v's weights in one buffer, one after another (and their biases in another), so that
+  // linears runs the projections of one input as one GEMM: self-attention's three, the memory's
+  // k and v (the parameters keep their names, shapes and values).
+  nn::pack_together({q_proj_->weight(), k_proj_->weight(), v_proj_->weight()});
+  if (o.bias) nn::pack_together({q_proj_->bias(), k_proj_->bias(), v_proj_->bias()});
   mechanism_ = register_module("mechanism", std::move(mechanism));
 }
 
@@ -152,8 +157,9 @@ AttentionCache MultiHeadAttention::start_cross(const Tensor& memory, const Tenso
   AttentionCache c;
   c.cross_ = true;
   const int64_t M = memory.size(1);
-  c.mem_k_ = heads_of(k_proj_->forward(memory), M);
-  c.mem_v_ = heads_of(v_proj_->forward(memory), M);
+  const std::vector<Tensor> kv = project(memory, {k_proj_.get(), v_proj_.get()});
+  c.mem_k_ = heads_of(kv[0], M);
+  c.mem_v_ = heads_of(kv[1], M);
   c.mem_pad_ = key_padding_bool(memory_key_padding_mask);
   if (c.mem_pad_.defined())
     LINEA_CHECK(c.mem_pad_.dim() == 2 && c.mem_pad_.size(0) == memory.size(0) && c.mem_pad_.size(1) == M,
@@ -167,13 +173,14 @@ Tensor MultiHeadAttention::step(const Tensor& x, AttentionCache& cache, const Te
   LINEA_CHECK(x.dim() == 3 && x.size(2) == dim_, "MultiHeadAttention::step: expected x [B, T, ", dim_, "], got ",
               shape_str(x.shape()));
   const int64_t B = x.size(0), T = x.size(1), H = heads_, Dh = dim_ / heads_;
-  Tensor q = heads_of(q_proj_->forward(x), T);  // [B, H, T, Dh]
   Tensor o;
   if (!cache.cross_) {
     LINEA_CHECK(cache.self_ != nullptr, "MultiHeadAttention::step: the cache was not made by start_self()");
-    Tensor k = heads_of(k_proj_->forward(x), T), v = heads_of(v_proj_->forward(x), T);
-    o = mechanism_->decode_step(q, k, v, *cache.self_, key_padding);
+    const std::vector<Tensor> qkv = project(x, {q_proj_.get(), k_proj_.get(), v_proj_.get()});
+    o = mechanism_->decode_step(heads_of(qkv[0], T), heads_of(qkv[1], T), heads_of(qkv[2], T), *cache.self_,
+                                key_padding);
   } else {
+    const Tensor q = heads_of(q_proj_->forward(x), T);  // [B, H, T, Dh]
     const int64_t Bm = cache.mem_k_.size(0);
     LINEA_CHECK(B % Bm == 0, "MultiHeadAttention::step: ", B, " decoder rows are not a whole number of beams for the ",
                 Bm, " sentences of the memory");

@@ -30,6 +30,7 @@
 //                             (the chunk formulas: core/cpu/linear_attention.cpp)
 //   lara_mixture              the chain of core/cpu/lara_mixture.cpp, by hand
 // Not here: kernels (core/cpu/, cuda/) and the raw argument checks they share (core/ops_nn.cpp).
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -144,14 +145,30 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 // x through several linear layers (attention's q, k and v projections of one input): one node
 // whose backward sums x's gradient in the GEMMs (each after the first adds into it, beta = 1),
-// where a node per layer left the engine an add per extra layer. Forward as linear, layer by layer.
+// where a node per layer left the engine an add per extra layer. When the weights (and the
+// biases) lie one after another in one buffer (MultiHeadAttention packs them), the layers run
+// as one: one GEMM whose output's column blocks are the layers' outputs, and, when their
+// gradients come back as one buffer's column blocks too (the CUDA attention kernels write dq, dk
+// and dv so), one GEMM for x's gradient and one for the weights' and biases'. Otherwise layer by
+// layer, as linear.
 std::vector<Tensor> linears(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases) {
   LINEA_CHECK(!weights.empty() && biases.size() == weights.size(), "linears: expected as many biases as weights (",
               "undefined for none) and at least one weight, got ", weights.size(), " weights and ", biases.size(),
               " biases");
+  const bool no_bias = std::none_of(biases.begin(), biases.end(), [](const Tensor& b) { return b.defined(); });
+  Tensor w_all = raw::joined_view(weights, 0), b_all = no_bias ? Tensor() : raw::joined_view(biases, 0);
+  if (!no_bias && !b_all.defined()) w_all = Tensor();  // the biases are not packed as the weights are
   std::vector<Tensor> outs, inputs{x};  // inputs: x, w0, b0, w1, b1, ...
+  if (w_all.defined()) {
+    const Tensor all = raw::linear(x, w_all, b_all);  // checks x against w_all (and b_all)
+    int64_t at = 0;
+    for (const Tensor& w : weights) {
+      outs.push_back(raw::narrow(all, -1, at, w.size(0)));
+      at += w.size(0);
+    }
+  }
   for (size_t i = 0; i < weights.size(); ++i) {
-    outs.push_back(raw::linear(x, weights[i], biases[i]));
+    if (!w_all.defined()) outs.push_back(raw::linear(x, weights[i], biases[i]));
     inputs.push_back(weights[i]);
     inputs.push_back(biases[i]);
   }
@@ -165,10 +182,27 @@ std::vector<Tensor> linears(const Tensor& x, const std::vector<Tensor>& weights,
   }
   return attach_outputs(
       std::move(outs), "linears", inputs,
-      [xd = x.detach(), wd, need_x = x.requires_grad(), need_w, need_b](const std::vector<Tensor>& g) {
+      [xd = x.detach(), wd, w_all, need_x = x.requires_grad(), need_w, need_b](const std::vector<Tensor>& g) {
         // g[i] [..., N_i] (undefined: that output got no gradient): dx [..., K] = sum_i g[i] @ w_i
         // over the rows [R, K], dw_i = g[i]^T @ x and db_i = g[i] summed over the rows, as linear's.
         std::vector<Tensor> grads(1 + 2 * g.size());
+        const Tensor g_all = w_all.defined() ? raw::joined_view(g, -1) : Tensor();
+        if (g_all.defined()) {  // one GEMM each for dx and for [dw_0; dw_1; ...] with [db_0; db_1; ...]
+          if (need_x)
+            grads[0] = raw::reshape(raw::matmul(raw::reshape(g_all, {-1, g_all.size(-1)}), w_all), xd.shape());
+          const bool want_w = std::find(need_w.begin(), need_w.end(), 1) != need_w.end();
+          const bool want_b = std::find(need_b.begin(), need_b.end(), 1) != need_b.end();
+          if (!want_w && !want_b) return grads;
+          const std::vector<Tensor> wb = raw::linear_weight_grad(g_all, xd, want_b);
+          int64_t at = 0;
+          for (size_t i = 0; i < g.size(); ++i) {
+            const int64_t n = wd[i].size(0);
+            if (need_w[i]) grads[1 + 2 * i] = raw::narrow(wb[0], 0, at, n);
+            if (need_b[i]) grads[2 + 2 * i] = raw::narrow(wb[1], 0, at, n);
+            at += n;
+          }
+          return grads;
+        }
         Tensor dx;  // [R, K]
         for (size_t i = 0; i < g.size(); ++i) {
           if (!g[i].defined()) continue;

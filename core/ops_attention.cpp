@@ -56,6 +56,24 @@ Tensor empty_heads(const Shape& shape, const Tensor& like) {
   return permute(empty({shape[0], shape[2], shape[1], shape[3]}, like.options()), {0, 2, 1, 3});
 }
 
+// dq, dk and dv laid out as empty_heads lays them out, and on CUDA (whose kernels take any head
+// and row strides), where q, k and v (or k and v) are one buffer's consecutive heads
+// (MultiHeadAttention's projections, packed by linears), in one buffer the same way, so that
+// linears' backward takes them in one GEMM each for x's gradient and the weights'.
+std::vector<Tensor> empty_head_grads(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const bool cuda = q.is_cuda();
+  if (const Tensor qkv = cuda ? joined_view({q, k, v}, 1) : Tensor(); qkv.defined()) {
+    const Tensor d = empty_heads(qkv.shape(), qkv);
+    return {narrow(d, 1, 0, q.size(1)), narrow(d, 1, q.size(1), k.size(1)),
+            narrow(d, 1, q.size(1) + k.size(1), v.size(1))};
+  }
+  if (const Tensor kv = cuda ? joined_view({k, v}, 1) : Tensor(); kv.defined()) {
+    const Tensor d = empty_heads(kv.shape(), kv);
+    return {empty_heads(q.shape(), q), narrow(d, 1, 0, k.size(1)), narrow(d, 1, k.size(1), v.size(1))};
+  }
+  return {empty_heads(q.shape(), q), empty_heads(k.shape(), k), empty_heads(v.shape(), v)};
+}
+
 void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_probs) {
   LINEA_CHECK(drop.p >= 0.0 && drop.p < 1.0, op, ": dropout probability must be in [0, 1), got ", drop.p);
   LINEA_CHECK(!(keep_probs && drop.p > 0.0), op,
@@ -104,7 +122,8 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
     check_same_dtype("sdpa_backward", q, *t);
     check_same_device("sdpa_backward", q, *t);
   }
-  Tensor dq = empty_heads(q.shape(), q), dk = empty_heads(k.shape(), k), dv = empty_heads(v.shape(), v);
+  const std::vector<Tensor> d = empty_head_grads(q, k, v);
+  const Tensor &dq = d[0], &dk = d[1], &dv = d[2];
   Tensor db = bias.defined() ? empty(bias.shape(), bias.options()) : Tensor();
   if (q.numel() + k.numel() + v.numel() > 0)
     LINEA_BACKEND(q.device(), sdpa_backward, sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), sdpa_operand(out),
@@ -368,7 +387,7 @@ std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q
   }
   const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, causal, chunk)) {
-    std::vector<Tensor> d = {empty_heads(q.shape(), qc), empty_heads(k.shape(), kc), empty_heads(v.shape(), vc)};
+    std::vector<Tensor> d = empty_head_grads(qc, kc, vc);
     LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, causal, chunk, rows_operand(out),
                   contiguous(den), contiguous(kvz), contiguous(phi_q), contiguous(phi_k), rows_operand(grad), guard,
                   d[0], d[1], d[2]);

@@ -410,6 +410,16 @@ TEST(MultiHeadAttention, ShapeAndParameterNames) {
   EXPECT_EQ(cross->k_proj()->weight().shape(), Shape({8, 6}));
   EXPECT_EQ(cross->named_parameters().size(), 4u);
   EXPECT_EQ(cross->str().substr(0, 48), "MultiHeadAttention(dim=8, heads=4, spec='softmax");
+  // q, k and v's weights and biases packed one after another (one GEMM for the projections of one
+  // input), through a change of dtype too; the cross layer's k and v (the memory's).
+  mha->to(DType::Float64);
+  for (const auto* m : {mha.get(), cross.get()}) {
+    EXPECT_TRUE(raw::joined_view({m->k_proj()->weight(), m->v_proj()->weight()}, 0).defined());
+    EXPECT_EQ(raw::joined_view({m->q_proj()->weight(), m->k_proj()->weight(), m->v_proj()->weight()}, 0).defined(),
+              m == mha.get());
+  }
+  EXPECT_TRUE(raw::joined_view({mha->q_proj()->bias(), mha->k_proj()->bias(), mha->v_proj()->bias()}, 0).defined());
+  EXPECT_EQ(mha->q_proj()->weight().dtype(), DType::Float64);
 }
 
 // MHA output recomputed by hand: projections by the module's Linear layers (tested on their

@@ -685,6 +685,66 @@ TEST(CudaParity, Linear) {
   }
 }
 
+// Linear layers packed in one buffer (MultiHeadAttention's q, k and v): one GEMM forward, and one
+// each for x's gradient and for the weights' and biases' when the outputs' gradients come back as
+// one buffer's column blocks (here through cat); against the CPU's. Then q, k and v as the heads
+// of one such output: the attention's gradients come back packed the same way (so that the
+// projections' backward takes them in two GEMMs), equal to the CPU's: softmax's and FAVOR+'s.
+TEST(CudaParity, PackedLinearsAndAttentionGradients) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(65);
+  const auto layers = [](const std::vector<Tensor>& v) {
+    return linears(v[0], {narrow(v[1], 0, 0, 11), narrow(v[1], 0, 11, 5), narrow(v[1], 0, 16, 11)},
+                   {narrow(v[2], 0, 0, 11), narrow(v[2], 0, 11, 5), narrow(v[2], 0, 16, 11)});
+  };
+  const Fn packed = [&](const std::vector<Tensor>& v) { return cat(layers(v), -1); };
+  for (DType dt : kFloatTypes)
+    expect_parity(tag("packed linears", dt), packed, {rnd({3, 37, 19}, dt), rnd({27, 19}, dt), rnd({27}, dt)});
+  const Tensor x = rnd({3, 37, 19}, DType::Float32).to(kCuda).requires_grad_(true);
+  const Tensor w = rnd({27, 19}, DType::Float32).to(kCuda).requires_grad_(true);
+  const Tensor b = rnd({27}, DType::Float32).to(kCuda).requires_grad_(true);
+  cuda::Counters before = cuda::counters();
+  const Tensor y = packed({x, w, b});
+  EXPECT_EQ((cuda::counters() - before).library_calls, 1);
+  before = cuda::counters();
+  y.backward(rnd(y.shape(), DType::Float32).to(kCuda));
+  EXPECT_EQ((cuda::counters() - before).library_calls, 2);  // dx, and dw with db
+
+  // q, k and v: heads of one [B, L, 3 H Dh] tensor; k and v only (cross-attention's memory).
+  const int64_t B = 2, L = 37, H = 3, Dh = 20;
+  const auto heads = [&](const Tensor& t, int64_t i) {
+    return raw::permute(raw::reshape(raw::narrow(t, -1, i * H * Dh, H * Dh), {B, L, H, Dh}), {0, 2, 1, 3});
+  };
+  const Tensor p = rnd({B, L, 3 * H * Dh}, DType::Float32), q_apart = rnd({B, H, 29, Dh}, DType::Float32);
+  const Tensor g = rnd({B, H, L, Dh}, DType::Float32), g29 = rnd({B, H, 29, Dh}, DType::Float32);
+  for (bool with_q : {true, false}) {
+    SCOPED_TRACE(with_q ? "q, k and v packed" : "k and v packed");
+    const auto grads = [&](const Tensor& pp, const Tensor& qa, const Tensor& gg) {
+      const Tensor q = with_q ? heads(pp, 0) : qa, k = heads(pp, 1), v = heads(pp, 2);
+      const std::vector<Tensor> f = raw::sdpa(q, k, v, 0.3, /*causal=*/false, 0, Tensor());
+      return raw::sdpa_backward(gg, q, k, v, f[0], f[1], 0.3, false, 0, Tensor());
+    };
+    const std::vector<Tensor> ref = grads(p, q_apart, with_q ? g : g29);
+    const std::vector<Tensor> got = grads(p.to(kCuda), q_apart.to(kCuda), (with_q ? g : g29).to(kCuda));
+    EXPECT_EQ(raw::joined_view({got[0], got[1], got[2]}, 1).defined(), with_q);
+    EXPECT_TRUE(raw::joined_view({got[1], got[2]}, 1).defined());
+    for (int i = 0; i < 3; ++i)
+      EXPECT_TRUE(matches(got[i], ref[i], 1.0, ("d" + std::string("qkv").substr(i, 1)).c_str()));
+  }
+  // FAVOR+'s fused backward the same way (self-attention: q, k and v packed).
+  const Tensor omega = rnd({H, 24, Dh}, DType::Float32);
+  const auto favor_grads = [&](const Tensor& pp, const Tensor& w, const Tensor& gg) {
+    const Tensor q = heads(pp, 0), k = heads(pp, 1), v = heads(pp, 2);
+    const std::vector<Tensor> f = raw::favor_attention(q, k, v, w, 0.4, Tensor(), 1e-6);
+    return raw::favor_attention_backward(gg, q, k, v, w, 0.4, f, 1e-6);
+  };
+  const std::vector<Tensor> ref = favor_grads(p, omega, g);
+  const std::vector<Tensor> got = favor_grads(p.to(kCuda), omega.to(kCuda), g.to(kCuda));
+  EXPECT_TRUE(raw::joined_view({got[0], got[1], got[2]}, 1).defined());
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(matches(got[i], ref[i], 1.0, ("favor d" + std::string("qkv").substr(i, 1)).c_str()));
+}
+
 // Several linear layers of one input as one node (attention's q, k, v), x's gradient summed in
 // the GEMMs (beta = 1); and matmul_into's accumulate in each of the CUDA matmul's paths (one
 // GEMM of a folded batch, a strided batch, a pointer-array batch, a transposed operand, K = 0)

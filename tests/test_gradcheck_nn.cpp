@@ -112,6 +112,30 @@ TEST(GradCheck, Linears) {
                          randn({3, 4}, f64()), randn({3}, f64())});
 }
 
+// The same layers packed in one buffer (x[1]: the three weights' rows, x[2]: the biases): one
+// GEMM forward; concatenated in order the outputs' gradients come back as one buffer's column
+// blocks (one GEMM each for dx and dw); in another order, or one unused, layer by layer.
+TEST(GradCheck, LinearsPacked) {
+  manual_seed(43);
+  const auto layers = [](const std::vector<Tensor>& x) {
+    return linears(x[0], {narrow(x[1], 0, 0, 5), narrow(x[1], 0, 5, 2), narrow(x[1], 0, 7, 3)},
+                   {narrow(x[2], 0, 0, 5), narrow(x[2], 0, 5, 2), narrow(x[2], 0, 7, 3)});
+  };
+  const Fn in_order = [&](const std::vector<Tensor>& x) { return cat(layers(x), -1); };
+  const Fn reordered = [&](const std::vector<Tensor>& x) {
+    std::vector<Tensor> o = layers(x);
+    return cat({o[2], o[0], o[1] * 3.0}, -1);
+  };
+  const Fn skip_middle = [&](const std::vector<Tensor>& x) {
+    std::vector<Tensor> o = layers(x);
+    return cat({o[0], o[2]}, -1);
+  };
+  for (const Fn& f : {in_order, reordered, skip_middle}) {
+    EXPECT_GRADCHECK(f, {randn64({2, 3, 4}), randn64({10, 4}), randn64({10})});
+    EXPECT_GRADCHECK(f, {randn64_transposed({3, 4}), randn64({10, 4}), randn({10}, f64())});
+  }
+}
+
 TEST(GradCheck, Softmax) {
   manual_seed(5);
   for (int64_t dim : {-1, 0}) {

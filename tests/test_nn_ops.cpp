@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "nn/module.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -243,6 +244,50 @@ TEST(Linears, EqualLinearLayerByLayer) {
     const double tol = dt == DType::Float64 ? 1e-12 : 1e-5;
     for (size_t i = 0; i < leaves.size(); ++i) EXPECT_TRUE(all_close(grads[1][i], grads[0][i], tol, tol)) << i;
   }
+}
+
+// Weights and biases packed in one buffer (MultiHeadAttention's q, k and v): the same outputs and
+// gradients as layer by layer, the outputs column blocks of one tensor, and each weight's
+// gradient a row block of one.
+TEST(Linears, PackedLayersEqualLayerByLayer) {
+  manual_seed(79);
+  for (DType dt : {DType::Float64, DType::Float32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const TensorOptions o(dt);
+    const Tensor x = randn({2, 5, 8}, o), gy = randn({2, 5, 19}, o);
+    std::vector<Tensor> w{randn({8, 8}, o), randn({3, 8}, o), randn({8, 8}, o)},
+        b{randn({8}, o), randn({3}, o), randn({8}, o)};
+    std::vector<std::vector<Tensor>> grads;
+    for (int packed = 0; packed < 2; ++packed) {
+      std::vector<Tensor> in{x.detach().requires_grad_(true)};
+      for (const auto* list : {&w, &b})
+        for (const Tensor& t : *list) in.push_back(clone(t).requires_grad_(true));
+      if (packed) {
+        nn::pack_together({in[1], in[2], in[3]});
+        nn::pack_together({in[4], in[5], in[6]});
+      }
+      const std::vector<Tensor> y = linears(in[0], {in[1], in[2], in[3]}, {in[4], in[5], in[6]});
+      if (packed) {
+        EXPECT_TRUE(raw::joined_view(y, -1).defined());
+      }
+      cat(y, -1).backward(gy);
+      grads.emplace_back();
+      for (const Tensor& t : in) grads.back().push_back(t.grad());
+      if (packed) {
+        EXPECT_TRUE(raw::joined_view({in[1].grad(), in[2].grad(), in[3].grad()}, 0).defined());
+      }
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(all_close(y[i], linear(x, w[i], b[i]), 1e-6, 1e-6)) << i;
+    }
+    const double tol = dt == DType::Float64 ? 1e-12 : 1e-5;
+    for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(all_close(grads[1][i], grads[0][i], tol, tol)) << i;
+  }
+  // Biases packed but one missing: layer by layer (the outputs apart).
+  Tensor w0 = randn({4, 3}), w1 = randn({4, 3}), b0 = randn({4});
+  nn::pack_together({w0, w1});
+  const Tensor x = randn({2, 3});
+  const std::vector<Tensor> y = linears(x, {w0, w1}, {b0, Tensor()});
+  EXPECT_FALSE(raw::joined_view(y, -1).defined());
+  EXPECT_TRUE(all_close(y[1], linear(x, w1), 1e-6, 1e-6));
 }
 
 TEST(Linears, BadInputs) {
