@@ -254,6 +254,7 @@ TEST(Linears, PackedLayersEqualLayerByLayer) {
   for (DType dt : {DType::Float64, DType::Float32}) {
     SCOPED_TRACE(dtype_name(dt));
     const TensorOptions o(dt);
+    const double tol = dt == DType::Float64 ? 1e-12 : 1e-5;
     const Tensor x = randn({2, 5, 8}, o), gy = randn({2, 5, 19}, o);
     std::vector<Tensor> w{randn({8, 8}, o), randn({3, 8}, o), randn({8, 8}, o)},
         b{randn({8}, o), randn({3}, o), randn({8}, o)};
@@ -276,12 +277,11 @@ TEST(Linears, PackedLayersEqualLayerByLayer) {
       if (packed) {
         EXPECT_TRUE(raw::joined_view({in[1].grad(), in[2].grad(), in[3].grad()}, 0).defined());
       }
-      for (int i = 0; i < 3; ++i) EXPECT_TRUE(all_close(y[i], linear(x, w[i], b[i]), 1e-6, 1e-6)) << i;
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(all_close(y[i], linear(x, w[i], b[i]), tol, tol)) << i;
     }
-    const double tol = dt == DType::Float64 ? 1e-12 : 1e-5;
     for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(all_close(grads[1][i], grads[0][i], tol, tol)) << i;
   }
-  // Biases packed but one missing: layer by layer (the outputs apart).
+  // Weights packed but one bias missing: layer by layer (the outputs apart).
   Tensor w0 = randn({4, 3}), w1 = randn({4, 3}), b0 = randn({4});
   nn::pack_together({w0, w1});
   const Tensor x = randn({2, 3});
