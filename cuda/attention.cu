@@ -5,11 +5,12 @@
 //   forward   one block per (BR query rows, b, h); it walks the key tiles the rows may see,
 //             keeping per row the running max m, the running sum l of exp(s - m) and the
 //             unnormalized output in registers; out = o / l, lse = m + log l.
-//   backward  delta_n = dout_n . out_n first; then one block per (BC keys, b, h) accumulates dk
-//             and dv over the query tiles, and one block per (BR queries, b, h) dq over the key
-//             tiles. Each sum is taken by one block in a fixed order: no atomics, so the result
-//             is the same bits every run (FlashAttention's single backward kernel adds dq with
-//             atomics; ours recomputes the scores once more for dq instead).
+//   backward  one block per (BR queries, b, h) accumulates dq over the key tiles, computing its
+//             rows' delta_n = dout_n . out_n first (Deltas); then one block per (BC keys, b, h)
+//             dk and dv over the query tiles, reading those deltas. Each sum is taken by one
+//             block in a fixed order: no atomics, so the result is the same bits every run
+//             (FlashAttention's single backward kernel adds dq with atomics; ours recomputes the
+//             scores once more for dq instead).
 //   key ranges where the query tiles are too few to fill the GPU over many keys (LARA's C
 //             landmarks over L keys, a decoding step): the forward and dq blocks each walk one
 //             range of the keys (grid z), into parts merged (out and lse) or summed (dq) in order
@@ -69,6 +70,44 @@ template <bool RANGES> __device__ __forceinline__ KeyRange key_range(int64_t spl
 template <bool RANGES> __device__ __forceinline__ int64_t range_head() {
   return RANGES ? blockIdx.y + static_cast<int64_t>(blockIdx.z) * gridDim.y : blockIdx.y;
 }
+
+// Each query row's delta_n = dout_n . out_n - dlse_n, which both backward kernels subtract from
+// dP. The dq kernel runs first and computes its rows' (computed(): a warp per row, lanes along it,
+// as a kernel of its own did before: one launch less per backward); its blocks of key range 0
+// write them for the dk/dv kernel after it. The Toeplitz backward gives its own (out.p null).
+template <typename T> struct Deltas {
+  T* rows = nullptr;            // [B H N]: written (computed) or read (given)
+  HeadRows<const T> dout, out;  // out.p null: `rows` given
+  const T* dlse = nullptr;      // [B H N], null: none
+  int64_t E = 0;
+  static Deltas given(T* rows) {
+    Deltas d;
+    d.rows = rows;
+    return d;
+  }
+  __device__ bool computed() const { return out.p != nullptr; }
+  // Rows [n0, n0 + count) of head bh into shared memory sh[0, count) (0 past N), a warp a row;
+  // and into `rows` where the block writes them (key range 0). Ends in a __syncthreads.
+  template <bool RANGES>
+  __device__ void block_rows(int64_t bh, int64_t heads, int64_t N, int64_t n0, int count, T* sh) const {
+    const int lane = threadIdx.x % 32;
+    const T* db = dout.at(bh, heads);
+    const T* ob = out.at(bh, heads);
+    const bool write = !RANGES || blockIdx.z == 0;
+#pragma unroll 1
+    for (int r = threadIdx.x / 32; r < count; r += blockDim.x / 32) {
+      const int64_t n = n0 + r;
+      T acc = T(0);
+      if (n < N)
+        for (int64_t e = lane; e < E; e += 32) acc += db[n * dout.row + e] * ob[n * out.row + e];
+      acc = warp_sum(acc);
+      if (n < N && dlse) acc -= dlse[bh * N + n];
+      if (lane == 0) sh[r] = acc;
+      if (lane == 0 && write && n < N) rows[bh * N + n] = acc;
+    }
+    __syncthreads();
+  }
+};
 
 // The first query row of `n0..` that may see key m, and whether key m is hidden from row n.
 __device__ __forceinline__ bool hidden(const SdpaShape& s, const uint8_t* pad, int64_t n, int64_t m) {
@@ -947,7 +986,7 @@ __global__ void __launch_bounds__(kMmaThreads, dkv_min_blocks<DM>())
 // TOEPLITZ as the dk/dv kernel: ds = c_{m-n} (dout . v + r_n w_m), no scores needed.
 template <typename F, int DM, bool RANGES, bool TOEPLITZ = false>
 __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
-    sdpa_backward_dq_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, const float* delta,
+    sdpa_backward_dq_mma_kernel(MmaOperands<typename F::Elem> in, const float* lse, Deltas<float> delta,
                                 const uint8_t* pad, const float* bias, float scale, SdpaShape s, int64_t heads,
                                 ExampleDropout<float> drop, const uint64_t* draw_base, HeadRows<float> dq,
                                 int64_t split, ToeplitzTiles tz) {
@@ -961,16 +1000,26 @@ __global__ void __launch_bounds__(kMmaThreads, dq_min_blocks<DM>())
   const uint8_t* pad_b = lane.pad_b;
   const float* bias_b = lane.bias_b;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, nw = n0 + warp * 16;
-  KeptRows<F, DM> qa, da;  // the warp's 16 queries and their output gradients
-  keep_warp_rows<F, DM>(qa, da, smem, smem + kMmaRows * LD, in.q, in.qk_dim, in.dout, in.v_dim, heads, n0, s.N, in.vec,
-                        lane);
   float row_lse[2], row_delta[2], dq_acc[ET][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t n = nw + g + 8 * h;
     row_lse[h] = n < s.N ? lse[bh * s.N + n] : neg_inf<float>();
-    row_delta[h] = n < s.N ? delta[bh * s.N + n] : 0.f;
+    row_delta[h] = n < s.N && !delta.computed() ? delta.rows[bh * s.N + n] : 0.f;
   }
+  // The block's rows' deltas through shared memory (the stages, not yet in use), before the kept
+  // rows take the registers (each warp's own 16 rows beside them: ptxas spilled 100 bytes at
+  // DM = 16 in 3xTF32).
+  if (delta.computed()) {
+    float* rows_delta = reinterpret_cast<float*>(stages);
+    delta.block_rows<RANGES>(bh, heads, s.N, n0, kMmaRows, rows_delta);
+    row_delta[0] = rows_delta[warp * 16 + g];
+    row_delta[1] = rows_delta[warp * 16 + g + 8];
+    __syncthreads();  // read: the stages are the key tiles' from here
+  }
+  KeptRows<F, DM> qa, da;  // the warp's 16 queries and their output gradients
+  keep_warp_rows<F, DM>(qa, da, smem, smem + kMmaRows * LD, in.q, in.qk_dim, in.dout, in.v_dim, heads, n0, s.N, in.vec,
+                        lane);
 #pragma unroll
   for (int e = 0; e < ET; ++e) dq_acc[e][0] = dq_acc[e][1] = dq_acc[e][2] = dq_acc[e][3] = 0.f;
   const Elem* kb = in.k.at(bh, heads);
@@ -1102,23 +1151,6 @@ __global__ void __launch_bounds__(kMmaThreads)
   if (tid < kBand && t0 + tid < s.M) dc[blockIdx.y * L + t0 + tid + s.N - 1] = sum;
 }
 
-// delta [B H N] = rowwise dout . out - dlse (dlse null: none), a warp per row (a thread per row
-// read each row's E values with a stride of E between the lanes: 32 rows' cache lines per load).
-template <typename T>
-__global__ void sdpa_delta_kernel(HeadRows<const T> dout, HeadRows<const T> out, const T* dlse, int64_t heads,
-                                  int64_t N, int64_t rows, int64_t E, T* delta) {
-  const WarpRows w;
-  for (int64_t r = w.first; r < rows; r += w.step) {
-    const int64_t bh = r / N, n = r - bh * N;
-    const T* d = dout.at(bh, heads) + n * dout.row;
-    const T* o = out.at(bh, heads) + n * out.row;
-    T acc = T(0);
-    for (int64_t e = w.lane; e < E; e += WarpRows::kLanes) acc += d[e] * o[e];
-    acc = warp_sum(acc);
-    if (w.lane == 0) delta[r] = dlse ? acc - dlse[r] : acc;
-  }
-}
-
 // The forward's key ranges merged in order (parts at heads bh + z BH, z < ranges): lse = log
 // sum_z exp(lse_z), out = sum_z exp(lse_z - lse) out_z (each part normalized by its own sum); a
 // row that no range saw: out 0, lse -inf. A warp per row.
@@ -1206,7 +1238,8 @@ template <typename T, int DM, int B> struct BackwardTiles {
     row_lse = dss + B * (B + 1);
     row_delta = row_lse + B;
   }
-  // Query rows [n0, n0 + B) of head bh (past N: lse -inf, delta 0, zero rows).
+  // Query rows [n0, n0 + B) of head bh (past N: lse -inf, delta 0, zero rows); delta null: the
+  // caller fills row_delta.
   __device__ void load_queries(Rows<const T> q, Rows<const T> dout, const T* lse, const T* delta, const SdpaShape& s,
                                int64_t bh, int64_t n0) {
     load_tile<T, DM, B>(qs, q, n0, s.N, s.D);
@@ -1214,7 +1247,7 @@ template <typename T, int DM, int B> struct BackwardTiles {
     for (int r = threadIdx.x; r < B; r += kThreads) {
       const bool in = n0 + r < s.N;
       row_lse[r] = in ? lse[bh * s.N + n0 + r] : neg_inf<T>();
-      row_delta[r] = in ? delta[bh * s.N + n0 + r] : T(0);
+      if (delta) row_delta[r] = in ? delta[bh * s.N + n0 + r] : T(0);
     }
   }
   // Key rows [m0, m0 + B) of head bh.
@@ -1283,7 +1316,7 @@ __global__ void sdpa_backward_dkv_kernel(HeadRows<const T> q, HeadRows<const T> 
 // dq for BR = B queries: over the key tiles they may see.
 template <typename T, int DM, int B, bool RANGES>
 __global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
-                                        HeadRows<const T> dout, const T* lse, const T* delta, const uint8_t* pad,
+                                        HeadRows<const T> dout, const T* lse, Deltas<T> delta, const uint8_t* pad,
                                         const T* bias, T scale, SdpaShape s, int64_t heads, ExampleDropout<T> drop,
                                         const uint64_t* draw_base, HeadRows<T> dq, int64_t split) {
   constexpr int TR = B / kRowThreads, TD = DM / kColThreads;
@@ -1293,7 +1326,8 @@ __global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k
   const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
-  t.load_queries(q.rows(bh, heads), dout.rows(bh, heads), lse, delta, s, bh, n0);
+  t.load_queries(q.rows(bh, heads), dout.rows(bh, heads), lse, delta.computed() ? nullptr : delta.rows, s, bh, n0);
+  if (delta.computed()) delta.template block_rows<RANGES>(bh, heads, s.N, n0, B, t.row_delta);
   const Rows<const T> kb = k.rows(bh, heads), vb = v.rows(bh, heads);
   T dq_acc[TR][TD];
 #pragma unroll
@@ -1539,8 +1573,8 @@ template <typename F, int DM> void forward_mma(const SdpaArgs& a, const Tensor& 
 }
 
 template <typename F, int DM>
-void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const float* delta, const Tensor& dq,
-                  const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
+void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const Deltas<float>& delta,
+                  const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
   allow_smem<sdpa_backward_dkv_mma_kernel<F, DM>>(mma_dkv_smem<F, DM>());
   allow_smem<sdpa_backward_dq_mma_kernel<F, DM, false>>(mma_dq_smem<F, DM>());
   allow_smem<sdpa_backward_dq_mma_kernel<F, DM, true>>(mma_dq_smem<F, DM>());
@@ -1550,11 +1584,6 @@ void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, cons
   const float scale = static_cast<float>(a.scale);
   const ExampleDropout<float> drop = example_dropout<float>(a.drop);
   const auto launch = [&](const MmaOperands<typename F::Elem>& in) {
-    sdpa_backward_dkv_mma_kernel<F, DM><<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH),
-                                          kMmaThreads, mma_dkv_smem<F, DM>(), stream()>>>(
-        in, cptr<float>(lse), delta, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<float>(dk),
-        rows_out<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr, ToeplitzTiles{});
-    LINEA_KERNEL_LAUNCH_CHECK();
     over_key_ranges<float>(
         a, kMmaRows, a.s.D, dq, Tensor(), [&](int64_t split, unsigned ranges, HeadRows<float> d, float*) {
           const auto kernel =
@@ -1564,6 +1593,12 @@ void backward_mma(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, cons
                                                      drop, a.drop.draw_base, d, split, ToeplitzTiles{});
           LINEA_KERNEL_LAUNCH_CHECK();
         });
+    // after dq's kernel: its deltas
+    sdpa_backward_dkv_mma_kernel<F, DM><<<dim3(static_cast<unsigned>((a.s.M + kMmaKeys - 1) / kMmaKeys), BH),
+                                          kMmaThreads, mma_dkv_smem<F, DM>(), stream()>>>(
+        in, cptr<float>(lse), delta.rows, pad, bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base,
+        rows_out<float>(dk), rows_out<float>(dv), dbias.defined() ? ptr<float>(dbias) : nullptr, ToeplitzTiles{});
+    LINEA_KERNEL_LAUNCH_CHECK();
   };
   if constexpr (std::is_same_v<F, Bf16Format>)
     launch(StagedCopies<DM>(a, &dout).in);
@@ -1601,8 +1636,8 @@ __global__ void head_column_kernel(HeadRows<const float> x, int64_t heads, int64
 
 // The Toeplitz backward's dphi_q, dphi_k and dv (ToeplitzTiles; r: dy's last column).
 template <typename F, int DM>
-void toeplitz_backward_tiles(const SdpaArgs& a, const ToeplitzTiles& tz, const Tensor& dy, const float* r,
-                             const Tensor& dc, const Tensor& dpq, const Tensor& dpk, const Tensor& dv) {
+void toeplitz_backward_tiles(const SdpaArgs& a, const ToeplitzTiles& tz, const Tensor& dy, float* r, const Tensor& dc,
+                             const Tensor& dpq, const Tensor& dpk, const Tensor& dv) {
   const auto dkv = sdpa_backward_dkv_mma_kernel<F, DM, true>;
   const auto dq = sdpa_backward_dq_mma_kernel<F, DM, false, true>;
   const auto bands = toeplitz_dc_mma_kernel<F, DM>;
@@ -1617,8 +1652,8 @@ void toeplitz_backward_tiles(const SdpaArgs& a, const ToeplitzTiles& tz, const T
                       rows_out<float>(dpk), rows_out<float>(dv), nullptr, tz);
     LINEA_KERNEL_LAUNCH_CHECK();
     dq<<<dim3(static_cast<unsigned>((a.s.N + kMmaRows - 1) / kMmaRows), BH), kMmaThreads, mma_dq_smem<F, DM>(),
-         stream()>>>(in, r, r, nullptr, nullptr, 1.f, a.s, heads, ExampleDropout<float>{}, nullptr,
-                     rows_out<float>(dpq), 0, tz);
+         stream()>>>(in, r, Deltas<float>::given(r), nullptr, nullptr, 1.f, a.s, heads, ExampleDropout<float>{},
+                     nullptr, rows_out<float>(dpq), 0, tz);
     LINEA_KERNEL_LAUNCH_CHECK();
     const int64_t L = a.s.N + a.s.M - 1;
     bands<<<dim3(static_cast<unsigned>((L + 63) / 64), static_cast<unsigned>(tz.c_rows)), kMmaThreads,
@@ -1632,19 +1667,13 @@ void toeplitz_backward_tiles(const SdpaArgs& a, const ToeplitzTiles& tz, const T
 }
 
 template <typename T, int DM, int B>
-void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const T* delta, const Tensor& dq,
+void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, const Deltas<T>& delta, const Tensor& dq,
                     const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
   const T* bias = a.bias.defined() ? cptr<T>(a.bias) : nullptr;
   const unsigned BH = static_cast<unsigned>(a.q.size(0) * a.q.size(1));
   const uint8_t* pad = a.pad.defined() ? cptr<uint8_t>(a.pad) : nullptr;
   const T scale = static_cast<T>(a.scale);
   const ExampleDropout<T> drop = example_dropout<T>(a.drop);
-  sdpa_backward_dkv_kernel<T, DM, B>
-      <<<dim3(static_cast<unsigned>((a.s.M + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
-          rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), rows_in<T>(dout), cptr<T>(lse), delta, pad, bias, scale,
-          a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<T>(dk), rows_out<T>(dv),
-          dbias.defined() ? ptr<T>(dbias) : nullptr);
-  LINEA_KERNEL_LAUNCH_CHECK();
   over_key_ranges<T>(a, B, a.s.D, dq, Tensor(), [&](int64_t split, unsigned ranges, HeadRows<T> d, T*) {
     const auto kernel = ranges > 1 ? sdpa_backward_dq_kernel<T, DM, B, true> : sdpa_backward_dq_kernel<T, DM, B, false>;
     kernel<<<dim3(static_cast<unsigned>((a.s.N + B - 1) / B), BH, ranges), kThreads, backward_smem<T, DM, B>(),
@@ -1652,6 +1681,13 @@ void backward_tiles(const SdpaArgs& a, const Tensor& dout, const Tensor& lse, co
                          bias, scale, a.s, a.q.size(1), drop, a.drop.draw_base, d, split);
     LINEA_KERNEL_LAUNCH_CHECK();
   });
+  // after dq's kernel: its deltas
+  sdpa_backward_dkv_kernel<T, DM, B>
+      <<<dim3(static_cast<unsigned>((a.s.M + B - 1) / B), BH), kThreads, backward_smem<T, DM, B>(), stream()>>>(
+          rows_in<T>(a.q), rows_in<T>(a.k), rows_in<T>(a.v), rows_in<T>(dout), cptr<T>(lse), delta.rows, pad, bias,
+          scale, a.s, a.q.size(1), drop, a.drop.draw_base, rows_out<T>(dk), rows_out<T>(dv),
+          dbias.defined() ? ptr<T>(dbias) : nullptr);
+  LINEA_KERNEL_LAUNCH_CHECK();
 }
 
 // Calls f(Tiles<DM, B>{}) with DM the head dims rounded up to 16, 32, 64 or 128 and B = 32 or 16,
@@ -1714,12 +1750,9 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   }
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
     using T = scalar_t;
-    DeviceScratch<T> delta_scratch(rows);  // delta [B, H, N]
-    T* delta = delta_scratch.p;
-    sdpa_delta_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(
-        rows_in<T>(dout), rows_in<T>(out), dlse.defined() ? cptr<T>(dlse) : nullptr, q.size(1), a.s.N, rows, a.s.E,
-        delta);
-    LINEA_KERNEL_LAUNCH_CHECK();
+    DeviceScratch<T> delta_rows(rows);  // [B, H, N]
+    const Deltas<T> delta{delta_rows.p, rows_in<T>(dout), rows_in<T>(out), dlse.defined() ? cptr<T>(dlse) : nullptr,
+                          a.s.E};
     if constexpr (std::is_same_v<T, float>)
       if (with_mma_kernels(q, a.s, [&](auto format, auto dm) {
             backward_mma<decltype(format), decltype(dm)::value>(a, dout, lse, delta, dq, dk, dv, dbias);

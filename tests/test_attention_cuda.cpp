@@ -216,8 +216,8 @@ TEST(AttentionCudaLaunches, ForwardBackward) {
     int64_t most;
   };
   const std::vector<Budget> budgets = {
-      {"softmax", false, 4},
-      {"softmax", true, 4},
+      {"softmax", false, 3},
+      {"softmax", true, 3},
       {"performer:features=6,redraw=0", false, 7},
       {"performer:features=6,redraw=0", true, 7},
       {"performer:features=6,redraw=0,chunk=3", true, 49},
