@@ -175,13 +175,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   for (const Tensor& x : xs) sizes.push_back(x.size(d));
   return attach(out, "cat", xs, [d, sizes](const Tensor& g) -> std::vector<Tensor> {
     // g [.., sum(sizes) at d, ..] -> dx_k [.., sizes[k] at d, ..]: the slice each input filled
-    std::vector<Tensor> grads;
-    int64_t off = 0;
-    for (int64_t s : sizes) {
-      grads.push_back(g.narrow(d, off, s));
-      off += s;
-    }
-    return grads;
+    return raw::split(g, sizes, d);
   });
 }
 

@@ -158,15 +158,11 @@ std::vector<Tensor> linears(const Tensor& x, const std::vector<Tensor>& weights,
   const bool no_bias = std::none_of(biases.begin(), biases.end(), [](const Tensor& b) { return b.defined(); });
   Tensor w_all = raw::joined_view(weights, 0), b_all = no_bias ? Tensor() : raw::joined_view(biases, 0);
   if (!no_bias && !b_all.defined()) w_all = Tensor();  // the biases are not packed as the weights are
+  std::vector<int64_t> sizes;  // the layers' output features (an undefined weight: raw::linear's error)
+  for (const Tensor& w : weights) sizes.push_back(w.defined() ? w.size(0) : 0);
   std::vector<Tensor> outs, inputs{x};  // inputs: x, w0, b0, w1, b1, ...
-  if (w_all.defined()) {
-    const Tensor all = raw::linear(x, w_all, b_all);  // checks x against w_all (and b_all)
-    int64_t at = 0;
-    for (const Tensor& w : weights) {
-      outs.push_back(raw::narrow(all, -1, at, w.size(0)));
-      at += w.size(0);
-    }
-  }
+  if (w_all.defined())
+    outs = raw::split(raw::linear(x, w_all, b_all), sizes, -1);  // checks x against w_all (and b_all)
   for (size_t i = 0; i < weights.size(); ++i) {
     if (!w_all.defined()) outs.push_back(raw::linear(x, weights[i], biases[i]));
     inputs.push_back(weights[i]);
@@ -182,7 +178,7 @@ std::vector<Tensor> linears(const Tensor& x, const std::vector<Tensor>& weights,
   }
   return attach_outputs(
       std::move(outs), "linears", inputs,
-      [xd = x.detach(), wd, w_all, need_x = x.requires_grad(), need_w, need_b](const std::vector<Tensor>& g) {
+      [xd = x.detach(), wd, w_all, sizes, need_x = x.requires_grad(), need_w, need_b](const std::vector<Tensor>& g) {
         // g[i] [..., N_i] (undefined: that output got no gradient): dx [..., K] = sum_i g[i] @ w_i
         // over the rows [R, K], dw_i = g[i]^T @ x and db_i = g[i] summed over the rows, as linear's.
         std::vector<Tensor> grads(1 + 2 * g.size());
@@ -194,12 +190,11 @@ std::vector<Tensor> linears(const Tensor& x, const std::vector<Tensor>& weights,
           const bool want_b = std::find(need_b.begin(), need_b.end(), 1) != need_b.end();
           if (!want_w && !want_b) return grads;
           const std::vector<Tensor> wb = raw::linear_weight_grad(g_all, xd, want_b);
-          int64_t at = 0;
+          const std::vector<Tensor> dw = raw::split(wb[0], sizes, 0);
+          const std::vector<Tensor> db = want_b ? raw::split(wb[1], sizes, 0) : std::vector<Tensor>(g.size());
           for (size_t i = 0; i < g.size(); ++i) {
-            const int64_t n = wd[i].size(0);
-            if (need_w[i]) grads[1 + 2 * i] = raw::narrow(wb[0], 0, at, n);
-            if (need_b[i]) grads[2 + 2 * i] = raw::narrow(wb[1], 0, at, n);
-            at += n;
+            if (need_w[i]) grads[1 + 2 * i] = dw[i];
+            if (need_b[i]) grads[2 + 2 * i] = db[i];
           }
           return grads;
         }

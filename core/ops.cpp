@@ -177,6 +177,26 @@ Tensor joined_view(const std::vector<Tensor>& parts, int64_t dim) {
   return make_view(first, s, first.strides(), first.offset());
 }
 
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  check_defined("split", x, "x");
+  LINEA_CHECK(x.dim() > 0, "split: cannot split a 0-d tensor");
+  dim = wrap_dim(dim, x.dim(), "split");
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    LINEA_CHECK(s >= 0, "split: sizes must be non-negative, got ", shape_str(sizes));
+    total += s;
+  }
+  LINEA_CHECK(total == x.size(dim), "split: sizes ", shape_str(sizes), " sum to ", total, " but dim ", dim,
+              " of input ", shape_str(x.shape()), " has size ", x.size(dim));
+  std::vector<Tensor> pieces;
+  int64_t at = 0;
+  for (int64_t s : sizes) {
+    pieces.push_back(narrow(x, dim, at, s));
+    at += s;
+  }
+  return pieces;
+}
+
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
   check_defined("slice", x, "x");
   LINEA_CHECK(x.dim() > 0, "slice: cannot slice a 0-d tensor");

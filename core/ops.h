@@ -27,6 +27,9 @@ Tensor expand(const Tensor& x, const Shape& shape);  // broadcast to shape (stri
 // ends: the q, k and v projections' weights packed in one buffer, or their outputs); undefined
 // otherwise. Lets an op that takes several tensors run once over them.
 Tensor joined_view(const std::vector<Tensor>& parts, int64_t dim);
+// Its inverse: the consecutive pieces of x along dim with these sizes (summing to x's size
+// there), as views.
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 // Resolves one -1 entry in a requested shape for a tensor of numel elements.
 Shape infer_shape(const Shape& requested, int64_t numel, const char* op);
 

@@ -63,13 +63,11 @@ Tensor empty_heads(const Shape& shape, const Tensor& like) {
 std::vector<Tensor> empty_head_grads(const Tensor& q, const Tensor& k, const Tensor& v) {
   const bool cuda = q.is_cuda();
   if (const Tensor qkv = cuda ? joined_view({q, k, v}, 1) : Tensor(); qkv.defined()) {
-    const Tensor d = empty_heads(qkv.shape(), qkv);
-    return {narrow(d, 1, 0, q.size(1)), narrow(d, 1, q.size(1), k.size(1)),
-            narrow(d, 1, q.size(1) + k.size(1), v.size(1))};
+    return split(empty_heads(qkv.shape(), qkv), {q.size(1), k.size(1), v.size(1)}, 1);
   }
   if (const Tensor kv = cuda ? joined_view({k, v}, 1) : Tensor(); kv.defined()) {
-    const Tensor d = empty_heads(kv.shape(), kv);
-    return {empty_heads(q.shape(), q), narrow(d, 1, 0, k.size(1)), narrow(d, 1, k.size(1), v.size(1))};
+    const std::vector<Tensor> dkv = split(empty_heads(kv.shape(), kv), {k.size(1), v.size(1)}, 1);
+    return {empty_heads(q.shape(), q), dkv[0], dkv[1]};
   }
   return {empty_heads(q.shape(), q), empty_heads(k.shape(), k), empty_heads(v.shape(), v)};
 }

@@ -592,6 +592,17 @@ TEST(IndexOps, SplitAndChunkValues) {
   EXPECT_EQ(q[0].shape(), (Shape{2, 1}));
   EXPECT_EQ(q[1].shape(), (Shape{2, 0}));
   EXPECT_EQ(q[2].to_vector<double>(), (std::vector<double>{1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13}));
+  // raw::split: the same pieces, as views of x, which joined_view joins back.
+  const std::vector<Tensor> r = raw::split(x, {1, 0, 6}, -1);
+  ASSERT_EQ(r.size(), 3u);
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(r[i].shape(), q[i].shape());
+    EXPECT_EQ(r[i].to_vector<double>(), q[i].to_vector<double>());
+    EXPECT_TRUE(r[i].impl().storage == x.impl().storage);
+  }
+  const Tensor rows = raw::joined_view(raw::split(x, {1, 1}, 0), 0);
+  ASSERT_TRUE(rows.defined());
+  EXPECT_EQ(rows.to_vector<double>(), x.to_vector<double>());
   auto c = chunk(x, 3, 1);  // 7 = 3 + 3 + 1
   ASSERT_EQ(c.size(), 3u);
   EXPECT_EQ(c[0].shape(), (Shape{2, 3}));
@@ -654,6 +665,8 @@ TEST(IndexOps, BadInputsThrow) {
   // split / chunk
   EXPECT_LINEA_ERROR(split(x, std::vector<int64_t>{2, 2}, 0), "split: sizes [2, 2] sum to 4");
   EXPECT_LINEA_ERROR(split(x, 0, 0), "split: split_size must be positive");
+  EXPECT_LINEA_ERROR(raw::split(x, {2, 2}, 0), "split: sizes [2, 2] sum to 4 but dim 0 of input [5, 3] has size 5");
+  EXPECT_LINEA_ERROR(raw::split(x, {6, -1}, 0), "split: sizes must be non-negative");
   EXPECT_LINEA_ERROR(chunk(x, 0, 0), "chunk: number of chunks must be positive");
   // FFTs
   Tensor spec = randn({3, 5, 2}, f64());
