@@ -193,37 +193,24 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim) {
 }
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
-  LINEA_CHECK(x.dim() >= 1, "split: input must have at least 1 dim, got ", shape_str(x.shape()));
+  LINEA_CHECK(x.dim() > 0, "split: cannot split a 0-d tensor");
   const int64_t d = wrap_dim(dim, x.dim(), "split");
   const int64_t size = x.size(d);
   LINEA_CHECK(split_size > 0 || (split_size == 0 && size == 0), "split: split_size must be positive, got ", split_size,
               " for input ", shape_str(x.shape()));
-  std::vector<Tensor> pieces;
-  if (size == 0) {
-    pieces.push_back(linea::narrow(x, d, 0, 0));
-    return pieces;
-  }
-  for (int64_t off = 0; off < size; off += split_size)
-    pieces.push_back(linea::narrow(x, d, off, std::min(split_size, size - off)));
-  return pieces;
+  // Pieces of split_size, the last one smaller; an empty dim gives one empty piece (as torch.split).
+  std::vector<int64_t> sizes;
+  for (int64_t off = 0; off < size; off += split_size) sizes.push_back(std::min(split_size, size - off));
+  if (sizes.empty()) sizes.push_back(0);
+  return linea::split(x, sizes, d);
 }
 
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
-  LINEA_CHECK(x.dim() >= 1, "split: input must have at least 1 dim, got ", shape_str(x.shape()));
+  std::vector<Tensor> pieces = raw::split(x, sizes, dim);  // checks the sizes against x
+  if (!needs_grad({&x})) return pieces;
   const int64_t d = wrap_dim(dim, x.dim(), "split");
-  int64_t total = 0;
-  for (int64_t s : sizes) {
-    LINEA_CHECK(s >= 0, "split: sizes must be non-negative, got ", shape_str(sizes));
-    total += s;
-  }
-  LINEA_CHECK(total == x.size(d), "split: sizes ", shape_str(sizes), " sum to ", total, " but dim ", d, " of input ",
-              shape_str(x.shape()), " has size ", x.size(d));
-  std::vector<Tensor> pieces;
-  int64_t off = 0;
-  for (int64_t s : sizes) {
-    pieces.push_back(linea::narrow(x, d, off, s));
-    off += s;
-  }
+  int64_t at = 0;
+  for (size_t k = 0; k < sizes.size(); at += sizes[k], ++k) pieces[k] = linea::narrow(x, d, at, sizes[k]);
   return pieces;
 }
 

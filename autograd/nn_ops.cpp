@@ -583,4 +583,20 @@ Tensor lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const 
                 });
 }
 
+std::pair<Tensor, Tensor> lara_proposals(const Tensor& w, const Tensor& mu, const Tensor& lse_k) {
+  const Tensor wc = raw::contiguous(w.detach()), mc = raw::contiguous(mu.detach());
+  std::vector<Tensor> r = raw::lara_proposals(wc, mc, lse_k.detach());  // {self_w, bias, p}
+  if (!needs_grad({&w, &mu, &lse_k})) return {r[0], r[1]};
+  // One node for both outputs (either may get no gradient); lse_k's gradient is bias's.
+  auto backward = [wc, mc, p = r[2]](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+    const Tensor gs = g[0].defined() ? g[0] : zeros_like(g[1]);
+    const Tensor gb = g[1].defined() ? g[1] : zeros_like(g[0]);
+    std::vector<Tensor> d = raw::lara_proposals_backward(gs, gb, wc, mc, p);  // {dw, dmu}
+    d.push_back(gb);
+    return d;
+  };
+  std::vector<Tensor> outs = attach_outputs({r[0], r[1]}, "lara_proposals", {w, mu, lse_k}, backward);
+  return {outs[0], outs[1]};
+}
+
 }  // namespace linea

@@ -282,6 +282,12 @@ Tensor causal_linear_attention(const Tensor& phi_q, const Tensor& phi_k, const T
 // gradient where a < floor). attention/lara's mixture weights.
 Tensor lara_mixture(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,
                     double beta, double floor, double q_scale = 1.0);
+// LARA's proposal weights, fused (CPU and CUDA), for the proposals N(mu_c, I) drawn as w_c, per
+// (b, h): with l_cc' = log xi(mu_c', w_c) = w_c.mu_c' - |mu_c'|^2/2 for w and mu [B, H, C, D],
+// returns {self_w, bias} [B, H, C]: self_w_c = exp(l_cc - logsumexp_c' l_cc') (the balance
+// heuristic's weight of proposal c) and bias_c = lse_k_c - l_cc for lse_k [B, H, C] (the
+// mixture's per-proposal term). Differentiable in w, mu and lse_k (w and mu may be one tensor).
+std::pair<Tensor, Tensor> lara_proposals(const Tensor& w, const Tensor& mu, const Tensor& lse_k);
 
 // ---- indexing and joining -----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

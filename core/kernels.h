@@ -424,7 +424,16 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w, const Tensor& mix, const Tensor& t,\
                              const Tensor& a, const Tensor& dmix, double beta, double floor, double q_scale,         \
                              const Tensor& dq, const Tensor& dqbar, const Tensor& dw, const Tensor& dself_w,         \
-                             const Tensor& dbias);
+                             const Tensor& dbias);                                                                   \
+  /* LARA's proposal weights (raw::lara_proposals; attention/lara/), per (b, h): l_cc' = w_c.mu_c' - */              \
+  /* |mu_c'|^2/2 (log xi(mu_c', w_c)), p = softmax_c'(l), self_w_c = p_cc and bias_c = lse_k_c - l_cc for */         \
+  /* w and mu [B, H, C, D], lse_k [B, H, C]; contiguous, one float dtype, every dim > 0. Writes p */                 \
+  /* [B, H, C, C] (for the backward), self_w and bias [B, H, C]. */                                                  \
+  void lara_proposals_forward(const Tensor& w, const Tensor& mu, const Tensor& lse_k, const Tensor& p,               \
+                              const Tensor& self_w, const Tensor& bias);                                             \
+  /* dw and dmu (overwritten) from dself_w and dbias [B, H, C] and the forward's p (dlse_k is dbias) */              \
+  void lara_proposals_backward(const Tensor& w, const Tensor& mu, const Tensor& p, const Tensor& dself_w,            \
+                               const Tensor& dbias, const Tensor& dw, const Tensor& dmu);
 
 namespace cpu {
 LINEA_KERNEL_API

@@ -213,6 +213,13 @@ std::vector<Tensor> lara_mixture(const Tensor& q, const Tensor& qbar, const Tens
 std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, const Tensor& qbar, const Tensor& w,
                                           const Tensor& mix, const Tensor& t, const Tensor& a, double beta,
                                           double floor, double q_scale);
+// LARA's proposal weights, fused: l_cc' = w_c.mu_c' - |mu_c'|^2/2 per (b, h), self_w_c =
+// softmax_c'(l)_cc, bias_c = lse_k_c - l_cc. Returns {self_w, bias} [B, H, C] and p = softmax_c'(l)
+// [B, H, C, C] for the backward.
+std::vector<Tensor> lara_proposals(const Tensor& w, const Tensor& mu, const Tensor& lse_k);
+// Returns {dw, dmu} from the gradients of self_w and bias and the forward's p (lse_k's is dbias).
+std::vector<Tensor> lara_proposals_backward(const Tensor& dself_w, const Tensor& dbias, const Tensor& w,
+                                            const Tensor& mu, const Tensor& p);
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

@@ -1,4 +1,4 @@
-// linea::raw::sdpa, toeplitz_attention, positive_features, linear_attention and lara_mixture with
+// linea::raw::sdpa, toeplitz_attention, positive_features, linear_attention, lara_mixture and lara_proposals with
 // their backwards: argument checks, allocation and the calls of the fused kernels of either device
 // (core/kernels.h; core/cpu/ and cuda/).
 #include <cmath>
@@ -567,6 +567,43 @@ std::vector<Tensor> lara_mixture_backward(const Tensor& grad, const Tensor& q, c
   LINEA_BACKEND(q.device(), lara_mixture_backward, contiguous(q), contiguous(qbar), contiguous(w), contiguous(mix),
                 contiguous(t), contiguous(a), contiguous(grad), beta, floor, q_scale, dq, dqbar, dw, dself_w, dbias);
   return {dq, dqbar, dw, dself_w, dbias};
+}
+
+std::vector<Tensor> lara_proposals(const Tensor& w, const Tensor& mu, const Tensor& lse_k) {
+  const char* op = "lara_proposals";
+  check_defined(op, w, "w");
+  check_defined(op, mu, "mu");
+  check_defined(op, lse_k, "lse_k");
+  LINEA_CHECK(w.dim() == 4 && w.numel() > 0 && mu.shape() == w.shape() &&
+                  lse_k.shape() == Shape({w.size(0), w.size(1), w.size(2)}),
+              op, ": expected w and mu [B, H, C, D], lse_k [B, H, C] (all dims > 0), got w ", shape_str(w.shape()),
+              ", mu ", shape_str(mu.shape()), ", lse_k ", shape_str(lse_k.shape()));
+  LINEA_CHECK(is_floating(w.dtype()), op, ": expected float32 or float64, got ", dtype_name(w.dtype()));
+  for (const Tensor* t : {&mu, &lse_k}) {
+    check_same_dtype(op, w, *t);
+    check_same_device(op, w, *t);
+  }
+  Tensor p = empty({w.size(0), w.size(1), w.size(2), w.size(2)}, w.options()),
+         self_w = empty(lse_k.shape(), w.options()), bias = empty(lse_k.shape(), w.options());
+  LINEA_BACKEND(w.device(), lara_proposals_forward, contiguous(w), contiguous(mu), contiguous(lse_k), p, self_w, bias);
+  return {self_w, bias, p};
+}
+
+std::vector<Tensor> lara_proposals_backward(const Tensor& dself_w, const Tensor& dbias, const Tensor& w,
+                                            const Tensor& mu, const Tensor& p) {
+  const char* op = "lara_proposals_backward";
+  for (const Tensor* t : {&dself_w, &dbias, &w, &mu, &p}) check_defined(op, *t, "argument");
+  const Shape rows{w.size(0), w.size(1), w.size(2)};
+  LINEA_CHECK(w.dim() == 4 && mu.shape() == w.shape() && dself_w.shape() == rows && dbias.shape() == rows &&
+                  p.shape() == Shape({w.size(0), w.size(1), w.size(2), w.size(2)}),
+              op, ": expected w and mu [B, H, C, D], dself_w and dbias [B, H, C], p [B, H, C, C], got w ",
+              shape_str(w.shape()), ", mu ", shape_str(mu.shape()), ", dself_w ", shape_str(dself_w.shape()),
+              ", dbias ", shape_str(dbias.shape()), ", p ", shape_str(p.shape()));
+  for (const Tensor* t : {&mu, &p, &dself_w, &dbias}) check_same_dtype(op, w, *t);
+  Tensor dw = empty(w.shape(), w.options()), dmu = empty(w.shape(), w.options());
+  LINEA_BACKEND(w.device(), lara_proposals_backward, contiguous(w), contiguous(mu), contiguous(p), contiguous(dself_w),
+                contiguous(dbias), dw, dmu);
+  return {dw, dmu};
 }
 
 }  // namespace linea::raw

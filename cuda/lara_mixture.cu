@@ -8,7 +8,9 @@
 //             column sums over n in runs of rows on many blocks, added in order (ColumnRuns):
 //             dbias = colsum(dlu), dself_w = colsum(dalpha); then ds = t (dt - colsum(dt t))
 //             GEMMs: dq~ = dlu w + ds qbar, dw = dlu^T q~, dqbar = ds^T q~ (all times s for q's)
-// Every sum is a GEMM's or a fixed tree (a warp's butterfly for the rows): the same bits every run.
+// and the proposals' weights the mixture takes (self_w, bias), a warp per row of [C, C] (below).
+// Every sum is a GEMM's or a fixed tree (a warp's butterfly for the rows), or one lane's in order:
+// the same bits every run.
 #include "core/kernels.h"
 #include "cuda/common.cuh"
 
@@ -114,6 +116,66 @@ template <typename T> __global__ void mixture_ds_kernel(const T* t, const T* st,
   }
 }
 
+// ---- the proposal weights (core/cpu/lara_mixture.cpp's formulas) ----
+// [C, C] per (b, h), one warp per row (bh, c): no GEMM, the products w_c.mu_c' are D long and
+// C x C small, so each lane takes its c' (forward) or its d (backward) and sums in order.
+
+// l_cc' = mu_c'.(w_c - mu_c'/2), p = softmax_c'(l), self_w_c = p_cc, bias_c = lse_k_c - l_cc.
+template <typename T>
+__global__ void proposals_kernel(const T* w, const T* mu, const T* lse_k, int64_t BH, int64_t C, int64_t D, T* p,
+                                 T* self_w, T* bias) {
+  const WarpRows wr;
+  constexpr int kL = WarpRows::kLanes;
+  for (int64_t r = wr.first; r < BH * C; r += wr.step) {
+    const T* wc = w + r * D;
+    const T* mb = mu + (r - r % C) * D;  // this head's mu [C, D]
+    T* pr = p + r * C;
+    const int64_t c = r % C;
+    T mx = neg_inf<T>(), own = 0;  // own: l_cc, on the lane of c' = c
+    for (int64_t j = wr.lane; j < C; j += kL) {
+      T l = 0;
+      for (int64_t e = 0; e < D; ++e) l += mb[j * D + e] * (wc[e] - mb[j * D + e] / 2);
+      pr[j] = l;
+      mx = l > mx ? l : mx;
+      if (j == c) own = l;
+    }
+    mx = warp_max(mx);
+    const T l_diag = __shfl_sync(0xffffffffu, own, static_cast<int>(c % kL));
+    T sum = 0;
+    for (int64_t j = wr.lane; j < C; j += kL) sum += (pr[j] = d_exp(pr[j] - mx));
+    sum = warp_sum(sum);
+    for (int64_t j = wr.lane; j < C; j += kL) pr[j] /= sum;
+    if (wr.lane == 0) {
+      const T lse = mx + d_log(sum);
+      self_w[r] = d_exp(l_diag - lse);
+      bias[r] = lse_k[r] - l_diag;
+    }
+  }
+}
+
+// With a_c = gs_c p_cc and dl_cc' = -a_c p_cc' + [c = c'] (a_c - gb_c), row c's
+//   dw_c = sum_c' dl_cc' mu_c'  and  dmu_c = sum_c2 dl_c2c (w_c2 - mu_c),
+// the lanes along d, the sums over c' and c2 in order (p read along row c and down column c).
+template <typename T>
+__global__ void proposals_grad_kernel(const T* w, const T* mu, const T* p, const T* gs, const T* gb, int64_t BH,
+                                      int64_t C, int64_t D, T* dw, T* dmu) {
+  const WarpRows wr;
+  for (int64_t r = wr.first; r < BH * C; r += wr.step) {
+    const int64_t c = r % C, head = r - c;
+    const T *pb = p + head * C, *mb = mu + head * D, *wb = w + head * D;
+    const T a = gs[r] * pb[c * C + c], diag = a - gb[r];
+    for (int64_t e = wr.lane; e < D; e += WarpRows::kLanes) {
+      T sw = 0, sm = 0;
+      for (int64_t j = 0; j < C; ++j) {
+        sw += pb[c * C + j] * mb[j * D + e];
+        sm += gs[head + j] * pb[j * C + j] * pb[j * C + c] * (wb[j * D + e] - mb[c * D + e]);
+      }
+      dw[r * D + e] = diag * mb[c * D + e] - a * sw;
+      dmu[r * D + e] = diag * (wb[c * D + e] - mb[c * D + e]) - sm;
+    }
+  }
+}
+
 MixDims dims_of(const Tensor& q, const Tensor& qbar) {
   return {q.size(0) * q.size(1), q.size(2), qbar.size(2), q.size(3)};
 }
@@ -176,6 +238,28 @@ void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w,
                     d.N, d.BH, q_scale);
     gemm_strided<T>(ds.p, true, d.C, d.N * d.C, cptr<T>(q), false, d.D, d.N * d.D, ptr<T>(dqbar), d.D, d.C * d.D, d.C,
                     d.D, d.N, d.BH, q_scale);
+  });
+}
+
+void lara_proposals_forward(const Tensor& w, const Tensor& mu, const Tensor& lse_k, const Tensor& p,
+                            const Tensor& self_w, const Tensor& bias) {
+  const int64_t BH = w.size(0) * w.size(1), C = w.size(2), D = w.size(3);
+  LINEA_DISPATCH_FLOAT(w.dtype(), "lara_proposals", [&] {
+    using T = scalar_t;
+    proposals_kernel<T><<<grid_for_warp_rows(BH * C), kBlockSize, 0, stream()>>>(
+        cptr<T>(w), cptr<T>(mu), cptr<T>(lse_k), BH, C, D, ptr<T>(p), ptr<T>(self_w), ptr<T>(bias));
+    LINEA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void lara_proposals_backward(const Tensor& w, const Tensor& mu, const Tensor& p, const Tensor& dself_w,
+                             const Tensor& dbias, const Tensor& dw, const Tensor& dmu) {
+  const int64_t BH = w.size(0) * w.size(1), C = w.size(2), D = w.size(3);
+  LINEA_DISPATCH_FLOAT(w.dtype(), "lara_proposals_backward", [&] {
+    using T = scalar_t;
+    proposals_grad_kernel<T><<<grid_for_warp_rows(BH * C), kBlockSize, 0, stream()>>>(
+        cptr<T>(w), cptr<T>(mu), cptr<T>(p), cptr<T>(dself_w), cptr<T>(dbias), BH, C, D, ptr<T>(dw), ptr<T>(dmu));
+    LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
 

@@ -530,6 +530,77 @@ TEST(LaraMixture, BadInputsThrow) {
   EXPECT_LINEA_ERROR(lara_mixture(in[0], in[1], in[2], in[3], in[4].to(DType::Float32), 1.0, 1e-8), "lara_mixture");
 }
 
+// ---- the fused proposal weights (the CPU path) -------------------------------------------------
+// Inputs of lara_proposals: w and mu [B, H, C, D], lse_k [B, H, C].
+std::vector<Tensor> proposal_inputs(int64_t B, int64_t H, int64_t C, int64_t D) {
+  return {randn64({B, H, C, D}), randn64({B, H, C, D}), randn64({B, H, C})};
+}
+
+// Values and gradients against the composed formula (both outputs weighted), in float64 and
+// float32, and with w and mu one tensor (the layer in eval, where w = mu).
+TEST(LaraProposals, FusedEqualsComposed) {
+  manual_seed(72);
+  for (bool same : {false, true})
+    for (int64_t C : {1, 5, 40}) {
+      SCOPED_TRACE(std::string(same ? "w = mu" : "w, mu") + " C " + std::to_string(C));
+      std::vector<Tensor> in = proposal_inputs(2, 3, C, 7);
+      if (same) in[0] = in[1];
+      auto [self_w, bias] = lara_proposals(in[0], in[1], in[2]);
+      auto [self_ref, bias_ref] = attn::proposal_weights(in[0], in[1], in[2]);
+      EXPECT_TRUE(all_close(self_w, self_ref, 1e-12, 1e-14));
+      EXPECT_TRUE(all_close(bias, bias_ref, 1e-12, 1e-12));
+      auto [self32, bias32] =
+          lara_proposals(in[0].to(DType::Float32), in[1].to(DType::Float32), in[2].to(DType::Float32));
+      EXPECT_TRUE(all_close(self32.to(DType::Float64), self_w, 1e-4, 1e-6));
+      EXPECT_TRUE(all_close(bias32.to(DType::Float64), bias, 1e-4, 1e-4));
+
+      const Tensor gs = randn64(self_w.shape()), gb = randn64(bias.shape());
+      std::vector<Tensor> a, b;
+      for (const Tensor& t : {in[0], in[1], in[2]}) {
+        a.push_back(t.detach().requires_grad_(true));
+        b.push_back(t.detach().requires_grad_(true));
+      }
+      if (same) a[0] = a[1], b[0] = b[1];
+      auto [sa, ba] = lara_proposals(a[0], a[1], a[2]);
+      sum(sa * gs + ba * gb).backward();
+      auto [sb, bb] = attn::proposal_weights(b[0], b[1], b[2]);
+      sum(sb * gs + bb * gb).backward();
+      for (size_t i = same ? 1 : 0; i < a.size(); ++i)
+        EXPECT_TRUE(all_close(a[i].grad(), b[i].grad(), 1e-11, 1e-12)) << i;
+    }
+}
+
+// Both outputs, and each alone (then the other's gradient is absent at the node).
+TEST(GradCheck, LaraProposalsFused) {
+  manual_seed(73);
+  for (int which : {0, 1, 2}) {
+    SCOPED_TRACE(which == 0 ? "both" : which == 1 ? "self_w only" : "bias only");
+    const Fn f = [which](const std::vector<Tensor>& x) {
+      auto [self_w, bias] = lara_proposals(x[0], x[1], x[2]);
+      return which == 1 ? self_w : which == 2 ? bias : cat({self_w, bias}, 2);
+    };
+    EXPECT_GRADCHECK(f, proposal_inputs(2, 2, 4, 3));
+  }
+  // w and mu one tensor
+  EXPECT_GRADCHECK(
+      [](const std::vector<Tensor>& x) {
+        auto [self_w, bias] = lara_proposals(x[0], x[0], x[1]);
+        return cat({self_w, bias}, 2);
+      },
+      {randn64({1, 2, 5, 3}), randn64({1, 2, 5})});
+}
+
+TEST(LaraProposals, BadInputsThrow) {
+  const std::vector<Tensor> in = proposal_inputs(1, 2, 3, 4);
+  EXPECT_LINEA_ERROR(
+      lara_proposals(in[0], randn64({1, 2, 3, 5}), in[2]),
+      "lara_proposals: expected w and mu [B, H, C, D], lse_k [B, H, C] (all dims > 0), got w [1, 2, 3, 4], "
+      "mu [1, 2, 3, 5]");
+  EXPECT_LINEA_ERROR(lara_proposals(in[0], in[1], randn64({1, 2, 4})), "lse_k [1, 2, 4]");
+  EXPECT_LINEA_ERROR(lara_proposals(in[0], in[1].to(DType::Float32), in[2]), "lara_proposals");
+  EXPECT_LINEA_ERROR(lara_proposals(randn64({1, 2, 0, 4}), randn64({1, 2, 0, 4}), randn64({1, 2, 0})), "all dims > 0");
+}
+
 TEST(LinearRandomizedAttention, Errors) {
   Tensor q = randn({1, 2, 6, 4}), k = randn({1, 2, 6, 4}), v = randn({1, 2, 6, 2});
   auto lara = attn::make_attention("lara:samples=3", 2, 4);

@@ -1734,6 +1734,44 @@ TEST(CudaParity, LaraMixtureKernel) {
   }
 }
 
+// LARA's proposal-weight kernels against the CPU's: C past a warp's 32 lanes (the forward's lanes
+// along c', two rounds) and D past them (the backward's lanes along d), C = 1, sizes off 32,
+// NaN-poisoned outputs; the backward from the CPU's p.
+TEST(CudaParity, LaraProposalsKernel) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(16);
+  struct Case {
+    int64_t B, H, C, D;
+  };
+  const std::vector<Case> cases = {{2, 3, 17, 23}, {1, 1, 1, 1}, {1, 2, 70, 5}, {2, 1, 9, 45}};
+  for (DType dt : kFloatTypes)
+    for (const Case& c : cases) {
+      SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " C " + std::to_string(c.C) + " D " +
+                           std::to_string(c.D),
+                       dt));
+      const Shape cd{c.B, c.H, c.C, c.D}, rows{c.B, c.H, c.C}, cc{c.B, c.H, c.C, c.C};
+      const Tensor w = rnd(cd, dt, 0.5), mu = rnd(cd, dt, 0.5), lse_k = rnd(rows, dt), gs = rnd(rows, dt),
+                   gb = rnd(rows, dt);
+      const TensorOptions cpu_opts(dt);
+      Tensor p = empty(cc, cpu_opts), self_w = empty(rows, cpu_opts), bias = empty(rows, cpu_opts);
+      cpu::lara_proposals_forward(w, mu, lse_k, p, self_w, bias);
+      const Tensor wd = w.to(kCuda), mud = mu.to(kCuda);
+      Tensor p_d = poisoned(cc, dt), self_d = poisoned(rows, dt), bias_d = poisoned(rows, dt);
+      LINEA_BACKEND(kCuda, lara_proposals_forward, wd, mud, lse_k.to(kCuda), p_d, self_d, bias_d);
+      const double sums = 4;  // dots of up to 45 terms, exp and log of sums of up to 70
+      EXPECT_TRUE(matches(p_d, p, sums, "p"));
+      EXPECT_TRUE(matches(self_d, self_w, sums, "self_w"));
+      EXPECT_TRUE(matches(bias_d, bias, sums, "bias"));
+
+      Tensor dw = empty(cd, cpu_opts), dmu = empty(cd, cpu_opts);
+      cpu::lara_proposals_backward(w, mu, p, gs, gb, dw, dmu);
+      Tensor dw_d = poisoned(cd, dt), dmu_d = poisoned(cd, dt);
+      LINEA_BACKEND(kCuda, lara_proposals_backward, wd, mud, p.to(kCuda), gs.to(kCuda), gb.to(kCuda), dw_d, dmu_d);
+      EXPECT_TRUE(matches(dw_d, dw, sums, "dw"));
+      EXPECT_TRUE(matches(dmu_d, dmu, sums, "dmu"));
+    }
+}
+
 // The CUDA Toeplitz attention kernels on CPU copies' inputs against the CPU kernels, outputs
 // poisoned, in each chunk size LINEA_TOEPLITZ_CHUNK_BYTES is set to (0: the default); a second
 // run gives the same bits.

@@ -1,8 +1,8 @@
 // Linear randomized attention (see lara.h): segment landmarks by matmul with a constant
 // membership matrix, then the proposal, importance weights and mixture of the paper, composed
 // from differentiable ops batched over [B, H]: the [B, H, N, C] mixture weights by one fused op,
-// f_c and its log-sum-exp by the fused softmax attention of the landmarks over the keys; all
-// [.., C, ..] tensors, nothing of size N x M.
+// the proposals' [B, H, C, C] weights by another, f_c and its log-sum-exp by the fused softmax
+// attention of the landmarks over the keys; all [.., C, ..] tensors, nothing of size N x M.
 #include "attention/lara/lara.h"
 
 #include <cmath>
@@ -115,12 +115,6 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
     w = add(mu, mul(eps, noise_));
   }
 
-  // l_cc' = log xi(mu_c', w_c) [B, H, C, C]; its diagonal l_cc [B, H, C] computed directly.
-  Tensor l = log_xi(w, mu);
-  Tensor l_diag = sub(sum(mul(w, mu), {-1}), sq_norm(mu, 0.5));
-  // exp(l_cc - logsumexp_c' l_cc') [B, H, C]: the balance heuristic's proposal weight.
-  Tensor self_w = exp(sub(l_diag, logsumexp(l, {-1})));
-
   // f_c = sum_m softmax_m(log xi(k~_m, w_c)) v_m and lse_k = logsumexp_m log xi(k~_m, w_c) [B, H, C],
   // padded keys left out: softmax attention of the landmarks w over k~ with the key bias -|k~|^2/2.
   // A batch whose keys are all padded: f 0, and lse -inf raised to what masked_logsumexp gives
@@ -136,9 +130,18 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
     parts.probs = masked_softmax(lk, pad, -1);
     lse_k = masked_logsumexp(lk, pad, -1, /*keepdim=*/false);
   }
-  // The [B, H, N, C] part, fused (mixture_weights composes the same from ops).
-  parts.mix = lara_mixture(q, qbar, w, self_w, sub(lse_k, l_diag), beta_, kAlphaFloor, s);
+  // The balance heuristic's proposal weights self_w_c and the mixture's bias_c = lse_k_c - l_cc
+  // (l_cc' = log xi(mu_c', w_c)), fused (proposal_weights composes them); then the [B, H, N, C]
+  // part, fused (mixture_weights composes it).
+  auto [self_w, bias] = lara_proposals(w, mu, lse_k);
+  parts.mix = lara_mixture(q, qbar, w, self_w, bias, beta_, kAlphaFloor, s);
   return parts;
+}
+
+std::pair<Tensor, Tensor> proposal_weights(const Tensor& w, const Tensor& mu, const Tensor& lse_k) {
+  Tensor l = log_xi(w, mu);                                      // [B, H, C, C]
+  Tensor l_diag = sub(sum(mul(w, mu), {-1}), sq_norm(mu, 0.5));  // its diagonal [B, H, C]
+  return {exp(sub(l_diag, logsumexp(l, {-1}))), sub(lse_k, l_diag)};
 }
 
 Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, const Tensor& self_w, const Tensor& bias,

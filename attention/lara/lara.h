@@ -102,6 +102,10 @@ class LinearRandomizedAttention : public AttentionMechanism {
 // for q~ [B, H, N, D], qbar and w [B, H, C, D], self_w and bias [B, H, C].
 Tensor mixture_weights(const Tensor& qs, const Tensor& qbar, const Tensor& w, const Tensor& self_w,
                        const Tensor& bias, double beta);
+// The proposal weights {self_w, bias} [B, H, C] composed from ops: the reference of the fused
+// linea::lara_proposals. l_cc' = log xi(mu_c', w_c), self_w_c = exp(l_cc - logsumexp_c' l_cc'),
+// bias_c = lse_k_c - l_cc.
+std::pair<Tensor, Tensor> proposal_weights(const Tensor& w, const Tensor& mu, const Tensor& lse_k);
 
 // Spec "lara[:samples=C][,proposal=qk|mixed][,adaptive=0|1][,noise=x][,beta=x]" (C > 0, default
 // 16; proposal default qk; adaptive default 0; noise >= 0, default 1; beta default 1).

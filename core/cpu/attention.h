@@ -23,7 +23,7 @@ namespace linea::cpu {
 
 // sdpa_forward / sdpa_backward: declared with every backend kernel (core/kernels.h).
 
-// positive_features_*, linear_attention_*, toeplitz_attention_*, lara_mixture_*: declared with
+// positive_features_*, linear_attention_*, toeplitz_attention_*, lara_mixture_*, lara_proposals_*: declared with
 // every backend kernel (core/kernels.h). The CPU toeplitz kernel (toeplitz_attention.cpp) works
 // one feature and two value channels at a time: phi_k_ms (v_ma + i v_mb) is transformed (a
 // complex FFT: c is real, so both channels share it), multiplied by the spectrum of c's circulant

@@ -1,6 +1,7 @@
-// LARA's mixture weights, fused (see attention.h). One work item per (b, h): the softmax over
-// queries needs every row of the head before any row's weights, and the [N, C] blocks stay in
-// this thread's cache between the passes. q~ = s q is never formed: s rides in the GEMMs' alpha.
+// LARA's mixture weights, fused (see attention.h), and at the end the proposals' weights it
+// takes. One work item per (b, h): the softmax over queries needs every row of the head before
+// any row's weights, and the [N, C] blocks stay in this thread's cache between the passes.
+// q~ = s q is never formed: s rides in the GEMMs' alpha.
 // log xi(q~_n, w_c) = q~ w^T - |q~_n|^2/2 and the -|q~_n|^2/2 is the same for every c of row n,
 // so the softmax over c drops it (and with it dq~'s term -rowsum(dlu) q~: rowsum(dlu) is 0).
 // Forward, per (b, h):
@@ -168,6 +169,88 @@ void lara_mixture_backward(const Tensor& q, const Tensor& qbar, const Tensor& w,
                             mix.data<scalar_t>(), t.data<scalar_t>(), a.data<scalar_t>(), dmix.data<scalar_t>(),
                             dq.data<scalar_t>(), dqbar.data<scalar_t>(), dw.data<scalar_t>(), dself_w.data<scalar_t>(),
                             dbias.data<scalar_t>());
+  });
+}
+
+// ---- the proposal weights ----------------------------------------------------------------
+// Per (b, h), [C, C] blocks: l = w mu^T - |mu_c'|^2/2 by a GEMM, p = softmax_c'(l) row by row,
+// self_w_c = p_cc, bias_c = lse_k_c - l_cc. Backward (gs = dself_w, gb = dbias), a_c = gs_c p_cc:
+//   dl_cc' = -a_c p_cc' + [c = c'] (a_c - gb_c),  dw = dl mu,  dmu = dl^T w - colsum(dl) mu.
+
+namespace {
+
+template <typename T>
+void proposals_forward_impl(int64_t BH, int64_t C, int64_t D, const T* w, const T* mu, const T* lse_k, T* p_out,
+                            T* self_w, T* bias) {
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    const T* mb = mu + bh * C * D;
+    T* p = p_out + bh * C * C;
+    gemm(false, true, C, C, D, T(1), w + bh * C * D, D, mb, D, T(0), p, C);  // w mu^T
+    std::vector<T> half_sq(static_cast<size_t>(C));
+    for (int64_t j = 0; j < C; ++j) {
+      T sq = 0;
+      for (int64_t e = 0; e < D; ++e) sq += mb[j * D + e] * mb[j * D + e];
+      half_sq[j] = sq / 2;
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      T* pc = p + c * C;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < C; ++j) mx = std::max(mx, pc[j] -= half_sq[j]);
+      const T l_diag = pc[c];
+      T sum = 0;
+      for (int64_t j = 0; j < C; ++j) sum += (pc[j] = std::exp(pc[j] - mx));
+      for (int64_t j = 0; j < C; ++j) pc[j] /= sum;
+      const T lse = mx + std::log(sum);
+      self_w[bh * C + c] = std::exp(l_diag - lse);
+      bias[bh * C + c] = lse_k[bh * C + c] - l_diag;
+    }
+  }
+}
+
+template <typename T>
+void proposals_backward_impl(int64_t BH, int64_t C, int64_t D, const T* w, const T* mu, const T* p_in, const T* gs,
+                             const T* gb, T* dw, T* dmu) {
+  const int nt = omp_get_max_threads();
+  Workspace<T> ws(nt * Workspace<T>::rounded(C * C));
+  std::vector<T*> dl_of(static_cast<size_t>(nt));
+  for (T*& x : dl_of) x = ws.take(C * C);
+#pragma omp parallel for schedule(dynamic) num_threads(nt)
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    T* dl = dl_of[static_cast<size_t>(omp_get_thread_num())];
+    const T *p = p_in + bh * C * C, *wb = w + bh * C * D, *mb = mu + bh * C * D;
+    std::vector<T> colsum(static_cast<size_t>(C), T(0));
+    for (int64_t c = 0; c < C; ++c) {
+      const T a = gs[bh * C + c] * p[c * C + c];
+      for (int64_t j = 0; j < C; ++j) colsum[j] += (dl[c * C + j] = -a * p[c * C + j]);
+      dl[c * C + c] += a - gb[bh * C + c];
+      colsum[c] += a - gb[bh * C + c];
+    }
+    T* dmb = dmu + bh * C * D;
+    gemm(false, false, C, D, C, T(1), dl, C, mb, D, T(0), dw + bh * C * D, D);  // dl mu
+    gemm(true, false, C, D, C, T(1), dl, C, wb, D, T(0), dmb, D);               // dl^T w
+    for (int64_t j = 0; j < C; ++j)
+      for (int64_t e = 0; e < D; ++e) dmb[j * D + e] -= colsum[j] * mb[j * D + e];
+  }
+}
+
+}  // namespace
+
+void lara_proposals_forward(const Tensor& w, const Tensor& mu, const Tensor& lse_k, const Tensor& p,
+                            const Tensor& self_w, const Tensor& bias) {
+  LINEA_DISPATCH_FLOAT(w.dtype(), "lara_proposals", [&] {
+    proposals_forward_impl<scalar_t>(w.size(0) * w.size(1), w.size(2), w.size(3), w.data<scalar_t>(),
+                                     mu.data<scalar_t>(), lse_k.data<scalar_t>(), p.data<scalar_t>(),
+                                     self_w.data<scalar_t>(), bias.data<scalar_t>());
+  });
+}
+
+void lara_proposals_backward(const Tensor& w, const Tensor& mu, const Tensor& p, const Tensor& dself_w,
+                             const Tensor& dbias, const Tensor& dw, const Tensor& dmu) {
+  LINEA_DISPATCH_FLOAT(w.dtype(), "lara_proposals_backward", [&] {
+    proposals_backward_impl<scalar_t>(w.size(0) * w.size(1), w.size(2), w.size(3), w.data<scalar_t>(),
+                                      mu.data<scalar_t>(), p.data<scalar_t>(), dself_w.data<scalar_t>(),
+                                      dbias.data<scalar_t>(), dw.data<scalar_t>(), dmu.data<scalar_t>());
   });
 }
 
