@@ -281,6 +281,15 @@ Tensor normalize(const Tensor& x, double eps) {
   });
 }
 
+Tensor sums_ratio(const Tensor& y, const Tensor& visible, double tiny) {
+  Tensor out = raw::sums_ratio(y, visible, tiny);
+  if (!needs_grad({&y})) return out;
+  const Tensor vis = visible.defined() ? visible.detach() : Tensor();
+  return attach(out, "sums_ratio", {y}, [yd = y.detach(), vis, tiny](const Tensor& g) -> std::vector<Tensor> {
+    return {raw::sums_ratio_backward(g, yd, vis, tiny)};
+  });
+}
+
 Tensor sq_norm(const Tensor& x, double scale) {
   Tensor y = raw::sq_norm(x, scale);
   if (!needs_grad({&x})) return y;

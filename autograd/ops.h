@@ -186,6 +186,11 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const
                                          double eps = 1e-5, double dropout = 0.0);
 // x / max(|x|, eps) over the last dim (F.normalize(x, p=2, dim=-1, eps)): a zero row stays zero.
 Tensor normalize(const Tensor& x, double eps = 1e-12);
+// The ratio of [num, den] sums: y [B, H, N, E + 1] -> num / max(den, tiny) [B, H, N, E] (den the
+// last column), exactly 0 in the rows whose visible (Bool [B, 1, N or 1, 1]; undefined: all rows)
+// is false, one kernel each way (nprf_rpe's Toeplitz sums). Differentiable in y: none through den
+// where den < tiny, none in hidden rows.
+Tensor sums_ratio(const Tensor& y, const Tensor& visible, double tiny);
 // scale |x|^2 over the last dim, which it drops: x [..., D] -> [...] (one kernel each way instead
 // of square, sum and a scale).
 Tensor sq_norm(const Tensor& x, double scale = 1.0);

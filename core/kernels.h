@@ -217,6 +217,15 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   /* its backward from x: dx = (g - y (y . g)) / |x| with y = x / |x|, or g / eps where |x| < eps */                 \
   void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const Tensor& dx, int64_t rows,           \
                           int64_t cols);                                                                             \
+  /* rows of y [rows, cols + 1] holding [num, den] sums to their ratio out [rows, cols] = num / max(den, tiny),      \
+     0 in a row whose visible flag is false: visible Bool [groups, per] (per 1 or rows of a group) or undefined      \
+     (every row visible); row r reads visible[(r / group_rows) per + r % per] */                                     \
+  void sums_ratio(const Tensor& y, const Tensor& visible, int64_t group_rows, double tiny, const Tensor& out,        \
+                  int64_t rows, int64_t cols);                                                                       \
+  /* dy [rows, cols + 1] = [g / d, -(g . num) / d^2] with d = max(den, tiny) (0 at den where den < tiny), 0 in       \
+     hidden rows */                                                                                                  \
+  void sums_ratio_backward(const Tensor& grad, const Tensor& y, const Tensor& visible, int64_t group_rows,           \
+                           double tiny, const Tensor& dy, int64_t rows, int64_t cols);                               \
   /* scale |x_r|^2 of each row of x [rows, cols] into out [rows] (cols 0: out 0), and its backward:                  \
      dx = 2 scale g_r x_r */                                                                                         \
   void sq_norm(const Tensor& x, double scale, const Tensor& out, int64_t rows, int64_t cols);                        \

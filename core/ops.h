@@ -101,6 +101,10 @@ std::vector<Tensor> add_layer_norm_backward(const Tensor& grad, const Tensor& gr
 // x / max(|x|, eps) over the last dim (F.normalize, p = 2), and its gradient from x.
 Tensor normalize(const Tensor& x, double eps);
 Tensor normalize_backward(const Tensor& grad, const Tensor& x, double eps);
+// y [B, H, N, E + 1] holding [num, den] -> num / max(den, tiny) [B, H, N, E], 0 in the rows whose
+// visible (Bool [B, 1, N or 1, 1]; undefined: all) is false; and its gradient with respect to y.
+Tensor sums_ratio(const Tensor& y, const Tensor& visible, double tiny);
+Tensor sums_ratio_backward(const Tensor& grad, const Tensor& y, const Tensor& visible, double tiny);
 // scale |x|^2 over the last dim, which it drops: x [..., D] -> [...]; and its gradient from x.
 Tensor sq_norm(const Tensor& x, double scale);
 Tensor sq_norm_backward(const Tensor& grad, const Tensor& x, double scale);

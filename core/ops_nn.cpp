@@ -1,4 +1,4 @@
-// linea::raw matmul and the fused nn ops (softmax, layer_norm, normalize, sq_norm, per-row
+// linea::raw matmul and the fused nn ops (softmax, layer_norm, normalize, sums_ratio, sq_norm, per-row
 // cross-entropy): argument checks that name the op and the offending shapes/dtypes/values,
 // output allocation, the [outer, r, inner] / [rows, cols] views the kernels work on, and
 // dispatch to the CPU or CUDA kernels (core/kernels.h).
@@ -426,6 +426,49 @@ Tensor normalize_backward(const Tensor& grad, const Tensor& x, double eps) {
   if (dx.numel() > 0)
     LINEA_BACKEND(x.device(), normalize_backward, contiguous(grad), contiguous(x), eps, dx, rows, cols);
   return dx;
+}
+
+// ---- sums_ratio -----------------------------------------------------------------------------
+namespace {
+// Checks y [B, H, N, E + 1] (E >= 1) and visible (undefined, or Bool [B, 1, N or 1, 1]); returns
+// visible as [B, N or 1], contiguous.
+Tensor sums_ratio_visible(const char* op, const Tensor& y, const Tensor& visible) {
+  check_defined(op, y, "y");
+  check_floating(op, y, "y");
+  LINEA_CHECK(y.dim() == 4 && y.size(3) >= 2, op, ": expected y [B, H, N, E + 1] holding [num, den] (E >= 1), got ",
+              shape_str(y.shape()));
+  if (!visible.defined()) return Tensor();
+  const int64_t B = y.size(0), N = y.size(2);
+  LINEA_CHECK(visible.dtype() == DType::Bool && visible.dim() == 4 && visible.size(0) == B && visible.size(1) == 1 &&
+                  (visible.size(2) == N || visible.size(2) == 1) && visible.size(3) == 1,
+              op, ": visible must be Bool [B, 1, N or 1, 1] = [", B, ", 1, ", N, " or 1, 1] for y ",
+              shape_str(y.shape()), ", got ", dtype_name(visible.dtype()), " ", shape_str(visible.shape()));
+  check_same_device(op, y, visible);
+  return contiguous(reshape(visible, {B, visible.size(2)}));
+}
+}  // namespace
+
+Tensor sums_ratio(const Tensor& y, const Tensor& visible, double tiny) {
+  const Tensor vis = sums_ratio_visible("sums_ratio", y, visible);
+  const int64_t E = y.size(3) - 1, rows = y.numel() / (E + 1);
+  Tensor out = empty({y.size(0), y.size(1), y.size(2), E}, y.options());
+  LINEA_BACKEND(y.device(), sums_ratio, contiguous(y), vis, y.size(1) * y.size(2), tiny, out, rows, E);
+  return out;
+}
+
+Tensor sums_ratio_backward(const Tensor& grad, const Tensor& y, const Tensor& visible, double tiny) {
+  const char* op = "sums_ratio_backward";
+  const Tensor vis = sums_ratio_visible(op, y, visible);
+  check_defined(op, grad, "grad");
+  check_same_device(op, grad, y);
+  check_same_dtype(op, grad, y);
+  const int64_t E = y.size(3) - 1, rows = y.numel() / (E + 1);
+  LINEA_CHECK(grad.shape() == Shape({y.size(0), y.size(1), y.size(2), E}), op, ": grad ", shape_str(grad.shape()),
+              " is not y ", shape_str(y.shape()), " less its last column");
+  Tensor dy = empty(y.shape(), y.options());
+  LINEA_BACKEND(y.device(), sums_ratio_backward, contiguous(grad), contiguous(y), vis, y.size(1) * y.size(2), tiny, dy,
+                rows, E);
+  return dy;
 }
 
 // ---- sq_norm --------------------------------------------------------------------------------

@@ -205,8 +205,9 @@ TEST(AttentionCudaDecoding, StepsEqualTheCpusWithinALaunchBudget) {
 // tiles; 2026-11-29 ra, its draw by sample_attention_keys; 2026-11-30 nprf_rpe, q and k normalized
 // by one op each, then lara and ra, their squared norms by one op each way, and lara, its
 // landmarks' attention and log-sum-exp one autograd node, then lara, k read without its scaled
-// copy, then q; 2026-12-01 lara, its proposals' weights by one op, lara_proposals): a change that
-// adds launches fails here, one that removes some should lower its budget. redraw=0 keeps the feature draws (a host
+// copy, then q; 2026-12-01 lara, its proposals' weights by one op, lara_proposals, and nprf_rpe,
+// its [num, den] ratio by one op, sums_ratio): a change that adds launches fails here, one that
+// removes some should lower its budget. redraw=0 keeps the feature draws (a host
 // draw and copy each) out.
 TEST(AttentionCudaLaunches, ForwardBackward) {
   LINEA_REQUIRE_CUDA();
@@ -224,8 +225,8 @@ TEST(AttentionCudaLaunches, ForwardBackward) {
       {"performer:features=6,redraw=0,chunk=3", true, 49},
       {"lara:samples=3", false, 38},
       {"ra:samples=3", false, 27},
-      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=0", false, 65},
-      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=1", true, 51},
+      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=0", false, 57},
+      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=1", true, 43},
   };
   const int64_t B = 1, H = 2, N = 7, D = 4;
   for (const Budget& b : budgets) {

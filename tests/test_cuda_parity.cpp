@@ -2099,6 +2099,44 @@ TEST(CudaParity, SqNorm) {
                   {rnd({7, 5}, dt)});
 }
 
+// sums_ratio, kernel against kernel into poisoned outputs: a thread an element forward, a warp per
+// row backward (rows past a block's 8 warps, rows longer than 32 lanes and not a multiple of
+// them, one column), dens the guard clamps, a flag per batch and per query hiding rows.
+TEST(CudaParity, SumsRatio) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(9);
+  struct Case {
+    int64_t B, H, N, E;
+  };
+  const std::vector<Case> cases = {{2, 3, 50, 20}, {1, 2, 3, 70}, {3, 1, 4, 1}};
+  const double tiny = 1e-18;
+  for (DType dt : kFloatTypes)
+    for (const Case& c : cases)
+      for (int flags : {0, 1, 2}) {  // none, per batch, per query
+        SCOPED_TRACE(tag(std::to_string(c.N) + " x " + std::to_string(c.E) + " flags " + std::to_string(flags), dt));
+        Tensor y = rnd({c.B, c.H, c.N, c.E + 1}, dt);
+        narrow(y, 3, c.E, 1).copy_(exp(rnd({c.B, c.H, c.N, 1}, dt)));
+        narrow(narrow(y, 2, 0, 1), 3, c.E, 1).fill_(0.0);  // the first query's dens clamped
+        // per batch: every other batch hidden; per query: every third (b + n) hidden
+        const int64_t per = flags == 2 ? c.N : 1;
+        std::vector<int64_t> flag(static_cast<size_t>(c.B * per));
+        for (int64_t i = 0; i < c.B * per; ++i) flag[i] = flags == 1 ? i % 2 == 0 : (i / per + i % per) % 3 != 0;
+        const Tensor vis = flags == 0 ? Tensor() : ints(flag, {c.B, 1, per, 1}).to(DType::Bool);
+        const Tensor g = rnd({c.B, c.H, c.N, c.E}, dt);
+        const Tensor vis2 = vis.defined() ? contiguous(reshape(vis, {c.B, vis.size(2)})) : Tensor();
+        const int64_t rows = c.B * c.H * c.N, group = c.H * c.N;
+        Tensor out = empty(g.shape(), TensorOptions(dt)), dy = empty(y.shape(), TensorOptions(dt));
+        cpu::sums_ratio(y, vis2, group, tiny, out, rows, c.E);
+        cpu::sums_ratio_backward(g, y, vis2, group, tiny, dy, rows, c.E);
+        const Tensor vis_d = vis2.defined() ? vis2.to(kCuda) : Tensor();
+        Tensor out_d = poisoned(out.shape(), dt), dy_d = poisoned(y.shape(), dt);
+        LINEA_BACKEND(kCuda, sums_ratio, y.to(kCuda), vis_d, group, tiny, out_d, rows, c.E);
+        LINEA_BACKEND(kCuda, sums_ratio_backward, g.to(kCuda), y.to(kCuda), vis_d, group, tiny, dy_d, rows, c.E);
+        EXPECT_TRUE(matches(out_d, out, 1.0, "out"));
+        EXPECT_TRUE(matches(dy_d, dy, 1.0, "dy"));
+      }
+}
+
 TEST(CudaParity, CrossEntropy) {
   LINEA_REQUIRE_CUDA();
   manual_seed(9);

@@ -216,6 +216,18 @@ TEST(GradCheck, Normalize) {
   EXPECT_GRADCHECK(clamped, {cat({mul(randn64({2, 3}), 0.2), mul(randn64({2, 3}), 20.0)}, 0)});
 }
 
+// Dens kept away from tiny (the clamp's kink), with a flag per query that hides some rows.
+TEST(GradCheck, SumsRatio) {
+  manual_seed(12);
+  const Tensor vis = tensor<bool>({true, false, true, true, false, true}, {2, 1, 3, 1});
+  for (const Tensor& v : {Tensor(), vis}) {
+    const Fn f = [v](const std::vector<Tensor>& x) {
+      return sums_ratio(cat({x[0], exp(x[1])}, 3), v, 1e-18);  // positive dens
+    };
+    EXPECT_GRADCHECK(f, {randn64({2, 2, 3, 4}), randn64({2, 2, 3, 1})});
+  }
+}
+
 TEST(GradCheck, SqNorm) {
   manual_seed(11);
   const Fn plain = [](const std::vector<Tensor>& x) { return sq_norm(x[0]); };

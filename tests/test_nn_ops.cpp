@@ -452,6 +452,57 @@ TEST(Normalize, MatchesComposedKeepsZeroRowsAndChecksInputs) {
   EXPECT_LINEA_ERROR(normalize(randn({2, 3}), 1e-50), "normalize: eps 1e-50 rounds to 0 in float32");
 }
 
+// ---- sums_ratio --------------------------------------------------------------------------------
+
+// num / max(den, tiny), 0 where not visible, composed from ops (nprf_rpe's guarded_ratio).
+Tensor composed_sums_ratio(const Tensor& y, const Tensor& visible, double tiny) {
+  const int64_t E = y.size(3) - 1;
+  Tensor d = narrow(y, 3, E, 1);
+  if (visible.defined()) d = where(visible, d, scalar_tensor(1.0, d.options()));
+  Tensor r = div(narrow(y, 3, 0, E), clamp(d, tiny, INFINITY));
+  if (visible.defined()) r = where(visible, r, scalar_tensor(0.0, r.options()));
+  return r;
+}
+
+// Values and gradients against the composed formula: rows all visible, a flag per batch and per
+// query, dens below tiny (clamped: no gradient to them) and zero dens in hidden rows.
+TEST(SumsRatio, MatchesComposedAndChecksInputs) {
+  manual_seed(20);
+  const int64_t B = 2, H = 3, N = 5, E = 4;
+  Tensor y = randn({B, H, N, E + 1}, f64());
+  narrow(y, 3, E, 1).copy_(exp(randn({B, H, N, 1}, f64())));  // positive dens
+  const auto at = [](const Tensor& t, int64_t b, int64_t h, int64_t n, int64_t e) {
+    return select(select(select(select(t, 0, b), 0, h), 0, n), 0, e);
+  };
+  at(y, 1, 2, 3, E).fill_(1e-30);  // a den the guard clamps (visible in every case but per batch)
+  at(y, 0, 1, 3, E).fill_(0.0);    // a zero den, in a row hidden per query
+  const double tiny = 1e-18;
+  Tensor per_query = rand({B, 1, N, 1}, f64()) > 0.3;
+  at(per_query, 0, 0, 3, 0).fill_(0.0);
+  at(per_query, 1, 0, 3, 0).fill_(1.0);
+  const Tensor per_batch = tensor<bool>({true, false}, {B, 1, 1, 1});
+  for (const Tensor& vis : {Tensor(), per_query, per_batch}) {
+    SCOPED_TRACE(vis.defined() ? shape_str(vis.shape()) : "all visible");
+    const Tensor out = sums_ratio(y, vis, tiny);
+    EXPECT_TRUE(all_close(out, composed_sums_ratio(y, vis, tiny), 0, 1e-15));
+    EXPECT_TRUE(all_close(sums_ratio(y.to(DType::Float32), vis, tiny),
+                          composed_sums_ratio(y, vis, tiny).to(DType::Float32), 1e-6, 1e-6));
+    Tensor a = y.detach().requires_grad_(true), b = y.detach().requires_grad_(true);
+    const Tensor g = randn(out.shape(), f64());
+    sums_ratio(a, vis, tiny).backward(g);
+    composed_sums_ratio(b, vis, tiny).backward(g);
+    EXPECT_TRUE(all_close(a.grad(), b.grad(), 1e-13, 1e-13));
+  }
+  EXPECT_LINEA_ERROR(sums_ratio(randn({2, 3, 4}), Tensor(), tiny),
+                     "sums_ratio: expected y [B, H, N, E + 1] holding [num, den] (E >= 1), got [2, 3, 4]");
+  EXPECT_LINEA_ERROR(sums_ratio(randn({2, 3, 4, 1}), Tensor(), tiny), "got [2, 3, 4, 1]");
+  EXPECT_LINEA_ERROR(sums_ratio(randn({2, 3, 4, 5}), ones({2, 1, 3, 1}) > 0.0, tiny),
+                     "sums_ratio: visible must be Bool [B, 1, N or 1, 1] = [2, 1, 4 or 1, 1] for y [2, 3, 4, 5], got "
+                     "bool [2, 1, 3, 1]");
+  EXPECT_LINEA_ERROR(sums_ratio(randn({2, 3, 4, 5}), ones({2, 1, 4, 1}), tiny), "got float32 [2, 1, 4, 1]");
+  EXPECT_LINEA_ERROR(sums_ratio(zeros({2, 3, 4, 5}, TensorOptions(DType::Int64)), Tensor(), tiny), "sums_ratio");
+}
+
 // ---- sq_norm -----------------------------------------------------------------------------------
 
 TEST(SqNorm, MatchesComposedAndChecksInputs) {

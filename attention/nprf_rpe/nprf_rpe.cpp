@@ -122,13 +122,13 @@ Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
                           const AttentionOptions& opts, bool dense) {
   check_attention_inputs(kWho, q, k, v, opts);
   check_tables(q, k, omega, rpe, opts.query_offset);
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2);
   Terms t = terms(q, k, omega, rpe, opts);
   // [num, den] in one product: v with a column of ones; the dense path takes the sums directly
   // (fft length 0: term by term in tiles, never the [N, M] matrix), the other by FFT.
   Tensor y = toeplitz_attention(t.c, t.phi_q, t.phi_k, cat({v, ones({B, H, M, 1}, v.options())}, -1),
                                 dense ? 0 : fft_length(N + M - 1));
-  return guarded_ratio(narrow(y, -1, 0, Dv), narrow(y, -1, Dv, 1), t.visible);
+  return sums_ratio(y, t.visible, tiny(y.dtype()));  // guarded_ratio of y's [num, den], one kernel each way
 }
 
 Tensor nprf_rpe_attention_fft_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
