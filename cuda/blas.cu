@@ -36,6 +36,7 @@
 #include "core/matmul_layout.h"
 #include "core/precision.h"
 #include "cuda/common.cuh"
+#include "cuda/cublas_library.h"
 
 namespace linea::cuda {
 
@@ -94,14 +95,15 @@ void gemm_call(const T* a, MatLayout la, int64_t sa, const T* b, MatLayout lb, i
   const cublasComputeType_t compute = Gemm<T>::compute();
   count_work(counter_cells().library_calls);
   if (pa != nullptr) {
-    LINEA_CUBLAS_CHECK(cublasGemmBatchedEx(cublas(), op_b, op_a, m, n, k, &al, reinterpret_cast<const void* const*>(pb),
-                                           type, lda, reinterpret_cast<const void* const*>(pa), type, ldb, &be,
-                                           reinterpret_cast<void* const*>(pc), type, ldc, batch, compute,
-                                           CUBLAS_GEMM_DEFAULT));
+    LINEA_CUBLAS_CHECK(cublas_api().cublasGemmBatchedEx(
+        cublas(), op_b, op_a, m, n, k, &al, reinterpret_cast<const void* const*>(pb), type, lda,
+        reinterpret_cast<const void* const*>(pa), type, ldb, &be, reinterpret_cast<void* const*>(pc), type, ldc, batch,
+        compute, CUBLAS_GEMM_DEFAULT));
     return;
   }
-  LINEA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), op_b, op_a, m, n, k, &al, b, type, lda, sb, a, type, ldb, sa,
-                                                &be, c, type, ldc, sc, batch, compute, CUBLAS_GEMM_DEFAULT));
+  LINEA_CUBLAS_CHECK(cublas_api().cublasGemmStridedBatchedEx(cublas(), op_b, op_a, m, n, k, &al, b, type, lda, sb, a,
+                                                             type, ldb, sa, &be, c, type, ldc, sc, batch, compute,
+                                                             CUBLAS_GEMM_DEFAULT));
 }
 
 // The pointers of product i of a batch of `count`: a, b and c at their batch offsets (the
@@ -189,7 +191,7 @@ LtContext& lt() {
   static LtContext* ctx = [] {
     auto* c = new LtContext();  // leaked, like the other handles
     stream();                   // the device selected (or a clear error) before the handle is made
-    LINEA_CUBLAS_CHECK(cublasLtCreate(&c->handle));
+    LINEA_CUBLAS_CHECK(cublas_api().cublasLtCreate(&c->handle));
     const BlasWorkspace w = blas_workspace();
     c->workspace = w.p;
     c->workspace_bytes = w.bytes;
@@ -204,6 +206,7 @@ LtContext& lt() {
 bool lt_call(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const float* A, int lda,
              const float* B, int ldb, float* D, int ldd, Epilogue epi, float* vector) {
   LtContext& c = lt();
+  const CublasApi& api = cublas_api();
   std::lock_guard<std::mutex> lock(c.mu);
   const cublasComputeType_t compute = Gemm<float>::compute();
   // The heuristic's choice depends on the pointers' alignment too (a view may start anywhere).
@@ -213,38 +216,38 @@ bool lt_call(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k
   auto it = c.plans.find(key);
   if (it == c.plans.end()) {
     LtContext::Plan p;
-    LINEA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
     const int32_t ta = op_a, tb = op_b;
-    LINEA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    LINEA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     const uint32_t e = epi == Epilogue::Bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
-    LINEA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
     // The heuristic looks at the vector's alignment: give it the one this call has.
     LINEA_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
+        api.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
     const bool na = op_a == CUBLAS_OP_N, nb = op_b == CUBLAS_OP_N;
-    LINEA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_32F, na ? m : k, na ? k : m, lda));
-    LINEA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_32F, nb ? k : n, nb ? n : k, ldb));
-    LINEA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_32F, m, n, ldd));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatrixLayoutCreate(&p.la, CUDA_R_32F, na ? m : k, na ? k : m, lda));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_32F, nb ? k : n, nb ? n : k, ldb));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_32F, m, n, ldd));
     // The pointers' alignment (PyTorch's gemm_and_bias does the same): the heuristic may not
     // assume more than the call has.
     cublasLtMatmulPreference_t pref = nullptr;
-    LINEA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    LINEA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &c.workspace_bytes, sizeof(c.workspace_bytes)));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatmulPreferenceCreate(&pref));
+    LINEA_CUBLAS_CHECK(api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                &c.workspace_bytes, sizeof(c.workspace_bytes)));
     const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
     const int bits[4] = {0, 1, 2, 2};
     for (int i = 0; i < 4; ++i) {
       const uint32_t bytes = (alignment >> bits[i]) & 1 ? 16 : 4;
-      LINEA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &bytes, sizeof(bytes)));
+      LINEA_CUBLAS_CHECK(api.cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &bytes, sizeof(bytes)));
     }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(c.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
-    (void)cublasLtMatmulPreferenceDestroy(pref);
+        api.cublasLtMatmulAlgoGetHeuristic(c.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+    (void)api.cublasLtMatmulPreferenceDestroy(pref);
     p.have_algo = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
     if (p.have_algo) p.algo = result.algo;
     it = c.plans.emplace(key, p).first;
@@ -252,11 +255,11 @@ bool lt_call(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k
   const LtContext::Plan& p = it->second;
   if (!p.have_algo) return false;
   LINEA_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
+      api.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
   const float one = 1.0f, zero = 0.0f;
   count_work(counter_cells().library_calls);
-  LINEA_CUBLAS_CHECK(cublasLtMatmul(c.handle, p.desc, &one, A, p.la, B, p.lb, &zero, D, p.lc, D, p.lc, &p.algo,
-                                    c.workspace, c.workspace_bytes, stream()));
+  LINEA_CUBLAS_CHECK(api.cublasLtMatmul(c.handle, p.desc, &one, A, p.la, B, p.lb, &zero, D, p.lc, D, p.lc, &p.algo,
+                                        c.workspace, c.workspace_bytes, stream()));
   return true;
 }
 

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
+#include "cuda/cublas_library.h"
 
 namespace linea::cuda {
 
@@ -105,8 +106,9 @@ void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int l
 }
 
 void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
-  throw Error(linea::detail::concat("cuBLAS error ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ") in ",
-                                    expr, " at ", file, ":", line));
+  const CublasApi& api = cublas_api();
+  throw Error(linea::detail::concat("cuBLAS error ", api.cublasGetStatusName(st), " (", api.cublasGetStatusString(st),
+                                    ") in ", expr, " at ", file, ":", line));
 }
 
 void throw_cufft_error(cufftResult st, const char* expr, const char* file, int line) {
@@ -239,13 +241,14 @@ BlasWorkspace blas_workspace() {
 cublasHandle_t cublas() {
   static cublasHandle_t h = [] {
     cudaStream_t s = stream();
+    const CublasApi& api = cublas_api();
     cublasHandle_t created = nullptr;
-    LINEA_CUBLAS_CHECK(cublasCreate(&created));
-    LINEA_CUBLAS_CHECK(cublasSetStream(created, s));
+    LINEA_CUBLAS_CHECK(api.cublasCreate(&created));
+    LINEA_CUBLAS_CHECK(api.cublasSetStream(created, s));
     // Default math mode: full-precision float32 (no TF32), so results match the CPU path.
-    LINEA_CUBLAS_CHECK(cublasSetMathMode(created, CUBLAS_DEFAULT_MATH));
+    LINEA_CUBLAS_CHECK(api.cublasSetMathMode(created, CUBLAS_DEFAULT_MATH));
     const BlasWorkspace w = blas_workspace();
-    LINEA_CUBLAS_CHECK(cublasSetWorkspace(created, w.p, w.bytes));
+    LINEA_CUBLAS_CHECK(api.cublasSetWorkspace(created, w.p, w.bytes));
     return created;
   }();
   return h;

@@ -13,8 +13,11 @@
 #include "tests/test_util.h"
 
 #ifdef LINEA_WITH_CUDA
+#include <fstream>
+
 #include "core/cuda_interface.h"
 #include "cuda/check.h"
+#include "cuda/cublas_library.h"
 #endif
 
 namespace linea {
@@ -78,6 +81,29 @@ TEST(CudaBasics, CheckMacrosReportCallErrorAndPlace) {
   EXPECT_NO_THROW(LINEA_CUDA_CHECK(cudaSuccess));
   EXPECT_NO_THROW(LINEA_CUBLAS_CHECK(CUBLAS_STATUS_SUCCESS));
 }
+
+#if defined(LINEA_WITH_CUDA) && !defined(LINEA_CUDA_EMULATOR)
+// Whether a shared library whose path holds `name` is mapped into this process.
+bool library_mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(name) != std::string::npos) return true;
+  return false;
+}
+// Read during static initialization: after the linked libraries loaded, before any test ran.
+const bool kCublasLtMappedAtStart = library_mapped("libcublasLt.so");
+
+// cuBLAS is opened on first use (cuda/cublas_library.h), not at start: loading libcublasLt costs
+// every process about half a second. Once opened, every function Linea calls is there.
+TEST(CudaBasics, CublasOpensOnFirstUse) {
+  EXPECT_FALSE(kCublasLtMappedAtStart) << "libcublasLt was loaded before main: is it linked again?";
+  const cuda::detail::CublasApi& api = cuda::detail::cublas_api();  // throws linea::Error when missing
+  EXPECT_TRUE(library_mapped("libcublasLt.so"));
+  EXPECT_STREQ(api.cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+  EXPECT_NE(api.cublasLtMatmul, nullptr);
+  EXPECT_NE(api.cublasGemmStridedBatchedEx, nullptr);
+}
+#endif
 
 TEST(CudaBasics, GeneratorStateWithoutDevice) {
   // {seed, offset}; seeding only records the state (no device call until a draw).
