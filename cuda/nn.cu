@@ -12,6 +12,7 @@
 // (raw ops in core/ops_nn.cpp), autograd.
 #include "core/kernels.h"
 #include "core/random_math.h"
+#include "core/sums_ratio_math.h"
 #include "cuda/common.cuh"
 
 namespace linea::cuda {
@@ -420,35 +421,33 @@ __global__ void normalize_backward_kernel(const T* g, const T* x, T eps, int64_t
 
 // ---- sums_ratio ----------------------------------------------------------------------------------
 // y [rows, cols + 1] holding [num, den] -> out [rows, cols] = num / max(den, tiny), a hidden row 0
-// (vis Bool [groups, per], row r's flag at (r / group_rows) per + r % per; null: all visible).
-// A thread an element: each reads its row's den and flag (cached, one line a row).
+// (core/sums_ratio_math.h). A thread an element: each reads its row's den and flag (cached, one
+// line a row).
 template <typename T>
-__global__ void sums_ratio_kernel(const T* y, const uint8_t* vis, int64_t per, int64_t group_rows, T tiny, int64_t rows,
-                                  int64_t cols, T* out) {
+__global__ void sums_ratio_kernel(const T* y, RowFlags flags, T tiny, int64_t rows, int64_t cols, T* out) {
   const int64_t n = rows * cols;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / cols, c = e - r * cols;
     const T* yr = y + r * (cols + 1);
-    const T d = yr[cols] < tiny ? tiny : yr[cols];  // a NaN stays
-    out[e] = !vis || vis[(r / group_rows) * per + r % per] ? yr[c] / d : T(0);
+    out[e] = flags.shown(r) ? yr[c] / guarded_den(yr[cols], tiny) : T(0);
   }
 }
 
 // dy = [g / d, -(g . num) / d^2] (0 at den where den < tiny), a hidden row 0; a warp per row (the
 // butterfly's sum).
 template <typename T>
-__global__ void sums_ratio_backward_kernel(const T* g, const T* y, const uint8_t* vis, int64_t per, int64_t group_rows,
-                                           T tiny, int64_t rows, int64_t cols, T* dy) {
+__global__ void sums_ratio_backward_kernel(const T* g, const T* y, RowFlags flags, T tiny, int64_t rows, int64_t cols,
+                                           T* dy) {
   const WarpRows w;
   for (int64_t r = w.first; r < rows; r += w.step) {
     const T *gr = g + r * cols, *yr = y + r * (cols + 1);
     T* dr = dy + r * (cols + 1);
-    if (vis && !vis[(r / group_rows) * per + r % per]) {
+    if (!flags.shown(r)) {
       for (int64_t c = w.lane; c <= cols; c += WarpRows::kLanes) dr[c] = 0;
       continue;
     }
-    const T den = yr[cols], d = den < tiny ? tiny : den;
+    const T den = yr[cols], d = guarded_den(den, tiny);
     T gy = 0;
     for (int64_t c = w.lane; c < cols; c += WarpRows::kLanes) {
       dr[c] = gr[c] / d;
@@ -668,12 +667,10 @@ void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const T
 void sums_ratio(const Tensor& y, const Tensor& visible, int64_t group_rows, double tiny, const Tensor& out,
                 int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
-  const uint8_t* vis = visible.defined() ? cptr<uint8_t>(visible) : nullptr;
-  const int64_t per = visible.defined() ? visible.size(1) : 1;
   LINEA_DISPATCH_FLOAT(y.dtype(), "sums_ratio", [&] {
     using T = scalar_t;
     sums_ratio_kernel<T><<<grid_for(rows * cols), kBlockSize, 0, stream()>>>(
-        cptr<T>(y), vis, per, group_rows, static_cast<T>(tiny), rows, cols, ptr<T>(out));
+        cptr<T>(y), RowFlags(visible, group_rows), static_cast<T>(tiny), rows, cols, ptr<T>(out));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -682,12 +679,10 @@ void sums_ratio(const Tensor& y, const Tensor& visible, int64_t group_rows, doub
 void sums_ratio_backward(const Tensor& grad, const Tensor& y, const Tensor& visible, int64_t group_rows, double tiny,
                          const Tensor& dy, int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  const uint8_t* vis = visible.defined() ? cptr<uint8_t>(visible) : nullptr;
-  const int64_t per = visible.defined() ? visible.size(1) : 1;
   LINEA_DISPATCH_FLOAT(y.dtype(), "sums_ratio_backward", [&] {
     using T = scalar_t;
     sums_ratio_backward_kernel<T><<<grid_for_warp_rows(rows), kBlockSize, 0, stream()>>>(
-        cptr<T>(grad), cptr<T>(y), vis, per, group_rows, static_cast<T>(tiny), rows, cols, ptr<T>(dy));
+        cptr<T>(grad), cptr<T>(y), RowFlags(visible, group_rows), static_cast<T>(tiny), rows, cols, ptr<T>(dy));
     LINEA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -19,6 +19,7 @@
 
 #include "core/cpu/vec_math.h"
 #include "core/kernels.h"
+#include "core/sums_ratio_math.h"
 
 namespace linea::cpu {
 
@@ -309,33 +310,30 @@ template <typename T> void normalize_backward_impl(const T* pg, const T* px, T e
 }
 
 // y [rows, cols + 1] holding [num, den] -> out [rows, cols] = num / max(den, tiny), a hidden row 0
-// (vis: Bool [groups, per], row r's flag at (r / group_rows) per + r % per; null: all visible).
-template <typename T>
-void sums_ratio_impl(const T* py, const uint8_t* vis, int64_t per, int64_t group_rows, T tiny, T* po, int64_t rows,
-                     int64_t cols) {
+// (core/sums_ratio_math.h).
+template <typename T> void sums_ratio_impl(const T* py, RowFlags flags, T tiny, T* po, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelWork)
   for (int64_t i = 0; i < rows; ++i) {
     const T* yr = py + i * (cols + 1);
     T* o = po + i * cols;
-    const bool shown = !vis || vis[(i / group_rows) * per + i % per];
-    const T d = std::max(yr[cols], tiny);  // a NaN stays
+    const bool shown = flags.shown(i);
+    const T d = guarded_den(yr[cols], tiny);
     for (int64_t c = 0; c < cols; ++c) o[c] = shown ? yr[c] / d : T(0);
   }
 }
 
 // dy = [g / d, -(g . num) / d^2], the den's part 0 where den < tiny (clamped), a hidden row 0.
 template <typename T>
-void sums_ratio_backward_impl(const T* pg, const T* py, const uint8_t* vis, int64_t per, int64_t group_rows, T tiny,
-                              T* pd, int64_t rows, int64_t cols) {
+void sums_ratio_backward_impl(const T* pg, const T* py, RowFlags flags, T tiny, T* pd, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelWork)
   for (int64_t i = 0; i < rows; ++i) {
     const T *gr = pg + i * cols, *yr = py + i * (cols + 1);
     T* dr = pd + i * (cols + 1);
-    if (vis && !vis[(i / group_rows) * per + i % per]) {
+    if (!flags.shown(i)) {
       std::fill(dr, dr + cols + 1, T(0));
       continue;
     }
-    const T den = yr[cols], d = std::max(den, tiny);
+    const T den = yr[cols], d = guarded_den(den, tiny);
     T gy = 0;
     for (int64_t c = 0; c < cols; ++c) {
       dr[c] = gr[c] / d;
@@ -514,10 +512,8 @@ void normalize_backward(const Tensor& grad, const Tensor& x, double eps, const T
 void sums_ratio(const Tensor& y, const Tensor& visible, int64_t group_rows, double tiny, const Tensor& out,
                 int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  const uint8_t* vis = visible.defined() ? static_cast<const uint8_t*>(visible.data_ptr()) : nullptr;
-  const int64_t per = visible.defined() ? visible.size(1) : 1;
   LINEA_DISPATCH_FLOAT(y.dtype(), "sums_ratio", [&] {
-    sums_ratio_impl<scalar_t>(y.data<scalar_t>(), vis, per, group_rows, static_cast<scalar_t>(tiny),
+    sums_ratio_impl<scalar_t>(y.data<scalar_t>(), RowFlags(visible, group_rows), static_cast<scalar_t>(tiny),
                               out.data<scalar_t>(), rows, cols);
   });
 }
@@ -526,10 +522,8 @@ void sums_ratio(const Tensor& y, const Tensor& visible, int64_t group_rows, doub
 void sums_ratio_backward(const Tensor& grad, const Tensor& y, const Tensor& visible, int64_t group_rows, double tiny,
                          const Tensor& dy, int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  const uint8_t* vis = visible.defined() ? static_cast<const uint8_t*>(visible.data_ptr()) : nullptr;
-  const int64_t per = visible.defined() ? visible.size(1) : 1;
   LINEA_DISPATCH_FLOAT(y.dtype(), "sums_ratio_backward", [&] {
-    sums_ratio_backward_impl<scalar_t>(grad.data<scalar_t>(), y.data<scalar_t>(), vis, per, group_rows,
+    sums_ratio_backward_impl<scalar_t>(grad.data<scalar_t>(), y.data<scalar_t>(), RowFlags(visible, group_rows),
                                        static_cast<scalar_t>(tiny), dy.data<scalar_t>(), rows, cols);
   });
 }
