@@ -25,11 +25,30 @@ python3 "$EMU/rewrite.py" "$EMU/../.." "$B/src"
 make -s -C "$EMU" -j"$(nproc)" B="$B" COV=--coverage
 find "$B/obj" -name '*.gcda' -delete  # counts of this run only
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+# sharded BIN [gtest args]: BIN's tests split over nproc processes at once (gtest's sharding),
+# their outputs in turn; fails when a shard fails. The emulator runs a kernel's blocks on one
+# core, so one process leaves the others idle. (gcov merges the shards' counts under a lock.)
+sharded() {
+  local bin=$1 n i status=0 logs pids=()
+  shift
+  n=$(nproc)
+  logs=$(mktemp -d)
+  for ((i = 0; i < n; i++)); do
+    OMP_NUM_THREADS=1 GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i "$bin" --gtest_brief=1 "$@" > "$logs/$i" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < n; i++)); do
+    wait "${pids[$i]}" || status=1
+    cat "$logs/$i"
+  done
+  rm -rf "$logs"
+  return $status
+}
 "$B/basics" --gtest_brief=1
-"$B/parity" --gtest_brief=1 "$@"
+sharded "$B/parity" "$@"
 LINEA_EMU_CC=75 "$B/parity" --gtest_brief=1 \
   --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN:CudaParity.AttentionSampleKernel:CudaParity.FavorAttentionKernel:CudaParity.FavorAttentionStepKernel'
-"$B/attention" --gtest_brief=1 "$@"
-"$B/steps" --gtest_brief=1 "$@"
+sharded "$B/attention" "$@"
+sharded "$B/steps" "$@"
 # Every kernel ran in some test above (all of them run when no filter is given).
 if [ $# -eq 0 ]; then python3 "$EMU/kernel_coverage.py" "$B" --require-every-kernel; fi
