@@ -10,7 +10,6 @@
 #include <cufft.h>
 #include <curand.h>
 #include <dlfcn.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -90,32 +89,131 @@ static std::string kernel_name(const void* kernel) {
   return it == symbols.end() ? "?" : it->second;
 }
 
-// ---- fibers -------------------------------------------------------------------------------------
+// ---- fibers ----------------------------------------------------------------------------------------
+// A block's threads are fibers, each on its own stack, switched by emu_switch below: it saves the
+// callee-saved registers and the stack pointer, and makes no system call. (glibc's swapcontext
+// saves the signal mask with one at every switch, and ASan's hook of it clears the whole target
+// stack's shadow: that was over half of the emulator's time.) ASan is told of each switch through
+// its fiber interface, and a fiber's stack is unpoisoned before it is reused. x86-64 only.
+#if !defined(__x86_64__)
+#error "tests/cuda_emu: the fiber switch (emu_switch) is written for x86-64"
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+// emu_switch(save, to): pushes rbp, rbx, r12-r15 and the MXCSR and x87 control words on the
+// current stack, stores the stack pointer in *save, and resumes the stack `to` (saved the same
+// way, or laid out so by start_fiber).
+extern "C" void emu_switch(void** save, void* to);
+asm(R"(
+  .text
+  .globl emu_switch
+  .type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch, .-emu_switch
+)");
+
 namespace {
 struct Fiber {
-  ucontext_t ctx;
+  void* sp = nullptr;  // the saved stack pointer while switched out
+  char* stack = nullptr;
   bool done = false;
   bool at_barrier = false;       // __syncthreads
   bool at_warp_barrier = false;  // __syncwarp
   unsigned exchanges = 0;        // warp_exchange calls so far (their slots alternate)
   uint3 tid;
 };
-ucontext_t g_sched;
+void* g_sched_sp = nullptr;  // the scheduler's (the launching thread's) stack, while a fiber runs
+#if EMU_ASAN
+const void* g_sched_bottom = nullptr;
+size_t g_sched_size = 0;
+#endif
 Fiber* g_cur = nullptr;
 const std::function<void()>* g_body = nullptr;
 std::vector<Fiber> g_fibers;
 std::vector<char> g_stacks;
 constexpr size_t kStack = 64 * 1024;
 
-void fiber_entry() {
+// The scheduler runs fiber f until it waits at a barrier or ends.
+void resume(Fiber& f) {
+#if EMU_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, f.stack, kStack);
+#endif
+  emu_switch(&g_sched_sp, f.sp);
+#if EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
+// The running fiber goes back to the scheduler (for good once done).
+void yield_to_scheduler() {
+#if EMU_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(g_cur->done ? nullptr : &fake_stack, g_sched_bottom, g_sched_size);
+#endif
+  emu_switch(&g_cur->sp, g_sched_sp);
+#if EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, &g_sched_bottom, &g_sched_size);
+#endif
+}
+
+[[noreturn]] void fiber_main() {
+#if EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &g_sched_bottom, &g_sched_size);
+#endif
   (*g_body)();
   g_cur->done = true;
+  yield_to_scheduler();
+  std::abort();  // a finished fiber is never resumed
+}
+
+// Lays out f's stack as emu_switch leaves one, returning into fiber_main with the stack aligned
+// as after a call.
+void start_fiber(Fiber& f) {
+#if EMU_ASAN
+  __asan_unpoison_memory_region(f.stack, kStack);  // the frames a finished fiber left poisoned
+#endif
+  uint32_t control[2] = {0, 0};
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(control[0]), "=m"(control[1]));
+  auto* top = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(f.stack + kStack) & ~uintptr_t{15});
+  top[-1] = 0;                                        // fiber_main's return address: none
+  top[-2] = reinterpret_cast<uint64_t>(&fiber_main);  // where emu_switch returns
+  for (int r = 3; r <= 8; ++r) top[-r] = 0;           // rbp, rbx, r12-r15
+  std::memcpy(&top[-9], control, sizeof control);     // MXCSR, x87 control word
+  f.sp = &top[-9];
 }
 }  // namespace
 
 void __syncthreads() {
   g_cur->at_barrier = true;
-  swapcontext(&g_cur->ctx, &g_sched);
+  yield_to_scheduler();
 }
 
 // A warp's lanes are threads 32 w .. 32 w + 31 of the block (linear index); each lane waits until
@@ -126,7 +224,7 @@ void __syncwarp(unsigned mask) {
     std::abort();
   }
   g_cur->at_warp_barrier = true;
-  swapcontext(&g_cur->ctx, &g_sched);
+  yield_to_scheduler();
 }
 
 namespace emu {
@@ -292,7 +390,10 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
   blockDim = block;
   g_body = &body;
   g_fibers.assign(nthreads, Fiber());
-  if (g_stacks.size() < nthreads * kStack) g_stacks.resize(nthreads * kStack);
+  if (g_stacks.size() < nthreads * kStack) {  // larger stacks; the old ones' contents are dead
+    g_stacks.clear();                         // (and partly poisoned: not to be copied)
+    g_stacks.resize(nthreads * kStack);
+  }
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
@@ -308,11 +409,8 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
               f.at_warp_barrier = false;
               f.exchanges = 0;
               f.tid = make_uint3(x, y, z);
-              getcontext(&f.ctx);
-              f.ctx.uc_stack.ss_sp = g_stacks.data() + t * kStack;
-              f.ctx.uc_stack.ss_size = kStack;
-              f.ctx.uc_link = &g_sched;
-              makecontext(&f.ctx, fiber_entry, 0);
+              f.stack = g_stacks.data() + t * kStack;
+              start_fiber(f);
             }
         for (;;) {
           for (unsigned i = 0; i < nthreads; ++i) {
@@ -320,7 +418,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
             if (f.done || f.at_barrier) continue;
             g_cur = &f;
             threadIdx = f.tid;
-            swapcontext(&g_sched, &f.ctx);
+            resume(f);
           }
           unsigned done = 0, waiting = 0, warp_waiting = 0;
           for (auto& f : g_fibers) {
