@@ -25,30 +25,49 @@ python3 "$EMU/rewrite.py" "$EMU/../.." "$B/src"
 make -s -C "$EMU" -j"$(nproc)" B="$B" COV=--coverage
 find "$B/obj" -name '*.gcda' -delete  # counts of this run only
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
-# sharded BIN [gtest args]: BIN's tests split over nproc processes at once (gtest's sharding),
-# their outputs in turn; fails when a shard fails. The emulator runs a kernel's blocks on one
-# core, so one process leaves the others idle. (gcov merges the shards' counts under a lock.)
-sharded() {
-  local bin=$1 n i status=0 logs pids=()
+# Every test of the binaries below is a job of its own, run nproc at once from one queue (the
+# emulator runs a kernel's blocks on one core, and a binary's tests take from milliseconds to a
+# minute: a shard per core left one idle for minutes); their outputs are printed in the queue's
+# order. gcov merges the processes' counts under a lock.
+JOBS=()
+# add_tests [VAR=VALUE...] BIN [gtest args]: a job per test of BIN that the gtest args select.
+add_tests() {
+  local vars=(OMP_NUM_THREADS=1) bin list test
+  while [[ $1 == *=* ]]; do
+    vars+=("$1")
+    shift
+  done
+  bin=$1
   shift
+  list=$("$bin" --gtest_list_tests "$@")  # (a binary that cannot list stops the run here)
+  for test in $(awk '/^Running main/ {next} /^[^ ]/ {suite = $1; next} {print suite $1}' <<< "$list"); do
+    JOBS+=("$(printf '%q ' env "${vars[@]}" "$bin" --gtest_brief=1 "$@" --gtest_filter="$test")")
+  done
+}
+# run_jobs: runs JOBS, nproc at once; fails when one fails.
+run_jobs() {
+  local logs i running=0 status=0 n
   n=$(nproc)
   logs=$(mktemp -d)
-  for ((i = 0; i < n; i++)); do
-    OMP_NUM_THREADS=1 GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i "$bin" --gtest_brief=1 "$@" > "$logs/$i" 2>&1 &
-    pids+=($!)
+  for i in "${!JOBS[@]}"; do
+    if ((running == n)); then
+      wait -n || status=1
+      running=$((running - 1))
+    fi
+    bash -c "${JOBS[$i]}" > "$logs/$i" 2>&1 &
+    running=$((running + 1))
   done
-  for ((i = 0; i < n; i++)); do
-    wait "${pids[$i]}" || status=1
-    cat "$logs/$i"
-  done
+  for ((; running > 0; running--)); do wait -n || status=1; done
+  for i in "${!JOBS[@]}"; do cat "$logs/$i"; done
   rm -rf "$logs"
   return $status
 }
 "$B/basics" --gtest_brief=1
-sharded "$B/parity" "$@"
-LINEA_EMU_CC=75 "$B/parity" --gtest_brief=1 \
+add_tests "$B/steps" "$@"  # the longest tests first
+add_tests "$B/parity" "$@"
+add_tests "$B/attention" "$@"
+add_tests LINEA_EMU_CC=75 "$B/parity" \
   --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN:CudaParity.AttentionSampleKernel:CudaParity.FavorAttentionKernel:CudaParity.FavorAttentionStepKernel'
-sharded "$B/attention" "$@"
-sharded "$B/steps" "$@"
+run_jobs
 # Every kernel ran in some test above (all of them run when no filter is given).
 if [ $# -eq 0 ]; then python3 "$EMU/kernel_coverage.py" "$B" --require-every-kernel; fi
