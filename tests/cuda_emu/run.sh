@@ -7,7 +7,7 @@
 # as documented (the FFT fakes scribble over their inputs). Built with ASan + UBSan by default
 # (SAN= to turn off). Catches indexing, launch-geometry, barrier and library-argument bugs; it cannot
 # see data races, warp-level behaviour, or speed: run the real tests on a GPU for those.
-# The last binary, steps, runs apps/tests/test_gpu_step.cpp: what one training step of the
+# The binary steps runs apps/tests/test_gpu_step.cpp: what one training step of the
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
 # EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step),
 # EMU_TRACE_LAUNCHES=1 every kernel launch (its name, grid and block) and library call in order
