@@ -165,7 +165,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   });
 }
 
-// ---- cat / stack / split / chunk --------------------------------------------------------
+// ---- cat / pad / stack / split / chunk --------------------------------------------------
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   Tensor out = raw::cat(xs, dim);
@@ -176,6 +176,15 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   return attach(out, "cat", xs, [d, sizes](const Tensor& g) -> std::vector<Tensor> {
     // g [.., sum(sizes) at d, ..] -> dx_k [.., sizes[k] at d, ..]: the slice each input filled
     return raw::split(g, sizes, d);
+  });
+}
+
+Tensor pad(const Tensor& x, int64_t dim, int64_t before, int64_t after, double value) {
+  Tensor out = raw::pad(x, dim, before, after, value);
+  if (!needs_grad({&x})) return out;
+  const int64_t d = wrap_dim(dim, x.dim(), "pad");
+  return attach(out, "pad", {x}, [d, before, n = x.size(d)](const Tensor& g) -> std::vector<Tensor> {
+    return {linea::narrow(g, d, before, n)};
   });
 }
 

@@ -313,6 +313,9 @@ Tensor prepend_and_add_positions(const Tensor& x, const Tensor& prefix, const Te
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+// x with `before` and `after` elements of `value` added along dim (F.pad's constant mode, one dim),
+// one kernel; its backward is a view (narrow).
+Tensor pad(const Tensor& x, int64_t dim, int64_t before, int64_t after, double value = 0.0);
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);

@@ -61,8 +61,10 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   Tensor y = raw::narrow(x, dim, start, length);
   if (!needs_grad({&x})) return y;
-  return attach(y, "narrow", {x}, [s = x.shape(), dim, start, length](const Tensor& g) -> std::vector<Tensor> {
-    return {scatter_into_zeros(g, s, [&](const Tensor& z) { return narrow(z, dim, start, length); })};
+  // Its gradient: g with zeros before and after, one kernel.
+  const int64_t d = wrap_dim(dim, x.dim(), "narrow"), size = x.size(d), first = start < 0 ? start + size : start;
+  return attach(y, "narrow", {x}, [d, first, after = size - first - length](const Tensor& g) -> std::vector<Tensor> {
+    return {pad(g, d, first, after)};
   });
 }
 

@@ -164,6 +164,9 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   void fill(const Tensor& out, double value);                                                                        \
   /* dst = src, same shape, both any layout, dtypes may differ (converted) */                                        \
   void copy(const Tensor& dst, const Tensor& src);                                                                   \
+  /* out (contiguous) = x (any layout) with value at the positions before and after x's along dim: */                \
+  /* out[.., i, ..] = x[.., i - before, ..] */                                                                       \
+  void pad(const Tensor& x, int64_t dim, int64_t before, double value, const Tensor& out);                           \
   /* out[i] = start + i * step */                                                                                    \
   void arange(const Tensor& out, double start, double step);                                                         \
   /* out = op(x); x, out any layout, same shape and dtype (float ops: float dtypes) */                               \

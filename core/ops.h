@@ -249,6 +249,9 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
 void scatter_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+// x with `before` and `after` elements of `value` added along dim (torch.nn.functional.pad's
+// constant mode, one dim at a time): [.., before + n + after at dim, ..], contiguous, one kernel.
+Tensor pad(const Tensor& x, int64_t dim, int64_t before, int64_t after, double value = 0.0);
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);
 // Int64 [..., S]: where each of values [..., S] falls in the non-decreasing last dim of sorted

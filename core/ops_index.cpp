@@ -317,6 +317,20 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   return out;
 }
 
+Tensor pad(const Tensor& x, int64_t dim, int64_t before, int64_t after, double value) {
+  const char* op = "pad";
+  check_defined(op, x, "x");
+  LINEA_CHECK(x.dim() >= 1, op, ": a zero-dim tensor has no dim to pad");
+  dim = wrap_dim(dim, x.dim(), op);
+  LINEA_CHECK(before >= 0 && after >= 0, op, ": pads must be >= 0, got before = ", before, ", after = ", after,
+              " for dim ", dim, " of ", shape_str(x.shape()));
+  LINEA_CHECK(x.dtype() != DType::Bool || value == 0.0 || value == 1.0, op, ": a Bool tensor pads with 0 or 1, got ",
+              value);
+  Tensor out = empty(with_dim(x.shape(), dim, before + x.size(dim) + after), x.options());
+  if (out.numel() > 0) LINEA_BACKEND(x.device(), pad, x, dim, before, value, out);
+  return out;
+}
+
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim) {
   const char* op = "stack";
   LINEA_CHECK(!xs.empty(), op, ": expected a non-empty list of tensors");

@@ -1,4 +1,4 @@
-// CUDA elementwise kernels: fill, copy (with dtype conversion), arange, unary ops and their
+// CUDA elementwise kernels: fill, copy (with dtype conversion), pad, arange, unary ops and their
 // derivatives, binary ops, where (namespace linea::cuda, contracts in core/kernels.h).
 // The math is the CPU reference's: unary and binary ops call the functors of core/unary_math.h
 // and core/binary_math.h (generated switches over the op tables of core/kernels.h);
@@ -8,7 +8,7 @@
 // addressed by a strided offset calculator; when all are contiguous a plain-index kernel runs.
 // To keep compile time low, the op is a runtime switch inside the kernel (uniform across a
 // warp) rather than a template parameter, and ops that only move bytes (fill, same-dtype copy,
-// where) are instantiated per element size, not per dtype.
+// pad, where) are instantiated per element size, not per dtype.
 // Not here: argument checks, broadcasting and allocation (linea::raw in core/ops.cpp).
 #include <cstring>
 #include <type_traits>
@@ -62,6 +62,20 @@ template <typename D, typename S> void copy_typed(const Tensor& dst, const Tenso
   CopyF<D, S> f{ptr<D>(dst), cptr<S>(src)};
   launch_elementwise<2>("copy", dst.shape(), {&dst.strides(), &src.strides()}, f);
 }
+
+// ---- pad ---------------------------------------------------------------------------------------
+// Operands: out, x addressed with out's coordinates (shift: its offset of `before` rows along
+// dim), and the coordinate along dim itself (a stride of 1 there, 0 elsewhere).
+template <typename E> struct PadF {
+  E* out;
+  const E* x;
+  E value;
+  int64_t before, n, shift;
+  __device__ void operator()(const int64_t (&off)[3]) const {
+    const int64_t i = off[2] - before;
+    out[off[0]] = i >= 0 && i < n ? x[off[1] - shift] : value;
+  }
+};
 
 // ---- arange ------------------------------------------------------------------------------------
 template <typename T> __global__ void arange_kernel(T* out, int64_t n, double start, double step) {
@@ -177,6 +191,24 @@ void copy(const Tensor& dst, const Tensor& src) {
     LINEA_DISPATCH_ALL(src.dtype(), "copy", [&] {
       // (one dtype moved bits above: no conversion kernels of a type to itself)
       if constexpr (!std::is_same_v<dst_t, scalar_t>) copy_typed<dst_t, scalar_t>(dst, src);
+    });
+  });
+}
+
+// out = x with value before and after it along dim; one kernel whatever x's layout
+void pad(const Tensor& x, int64_t dim, int64_t before, double value, const Tensor& out) {
+  LINEA_CHECK(x.dtype() == out.dtype(), "pad: dtypes differ: x ", dtype_name(x.dtype()), ", out ",
+              dtype_name(out.dtype()));
+  if (out.numel() == 0) return;
+  Strides along(out.shape().size(), 0);
+  along[static_cast<size_t>(dim)] = 1;
+  LINEA_DISPATCH_ALL(out.dtype(), "pad", [&] {
+    const scalar_t v = static_cast<scalar_t>(value);
+    dispatch_bits(sizeof(scalar_t), "pad", [&](auto bits) {
+      using E = decltype(bits);
+      PadF<E> f{ptr<E>(out), cptr<E>(x), E(), before, x.size(dim), before * x.strides()[static_cast<size_t>(dim)]};
+      std::memcpy(&f.value, &v, sizeof(E));
+      launch_elementwise<3>("pad", out.shape(), {&out.strides(), &x.strides(), &along}, f);
     });
   });
 }

@@ -206,7 +206,8 @@ TEST(AttentionCudaDecoding, StepsEqualTheCpusWithinALaunchBudget) {
 // by one op each, then lara and ra, their squared norms by one op each way, and lara, its
 // landmarks' attention and log-sum-exp one autograd node, then lara, k read without its scaled
 // copy, then q; 2026-12-01 lara, its proposals' weights by one op, lara_proposals, and nprf_rpe,
-// its [num, den] ratio by one op, sums_ratio): a change that adds launches fails here, one that
+// its [num, den] ratio by one op, sums_ratio; 2026-12-02 nprf_rpe, v's column of ones and the causal
+// bias's zeros by one pad each): a change that adds launches fails here, one that
 // removes some should lower its budget. redraw=0 keeps the feature draws (a host
 // draw and copy each) out.
 TEST(AttentionCudaLaunches, ForwardBackward) {
@@ -223,10 +224,10 @@ TEST(AttentionCudaLaunches, ForwardBackward) {
       {"performer:features=6,redraw=0", false, 7},
       {"performer:features=6,redraw=0", true, 7},
       {"performer:features=6,redraw=0,chunk=3", true, 49},
-      {"lara:samples=3", false, 38},
+      {"lara:samples=3", false, 37},
       {"ra:samples=3", false, 27},
-      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=0", false, 57},
-      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=1", true, 43},
+      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=0", false, 55},
+      {"nprf_rpe:features=6,max_len=8,redraw=0,dense=1", true, 37},
   };
   const int64_t B = 1, H = 2, N = 7, D = 4;
   for (const Budget& b : budgets) {

@@ -491,6 +491,53 @@ TEST(CudaParity, CopyConvertFillArange) {
   }
 }
 
+// pad: every dtype (its kernel moves 1-, 4- and 8-byte elements), x contiguous (1-d: the
+// plain-index kernel) or a strided view on the device (transposed, narrowed), each dim, pads on
+// either side or none, an empty x. The kernel writes into a poisoned output (two poisons for the
+// integer types: an element left unwritten differs from one of them). Its backward (a narrow) and
+// narrow's (a pad of zeros) by expect_parity.
+TEST(CudaParity, Pad) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(41);
+  struct Case {
+    Shape base;
+    std::function<Tensor(const Tensor&)> view;
+  };
+  const std::vector<Case> cases = {{{37}, [](const Tensor& b) { return b; }},
+                                   {{5, 7}, [](const Tensor& b) { return b.t(); }},
+                                   {{3, 4, 9}, [](const Tensor& b) { return narrow(b, 2, 2, 5); }},
+                                   {{2, 0, 3}, [](const Tensor& b) { return b; }}};
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int64, DType::Bool}) {
+    for (const Case& c : cases) {
+      const Tensor r = rnd(c.base, DType::Float64);
+      const Tensor base = dt == DType::Bool ? gt(r, 0.0) : dt == DType::Int64 ? to(mul(r, 9.0), dt) : to(r, dt);
+      const Tensor x = c.view(base), xd = c.view(base.to(kCuda));
+      for (int64_t dim = 0; dim < x.dim(); ++dim) {
+        for (auto [before, after] : std::vector<std::pair<int64_t, int64_t>>{{3, 2}, {0, 1}, {2, 0}, {0, 0}}) {
+          const double value = dt == DType::Bool ? 1.0 : -2.5;
+          const std::string what = tag("pad " + shape_str(x.shape()) + " dim " + std::to_string(dim) + " by " +
+                                           std::to_string(before) + ", " + std::to_string(after),
+                                       dt);
+          const Tensor ref = pad(x, dim, before, after, value);
+          ASSERT_EQ(ref.size(dim), before + x.size(dim) + after) << what;
+          for (double poison : is_floating(dt) ? std::vector<double>{NAN} : std::vector<double>{0.0, 1.0}) {
+            const Tensor out = full(ref.shape(), poison, TensorOptions(dt).with_device(kCuda));
+            LINEA_BACKEND(kCuda, pad, xd, dim, before, value, out);
+            EXPECT_TRUE(matches(out, ref, 1.0, what.c_str())) << "poison " << poison;
+          }
+          EXPECT_TRUE(matches(pad(xd, dim, before, after, value), ref, 1.0, what.c_str()));
+        }
+      }
+    }
+  }
+  for (DType dt : kFloatTypes) {
+    expect_parity(tag("pad's backward", dt), [](const std::vector<Tensor>& v) { return pad(v[0].t(), 0, 2, 3, 1.0); },
+                  {rnd({4, 3}, dt)});
+    expect_parity(tag("narrow's backward", dt), [](const std::vector<Tensor>& v) { return narrow(v[0].t(), 1, 1, 2); },
+                  {rnd({4, 3}, dt)});
+  }
+}
+
 // ---- reductions -----------------------------------------------------------------------------------
 TEST(CudaParity, Reductions) {
   LINEA_REQUIRE_CUDA();

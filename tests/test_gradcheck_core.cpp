@@ -217,6 +217,7 @@ TEST(GradCheck, Views) {
        }},
       {"transpose", [](const Tensor& t) { return t.transpose(0, -1); }},
       {"narrow", [](const Tensor& t) { return t.narrow(-1, 1, 2); }},
+      {"narrow from the end", [](const Tensor& t) { return t.narrow(0, -2, 1); }},
       {"slice", [](const Tensor& t) { return t.slice(-1, 0, 4, 2); }},
       {"select", [](const Tensor& t) { return t.select(1, 2); }},
       {"unsqueeze", [](const Tensor& t) { return t.unsqueeze(1); }},

@@ -138,6 +138,17 @@ TEST(GradCheck, Cat) {
   EXPECT_GRADCHECK([](const Inputs& in) { return cat({in[0], in[0]}, 0); }, {a});
 }
 
+TEST(GradCheck, Pad) {
+  manual_seed(109);
+  Tensor a = randn64({2, 3});
+  Tensor b = randn64_transposed({3, 2});  // non-contiguous
+  for (int64_t dim : {0, 1, -1}) {
+    EXPECT_GRADCHECK([&](const Inputs& in) { return pad(in[0], dim, 2, 1, 0.5); }, {a});
+    EXPECT_GRADCHECK([&](const Inputs& in) { return pad(in[0], dim, 0, 3); }, {b});
+  }
+  EXPECT_GRADCHECK([](const Inputs& in) { return pad(in[0], 1, 0, 0); }, {a});
+}
+
 TEST(GradCheck, Stack) {
   manual_seed(105);
   Tensor a = randn64({2, 3});

@@ -568,6 +568,26 @@ TEST(IndexOps, CatValues) {
   EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0, 1, 2, 10, 11, 3, 4, 5, 12, 13}));
 }
 
+TEST(IndexOps, PadValues) {
+  Tensor a = arange(6, f64()).reshape({2, 3});
+  Tensor y = pad(a, 1, 1, 2, -1.0);
+  ASSERT_EQ(y.shape(), (Shape{2, 6}));
+  EXPECT_EQ(y.to_vector<double>(), (std::vector<double>{-1, 0, 1, 2, -1, -1, -1, 3, 4, 5, -1, -1}));
+  Tensor z = pad(a.t(), -2, 0, 1);  // [3, 2] non-contiguous, one row of zeros after
+  ASSERT_EQ(z.shape(), (Shape{4, 2}));
+  EXPECT_TRUE(z.is_contiguous());
+  EXPECT_EQ(z.to_vector<double>(), (std::vector<double>{0, 3, 1, 4, 2, 5, 0, 0}));
+  EXPECT_EQ(pad(zeros({2, 0}, f64()), 1, 1, 1, 7.0).to_vector<double>(), (std::vector<double>{7, 7, 7, 7}));
+  Tensor m = pad(gt(a, 2.5), 0, 1, 0, 1.0);  // Bool
+  ASSERT_EQ(m.dtype(), DType::Bool);
+  EXPECT_EQ(m.to(DType::Int64).to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 1, 0, 0, 0, 1, 1, 1}));
+  EXPECT_LINEA_ERROR(pad(a, 1, -1, 0), "pad: pads must be >= 0, got before = -1, after = 0 for dim 1 of [2, 3]");
+  EXPECT_LINEA_ERROR(pad(a, 2, 1, 1), "pad");
+  EXPECT_LINEA_ERROR(pad(scalar_tensor(1.0), 0, 1, 1), "pad: a zero-dim tensor has no dim to pad");
+  EXPECT_LINEA_ERROR(pad(gt(a, 0.0), 0, 1, 1, 2.0), "pad: a Bool tensor pads with 0 or 1, got 2");
+  EXPECT_LINEA_ERROR(pad(Tensor(), 0, 1, 1), "pad");
+}
+
 TEST(IndexOps, StackValues) {
   Tensor a = arange(6, f64()).reshape({2, 3});
   Tensor b = arange(10, 16, 1, f64()).reshape({3, 2}).t();  // [2, 3] non-contiguous

@@ -57,31 +57,28 @@ void check_tables(const Tensor& q, const Tensor& k, const Tensor& omega, const T
 Terms terms(const Tensor& q, const Tensor& k, const Tensor& omega_in, const Tensor& rpe_in, const AttentionOptions& opts) {
   const int64_t B = q.size(0), N = q.size(2), M = k.size(2), o = opts.query_offset;
   const int64_t L = (rpe_in.size(1) + 1) / 2;
-  const double lo = 0.5 * dtype_lowest(q.dtype());  // stands in for -inf (exp gives 0, no inf - inf)
   Tensor omega = to(to(omega_in, q.device()), q.dtype());
   Tensor rpe = to(to(rpe_in, q.device()), q.dtype());
   Terms t;
 
   // Query features stabilized per row (phi(q^_i) / max_s phi(q^_i)_s), key features per (b, h)
-  // over the unpadded keys, padded keys exactly 0 (fused: autograd's positive_features).
-  Tensor pad = key_padding_bool(opts);  // Bool [B, M] or undefined
+  // over the unpadded keys, padded keys exactly 0 (fused: autograd's positive_features). padded:
+  // Bool [B, M] or undefined.
+  Tensor padded = key_padding_bool(opts);
   t.phi_q = positive_features(normalize(q), omega, /*per_row=*/true, Tensor());  // [B, H, N, S]; q^ = q / |q|
-  t.phi_k = positive_features(normalize(k), omega, /*per_row=*/false, pad);      // [B, H, M, S]
+  t.phi_k = positive_features(normalize(k), omega, /*per_row=*/false, padded);   // [B, H, M, S]
 
   // Bias of the relative positions j - (n + o) for j - n = -(N-1)..(M-1), i.e. rpe indices
-  // L-N-o .. L+M-2-o; causal hides the positive ones (c index > N-1+o).
-  Tensor b = narrow(rpe, 1, L - N - o, N + M - 1);  // [H, N+M-1]
-  if (opts.causal && M - 1 > o) {
-    const TensorOptions io(DType::Int64, q.device());
-    Tensor ahead = gt(arange(0.0, static_cast<double>(N + M - 1), 1.0, io), static_cast<double>(N - 1 + o));
-    b = masked_fill(b, reshape(ahead, {1, N + M - 1}), lo);
-  }
-  t.c = exp(sub(b, detached_max(b, {1})));  // [H, N+M-1], max 1 per head
+  // L-N-o .. L+M-2-o; causal hides the positive ones (c index > N-1+o): their c is 0.
+  const int64_t shown = opts.causal ? std::min(N + o, N + M - 1) : N + M - 1;
+  Tensor b = narrow(rpe, 1, L - N - o, shown);                     // [H, shown]
+  t.c = exp(sub(b, detached_max(b, {1})));                         // max 1 per head
+  if (shown < N + M - 1) t.c = pad(t.c, 1, 0, N + M - 1 - shown);  // [H, N+M-1]
 
   // Which queries see a key at all (only padding can leave one without): an exact mask, since
   // the FFT leaves rounding noise where the true sums are 0.
-  if (pad.defined()) {
-    Tensor keep = (~pad).to(q.dtype());  // [B, M]
+  if (padded.defined()) {
+    Tensor keep = (~padded).to(q.dtype());  // [B, M]
     Tensor seen;
     if (opts.causal) {
       // keys 0..min(i + o, M-1) are visible to query i: count the unpadded ones by a prefix sum.
@@ -122,12 +119,11 @@ Tensor nprf_rpe_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
                           const AttentionOptions& opts, bool dense) {
   check_attention_inputs(kWho, q, k, v, opts);
   check_tables(q, k, omega, rpe, opts.query_offset);
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2);
+  const int64_t N = q.size(2), M = k.size(2);
   Terms t = terms(q, k, omega, rpe, opts);
   // [num, den] in one product: v with a column of ones; the dense path takes the sums directly
   // (fft length 0: term by term in tiles, never the [N, M] matrix), the other by FFT.
-  Tensor y = toeplitz_attention(t.c, t.phi_q, t.phi_k, cat({v, ones({B, H, M, 1}, v.options())}, -1),
-                                dense ? 0 : fft_length(N + M - 1));
+  Tensor y = toeplitz_attention(t.c, t.phi_q, t.phi_k, pad(v, -1, 0, 1, 1.0), dense ? 0 : fft_length(N + M - 1));
   return sums_ratio(y, t.visible, tiny(y.dtype()));  // guarded_ratio of y's [num, den], one kernel each way
 }
 

@@ -198,7 +198,7 @@ std::pair<Tensor, Tensor> PerformerAttention::features_of(const Tensor& q, const
 
 Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   check_inputs("performer", *this, q, k, v, opts);
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2);
+  const int64_t N = q.size(2), M = k.size(2);
   // Features and product in one fused op (causal: where query n sits at key n's position).
   if (feature_map_ == FeatureMap::Softmax && (!opts.causal || (opts.query_offset == 0 && N == M)))
     return favor_attention(q, k, v, current_omega(q), scale_of(q.size(3)), key_padding_bool(opts), kDenGuard,
@@ -211,12 +211,10 @@ Tensor PerformerAttention::forward(const Tensor& q, const Tensor& k, const Tenso
   // The fused op scans chunks of `chunk` rows (see causal_linear_attention).
   const int64_t o = opts.query_offset, m0 = std::min(o, M), m1 = std::min(M, o + N);
   Tensor state;
-  if (m0 > 0)
-    state = matmul(transpose(narrow(phi_k, 2, 0, m0), -2, -1),
-                   cat({narrow(v, 2, 0, m0), ones({B, H, m0, 1}, v.options())}, -1));
+  if (m0 > 0) state = matmul(transpose(narrow(phi_k, 2, 0, m0), -2, -1), pad(narrow(v, 2, 0, m0), -1, 0, 1, 1.0));
   const auto aligned = [&](const Tensor& x) {
     Tensor y = m0 > 0 || m1 < M ? narrow(x, 2, m0, m1 - m0) : x;
-    return m1 - m0 < N ? cat({y, zeros({B, H, N - (m1 - m0), x.size(3)}, x.options())}, 2) : y;
+    return m1 - m0 < N ? pad(y, 2, 0, N - (m1 - m0)) : y;
   };
   return causal_linear_attention(phi_q, aligned(phi_k), aligned(v), state, chunk_, kDenGuard);
 }

@@ -1,4 +1,4 @@
-// CPU elementwise kernels: fill, copy (with dtype conversion), arange, unary ops and their
+// CPU elementwise kernels: fill, copy (with dtype conversion), pad, arange, unary ops and their
 // derivatives, binary ops, where. The op math is core/unary_math.h's and core/binary_math.h's
 // (shared with the CUDA kernels); this is the reference the CUDA kernels reproduce,
 // except for the float32 forms of Exp, Sigmoid and the two GELUs, which use the vectorizable
@@ -108,6 +108,19 @@ void copy(const Tensor& dst, const Tensor& src) {
                       });
     });
   });
+}
+
+// The pads filled, then x copied between them: views of out along dim.
+void pad(const Tensor& x, int64_t dim, int64_t before, double value, const Tensor& out) {
+  const int64_t n = x.size(dim), after = out.size(dim) - before - n;
+  const auto part = [&](int64_t start, int64_t len) {
+    Shape s = out.shape();
+    s[static_cast<size_t>(dim)] = len;
+    return as_strided(out, s, out.strides(), out.offset() + start * out.strides()[static_cast<size_t>(dim)]);
+  };
+  if (before > 0) fill(part(0, before), value);
+  if (after > 0) fill(part(before + n, after), value);
+  if (n > 0) copy(part(before, n), x);
 }
 
 void arange(const Tensor& out, double start, double step) {
