@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.cpp; clang, ASan + UBSan) in build/fuzz and
-# runs each for a bounded time. First every committed regression input
+# runs each for a bounded time, nproc targets at once. First every committed regression input
 # (tests/fuzz/regressions/<target>/*: crashes found earlier, minimized) runs once; then each
 # target fuzzes from its corpus (build/fuzz/corpus/<target>), the generated seeds
 # (fuzz_make_seeds -> build/fuzz/seeds/<target>) and any committed seeds (tests/fuzz/seeds/<target>).
@@ -51,31 +51,37 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 FLAGS=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
 REPORT='ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|ERROR: libFuzzer|linea fuzz: .*invariant failed'
 
-FAILED=()
-SUMMARY=()
 mkdir -p "$BUILD/logs"
-for t in "${TARGETS[@]}"; do
-  exe="$BUILD/tests/fuzz/fuzz_$t"
-  [[ -x "$exe" ]] || { echo "== $t: $exe was not built" >&2; FAILED+=("$t (not built)"); continue; }
+# fuzz_one T: T's regression inputs, then T fuzzed; its messages go to $BUILD/logs/T.out, its
+# summary line to T.summary, and T.failed is written when it failed.
+fuzz_one() {
+  local t=$1 exe="$BUILD/tests/fuzz/fuzz_$1" out="$BUILD/logs/$1.out"
+  rm -f "$BUILD/logs/$t.failed"
+  : > "$out"
+  [[ -x "$exe" ]] || {
+    echo "== $t: $exe was not built" >> "$out"
+    echo "$t (not built)" > "$BUILD/logs/$t.failed"
+    return
+  }
 
   # ---- regression inputs: each must run clean ---------------------------------------------------
-  regress=(tests/fuzz/regressions/"$t"/*)
+  local regress=(tests/fuzz/regressions/"$t"/*)
   if [[ -e "${regress[0]}" ]]; then
-    echo "== $t: ${#regress[@]} regression inputs"
+    echo "== $t: ${#regress[@]} regression inputs" >> "$out"
     if ! "$exe" "${FLAGS[@]}" "${regress[@]}" > "$BUILD/logs/$t.regressions.log" 2>&1 ||
       grep -qE "$REPORT" "$BUILD/logs/$t.regressions.log"; then
-      grep -E "$REPORT|Running: " "$BUILD/logs/$t.regressions.log" | tail -5
-      FAILED+=("$t (regression input, see $BUILD/logs/$t.regressions.log)")
+      grep -E "$REPORT|Running: " "$BUILD/logs/$t.regressions.log" | tail -5 >> "$out"
+      echo "$t (regression input, see $BUILD/logs/$t.regressions.log)" >> "$BUILD/logs/$t.failed"
     fi
   fi
 
   # ---- fuzzing --------------------------------------------------------------------------------
-  echo "== $t: fuzzing for ${SECONDS_EACH} s"
-  corpus="$BUILD/corpus/$t"
+  echo "== $t: fuzzing for ${SECONDS_EACH} s" >> "$out"
+  local corpus="$BUILD/corpus/$t"
   mkdir -p "$corpus" "$BUILD/artifacts/$t"
-  dirs=("$corpus" "$BUILD/seeds/$t")
+  local dirs=("$corpus" "$BUILD/seeds/$t")
   [[ -d tests/fuzz/seeds/$t ]] && dirs+=("tests/fuzz/seeds/$t")
-  log="$BUILD/logs/$t.log"
+  local log="$BUILD/logs/$t.log" rc execs last cov ft corp status
   # The outer timeout only guards against a fuzzer that never stops (-max_total_time ends it).
   timeout -k 10 $((SECONDS_EACH + 300)) "$exe" "${FLAGS[@]}" -max_total_time="$SECONDS_EACH" \
     -max_len="${MAX_LEN[$t]}" -artifact_prefix="$BUILD/artifacts/$t/" "${dirs[@]}" > "$log" 2>&1
@@ -88,11 +94,31 @@ for t in "${TARGETS[@]}"; do
   status=ok
   if ((rc != 0)) || grep -qE "$REPORT" "$log"; then
     status="FAILED (exit $rc)"
-    grep -E "$REPORT|SUMMARY|Test unit written|==[0-9]+== ERROR" "$log" | head -8
-    FAILED+=("$t (see $log)")
+    grep -E "$REPORT|SUMMARY|Test unit written|==[0-9]+== ERROR" "$log" | head -8 >> "$out"
+    echo "$t (see $log)" >> "$BUILD/logs/$t.failed"
   fi
-  SUMMARY+=("$(printf '%-15s %10s execs  cov %6s  ft %6s  corpus %-14s %s' "$t" "${execs:-?}" "${cov:-?}" \
-    "${ft:-?}" "${corp:-?}" "$status")")
+  printf '%-15s %10s execs  cov %6s  ft %6s  corpus %-14s %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" \
+    "${corp:-?}" "$status" > "$BUILD/logs/$t.summary"
+}
+
+# The targets run nproc at once (each fuzzes on one core for its SECONDS_EACH); their messages
+# are printed in the targets' order.
+running=0
+for t in "${TARGETS[@]}"; do
+  if ((running == JOBS)); then
+    wait -n
+    running=$((running - 1))
+  fi
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait
+FAILED=()
+SUMMARY=()
+for t in "${TARGETS[@]}"; do
+  cat "$BUILD/logs/$t.out"
+  [[ -f "$BUILD/logs/$t.summary" ]] && SUMMARY+=("$(cat "$BUILD/logs/$t.summary")")
+  [[ -f "$BUILD/logs/$t.failed" ]] && mapfile -t -O "${#FAILED[@]}" FAILED < "$BUILD/logs/$t.failed"
 done
 
 # Scratch folders of targets that ended without their exit cleanup (fuzz_util.h scratch_dir).
