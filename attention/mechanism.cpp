@@ -34,6 +34,25 @@ void AttentionMechanism::check_use(AttentionUse use, const std::string& what) co
 }
 
 // ---- decoding ----------------------------------------------------------------------------------
+namespace {
+// x appended along dim to `filled`, the first `length` entries of buf along dim: written in place
+// when buf has room, else into a new buffer of twice the new length (filled copied once). A key
+// costs amortized O(1) copies where a cat copied the whole cache at every step. Returns the new
+// filled part, a view of buf.
+Tensor append_in_place(Tensor& buf, const Tensor& filled, const Tensor& x, int64_t dim, int64_t length) {
+  const int64_t n = length + x.size(dim);
+  if (!buf.defined() || buf.size(dim) < n) {
+    Shape s = x.shape();
+    s[static_cast<size_t>(dim)] = std::max<int64_t>(2 * n, 16);
+    Tensor grown = empty(s, x.options());
+    if (length > 0) narrow(grown, dim, 0, length).copy_(filled);
+    buf = grown;
+  }
+  narrow(buf, dim, length, x.size(dim)).copy_(x);
+  return narrow(buf, dim, 0, n);
+}
+}  // namespace
+
 void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_padding) {
   const int64_t B = k.size(0), T = k.size(2);
   Tensor pad = key_padding;
@@ -41,9 +60,17 @@ void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_p
   if (pad.defined() && !pad_.defined() && length_ > 0)
     pad_ = zeros({B, length_}, TensorOptions(DType::Bool, k.device()));
   if (!pad.defined() && pad_.defined()) pad = zeros({B, T}, TensorOptions(DType::Bool, k.device()));
-  k_ = k_.defined() ? cat({k_, k}, 2) : k;
-  v_ = v_.defined() ? cat({v_, v}, 2) : v;
-  if (pad.defined()) pad_ = pad_.defined() ? cat({pad_, pad}, 1) : pad;
+  if (GradMode::is_enabled() && (k.requires_grad() || v.requires_grad())) {
+    // Differentiable through the cache: joined by cat (the buffers' in-place writes would not be).
+    kbuf_ = vbuf_ = pbuf_ = Tensor();
+    k_ = k_.defined() ? cat({k_, k}, 2) : k;
+    v_ = v_.defined() ? cat({v_, v}, 2) : v;
+    if (pad.defined()) pad_ = pad_.defined() ? cat({pad_, pad}, 1) : pad;
+  } else {
+    k_ = append_in_place(kbuf_, k_, k, 2, length_);
+    v_ = append_in_place(vbuf_, v_, v, 2, length_);
+    if (pad.defined()) pad_ = append_in_place(pbuf_, pad_, pad, 1, length_);
+  }
   length_ += T;
 }
 
@@ -53,6 +80,7 @@ void KeyValueCache::reorder(const Tensor& index) {
   k_ = index_select(k_, 0, i);
   v_ = index_select(v_, 0, i);
   if (pad_.defined()) pad_ = index_select(pad_, 0, i);
+  kbuf_ = vbuf_ = pbuf_ = Tensor();  // the next append copies the reordered rows into new buffers
 }
 
 std::unique_ptr<DecodeState> AttentionMechanism::start_decoding() const {

@@ -76,7 +76,9 @@ class DecodeState {
 };
 
 // The state of mechanisms that are exact over all keys seen so far: the keys, values and key
-// padding appended by every step ([B, H, t, D], [B, H, t, Dv], Bool [B, t] or undefined).
+// padding appended by every step ([B, H, t, D], [B, H, t, Dv], Bool [B, t] or undefined). Without
+// gradients they are views of buffers with room for later steps (grown by doubling, as a
+// std::vector), so a step copies only its own keys; with them, joined by cat.
 class KeyValueCache : public DecodeState {
  public:
   void append(const Tensor& k, const Tensor& v, const Tensor& key_padding);  // raises length()
@@ -87,6 +89,7 @@ class KeyValueCache : public DecodeState {
 
  private:
   Tensor k_, v_, pad_;
+  Tensor kbuf_, vbuf_, pbuf_;  // the buffers k_, v_ and pad_ view (undefined: none of ours)
 };
 
 // One attention mechanism on per-head tensors. Mechanisms with state (random features, ...)

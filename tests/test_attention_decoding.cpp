@@ -145,6 +145,56 @@ TEST(AttentionDecoding, BeamReorderContinuesFromTheChosenRows) {
   }
 }
 
+// The key/value cache past its buffers' first sizes (16 positions, then doubling): a long softmax
+// decode with padding from the middle on and a beam reorder equals the causal forward over the
+// sequences the beams hold; the keys a step saw stay what they were while later steps write into
+// the same buffers; and with gradients on, the cache is differentiable (joined by cat).
+TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
+  auto m = mechanism("softmax", 5);
+  const int64_t B = 2, L = 41, P = 23;  // reorder after P positions
+  Tensor q = randn64({B, 2, L, 4}), k = randn64({B, 2, L, 4}), v = randn64({B, 2, L, 3});
+  Tensor pad = zeros({B, L}, TensorOptions(DType::Bool));
+  pad.narrow(1, 20, 3).select(0, 1).fill_(1.0);
+  pad.narrow(1, 30, 1).select(0, 0).fill_(1.0);
+  const Tensor index = from_vector<int64_t>({1, 1}, {B});
+  {
+    NoGradGuard ng;
+    attn::KeyValueCache cache;
+    std::vector<Tensor> outs;
+    Tensor seen, seen_copy;  // the keys of step 9, as the cache handed them out then
+    for (int64_t t = 0; t < L; ++t) {
+      if (t == P) cache.reorder(index);
+      // No padding given before position 20: the cache keeps none until then.
+      const Tensor p = t < 20 ? Tensor() : narrow(pad, 1, t, 1);
+      cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), p);
+      if (t == 9) {
+        seen = cache.keys();
+        seen_copy = clone(seen);
+      }
+      attn::AttentionOptions o = causal(cache.key_padding(), t);
+      outs.push_back(m->forward(narrow(q, 2, t, 1), cache.keys(), cache.values(), o));
+    }
+    EXPECT_EQ(cache.length(), L);
+    EXPECT_TRUE(all_close(seen, seen_copy, 0, 0));
+    auto spliced = [&](const Tensor& x, int64_t dim) {
+      return cat({index_select(narrow(x, dim, 0, P), 0, index), narrow(x, dim, P, L - P)}, dim);
+    };
+    EXPECT_TRUE(all_close(cache.keys(), spliced(k, 2), 0, 0));
+    EXPECT_TRUE(all_close(cache.values(), spliced(v, 2), 0, 0));
+    EXPECT_TRUE(all_close(cache.key_padding().to(DType::Int64), spliced(pad, 1).to(DType::Int64), 0, 0));
+    Tensor full = m->forward(spliced(q, 2), spliced(k, 2), spliced(v, 2), causal(spliced(pad, 1)));
+    EXPECT_TRUE(all_close(narrow(cat(outs, 2), 2, P, L - P), narrow(full, 2, P, L - P), kTol, 0));
+  }
+  // Differentiable: every appended key gets the gradient of its place in keys().
+  attn::KeyValueCache cache;
+  ASSERT_TRUE(k.requires_grad());
+  for (int64_t t = 0; t < 20; ++t) cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), Tensor());
+  const Tensor w = randn({B, 2, 20, 4}, TensorOptions(DType::Float64));
+  sum(mul(cache.keys(), w)).backward();
+  ASSERT_TRUE(k.grad().defined());
+  EXPECT_TRUE(all_close(narrow(k.grad(), 2, 0, 20), w, 0, 0));
+}
+
 TEST(AttentionDecoding, StepInputsAreChecked) {
   auto m = mechanism("softmax", 4);
   auto state = m->start_decoding();
