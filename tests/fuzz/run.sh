@@ -56,7 +56,7 @@ mkdir -p "$BUILD/logs"
 # summary line to T.summary, and T.failed is written when it failed.
 fuzz_one() {
   local t=$1 exe="$BUILD/tests/fuzz/fuzz_$1" out="$BUILD/logs/$1.out"
-  rm -f "$BUILD/logs/$t.failed"
+  rm -f "$BUILD/logs/$t.failed" "$BUILD/logs/$t.summary"
   : > "$out"
   [[ -x "$exe" ]] || {
     echo "== $t: $exe was not built" >> "$out"
