@@ -432,8 +432,8 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 // ---- fused attention ----------------------------------------------------------------------------
 namespace {
 // q, k, v and the key bias as the sdpa kernels read them (raw::sdpa_operand: the heads of a
-// projection in place on CUDA, a contiguous copy on the CPU), kept so for the backward, which then
-// copies nothing; the padding detached; the graph's inputs (the bias only when given).
+// projection in place), kept so for the backward, which then copies nothing; the padding detached; the graph's inputs
+// (the bias only when given).
 struct SdpaOperands {
   Tensor q, k, v, bias, pad;
   std::vector<Tensor> inputs;

@@ -329,7 +329,9 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   /* log-sum-exp of the row's visible scores; a row that sees no key: out 0, lse -inf) and, when defined (the */       \
   /* CPU only), the probabilities [B, H, N, M] for the backward. With drop.p > 0 each probability is multiplied */     \
   /* by its dropout factor before the product with v: element (h N + n) M + m of example b as dropout_rows */          \
-  /* draws them for a [B, H, N, M] tensor (probs then undefined) */                                                    \
+  /* draws them for a [B, H, N, M] tensor (probs then undefined). q, k, v, out (and the */                             \
+  /* backward's dout, dq, dk, dv): any batch, head and row strides, a row's values contiguous, rows apart; */          \
+  /* pad: rows any stride apart, a row contiguous; lse, probs, bias contiguous */                                      \
   void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,      \
                     const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& out,               \
                     const Tensor& lse, const Tensor& probs);                                                           \

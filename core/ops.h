@@ -129,10 +129,11 @@ std::vector<Tensor> cross_entropy_mean(const Tensor& loss, const Tensor& target,
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
                          const Tensor& pad, bool keep_probs = false, const FoldedDropout& drop = FoldedDropout(),
                          const Tensor& bias = Tensor());
-// q, k, v (or out, grad) as the device's sdpa kernel reads them: on CUDA the tensor itself where
-// its rows are contiguous (the kernels take any batch, head and row strides: the heads of a
-// projection in place), else a contiguous copy. out and the gradients come back laid out as q, k
-// and v there; dense on the CPU. What the autograd op keeps for its backward.
+// q, k, v (or out, grad) as the sdpa kernels of either device read them: the tensor itself where
+// its rows are contiguous and do not overlap (the kernels take any batch, head and row strides: the
+// heads of a projection in place, a decoding cache's view of its buffer), else a contiguous copy.
+// out and the gradients come back laid out as q, k and v. What the autograd op keeps for its
+// backward.
 Tensor sdpa_operand(const Tensor& t);
 // Returns {dq, dk, dv, dbias} (dbias undefined without a bias) from grad [B, H, N, E], the
 // gradient of lse (dlse [B, H, N]; undefined: none) and the forward's out, lse and probs

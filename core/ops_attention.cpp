@@ -47,25 +47,23 @@ void check_key_bias(const char* op, const Tensor& q, const Tensor& k, const Tens
   check_same_device(op, q, bias);
 }
 
-// An output of `shape` laid out as `like`'s heads on CUDA (sdpa_operand): a [B, L, H, E] tensor
-// underneath where like's heads interleave within its rows (as a projection's do), so that merging
-// the heads again is a view; dense [B, H, L, E] otherwise.
+// An output of `shape` laid out as `like`'s heads (sdpa_operand): a [B, L, H, E] tensor underneath
+// where like's heads interleave within its rows (as a projection's do), so that merging the heads
+// again is a view; dense [B, H, L, E] otherwise.
 Tensor empty_heads(const Shape& shape, const Tensor& like) {
-  if (!like.is_cuda() || like.size(1) <= 1 || like.size(2) <= 1 || like.stride(1) >= like.stride(2))
-    return empty(shape, like.options());
+  if (like.size(1) <= 1 || like.size(2) <= 1 || like.stride(1) >= like.stride(2)) return empty(shape, like.options());
   return permute(empty({shape[0], shape[2], shape[1], shape[3]}, like.options()), {0, 2, 1, 3});
 }
 
-// dq, dk and dv laid out as empty_heads lays them out, and on CUDA (whose kernels take any head
-// and row strides), where q, k and v (or k and v) are one buffer's consecutive heads
-// (MultiHeadAttention's projections, packed by linears), in one buffer the same way, so that
-// linears' backward takes them in one GEMM each for x's gradient and the weights'.
+// dq, dk and dv laid out as empty_heads lays them out, and where q, k and v (or k and v) are one
+// buffer's consecutive heads (MultiHeadAttention's projections, packed by linears), in one buffer
+// the same way, so that linears' backward takes them in one GEMM each for x's gradient and the
+// weights'.
 std::vector<Tensor> empty_head_grads(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const bool cuda = q.is_cuda();
-  if (const Tensor qkv = cuda ? joined_view({q, k, v}, 1) : Tensor(); qkv.defined()) {
+  if (const Tensor qkv = joined_view({q, k, v}, 1); qkv.defined()) {
     return split(empty_heads(qkv.shape(), qkv), {q.size(1), k.size(1), v.size(1)}, 1);
   }
-  if (const Tensor kv = cuda ? joined_view({k, v}, 1) : Tensor(); kv.defined()) {
+  if (const Tensor kv = joined_view({k, v}, 1); kv.defined()) {
     const std::vector<Tensor> dkv = split(empty_heads(kv.shape(), kv), {k.size(1), v.size(1)}, 1);
     return {empty_heads(q.shape(), q), dkv[0], dkv[1]};
   }
@@ -80,7 +78,20 @@ void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_pro
 }
 }  // namespace
 
-Tensor sdpa_operand(const Tensor& t) { return t.is_cuda() && (t.size(3) <= 1 || t.stride(3) == 1) ? t : contiguous(t); }
+Tensor sdpa_operand(const Tensor& t) {
+  const bool rows = t.size(3) <= 1 || t.stride(3) == 1;                             // a row's values contiguous
+  const bool apart = t.size(2) <= 1 || t.size(3) == 0 || t.stride(2) >= t.size(3);  // rows that do not overlap
+  return rows && apart ? t : contiguous(t);
+}
+
+namespace {
+// The key padding [B, M] as the fused kernels read it: rows any stride apart, a row contiguous (a
+// decoding step's column of the decoder's mask, or the decoding cache's padding, in place);
+// undefined stays undefined.
+Tensor pad_rows(const Tensor& pad) {
+  return !pad.defined() || pad.size(1) <= 1 || pad.stride(1) == 1 ? pad : contiguous(pad);
+}
+}  // namespace
 
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
                          const Tensor& pad, bool keep_probs, const FoldedDropout& drop, const Tensor& bias) {
@@ -94,8 +105,7 @@ std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, doub
   Tensor probs = keep_probs && q.is_cpu() ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, opts) : Tensor();
   if (out.numel() > 0 || lse.numel() > 0)
     LINEA_BACKEND(q.device(), sdpa_forward, sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), scale, causal, offset,
-                  pad.defined() ? contiguous(pad) : Tensor(), bias.defined() ? contiguous(bias) : Tensor(), drop, out,
-                  lse, probs);
+                  pad_rows(pad), bias.defined() ? contiguous(bias) : Tensor(), drop, out, lse, probs);
   return {out, lse, probs};
 }
 
@@ -126,9 +136,8 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
   if (q.numel() + k.numel() + v.numel() > 0)
     LINEA_BACKEND(q.device(), sdpa_backward, sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), sdpa_operand(out),
                   contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), sdpa_operand(grad),
-                  dlse.defined() ? contiguous(dlse) : Tensor(), scale, causal, offset,
-                  pad.defined() ? contiguous(pad) : Tensor(), bias.defined() ? contiguous(bias) : Tensor(), drop, dq,
-                  dk, dv, db);
+                  dlse.defined() ? contiguous(dlse) : Tensor(), scale, causal, offset, pad_rows(pad),
+                  bias.defined() ? contiguous(bias) : Tensor(), drop, dq, dk, dv, db);
   return {dq, dk, dv, db};
 }
 
@@ -306,16 +315,6 @@ std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& 
 }
 
 namespace {
-// q, k, v, out or a gradient as favor_attention's kernels read them: any batch, head and row
-// strides, a row's values contiguous (the heads of a projection in place, on either device: the
-// composed path reads any layout too).
-Tensor rows_operand(const Tensor& t) { return t.size(3) <= 1 || t.stride(3) == 1 ? t : contiguous(t); }
-// The key padding [B, M] as the fused kernels read it: rows any stride apart, a row contiguous (a
-// decoding step's column of the decoder's mask in place); undefined stays undefined.
-Tensor pad_rows(const Tensor& pad) {
-  return !pad.defined() || pad.size(1) <= 1 || pad.stride(1) == 1 ? pad : contiguous(pad);
-}
-
 void check_favor_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega,
                       double scale, const Tensor& pad, double guard, bool causal, int64_t chunk) {
   check_sdpa_args(op, q, k, v, 1.0, 0, pad);
@@ -339,7 +338,7 @@ std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tens
                                     double scale, const Tensor& pad, double guard, bool causal, int64_t chunk) {
   check_favor_args("favor_attention", q, k, v, omega, scale, pad, guard, causal, chunk);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), S = omega.size(1), E = v.size(3);
-  const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
+  const Tensor qc = sdpa_operand(q), kc = sdpa_operand(k), vc = sdpa_operand(v), wc = contiguous(omega);
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, causal, chunk)) {
     const Shape kvz = causal ? Shape{B, H, (N + chunk - 1) / chunk, S, E + 1} : Shape{B, H, S, E + 1};
     std::vector<Tensor> r = {empty_heads({B, H, N, E}, qc), empty({B, H, N}, q.options()), empty(kvz, q.options()),
@@ -383,11 +382,11 @@ std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q
     check_same_dtype(op, q, *t);
     check_same_device(op, q, *t);
   }
-  const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
+  const Tensor qc = sdpa_operand(q), kc = sdpa_operand(k), vc = sdpa_operand(v), wc = contiguous(omega);
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, causal, chunk)) {
     std::vector<Tensor> d = empty_head_grads(qc, kc, vc);
-    LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, causal, chunk, rows_operand(out),
-                  contiguous(den), contiguous(kvz), contiguous(phi_q), contiguous(phi_k), rows_operand(grad), guard,
+    LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, causal, chunk, sdpa_operand(out),
+                  contiguous(den), contiguous(kvz), contiguous(phi_q), contiguous(phi_k), sdpa_operand(grad), guard,
                   d[0], d[1], d[2]);
     return d;
   }
@@ -426,7 +425,7 @@ std::vector<Tensor> favor_attention_step(const Tensor& q, const Tensor& k, const
       check_same_device(op, q, *t);
     }
   }
-  const Tensor qc = rows_operand(q), kc = rows_operand(k), vc = rows_operand(v), wc = contiguous(omega);
+  const Tensor qc = sdpa_operand(q), kc = sdpa_operand(k), vc = sdpa_operand(v), wc = contiguous(omega);
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, true, chunk)) {
     std::vector<Tensor> r = {empty_heads({B, H, T, E}, qc), empty({B, H, S, E + 1}, q.options()),
                              empty({B, H, 1, 1}, q.options())};  // out, sums, c

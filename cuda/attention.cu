@@ -51,6 +51,7 @@ struct SdpaShape {
   int64_t N, M, D, E;  // query rows, keys, q/k head dim, v head dim
   int64_t offset;      // query n sits at position n + offset (causal masking)
   bool causal;
+  int64_t pad_ld;  // the key padding's rows lie pad_ld apart (a decoding cache's padding: its buffer's width)
 };
 
 // The keys [begin, end) that block z of the forward or dq kernel walks: its range of `split` keys,
@@ -234,7 +235,7 @@ __global__ void sdpa_forward_kernel(HeadRows<const T> q, HeadRows<const T> k, He
   T* row_a = row_l + B;         // [B] this tile's rescaling of the old sums
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * B;
-  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.pad_ld : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
   const Rows<const T> kb = k.rows(bh, heads), vb = v.rows(bh, heads);
@@ -594,7 +595,7 @@ struct MmaLane {
         g(threadIdx.x % 32 / 4),
         t(threadIdx.x % 4),
         bh(blockIdx.y),
-        pad_b(pad ? pad + (bh / heads) * s.M : nullptr),
+        pad_b(pad ? pad + (bh / heads) * s.pad_ld : nullptr),
         bias_b(bias ? bias + bh * s.M : nullptr) {
     if (drop.on && draw_base) drop.draw += *draw_base;
   }
@@ -1274,7 +1275,7 @@ __global__ void sdpa_backward_dkv_kernel(HeadRows<const T> q, HeadRows<const T> 
   BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, m0 = static_cast<int64_t>(blockIdx.x) * B;
-  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.pad_ld : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
   t.load_keys(k.rows(bh, heads), v.rows(bh, heads), s, m0);
@@ -1323,7 +1324,7 @@ __global__ void sdpa_backward_dq_kernel(HeadRows<const T> q, HeadRows<const T> k
   BackwardTiles<T, DM, B> t;
   const int tid = threadIdx.x, ty = tid / kColThreads, tx = tid % kColThreads;
   const int64_t bh = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * B;
-  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.M : nullptr;
+  const uint8_t* pad_b = pad ? pad + (bh / heads) * s.pad_ld : nullptr;
   const T* bias_b = bias ? bias + bh * s.M : nullptr;
   if (drop.on && draw_base) drop.draw += *draw_base;
   t.load_queries(q.rows(bh, heads), dout.rows(bh, heads), lse, delta.computed() ? nullptr : delta.rows, s, bh, n0);
@@ -1710,10 +1711,14 @@ template <typename T, typename F> void with_tiles(const SdpaShape& s, const char
              sizeof(T) == 4 ? "float32" : "float64", ", got q/k ", s.D, " and v ", s.E);
 }
 
-SdpaShape sdpa_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset) {
+SdpaShape sdpa_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset,
+                     const Tensor& pad) {
   LINEA_CHECK(q.size(0) * q.size(1) <= 65535, "sdpa: B * H = ", q.size(0) * q.size(1),
               " exceeds the 65,535 (batch, head) pairs of one CUDA launch");
-  return {q.size(2), k.size(2), q.size(3), v.size(3), offset, causal};
+  LINEA_CHECK(!pad.defined() || pad.size(1) <= 1 || pad.stride(1) == 1,
+              "sdpa: the CUDA kernel reads key padding rows of contiguous values, got strides ",
+              shape_str(pad.strides()));
+  return {q.size(2), k.size(2), q.size(3), v.size(3), offset, causal, pad.defined() ? pad.stride(0) : 0};
 }
 
 }  // namespace
@@ -1723,7 +1728,7 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
                   const Tensor& lse, const Tensor& probs) {
   LINEA_CHECK(!probs.defined(), "sdpa: the CUDA kernel keeps no probabilities (its backward recomputes them)");
   check_head_rows("sdpa", {&q, &k, &v, &out});
-  const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
+  const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset, pad), drop};
   if (q.size(0) * q.size(1) == 0 || a.s.N == 0) return;
   if (with_mma_kernels(q, a.s,
                        [&](auto format, auto dm) { forward_mma<decltype(format), decltype(dm)::value>(a, out, lse); }))
@@ -1740,7 +1745,7 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
   LINEA_CHECK(!probs.defined(), "sdpa_backward: the CUDA kernel recomputes the probabilities; got kept ones");
   check_head_rows("sdpa_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
-  const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset), drop};
+  const SdpaArgs a{q, k, v, pad, bias, scale, sdpa_shape(q, k, v, causal, offset, pad), drop};
   const int64_t rows = q.size(0) * q.size(1) * a.s.N;
   if (q.size(0) * q.size(1) == 0) return;
   if (a.s.N == 0 || a.s.M == 0) {  // nothing to sum: zero gradients
@@ -1772,7 +1777,7 @@ struct ToeplitzCall {
   SdpaArgs a;
   ToeplitzTiles tz;
   ToeplitzCall(const Tensor& c, const Tensor& phi_q, const Tensor& phi_k, const Tensor& v)
-      : a{phi_q, phi_k, v, none, none, 1.0, {phi_q.size(2), phi_k.size(2), phi_q.size(3), v.size(3) - 1, 0, false},
+      : a{phi_q, phi_k, v, none, none, 1.0, {phi_q.size(2), phi_k.size(2), phi_q.size(3), v.size(3) - 1, 0, false, 0},
           off} {
     const int64_t E = v.size(3);
     tz.c = cptr<float>(c);

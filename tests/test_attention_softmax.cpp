@@ -2,12 +2,16 @@
 // padding, cross-attention with N != M), the invariance of unpadded outputs to padded keys,
 // fully masked rows, attention dropout, spec parsing, the mechanism registry, and errors.
 // Not here: gradient checks (tests/test_gradcheck_layers.cpp).
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/softmax/softmax.h"
 #include "attention/transformer.h"
+#include "core/cpu/attention.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -226,6 +230,95 @@ TEST(SoftmaxAttention, FusedKernelMatchesComposed) {
         EXPECT_TRUE(all_close(outs[0], outs[1], rtol, atol)) << what;
         for (int i = 0; i < 3; ++i)
           EXPECT_TRUE(all_close(grads[0][i], grads[1][i], rtol, atol)) << what << " grad " << i;
+      }
+}
+
+// The CPU kernel reads q, k, v, out and dout and writes out, dq, dk and dv where the heads lie (any
+// batch, head and row strides, as the CUDA kernels do): the same bits as on dense [B, H, L, D]
+// copies, with the probabilities recomputed, kept and dropped, the backward by whole heads (B H at
+// least the threads) and by blocks of one head, and nothing written between a view's rows.
+// Operands are heads of poisoned [B, L, H, pitch] buffers (a projection's layout), keys and values
+// shared by all heads (head stride 0), the key padding's rows apart as a decoding cache's are.
+TEST(SoftmaxAttention, FusedKernelReadsHeadsInPlace) {
+  manual_seed(31);
+  struct Case {
+    int64_t B, H, N, M, D, E, pitch;
+    bool causal, pad, shared_kv;
+  };
+  const std::vector<Case> cases = {
+      {2, 3, 37, 45, 5, 7, 9, false, true, false},  // cross-attention, padding, the backward by heads
+      {1, 1, 300, 40, 6, 6, 8, true, true, false},  // two blocks of one head: the backward by blocks
+      {2, 2, 20, 20, 4, 4, 4, true, false, true},   // causal, one key/value head for all
+  };
+  const auto poisoned = [](const Shape& shape, DType dt) { return full(shape, NAN, TensorOptions(dt)); };
+  const auto same_bits = [](const Tensor& got, const Tensor& ref, const std::string& what) {
+    const std::vector<double> a = got.to(DType::Float64).to_vector<double>(),
+                              b = ref.to(DType::Float64).to_vector<double>();
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += !(a[i] == b[i]);  // an unwritten NaN differs
+    EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << a.size() << " differ";
+  };
+  for (DType dt : {DType::Float64, DType::Float32})
+    for (const Case& c : cases)
+      for (int variant = 0; variant < 3; ++variant) {  // probabilities recomputed, kept, dropped
+        const std::string what = std::string(dtype_name(dt)) + " B" + std::to_string(c.B) + " H" + std::to_string(c.H) +
+                                 " N" + std::to_string(c.N) + " variant " + std::to_string(variant);
+        SCOPED_TRACE(what);
+        const auto heads = [&](int64_t H, int64_t L, int64_t dim) {  // heads of a poisoned buffer
+          return narrow(permute(poisoned({c.B, L, H, c.pitch}, dt), {0, 2, 1, 3}), 3, 0, dim);
+        };
+        const auto filled = [&](int64_t H, int64_t L, int64_t dim) {
+          Tensor view = heads(H, L, dim);
+          view.copy_(randn(view.shape(), TensorOptions(dt)));
+          return view;
+        };
+        const int64_t kvH = c.shared_kv ? 1 : c.H;
+        Tensor q = filled(c.H, c.N, c.D), dout = filled(c.H, c.N, c.E), k = filled(kvH, c.M, c.D),
+               v = filled(kvH, c.M, c.E);
+        if (c.shared_kv) {
+          k = expand(k, {c.B, c.H, c.M, c.D});
+          v = expand(v, {c.B, c.H, c.M, c.E});
+        }
+        Tensor pad, pad_s;
+        if (c.pad) {  // batch 0: every third key; the last: every key. pad_s: columns 2.. of unpadded rows M + 3 wide
+          std::vector<int64_t> mask(static_cast<size_t>(c.B * c.M), 0);
+          for (int64_t m = 0; m < c.M; m += 3) mask[static_cast<size_t>(m)] = 1;
+          if (c.B > 1) std::fill(mask.end() - c.M, mask.end(), 1);
+          pad = from_vector<int64_t>(mask, {c.B, c.M}).to(DType::Bool);
+          pad_s = narrow(zeros({c.B, c.M + 3}, TensorOptions(DType::Bool)), 1, 2, c.M);
+          pad_s.copy_(pad);
+        }
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+        const FoldedDropout drop = variant == 2 ? FoldedDropout{0.2, 99, 3, 1, nullptr} : FoldedDropout();
+        const auto probs = [&] { return variant == 1 ? poisoned({c.B, c.H, c.N, c.M}, dt) : Tensor(); };
+        // Reference: dense copies, dense outputs.
+        const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v), dc = contiguous(dout);
+        Tensor out = poisoned({c.B, c.H, c.N, c.E}, dt), lse = poisoned({c.B, c.H, c.N}, dt), p = probs();
+        cpu::sdpa_forward(qc, kc, vc, scale, c.causal, 0, pad, Tensor(), drop, out, lse, p);
+        Tensor dq = poisoned(q.shape(), dt), dk = poisoned(k.shape(), dt), dv = poisoned(v.shape(), dt);
+        cpu::sdpa_backward(qc, kc, vc, out, lse, p, dc, Tensor(), scale, c.causal, 0, pad, Tensor(), drop, dq, dk, dv,
+                           Tensor());
+        // In place: the views in, the outputs into heads of poisoned buffers.
+        Tensor out_s = heads(c.H, c.N, c.E), lse_s = poisoned({c.B, c.H, c.N}, dt), p_s = probs();
+        cpu::sdpa_forward(q, k, v, scale, c.causal, 0, pad_s, Tensor(), drop, out_s, lse_s, p_s);
+        Tensor dq_s = heads(c.H, c.N, c.D), dk_s = heads(c.H, c.M, c.D), dv_s = heads(c.H, c.M, c.E);
+        cpu::sdpa_backward(q, k, v, out_s, lse_s, p_s, dout, Tensor(), scale, c.causal, 0, pad_s, Tensor(), drop, dq_s,
+                           dk_s, dv_s, Tensor());
+        same_bits(out_s, out, "out");
+        same_bits(lse_s, lse, "lse");
+        if (p.defined()) same_bits(p_s, p, "probs");
+        same_bits(dq_s, dq, "dq");
+        same_bits(dk_s, dk, "dk");
+        same_bits(dv_s, dv, "dv");
+        for (const auto& [view, dim, name] : {std::tuple{out_s, c.E, "out"}, std::tuple{dq_s, c.D, "dq"},
+                                              std::tuple{dk_s, c.D, "dk"}, std::tuple{dv_s, c.E, "dv"}}) {
+          if (dim == c.pitch) continue;
+          const Tensor buffer = as_strided(view, {view.size(0), view.size(2), view.size(1), c.pitch},
+                                           {view.stride(0), view.stride(2), view.stride(1), 1}, view.offset());
+          const std::vector<double> gap = narrow(buffer, 3, dim, c.pitch - dim).to(DType::Float64).to_vector<double>();
+          EXPECT_TRUE(std::all_of(gap.begin(), gap.end(), [](double x) { return std::isnan(x); }))
+              << name << " wrote between its rows";
+        }
       }
 }
 

@@ -1212,7 +1212,8 @@ TEST(CudaParity, SoftmaxAttentionTensorCores) {
 // batch, head and row strides): the same bits as on dense [B, H, L, D] copies, in every path
 // (float64 SIMT, 3xTF32, bf16, TF32), and nothing written between a view's rows. Operands are
 // heads of [B, L, H, pitch] buffers (a projection's layout; pitch past the head dims: rows off 16
-// bytes) and keys and values shared by all heads (head stride 0).
+// bytes) and keys and values shared by all heads (head stride 0); the key padding's rows lie apart
+// as a decoding cache's do (in_wider_rows).
 TEST(CudaParity, SoftmaxAttentionHeadStrides) {
   LINEA_REQUIRE_CUDA();
   manual_seed(29);
@@ -1259,6 +1260,7 @@ TEST(CudaParity, SoftmaxAttentionHeadStrides) {
         v = expand(v, {c.B, c.H, c.M, c.E});
       }
       const Tensor pad = c.pad ? key_padding(c.B, c.M).to(kCuda) : Tensor();
+      const Tensor pad_s = c.pad ? in_wider_rows(key_padding(c.B, c.M)) : Tensor();  // rows M + 3 apart
       const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
       const FoldedDropout drop{0.2, 99, 3, 1, nullptr};
       set_matmul_precision(precision);
@@ -1271,10 +1273,10 @@ TEST(CudaParity, SoftmaxAttentionHeadStrides) {
                     Tensor(), drop, dq, dk, dv, Tensor());
       // Strided: the views in, outputs into heads of poisoned buffers.
       Tensor out_s = heads(c.B, c.H, c.N, c.E, c.pitch, dt), lse_s = poisoned({c.B, c.H, c.N}, dt);
-      LINEA_BACKEND(kCuda, sdpa_forward, q, k, v, scale, c.causal, 0, pad, Tensor(), drop, out_s, lse_s, Tensor());
+      LINEA_BACKEND(kCuda, sdpa_forward, q, k, v, scale, c.causal, 0, pad_s, Tensor(), drop, out_s, lse_s, Tensor());
       Tensor dq_s = heads(c.B, c.H, c.N, c.D, c.pitch, dt), dk_s = heads(c.B, c.H, c.M, c.D, c.pitch, dt),
              dv_s = heads(c.B, c.H, c.M, c.E, c.pitch, dt);
-      LINEA_BACKEND(kCuda, sdpa_backward, q, k, v, out_s, lse_s, Tensor(), dout, Tensor(), scale, c.causal, 0, pad,
+      LINEA_BACKEND(kCuda, sdpa_backward, q, k, v, out_s, lse_s, Tensor(), dout, Tensor(), scale, c.causal, 0, pad_s,
                     Tensor(), drop, dq_s, dk_s, dv_s, Tensor());
       set_matmul_precision(MatmulPrecision::Float32);
       same_bits(out_s, out, "out");

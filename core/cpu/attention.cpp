@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpu/gemm.h"
@@ -44,7 +45,8 @@ struct Problem {
   int64_t B, H, N, M, D, E;
   bool causal;
   int64_t offset;
-  const uint8_t* pad;  // [B, M] or null
+  const uint8_t* pad;  // [B, M] (rows pad_ld apart) or null
+  int64_t pad_ld;
   int64_t R;           // query rows per block: at most kMaxRows, the blocks as even as possible
   FoldedDropout drop;  // of the probabilities (p == 0: none)
   int64_t blocks() const { return N == 0 ? 0 : (N + R - 1) / R; }
@@ -52,7 +54,22 @@ struct Problem {
   int64_t keys_of_block(int64_t i0, int64_t rows) const { return causal ? std::min(M, i0 + rows + offset) : M; }
   // Keys [0, end) pass the causal test for query i (padding aside); at most mv.
   int64_t visible_end(int64_t i, int64_t mv) const { return causal ? std::clamp<int64_t>(i + offset + 1, 0, mv) : mv; }
+  const uint8_t* pad_of(int64_t b) const { return pad ? pad + b * pad_ld : nullptr; }
 };
+
+// A [B, H, L, X] operand or result where it lies: any batch, head and row strides, a row's X values
+// contiguous (the heads of a [B, L, H, X] projection in place, as the CUDA kernels take them;
+// raw::sdpa_operand), the rows ld apart for the GEMMs.
+template <typename T> struct Heads {
+  T* p;
+  int64_t batch, head, ld, H;
+  T* at(int64_t bh, int64_t row = 0) const { return p + bh / H * batch + bh % H * head + row * ld; }
+};
+template <typename T> Heads<T> heads_of(const Tensor& t) {
+  // One row (or empty rows): any stride will do, but BLAS wants ld >= the row's length.
+  const int64_t ld = t.size(2) > 1 && t.size(3) > 0 ? t.stride(2) : std::max<int64_t>(t.size(3), 1);
+  return {t.data<std::remove_const_t<T>>(), t.stride(0), t.stride(1), ld, t.size(1)};
+}
 
 // Vectorized row helpers (the max, the sum in double, the scaling).
 template <typename T> LINEA_VEC_CLONES T row_max(const T* s, int64_t n) {
@@ -143,14 +160,13 @@ template <typename T, typename Block> void for_each_block(const Problem& p, bool
 }
 
 template <typename T>
-void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* bias, T* out, T* lse,
-                  T* probs) {
+void forward_impl(const Problem& p, T scale, Heads<const T> q, Heads<const T> k, Heads<const T> v, const T* bias,
+                  Heads<T> out, T* lse, T* probs) {
   // Scratch scores unless the probabilities are kept.
   for_each_block<T>(p, !probs, [&](T* s, int64_t bh, int64_t i0, int64_t rows) {
     const int64_t b = bh / p.H, mv = p.keys_of_block(i0, rows);
-    const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
-    const T* qb = q + (bh * p.N + i0) * p.D;
-    T* ob = out + (bh * p.N + i0) * p.E;
+    const uint8_t* padb = p.pad_of(b);
+    T* ob = out.at(bh, i0);
     T* lb = lse + bh * p.N + i0;
     // The block's scores: in the kept probabilities when there are any, else in scratch.
     T* sb = probs ? probs + (bh * p.N + i0) * p.M : s;
@@ -158,17 +174,17 @@ void forward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v,
     if (probs)  // keys [mv, M) are hidden from the whole block: probability 0
       for (int64_t r = 0; r < rows; ++r) std::fill(sb + r * p.M + mv, sb + (r + 1) * p.M, T(0));
     if (mv == 0) {
-      std::fill(ob, ob + rows * p.E, T(0));
+      for (int64_t r = 0; r < rows; ++r) std::fill(ob + r * out.ld, ob + r * out.ld + p.E, T(0));
       std::fill(lb, lb + rows, -std::numeric_limits<T>::infinity());
       return;
     }
-    gemm(false, true, rows, mv, p.D, scale, qb, p.D, k + bh * p.M * p.D, p.D, T(0), sb, ld);
+    gemm(false, true, rows, mv, p.D, scale, q.at(bh, i0), q.ld, k.at(bh), k.ld, T(0), sb, ld);
     add_key_bias(sb, rows, ld, mv, bias ? bias + bh * p.M : nullptr);
     for (int64_t r = 0; r < rows; ++r) {
       lb[r] = softmax_row(sb + r * ld, mv, p.visible_end(i0 + r, mv), padb);
       if (p.drop.p > 0) drop_row(p, b, bh % p.H, i0 + r, sb + r * ld, mv);  // lse stays the undropped one
     }
-    gemm(false, false, rows, p.E, mv, T(1), sb, ld, v + bh * p.M * p.E, p.E, T(0), ob, p.E);
+    gemm(false, false, rows, p.E, mv, T(1), sb, ld, v.at(bh), v.ld, T(0), ob, out.ld);
   });
 }
 
@@ -198,13 +214,12 @@ template <typename T> int64_t cumulative_exp(T* s, int64_t M, const uint8_t* pad
 // sdpa_sample: a block of query rows' scores by one GEMM, then per row its running sums in place
 // and each draw by binary search in them (sorted_position, as searchsorted).
 template <typename T>
-void sample_impl(const Problem& p, T scale, const T* q, const T* k, const T* u, int64_t S, int64_t* out) {
+void sample_impl(const Problem& p, T scale, Heads<const T> q, Heads<const T> k, const T* u, int64_t S, int64_t* out) {
   for_each_block<T>(p, true, [&](T* s, int64_t bh, int64_t i0, int64_t rows) {
-    const int64_t b = bh / p.H;
-    gemm(false, true, rows, p.M, p.D, scale, q + (bh * p.N + i0) * p.D, p.D, k + bh * p.M * p.D, p.D, T(0), s, p.M);
+    gemm(false, true, rows, p.M, p.D, scale, q.at(bh, i0), q.ld, k.at(bh), k.ld, T(0), s, p.M);
     for (int64_t r = 0; r < rows; ++r) {
       T* e = s + r * p.M;
-      const int64_t last = cumulative_exp(e, p.M, p.pad ? p.pad + b * p.M : nullptr);
+      const int64_t last = cumulative_exp(e, p.M, p.pad_of(bh / p.H));
       const int64_t row = bh * p.N + i0 + r;
       for (int64_t j = 0; j < S; ++j)
         out[row * S + j] = std::min(sorted_position(e, p.M, u[row * S + j] * e[p.M - 1], true), last);
@@ -231,22 +246,28 @@ void dropped_softmax_grad_row(const Problem& p, int64_t b, int64_t h, int64_t n,
   }
 }
 
+// dk, dv or dbias rows [0, mv) of one (b, h): where a block's GEMMs accumulate them (the head of the
+// result itself, or the thread's own copy of it), ld apart.
+template <typename T> struct Acc {
+  T* p;
+  int64_t ld;
+};
+
 // One block's share of the backward: dq rows written, dk, dv and dbias rows [0, mv) accumulated
-// (db_bh null: no bias). The block's probabilities come from the forward's kept ones or are
+// (db null: no bias). The block's probabilities come from the forward's kept ones or are
 // recomputed into s.
 template <typename T>
-void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* q, const T* k, const T* v,
-                    const T* bias, const T* out, const T* lse, const T* probs, const T* dout, const T* dlse, T* dq,
-                    T* dk_bh, T* dv_bh, T* db_bh, T* s, T* dp) {
+void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, Heads<const T> q, Heads<const T> k,
+                    Heads<const T> v, const T* bias, Heads<const T> out, const T* lse, const T* probs,
+                    Heads<const T> dout, const T* dlse, Heads<T> dq, Acc<T> dk, Acc<T> dv, T* db, T* s, T* dp) {
   const int64_t rows = std::min(p.R, p.N - i0), mv = p.keys_of_block(i0, rows), b = bh / p.H;
-  const T* qb = q + (bh * p.N + i0) * p.D;
-  const T* kb = k + bh * p.M * p.D;
-  const T* vb = v + bh * p.M * p.E;
-  const T* ob = out + (bh * p.N + i0) * p.E;
-  const T* gb = dout + (bh * p.N + i0) * p.E;
-  T* dqb = dq + (bh * p.N + i0) * p.D;
+  const T* qb = q.at(bh, i0);
+  const T* kb = k.at(bh);
+  const T* ob = out.at(bh, i0);
+  const T* gb = dout.at(bh, i0);
+  T* dqb = dq.at(bh, i0);
   if (mv == 0) {
-    std::fill(dqb, dqb + rows * p.D, T(0));
+    for (int64_t r = 0; r < rows; ++r) std::fill(dqb + r * dq.ld, dqb + r * dq.ld + p.D, T(0));
     return;
   }
   const T* pb = s;
@@ -255,18 +276,17 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
     pb = probs + (bh * p.N + i0) * p.M;
     ld = p.M;
   } else {
-    const uint8_t* padb = p.pad ? p.pad + b * p.M : nullptr;
-    gemm(false, true, rows, mv, p.D, scale, qb, p.D, kb, p.D, T(0), s, mv);  // scores
+    gemm(false, true, rows, mv, p.D, scale, qb, q.ld, kb, k.ld, T(0), s, mv);  // scores
     add_key_bias(s, rows, mv, mv, bias ? bias + bh * p.M : nullptr);
     for (int64_t r = 0; r < rows; ++r)
-      probabilities_row(s + r * mv, mv, p.visible_end(i0 + r, mv), padb, lse[bh * p.N + i0 + r]);
+      probabilities_row(s + r * mv, mv, p.visible_end(i0 + r, mv), p.pad_of(b), lse[bh * p.N + i0 + r]);
   }
-  gemm(false, true, rows, mv, p.E, T(1), gb, p.E, vb, p.E, T(0), dp, mv);  // dP = dO V^T
+  gemm(false, true, rows, mv, p.E, T(1), gb, dout.ld, v.at(bh), v.ld, T(0), dp, mv);  // dP = dO V^T
   for (int64_t r = 0; r < rows; ++r) {
     // dS = P (dP - rowsum(dO * O) + dlse), the softmax backward and the lse's (with dropout: P (Z
     // dP - ...), P = Z P)
     double dot = 0;
-    for (int64_t e = 0; e < p.E; ++e) dot += static_cast<double>(gb[r * p.E + e]) * ob[r * p.E + e];
+    for (int64_t e = 0; e < p.E; ++e) dot += static_cast<double>(gb[r * dout.ld + e]) * ob[r * out.ld + e];
     if (dlse) dot -= dlse[bh * p.N + i0 + r];
     const T d = static_cast<T>(dot);
     if (p.drop.p > 0)
@@ -274,22 +294,23 @@ void backward_block(const Problem& p, T scale, int64_t bh, int64_t i0, const T* 
     else
       softmax_grad_row(pb + r * ld, dp + r * mv, mv, d);
   }
-  gemm(true, false, mv, p.E, rows, T(1), pb, ld, gb, p.E, T(1), dv_bh, p.E);  // dV += P^T dO
+  gemm(true, false, mv, p.E, rows, T(1), pb, ld, gb, dout.ld, T(1), dv.p, dv.ld);  // dV += P^T dO
   // dbias += the column sums of dS
-  if (db_bh)
+  if (db)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t m = 0; m < mv; ++m) db_bh[m] += dp[r * mv + m];
-  gemm(false, false, rows, p.D, mv, scale, dp, mv, kb, p.D, T(0), dqb, p.D);   // dQ = scale dS K
-  gemm(true, false, mv, p.D, rows, scale, dp, mv, qb, p.D, T(1), dk_bh, p.D);  // dK += scale dS^T Q
+      for (int64_t m = 0; m < mv; ++m) db[m] += dp[r * mv + m];
+  gemm(false, false, rows, p.D, mv, scale, dp, mv, kb, k.ld, T(0), dqb, dq.ld);  // dQ = scale dS K
+  gemm(true, false, mv, p.D, rows, scale, dp, mv, qb, q.ld, T(1), dk.p, dk.ld);  // dK += scale dS^T Q
 }
 
 template <typename T>
-void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v, const T* bias, const T* out,
-                   const T* lse, const T* probs, const T* dout, const T* dlse, T* dq, T* dk, T* dv, T* db) {
+void backward_impl(const Problem& p, T scale, Heads<const T> q, Heads<const T> k, Heads<const T> v, const T* bias,
+                   Heads<const T> out, const T* lse, const T* probs, Heads<const T> dout, const T* dlse, Heads<T> dq,
+                   Heads<T> dk, Heads<T> dv, T* db) {
   const int64_t BH = p.B * p.H, nblk = p.blocks(), kd = p.M * p.D, ve = p.M * p.E, rm = p.R * p.M, be = db ? p.M : 0;
   const int nt = omp_get_max_threads();
-  // Whole heads per thread when there are enough (each accumulates its own dk, dv rows); else
-  // blocks of a head on several threads, each summing into its own copy of dk and dv.
+  // Whole heads per thread when there are enough (each accumulates into its own dk, dv rows); else
+  // blocks of a head on several threads, each summing into its own dense copy of dk and dv.
   const bool by_head = BH >= nt;
   const int64_t acc =
       by_head ? 0
@@ -311,12 +332,14 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
       const size_t t = static_cast<size_t>(omp_get_thread_num());
 #pragma omp for schedule(dynamic)
       for (int64_t bh = 0; bh < BH; ++bh) {
-        std::fill(dk + bh * kd, dk + (bh + 1) * kd, T(0));
-        std::fill(dv + bh * ve, dv + (bh + 1) * ve, T(0));
+        for (int64_t m = 0; m < p.M; ++m) {
+          std::fill(dk.at(bh, m), dk.at(bh, m) + p.D, T(0));
+          std::fill(dv.at(bh, m), dv.at(bh, m) + p.E, T(0));
+        }
         if (db) std::fill(db + bh * be, db + (bh + 1) * be, T(0));
         for (int64_t blk = 0; blk < nblk; ++blk)
-          backward_block(p, scale, bh, blk * p.R, q, k, v, bias, out, lse, probs, dout, dlse, dq, dk + bh * kd,
-                         dv + bh * ve, db ? db + bh * be : nullptr, s[t], dp[t]);
+          backward_block(p, scale, bh, blk * p.R, q, k, v, bias, out, lse, probs, dout, dlse, dq,
+                         Acc<T>{dk.at(bh), dk.ld}, Acc<T>{dv.at(bh), dv.ld}, db ? db + bh * be : nullptr, s[t], dp[t]);
       }
     }
     return;
@@ -327,11 +350,14 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
     std::fill(acc_k[t], acc_k[t] + BH * kd, T(0));
     std::fill(acc_v[t], acc_v[t] + BH * ve, T(0));
     if (db) std::fill(acc_b[t], acc_b[t] + BH * be, T(0));
-#pragma omp for schedule(dynamic)
+      // Static: which blocks a thread sums into its copy must not depend on timing, or the sums'
+      // bits would (dynamic scheduling made two identical calls differ under load).
+#pragma omp for schedule(static)
     for (int64_t it = 0; it < BH * nblk; ++it) {
       const int64_t bh = it / nblk;
       backward_block(p, scale, bh, (it % nblk) * p.R, q, k, v, bias, out, lse, probs, dout, dlse, dq,
-                     acc_k[t] + bh * kd, acc_v[t] + bh * ve, db ? acc_b[t] + bh * be : nullptr, s[t], dp[t]);
+                     Acc<T>{acc_k[t] + bh * kd, p.D}, Acc<T>{acc_v[t] + bh * ve, p.E},
+                     db ? acc_b[t] + bh * be : nullptr, s[t], dp[t]);
     }
   }
   if (db) {  // the threads' dbias copies, summed in thread order
@@ -342,16 +368,22 @@ void backward_impl(const Problem& p, T scale, const T* q, const T* k, const T* v
       db[i] = sb;
     }
   }
-  const int64_t nk = BH * kd, nv = BH * ve;
+  // The threads' dk and dv copies, summed in thread order into the results' rows.
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < std::max(nk, nv); ++i) {
-    T sk = 0, sv = 0;
-    for (size_t t = 0; t < acc_k.size(); ++t) {
-      if (i < nk) sk += acc_k[t][i];
-      if (i < nv) sv += acc_v[t][i];
+  for (int64_t row = 0; row < BH * p.M; ++row) {
+    const int64_t bh = row / p.M, m = row % p.M;
+    T* dkr = dk.at(bh, m);
+    T* dvr = dv.at(bh, m);
+    for (int64_t d = 0; d < p.D; ++d) {
+      T sum = 0;
+      for (size_t t = 0; t < acc_k.size(); ++t) sum += acc_k[t][row * p.D + d];
+      dkr[d] = sum;
     }
-    if (i < nk) dk[i] = sk;
-    if (i < nv) dv[i] = sv;
+    for (int64_t e = 0; e < p.E; ++e) {
+      T sum = 0;
+      for (size_t t = 0; t < acc_v.size(); ++t) sum += acc_v[t][row * p.E + e];
+      dvr[e] = sum;
+    }
   }
 }
 
@@ -362,8 +394,9 @@ Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
       std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(M * dtype_size(q.dtype()), 1), kMinRows, kMaxRows);
   const int64_t nblk = std::max<int64_t>((N + rows - 1) / rows, 1);
   const uint8_t* pad_rows = pad.defined() ? static_cast<const uint8_t*>(pad.data_ptr()) : nullptr;
+  const int64_t pad_ld = pad.defined() ? pad.stride(0) : 0;
   const int64_t R = std::max<int64_t>((N + nblk - 1) / nblk, 1);
-  return {q.size(0), q.size(1), N, M, q.size(3), v.size(3), causal, offset, pad_rows, R, drop};
+  return {q.size(0), q.size(1), N, M, q.size(3), v.size(3), causal, offset, pad_rows, pad_ld, R, drop};
 }
 
 }  // namespace
@@ -373,9 +406,10 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
                   const Tensor& lse, const Tensor& probs) {
   const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
-    forward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
-                           bias.defined() ? bias.data<scalar_t>() : nullptr, out.data<scalar_t>(), lse.data<scalar_t>(),
-                           probs.defined() ? probs.data<scalar_t>() : nullptr);
+    using T = scalar_t;
+    forward_impl<T>(p, static_cast<T>(scale), heads_of<const T>(q), heads_of<const T>(k), heads_of<const T>(v),
+                    bias.defined() ? bias.data<T>() : nullptr, heads_of<T>(out), lse.data<T>(),
+                    probs.defined() ? probs.data<T>() : nullptr);
   });
 }
 
@@ -383,8 +417,9 @@ void sdpa_sample(const Tensor& q, const Tensor& k, const Tensor& pad, const Tens
                  const Tensor& out) {
   const Problem p = problem_of(q, k, k, false, 0, pad, FoldedDropout());
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_sample", [&] {
-    sample_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), u.data<scalar_t>(),
-                          u.size(3), out.data<int64_t>());
+    using T = scalar_t;
+    sample_impl<T>(p, static_cast<T>(scale), heads_of<const T>(q), heads_of<const T>(k), u.data<T>(), u.size(3),
+                   out.data<int64_t>());
   });
 }
 
@@ -394,12 +429,12 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
   const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
-    backward_impl<scalar_t>(p, static_cast<scalar_t>(scale), q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
-                            bias.defined() ? bias.data<scalar_t>() : nullptr, out.data<scalar_t>(),
-                            lse.data<scalar_t>(), probs.defined() ? probs.data<scalar_t>() : nullptr,
-                            dout.data<scalar_t>(), dlse.defined() ? dlse.data<scalar_t>() : nullptr,
-                            dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>(),
-                            dbias.defined() ? dbias.data<scalar_t>() : nullptr);
+    using T = scalar_t;
+    backward_impl<T>(p, static_cast<T>(scale), heads_of<const T>(q), heads_of<const T>(k), heads_of<const T>(v),
+                     bias.defined() ? bias.data<T>() : nullptr, heads_of<const T>(out), lse.data<T>(),
+                     probs.defined() ? probs.data<T>() : nullptr, heads_of<const T>(dout),
+                     dlse.defined() ? dlse.data<T>() : nullptr, heads_of<T>(dq), heads_of<T>(dk), heads_of<T>(dv),
+                     dbias.defined() ? dbias.data<T>() : nullptr);
   });
 }
 
