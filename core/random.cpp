@@ -75,6 +75,17 @@ void set_rng_state(const std::vector<uint64_t>& state, Device device) {
 #endif
 }
 
+ForkRng::ForkRng(Device device)
+    : device_(device),
+      cpu_(get_rng_state(kCPU)),
+      dev_(device.is_cuda() ? get_rng_state(device) : std::vector<uint64_t>{}) {}
+
+// Restoring sets host-side {seed, offset} pairs of the right size: nothing here can throw.
+ForkRng::~ForkRng() {
+  set_rng_state(cpu_, kCPU);
+  if (device_.is_cuda()) set_rng_state(dev_, device_);
+}
+
 namespace raw {
 
 Tensor uniform(const Shape& shape, double lo, double hi, TensorOptions opts) {

@@ -18,6 +18,21 @@ void manual_seed(uint64_t seed);
 std::vector<uint64_t> get_rng_state(Device device = kCPU);
 void set_rng_state(const std::vector<uint64_t>& state, Device device = kCPU);
 
+// Draws made while it lives leave no trace: the CPU generator's state, and `device`'s when it is
+// CUDA, are restored when it goes out of scope (torch.random.fork_rng). For side work inside a run
+// (an evaluation that samples, a speed probe) that must not shift the run's random stream.
+class ForkRng {
+ public:
+  explicit ForkRng(Device device = kCPU);
+  ~ForkRng();
+  ForkRng(const ForkRng&) = delete;
+  ForkRng& operator=(const ForkRng&) = delete;
+
+ private:
+  Device device_;
+  std::vector<uint64_t> cpu_, dev_;
+};
+
 // Random tensors (no graph).
 Tensor rand(const Shape& shape, TensorOptions opts = {});   // U[0, 1)
 Tensor randn(const Shape& shape, TensorOptions opts = {});  // N(0, 1)

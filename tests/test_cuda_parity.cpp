@@ -2319,6 +2319,22 @@ TEST(CudaParity, PerExampleDrawsEqualTheCpus) {
   }
 }
 
+// A fork on CUDA restores both generators (an evaluation on the GPU also draws on the CPU).
+TEST(CudaParity, ForkRngRestoresBothGenerators) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(4);
+  (void)rand({3}, TensorOptions(DType::Float32, kCuda));
+  const auto cpu = get_rng_state(kCPU), gpu = get_rng_state(kCuda);
+  {
+    const ForkRng fork(kCuda);
+    (void)rand({3}, TensorOptions(DType::Float32, kCuda));
+    (void)rand({3});
+    EXPECT_NE(get_rng_state(kCuda), gpu);
+  }
+  EXPECT_EQ(get_rng_state(kCPU), cpu);
+  EXPECT_EQ(get_rng_state(kCuda), gpu);
+}
+
 // ---- indexing --------------------------------------------------------------------------------------------
 TEST(CudaParity, Indexing) {
   LINEA_REQUIRE_CUDA();

@@ -317,6 +317,28 @@ TEST(Random, SeedReproducesAndStateRestores) {
   EXPECT_NE(randn({1000}).to_vector<float>(), a);  // the generator advanced
 }
 
+// Draws inside a ForkRng leave the stream where it was, on leaving by an exception too.
+TEST(Random, ForkRngLeavesTheStreamWhereItWas) {
+  manual_seed(5);
+  (void)rand({3});
+  const auto start = get_rng_state();
+  const auto next = rand({4}, f64()).to_vector<double>();
+  set_rng_state(start);
+  {
+    const ForkRng fork;
+    (void)randn({10});
+    EXPECT_NE(get_rng_state(), start);  // the fork's draws moved the generator
+  }
+  EXPECT_EQ(get_rng_state(), start);
+  try {
+    const ForkRng fork;
+    (void)rand({2});
+    throw Error("inside the fork");
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(rand({4}, f64()).to_vector<double>(), next);
+}
+
 TEST(Random, Distributions) {
   manual_seed(7);
   const int n = 200000;

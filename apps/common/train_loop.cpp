@@ -494,11 +494,8 @@ Metrics evaluate_forked(nn::Module& model, Device device, const std::function<Me
   model.eval();
   // Evaluation may sample (e.g. unbiased RA in eval): on a fork, so the training run's random
   // stream is the same with or without evaluations, and a resume matches wherever they happened.
-  const std::vector<uint64_t> rng_cpu = get_rng_state(kCPU);
-  const std::vector<uint64_t> rng_dev = device.is_cuda() ? get_rng_state(device) : std::vector<uint64_t>{};
+  const ForkRng fork(device);
   Metrics m = evaluate();
-  set_rng_state(rng_cpu, kCPU);
-  if (device.is_cuda()) set_rng_state(rng_dev, device);
   model.train();
   return m;
 }

@@ -142,13 +142,12 @@ int64_t epochs_within_budget(const TrainOptions& o, const VitConfig& config,
                              const std::shared_ptr<const nn::Dataset>& train_set, const ImageData& data,
                              int64_t eval_batch, Device device, Clock::time_point started) {
   constexpr int kWarmup = 3, kMinTimed = 12;
-  const std::vector<uint64_t> rng_cpu = get_rng_state(kCPU);
-  const std::vector<uint64_t> rng_dev = device.is_cuda() ? get_rng_state(device) : std::vector<uint64_t>{};
   const int64_t B = o.batch_size, steps_per_epoch = data.train_images.size(0) / B;
   double train_s = 0, eval_s = 0;
   int64_t timed = 0;
   const int64_t eval_n = std::min<int64_t>(2 * eval_batch, data.test_images.size(0));
   {
+    const ForkRng fork(device);  // the run's random streams as they were
     VisionTransformer scratch(config);
     scratch.to(device);
     nn::AdamW opt(nn::decay_groups(scratch, o.lr, o.weight_decay, {"pos.", "cls_token"}));
@@ -180,8 +179,6 @@ int64_t epochs_within_budget(const TrainOptions& o, const VitConfig& config,
              eval_batch, "", false);
     eval_s = seconds_since(e0);
   }
-  set_rng_state(rng_cpu, kCPU);
-  if (device.is_cuda()) set_rng_state(rng_dev, device);
   const double step_s = train_s / static_cast<double>(std::max<int64_t>(timed, 1)),
                eval_per_image = eval_s / static_cast<double>(eval_n);
   const double epoch_s =
