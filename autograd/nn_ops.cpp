@@ -431,7 +431,7 @@ Tensor activation_dropout(const Tensor& x, UnaryOp act, double p, bool training)
 
 // ---- fused attention ----------------------------------------------------------------------------
 namespace {
-// q, k, v and the key bias as the sdpa kernels read them (raw::sdpa_operand: the heads of a
+// q, k, v and the key bias as the sdpa kernels read them (raw::as_head_rows: the heads of a
 // projection in place), kept so for the backward, which then copies nothing; the padding detached; the graph's inputs
 // (the bias only when given).
 struct SdpaOperands {
@@ -440,9 +440,9 @@ struct SdpaOperands {
 };
 SdpaOperands sdpa_operands(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding,
                            const Tensor& key_bias) {
-  SdpaOperands o{raw::sdpa_operand(q.detach()),
-                 raw::sdpa_operand(k.detach()),
-                 raw::sdpa_operand(v.detach()),
+  SdpaOperands o{raw::as_head_rows(q.detach()),
+                 raw::as_head_rows(k.detach()),
+                 raw::as_head_rows(v.detach()),
                  key_bias.defined() ? raw::contiguous(key_bias.detach()) : Tensor(),
                  key_padding.defined() ? key_padding.detach() : Tensor(),
                  {q, k, v}};

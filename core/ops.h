@@ -129,12 +129,12 @@ std::vector<Tensor> cross_entropy_mean(const Tensor& loss, const Tensor& target,
 std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
                          const Tensor& pad, bool keep_probs = false, const FoldedDropout& drop = FoldedDropout(),
                          const Tensor& bias = Tensor());
-// q, k, v (or out, grad) as the sdpa kernels of either device read them: the tensor itself where
-// its rows are contiguous and do not overlap (the kernels take any batch, head and row strides: the
-// heads of a projection in place, a decoding cache's view of its buffer), else a contiguous copy.
-// out and the gradients come back laid out as q, k and v. What the autograd op keeps for its
-// backward.
-Tensor sdpa_operand(const Tensor& t);
+// q, k, v (or out, grad) as the fused attention kernels (sdpa on either device, FAVOR+ on CUDA)
+// read them, rows of heads: the tensor itself where its rows are contiguous and do not overlap
+// (the kernels take any batch, head and row strides: the heads of a projection in place, a
+// decoding cache's view of its buffer), else a contiguous copy. out and the gradients come back
+// laid out as q, k and v. What the autograd op keeps for its backward.
+Tensor as_head_rows(const Tensor& t);
 // Returns {dq, dk, dv, dbias} (dbias undefined without a bias) from grad [B, H, N, E], the
 // gradient of lse (dlse [B, H, N]; undefined: none) and the forward's out, lse and probs
 // (undefined: recomputed block by block); drop and bias as in the forward.
@@ -178,7 +178,7 @@ std::vector<Tensor> linear_attention_backward(const Tensor& grad, const Tensor& 
 // (b, h), pad) for q [B, H, N, D], k [B, H, M, D], v [B, H, M, E] (any layout; the heads of a
 // projection are read in place) or, causal (self-attention: N = M, key m seen by queries n >= m),
 // causal_linear_attention of them in chunks of `chunk` rows. Returns {out (laid out as q's heads
-// on CUDA, see sdpa_operand), den, kvz (causal: the chunk states), phi_q, phi_k} and, where the
+// on CUDA, see as_head_rows), den, kvz (causal: the chunk states), phi_q, phi_k} and, where the
 // ops ran one after the other, the scaled q and k (all for the backward). One pass of fused
 // kernels on CUDA where they fit the sizes (and, causal, chunks of 64); else, and on the CPU,
 // the ops composed.

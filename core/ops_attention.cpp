@@ -47,7 +47,7 @@ void check_key_bias(const char* op, const Tensor& q, const Tensor& k, const Tens
   check_same_device(op, q, bias);
 }
 
-// An output of `shape` laid out as `like`'s heads (sdpa_operand): a [B, L, H, E] tensor underneath
+// An output of `shape` laid out as `like`'s heads (as_head_rows): a [B, L, H, E] tensor underneath
 // where like's heads interleave within its rows (as a projection's do), so that merging the heads
 // again is a view; dense [B, H, L, E] otherwise.
 Tensor empty_heads(const Shape& shape, const Tensor& like) {
@@ -78,7 +78,7 @@ void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_pro
 }
 }  // namespace
 
-Tensor sdpa_operand(const Tensor& t) {
+Tensor as_head_rows(const Tensor& t) {
   const bool rows = t.size(3) <= 1 || t.stride(3) == 1;                             // a row's values contiguous
   const bool apart = t.size(2) <= 1 || t.size(3) == 0 || t.stride(2) >= t.size(3);  // rows that do not overlap
   return rows && apart ? t : contiguous(t);
@@ -104,7 +104,7 @@ std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, doub
   // The CUDA kernel never keeps the probabilities: recomputing them is cheaper than O(N M) memory.
   Tensor probs = keep_probs && q.is_cpu() ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, opts) : Tensor();
   if (out.numel() > 0 || lse.numel() > 0)
-    LINEA_BACKEND(q.device(), sdpa_forward, sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), scale, causal, offset,
+    LINEA_BACKEND(q.device(), sdpa_forward, as_head_rows(q), as_head_rows(k), as_head_rows(v), scale, causal, offset,
                   pad_rows(pad), bias.defined() ? contiguous(bias) : Tensor(), drop, out, lse, probs);
   return {out, lse, probs};
 }
@@ -134,8 +134,8 @@ std::vector<Tensor> sdpa_backward(const Tensor& grad, const Tensor& q, const Ten
   const Tensor &dq = d[0], &dk = d[1], &dv = d[2];
   Tensor db = bias.defined() ? empty(bias.shape(), bias.options()) : Tensor();
   if (q.numel() + k.numel() + v.numel() > 0)
-    LINEA_BACKEND(q.device(), sdpa_backward, sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), sdpa_operand(out),
-                  contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), sdpa_operand(grad),
+    LINEA_BACKEND(q.device(), sdpa_backward, as_head_rows(q), as_head_rows(k), as_head_rows(v), as_head_rows(out),
+                  contiguous(lse), probs.defined() ? contiguous(probs) : Tensor(), as_head_rows(grad),
                   dlse.defined() ? contiguous(dlse) : Tensor(), scale, causal, offset, pad_rows(pad),
                   bias.defined() ? contiguous(bias) : Tensor(), drop, dq, dk, dv, db);
   return {dq, dk, dv, db};
@@ -338,7 +338,7 @@ std::vector<Tensor> favor_attention(const Tensor& q, const Tensor& k, const Tens
                                     double scale, const Tensor& pad, double guard, bool causal, int64_t chunk) {
   check_favor_args("favor_attention", q, k, v, omega, scale, pad, guard, causal, chunk);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), S = omega.size(1), E = v.size(3);
-  const Tensor qc = sdpa_operand(q), kc = sdpa_operand(k), vc = sdpa_operand(v), wc = contiguous(omega);
+  const Tensor qc = as_head_rows(q), kc = as_head_rows(k), vc = as_head_rows(v), wc = contiguous(omega);
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, causal, chunk)) {
     const Shape kvz = causal ? Shape{B, H, (N + chunk - 1) / chunk, S, E + 1} : Shape{B, H, S, E + 1};
     std::vector<Tensor> r = {empty_heads({B, H, N, E}, qc), empty({B, H, N}, q.options()), empty(kvz, q.options()),
@@ -382,11 +382,11 @@ std::vector<Tensor> favor_attention_backward(const Tensor& grad, const Tensor& q
     check_same_dtype(op, q, *t);
     check_same_device(op, q, *t);
   }
-  const Tensor qc = sdpa_operand(q), kc = sdpa_operand(k), vc = sdpa_operand(v), wc = contiguous(omega);
+  const Tensor qc = as_head_rows(q), kc = as_head_rows(k), vc = as_head_rows(v), wc = contiguous(omega);
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, causal, chunk)) {
     std::vector<Tensor> d = empty_head_grads(qc, kc, vc);
-    LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, causal, chunk, sdpa_operand(out),
-                  contiguous(den), contiguous(kvz), contiguous(phi_q), contiguous(phi_k), sdpa_operand(grad), guard,
+    LINEA_BACKEND(q.device(), favor_attention_backward, qc, kc, vc, wc, scale, causal, chunk, as_head_rows(out),
+                  contiguous(den), contiguous(kvz), contiguous(phi_q), contiguous(phi_k), as_head_rows(grad), guard,
                   d[0], d[1], d[2]);
     return d;
   }
@@ -425,7 +425,7 @@ std::vector<Tensor> favor_attention_step(const Tensor& q, const Tensor& k, const
       check_same_device(op, q, *t);
     }
   }
-  const Tensor qc = sdpa_operand(q), kc = sdpa_operand(k), vc = sdpa_operand(v), wc = contiguous(omega);
+  const Tensor qc = as_head_rows(q), kc = as_head_rows(k), vc = as_head_rows(v), wc = contiguous(omega);
   if (LINEA_BACKEND(q.device(), favor_attention_fused, qc, kc, vc, wc, true, chunk)) {
     std::vector<Tensor> r = {empty_heads({B, H, T, E}, qc), empty({B, H, S, E + 1}, q.options()),
                              empty({B, H, 1, 1}, q.options())};  // out, sums, c

@@ -4,6 +4,7 @@
 // Not here: gradient checks (tests/test_gradcheck_layers.cpp).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -320,6 +321,50 @@ TEST(SoftmaxAttention, FusedKernelReadsHeadsInPlace) {
               << name << " wrote between its rows";
         }
       }
+}
+
+// Called directly (not through raw::as_head_rows), the CPU kernel refuses what it cannot read as
+// rows: a row's values apart, rows that overlap (an expand along L), padding values apart; naming
+// the op and the strides. The same tensors copied contiguous run.
+TEST(SoftmaxAttention, FusedKernelRefusesLayoutsItCannotRead) {
+  manual_seed(37);
+  const int64_t B = 1, H = 2, N = 4, M = 6, D = 3;
+  const Tensor q = randn({B, H, N, D}), k = randn({B, H, M, D}), v = randn({B, H, M, D});
+  const Tensor pad = zeros({B, M}, TensorOptions(DType::Bool));
+  const Tensor columns = transpose(randn({B, H, D, N}), 2, 3);       // values N apart
+  const Tensor one_row = expand(randn({B, H, 1, D}), {B, H, N, D});  // rows 0 apart
+  const Tensor pad_apart = as_strided(zeros({B, 2 * M}, TensorOptions(DType::Bool)), {B, M}, {2 * M, 2}, 0);
+  const auto forward = [&](const Tensor& qq, const Tensor& pp) {
+    Tensor out = empty({B, H, N, D}), lse = empty({B, H, N});
+    cpu::sdpa_forward(qq, k, v, 0.5, false, 0, pp, Tensor(), FoldedDropout(), out, lse, Tensor());
+    return std::pair{out, lse};
+  };
+  const auto expect_refused = [](const std::function<void()>& call, const std::string& op, const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind(op + ": the CPU kernel reads", 0), 0u) << what << ": " << m;
+      EXPECT_NE(m.find("strides"), std::string::npos) << what << ": " << m;
+    }
+  };
+  expect_refused([&] { forward(columns, Tensor()); }, "sdpa", "q's values apart");
+  expect_refused([&] { forward(one_row, Tensor()); }, "sdpa", "q's rows overlapping");
+  expect_refused([&] { forward(q, pad_apart); }, "sdpa", "padding values apart");
+  const auto [out, lse] = forward(q, pad);
+  const auto backward = [&](const Tensor& dout) {
+    Tensor dq = empty(q.shape()), dk = empty(k.shape()), dv = empty(v.shape());
+    cpu::sdpa_backward(q, k, v, out, lse, Tensor(), dout, Tensor(), 0.5, false, 0, pad, Tensor(), FoldedDropout(), dq,
+                       dk, dv, Tensor());
+  };
+  expect_refused([&] { backward(columns); }, "sdpa_backward", "dout's values apart");
+  const Tensor u = rand({B, H, N, 2}), idx = empty({B, H, N, 2}, TensorOptions(DType::Int64));
+  expect_refused([&] { cpu::sdpa_sample(one_row, k, Tensor(), u, 0.5, idx); }, "sdpa_sample", "q's rows overlapping");
+  // The same values, contiguous, run.
+  EXPECT_NO_THROW(forward(contiguous(columns), contiguous(pad_apart)));
+  EXPECT_NO_THROW(backward(contiguous(columns)));
+  EXPECT_NO_THROW(cpu::sdpa_sample(contiguous(one_row), k, Tensor(), u, 0.5, idx));
 }
 
 // A key bias [B, H, M] added to the scores (what RA's estimator passes): the fused kernel against

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -59,7 +60,7 @@ struct Problem {
 
 // A [B, H, L, X] operand or result where it lies: any batch, head and row strides, a row's X values
 // contiguous (the heads of a [B, L, H, X] projection in place, as the CUDA kernels take them;
-// raw::sdpa_operand), the rows ld apart for the GEMMs.
+// raw::as_head_rows), the rows ld apart for the GEMMs.
 template <typename T> struct Heads {
   T* p;
   int64_t batch, head, ld, H;
@@ -69,6 +70,18 @@ template <typename T> Heads<T> heads_of(const Tensor& t) {
   // One row (or empty rows): any stride will do, but BLAS wants ld >= the row's length.
   const int64_t ld = t.size(2) > 1 && t.size(3) > 0 ? t.stride(2) : std::max<int64_t>(t.size(3), 1);
   return {t.data<std::remove_const_t<T>>(), t.stride(0), t.stride(1), ld, t.size(1)};
+}
+
+// What Heads needs of a tensor, checked at each entry (a backend called directly, not through
+// raw::as_head_rows, gets an error rather than a misread): a row's values contiguous, rows not
+// overlapping (BLAS refuses an ld below the row's length).
+void check_heads(const char* op, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands) {
+    const bool row = t->size(3) <= 1 || t->stride(3) == 1;
+    const bool apart = t->size(2) <= 1 || t->stride(2) >= t->size(3);
+    LINEA_CHECK(row && apart, op, ": the CPU kernel reads and writes rows of contiguous values, rows apart, got ",
+                shape_str(t->shape()), " with strides ", shape_str(t->strides()));
+  }
 }
 
 // Vectorized row helpers (the max, the sum in double, the scaling).
@@ -387,8 +400,10 @@ void backward_impl(const Problem& p, T scale, Heads<const T> q, Heads<const T> k
   }
 }
 
-Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset, const Tensor& pad,
-                   const FoldedDropout& drop) {
+Problem problem_of(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int64_t offset,
+                   const Tensor& pad, const FoldedDropout& drop) {
+  LINEA_CHECK(!pad.defined() || pad.size(1) <= 1 || pad.stride(1) == 1, op,
+              ": the CPU kernel reads key padding rows of contiguous values, got strides ", shape_str(pad.strides()));
   const int64_t N = q.size(2), M = k.size(2);
   const int64_t rows =
       std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(M * dtype_size(q.dtype()), 1), kMinRows, kMaxRows);
@@ -404,7 +419,8 @@ Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
                   const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& out,
                   const Tensor& lse, const Tensor& probs) {
-  const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
+  check_heads("sdpa", {&q, &k, &v, &out});
+  const Problem p = problem_of("sdpa", q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     using T = scalar_t;
     forward_impl<T>(p, static_cast<T>(scale), heads_of<const T>(q), heads_of<const T>(k), heads_of<const T>(v),
@@ -415,7 +431,8 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 
 void sdpa_sample(const Tensor& q, const Tensor& k, const Tensor& pad, const Tensor& u, double scale,
                  const Tensor& out) {
-  const Problem p = problem_of(q, k, k, false, 0, pad, FoldedDropout());
+  check_heads("sdpa_sample", {&q, &k});
+  const Problem p = problem_of("sdpa_sample", q, k, k, false, 0, pad, FoldedDropout());
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_sample", [&] {
     using T = scalar_t;
     sample_impl<T>(p, static_cast<T>(scale), heads_of<const T>(q), heads_of<const T>(k), u.data<T>(), u.size(3),
@@ -427,7 +444,8 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& probs, const Tensor& dout, const Tensor& dlse, double scale, bool causal,
                    int64_t offset, const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
-  const Problem p = problem_of(q, k, v, causal, offset, pad, drop);
+  check_heads("sdpa_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+  const Problem p = problem_of("sdpa_backward", q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
     using T = scalar_t;
     backward_impl<T>(p, static_cast<T>(scale), heads_of<const T>(q), heads_of<const T>(k), heads_of<const T>(v),
