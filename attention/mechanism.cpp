@@ -77,10 +77,21 @@ void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_p
 void KeyValueCache::reorder(const Tensor& index) {
   if (!k_.defined()) return;
   const Tensor i = index.to(k_.device());
-  k_ = index_select(k_, 0, i);
-  v_ = index_select(v_, 0, i);
-  if (pad_.defined()) pad_ = index_select(pad_, 0, i);
-  kbuf_ = vbuf_ = pbuf_ = Tensor();  // the next append copies the reordered rows into new buffers
+  // A buffer is selected whole (one copy, room included: the next append writes in place); its
+  // filled part alone is not contiguous, so selecting it would copy it twice and the next append
+  // a third time into a new buffer.
+  const auto select = [&](Tensor& buf, Tensor& filled, int64_t dim) {
+    if (!filled.defined()) return;
+    if (!buf.defined()) {
+      filled = index_select(filled, 0, i);
+      return;
+    }
+    buf = index_select(buf, 0, i);
+    filled = narrow(buf, dim, 0, length_);
+  };
+  select(kbuf_, k_, 2);
+  select(vbuf_, v_, 2);
+  select(pbuf_, pad_, 1);
 }
 
 std::unique_ptr<DecodeState> AttentionMechanism::start_decoding() const {

@@ -159,15 +159,17 @@ TEST(AttentionCudaParity, NprfRpe) {
 // place from its column of the decoder's mask; relu's composed path) in float32; from the third
 // step on (the first has no sums to rescale: the first two fill the caching allocator), a step asks
 // the device for its kernels alone: within the budget, no synchronization, allocation or host copy.
+// A beam reorder after the third step selects each state tensor once (softmax: the cache's whole
+// buffers, so the steps after it still write in place, allocating nothing).
 TEST(AttentionCudaDecoding, StepsEqualTheCpusWithinALaunchBudget) {
   LINEA_REQUIRE_CUDA();
   struct Budget {
     std::string spec;
-    int64_t most;
+    int64_t most, reorder_most;
   };
-  for (const Budget& b : std::vector<Budget>{{"softmax", 4},
-                                             {"performer:features=6,redraw=0", 4},
-                                             {"performer:features=6,redraw=0,feature_map=relu", 40}}) {
+  for (const Budget& b : std::vector<Budget>{{"softmax", 4, 3},
+                                             {"performer:features=6,redraw=0", 4, 2},
+                                             {"performer:features=6,redraw=0,feature_map=relu", 40, 1}}) {
     SCOPED_TRACE(b.spec);
     manual_seed(9);
     const int64_t B = 2, H = 2, L = 6, D = 4;
@@ -182,7 +184,16 @@ TEST(AttentionCudaDecoding, StepsEqualTheCpusWithinALaunchBudget) {
     const Tensor pad = from_vector<int64_t>({0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0}, {B, L}).to(DType::Bool);
     const Tensor qg = q.to(kCuda), kg = k.to(kCuda), vg = v.to(kCuda), pg = pad.to(kCuda);
     auto sc = cpu->start_decoding(), sg = gpu->start_decoding();
+    const Tensor beams = from_vector<int64_t>({1, 1}, {B}), beams_g = beams.to(kCuda);  // both rows continue row 1
     for (int64_t t = 0; t < L; ++t) {
+      if (t == 3) {  // a beam search's reorder: one select per state tensor, the buffers' room kept
+        sc->reorder(beams);
+        const cuda::Counters before = cuda::counters();
+        sg->reorder(beams_g);
+        const cuda::Counters c = cuda::counters() - before;
+        EXPECT_LE(c.kernel_launches + c.library_calls, b.reorder_most) << "reorder: " << c.str();
+        EXPECT_EQ(c.host_syncs + c.host_waits + c.h2d_copies + c.d2h_copies, 0) << "reorder: " << c.str();
+      }
       const Tensor ref =
           cpu->decode_step(narrow(q, 2, t, 1), narrow(k, 2, t, 1), narrow(v, 2, t, 1), *sc, narrow(pad, 1, t, 1));
       const cuda::Counters before = cuda::counters();

@@ -148,7 +148,8 @@ TEST(AttentionDecoding, BeamReorderContinuesFromTheChosenRows) {
 // The key/value cache past its buffers' first sizes (16 positions, then doubling): a long softmax
 // decode with padding from the middle on and a beam reorder equals the causal forward over the
 // sequences the beams hold; the keys a step saw stay what they were while later steps write into
-// the same buffers; and with gradients on, the cache is differentiable (joined by cat).
+// the same buffers; a reorder keeps the buffers' room; and with gradients on, the cache is
+// differentiable (joined by cat).
 TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
   auto m = mechanism("softmax", 5);
   const int64_t B = 2, L = 41, P = 23;  // reorder after P positions
@@ -163,10 +164,16 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
     std::vector<Tensor> outs;
     Tensor seen, seen_copy;  // the keys of step 9, as the cache handed them out then
     for (int64_t t = 0; t < L; ++t) {
-      if (t == P) cache.reorder(index);
+      const void* reordered = nullptr;
+      if (t == P) {
+        cache.reorder(index);
+        reordered = cache.keys().data_ptr();
+      }
       // No padding given before position 20: the cache keeps none until then.
       const Tensor p = t < 20 ? Tensor() : narrow(pad, 1, t, 1);
       cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), p);
+      // The reorder kept the buffer's room (34 positions): the next step writes into it, no new buffer.
+      if (reordered) EXPECT_EQ(cache.keys().data_ptr(), reordered);
       if (t == 9) {
         seen = cache.keys();
         seen_copy = clone(seen);

@@ -7,11 +7,13 @@
 // decode_step in eval mode without a graph, up to --length positions. At each reported prefix
 // length P the time is the median of the --window steps that end at P. Ratios: each step time
 // against the same spec's at the first reported length (flat = 1.0x), and against softmax at
-// the same length, both from this run.
+// the same length, both from this run. --beams K lays the batch rows out [sentence][beam] and
+// reorders the state before every step as a beam search does (row j of a sentence continues its
+// row (j + 1) % K: never the identity), the reorder timed with the step.
 //
 // Usage:
 //   attention-decode [--specs softmax,performer,nprf_rpe] [--length 2048] [--report 128,512,2048]
-//                    [--batch 1] [--heads 4] [--dim 64] [--window 16] [--device cpu|cuda|auto]
+//                    [--batch 1] [--beams 1] [--heads 4] [--dim 64] [--window 16] [--device cpu|cuda|auto]
 //                    [--threads T] [--max-seconds S] [--seed 0] [--json FILE]
 // nprf_rpe gets max_len=--length unless its spec sets max_len.
 #include <CLI/CLI.hpp>
@@ -61,7 +63,7 @@ std::string incremental_attentions() {
 struct Options {
   // The mechanisms that decode one step at a time (attention/registry.h).
   std::string specs = incremental_attentions(), report = "128,512,2048", device = "auto", json_path;
-  int64_t length = 2048, batch = 1, heads = 4, dim = 64, window = 16;
+  int64_t length = 2048, batch = 1, beams = 1, heads = 4, dim = 64, window = 16;
   int threads = 0;
   double max_seconds = 120;
   uint64_t seed = 0;
@@ -78,6 +80,9 @@ std::map<int64_t, double> run(const std::string& spec_in, const Options& o, cons
   linea::manual_seed(o.seed);
   auto state = m->start_decoding();
   const linea::TensorOptions opts(linea::DType::Float32, device);
+  std::vector<int64_t> rows(static_cast<size_t>(o.batch));
+  for (int64_t b = 0; b < o.batch; ++b) rows[static_cast<size_t>(b)] = b - b % o.beams + (b % o.beams + 1) % o.beams;
+  const Tensor reorder = linea::from_vector<int64_t>(rows, {o.batch}).to(device);
   std::vector<double> steps_ms;
   std::map<int64_t, double> out;
   const auto start = std::chrono::steady_clock::now();
@@ -86,6 +91,7 @@ std::map<int64_t, double> run(const std::string& spec_in, const Options& o, cons
            v = linea::randn({o.batch, o.heads, 1, o.dim}, opts);
     synchronize(device);
     const auto t0 = std::chrono::steady_clock::now();
+    if (o.beams > 1 && t > 1) state->reorder(reorder);
     Tensor y = m->decode_step(q, k, v, *state);
     synchronize(device);
     steps_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -113,6 +119,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "sequences decoded together")
       ->capture_default_str()
       ->check(linea::apps::positive_number());
+  app.add_option("--beams", o.beams, "beams per sentence: the state reordered before each step (1: never)")
+      ->capture_default_str()
+      ->check(linea::apps::positive_number());
   app.add_option("--heads", o.heads, "heads")->capture_default_str()->check(linea::apps::positive_number());
   app.add_option("--dim", o.dim, "head dim")->capture_default_str()->check(linea::apps::positive_number());
   app.add_option("--window", o.window, "steps whose median is reported")
@@ -131,6 +140,8 @@ int main(int argc, char** argv) {
   try {
     linea::set_num_threads(o.threads);
     const Device device = resolve_device("attention-decode", o.device);
+    LINEA_CHECK(o.batch % o.beams == 0, "attention-decode: --batch ", o.batch, " is not a multiple of --beams ",
+                o.beams, " (rows are [sentence][beam])");
     std::vector<int64_t> report;
     for (const std::string& s : split_specs(o.report)) {
       size_t used = 0;
@@ -147,9 +158,11 @@ int main(int argc, char** argv) {
     report.erase(std::remove_if(report.begin(), report.end(), [&](int64_t p) { return p < 1 || p > o.length; }),
                  report.end());
     LINEA_CHECK(!report.empty(), "attention-decode: no --report length within 1..--length ", o.length);
-    std::printf("attention-decode on %s: batch %lld, heads %lld, head dim %lld, float32; ms per step (median of %lld)\n",
-                device_name(device).c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.heads),
-                static_cast<long long>(o.dim), static_cast<long long>(o.window));
+    std::printf(
+        "attention-decode on %s: batch %lld%s, heads %lld, head dim %lld, float32; ms per step (median of %lld)\n",
+        device_name(device).c_str(), static_cast<long long>(o.batch),
+        o.beams > 1 ? (" (" + std::to_string(o.beams) + " beams each reordered a step)").c_str() : "",
+        static_cast<long long>(o.heads), static_cast<long long>(o.dim), static_cast<long long>(o.window));
     std::map<std::string, std::map<int64_t, double>> results;
     std::vector<std::string> specs = split_specs(o.specs), notes;
     LINEA_CHECK(!specs.empty(), "attention-decode: --specs '", o.specs, "' names no mechanism");
@@ -178,6 +191,7 @@ int main(int argc, char** argv) {
         nlohmann::json j = {{"bench", "attention-decode"}, {"device", device_name(device)}, {"spec", spec},
                             {"decoded_length", p},       {"ms_per_step", r.at(p)},         {"vs_first_length", r.at(p) / first},
                             {"batch", o.batch},          {"heads", o.heads},               {"head_dim", o.dim}};
+        if (o.beams > 1) j["beams"] = o.beams;
         if (base.count(p)) j["vs_softmax"] = r.at(p) / base.at(p);
         lines += j.dump() + "\n";
       }

@@ -240,7 +240,9 @@ std::vector<std::vector<Hypothesis>> beam_search(Seq2Seq& model, const Tensor& s
       still.push_back(std::move(s));
     }
     if (still.empty()) break;
-    state.reorder(index_tensor(reorder, src.device()));
+    bool moved = false;  // every beam in place (common): nothing to send to the device or reorder
+    for (size_t i = 0; i < reorder.size() && !moved; ++i) moved = reorder[i] != static_cast<int64_t>(i);
+    if (moved) state.reorder(index_tensor(reorder, src.device()));
     if (static_cast<int64_t>(still.size()) < n) state.keep_sentences(index_tensor(keep, src.device()), K);
     active = std::move(still);
     tokens = std::move(next_tokens);
