@@ -98,7 +98,9 @@ INSTANTIATE_TEST_SUITE_P(EveryAttention, VitSmoke, ::testing::ValuesIn(linea::at
                          [](const auto& info) { return info.param; });
 
 // --time-budget: a budget far below one epoch trains one; a generous one all of --epochs; the
-// epochs chosen are the run's (config.json), and --resume keeps them without probing again.
+// epochs chosen are the run's (config.json), and --resume keeps them without probing again. The
+// probe's scratch model trains on a fork of the generators (ForkRng): the run's own steps are those
+// of the same run without a budget.
 TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
   TempDir dir;
   const std::string data = (dir.path / "data").string();
@@ -115,10 +117,16 @@ TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
   EXPECT_EQ(vit::run_training(tight).steps, 4);  // one epoch of 256 / 64
   EXPECT_EQ(run_epochs(tight), 1);
   vit::TrainOptions roomy = small_run(data, (dir.path / "roomy").string(), "softmax");
+  roomy.model.dropout = 0.1;  // steps that draw, so that a probe that moved the generator would show
   roomy.time_budget = 1e6;
   roomy.run.max_steps = 6;  // stops inside epoch 2 of the 4 that fit
-  EXPECT_EQ(vit::run_training(roomy).steps, 6);
+  const vit::TrainResult budgeted = vit::run_training(roomy);
+  EXPECT_EQ(budgeted.steps, 6);
   EXPECT_EQ(run_epochs(roomy), 4);
+  vit::TrainOptions plain = small_run(data, (dir.path / "plain").string(), "softmax");  // --epochs 4
+  plain.model.dropout = 0.1;
+  plain.run.max_steps = 6;
+  EXPECT_EQ(vit::run_training(plain).step_losses, budgeted.step_losses);
   roomy.run.max_steps = 0;
   roomy.run.resume = true;
   roomy.time_budget = 1e6;
