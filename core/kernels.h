@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "core/random_math.h"
@@ -157,6 +158,23 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   e.draw = d.draw;
   e.first_row = d.first_row;
   return e;
+}
+
+// The layout of the fused attention kernels' q, k, v, out and gradients, [B, H, L, X] (rows of
+// heads): any batch, head and row strides, a row's X values contiguous, rows not overlapping (BLAS
+// refuses an ld below the row's length; overlapping output rows would race). raw::as_head_rows
+// copies what breaks it; each backend checks it at its entry, so that a kernel called directly
+// with another layout names the op and the strides rather than misreading them.
+inline bool is_head_rows(const Tensor& t) {
+  const bool row = t.size(3) <= 1 || t.stride(3) == 1;
+  const bool apart = t.size(2) <= 1 || t.stride(2) >= t.size(3);
+  return row && apart;
+}
+inline void check_head_rows(const char* op, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    LINEA_CHECK(is_head_rows(*t), op, ": the ", t->is_cuda() ? "CUDA" : "CPU",
+                " kernel reads and writes rows of contiguous values, rows apart, got ", shape_str(t->shape()),
+                " with strides ", shape_str(t->strides()));
 }
 
 #define LINEA_KERNEL_API                                                                                             \

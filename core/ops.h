@@ -133,7 +133,8 @@ std::vector<Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, doub
 // read them, rows of heads: the tensor itself where its rows are contiguous and do not overlap
 // (the kernels take any batch, head and row strides: the heads of a projection in place, a
 // decoding cache's view of its buffer), else a contiguous copy. out and the gradients come back
-// laid out as q, k and v. What the autograd op keeps for its backward.
+// laid out as q, k and v (the rule: is_head_rows, core/kernels.h). What the autograd op keeps for
+// its backward.
 Tensor as_head_rows(const Tensor& t);
 // Returns {dq, dk, dv, dbias} (dbias undefined without a bias) from grad [B, H, N, E], the
 // gradient of lse (dlse [B, H, N]; undefined: none) and the forward's out, lse and probs

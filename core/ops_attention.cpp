@@ -78,11 +78,7 @@ void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_pro
 }
 }  // namespace
 
-Tensor as_head_rows(const Tensor& t) {
-  const bool rows = t.size(3) <= 1 || t.stride(3) == 1;                             // a row's values contiguous
-  const bool apart = t.size(2) <= 1 || t.size(3) == 0 || t.stride(2) >= t.size(3);  // rows that do not overlap
-  return rows && apart ? t : contiguous(t);
-}
+Tensor as_head_rows(const Tensor& t) { return is_head_rows(t) ? t : contiguous(t); }
 
 namespace {
 // The key padding [B, M] as the fused kernels read it: rows any stride apart, a row contiguous (a

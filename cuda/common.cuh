@@ -395,20 +395,13 @@ template <typename T> struct HeadRows {
   // Head bh's rows, found once a block (a 64-bit division) rather than once a tile.
   __device__ Rows<T> rows(int64_t bh, int64_t heads) const { return {at(bh, heads), row}; }
 };
+// The layout the kernels' entries check (check_head_rows, core/kernels.h).
 template <typename T> HeadRows<const T> rows_in(const Tensor& t) {
   return {cptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
 }
 template <typename T> HeadRows<T> rows_out(const Tensor& t) {
   return {ptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
 }
-// The kernels take any batch, head and row strides (HeadRows), a row's values contiguous.
-inline void check_head_rows(const char* op, std::initializer_list<const Tensor*> operands) {
-  for (const Tensor* t : operands)
-    LINEA_CHECK(t->size(3) <= 1 || t->stride(3) == 1, op,
-                ": the CUDA kernel reads and writes rows of contiguous values, got ", shape_str(t->shape()),
-                " with strides ", shape_str(t->strides()));
-}
-
 // Row kernels whose rows are contiguous runs of elements take one warp per row, the lanes
 // striding along it: one thread per row made each load instruction touch 32 rows' cache lines
 // (the performer's row kernels moved 250-340 GB/s on an H200, which copies at about 4,300).

@@ -1290,6 +1290,41 @@ TEST(CudaParity, SoftmaxAttentionHeadStrides) {
     }
 }
 
+// Called directly (not through raw::as_head_rows), the CUDA kernels refuse what they cannot read
+// as rows of heads, as the CPU's do (one rule, is_head_rows in core/kernels.h): a row's values
+// apart, rows that overlap (an expand along L, whose outputs' rows would race); naming the device,
+// the op and the strides. The same tensors copied contiguous run.
+TEST(CudaParity, FusedAttentionKernelsRefuseLayoutsTheyCannotRead) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(31);
+  const int64_t B = 1, H = 2, N = 5, M = 7, D = 4, S = 8;
+  const auto on_gpu = [](const Tensor& t) { return t.to(kCuda); };
+  const Tensor q = on_gpu(randn({B, H, N, D})), k = on_gpu(randn({B, H, M, D})), v = on_gpu(randn({B, H, M, D}));
+  const Tensor columns = transpose(on_gpu(randn({B, H, D, N})), 2, 3);       // values N apart
+  const Tensor one_row = expand(on_gpu(randn({B, H, 1, D})), {B, H, N, D});  // rows 0 apart
+  const TensorOptions gpu(kCuda);
+  const Tensor out = empty({B, H, N, D}, gpu), lse = empty({B, H, N}, gpu);
+  const auto sdpa = [&](const Tensor& qq, const Tensor& o) {
+    LINEA_BACKEND(kCuda, sdpa_forward, qq, k, v, 0.5, false, 0, Tensor(), Tensor(), FoldedDropout(), o, lse, Tensor());
+  };
+  EXPECT_LINEA_ERROR(sdpa(columns, out),
+                     "sdpa: the CUDA kernel reads and writes rows of contiguous values, rows apart");
+  EXPECT_LINEA_ERROR(sdpa(one_row, out), "strides [");
+  EXPECT_LINEA_ERROR(sdpa(q, expand(empty({B, H, 1, D}, gpu), {B, H, N, D})),
+                     "sdpa: the CUDA kernel reads and writes rows");
+  EXPECT_NO_THROW(sdpa(contiguous(columns), out));
+  EXPECT_NO_THROW(sdpa(contiguous(one_row), out));
+  // FAVOR+'s fused forward, by the same rule.
+  const Tensor omega = on_gpu(randn({H, S, D}));
+  const auto favor = [&](const Tensor& qq) {
+    LINEA_BACKEND(kCuda, favor_attention_forward, qq, k, v, omega, 0.5, Tensor(), 1e-6, false, 64,
+                  empty({B, H, N, D}, gpu), empty({B, H, N}, gpu), empty({B, H, S, D + 1}, gpu),
+                  empty({B, H, N, S}, gpu), empty({B, H, M, S}, gpu));
+  };
+  EXPECT_LINEA_ERROR(favor(one_row), "favor_attention: the CUDA kernel reads and writes rows");
+  EXPECT_NO_THROW(favor(contiguous(one_row)));
+}
+
 // A query whose scores are all NaN gets NaN out and lse on both devices and in both CUDA paths
 // (not the zeros and -inf of a query that sees no key), the other rows stay finite.
 TEST(CudaParity, SoftmaxAttentionPropagatesNaN) {

@@ -60,7 +60,7 @@ struct Problem {
 
 // A [B, H, L, X] operand or result where it lies: any batch, head and row strides, a row's X values
 // contiguous (the heads of a [B, L, H, X] projection in place, as the CUDA kernels take them;
-// raw::as_head_rows), the rows ld apart for the GEMMs.
+// check_head_rows in core/kernels.h), the rows ld apart for the GEMMs.
 template <typename T> struct Heads {
   T* p;
   int64_t batch, head, ld, H;
@@ -70,18 +70,6 @@ template <typename T> Heads<T> heads_of(const Tensor& t) {
   // One row (or empty rows): any stride will do, but BLAS wants ld >= the row's length.
   const int64_t ld = t.size(2) > 1 && t.size(3) > 0 ? t.stride(2) : std::max<int64_t>(t.size(3), 1);
   return {t.data<std::remove_const_t<T>>(), t.stride(0), t.stride(1), ld, t.size(1)};
-}
-
-// What Heads needs of a tensor, checked at each entry (a backend called directly, not through
-// raw::as_head_rows, gets an error rather than a misread): a row's values contiguous, rows not
-// overlapping (BLAS refuses an ld below the row's length).
-void check_heads(const char* op, std::initializer_list<const Tensor*> operands) {
-  for (const Tensor* t : operands) {
-    const bool row = t->size(3) <= 1 || t->stride(3) == 1;
-    const bool apart = t->size(2) <= 1 || t->stride(2) >= t->size(3);
-    LINEA_CHECK(row && apart, op, ": the CPU kernel reads and writes rows of contiguous values, rows apart, got ",
-                shape_str(t->shape()), " with strides ", shape_str(t->strides()));
-  }
 }
 
 // Vectorized row helpers (the max, the sum in double, the scaling).
@@ -419,7 +407,7 @@ Problem problem_of(const char* op, const Tensor& q, const Tensor& k, const Tenso
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t offset,
                   const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& out,
                   const Tensor& lse, const Tensor& probs) {
-  check_heads("sdpa", {&q, &k, &v, &out});
+  check_head_rows("sdpa", {&q, &k, &v, &out});
   const Problem p = problem_of("sdpa", q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa", [&] {
     using T = scalar_t;
@@ -431,7 +419,7 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 
 void sdpa_sample(const Tensor& q, const Tensor& k, const Tensor& pad, const Tensor& u, double scale,
                  const Tensor& out) {
-  check_heads("sdpa_sample", {&q, &k});
+  check_head_rows("sdpa_sample", {&q, &k});
   const Problem p = problem_of("sdpa_sample", q, k, k, false, 0, pad, FoldedDropout());
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_sample", [&] {
     using T = scalar_t;
@@ -444,7 +432,7 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& probs, const Tensor& dout, const Tensor& dlse, double scale, bool causal,
                    int64_t offset, const Tensor& pad, const Tensor& bias, const FoldedDropout& drop, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
-  check_heads("sdpa_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+  check_head_rows("sdpa_backward", {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   const Problem p = problem_of("sdpa_backward", q, k, v, causal, offset, pad, drop);
   LINEA_DISPATCH_FLOAT(q.dtype(), "sdpa_backward", [&] {
     using T = scalar_t;
