@@ -1,5 +1,5 @@
-// Device parsing and CUDA availability queries (which never throw and never touch CUDA
-// when the backend is not built).
+// Device parsing, CUDA availability queries (which never throw and never touch CUDA when the
+// backend is not built), and a device's synchronization and allocator.
 #include "core/device.h"
 
 #include "core/cuda_interface.h"
@@ -51,5 +51,23 @@ int cuda_device_count() {
 }
 
 bool cuda_available() { return cuda_device_count() > 0; }
+
+void synchronize(const Device& device) {
+  if (device.is_cpu()) return;
+#ifdef LINEA_WITH_CUDA
+  cuda::synchronize();
+#else
+  LINEA_FAIL("synchronize ", device.str(), ": this build of Linea has no CUDA backend");
+#endif
+}
+
+CachingAllocator& allocator_of(const Device& device) {
+  if (device.is_cpu()) return cpu_allocator();
+#ifdef LINEA_WITH_CUDA
+  return cuda::allocator();
+#else
+  LINEA_FAIL("allocator_of ", device.str(), ": this build of Linea has no CUDA backend");
+#endif
+}
 
 }  // namespace linea

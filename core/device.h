@@ -36,4 +36,15 @@ bool cuda_built();
 bool cuda_available();
 int cuda_device_count();
 
+// Waits until the device has done the work queued on it (torch.cuda.synchronize): what a timer
+// around GPU work needs at both ends. Nothing on the CPU, whose ops return done. Throws
+// linea::Error for a CUDA device in a build without the CUDA backend.
+void synchronize(const Device& device);
+
+// The caching allocator that holds the device's tensors (core/allocator.h): cpu_allocator() or
+// CUDA's. Its stats are the live bytes and their peak (torch.cuda.memory_allocated,
+// max_memory_allocated). Throws like synchronize.
+class CachingAllocator;
+CachingAllocator& allocator_of(const Device& device);
+
 }  // namespace linea

@@ -1,10 +1,14 @@
 // core/runtime.h: set_num_threads moves OpenMP's and OpenBLAS's counts together and n <= 0
 // keeps them, blas_kernels names OpenBLAS's kernels and fitting_blas_kernels replaces only
-// generic ones, cpu_name reads a name, cuda_device_name names a GPU or says clearly why it cannot.
+// generic ones, cpu_name reads a name, cuda_device_name names a GPU or says clearly why it cannot;
+// core/device.h's synchronize and allocator_of, the device-agnostic forms benchmarks time with.
 // Not here: CUDA probing (tests/test_cuda_basics.cpp).
 #include "core/runtime.h"
 
 #include <string>
+
+#include "core/allocator.h"
+#include "core/device.h"
 
 #include "tests/test_util.h"
 
@@ -85,6 +89,30 @@ TEST(Runtime, CudaDeviceNameOrAClearError) {
   EXPECT_EQ(cuda_device_name(0), cuda_device_name());
   EXPECT_LINEA_ERROR(cuda_device_name(cuda_device_count()), "no CUDA device");
   EXPECT_LINEA_ERROR(cuda_device_name(-1), "no CUDA device -1");
+}
+
+// synchronize and allocator_of take either device: the CPU's allocator is cpu_allocator() and sees
+// a CPU tensor's bytes; a CUDA device gets CUDA's (its bytes where a GPU is present) or, in a
+// build without the backend, an error saying so.
+TEST(Runtime, SynchronizeAndAllocatorOfEitherDevice) {
+  EXPECT_NO_THROW(synchronize(kCPU));
+  EXPECT_EQ(&allocator_of(kCPU), &cpu_allocator());
+  const Device gpu("cuda");
+  if (!cuda_built()) {
+    EXPECT_LINEA_ERROR(synchronize(gpu), "synchronize cuda:0: this build of Linea has no CUDA backend");
+    EXPECT_LINEA_ERROR(allocator_of(gpu), "allocator_of cuda:0: this build of Linea has no CUDA backend");
+  } else {
+    EXPECT_NE(&allocator_of(gpu), &cpu_allocator());
+    EXPECT_NO_THROW(synchronize(gpu));  // with no GPU, nothing can be pending
+  }
+  for (const Device& d : {kCPU, gpu}) {
+    if (d.is_cuda() && !cuda_available()) continue;
+    SCOPED_TRACE(d.str());
+    const size_t before = allocator_of(d).stats().allocated_bytes;
+    const Tensor t = empty({1000}, TensorOptions(DType::Float32, d));
+    EXPECT_GE(allocator_of(d).stats().allocated_bytes, before + 4000);
+    synchronize(d);
+  }
 }
 
 }  // namespace

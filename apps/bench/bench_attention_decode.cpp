@@ -30,7 +30,6 @@
 #include "apps/common/process_env.h"
 #include "apps/common/run_options.h"
 #include "attention/registry.h"
-#include "core/cuda_interface.h"
 #include "linea.h"
 #include "nn/io_util.h"
 
@@ -39,19 +38,6 @@ namespace {
 using namespace linea::bench;
 using linea::Device;
 using linea::Tensor;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-void synchronize(const Device& d) {
-#ifdef LINEA_WITH_CUDA
-  if (d.is_cuda()) linea::cuda::synchronize();
-#endif
-  (void)d;
-}
 
 std::string incremental_attentions() {
   std::string names;

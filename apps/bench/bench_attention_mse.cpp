@@ -309,10 +309,10 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
     // The table: rows = sample counts, columns = specs, "mean ± s.e.".
+    std::vector<std::string> rows;
     std::vector<std::vector<std::string>> text(samples.size(), std::vector<std::string>(specs.size()));
-    std::vector<size_t> width(specs.size());
-    for (size_t j = 0; j < specs.size(); ++j) width[j] = specs[j].size();
-    for (size_t s = 0; s < samples.size(); ++s)
+    for (size_t s = 0; s < samples.size(); ++s) {
+      rows.push_back(std::to_string(samples[s]));
       for (size_t j = 0; j < specs.size(); ++j) {
         const Cell& c = cells[s][j];
         char buf[96];
@@ -321,9 +321,8 @@ int main(int argc, char** argv) {
         else if (c.ok)
           std::snprintf(buf, sizeof buf, "%.3e ± %.1e", c.mean, c.se);
         text[s][j] = c.ok ? std::string(buf) : "n/a (" + c.error + ")";
-        // "±" is two bytes and one column.
-        width[j] = std::max(width[j], text[s][j].size() - (c.ok && !std::isnan(c.se) ? 1 : 0));
       }
+    }
     std::printf("attention output MSE to exact softmax (mean ± standard error over %d draws per cell)\n", repeats);
     std::printf("inputs: %s, %s; seed %llu; device %s\n", in.source.c_str(), dtype_name(dtype),
                 static_cast<unsigned long long>(seed), dev_name.c_str());
@@ -332,19 +331,7 @@ int main(int argc, char** argv) {
         "mean square of softmax output %.3e\n",
         static_cast<long long>(in.q.size(2)), static_cast<long long>(H), static_cast<long long>(D), max_w, eff_keys,
         static_cast<long long>(in.k.size(2)), ref_ms);
-    std::printf("%8s", "samples");
-    for (size_t j = 0; j < specs.size(); ++j)
-      std::printf("  %-*s", j + 1 == specs.size() ? 0 : static_cast<int>(width[j]), specs[j].c_str());
-    std::printf("\n");
-    for (size_t s = 0; s < samples.size(); ++s) {
-      std::printf("%8lld", static_cast<long long>(samples[s]));
-      for (size_t j = 0; j < specs.size(); ++j) {
-        const int pad = static_cast<int>(width[j]) - static_cast<int>(text[s][j].size()) +
-                        (text[s][j].find("±") != std::string::npos ? 1 : 0);
-        std::printf("  %s%*s", text[s][j].c_str(), j + 1 == specs.size() ? 0 : std::max(pad, 0), "");
-      }
-      std::printf("\n");
-    }
+    print_table("samples", rows, specs, text);
     std::printf(
         "(ra: samples=S, lara: samples=S landmarks, performer/nprf_rpe: features=S; training-mode draws; "
         "%.1f s)\n",

@@ -11,8 +11,8 @@
 // hold more than 1 GiB in the allocator's cache; then the specs run one after another, each with
 // the cache emptied after it (the output names those lengths).
 // Peak memory is the caching allocator's high-water mark of live bytes during the timed runs
-// (core/allocator.h: cpu_allocator() on the CPU, cuda::allocator() on CUDA) minus the bytes live
-// before the case (the inputs and g), i.e. what the mechanism's forward and backward added.
+// (allocator_of(device), core/device.h) minus the bytes live before the case (the inputs and g),
+// i.e. what the mechanism's forward and backward added.
 // Memory that bypasses the allocator (FFTW/cuFFT plans and their work areas, BLAS buffers) is
 // not counted. nprf_rpe gets max_len=L unless its spec sets max_len.
 //
@@ -54,7 +54,6 @@
 #include "apps/common/run_options.h"
 #include "attention/transformer.h"
 #include "core/allocator.h"
-#include "core/cuda_interface.h"
 #include "linea.h"
 #include "nn/io_util.h"
 
@@ -64,27 +63,6 @@ using namespace linea::bench;
 using linea::Device;
 using linea::Tensor;
 using linea::attn::AttentionSpec;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// The allocator that holds the device's tensors, and a full synchronization of its work.
-linea::CachingAllocator& allocator_of(const Device& d) {
-#ifdef LINEA_WITH_CUDA
-  if (d.is_cuda()) return linea::cuda::allocator();
-#endif
-  (void)d;
-  return linea::cpu_allocator();
-}
-void synchronize(const Device& d) {
-#ifdef LINEA_WITH_CUDA
-  if (d.is_cuda()) linea::cuda::synchronize();
-#endif
-  (void)d;
-}
 
 struct Result {
   enum Status { Ok, Error, Skipped } status = Skipped;
@@ -335,11 +313,11 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
     // Two tables, rows = lengths, columns = specs: "value (ratio to softmax)".
-    auto print_table = [&](const char* title, bool time) {
+    auto print_results = [&](const char* title, bool time) {
+      std::vector<std::string> rows;
       std::vector<std::vector<std::string>> text(lengths.size(), std::vector<std::string>(specs.size()));
-      std::vector<size_t> width(specs.size());
-      for (size_t j = 0; j < specs.size(); ++j) width[j] = specs[j].size();
-      for (size_t i = 0; i < lengths.size(); ++i)
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        rows.push_back(std::to_string(lengths[i]));
         for (size_t j = 0; j < specs.size(); ++j) {
           const Result& r = res[i][j];
           std::string cell;
@@ -366,21 +344,13 @@ int main(int argc, char** argv) {
             cell = "skipped";
           }
           text[i][j] = cell;
-          width[j] = std::max(width[j], cell.size());
         }
-      std::printf("\n%s\n%8s", title, "length");
-      for (size_t j = 0; j < specs.size(); ++j)
-        std::printf("  %-*s", j + 1 == specs.size() ? 0 : static_cast<int>(width[j]), specs[j].c_str());
-      std::printf("\n");
-      for (size_t i = 0; i < lengths.size(); ++i) {
-        std::printf("%8lld", static_cast<long long>(lengths[i]));
-        for (size_t j = 0; j < specs.size(); ++j)
-          std::printf("  %-*s", j + 1 == specs.size() ? 0 : static_cast<int>(width[j]), text[i][j].c_str());
-        std::printf("\n");
       }
+      std::printf("\n%s\n", title);
+      print_table("length", rows, specs, text);
     };
-    print_table("forward+backward time, ms (ratio to softmax)", true);
-    print_table("peak memory added by forward+backward, MB (ratio to softmax)", false);
+    print_results("forward+backward time, ms (ratio to softmax)", true);
+    print_results("peak memory added by forward+backward, MB (ratio to softmax)", false);
     std::printf("\n");
     for (size_t j = 0; j < specs.size(); ++j)
       if (!skip_reason[j].empty())

@@ -18,12 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "apps/bench/bench_common.h"
 #include "apps/common/process_env.h"
 #include "linea.h"
 
 namespace {
 
 using linea::Tensor;
+using linea::bench::median;
 
 // One GEMM shape: batch x ([M, K] @ [K, N]).
 struct Case {
@@ -39,12 +41,6 @@ struct Options {
   int reps = 20;
   int warmup = 3;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 template <typename F> double time_ms(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();

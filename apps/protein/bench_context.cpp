@@ -46,7 +46,6 @@
 #include "attention/registry.h"
 #include "autograd/ops.h"
 #include "core/allocator.h"
-#include "core/cuda_interface.h"
 #include "core/random.h"
 #include "core/runtime.h"
 #include "model.h"
@@ -55,29 +54,9 @@
 
 using namespace linea;
 using json = nlohmann::json;
+using bench::median;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// The allocator that holds the device's tensors, and a full synchronization of its work.
-CachingAllocator& allocator_of(const Device& d) {
-#ifdef LINEA_WITH_CUDA
-  if (d.is_cuda()) return cuda::allocator();
-#endif
-  (void)d;
-  return cpu_allocator();
-}
-void synchronize(const Device& d) {
-#ifdef LINEA_WITH_CUDA
-  if (d.is_cuda()) cuda::synchronize();
-#endif
-  (void)d;
-}
 
 struct Case {
   enum Status { Ok, DoesNotFit, Failed, NotRun } status = NotRun;
