@@ -89,14 +89,15 @@ inline ::testing::AssertionResult grad_ok(const std::function<Tensor(const std::
     if (!::linea::cuda_available()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
-// EXPECT_THROW that also checks the message contains a substring.
-#define EXPECT_LINEA_ERROR(stmt, substr)                                            \
+// EXPECT_THROW that also checks the message: it contains each of the substrings given.
+#define EXPECT_LINEA_ERROR(stmt, ...)                                               \
   do {                                                                              \
     try {                                                                           \
       stmt;                                                                         \
-      ADD_FAILURE() << "expected linea::Error containing '" << substr << "'";       \
+      ADD_FAILURE() << #stmt " did not throw a linea::Error";                       \
     } catch (const ::linea::Error& e) {                                             \
-      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos) << e.what(); \
+      for (const std::string& part : std::vector<std::string>{__VA_ARGS__})         \
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what(); \
     }                                                                               \
   } while (0)
 

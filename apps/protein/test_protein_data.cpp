@@ -33,18 +33,6 @@ using namespace protein;
 
 namespace {
 
-// EXPECT_THROW with a check of the message.
-#define EXPECT_ERROR_HAS(stmt, ...)                                                 \
-  do {                                                                              \
-    try {                                                                           \
-      stmt;                                                                         \
-      ADD_FAILURE() << #stmt " did not throw";                                      \
-    } catch (const linea::Error& e) {                                               \
-      for (const std::string& part : std::vector<std::string>{__VA_ARGS__})         \
-        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what(); \
-    }                                                                               \
-  } while (0)
-
 // |count - n p| within 5 binomial standard deviations.
 ::testing::AssertionResult near_binomial(int64_t count, int64_t n, double p) {
   const double mean = n * p, sd = std::sqrt(n * p * (1 - p));
@@ -175,8 +163,8 @@ TEST(ProteinDataAlphabet, IdsMatchEsm2) {
   EXPECT_EQ(kNull, 31);
   EXPECT_EQ(kMask, 32);
   for (char c : std::string("*lajx1 <>\n")) EXPECT_EQ(residue_id(c), -1) << c;
-  EXPECT_ERROR_HAS(token_text(33), "33");
-  EXPECT_ERROR_HAS(token_text(-1), "-1");
+  EXPECT_LINEA_ERROR(token_text(33), "33");
+  EXPECT_LINEA_ERROR(token_text(-1), "-1");
 }
 
 TEST(ProteinDataAlphabet, EncodeNamesTheSequenceAndPosition) {
@@ -184,11 +172,11 @@ TEST(ProteinDataAlphabet, EncodeNamesTheSequenceAndPosition) {
   EXPECT_EQ(ids, std::vector<int8_t>({20, 15, 11, 24, 25, 30, 29}));
   EXPECT_EQ(decode(std::vector<int64_t>(ids.begin(), ids.end())), "MKTXB-.");
   EXPECT_EQ(decode({kCls, 20, kMask, 15, kEos, kPad}), "<cls>M<mask>K<eos><pad>");
-  EXPECT_ERROR_HAS(encode_residues("MKV*A", "db.fa: record 3 'sp|P1|X'"), "db.fa: record 3 'sp|P1|X'", "'*'",
-                   "position 4");
-  EXPECT_ERROR_HAS(encode_residues("MKVaA", "rec"), "rec", "'a'", "position 4");
-  EXPECT_ERROR_HAS(encode_residues("MK\x01", "rec"), "0x01", "position 3");
-  EXPECT_ERROR_HAS(encode_residues("", "db.fa: record 9 'empty'"), "record 9 'empty'", "empty");
+  EXPECT_LINEA_ERROR(encode_residues("MKV*A", "db.fa: record 3 'sp|P1|X'"), "db.fa: record 3 'sp|P1|X'", "'*'",
+                     "position 4");
+  EXPECT_LINEA_ERROR(encode_residues("MKVaA", "rec"), "rec", "'a'", "position 4");
+  EXPECT_LINEA_ERROR(encode_residues("MK\x01", "rec"), "0x01", "position 3");
+  EXPECT_LINEA_ERROR(encode_residues("", "db.fa: record 9 'empty'"), "record 9 'empty'", "empty");
 }
 
 TEST(ProteinDataAlphabet, ParseTokensWithMasks) {
@@ -197,10 +185,10 @@ TEST(ProteinDataAlphabet, ParseTokensWithMasks) {
   EXPECT_EQ(parse_tokens("<cls>M K\nT<eos>"), std::vector<int64_t>({kCls, 20, 15, 11, kEos}));
   EXPECT_EQ(parse_tokens("<null_1><unk><pad>"), std::vector<int64_t>({kNull, kUnk, kPad}));
   EXPECT_EQ(decode(parse_tokens("AC<mask>D")), "AC<mask>D");
-  EXPECT_ERROR_HAS(parse_tokens("MK<msk>A"), "<msk>", "position 3");
-  EXPECT_ERROR_HAS(parse_tokens("MKT1"), "'1'", "position 4");
-  EXPECT_ERROR_HAS(parse_tokens("MK<mask"), "position 3", "not closed");
-  EXPECT_ERROR_HAS(parse_tokens("mk"), "'m'", "position 1");
+  EXPECT_LINEA_ERROR(parse_tokens("MK<msk>A"), "<msk>", "position 3");
+  EXPECT_LINEA_ERROR(parse_tokens("MKT1"), "'1'", "position 4");
+  EXPECT_LINEA_ERROR(parse_tokens("MK<mask"), "position 3", "not closed");
+  EXPECT_LINEA_ERROR(parse_tokens("mk"), "'m'", "position 1");
 }
 
 // ---- masking -------------------------------------------------------------------------------------
@@ -352,7 +340,7 @@ TEST(ProteinDataWindows, SequenceWindowsCoverEachResidueOnce) {
       if (!w.empty()) { EXPECT_LE(hi - lo, 1) << len << " " << max; }
     }
   EXPECT_EQ(sequence_windows(1000, 510), (std::vector<std::pair<int64_t, int64_t>>{{0, 500}, {500, 1000}}));
-  EXPECT_ERROR_HAS(sequence_windows(5, 0), "max_residues");
+  EXPECT_LINEA_ERROR(sequence_windows(5, 0), "max_residues");
 }
 
 TEST(ProteinDataWindows, EvalSplitsLongSequencesIntoFramedWindows) {
@@ -373,8 +361,8 @@ TEST(ProteinDataWindows, EvalSplitsLongSequencesIntoFramedWindows) {
       EXPECT_LE(ds.lengths()[i], 50);
       EXPECT_EQ(ds.lengths()[i++], e - b + 2);
     }
-  EXPECT_ERROR_HAS(ds.window(expected), "out of range");
-  EXPECT_ERROR_HAS(MaskedLMDataset(seqs, opts(false, 2)), "max_len");
+  EXPECT_LINEA_ERROR(ds.window(expected), "out of range");
+  EXPECT_LINEA_ERROR(MaskedLMDataset(seqs, opts(false, 2)), "max_len");
 }
 
 TEST(ProteinDataWindows, TrainCropsStayWithinMaxLenAndMoveEveryEpoch) {
@@ -516,7 +504,7 @@ TEST(ProteinDataPacking, TrainWindowsAreFullAndMoveEveryEpoch) {
   std::sort(sorted.begin(), sorted.end());
   EXPECT_NE(master, sorted);     // training streams are shuffled (by seed)
   EXPECT_GE(starts.size(), 4u);  // the cuts move
-  EXPECT_ERROR_HAS(MaskedLMDataset(random_sequences(2, 10, 10, 1), opts(true, 0, 20)), "39", "24");
+  EXPECT_LINEA_ERROR(MaskedLMDataset(random_sequences(2, 10, 10, 1), opts(true, 0, 20)), "39", "24");
 }
 
 // ---- batches -------------------------------------------------------------------------------------
@@ -560,10 +548,10 @@ TEST(ProteinDataBatch, PaddingTargetsAndExamples) {
   EXPECT_EQ(e.at("pad").to_vector<int64_t>(), std::vector<int64_t>({0, 0, 0, 0}));
   EXPECT_EQ(e.at("index").item<int64_t>(), 1);
   EXPECT_EQ(e.at("tokens").to_vector<int64_t>(), std::vector<int64_t>(tok.begin(), tok.begin() + 4));
-  EXPECT_ERROR_HAS(ds.get_batch({3}), "out of range");
+  EXPECT_LINEA_ERROR(ds.get_batch({3}), "out of range");
   DatasetOptions bad = o;
   bad.masking.mask_token = 0.95;
-  EXPECT_ERROR_HAS(MaskedLMDataset(seqs, bad), "mask_token");
+  EXPECT_LINEA_ERROR(MaskedLMDataset(seqs, bad), "mask_token");
 }
 
 // ---- prepare -------------------------------------------------------------------------------------
@@ -852,33 +840,33 @@ TEST_F(ProteinDataPrepare, BadInputsNameTheProblem) {
     p.fasta = dir.file(name);
     return p;
   };
-  EXPECT_ERROR_HAS(prepare(with_fasta("star.fa", ">a\nMKV\n>b x\nMK*V\n")), "star.fa", "record 2 'b'", "'*'",
-                   "position 3");
-  EXPECT_ERROR_HAS(prepare(with_fasta("lower.fa", ">a\nMKV\n>b\nMKV\n>c\nmkv\n")), "lower.fa", "record 3 'c'", "'m'",
-                   "position 1");
-  EXPECT_ERROR_HAS(prepare(with_fasta("empty.fa", ">a\nMKV\n>gone\n>c\nMKV\n")), "empty.fa", "record 2 'gone'",
-                   "empty");
-  EXPECT_ERROR_HAS(prepare(with_fasta("dup.fa", ">a\nMKV\n>a\nMKVL\n")), "dup.fa", "record 2 'a'", "unique");
+  EXPECT_LINEA_ERROR(prepare(with_fasta("star.fa", ">a\nMKV\n>b x\nMK*V\n")), "star.fa", "record 2 'b'", "'*'",
+                     "position 3");
+  EXPECT_LINEA_ERROR(prepare(with_fasta("lower.fa", ">a\nMKV\n>b\nMKV\n>c\nmkv\n")), "lower.fa", "record 3 'c'", "'m'",
+                     "position 1");
+  EXPECT_LINEA_ERROR(prepare(with_fasta("empty.fa", ">a\nMKV\n>gone\n>c\nMKV\n")), "empty.fa", "record 2 'gone'",
+                     "empty");
+  EXPECT_LINEA_ERROR(prepare(with_fasta("dup.fa", ">a\nMKV\n>a\nMKVL\n")), "dup.fa", "record 2 'a'", "unique");
   PrepareOptions p = o;
   p.fasta = dir.file("missing.fa");
-  EXPECT_ERROR_HAS(prepare(p), "missing.fa", "does not exist");
+  EXPECT_LINEA_ERROR(prepare(p), "missing.fa", "does not exist");
   p = o;
   p.query = dir.file("noquery.fa");
-  EXPECT_ERROR_HAS(prepare(p), "noquery.fa");
+  EXPECT_LINEA_ERROR(prepare(p), "noquery.fa");
   p = o;
   p.valid_size = static_cast<int64_t>(input().family_of.size()) / 2;
   p.test_size = static_cast<int64_t>(input().family_of.size()) - p.valid_size;
-  EXPECT_ERROR_HAS(prepare(p), "--valid-size " + std::to_string(p.valid_size), "leaves no training sequences");
+  EXPECT_LINEA_ERROR(prepare(p), "--valid-size " + std::to_string(p.valid_size), "leaves no training sequences");
   p = o;
   p.mmseqs = "linea-no-such-mmseqs";
-  EXPECT_ERROR_HAS(prepare(p), "linea-no-such-mmseqs", "apt-get install mmseqs2");
+  EXPECT_LINEA_ERROR(prepare(p), "linea-no-such-mmseqs", "apt-get install mmseqs2");
   // An mmseqs that fails: the error shows the end of its output.
   write_all(dir.file("fake-mmseqs"), "#!/bin/sh\nif [ \"$1\" = version ]; then echo 9.9; exit 0; fi\n"
                                        "echo 'step 1 fine'; echo 'Error: out of cheese' >&2; exit 3\n");
   ::chmod(dir.file("fake-mmseqs").c_str(), 0755);
   p = o;
   p.mmseqs = dir.file("fake-mmseqs");
-  EXPECT_ERROR_HAS(prepare(p), "easy-cluster", "exit status 3", "out of cheese");
+  EXPECT_LINEA_ERROR(prepare(p), "easy-cluster", "exit status 3", "out of cheese");
   // Nothing was left behind by the failures.
   EXPECT_FALSE(fs::exists(o.out));
   for (const auto& entry : fs::directory_iterator(dir.path))
@@ -886,13 +874,13 @@ TEST_F(ProteinDataPrepare, BadInputsNameTheProblem) {
   // A folder that is not prepared data is never replaced.
   fs::create_directories(o.out);
   write_all(o.out + "/precious.txt", "x");
-  EXPECT_ERROR_HAS(prepare(o), "refusing to replace");
+  EXPECT_LINEA_ERROR(prepare(o), "refusing to replace");
   EXPECT_TRUE(fs::exists(o.out + "/precious.txt"));
-  EXPECT_ERROR_HAS(read_manifest(o.out), "protein prepare");
-  EXPECT_ERROR_HAS(read_manifest(dir.file("nowhere")), "nowhere", "protein prepare");
+  EXPECT_LINEA_ERROR(read_manifest(o.out), "protein prepare");
+  EXPECT_LINEA_ERROR(read_manifest(dir.file("nowhere")), "nowhere", "protein prepare");
   write_all(o.out + "/data.json", R"({"format": "linea-translate-data"})");
-  EXPECT_ERROR_HAS(read_manifest(o.out), "linea-translate-data", "protein prepare");
-  EXPECT_ERROR_HAS(read_sequences(dir.file("star.fa")), "star.fa", "record 2 'b'", "position 3");
+  EXPECT_LINEA_ERROR(read_manifest(o.out), "linea-translate-data", "protein prepare");
+  EXPECT_LINEA_ERROR(read_sequences(dir.file("star.fa")), "star.fa", "record 2 'b'", "position 3");
 }
 
 }  // namespace
