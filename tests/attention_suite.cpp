@@ -1,7 +1,10 @@
 // The shared attention suite (see attention_suite.h).
 #include "tests/attention_suite.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <thread>
 
 #include "attention/registry.h"
 #include "attention/transformer.h"
@@ -148,6 +151,54 @@ TEST_P(AttentionSuite, Float32FiniteForLargeInputsAndFullyPaddedRows) {
   EXPECT_TRUE(finite(v.grad()));
   // The fully padded batch row attends to nothing: zeros.
   EXPECT_EQ(max(abs(select(out, 0, 1))).item<float>(), 0.0f);
+}
+
+// The CPU kernels' sums do not depend on timing: identical forward+backward calls give the same
+// bits while another thread competes for the cores (a dynamic schedule feeding per-thread partial
+// sums made the softmax backward's differ under load). One head of 1,024 queries and three OpenMP
+// threads, so that the kernels split one head's work between threads; samples frozen.
+TEST_P(AttentionSuite, SameBitsUnderLoad) {
+  const int64_t B = 1, H = 1, N = 1024, D = 16;
+  const int threads = num_threads();
+  struct Restore {
+    int n;
+    ~Restore() { set_num_threads(n); }
+  } restore{threads};
+  set_num_threads(3);
+  manual_seed(17);
+  attn::AttentionSpec spec = attn::AttentionSpec::parse(GetParam());
+  const std::string length = info_of(GetParam()).length_option;
+  if (!length.empty()) spec.options[length] = std::to_string(N);  // a test spec's may be shorter
+  auto mech = attn::make_attention(spec, H, D);
+  randomize_parameters(*mech);
+  mech->freeze_samples(true);
+  const Tensor q = randn({B, H, N, D}), k = randn({B, H, N, D}), v = randn({B, H, N, D});
+  const auto run = [&] {
+    std::vector<Tensor> in = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
+                              v.detach().requires_grad_(true)};
+    const Tensor out = mech->forward(in[0], in[1], in[2], {});
+    sum(mul(out, out)).backward();
+    std::vector<std::vector<float>> bits = {out.to_vector<float>()};
+    for (const Tensor& t : in) bits.push_back(t.grad().to_vector<float>());
+    return bits;
+  };
+  const auto first = run();  // draws the samples the later calls reuse
+  std::atomic<bool> stop{false};
+  std::thread load([&] {
+    volatile uint64_t x = 0;
+    while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+  });
+  std::vector<std::vector<std::vector<float>>> again;
+  for (int r = 0; r < 4; ++r) again.push_back(run());
+  stop = true;
+  load.join();
+  const char* names[] = {"out", "dq", "dk", "dv"};
+  for (const auto& bits : again)
+    for (size_t i = 0; i < bits.size(); ++i) {
+      size_t differ = 0;
+      for (size_t j = 0; j < bits[i].size(); ++j) differ += std::memcmp(&bits[i][j], &first[i][j], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << names[i] << ": " << differ << " of " << bits[i].size() << " values differ";
+    }
 }
 
 TEST_P(AttentionSuite, CrossAttentionTakesKeysOfAnotherLength) {

@@ -5,6 +5,8 @@
 //  - the content of padded keys never reaches an output;
 //  - training draws new random quantities, eval is deterministic (unless it says it draws in eval);
 //  - float32 stays finite for |q~|, |k~| up to 5 and for fully padded rows;
+//  - on the CPU, identical forward+backward calls give the same bits while another thread
+//    competes for the cores (sums whose order does not depend on timing);
 //  - cross-attention (when supported) takes keys of another length.
 // tests/test_attention_claims.cpp runs it on the built-in mechanisms; a mechanism defined outside
 // the library runs it on its own (apps/examples/custom_attention/test_custom_attention.cpp):
