@@ -350,10 +350,10 @@ void backward_impl(const Problem& p, T scale, Heads<const T> q, Heads<const T> k
     const size_t t = static_cast<size_t>(omp_get_thread_num());
     std::fill(acc_k[t], acc_k[t] + BH * kd, T(0));
     std::fill(acc_v[t], acc_v[t] + BH * ve, T(0));
+    // Static (below): which blocks a thread sums into its copy must not depend on timing, or the
+    // sums' bits would (dynamic scheduling made two identical calls differ under load;
+    // AttentionSuite.SameBitsUnderLoad).
     if (db) std::fill(acc_b[t], acc_b[t] + BH * be, T(0));
-      // Static: which blocks a thread sums into its copy must not depend on timing, or the sums'
-      // bits would (dynamic scheduling made two identical calls differ under load;
-      // AttentionSuite.SameBitsUnderLoad).
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < BH * nblk; ++it) {
       const int64_t bh = it / nblk;

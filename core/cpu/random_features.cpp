@@ -117,9 +117,9 @@ void backward_impl(const Dims& d, const T* x, const T* w, const T* phi, const T*
 #pragma omp parallel num_threads(nt)
   {
     const size_t t = static_cast<size_t>(omp_get_thread_num());
+    // Static (below): which rows a thread sums into its dw copy must not depend on timing, or dw's
+    // bits would (as the CPU sdpa backward's dk and dv did under load; AttentionSuite.SameBitsUnderLoad).
     if (dw) std::fill(acc[t], acc[t] + wsize, T(0));
-      // Static: which rows a thread sums into its dw copy must not depend on timing, or dw's bits
-      // would (as the CPU sdpa backward's dk and dv did under load; AttentionSuite.SameBitsUnderLoad).
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t bh = it / nb, h = bh % d.H, r0 = (it % nb) * kRows, rows = std::min(kRows, d.L - r0);
