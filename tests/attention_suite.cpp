@@ -159,11 +159,7 @@ TEST_P(AttentionSuite, Float32FiniteForLargeInputsAndFullyPaddedRows) {
 // threads, so that the kernels split one head's work between threads; samples frozen.
 TEST_P(AttentionSuite, SameBitsUnderLoad) {
   const int64_t B = 1, H = 1, N = 1024, D = 16;
-  const int threads = num_threads();
-  struct Restore {
-    int n;
-    ~Restore() { set_num_threads(n); }
-  } restore{threads};
+  ThreadsGuard threads;
   set_num_threads(3);
   manual_seed(17);
   attn::AttentionSpec spec = attn::AttentionSpec::parse(GetParam());

@@ -15,14 +15,8 @@
 namespace linea {
 namespace {
 
-// Restores the thread counts a test changed.
-struct ThreadsGuard {
-  int omp = num_threads();
-  ~ThreadsGuard() { set_num_threads(omp); }
-};
-
 TEST(Runtime, SetNumThreadsSetsOpenMPAndOpenBLAS) {
-  ThreadsGuard guard;
+  test::ThreadsGuard guard;
   set_num_threads(1);
   EXPECT_EQ(num_threads(), 1);
   EXPECT_EQ(blas_num_threads(), 1);
@@ -37,7 +31,7 @@ TEST(Runtime, SetNumThreadsSetsOpenMPAndOpenBLAS) {
 }
 
 TEST(Runtime, NonPositiveThreadCountKeepsTheCurrentOnes) {
-  ThreadsGuard guard;
+  test::ThreadsGuard guard;
   set_num_threads(1);
   set_num_threads(0);
   EXPECT_EQ(num_threads(), 1);

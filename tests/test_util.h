@@ -101,6 +101,12 @@ inline ::testing::AssertionResult grad_ok(const std::function<Tensor(const std::
     }                                                                               \
   } while (0)
 
+// Restores the OpenMP and OpenBLAS thread counts (set_num_threads) a test changed, at scope exit.
+struct ThreadsGuard {
+  int threads = num_threads();
+  ~ThreadsGuard() { set_num_threads(threads); }
+};
+
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
 struct TempDir {
   std::filesystem::path path;
