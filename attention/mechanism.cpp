@@ -77,17 +77,21 @@ void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_p
 void KeyValueCache::reorder(const Tensor& index) {
   if (!k_.defined()) return;
   const Tensor i = index.to(k_.device());
-  // A buffer is selected whole (one copy, room included: the next append writes in place); its
-  // filled part alone is not contiguous, so selecting it would copy it twice and the next append
-  // a third time into a new buffer.
+  // Each buffer's filled part is selected into a new buffer of the same room (one copy of the
+  // keys kept, none of the room, which the next appends write): a reorder at every beam step
+  // would copy the room at every step too.
   const auto select = [&](Tensor& buf, Tensor& filled, int64_t dim) {
     if (!filled.defined()) return;
     if (!buf.defined()) {
       filled = index_select(filled, 0, i);
       return;
     }
-    buf = index_select(buf, 0, i);
-    filled = narrow(buf, dim, 0, length_);
+    Shape s = buf.shape();
+    s[0] = i.numel();
+    buf = empty(s, buf.options());
+    Tensor kept = narrow(buf, dim, 0, length_);
+    raw::index_select_out(kept, filled, 0, i);
+    filled = kept;
   };
   select(kbuf_, k_, 2);
   select(vbuf_, v_, 2);

@@ -78,8 +78,8 @@ class DecodeState {
 // The state of mechanisms that are exact over all keys seen so far: the keys, values and key
 // padding appended by every step ([B, H, t, D], [B, H, t, Dv], Bool [B, t] or undefined). Without
 // gradients they are views of buffers with room for later steps (grown by doubling, as a
-// std::vector), so a step copies only its own keys, and a reorder selects whole buffers (their
-// room kept); with them, joined by cat.
+// std::vector), so a step copies only its own keys, and a reorder copies the kept rows' filled
+// parts into buffers of the same room; with them, joined by cat.
 class KeyValueCache : public DecodeState {
  public:
   void append(const Tensor& k, const Tensor& v, const Tensor& key_padding);  // raises length()

@@ -267,6 +267,10 @@ inline void check_head_rows(const char* op, std::initializer_list<const Tensor*>
   /* out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n]) along the middle */                         \
   void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,            \
                     int64_t inner);                                                                                  \
+  /* out [n, runs, run] = x [size, runs, run] at index (Int64 [n]) along the first dim, where rows lie x_row */      \
+  /* (out_row) values apart and runs x_run (out_run), a run's values contiguous: a narrowed buffer's filled part */  \
+  void index_select_runs(const Tensor& x, const Tensor& index, const Tensor& out, int64_t runs, int64_t run,         \
+                         int64_t x_row, int64_t x_run, int64_t out_row, int64_t out_run);                            \
   /* out [outer, size, inner] += alpha * src [outer, n, inner] at index (Int64 [n]) (accumulates) */                 \
   void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,             \
                  int64_t inner, double alpha);                                                                       \

@@ -229,6 +229,9 @@ std::vector<Tensor> lara_proposals_backward(const Tensor& dself_w, const Tensor&
 
 // ---- indexing and joining ----------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// The same into out (x's shape with dim of index's length, any layout, not sharing x's memory):
+// along dim 0 with out a buffer's part (a cache's filled rows), one kernel that writes only out.
+void index_select_out(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index);
 // base + src added at index along dim (base not modified); index_add_ adds into out (contiguous)
 // in place: the backward of index_select, into its zeros.
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);

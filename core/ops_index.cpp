@@ -1,4 +1,4 @@
-// linea::raw indexing, joining, prefix-sum, sorted-search and real-FFT ops: index_select,
+// linea::raw indexing, joining, prefix-sum, sorted-search and real-FFT ops: index_select(_out),
 // index_add, gather, scatter_add, cat, stack, cumsum, searchsorted, rfft, irfft. Each checks its
 // arguments (dtypes, devices, ranks, shapes and, on the CPU, every index value) before any
 // compute, allocates the output and dispatches to the kernels of core/kernels.h. No autograd here (see
@@ -87,8 +87,11 @@ void check_gather_index(const char* op, const Tensor& x, int64_t dim, const Tens
 
 // ---- index_select / index_add --------------------------------------------------------------
 
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  const char* op = "index_select";
+namespace {
+
+// index (0-d or 1-d Int64) checked for selecting along dim of x; returns dim wrapped and the index
+// contiguous in idx.
+int64_t check_index_select(const char* op, const Tensor& x, int64_t dim, const Tensor& index, Tensor& idx) {
   check_defined(op, x, "x");
   check_defined(op, index, "index");
   check_same_device(op, x, index);
@@ -96,15 +99,69 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   LINEA_CHECK(x.dim() >= 1, op, ": input must have at least 1 dim, got ", shape_str(x.shape()));
   LINEA_CHECK(index.dim() <= 1, op, ": index must be 0-d or 1-d, got ", shape_str(index.shape()));
   dim = wrap_dim(dim, x.dim(), op);
-  Tensor idx = contiguous(index);
+  idx = contiguous(index);
   check_index_values(op, idx, dim, x.size(dim));
+  return dim;
+}
+
+// out = x at idx along dim 0 by index_select_runs, when x's and out's values from dim 1 on lie
+// as [runs, run] in both (a run contiguous, runs at one stride each: a contiguous tensor is one
+// run, [B, H, L, E] narrowed from [B, H, cap, E] is H runs of L·E values, cap·E apart) and out's
+// do not overlap. Returns false, having done nothing, otherwise.
+bool select_runs(const Tensor& out, const Tensor& x, const Tensor& idx) {
+  int64_t d = x.dim() - 1, run = 1;
+  for (; d >= 1; --d) {  // the contiguous tail
+    if (x.size(d) == 1) continue;
+    if (x.stride(d) != run || out.stride(d) != run) break;
+    run *= x.size(d);
+  }
+  int64_t runs = 1, x_run = run, out_run = run;
+  for (; d >= 1; --d) {  // the runs, at one stride
+    if (x.size(d) == 1) continue;
+    if (runs == 1) {
+      x_run = x.stride(d);
+      out_run = out.stride(d);
+    } else if (x.stride(d) != x_run * runs || out.stride(d) != out_run * runs) {
+      return false;
+    }
+    runs *= x.size(d);
+  }
+  const bool apart = (runs == 1 || out_run >= run) && (out.size(0) == 1 || out.stride(0) >= (runs - 1) * out_run + run);
+  if (!apart) return false;
+  LINEA_BACKEND(x.device(), index_select_runs, x, idx, out, runs, run, x.stride(0), x_run, out.stride(0), out_run);
+  return true;
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  const char* op = "index_select";
+  Tensor idx;
+  dim = check_index_select(op, x, dim, index, idx);
   const int64_t n = idx.numel();
   Tensor out = empty(with_dim(x.shape(), dim, n), x.options());
   if (out.numel() == 0) return out;
+  // Rows of a view (a cache buffer's filled part) read where they lie, not copied first.
+  if (dim == 0 && !x.is_contiguous() && select_runs(out, x, idx)) return out;
   Tensor xc = contiguous(x);
   LINEA_BACKEND(x.device(), index_select, xc, idx, out, prod(x.shape(), 0, dim), x.size(dim),
                 prod(x.shape(), dim + 1, x.dim()));
   return out;
+}
+
+void index_select_out(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index) {
+  const char* op = "index_select";
+  Tensor idx;
+  dim = check_index_select(op, x, dim, index, idx);
+  check_defined(op, out, "out");
+  check_same_device(op, x, out);
+  check_same_dtype(op, x, out);
+  LINEA_CHECK(out.shape() == with_dim(x.shape(), dim, idx.numel()), op, ": out ", shape_str(out.shape()),
+              " must equal x ", shape_str(x.shape()), " with dim ", dim, " of size ", idx.numel(),
+              " (the index length)");
+  if (out.numel() == 0) return;
+  if (dim == 0 && select_runs(out, x, idx)) return;
+  copy_(out, index_select(x, dim, idx));
 }
 
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {

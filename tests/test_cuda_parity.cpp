@@ -2607,6 +2607,54 @@ TEST(CudaParity, IndexAddAndScatterAddEqualTheCpuBitForBit) {
             raw::scatter_add(ibase, 0, iidx, isrc).to_vector<int64_t>());
 }
 
+// A beam reorder of a key/value cache: the filled rows [0, 6) of a [5, 3, 11, 5] buffer selected
+// along dim 0 into those of a new buffer, whose room keeps its poison (the kernel writes only the
+// rows kept), in float32, int64 and bool (the padding buffer, [B, cap]); and index_select of the
+// filled part, which reads the rows in place, forward and backward.
+TEST(CudaParity, IndexSelectIntoABuffersPart) {
+  LINEA_REQUIRE_CUDA();
+  manual_seed(31);
+  const Tensor idx = ints({4, 0, 4, 2, 1, 3, 0}, {7});  // more rows than the source: a select, not a permutation
+  // x's rows [0, 6) along `along` selected at idx into a new buffer of x's room, poisoned (7).
+  const auto into_part = [](int64_t along) {
+    return [along](const std::vector<Tensor>& v) {
+      Shape s = v[0].shape();
+      s[0] = v[1].numel();
+      Tensor buf = full(s, 7.0, v[0].options());
+      raw::index_select_out(narrow(buf, along, 0, 6), narrow(v[0], along, 0, 6), 0, v[1]);
+      return buf;
+    };
+  };
+  expect_parity("float32 rows of a part", into_part(2), {rnd({5, 3, 11, 5}, DType::Float32), idx}, 1.0, false);
+  expect_parity("int64 rows of a part", into_part(2), {randint(-50, 50, {5, 3, 11, 5}), idx}, 1.0, false);
+  expect_parity("bool padding rows", into_part(1), {gt(randn({5, 13}), 0.0), idx}, 1.0, false);
+  // into a contiguous tensor, and a contiguous source into a part
+  expect_parity(
+      "float32 a part into a tensor",
+      [](const std::vector<Tensor>& v) {
+        Tensor out = full({7, 3, 6, 5}, 7.0, v[0].options());
+        raw::index_select_out(out, narrow(v[0], 2, 0, 6), 0, v[1]);
+        return out;
+      },
+      {rnd({5, 3, 11, 5}, DType::Float32), idx}, 1.0, false);
+  expect_parity(
+      "float32 a tensor into a part",
+      [](const std::vector<Tensor>& v) {
+        Tensor buf = full({7, 3, 11, 5}, 7.0, v[0].options());
+        raw::index_select_out(narrow(buf, 2, 0, 6), v[0], 0, v[1]);
+        return buf;
+      },
+      {rnd({5, 3, 6, 5}, DType::Float32), idx}, 1.0, false);
+  expect_parity("index_select of a part",
+                [](const std::vector<Tensor>& v) { return index_select(narrow(v[0], 2, 0, 6), 0, v[1]); },
+                {rnd({5, 3, 11, 5}, DType::Float32), idx});
+  // a bad device index: reported at the next synchronization
+  const Tensor x = randn({4, 3, 9, 2}, TensorOptions(DType::Float32, kCuda));
+  Tensor out = empty({2, 3, 5, 2}, x.options());
+  raw::index_select_out(out, narrow(x, 2, 0, 5), 0, ints({1, 4}, {2}).to(kCuda));
+  EXPECT_LINEA_ERROR(out.to(kCPU), "index_select", "out of range");
+}
+
 TEST(CudaParity, BadIndicesAreReported) {
   LINEA_REQUIRE_CUDA();
   const Tensor x = randn({4, 3}, TensorOptions(DType::Float32, kCuda));

@@ -320,6 +320,56 @@ TEST(IndexOps, IndexSelectValues) {
             (std::vector<int64_t>{30, 30, 10}));
 }
 
+// raw::index_select_out into a buffer's part (a key/value cache's beam reorder: rows [0, 6) of
+// [B, H, 11, E] buffers) writes those rows alone, the rest of the buffer as it was, whatever the
+// layouts on either side; index_select of such a part reads it in place with the same values.
+TEST(IndexOps, IndexSelectOutWritesOnlyOut) {
+  manual_seed(3);
+  const Tensor buf = randn64({5, 3, 11, 4}), idx = tensor<int64_t>({4, 0, 4, 2}, {4});
+  const Tensor part = narrow(buf, 2, 0, 6);
+  const Tensor want = index_select(contiguous(part), 0, idx);  // [4, 3, 6, 4]
+  // a part into a part, into a tensor, a tensor into a part, a part into a transposed part
+  Tensor into = full({4, 3, 11, 4}, 7.0, f64());
+  raw::index_select_out(narrow(into, 2, 0, 6), part, 0, idx);
+  EXPECT_TRUE(all_close(narrow(into, 2, 0, 6), want, 0, 0));
+  EXPECT_TRUE(all_close(narrow(into, 2, 6, 5), full({4, 3, 5, 4}, 7.0, f64()), 0, 0));
+  Tensor whole = full({4, 3, 6, 4}, 7.0, f64());
+  raw::index_select_out(whole, part, 0, idx);
+  EXPECT_TRUE(all_close(whole, want, 0, 0));
+  into = full({4, 3, 11, 4}, 7.0, f64());
+  raw::index_select_out(narrow(into, 2, 0, 6), contiguous(part), 0, idx);
+  EXPECT_TRUE(all_close(narrow(into, 2, 0, 6), want, 0, 0));
+  EXPECT_TRUE(all_close(narrow(into, 2, 6, 5), full({4, 3, 5, 4}, 7.0, f64()), 0, 0));
+  Tensor into_t = full({4, 4, 11, 3}, 7.0, f64());
+  raw::index_select_out(narrow(into_t, 2, 0, 6).transpose(1, 3), part, 0, idx);
+  EXPECT_TRUE(all_close(narrow(into_t, 2, 0, 6).transpose(1, 3), want, 0, 0));
+  EXPECT_TRUE(all_close(narrow(into_t, 2, 6, 5), full({4, 4, 5, 3}, 7.0, f64()), 0, 0));
+  // out's runs at two strides (a part of a part), x's at one: the select then a copy
+  const Tensor part5 = narrow(randn64({5, 2, 3, 11, 4}), 3, 0, 6);
+  Tensor into5 = full({4, 2, 4, 11, 4}, 7.0, f64());
+  raw::index_select_out(narrow(narrow(into5, 2, 0, 3), 3, 0, 6), part5, 0, idx);
+  EXPECT_TRUE(all_close(narrow(narrow(into5, 2, 0, 3), 3, 0, 6), index_select(contiguous(part5), 0, idx), 0, 0));
+  EXPECT_TRUE(all_close(narrow(into5, 2, 3, 1), full({4, 2, 1, 11, 4}, 7.0, f64()), 0, 0));
+  // along dim 1 (no rows of runs: the select then a copy), and index_select of the part in place
+  Tensor cols = full({5, 2, 11, 4}, 7.0, f64());
+  raw::index_select_out(narrow(cols, 2, 0, 6), part, 1, tensor<int64_t>({2, 0}, {2}));
+  EXPECT_TRUE(all_close(narrow(cols, 2, 0, 6), index_select(contiguous(part), 1, tensor<int64_t>({2, 0}, {2})), 0, 0));
+  EXPECT_TRUE(all_close(raw::index_select(part, 0, idx), want, 0, 0));
+  // a bool padding buffer [B, cap]
+  const Tensor pad = gt(randn({5, 13}), 0.0);
+  Tensor pads = full({4, 13}, 1.0, TensorOptions(DType::Bool));
+  raw::index_select_out(narrow(pads, 1, 0, 9), narrow(pad, 1, 0, 9), 0, idx);
+  EXPECT_EQ(narrow(pads, 1, 0, 9).to(DType::Int64).to_vector<int64_t>(),
+            index_select(narrow(pad, 1, 0, 9).contiguous(), 0, idx).to(DType::Int64).to_vector<int64_t>());
+  EXPECT_EQ(narrow(pads, 1, 9, 4).to(DType::Int64).to_vector<int64_t>(), std::vector<int64_t>(16, 1));
+  // bad input
+  EXPECT_LINEA_ERROR(raw::index_select_out(whole, part, 0, tensor<int64_t>({4, 5, 0, 0}, {4})), "index_select",
+                     "index 5 is out of range for dim 0 of size 5");
+  EXPECT_LINEA_ERROR(raw::index_select_out(narrow(whole, 2, 0, 5), part, 0, idx), "index_select: out [4, 3, 5, 4]",
+                     "must equal x [5, 3, 6, 4] with dim 0 of size 4");
+  EXPECT_LINEA_ERROR(raw::index_select_out(whole.to(DType::Float32), part, 0, idx), "index_select");
+}
+
 TEST(IndexOps, IndexAddAccumulatesRepeats) {
   Tensor base = ones({4, 2}, f64());
   Tensor src = tensor<double>({1, 2, 3, 4, 5, 6}, {3, 2});
