@@ -160,6 +160,17 @@ template <typename T> detail::ExampleDropout<T> example_dropout(const FoldedDrop
   return e;
 }
 
+// Where index_select's values lie: out [outer, n, runs, run] = x [outer, size, runs, run] at index
+// (Int64 [n]) along dim 1, n = index.numel(). x's outer entries lie x_outer values apart, its rows
+// x_row, its runs x_run (out's likewise), a run's values contiguous: a contiguous tensor selected
+// along a middle dim is one run per row; a cache buffer's filled part [B, H, L, E] of
+// [B, H, cap, E], selected along B, is H runs of L·E values, cap·E apart.
+struct SelectLayout {
+  int64_t outer = 1, size = 0, runs = 1, run = 1;
+  int64_t x_outer = 0, x_row = 0, x_run = 0;
+  int64_t out_outer = 0, out_row = 0, out_run = 0;
+};
+
 // The layout of the fused attention kernels' q, k, v, out and gradients, [B, H, L, X] (rows of
 // heads): any batch, head and row strides, a row's X values contiguous, rows not overlapping (BLAS
 // refuses an ld below the row's length; overlapping output rows would race). raw::as_head_rows
@@ -264,13 +275,8 @@ inline void check_head_rows(const char* op, std::initializer_list<const Tensor*>
   /* dlogits [N, C] from grad of the per-row loss [N], read with its stride (0: one value for every row, a mean's) */\
   void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,     \
                               int64_t ignore_index, double smoothing, const Tensor& dlogits);                        \
-  /* out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n]) along the middle */                         \
-  void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,            \
-                    int64_t inner);                                                                                  \
-  /* out [n, runs, run] = x [size, runs, run] at index (Int64 [n]) along the first dim, where rows lie x_row */      \
-  /* (out_row) values apart and runs x_run (out_run), a run's values contiguous: a narrowed buffer's filled part */  \
-  void index_select_runs(const Tensor& x, const Tensor& index, const Tensor& out, int64_t runs, int64_t run,         \
-                         int64_t x_row, int64_t x_run, int64_t out_row, int64_t out_run);                            \
+  /* out = x at index (Int64 [n]) where SelectLayout says they lie; out's values do not overlap */                   \
+  void index_select(const Tensor& x, const Tensor& index, const Tensor& out, const SelectLayout& at);                \
   /* out [outer, size, inner] += alpha * src [outer, n, inner] at index (Int64 [n]) (accumulates) */                 \
   void index_add(const Tensor& out, const Tensor& index, const Tensor& src, int64_t outer, int64_t size,             \
                  int64_t inner, double alpha);                                                                       \

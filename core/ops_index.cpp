@@ -11,6 +11,7 @@
 //  - index_add / scatter_add return a fresh tensor (base + scattered src); base is not modified;
 //  - rfft/irfft results are contiguous; the complex dim is a trailing (re, im) dim of size 2.
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -104,11 +105,10 @@ int64_t check_index_select(const char* op, const Tensor& x, int64_t dim, const T
   return dim;
 }
 
-// out = x at idx along dim 0 by index_select_runs, when x's and out's values from dim 1 on lie
-// as [runs, run] in both (a run contiguous, runs at one stride each: a contiguous tensor is one
-// run, [B, H, L, E] narrowed from [B, H, cap, E] is H runs of L·E values, cap·E apart) and out's
-// do not overlap. Returns false, having done nothing, otherwise.
-bool select_runs(const Tensor& out, const Tensor& x, const Tensor& idx) {
+// Where x's and out's values lie for a select along dim 0 (SelectLayout, outer = 1), when x's and
+// out's values from dim 1 on lie as [runs, run] in both (a run contiguous, runs at one stride
+// each) and out's do not overlap; nullopt otherwise.
+std::optional<SelectLayout> rows_of_runs(const Tensor& out, const Tensor& x) {
   int64_t d = x.dim() - 1, run = 1;
   for (; d >= 1; --d) {  // the contiguous tail
     if (x.size(d) == 1) continue;
@@ -122,14 +122,21 @@ bool select_runs(const Tensor& out, const Tensor& x, const Tensor& idx) {
       x_run = x.stride(d);
       out_run = out.stride(d);
     } else if (x.stride(d) != x_run * runs || out.stride(d) != out_run * runs) {
-      return false;
+      return std::nullopt;
     }
     runs *= x.size(d);
   }
   const bool apart = (runs == 1 || out_run >= run) && (out.size(0) == 1 || out.stride(0) >= (runs - 1) * out_run + run);
-  if (!apart) return false;
-  LINEA_BACKEND(x.device(), index_select_runs, x, idx, out, runs, run, x.stride(0), x_run, out.stride(0), out_run);
-  return true;
+  if (!apart) return std::nullopt;
+  SelectLayout at;
+  at.size = x.size(0);
+  at.runs = runs;
+  at.run = run;
+  at.x_row = x.stride(0);
+  at.x_run = x_run;
+  at.out_row = out.stride(0);
+  at.out_run = out_run;
+  return at;
 }
 
 }  // namespace
@@ -141,11 +148,23 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const int64_t n = idx.numel();
   Tensor out = empty(with_dim(x.shape(), dim, n), x.options());
   if (out.numel() == 0) return out;
-  // Rows of a view (a cache buffer's filled part) read where they lie, not copied first.
-  if (dim == 0 && !x.is_contiguous() && select_runs(out, x, idx)) return out;
-  Tensor xc = contiguous(x);
-  LINEA_BACKEND(x.device(), index_select, xc, idx, out, prod(x.shape(), 0, dim), x.size(dim),
-                prod(x.shape(), dim + 1, x.dim()));
+  // Along dim 0, rows of a view (a cache buffer's filled part) read where they lie, not copied first.
+  if (dim == 0) {
+    if (const std::optional<SelectLayout> at = rows_of_runs(out, x)) {
+      LINEA_BACKEND(x.device(), index_select, x, idx, out, *at);
+      return out;
+    }
+  }
+  // Otherwise x contiguous: [outer, size, inner], a row one run.
+  const Tensor xc = contiguous(x);
+  SelectLayout at;
+  at.outer = prod(x.shape(), 0, dim);
+  at.size = x.size(dim);
+  at.run = prod(x.shape(), dim + 1, x.dim());
+  at.x_row = at.out_row = at.run;
+  at.x_outer = at.size * at.run;
+  at.out_outer = n * at.run;
+  LINEA_BACKEND(x.device(), index_select, xc, idx, out, at);
   return out;
 }
 
@@ -160,7 +179,12 @@ void index_select_out(const Tensor& out, const Tensor& x, int64_t dim, const Ten
               " must equal x ", shape_str(x.shape()), " with dim ", dim, " of size ", idx.numel(),
               " (the index length)");
   if (out.numel() == 0) return;
-  if (dim == 0 && select_runs(out, x, idx)) return;
+  if (dim == 0) {
+    if (const std::optional<SelectLayout> at = rows_of_runs(out, x)) {
+      LINEA_BACKEND(x.device(), index_select, x, idx, out, *at);
+      return;
+    }
+  }
   copy_(out, index_select(x, dim, idx));
 }
 

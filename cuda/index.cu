@@ -1,8 +1,8 @@
 // CUDA kernels for indexing and prefix sums: index_select, index_add, embed_tokens,
 // prepend_and_add_positions, gather,
 // scatter_add, cumsum, searchsorted (namespace linea::cuda, contracts in core/kernels.h; CPU
-// reference core/cpu/index.cpp). All tensors are contiguous (but index_select_runs's, which says
-// where its values lie).
+// reference core/cpu/index.cpp). All tensors are contiguous (but index_select's, whose
+// SelectLayout says where its values lie).
 //
 // Index values are not checked on the host for CUDA tensors (that would need a host sync):
 // a kernel that meets an index outside [0, size) reads 0 (or skips the addition) and files a
@@ -29,41 +29,22 @@ using namespace linea::cuda::detail;
 
 namespace {
 
-// out [outer, n, inner] = x [outer, size, inner] at index [n]
+// out = x at index where `at` says they lie (core/kernels.h, SelectLayout)
 template <typename E>
-__global__ void index_select_kernel(const E* x, const int64_t* index, E* out, int64_t outer, int64_t size, int64_t n,
-                                    int64_t inner, DeviceErrorReport* rep) {
-  const int64_t total = outer * n * inner;
+__global__ void index_select_kernel(const E* x, const int64_t* index, E* out, int64_t n, SelectLayout at,
+                                    DeviceErrorReport* rep) {
+  const int64_t total = at.outer * n * at.runs * at.run;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = e % inner, j = (e / inner) % n, o = e / (inner * n);
+    const int64_t i = e % at.run, r = e / at.run, h = r % at.runs, j = r / at.runs % n, o = r / (at.runs * n);
     const int64_t idx = index[j];
-    if (idx < 0 || idx >= size) {
-      report_device_error(rep, DeviceErrorCode::IndexSelect, idx, size);
-      out[e] = E(0);
-      continue;
-    }
-    out[e] = x[(o * size + idx) * inner + i];
-  }
-}
-
-// out [n, runs, run] = x [size, runs, run] at index [n], rows and runs at the given strides
-template <typename E>
-__global__ void index_select_runs_kernel(const E* x, const int64_t* index, E* out, int64_t size, int64_t n,
-                                         int64_t runs, int64_t run, int64_t x_row, int64_t x_run, int64_t out_row,
-                                         int64_t out_run, DeviceErrorReport* rep) {
-  const int64_t total = n * runs * run;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = e % run, h = (e / run) % runs, j = e / (run * runs);
-    const int64_t idx = index[j];
-    E* dst = out + j * out_row + h * out_run + i;
-    if (idx < 0 || idx >= size) {
-      report_device_error(rep, DeviceErrorCode::IndexSelect, idx, size);
+    E* dst = out + o * at.out_outer + j * at.out_row + h * at.out_run + i;
+    if (idx < 0 || idx >= at.size) {
+      report_device_error(rep, DeviceErrorCode::IndexSelect, idx, at.size);
       *dst = E(0);
       continue;
     }
-    *dst = x[idx * x_row + h * x_run + i];
+    *dst = x[o * at.x_outer + idx * at.x_row + h * at.x_run + i];
   }
 }
 
@@ -272,38 +253,18 @@ void check_index_tensor(const char* op, const Tensor& index) {
 
 }  // namespace
 
-// out [outer, n, inner] = x [outer, size, inner] at index (Int64 [n])
-void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size, int64_t inner) {
+// out = x at index (Int64 [n]) where `at` says they lie
+void index_select(const Tensor& x, const Tensor& index, const Tensor& out, const SelectLayout& at) {
   check_index_tensor("index_select", index);
-  const int64_t n = index.numel();
-  LINEA_CHECK(x.numel() == outer * size * inner && out.numel() == outer * n * inner, "index_select: x ",
-              shape_str(x.shape()), ", out ", shape_str(out.shape()), " do not match [", outer, ", ", size, "/", n,
-              ", ", inner, "]");
-  const int64_t total = out.numel();
+  const int64_t n = index.numel(), total = at.outer * n * at.runs * at.run;
   if (total == 0) return;
   auto run = [&](auto bits) {
     using E = decltype(bits);
     index_select_kernel<E><<<grid_for(total), kBlockSize, 0, stream()>>>(cptr<E>(x), cptr<int64_t>(index), ptr<E>(out),
-                                                                         outer, size, n, inner, device_error_report());
+                                                                         n, at, device_error_report());
     LINEA_KERNEL_LAUNCH_CHECK();
   };
   dispatch_bits(x.element_size(), "index_select", run);
-}
-
-// out [n, runs, run] = x [size, runs, run] at index (Int64 [n]), rows and runs at the given strides
-void index_select_runs(const Tensor& x, const Tensor& index, const Tensor& out, int64_t runs, int64_t run,
-                       int64_t x_row, int64_t x_run, int64_t out_row, int64_t out_run) {
-  check_index_tensor("index_select", index);
-  const int64_t n = index.numel(), total = n * runs * run;
-  if (total == 0) return;
-  auto kernel = [&](auto bits) {
-    using E = decltype(bits);
-    index_select_runs_kernel<E><<<grid_for(total), kBlockSize, 0, stream()>>>(
-        cptr<E>(x), cptr<int64_t>(index), ptr<E>(out), x.size(0), n, runs, run, x_row, x_run, out_row, out_run,
-        device_error_report());
-    LINEA_KERNEL_LAUNCH_CHECK();
-  };
-  dispatch_bits(x.element_size(), "index_select", kernel);
 }
 
 // out [outer, size, inner] += alpha * src [outer, n, inner] at index (Int64 [n])

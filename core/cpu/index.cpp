@@ -1,8 +1,8 @@
 // CPU kernels for indexing and prefix sums: index_select, index_add, embed_tokens,
 // prepend_and_add_positions, gather, scatter_add, cumsum, searchsorted (namespace linea::cpu,
-// contracts in core/kernels.h). All tensors are contiguous (but index_select_runs's, which says
-// where its values lie) and index values were range-checked by the raw op layer. Not the
-// argument checking (core/ops_index.cpp) and not the FFTs (core/cpu/fft.cpp).
+// contracts in core/kernels.h). All tensors are contiguous (but index_select's, whose
+// SelectLayout says where its values lie) and index values were range-checked by the raw op
+// layer. Not the argument checking (core/ops_index.cpp) and not the FFTs (core/cpu/fft.cpp).
 //
 // Parallelism: work is split over independent (outer, inner-block) tasks. The accumulating
 // kernels (index_add, scatter_add) give each task a disjoint set of output positions and walk
@@ -60,34 +60,18 @@ std::vector<int64_t> inner_offsets(const Shape& idx_shape, const Strides& xstr, 
   return off;
 }
 
+// out = x at index where `at` says they lie (core/kernels.h, SelectLayout): one task a run.
 template <typename T>
-void index_select_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size,
-                       int64_t inner) {
+void index_select_impl(const Tensor& x, const Tensor& index, const Tensor& out, const SelectLayout& at) {
   const T* xp = static_cast<const T*>(x.data_ptr());
   T* op = static_cast<T*>(out.data_ptr());
   const int64_t* ip = index.data<int64_t>();
-  const int64_t n = index.numel();
-  const int64_t rows = outer * n;
-#pragma omp parallel for schedule(static) if (rows * inner >= kParallelGrain && rows > 1)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t o = r / n, j = r % n;
-    const T* src = xp + (o * size + ip[j]) * inner;
-    std::copy(src, src + inner, op + r * inner);
-  }
-}
-
-template <typename T>
-void index_select_runs_impl(const Tensor& x, const Tensor& index, const Tensor& out, int64_t runs, int64_t run,
-                            int64_t x_row, int64_t x_run, int64_t out_row, int64_t out_run) {
-  const T* xp = static_cast<const T*>(x.data_ptr());
-  T* op = static_cast<T*>(out.data_ptr());
-  const int64_t* ip = index.data<int64_t>();
-  const int64_t pieces = index.numel() * runs;
-#pragma omp parallel for schedule(static) if (pieces * run >= kParallelGrain && pieces > 1)
+  const int64_t n = index.numel(), pieces = at.outer * n * at.runs;
+#pragma omp parallel for schedule(static) if (pieces * at.run >= kParallelGrain && pieces > 1)
   for (int64_t p = 0; p < pieces; ++p) {
-    const int64_t j = p / runs, h = p % runs;
-    const T* src = xp + ip[j] * x_row + h * x_run;
-    std::copy(src, src + run, op + j * out_row + h * out_run);
+    const int64_t h = p % at.runs, j = p / at.runs % n, o = p / (at.runs * n);
+    const T* src = xp + o * at.x_outer + ip[j] * at.x_row + h * at.x_run;
+    std::copy(src, src + at.run, op + o * at.out_outer + j * at.out_row + h * at.out_run);
   }
 }
 
@@ -247,18 +231,9 @@ void searchsorted_impl(const T* sorted, const T* values, int64_t n, int64_t M, i
 
 }  // namespace
 
-// out [outer, n, inner] = x [outer, size, inner] at index [n]
-void index_select(const Tensor& x, const Tensor& index, const Tensor& out, int64_t outer, int64_t size, int64_t inner) {
-  LINEA_DISPATCH_ALL(x.dtype(), "index_select",
-                     [&] { index_select_impl<scalar_t>(x, index, out, outer, size, inner); });
-}
-
-// out [n, runs, run] = x [size, runs, run] at index [n], rows and runs at the given strides
-void index_select_runs(const Tensor& x, const Tensor& index, const Tensor& out, int64_t runs, int64_t run,
-                       int64_t x_row, int64_t x_run, int64_t out_row, int64_t out_run) {
-  LINEA_DISPATCH_ALL(x.dtype(), "index_select", [&] {
-    index_select_runs_impl<scalar_t>(x, index, out, runs, run, x_row, x_run, out_row, out_run);
-  });
+// out = x at index where `at` says they lie
+void index_select(const Tensor& x, const Tensor& index, const Tensor& out, const SelectLayout& at) {
+  LINEA_DISPATCH_ALL(x.dtype(), "index_select", [&] { index_select_impl<scalar_t>(x, index, out, at); });
 }
 
 // out [outer, size, inner] += alpha * src [outer, n, inner] at index [n]
