@@ -51,9 +51,32 @@ Tensor append_in_place(Tensor& buf, const Tensor& filled, const Tensor& x, int64
   narrow(buf, dim, length, x.size(dim)).copy_(x);
   return narrow(buf, dim, 0, n);
 }
+
+// Heads [first, first + heads) of buf [B, H + Hv, T, E], their first `dim` values (views).
+Tensor heads_in(const Tensor& buf, int64_t first, int64_t heads, int64_t dim) {
+  return narrow(narrow(buf, 1, first, heads), 3, 0, dim);
+}
 }  // namespace
 
+void KeyValueCache::check_continues(const Tensor& k, const Tensor& v) const {
+  if (!k_.defined()) return;
+  const auto same_but_length = [](const Tensor& a, const Tensor& b) {
+    return a.dim() == 4 && a.size(0) == b.size(0) && a.size(1) == b.size(1) && a.size(3) == b.size(3) &&
+           a.dtype() == b.dtype() && a.device() == b.device();
+  };
+  LINEA_CHECK(same_but_length(k, k_) && same_but_length(v, v_), "KeyValueCache::append: keys ", shape_str(k.shape()),
+              " and values ", shape_str(v.shape()), " do not continue the cache's ", shape_str(k_.shape()), " and ",
+              shape_str(v_.shape()), " (batch, heads and dims must stay, with the dtype and device)");
+}
+
+void KeyValueCache::view_filled(int64_t H, int64_t D, int64_t Hv, int64_t Dv) {
+  const Tensor filled = narrow(kvbuf_, 2, 0, length_);
+  k_ = heads_in(filled, 0, H, D);
+  v_ = heads_in(filled, H, Hv, Dv);
+}
+
 void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_padding) {
+  check_continues(k, v);
   const int64_t B = k.size(0), T = k.size(2);
   Tensor pad = key_padding;
   // Padding only needs keeping once some key is padded: earlier steps count as unpadded.
@@ -62,40 +85,66 @@ void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_p
   if (!pad.defined() && pad_.defined()) pad = zeros({B, T}, TensorOptions(DType::Bool, k.device()));
   if (GradMode::is_enabled() && (k.requires_grad() || v.requires_grad())) {
     // Differentiable through the cache: joined by cat (the buffers' in-place writes would not be).
-    kbuf_ = vbuf_ = pbuf_ = Tensor();
+    kvbuf_ = pbuf_ = Tensor();
     k_ = k_.defined() ? cat({k_, k}, 2) : k;
     v_ = v_.defined() ? cat({v_, v}, 2) : v;
     if (pad.defined()) pad_ = pad_.defined() ? cat({pad_, pad}, 1) : pad;
-  } else {
-    k_ = append_in_place(kbuf_, k_, k, 2, length_);
-    v_ = append_in_place(vbuf_, v_, v, 2, length_);
-    if (pad.defined()) pad_ = append_in_place(pbuf_, pad_, pad, 1, length_);
+    length_ += T;
+    return;
   }
-  length_ += T;
+  const int64_t H = k.size(1), D = k.size(3), Hv = v.size(1), Dv = v.size(3), n = length_ + T;
+  if (!kvbuf_.defined() || kvbuf_.size(2) < n) {
+    Tensor grown = empty({B, H + Hv, std::max<int64_t>(2 * n, 16), std::max(D, Dv)}, k.options());
+    if (length_ > 0) {
+      Tensor kept = narrow(grown, 2, 0, length_);
+      if (kvbuf_.defined()) {
+        kept.copy_(narrow(kvbuf_, 2, 0, length_));
+      } else {  // filled by cat until now (a step with gradients)
+        heads_in(kept, 0, H, D).copy_(k_);
+        heads_in(kept, H, Hv, Dv).copy_(v_);
+      }
+    }
+    kvbuf_ = grown;
+  }
+  // A projection's keys and values are one tensor's consecutive heads: one copy for both.
+  Tensor slot = narrow(kvbuf_, 2, length_, T);
+  if (const Tensor kv = D == Dv ? raw::joined_view({k, v}, 1) : Tensor(); kv.defined()) {
+    slot.copy_(kv);
+  } else {
+    heads_in(slot, 0, H, D).copy_(k);
+    heads_in(slot, H, Hv, Dv).copy_(v);
+  }
+  if (pad.defined()) pad_ = append_in_place(pbuf_, pad_, pad, 1, length_);
+  length_ = n;
+  view_filled(H, D, Hv, Dv);
 }
 
 void KeyValueCache::reorder(const Tensor& index) {
   if (!k_.defined()) return;
   const Tensor i = index.to(k_.device());
-  // Each buffer's filled part is selected into a new buffer of the same room (one copy of the
-  // keys kept, none of the room, which the next appends write): a reorder at every beam step
-  // would copy the room at every step too.
-  const auto select = [&](Tensor& buf, Tensor& filled, int64_t dim) {
-    if (!filled.defined()) return;
-    if (!buf.defined()) {
-      filled = index_select(filled, 0, i);
-      return;
-    }
+  // The filled part is selected into a new buffer of the same room (the kept rows copied once,
+  // none of the room, which the next appends write): a reorder at every beam step would copy the
+  // room at every step too. Keys and values are one buffer's heads: one select for both.
+  const auto select = [&](Tensor& buf, int64_t dim) {
+    const Tensor filled = narrow(buf, dim, 0, length_);
     Shape s = buf.shape();
     s[0] = i.numel();
     buf = empty(s, buf.options());
-    Tensor kept = narrow(buf, dim, 0, length_);
-    raw::index_select_out(kept, filled, 0, i);
-    filled = kept;
+    raw::index_select_out(narrow(buf, dim, 0, length_), filled, 0, i);
   };
-  select(kbuf_, k_, 2);
-  select(vbuf_, v_, 2);
-  select(pbuf_, pad_, 1);
+  if (kvbuf_.defined()) {
+    select(kvbuf_, 2);
+    view_filled(k_.size(1), k_.size(3), v_.size(1), v_.size(3));
+  } else {  // joined by cat (with gradients)
+    k_ = index_select(k_, 0, i);
+    v_ = index_select(v_, 0, i);
+  }
+  if (pbuf_.defined()) {
+    select(pbuf_, 1);
+    pad_ = narrow(pbuf_, 1, 0, length_);
+  } else if (pad_.defined()) {
+    pad_ = index_select(pad_, 0, i);
+  }
 }
 
 std::unique_ptr<DecodeState> AttentionMechanism::start_decoding() const {

@@ -76,10 +76,13 @@ class DecodeState {
 };
 
 // The state of mechanisms that are exact over all keys seen so far: the keys, values and key
-// padding appended by every step ([B, H, t, D], [B, H, t, Dv], Bool [B, t] or undefined). Without
-// gradients they are views of buffers with room for later steps (grown by doubling, as a
-// std::vector), so a step copies only its own keys, and a reorder copies the kept rows' filled
-// parts into buffers of the same room; with them, joined by cat.
+// padding appended by every step ([B, H, t, D], [B, Hv, t, Dv], Bool [B, t] or undefined). Without
+// gradients, keys and values are views of one buffer [B, H + Hv, room, max(D, Dv)] (the keys'
+// heads, then the values') with room for later steps (grown by doubling, as a std::vector): a step
+// copies only its own keys and values (one copy for both where they are one tensor's consecutive
+// heads, as MultiHeadAttention's projection gives them), and a beam reorder copies the kept rows'
+// filled parts into a buffer of the same room, one select for both. With gradients they are
+// joined by cat.
 class KeyValueCache : public DecodeState {
  public:
   void append(const Tensor& k, const Tensor& v, const Tensor& key_padding);  // raises length()
@@ -89,8 +92,10 @@ class KeyValueCache : public DecodeState {
   const Tensor& key_padding() const { return pad_; }
 
  private:
+  void check_continues(const Tensor& k, const Tensor& v) const;
+  void view_filled(int64_t H, int64_t D, int64_t Hv, int64_t Dv);  // k_, v_ = kvbuf_'s first length_ positions
   Tensor k_, v_, pad_;
-  Tensor kbuf_, vbuf_, pbuf_;  // the buffers k_, v_ and pad_ view (undefined: none of ours)
+  Tensor kvbuf_, pbuf_;  // the buffers k_ and v_, and pad_ view (undefined: none of ours)
 };
 
 // One attention mechanism on per-head tensors. Mechanisms with state (random features, ...)

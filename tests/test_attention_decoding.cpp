@@ -34,12 +34,14 @@ const std::vector<std::string> kCausalSpecs = {
 };
 
 // Every parameter random (nprf_rpe's relative-position bias starts at zero, which would hide
-// a wrong offset), everything float64, eval mode (no redraws, no dropout).
+// a wrong offset), everything float64, eval mode (no redraws, no dropout). Written in place:
+// MultiHeadAttention's q, k and v weights stay one buffer, so that its steps hand the cache keys
+// and values as one tensor's heads, as the apps' do.
 void prepare(nn::Module& m, uint64_t seed) {
   manual_seed(seed);
   m.to(DType::Float64);
   NoGradGuard ng;
-  for (auto& [name, p] : m.named_parameters()) nn::replace_data(p, randn(p.shape(), TensorOptions(p.dtype())) * 0.5);
+  for (auto& [name, p] : m.named_parameters()) p.copy_(randn(p.shape(), TensorOptions(p.dtype())) * 0.5);
   m.eval();
 }
 
@@ -145,11 +147,12 @@ TEST(AttentionDecoding, BeamReorderContinuesFromTheChosenRows) {
   }
 }
 
-// The key/value cache past its buffers' first sizes (16 positions, then doubling): a long softmax
+// The key/value cache past its buffer's first size (16 positions, then doubling): a long softmax
 // decode with padding from the middle on and a beam reorder equals the causal forward over the
 // sequences the beams hold; the keys a step saw stay what they were while later steps write into
 // the same buffers; a reorder keeps the buffers' room; and with gradients on, the cache is
-// differentiable (joined by cat).
+// differentiable (joined by cat). Keys and values apart (Dv = 3 < D: the buffer's value rows have
+// a column the views leave out), and as one tensor's consecutive heads (a projection's: one copy).
 TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
   auto m = mechanism("softmax", 5);
   const int64_t B = 2, L = 41, P = 23;  // reorder after P positions
@@ -158,7 +161,14 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
   pad.narrow(1, 20, 3).select(0, 1).fill_(1.0);
   pad.narrow(1, 30, 1).select(0, 0).fill_(1.0);
   const Tensor index = from_vector<int64_t>({1, 1}, {B});
-  {
+  const Tensor kv = randn64({B, 4, L, 4});
+  struct Operands {
+    const char* name;
+    Tensor k, v;
+  };
+  for (const Operands& ops :
+       {Operands{"apart", k, v}, Operands{"one tensor's heads", narrow(kv, 1, 0, 2), narrow(kv, 1, 2, 2)}}) {
+    SCOPED_TRACE(ops.name);
     NoGradGuard ng;
     attn::KeyValueCache cache;
     std::vector<Tensor> outs;
@@ -171,9 +181,11 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
       }
       // No padding given before position 20: the cache keeps none until then.
       const Tensor p = t < 20 ? Tensor() : narrow(pad, 1, t, 1);
-      cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), p);
+      cache.append(narrow(ops.k, 2, t, 1), narrow(ops.v, 2, t, 1), p);
       // The reorder kept the buffer's room (34 positions): the next step writes into it, no new buffer.
-      if (reordered) EXPECT_EQ(cache.keys().data_ptr(), reordered);
+      if (reordered) {
+        EXPECT_EQ(cache.keys().data_ptr(), reordered);
+      }
       if (t == 9) {
         seen = cache.keys();
         seen_copy = clone(seen);
@@ -186,10 +198,10 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
     auto spliced = [&](const Tensor& x, int64_t dim) {
       return cat({index_select(narrow(x, dim, 0, P), 0, index), narrow(x, dim, P, L - P)}, dim);
     };
-    EXPECT_TRUE(all_close(cache.keys(), spliced(k, 2), 0, 0));
-    EXPECT_TRUE(all_close(cache.values(), spliced(v, 2), 0, 0));
+    EXPECT_TRUE(all_close(cache.keys(), spliced(ops.k, 2), 0, 0));
+    EXPECT_TRUE(all_close(cache.values(), spliced(ops.v, 2), 0, 0));
     EXPECT_TRUE(all_close(cache.key_padding().to(DType::Int64), spliced(pad, 1).to(DType::Int64), 0, 0));
-    Tensor full = m->forward(spliced(q, 2), spliced(k, 2), spliced(v, 2), causal(spliced(pad, 1)));
+    Tensor full = m->forward(spliced(q, 2), spliced(ops.k, 2), spliced(ops.v, 2), causal(spliced(pad, 1)));
     EXPECT_TRUE(all_close(narrow(cat(outs, 2), 2, P, L - P), narrow(full, 2, P, L - P), kTol, 0));
   }
   // Differentiable: every appended key gets the gradient of its place in keys().
@@ -200,6 +212,11 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
   sum(mul(cache.keys(), w)).backward();
   ASSERT_TRUE(k.grad().defined());
   EXPECT_TRUE(all_close(narrow(k.grad(), 2, 0, 20), w, 0, 0));
+  // Then steps without gradients: the keys joined so far copied into a buffer, the new ones after.
+  NoGradGuard ng;
+  for (int64_t t = 20; t < 25; ++t) cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), Tensor());
+  EXPECT_TRUE(all_close(cache.keys(), narrow(k, 2, 0, 25), 0, 0));
+  EXPECT_TRUE(all_close(cache.values(), narrow(v, 2, 0, 25), 0, 0));
 }
 
 TEST(AttentionDecoding, StepInputsAreChecked) {
@@ -213,6 +230,12 @@ TEST(AttentionDecoding, StepInputsAreChecked) {
   auto p = mechanism("performer:features=4", 5);
   auto pstate = p->start_decoding();
   EXPECT_LINEA_ERROR(m->decode_step(x, x, x, *pstate), "not made by this mechanism");
+  // The cache itself: a step's keys and values must continue what it holds.
+  attn::KeyValueCache cache;
+  cache.append(x, x, Tensor());
+  EXPECT_LINEA_ERROR(cache.append(x, randn64({2, 2, 1, 3}), Tensor()), "do not continue the cache's");
+  EXPECT_LINEA_ERROR(cache.append(randn64({2, 3, 1, 4}), x, Tensor()), "do not continue the cache's");
+  EXPECT_LINEA_ERROR(cache.append(x, x.to(DType::Float32), Tensor()), "do not continue the cache's");
 }
 
 // ---- through the layers ----------------------------------------------------------------------

@@ -3,13 +3,14 @@
 // performer: a constant-size recurrent state, so it should stay flat; nprf_rpe: exact over its
 // key/value cache). Not a test: it asserts nothing, it measures.
 //
-// One run per spec: q, k, v [B, H, 1, D] ~ N(0, 1) fed one position at a time through
-// decode_step in eval mode without a graph, up to --length positions. At each reported prefix
-// length P the time is the median of the --window steps that end at P. Ratios: each step time
-// against the same spec's at the first reported length (flat = 1.0x), and against softmax at
-// the same length, both from this run. --beams K lays the batch rows out [sentence][beam] and
-// reorders the state before every step as a beam search does (row j of a sentence continues its
-// row (j + 1) % K: never the identity), the reorder timed with the step.
+// One run per spec: q, k, v [B, H, 1, D] ~ N(0, 1) (k and v one [B, 2H, 1, D] tensor's heads, as a
+// projection gives them) fed one position at a time through decode_step in eval mode without a
+// graph, up to --length positions. At each reported prefix length P the time is the median of the
+// --window steps that end at P. Ratios: each step time against the same spec's at the first
+// reported length (flat = 1.0x), and against softmax at the same length, both from this run.
+// --beams K lays the batch rows out [sentence][beam] and reorders the state before every step as a
+// beam search does (row j of a sentence continues its row (j + 1) % K: never the identity), the
+// reorder timed with the step.
 //
 // Usage:
 //   attention-decode [--specs softmax,performer,nprf_rpe] [--length 2048] [--report 128,512,2048]
@@ -73,8 +74,10 @@ std::map<int64_t, double> run(const std::string& spec_in, const Options& o, cons
   std::map<int64_t, double> out;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t t = 1; t <= o.length; ++t) {
-    Tensor q = linea::randn({o.batch, o.heads, 1, o.dim}, opts), k = linea::randn({o.batch, o.heads, 1, o.dim}, opts),
-           v = linea::randn({o.batch, o.heads, 1, o.dim}, opts);
+    // k and v one tensor's consecutive heads, as MultiHeadAttention's projection hands them over.
+    const Tensor q = linea::randn({o.batch, o.heads, 1, o.dim}, opts),
+                 kv = linea::randn({o.batch, 2 * o.heads, 1, o.dim}, opts);
+    const Tensor k = linea::narrow(kv, 1, 0, o.heads), v = linea::narrow(kv, 1, o.heads, o.heads);
     synchronize(device);
     const auto t0 = std::chrono::steady_clock::now();
     if (o.beams > 1 && t > 1) state->reorder(reorder);
