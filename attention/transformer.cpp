@@ -85,10 +85,17 @@ Residual TransformerDecoderLayer::forward(const Residual& in, const Tensor& memo
 
 Tensor TransformerDecoderLayer::step(const Tensor& x, AttentionCache& self_cache, AttentionCache& cross_cache,
                                      const Tensor& key_padding) {
-  check_tokens("TransformerDecoderLayer::step", "x", x, self_attn_->dim());
-  Tensor y = x + drop_->forward(self_attn_->step(ln1_->forward(x), self_cache, key_padding));
-  y = y + drop_->forward(cross_attn_->step(ln2_->forward(y), cross_cache));
-  return y + drop_->forward(mlp_->forward(ln3_->forward(y)));
+  return step(Residual{x, Tensor()}, self_cache, cross_cache, key_padding).sum();
+}
+
+Residual TransformerDecoderLayer::step(const Residual& in, AttentionCache& self_cache, AttentionCache& cross_cache,
+                                       const Tensor& key_padding) {
+  check_tokens("TransformerDecoderLayer::step", "x", in.base, self_attn_->dim());
+  auto [x, h] =
+      in.delta.defined() ? ln1_->forward_add(in.base, in.delta, in.drop) : std::pair{in.base, ln1_->forward(in.base)};
+  auto [y, h2] = ln2_->forward_add(x, self_attn_->step(h, self_cache, key_padding), drop_.get());
+  auto [z, h3] = ln3_->forward_add(y, cross_attn_->step(h2, cross_cache), drop_.get());
+  return {z, mlp_->forward(h3), drop_.get()};
 }
 
 // ---- stacks -----------------------------------------------------------------------------------
@@ -138,9 +145,9 @@ DecoderState TransformerDecoder::start(const Tensor& memory, const Tensor& memor
 Tensor TransformerDecoder::step(const Tensor& x, DecoderState& state, const Tensor& key_padding) {
   LINEA_CHECK(state.self_.size() == layers_->size(), "TransformerDecoder::step: the state was made for ",
               state.self_.size(), " layers, this decoder has ", layers_->size(), " (use start())");
-  Tensor h = x;
-  for (size_t i = 0; i < layers_->size(); ++i) h = layer(i)->step(h, state.self_[i], state.cross_[i], key_padding);
-  return norm_->forward(h);
+  Residual r{x, Tensor()};
+  for (size_t i = 0; i < layers_->size(); ++i) r = layer(i)->step(r, state.self_[i], state.cross_[i], key_padding);
+  return norm_->forward_add(r.base, r.delta, r.drop).second;
 }
 
 }  // namespace linea::attn

@@ -13,7 +13,7 @@
 // values are those of the formulas above: dropout, add, then norm, with the same draws.
 // Decoding: TransformerDecoder::start(memory) makes a DecoderState (one self-attention and one
 // cross-attention cache per layer, attention/multihead.h), and step() runs the next positions
-// through every layer, as the full causal forward would compute them.
+// through every layer, on the same two-term stream, as the full causal forward would compute them.
 // Not here: embeddings and heads (the apps build their models from these blocks), attention
 // dropout (a spec option: "softmax:dropout=0.1").
 #pragma once
@@ -80,6 +80,9 @@ class TransformerDecoderLayer : public nn::Module {
   // self_attn(), start_cross(memory) of cross_attn()); key_padding [B, T] or undefined.
   Tensor step(const Tensor& x, AttentionCache& self_cache, AttentionCache& cross_cache,
               const Tensor& key_padding = Tensor());
+  // The same on the two-term stream, as forward: each residual add in the next norm's kernel.
+  Residual step(const Residual& in, AttentionCache& self_cache, AttentionCache& cross_cache,
+                const Tensor& key_padding = Tensor());
 
   const std::shared_ptr<MultiHeadAttention>& self_attn() const { return self_attn_; }
   const std::shared_ptr<MultiHeadAttention>& cross_attn() const { return cross_attn_; }

@@ -16,6 +16,8 @@
 // The counts do not depend on the batch size (each matmul is one library call whatever its
 // batch), which the ViT case checks by running two batch sizes; so the emulator runs small
 // batches of the default model.
+// StepCounters.TranslateDecodingStep holds a decoding step (model.step with its beam reorder) to
+// the same rules, and its outputs to the CPU's.
 // CudaGraph (--cuda-graph): a replayed step computes what an uncaptured one does, bit for bit
 // (dropout's draws included), with one graph launch per step; what a replay would not repeat is
 // refused at the capture. StepGuard: the non-finite guard read back late (the emulator holds its
@@ -52,6 +54,8 @@ namespace {
 // are in apps/bench/README.md.
 constexpr int64_t kVitBudget = 180;        // the default ViT (patch 4, dim 64, depth 6, 4 heads)
 constexpr int64_t kTranslateBudget = 170;  // dim 64, 2 + 2 layers, dropout 0.1
+// Per decoding step with its beam reorder (the same model, eval mode; 2 sentences x 3 beams).
+constexpr int64_t kTranslateDecodeBudget = 31;
 
 std::string temp_dir(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("linea_step_counters_" + name);
@@ -199,16 +203,21 @@ class AlternatingPairs : public nn::Dataset {
   int64_t n_, shapes_;
 };
 
-apps::TrainResult train_translate(int64_t steps, bool graph = false, std::vector<Tensor>* final_params = nullptr,
-                                  int64_t shapes = 1, const std::function<void(apps::RunOptions&)>& adjust = {}) {
-  manual_seed(0);
+// The small translate model of these tests: a vocabulary of 64, dim 64, 4 heads, 2 + 2 layers.
+translate::ModelConfig small_translate() {
   translate::ModelConfig cfg;
   cfg.src_vocab = cfg.tgt_vocab = 64;
   cfg.dim = 64;
   cfg.heads = 4;
   cfg.enc_layers = cfg.dec_layers = 2;
   cfg.mlp_hidden = 128;
-  auto model = std::make_shared<translate::Seq2Seq>(cfg);
+  return cfg;
+}
+
+apps::TrainResult train_translate(int64_t steps, bool graph = false, std::vector<Tensor>* final_params = nullptr,
+                                  int64_t shapes = 1, const std::function<void(apps::RunOptions&)>& adjust = {}) {
+  manual_seed(0);
+  auto model = std::make_shared<translate::Seq2Seq>(small_translate());
   model->to(Device("cuda"));
   nn::AdamW opt(nn::decay_groups(*model, 1e-3, 1e-4), 0.9, 0.98, 1e-8);
   nn::DataLoaderOptions lo;
@@ -261,6 +270,51 @@ TEST(StepCounters, SmallTranslateStep) {
   const apps::TrainResult r = train_translate(3);
   check_steady_steps(r, kTranslateBudget, "translate");
   std::printf("translate (dim 64, 2 + 2 layers), one step: %s\n", r.step_counters[1].str().c_str());
+}
+
+// Translate's incremental decoding on the GPU (beam search's model.step and state.reorder): the
+// small model's decoder stepping 2 sentences of 3 beams equals the CPU's, the beams reordered
+// within their sentences before every step after the first (the index already on the device, as
+// search.cpp sends it); from the third step on, a step with its reorder asks the device for its
+// kernels alone: within the budget, no synchronization, allocation or copy to or from the host.
+TEST(StepCounters, TranslateDecodingStep) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  manual_seed(0);
+  translate::Seq2Seq cpu(small_translate()), gpu(small_translate());
+  gpu.load_state_dict(cpu.state_dict());
+  const Device cuda("cuda");
+  gpu.to(cuda);
+  cpu.eval();
+  gpu.eval();
+  NoGradGuard ng;
+  const int64_t S = 2, beams = 3, B = S * beams, L = 6;
+  const nn::Batch b = FixedPairs(S, 9, L, 64).get_batch({0, 1});  // row 1 has a padded source token
+  const Tensor src = b.at("src"), src_pad = b.at("src_pad");
+  attn::DecoderState sc = cpu.start(cpu.encode(src, src_pad), src_pad);
+  attn::DecoderState sg = gpu.start(gpu.encode(src.to(cuda), src_pad.to(cuda)), src_pad.to(cuda));
+  cuda::Counters c;
+  for (int64_t t = 0; t < L; ++t) {
+    std::vector<int64_t> tokens, rows;
+    for (int64_t i = 0; i < B; ++i) {
+      tokens.push_back(t == 0 ? 2 : 4 + (i * 7 + t * 5) % 60);
+      rows.push_back(i - i % beams + (i % beams + t) % beams);  // beam j continues beam (j + t) % beams
+    }
+    const Tensor tok = from_vector<int64_t>(tokens, {B}), index = from_vector<int64_t>(rows, {B});
+    const Tensor tok_g = tok.to(cuda), index_g = index.to(cuda);
+    if (t > 0) sc.reorder(index);
+    const Tensor want = cpu.step(tok, sc);
+    const cuda::Counters before = cuda::counters();
+    if (t > 0) sg.reorder(index_g);
+    const Tensor got = gpu.step(tok_g, sg);
+    c = cuda::counters() - before;
+    EXPECT_LT(max(abs(got.to(kCPU) - want)).item(), 1e-4) << "step " << t;
+    if (t < 2) continue;
+    SCOPED_TRACE("step " + std::to_string(t) + ": " + c.str());
+    EXPECT_LE(c.kernel_launches + c.library_calls, kTranslateDecodeBudget);
+    EXPECT_EQ(c.host_syncs + c.host_waits + c.device_allocs + c.h2d_copies + c.d2h_copies, 0);
+  }
+  std::printf("translate (dim 64, 2 + 2 layers), a decoding step of 2 x 3 beams with its reorder: %s\n",
+              c.str().c_str());
 }
 
 TEST(CudaGraph, ReplayedVitStepsEqualUncapturedOnes) {
