@@ -73,6 +73,20 @@ double Tensor::item() const {
                             [&] { return static_cast<double>(*static_cast<scalar_t*>(h.data_ptr())); });
 }
 
+int64_t Tensor::item_int64() const {
+  LINEA_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape_str(shape()));
+  if (is_floating(dtype())) {
+    const double v = item();
+    // [-2^63, 2^63): the doubles that convert to int64 (NaN fails the comparisons too).
+    LINEA_CHECK(v >= -9223372036854775808.0 && v < 9223372036854775808.0, "item: ", v, " (", dtype_name(dtype()),
+                ") is not an int64 value");
+    return static_cast<int64_t>(v);
+  }
+  Tensor h = host_contiguous(*this);
+  return LINEA_DISPATCH_ALL(h.dtype(), "item",
+                            [&] { return static_cast<int64_t>(*static_cast<scalar_t*>(h.data_ptr())); });
+}
+
 template <typename T> std::vector<T> Tensor::to_vector() const {
   Tensor h = host_contiguous(*this);
   std::vector<T> out(static_cast<size_t>(h.numel()));

@@ -11,6 +11,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/device.h"
@@ -103,9 +104,18 @@ class Tensor {
   }
 
   // ---- host access (copies from the device when needed) ---------------------------------
-  // Value of a one-element tensor, converted to double / T.
+  // Value of a one-element tensor, converted to double / T. An integer T reads an integer tensor
+  // exactly (through double, an int64 above 2^53 would round, and one rounded past T's range is
+  // undefined behaviour) and a float tensor only where its value fits T (else an Error).
   double item() const;
-  template <typename T> T item() const { return static_cast<T>(item()); }
+  int64_t item_int64() const;
+  template <typename T> T item() const {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(item_int64());
+    } else {
+      return static_cast<T>(item());
+    }
+  }
   // All elements in row-major order, converted to T.
   template <typename T> std::vector<T> to_vector() const;
   std::string str() const;  // PyTorch-like printing

@@ -110,7 +110,9 @@ void import_state(const char* opt, const std::vector<ParamGroup>& groups, const 
     bad.push_back("step must be a one-element int64 tensor");
   } else {
     new_step = st->second.item<int64_t>();
-    if (new_step < 0) bad.push_back("step is " + std::to_string(new_step));
+    // At most 2^53: no run gets there, and the bias corrections take the count as a double.
+    if (new_step < 0 || new_step > (int64_t{1} << 53))
+      bad.push_back("step is " + std::to_string(new_step) + " (expected 0 to 2^53)");
   }
   if (!missing.empty() || !unexpected.empty() || !misshaped.empty() || !bad.empty()) {
     std::ostringstream os;

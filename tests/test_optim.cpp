@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/ops.h"
@@ -454,6 +456,11 @@ TEST(Optim, StateDictRejectsMismatches) {
   nn::StateDict bad_step = sd;
   bad_step["step"] = scalar_tensor(1.0);
   EXPECT_LINEA_ERROR(adam.load_state_dict(bad_step), "step must be a one-element int64 tensor");
+  // (Read exactly: 2^63 - 3 went through a double, rounded to 2^63 and overflowed the conversion.)
+  for (const int64_t step : {int64_t{-1}, (int64_t{1} << 53) + 1, std::numeric_limits<int64_t>::max() - 2}) {
+    bad_step["step"] = from_vector<int64_t>({step}, {});
+    EXPECT_LINEA_ERROR(adam.load_state_dict(bad_step), "step is " + std::to_string(step) + " (expected 0 to 2^53)");
+  }
 
   // A failed load changes nothing.
   EXPECT_EQ(adam.steps(), 1);

@@ -20,6 +20,15 @@ TEST(Tensor, CreationAndItem) {
   EXPECT_EQ(t.numel(), 6);
   EXPECT_EQ(t.strides(), (Strides{3, 1}));
   EXPECT_LINEA_ERROR(t.item(), "one element");
+  // An integer read as an integer is exact (2^62 + 1 is not a double); a float read as one must fit.
+  const int64_t big = (int64_t{1} << 62) + 1;
+  EXPECT_EQ(from_vector<int64_t>({big}, {1}).item<int64_t>(), big);
+  EXPECT_EQ(from_vector<int64_t>({std::numeric_limits<int64_t>::min()}, {}).item<int64_t>(),
+            std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(full({}, -2.75).item<int64_t>(), -2);
+  EXPECT_LINEA_ERROR(full({}, 9.3e18).item<int64_t>(), "is not an int64 value");
+  EXPECT_LINEA_ERROR(full({}, std::nan("")).item<int64_t>(), "is not an int64 value");
+  EXPECT_LINEA_ERROR(t.item<int64_t>(), "one element");
   EXPECT_LINEA_ERROR(tensor<float>({1, 2, 3}, {2, 2}), "do not fill");
 }
 
