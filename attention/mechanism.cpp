@@ -35,21 +35,16 @@ void AttentionMechanism::check_use(AttentionUse use, const std::string& what) co
 
 // ---- decoding ----------------------------------------------------------------------------------
 namespace {
-// x appended along dim to `filled`, the first `length` entries of buf along dim: written in place
-// when buf has room, else into a new buffer of twice the new length (filled copied once). A key
-// costs amortized O(1) copies where a cat copied the whole cache at every step. Returns the new
-// filled part, a view of buf.
-Tensor append_in_place(Tensor& buf, const Tensor& filled, const Tensor& x, int64_t dim, int64_t length) {
-  const int64_t n = length + x.size(dim);
-  if (!buf.defined() || buf.size(dim) < n) {
-    Shape s = x.shape();
-    s[static_cast<size_t>(dim)] = std::max<int64_t>(2 * n, 16);
-    Tensor grown = empty(s, x.options());
-    if (length > 0) narrow(grown, dim, 0, length).copy_(filled);
-    buf = grown;
-  }
-  narrow(buf, dim, length, x.size(dim)).copy_(x);
-  return narrow(buf, dim, 0, n);
+// Makes room in buf for n entries along dim: when it has fewer, a new buffer shaped s with twice n
+// along dim, whose first `length` entries keep(view) writes (the filled part, copied once). A step
+// costs amortized O(1) copies where a cat copied the whole cache at every step.
+template <class Keep>
+void reserve(Tensor& buf, Shape s, int64_t dim, int64_t n, int64_t length, const TensorOptions& o, const Keep& keep) {
+  if (buf.defined() && buf.size(dim) >= n) return;
+  s[static_cast<size_t>(dim)] = std::max<int64_t>(2 * n, 16);
+  Tensor grown = empty(s, o);
+  if (length > 0) keep(narrow(grown, dim, 0, length));
+  buf = grown;
 }
 
 // Heads [first, first + heads) of buf [B, H + Hv, T, E], their first `dim` values (views).
@@ -93,19 +88,14 @@ void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_p
     return;
   }
   const int64_t H = k.size(1), D = k.size(3), Hv = v.size(1), Dv = v.size(3), n = length_ + T;
-  if (!kvbuf_.defined() || kvbuf_.size(2) < n) {
-    Tensor grown = empty({B, H + Hv, std::max<int64_t>(2 * n, 16), std::max(D, Dv)}, k.options());
-    if (length_ > 0) {
-      Tensor kept = narrow(grown, 2, 0, length_);
-      if (kvbuf_.defined()) {
-        kept.copy_(narrow(kvbuf_, 2, 0, length_));
-      } else {  // filled by cat until now (a step with gradients)
-        heads_in(kept, 0, H, D).copy_(k_);
-        heads_in(kept, H, Hv, Dv).copy_(v_);
-      }
+  reserve(kvbuf_, {B, H + Hv, 0, std::max(D, Dv)}, 2, n, length_, k.options(), [&](Tensor kept) {
+    if (kvbuf_.defined()) {
+      kept.copy_(narrow(kvbuf_, 2, 0, length_));
+    } else {  // filled by cat until now (a step with gradients)
+      heads_in(kept, 0, H, D).copy_(k_);
+      heads_in(kept, H, Hv, Dv).copy_(v_);
     }
-    kvbuf_ = grown;
-  }
+  });
   // A projection's keys and values are one tensor's consecutive heads: one copy for both.
   Tensor slot = narrow(kvbuf_, 2, length_, T);
   if (const Tensor kv = D == Dv ? raw::joined_view({k, v}, 1) : Tensor(); kv.defined()) {
@@ -114,7 +104,11 @@ void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_p
     heads_in(slot, 0, H, D).copy_(k);
     heads_in(slot, H, Hv, Dv).copy_(v);
   }
-  if (pad.defined()) pad_ = append_in_place(pbuf_, pad_, pad, 1, length_);
+  if (pad.defined()) {
+    reserve(pbuf_, {B, 0}, 1, n, length_, pad.options(), [&](Tensor kept) { kept.copy_(pad_); });
+    narrow(pbuf_, 1, length_, T).copy_(pad);
+    pad_ = narrow(pbuf_, 1, 0, n);
+  }
   length_ = n;
   view_filled(H, D, Hv, Dv);
 }
