@@ -296,7 +296,9 @@ TEST(StepCounters, TranslateDecodingStep) {
   for (int64_t t = 0; t < L; ++t) {
     std::vector<int64_t> tokens, rows;
     for (int64_t i = 0; i < B; ++i) {
-      tokens.push_back(t == 0 ? 2 : 4 + (i * 7 + t * 5) % 60);
+      // Distinct tokens from the first step on (a search starts every beam at bos): each beam's
+      // cache differs from the first reorder on, so a wrong reorder shows in the outputs.
+      tokens.push_back(4 + (i * 7 + t * 5) % 60);
       rows.push_back(i - i % beams + (i % beams + t) % beams);  // beam j continues beam (j + t) % beams
     }
     const Tensor tok = from_vector<int64_t>(tokens, {B}), index = from_vector<int64_t>(rows, {B});
