@@ -305,13 +305,35 @@ TempDir& shared_dir() {
 
 bool as_root() { return geteuid() == 0; }
 
+// The runs an app's cases start from, each trained once by `exe` with `train` (its command and
+// flags, without --out) into the shared folder: `run`, `big` (--dim 32: a checkpoint of another
+// shape) and `partial` (stopped at step `stop`, with a checkpoint there).
+struct TrainedRuns {
+  std::string run, big, partial;
+};
+
+[[maybe_unused]] void train_runs(TrainedRuns& r, const char* exe, const std::string& app, const Args& train,
+                                 const std::string& stop) {
+  TempDir& d = shared_dir();
+  r.run = d.file(app + "_run");
+  r.big = d.file(app + "_big");
+  r.partial = d.file(app + "_partial");
+  for (const auto& [out, extra] : std::vector<std::pair<std::string, Args>>{
+           {r.run, {}}, {r.big, {"--dim", "32"}}, {r.partial, {"--max-steps", stop, "--checkpoint-every", stop}}}) {
+    Args a = plus(train, {"--out", out});
+    for (size_t i = 0; i + 1 < extra.size(); i += 2) a = with(a, extra[i], extra[i + 1]);
+    const Outcome o = run(exe, a, "", d.file(app + "_fixture.txt"));
+    if (o.code != 0) throw std::runtime_error("the " + app + " fixture run failed:\n" + o.output);
+  }
+}
+
 // ---- vit -----------------------------------------------------------------------------------------
 
 #ifdef EXE_VIT
 // The tiny vit run every case starts from: 128 train / 32 test images of the fake dataset.
-struct VitRuns {
-  std::string data, run, big, partial;  // data folder; runs with dim 16, dim 32, and stopped at step 2
-  Args flags;                           // the training flags of `run` (without --out)
+struct VitRuns : TrainedRuns {  // runs with dim 16, dim 32, and stopped at step 2
+  std::string data;
+  Args flags;  // the training flags of `run` (without --out)
 };
 
 const VitRuns& vit_runs() {
@@ -324,16 +346,7 @@ const VitRuns& vit_runs() {
     v.flags = {"--data",        v.data,      "--patch",      "7",  "--dim",    "16", "--depth",   "1",
                "--heads",       "2",         "--batch-size", "32", "--epochs", "1",  "--threads", "1",
                "--no-progress", "--no-plot", "--device",     "cpu"};
-    v.run = d.file("vit_run");
-    v.big = d.file("vit_big");
-    v.partial = d.file("vit_partial");
-    for (const auto& [out, extra] : std::vector<std::pair<std::string, Args>>{
-             {v.run, {}}, {v.big, {"--dim", "32"}}, {v.partial, {"--max-steps", "2", "--checkpoint-every", "2"}}}) {
-      Args a = plus(v.flags, {"--out", out});
-      for (size_t i = 0; i + 1 < extra.size(); i += 2) a = with(a, extra[i], extra[i + 1]);
-      const Outcome o = run(EXE_VIT, a, "", d.file("vit_fixture.txt"));
-      if (o.code != 0) throw std::runtime_error("the vit fixture run failed:\n" + o.output);
-    }
+    train_runs(v, EXE_VIT, "vit", v.flags, "2");
     return v;
   }();
   return r;
@@ -342,9 +355,9 @@ const VitRuns& vit_runs() {
 
 #ifdef EXE_TRANSLATE
 // The tiny translate data and run: 300 toy pairs, a 48-piece vocabulary, a 1+1-layer model.
-struct TranslateRuns {
-  std::string src, tgt, data, run, big, partial;  // big: --dim 32; partial: stopped at step 4
-  Args flags;                                     // `translate train` flags of `run` (without --out)
+struct TranslateRuns : TrainedRuns {  // partial: stopped at step 4
+  std::string src, tgt, data;
+  Args flags;  // `translate train` flags of `run` (without --out)
 };
 
 const TranslateRuns& translate_runs() {
@@ -364,16 +377,7 @@ const TranslateRuns& translate_runs() {
                "--dec-layers", "1",    "--mlp-hidden", "32", "--max-len", "64", "--max-tokens",  "256",
                "--epochs",     "1",    "--beam",       "1",  "--threads", "1",  "--no-progress", "--no-plot",
                "--device",     "cpu"};
-    t.run = d.file("translate_run");
-    t.big = d.file("translate_big");
-    t.partial = d.file("translate_partial");
-    for (const auto& [out, extra] : std::vector<std::pair<std::string, Args>>{
-             {t.run, {}}, {t.big, {"--dim", "32"}}, {t.partial, {"--max-steps", "4", "--checkpoint-every", "4"}}}) {
-      Args a = plus(plus({"train"}, t.flags), {"--out", out});
-      for (size_t i = 0; i + 1 < extra.size(); i += 2) a = with(a, extra[i], extra[i + 1]);
-      const Outcome o = run(EXE_TRANSLATE, a, "", d.file("translate_fixture.txt"));
-      if (o.code != 0) throw std::runtime_error("the translate fixture run failed:\n" + o.output);
-    }
+    train_runs(t, EXE_TRANSLATE, "translate", plus({"train"}, t.flags), "4");
     return t;
   }();
   return r;
@@ -382,9 +386,9 @@ const TranslateRuns& translate_runs() {
 
 #ifdef EXE_PROTEIN
 // The tiny protein data (12 families of 4, clustered by mmseqs2) and run.
-struct ProteinRuns {
-  std::string fasta, data, run, big, partial;  // big: --dim 32; partial: stopped at step 2
-  Args flags;                                  // `protein train` flags of `run` (without --out)
+struct ProteinRuns : TrainedRuns {  // partial: stopped at step 2
+  std::string fasta, data;
+  Args flags;  // `protein train` flags of `run` (without --out)
 };
 
 const ProteinRuns& protein_runs() {
@@ -402,16 +406,7 @@ const ProteinRuns& protein_runs() {
     p.flags = {"--data",       p.data, "--dim",         "16",        "--heads",      "2",   "--layers", "1",
                "--mlp-hidden", "32",   "--max-len",     "48",        "--max-tokens", "512", "--epochs", "1",
                "--threads",    "1",    "--no-progress", "--no-plot", "--device",     "cpu"};
-    p.run = d.file("protein_run");
-    p.big = d.file("protein_big");
-    p.partial = d.file("protein_partial");
-    for (const auto& [out, extra] : std::vector<std::pair<std::string, Args>>{
-             {p.run, {}}, {p.big, {"--dim", "32"}}, {p.partial, {"--max-steps", "2", "--checkpoint-every", "2"}}}) {
-      Args a = plus(plus({"train"}, p.flags), {"--out", out});
-      for (size_t i = 0; i + 1 < extra.size(); i += 2) a = with(a, extra[i], extra[i + 1]);
-      const Outcome t = run(EXE_PROTEIN, a, "", d.file("protein_fixture.txt"));
-      if (t.code != 0) throw std::runtime_error("the protein fixture run failed:\n" + t.output);
-    }
+    train_runs(p, EXE_PROTEIN, "protein", plus({"train"}, p.flags), "2");
     return p;
   }();
   return r;
