@@ -104,9 +104,10 @@ class Tensor {
   }
 
   // ---- host access (copies from the device when needed) ---------------------------------
-  // Value of a one-element tensor, converted to double / T. An integer T reads an integer tensor
-  // exactly (through double, an int64 above 2^53 would round, and one rounded past T's range is
-  // undefined behaviour) and a float tensor only where its value fits T (else an Error).
+  // Value of a one-element tensor, converted to double / T. An integer T reads through
+  // item_int64: an integer tensor exactly (through double, an int64 above 2^53 would round, and
+  // one rounded past the range is undefined behaviour), a float tensor only where its value fits
+  // int64 (else an Error); a narrower T then truncates as a cast does.
   double item() const;
   int64_t item_int64() const;
   template <typename T> T item() const {
