@@ -125,12 +125,7 @@ TEST_P(AttentionSuite, Float32FiniteForLargeInputsAndFullyPaddedRows) {
   const int64_t B = 2, H = 2, N = 8, D = 16;
   manual_seed(14);
   auto mech = attn::make_attention(GetParam(), H, D);
-  // Rows of norm exactly 5 in the scaled space (|x~| = D^-1/4 |x|), some aligned, some opposed.
-  auto big = [&](const Tensor& x) {
-    return mul(div(x, sqrt(sum(square(x), {-1}, true))), 5.0 * std::pow(static_cast<double>(D), 0.25));
-  };
-  Tensor q = big(randn({B, H, N, D}));
-  Tensor k = cat({narrow(q, 2, 0, 4), mul(narrow(q, 2, 4, 4), -1.0)}, 2);  // k = +-q: extreme scores
+  auto [q, k] = extreme_scores(B, H, N, D);
   Tensor v = randn({B, H, N, 3});
   q.requires_grad_(true);
   v.requires_grad_(true);
@@ -141,14 +136,9 @@ TEST_P(AttentionSuite, Float32FiniteForLargeInputsAndFullyPaddedRows) {
   o.key_padding_mask = from_vector<int64_t>(pad, {B, N});
   Tensor out = mech->forward(q, k, v, o);
   sum(square(out)).backward();
-  auto finite = [](const Tensor& t) {
-    for (float x : t.to_vector<float>())
-      if (!std::isfinite(x)) return false;
-    return true;
-  };
-  EXPECT_TRUE(finite(out));
-  EXPECT_TRUE(finite(q.grad()));
-  EXPECT_TRUE(finite(v.grad()));
+  EXPECT_TRUE(all_finite(out));
+  EXPECT_TRUE(all_finite(q.grad()));
+  EXPECT_TRUE(all_finite(v.grad()));
   // The fully padded batch row attends to nothing: zeros.
   EXPECT_EQ(max(abs(select(out, 0, 1))).item<float>(), 0.0f);
 }

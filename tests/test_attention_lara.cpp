@@ -438,12 +438,7 @@ TEST(LinearRandomizedAttention, SpecOptionsAndMultiHeadAttention) {
 TEST(LinearRandomizedAttention, Float32FiniteForLargeInputs) {
   manual_seed(15);
   const int64_t B = 2, H = 2, N = 8, D = 16;
-  // |q~| = |k~| = 5 (x~ = D^-1/4 x), k = +-q: the most extreme scores.
-  auto big = [&](const Tensor& x) {
-    return mul(div(x, sqrt(sum(square(x), {-1}, true))), 5.0 * std::pow(static_cast<double>(D), 0.25));
-  };
-  Tensor q = big(randn({B, H, N, D}));
-  Tensor k = cat({narrow(q, 2, 0, 4), mul(narrow(q, 2, 4, 4), -1.0)}, 2);
+  const auto [q, k] = test::extreme_scores(B, H, N, D);
   Tensor v = randn({B, H, N, 3});
   std::vector<int> pad(static_cast<size_t>(B * N), 0);
   for (int64_t m = 0; m < N; ++m) pad[static_cast<size_t>(N + m)] = 1;  // batch 1 fully padded
@@ -458,13 +453,12 @@ TEST(LinearRandomizedAttention, Float32FiniteForLargeInputs) {
       auto lara = attn::make_attention(spec, H, D);
       Tensor out = lara->forward(qq, kk, vv, o);
       sum(square(out)).backward();
-      for (const Tensor& t : {out, qq.grad(), kk.grad(), vv.grad()})
-        for (float x : t.to_vector<float>()) ASSERT_TRUE(std::isfinite(x));
+      for (const Tensor& t : {out, qq.grad(), kk.grad(), vv.grad()}) ASSERT_TRUE(test::all_finite(t));
       if (padded) {
         EXPECT_EQ(max(abs(select(out, 0, 1))).item<float>(), 0.0f);
       }
       lara->eval();
-      for (float x : lara->forward(q, k, v, o).to_vector<float>()) ASSERT_TRUE(std::isfinite(x));
+      ASSERT_TRUE(test::all_finite(lara->forward(q, k, v, o)));
     }
 }
 

@@ -186,6 +186,24 @@ inline ::testing::AssertionResult inverse_cdf_draws(const Tensor& idx, const Ten
   return ::testing::AssertionSuccess();
 }
 
+// The most extreme scores float32 attention must survive: q [B, H, N, D] float32 of rows of norm 5
+// in the scaled space (|x~| = D^-1/4 |x|), k its first N / 2 rows then the rest negated (k = +-q).
+struct ExtremeScores {
+  Tensor q, k;
+};
+inline ExtremeScores extreme_scores(int64_t B, int64_t H, int64_t N, int64_t D) {
+  const Tensor x = randn({B, H, N, D});
+  const Tensor q = mul(div(x, sqrt(sum(square(x), {-1}, true))), 5.0 * std::pow(static_cast<double>(D), 0.25));
+  return {q, cat({narrow(q, 2, 0, N / 2), mul(narrow(q, 2, N / 2, N - N / 2), -1.0)}, 2)};
+}
+
+// Whether every element of t is finite.
+inline bool all_finite(const Tensor& t) {
+  for (double x : t.to_vector<double>())
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
 inline std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
