@@ -394,34 +394,46 @@ TEST(Reproducible, TwoTranslateRunsAndAResumedOneEndWithTheSameBits) {
   EXPECT_TRUE(same_bits(resumed, first)) << "the resumed run ends with other parameters";
 }
 
+// A one-layer ViT on CUDA (self-attention `attention`), AdamW and n random images in batches of
+// 2, wired into a TrainSetup: what the tests of the loop itself train.
+struct LoopVit {
+  std::shared_ptr<vit::VisionTransformer> model;
+  std::unique_ptr<nn::AdamW> opt;
+  std::unique_ptr<nn::DataLoader> loader;
+  apps::TrainSetup setup;
+
+  LoopVit(const std::string& attention, int64_t n) {
+    vit::VitConfig cfg;
+    cfg.depth = 1;
+    cfg.attention = attention;
+    model = std::make_shared<vit::VisionTransformer>(cfg);
+    model->to(Device("cuda"));
+    opt = std::make_unique<nn::AdamW>(nn::decay_groups(*model, 1e-3, 0.0));
+    auto data = std::make_shared<nn::TensorDataset>(randn({n, 1, 28, 28}), randint(0, 10, {n}));
+    nn::DataLoaderOptions lo;
+    lo.batch_size = 2;
+    loader = std::make_unique<nn::DataLoader>(data, lo);
+    setup.app = "vit";
+    setup.model = model.get();
+    setup.optimizer = opt.get();
+    setup.loader = loader.get();
+    setup.device = Device("cuda");
+    setup.data_parallel = false;
+  }
+};
+
 TEST(CudaGraph, RefusesWhatAReplayWouldNotRepeat) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
   // Performer redraws its features with cuRAND every training step: a replay would reuse one draw.
   manual_seed(0);
-  vit::VitConfig cfg;
-  cfg.depth = 1;
-  cfg.attention = "performer:features=8";
-  auto model = std::make_shared<vit::VisionTransformer>(cfg);
-  model->to(Device("cuda"));
-  nn::AdamW opt(nn::decay_groups(*model, 1e-3, 0.0));
-  auto data = std::make_shared<nn::TensorDataset>(randn({6, 1, 28, 28}), randint(0, 10, {6}));
-  nn::DataLoaderOptions lo;
-  lo.batch_size = 2;
-  nn::DataLoader loader(data, lo);
-  apps::TrainSetup s;
-  s.app = "vit";
-  s.model = model.get();
-  s.optimizer = &opt;
-  s.loader = &loader;
-  s.device = Device("cuda");
-  s.data_parallel = false;
+  const LoopVit v("performer:features=8", 6);
   apps::TrainHooks h;
-  h.step = [&](const nn::Batch& b) { return vit::train_step(*model, b, Device("cuda"), 0.0); };
+  h.step = [&](const nn::Batch& b) { return vit::train_step(*v.model, b, Device("cuda"), 0.0); };
   h.evaluate = [](const std::string&) { return apps::Metrics{}; };
   apps::RunOptions o = profiled_run("vit_performer_graph", 3);
   o.cuda_graph = true;
   try {
-    apps::train(s, h, o);
+    apps::train(v.setup, h, o);
     ADD_FAILURE() << "a captured step that draws with cuRAND was not refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cuRAND draw"), std::string::npos) << e.what();
@@ -438,26 +450,11 @@ TEST(StepGuard, LateReadbackStillStopsAtTheNonFiniteStep) {
   // steps, but the error names the step whose loss was NaN, and no later step is recorded.
   emu_set_event_lag(3);
   manual_seed(0);
-  vit::VitConfig cfg;
-  cfg.depth = 1;
-  auto model = std::make_shared<vit::VisionTransformer>(cfg);
-  model->to(Device("cuda"));
-  nn::AdamW opt(nn::decay_groups(*model, 1e-3, 0.0));
-  auto data = std::make_shared<nn::TensorDataset>(randn({12, 1, 28, 28}), randint(0, 10, {12}));
-  nn::DataLoaderOptions lo;
-  lo.batch_size = 2;
-  nn::DataLoader loader(data, lo);
-  apps::TrainSetup s;
-  s.app = "vit";
-  s.model = model.get();
-  s.optimizer = &opt;
-  s.loader = &loader;
-  s.device = Device("cuda");
-  s.data_parallel = false;
+  const LoopVit v("softmax", 12);
   int calls = 0;
   apps::TrainHooks h;
   h.step = [&](const nn::Batch& b) {
-    apps::StepResult r = vit::train_step(*model, b, Device("cuda"), 0.0);
+    apps::StepResult r = vit::train_step(*v.model, b, Device("cuda"), 0.0);
     if (++calls == 3) r.loss = r.loss * NAN;
     return r;
   };
@@ -465,7 +462,7 @@ TEST(StepGuard, LateReadbackStillStopsAtTheNonFiniteStep) {
   apps::RunOptions o = profiled_run("vit_late_guard", 6);
   o.profile = false;
   try {
-    apps::train(s, h, o);
+    apps::train(v.setup, h, o);
     ADD_FAILURE() << "the NaN step did not stop the run";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("step 3: non-finite loss"), std::string::npos) << e.what();
