@@ -729,6 +729,8 @@ TEST(CudaParity, Linear) {
     expect_parity(tag("one row, one output", dt), lin, {rnd({1, 5}, dt), rnd({1, 5}, dt), rnd({1}, dt)});
     expect_parity(tag("many rows (long bias-gradient sums)", dt), lin,
                   {rnd({1029, 6}, dt), rnd({3, 6}, dt), rnd({3}, dt)}, 4.0);
+    // no input features: the output is the bias, copied (no GEMM)
+    expect_parity(tag("no input features", dt), lin, {rnd({4, 0}, dt), rnd({3, 0}, dt), rnd({3}, dt)});
   }
 }
 
@@ -1012,6 +1014,8 @@ TEST(CudaParity, SoftmaxAttentionKernel) {
       // and LARA's landmarks over their keys (head dims of the 64 tiles, LARA's at D = 64).
       {2, 1, 5, 1100, 17, 23, true, 1095, true},
       {1, 1, 20, 1030, 40, 16, false, 0, true},
+      {1, 1, 9, 1040, 12, 16, false, 0, true},      // and those of the 16 tiles
+      {1, 1, 7, 1030, 80, 100, true, 1023, false},  // and of the 128 tiles (float32 only)
   };
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
