@@ -157,17 +157,22 @@ template <int N, typename F> __global__ void contiguous_kernel(int64_t n, F f) {
   }
 }
 
-template <int N, typename F>
+// Contiguous = false where the caller takes the all-contiguous case another way (a memcpy): only
+// the strided kernel is compiled (it is correct for any layout).
+template <int N, bool Contiguous = true, typename F>
 void launch_elementwise(const char* op, const Shape& shape, const std::array<const Strides*, N>& strides, const F& f) {
   const int64_t n = shape_numel(shape);
   if (n == 0) return;
   bool contig = false;
   OffsetCalc<N> oc = make_offset_calc<N>(shape, strides, op, &contig);
-  if (contig) {
-    contiguous_kernel<N, F><<<grid_for(n), kBlockSize, 0, stream()>>>(n, f);
-  } else {
-    strided_kernel<N, F><<<grid_for(n), kBlockSize, 0, stream()>>>(n, oc, f);
+  if constexpr (Contiguous) {
+    if (contig) {
+      contiguous_kernel<N, F><<<grid_for(n), kBlockSize, 0, stream()>>>(n, f);
+      LINEA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
   }
+  strided_kernel<N, F><<<grid_for(n), kBlockSize, 0, stream()>>>(n, oc, f);
   LINEA_KERNEL_LAUNCH_CHECK();
 }
 

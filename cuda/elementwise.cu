@@ -60,7 +60,8 @@ template <typename D, typename S> struct CopyF {
 
 template <typename D, typename S> void copy_typed(const Tensor& dst, const Tensor& src) {
   CopyF<D, S> f{ptr<D>(dst), cptr<S>(src)};
-  launch_elementwise<2>("copy", dst.shape(), {&dst.strides(), &src.strides()}, f);
+  // (one dtype: copy took two contiguous tensors by memcpy)
+  launch_elementwise<2, !std::is_same_v<D, S>>("copy", dst.shape(), {&dst.strides(), &src.strides()}, f);
 }
 
 // ---- pad ---------------------------------------------------------------------------------------
