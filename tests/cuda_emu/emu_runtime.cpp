@@ -881,6 +881,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_BGRADB)
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  // EMU_LT_NO_ALGO=1: no algorithm for any matmul, as cuBLASLt answers for a layout its kernels
+  // do not take (the callers' fallbacks run).
+  static const bool no_algo = std::getenv("EMU_LT_NO_ALGO") != nullptr;
+  if (no_algo) return CUBLAS_STATUS_NOT_SUPPORTED;
   std::memset(&results[0], 0, sizeof(results[0]));
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *returned = 1;

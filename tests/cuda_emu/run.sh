@@ -13,9 +13,11 @@
 # EMU_TRACE_LAUNCHES=1 every kernel launch (its name, grid and block) and library call in order
 # (to find which launches a launch budget counts); LINEA_EMU_CC=75 emulates an sm_75 device (the
 # softmax parity, RA's draw and FAVOR+ attention run once more so: their float32 SIMT kernels,
-# which sm_80 and newer leave for the tensor cores). Built with gcov's counters too: after an unfiltered run,
-# kernel_coverage.py lists the kernels and template instances no test ran, and a kernel that none
-# ran fails the run (a kernel no test runs is one no test compares with the CPU path).
+# which sm_80 and newer leave for the tensor cores); EMU_LT_NO_ALGO=1 has cuBLASLt find no
+# algorithm (the linear layer's parity runs once more so: its GEMM-then-bias fallback). Built with
+# gcov's counters too: after an unfiltered run, kernel_coverage.py lists the kernels and template
+# instances no test ran, and a kernel that none ran fails the run (a kernel no test runs is one no
+# test compares with the CPU path).
 #   tests/cuda_emu/run.sh [gtest args]          e.g. --gtest_filter=CudaParity.Matmul
 # Needs: g++, libgtest-dev, OpenBLAS, FFTW, and the CUDA toolkit headers (no GPU, no driver).
 set -euo pipefail
@@ -68,6 +70,7 @@ add_tests "$B/parity" "$@"
 add_tests "$B/attention" "$@"
 add_tests LINEA_EMU_CC=75 "$B/parity" \
   --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN:CudaParity.AttentionSampleKernel:CudaParity.FavorAttentionKernel:CudaParity.FavorAttentionStepKernel'
+add_tests EMU_LT_NO_ALGO=1 "$B/parity" --gtest_filter='CudaParity.Linear'
 run_jobs
 # Every kernel ran in some test above (all of them run when no filter is given).
 if [ $# -eq 0 ]; then python3 "$EMU/kernel_coverage.py" "$B" --require-every-kernel; fi
