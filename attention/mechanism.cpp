@@ -36,8 +36,9 @@ void AttentionMechanism::check_use(AttentionUse use, const std::string& what) co
 // ---- decoding ----------------------------------------------------------------------------------
 namespace {
 // Makes room in buf for n entries along dim: when it has fewer, a new buffer shaped s with twice n
-// along dim, whose first `length` entries keep(view) writes (the filled part, copied once). A step
-// costs amortized O(1) copies where a cat copied the whole cache at every step.
+// along dim, whose first `length` entries keep(view) writes (the filled part, copied once; buf is
+// still the old buffer then). A step costs amortized O(1) copies where a cat copied the whole
+// cache at every step.
 template <class Keep>
 void reserve(Tensor& buf, Shape s, int64_t dim, int64_t n, int64_t length, const TensorOptions& o, const Keep& keep) {
   if (buf.defined() && buf.size(dim) >= n) return;
