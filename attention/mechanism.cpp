@@ -74,17 +74,19 @@ void KeyValueCache::view_filled(int64_t H, int64_t D, int64_t Hv, int64_t Dv) {
 void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_padding) {
   check_continues(k, v);
   const int64_t B = k.size(0), T = k.size(2);
-  Tensor pad = key_padding;
-  // Padding only needs keeping once some key is padded: earlier steps count as unpadded.
-  if (pad.defined() && !pad_.defined() && length_ > 0)
-    pad_ = zeros({B, length_}, TensorOptions(DType::Bool, k.device()));
-  if (!pad.defined() && pad_.defined()) pad = zeros({B, T}, TensorOptions(DType::Bool, k.device()));
+  // Padding only needs keeping once some key is padded: earlier and unpadded steps count as unpadded.
+  const Tensor& pad = key_padding;
+  const TensorOptions bools(DType::Bool, k.device());
   if (GradMode::is_enabled() && (k.requires_grad() || v.requires_grad())) {
     // Differentiable through the cache: joined by cat (the buffers' in-place writes would not be).
     kvbuf_ = pbuf_ = Tensor();
+    if (pad.defined() && !pad_.defined() && length_ > 0) pad_ = zeros({B, length_}, bools);
+    if (pad.defined() || pad_.defined()) {
+      const Tensor p = pad.defined() ? pad : zeros({B, T}, bools);
+      pad_ = pad_.defined() ? cat({pad_, p}, 1) : p;
+    }
     k_ = k_.defined() ? cat({k_, k}, 2) : k;
     v_ = v_.defined() ? cat({v_, v}, 2) : v;
-    if (pad.defined()) pad_ = pad_.defined() ? cat({pad_, pad}, 1) : pad;
     length_ += T;
     return;
   }
@@ -105,9 +107,10 @@ void KeyValueCache::append(const Tensor& k, const Tensor& v, const Tensor& key_p
     heads_in(slot, 0, H, D).copy_(k);
     heads_in(slot, H, Hv, Dv).copy_(v);
   }
-  if (pad.defined()) {
-    reserve(pbuf_, {B, 0}, 1, n, length_, pad.options(), [&](Tensor kept) { kept.copy_(pad_); });
-    narrow(pbuf_, 1, length_, T).copy_(pad);
+  if (pad.defined() || pad_.defined()) {  // the unpadded part written as zeros in the buffer itself
+    const auto write = [](Tensor to, const Tensor& from) { from.defined() ? to.copy_(from) : to.zero_(); };
+    reserve(pbuf_, {B, 0}, 1, n, length_, bools, [&](Tensor kept) { write(kept, pad_); });
+    write(narrow(pbuf_, 1, length_, T), pad);
     pad_ = narrow(pbuf_, 1, 0, n);
   }
   length_ = n;

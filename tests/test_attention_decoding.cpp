@@ -148,10 +148,10 @@ TEST(AttentionDecoding, BeamReorderContinuesFromTheChosenRows) {
 }
 
 // The key/value cache past its buffer's first size (16 positions, then doubling): a long softmax
-// decode with padding from the middle on and a beam reorder equals the causal forward over the
-// sequences the beams hold; the keys a step saw stay what they were while later steps write into
-// the same buffers; a reorder keeps the buffers' room; and with gradients on, the cache is
-// differentiable (joined by cat). Keys and values apart (Dv = 3 < D: the buffer's value rows have
+// decode with padding from the middle on (and steps without it in between) and a beam reorder
+// equals the causal forward over the sequences the beams hold; the keys a step saw stay what they
+// were while later steps write into the same buffers; a reorder keeps the buffers' room; and with
+// gradients on, the cache is differentiable (joined by cat) and keeps the same padding. Keys and values apart (Dv = 3 < D: the buffer's value rows have
 // a column the views leave out), and as one tensor's consecutive heads (a projection's: one copy).
 TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
   auto m = mechanism("softmax", 5);
@@ -161,6 +161,12 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
   pad.narrow(1, 8, 2).select(0, 1).fill_(1.0);  // kept through the buffer's growth at 17 and 35
   pad.narrow(1, 20, 3).select(0, 1).fill_(1.0);
   pad.narrow(1, 30, 1).select(0, 0).fill_(1.0);
+  // No padding given before position 5 (the cache keeps none until then), nor at 12-13 (the
+  // cache writes them unpadded).
+  const auto given = [&](int64_t t) { return t < 5 || t == 12 || t == 13 ? Tensor() : narrow(pad, 1, t, 1); };
+  const auto padding_is = [](const Tensor& got, const Tensor& want) {
+    return all_close(got.to(DType::Int64), want.to(DType::Int64), 0, 0);
+  };
   const Tensor index = from_vector<int64_t>({1, 1}, {B});
   const Tensor kv = randn64({B, 4, L, 4});
   struct Operands {
@@ -180,9 +186,7 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
         cache.reorder(index);
         reordered = cache.keys().data_ptr();
       }
-      // No padding given before position 5: the cache keeps none until then.
-      const Tensor p = t < 5 ? Tensor() : narrow(pad, 1, t, 1);
-      cache.append(narrow(ops.k, 2, t, 1), narrow(ops.v, 2, t, 1), p);
+      cache.append(narrow(ops.k, 2, t, 1), narrow(ops.v, 2, t, 1), given(t));
       // The reorder kept the buffer's room (34 positions): the next step writes into it, no new buffer.
       if (reordered) {
         EXPECT_EQ(cache.keys().data_ptr(), reordered);
@@ -201,23 +205,26 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
     };
     EXPECT_TRUE(all_close(cache.keys(), spliced(ops.k, 2), 0, 0));
     EXPECT_TRUE(all_close(cache.values(), spliced(ops.v, 2), 0, 0));
-    EXPECT_TRUE(all_close(cache.key_padding().to(DType::Int64), spliced(pad, 1).to(DType::Int64), 0, 0));
+    EXPECT_TRUE(padding_is(cache.key_padding(), spliced(pad, 1)));
     Tensor full = m->forward(spliced(q, 2), spliced(ops.k, 2), spliced(ops.v, 2), causal(spliced(pad, 1)));
     EXPECT_TRUE(all_close(narrow(cat(outs, 2), 2, P, L - P), narrow(full, 2, P, L - P), kTol, 0));
   }
-  // Differentiable: every appended key gets the gradient of its place in keys().
+  // Differentiable: every appended key gets the gradient of its place in keys(); the padding as
+  // without gradients.
   attn::KeyValueCache cache;
   ASSERT_TRUE(k.requires_grad());
-  for (int64_t t = 0; t < 20; ++t) cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), Tensor());
+  for (int64_t t = 0; t < 20; ++t) cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), given(t));
+  EXPECT_TRUE(padding_is(cache.key_padding(), narrow(pad, 1, 0, 20)));
   const Tensor w = randn({B, 2, 20, 4}, TensorOptions(DType::Float64));
   sum(mul(cache.keys(), w)).backward();
   ASSERT_TRUE(k.grad().defined());
   EXPECT_TRUE(all_close(narrow(k.grad(), 2, 0, 20), w, 0, 0));
   // Then steps without gradients: the keys joined so far copied into a buffer, the new ones after.
   NoGradGuard ng;
-  for (int64_t t = 20; t < 25; ++t) cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), Tensor());
+  for (int64_t t = 20; t < 25; ++t) cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), given(t));
   EXPECT_TRUE(all_close(cache.keys(), narrow(k, 2, 0, 25), 0, 0));
   EXPECT_TRUE(all_close(cache.values(), narrow(v, 2, 0, 25), 0, 0));
+  EXPECT_TRUE(padding_is(cache.key_padding(), narrow(pad, 1, 0, 25)));
 }
 
 TEST(AttentionDecoding, StepInputsAreChecked) {
