@@ -1,8 +1,9 @@
 // The translate model and its search on toy models (random weights, tiny vocabularies):
 // incremental decoding gives the full forward's logits (every decoder mechanism, after beams are
 // reordered and sentences dropped); beam search with one beam is greedy search; a beam wide
-// enough to keep every hypothesis finds the exhaustive search's best; a batch of sentences of
-// different lengths decodes as each sentence alone. End to end on generated data (a toy language
+// enough to keep every hypothesis returns them all, best first; beam search gives what its
+// definition does (a plain reference over the full forward); a batch of sentences of different
+// lengths decodes as each sentence alone. End to end on generated data (a toy language
 // pair: a word-for-word mapping): training learns it (test BLEU), writes its outputs and best
 // checkpoint, resumes exactly; `translate decode` gives the training run's own test hypotheses,
 // reads stdin, writes n-best lists; bad input gets a clear error.
@@ -10,6 +11,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <set>
 
 #include <sys/wait.h>
@@ -94,6 +96,20 @@ TEST(TranslateModel, IncrementalDecodingMatchesTheFullForward) {
   }
 }
 
+// The longest output: ratio x source tokens + extra, at least 1, never past the model's max_len.
+TEST(TranslateSearch, MaxOutputLength) {
+  const ModelConfig c = toy_config(8);  // max_len 32
+  SearchOptions o;
+  o.max_len_ratio = 1.5;
+  o.max_len_extra = 2;
+  EXPECT_EQ(max_output_length(c, o, 4), 8);
+  EXPECT_EQ(max_output_length(c, o, 5), 9);    // floor(7.5) + 2
+  EXPECT_EQ(max_output_length(c, o, 30), 32);  // 47, past max_len
+  o.max_len_ratio = 0;
+  o.max_len_extra = 0;
+  EXPECT_EQ(max_output_length(c, o, 4), 1);
+}
+
 TEST(TranslateSearch, OneBeamIsGreedy) {
   manual_seed(5);
   Seq2Seq model(toy_config(20));
@@ -130,33 +146,130 @@ double sequence_log_prob(Seq2Seq& model, const Tensor& src, const Tensor& pad, c
   return s;
 }
 
-TEST(TranslateSearch, WideBeamFindsTheExhaustiveBest) {
-  // Two real tokens (4, 5), at most 3 output tokens with eos: 7 possible outputs, all kept by 8 beams.
+TEST(TranslateSearch, WideBeamFindsEveryHypothesis) {
+  // Three tokens it may produce (unk 1 and the real 4, 5; never pad 0 or bos 2), at most 3 output
+  // tokens with eos: 13 possible outputs, all kept by 16 beams and returned best first, each with
+  // its log-probability by the full forward.
   manual_seed(11);
   Seq2Seq model(toy_config(6));
   model.eval();
   NoGradGuard ng;
+  std::vector<std::vector<int64_t>> all{{}};
+  for (int64_t a : {1, 4, 5}) {
+    all.push_back({a});
+    for (int64_t b : {1, 4, 5}) all.push_back({a, b});
+  }
   for (uint64_t seed : {1u, 2u, 3u}) {
     auto [src, pad] = sources({4}, 6, seed);
     SearchOptions o;
-    o.beam = 8;
-    o.nbest = 7;
+    o.beam = 16;
+    o.nbest = 16;
     o.len_penalty = 0;
     o.max_len_ratio = 0;
     o.max_len_extra = 3;
     auto hyps = beam_search(model, src, pad, o)[0];
-    ASSERT_EQ(hyps.size(), 7u);
-    std::vector<std::vector<int64_t>> all{{}, {4}, {5}, {4, 4}, {4, 5}, {5, 4}, {5, 5}};
-    double best = -1e30;
-    std::vector<int64_t> arg;
-    for (const auto& seq : all) {
-      const double lp = sequence_log_prob(model, src, pad, seq);
-      if (lp > best) best = lp, arg = seq;
+    ASSERT_EQ(hyps.size(), all.size());
+    std::vector<std::pair<double, std::vector<int64_t>>> want;
+    for (const auto& seq : all) want.emplace_back(sequence_log_prob(model, src, pad, seq), seq);
+    std::stable_sort(want.begin(), want.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    for (size_t i = 0; i < hyps.size(); ++i) {
+      EXPECT_EQ(hyps[i].tokens, want[i].second) << "hypothesis " << i;
+      EXPECT_NEAR(hyps[i].log_prob, want[i].first, 1e-4);
+      EXPECT_EQ(hyps[i].score, hyps[i].log_prob);  // len_penalty 0
     }
-    EXPECT_EQ(hyps[0].tokens, arg);
-    EXPECT_NEAR(hyps[0].log_prob, best, 1e-4);
-    for (const Hypothesis& h : hyps) EXPECT_NEAR(h.log_prob, sequence_log_prob(model, src, pad, h.tokens), 1e-4);
-    for (size_t i = 1; i < hyps.size(); ++i) EXPECT_GE(hyps[i - 1].score, hyps[i].score);
+  }
+}
+
+// Beam search as search.h defines it, for one unpadded sentence (src [1, S]), each step's
+// log-probabilities by the full forward over the hypothesis so far: the reference for the
+// batched, incremental beam_search.
+std::vector<Hypothesis> reference_beam_search(Seq2Seq& model, const Tensor& src, const Tensor& pad,
+                                              const SearchOptions& o) {
+  const ModelConfig& c = model.config();
+  const int64_t K = o.beam, V = c.tgt_vocab;
+  const int64_t max_len = max_output_length(c, o, src.size(1));
+  struct Candidate {
+    double log_prob;
+    size_t beam;
+    int64_t token;
+  };
+  std::vector<Hypothesis> beams(1), finished;
+  for (int64_t t = 0;; ++t) {
+    std::vector<Candidate> cand;  // beam by beam, token by token: ties go to the earlier
+    for (size_t j = 0; j < beams.size(); ++j) {
+      std::vector<int64_t> in{c.bos_id};
+      in.insert(in.end(), beams[j].tokens.begin(), beams[j].tokens.end());
+      const Tensor logits = model.forward(src, pad, from_vector<int64_t>(in, {1, t + 1}));
+      const std::vector<float> lp = log_softmax(select(select(logits, 0, 0), 0, t), 0).to_vector<float>();
+      for (int64_t v = 0; v < V; ++v)
+        if (v != c.pad_id && v != c.bos_id && (v == c.eos_id || t + 1 < max_len))
+          cand.push_back({beams[j].log_prob + lp[static_cast<size_t>(v)], j, v});
+    }
+    std::stable_sort(cand.begin(), cand.end(), [](const auto& x, const auto& y) { return x.log_prob > y.log_prob; });
+    cand.resize(std::min<size_t>(cand.size(), 2 * K));
+    std::vector<Hypothesis> next;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      Hypothesis h{beams[cand[i].beam].tokens, cand[i].log_prob, 0};
+      if (cand[i].token == c.eos_id) {  // ends a hypothesis among the first K only
+        h.score = h.log_prob / std::pow(static_cast<double>(t + 1), o.len_penalty);
+        if (i < static_cast<size_t>(K) && finished.size() < static_cast<size_t>(K)) finished.push_back(h);
+      } else if (next.size() < static_cast<size_t>(K)) {
+        h.tokens.push_back(cand[i].token);
+        next.push_back(h);
+      }
+    }
+    if (finished.size() >= static_cast<size_t>(K) || next.empty()) break;
+    beams = next;
+  }
+  std::stable_sort(finished.begin(), finished.end(), [](const auto& x, const auto& y) { return x.score > y.score; });
+  finished.resize(std::min<size_t>(finished.size(), o.nbest));
+  return finished;
+}
+
+// Beam search against its definition, sentence by sentence of a batch: on a small vocabulary, where
+// the end token often ranks among a step's 2K best before the last step (hypotheses of several
+// lengths, some ends past the first K), and on a model whose tokens all tie (zero embeddings:
+// uniform log-probabilities), where the order among equal candidates decides (the earlier beam,
+// then the smaller token).
+TEST(TranslateSearch, BeamSearchFollowsItsDefinition) {
+  NoGradGuard ng;
+  const std::vector<int64_t> lengths{6, 2, 4, 5, 3};
+  SearchOptions o;
+  o.beam = 4;
+  o.nbest = 4;
+  o.len_penalty = 1.0;
+  o.max_len_ratio = 1.0;
+  o.max_len_extra = 2;
+  for (const bool ties : {false, true}) {
+    SCOPED_TRACE(ties ? "every token ties" : "random weights");
+    manual_seed(19);
+    Seq2Seq model(toy_config(8));
+    model.eval();
+    std::map<std::string, Tensor> param;
+    for (const auto& [name, p] : model.named_parameters()) param[name] = p;
+    if (ties) {
+      param.at("embed.weight").zero_();
+    } else {  // the end token likelier at every step: the last norm's bias along its embedding
+      param.at("decoder.norm.bias").copy_(mul(select(param.at("embed.weight"), 0, 3), 3.0));
+    }
+    auto [src, pad] = sources(lengths, 8, 23);
+    const auto batch = beam_search(model, src, pad, o);
+    std::set<size_t> out_lengths;  // the test means something only if hypotheses end at different steps
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      SCOPED_TRACE("sentence " + std::to_string(i));
+      const int64_t l = lengths[i];
+      const Tensor s1 = narrow(narrow(src, 0, i, 1), 1, 0, l).contiguous();
+      const Tensor p1 = narrow(narrow(pad, 0, i, 1), 1, 0, l).contiguous();
+      const auto want = reference_beam_search(model, s1, p1, o);
+      ASSERT_EQ(batch[i].size(), want.size());
+      for (size_t k = 0; k < want.size(); ++k) {
+        EXPECT_EQ(batch[i][k].tokens, want[k].tokens) << "hypothesis " << k;
+        EXPECT_NEAR(batch[i][k].log_prob, want[k].log_prob, 1e-4);
+        EXPECT_NEAR(batch[i][k].score, want[k].score, 1e-4);
+        out_lengths.insert(want[k].tokens.size());
+      }
+    }
+    EXPECT_GE(out_lengths.size(), 3u);
   }
 }
 
@@ -188,6 +301,8 @@ TEST(TranslateSearch, BatchDecodesAsEachSentenceAlone) {
       EXPECT_LE(static_cast<int64_t>(batch[i][k].tokens.size()) + 1, max_output_length(model.config(), o, l));
     }
     EXPECT_EQ(greedy[i].tokens, greedy_search(model, s1, p1, o)[0].tokens);
+    const double length = static_cast<double>(greedy[i].tokens.size() + 1);
+    EXPECT_NEAR(greedy[i].score, greedy[i].log_prob / std::pow(length, o.len_penalty), 1e-9);
   }
   // Without the caches: the same hypotheses.
   auto recomputed = greedy_search_recompute(model, src, pad, o);
