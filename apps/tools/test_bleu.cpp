@@ -101,6 +101,9 @@ TEST(ChrfSacrebleuSuite, EpsilonSmoothingBeta3) {
   };
   for (auto& [h, r, expected] : cases) EXPECT_NEAR(corpus_chrf({h}, {{r}}, o).score, expected, 1e-4) << h;
   EXPECT_NEAR(corpus_chrf({"a", "b"}, {{"a", "c"}}, o).score, 8.3333, 1e-4);
+  // "0.0" above is eps-level, not 0: an order with neither precision nor recall adds eps (1e-16),
+  // as do the five orders neither side reaches (precision and recall eps): 100 * 6 eps / 6.
+  EXPECT_NEAR(corpus_chrf({"a"}, {{"b"}}, o).score, 1e-14, 1e-17);
 }
 
 // test/test_chrf.py, test_cases_effective_order: beta 3, sacreBLEU's default averaging.
@@ -157,6 +160,7 @@ TEST(BleuTokenizer13a, Rules) {
       // $ split off; period/comma kept between digits, split otherwise; dash split after a digit
       {"It costs $3.50, or 3,000-4,000 in 2019-2020.", "It costs $ 3.50 , or 3,000 - 4,000 in 2019 - 2020 ."},
       {"U.S. e.g. 3.14 .5 5. a.b 1,5 a,b ,5 5,", "U . S . e . g . 3.14 . 5 5 . a . b 1,5 a , b , 5 5 ,"},
+      {".5 x", ". 5 x"},  // the line is padded with spaces first: a period at its start is split too
       {"x--y 5-6 a-5 (1-2) x-", "x--y 5 - 6 a-5 ( 1 - 2 ) x-"},
       // HTML entities unescaped in order (&amp;lt; becomes &lt;, then <); <skipped> dropped;
       // "-\n" joins, "\n" is a space
@@ -357,6 +361,8 @@ TEST(BleuOutput, JsonScoreIsPythonRepr) {
   EXPECT_EQ(json_score(0.00004, 5), "4e-05");
   EXPECT_EQ(json_score(0.000123, 6), "0.000123");
   EXPECT_EQ(json_score(1.0 / 3.0, 20), "0.3333333333333333");
+  EXPECT_EQ(json_score(1e15, 1), "1000000000000000.0");  // fixed notation up to 16 digits
+  EXPECT_EQ(json_score(1e16, 1), "1e+16");
 }
 
 // ---- the executable -----------------------------------------------------------------------------
