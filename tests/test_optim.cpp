@@ -394,6 +394,12 @@ void check_round_trip(const MakeOpt& make, const char* what) {
   run(*opt_b, b, 3, 6);
   for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(same_bits(a[k], b[k])) << "parameter " << k;
   EXPECT_TRUE(same_bits(opt_a->state_dict().begin()->second, opt_b->state_dict().begin()->second));
+  // Loaded into the optimizer that went on (its step count on the device, for Adam): the same.
+  for (size_t k = 0; k < a.size(); ++k) a[k].detach().copy_(saved[k]);
+  opt_a->load_state_dict(sd);
+  EXPECT_EQ(opt_a->steps(), 3);
+  run(*opt_a, a, 3, 6);
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(same_bits(a[k], b[k])) << "parameter " << k << ", reloaded";
 }
 
 TEST(Optim, StateDictRoundTripIsBitIdentical) {
@@ -452,6 +458,10 @@ TEST(Optim, StateDictRejectsMismatches) {
   nn::StateDict extra = sd;
   extra["0.1.exp_avg"] = zeros({2}, TensorOptions(DType::Float64));
   EXPECT_LINEA_ERROR(adam.load_state_dict(extra), "unexpected keys: 0.1.exp_avg");
+
+  nn::StateDict ints = sd;
+  ints["0.0.exp_avg"] = zeros({2}, TensorOptions(DType::Int64));
+  EXPECT_LINEA_ERROR(adam.load_state_dict(ints), "bad values: 0.0.exp_avg has dtype int64");
 
   nn::StateDict bad_step = sd;
   bad_step["step"] = scalar_tensor(1.0);
@@ -762,6 +772,51 @@ TEST(FusedStep, FailedGuardChangesNothing) {
   sgd.step_guarded(nn::step_guard(ps, scalar_tensor(NAN), 0.0));
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(ps[i], before[i]));
   EXPECT_EQ(sgd.steps(), 0);
+}
+
+// The guarded steps that read the guard on the host: SGD's (no fused kernel) and Adam's when its
+// parameters have several dtypes (one kernel each). A passing guard scales every gradient by its
+// coef before the step, a failing one changes nothing and is not counted; the step count goes on
+// from the fused kernel's when the parameters stop being of one kind.
+TEST(FusedStep, HostGuardedSteps) {
+  manual_seed(24);
+  const auto scaled = [](std::vector<Tensor> ref, double coef) {
+    for (Tensor& r : ref) r.set_grad(mul(r.grad(), coef));
+  };
+  std::vector<Tensor> ps = random_params({17, 3}), ref = clones_of(ps);
+  nn::SGD sgd(one_group(ps, 0.1), 0.9), sgd_ref(one_group(ref, 0.1), 0.9);
+  const Tensor guard = nn::step_guard(ps, scalar_tensor(1.0), 1.0);
+  const double coef = guard.to_vector<double>()[1];
+  ASSERT_LT(coef, 0.5);  // the gradients' norm is well above 1
+  sgd.step_guarded(guard);
+  scaled(ref, coef);
+  sgd_ref.step();
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(ps[i], ref[i])) << "SGD, parameter " << i;
+
+  // Adam over a float32 and a float64 parameter; the guard's norm over both, in float32.
+  ps = random_params({17, 3});
+  ps[1] = randn({5}, test::f64());
+  ps[1].requires_grad_(true);
+  ps[1].set_grad(mul(randn({5}, test::f64()), 3.0));
+  ref = clones_of(ps);
+  nn::Adam adam(one_group(ps, 0.01)), adam_ref(one_group(ref, 0.01));
+  const Tensor mixed_guard = nn::step_guard(ps, scalar_tensor(1.0), 1.0);
+  adam.step_guarded(mixed_guard);
+  scaled(ref, mixed_guard.to_vector<double>()[1]);
+  adam_ref.step();
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(ps[i], ref[i])) << "Adam, parameter " << i;
+  adam.step_guarded(nn::step_guard(ps, scalar_tensor(NAN), 1.0));
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(ps[i], ref[i])) << "Adam, parameter " << i;
+  EXPECT_EQ(adam.steps(), 1);
+
+  // One fused step (float32 only), then a parameter turned float64: the count goes on.
+  ps = random_params({4, 6});
+  nn::Adam opt(one_group(ps, 0.01));
+  opt.step();
+  nn::replace_data(ps[0], raw::to_dtype(ps[0].detach(), DType::Float64));
+  ps[0].set_grad(randn({4}, test::f64()));
+  opt.step();
+  EXPECT_EQ(opt.steps(), 2);
 }
 
 TEST(FusedStep, RawChecks) {
