@@ -349,6 +349,55 @@ TEST(TokenBudgetBatchSampler, DeterministicInSeedAndEpoch) {
   for (size_t k = 1; k < sorted.size(); ++k) EXPECT_LE(len[sorted[k - 1].back()], len[sorted[k].front()]);
 }
 
+// A batch takes examples while its longest length times its size stays within the budget (equal
+// included) and its size within max_batch_size: equal lengths fill batches exactly.
+TEST(TokenBudgetBatchSampler, BatchesFillTheBudgetExactly) {
+  TokenBudgetOptions o;
+  o.max_tokens = 20;
+  o.shuffle = false;
+  const auto sizes = [](const std::vector<std::vector<int64_t>>& batches) {
+    std::vector<size_t> out;
+    for (const auto& b : batches) out.push_back(b.size());
+    return out;
+  };
+  EXPECT_EQ(sizes(TokenBudgetBatchSampler(std::vector<int64_t>(13, 5), o).batches(0)),
+            (std::vector<size_t>{4, 4, 4, 1}));
+  o.max_tokens = 100;
+  o.max_batch_size = 3;
+  EXPECT_EQ(sizes(TokenBudgetBatchSampler(std::vector<int64_t>(13, 5), o).batches(0)),
+            (std::vector<size_t>{3, 3, 3, 3, 1}));
+}
+
+// Shuffled, examples of equal length meet in different batches each epoch (the order is shuffled
+// before the stable sort by length), and the batches come in shuffled order, not by length.
+// Unshuffled, the examples go by length, equal lengths in index order.
+TEST(TokenBudgetBatchSampler, ShufflesExamplesAndBatches) {
+  TokenBudgetOptions o;
+  o.max_tokens = 4;
+  o.seed = 8;
+  TokenBudgetBatchSampler same(std::vector<int64_t>(40, 1), o);
+  const auto as_sets = [](std::vector<std::vector<int64_t>> batches) {
+    for (auto& b : batches) std::sort(b.begin(), b.end());
+    std::sort(batches.begin(), batches.end());
+    return batches;
+  };
+  EXPECT_NE(as_sets(same.batches(0)), as_sets(same.batches(1)));
+
+  const std::vector<int64_t> len = some_lengths(300);
+  o.max_tokens = 200;
+  std::vector<int64_t> longest;
+  for (const auto& b : TokenBudgetBatchSampler(len, o).batches(0)) longest.push_back(len[b.back()]);
+  EXPECT_FALSE(std::is_sorted(longest.begin(), longest.end()));
+
+  o.shuffle = false;
+  std::vector<int64_t> by_length(len.size());
+  std::iota(by_length.begin(), by_length.end(), 0);
+  std::stable_sort(by_length.begin(), by_length.end(), [&](int64_t a, int64_t b) { return len[a] < len[b]; });
+  std::vector<int64_t> flat;
+  for (const auto& b : TokenBudgetBatchSampler(len, o).batches(0)) flat.insert(flat.end(), b.begin(), b.end());
+  EXPECT_EQ(flat, by_length);
+}
+
 TEST(TokenBudgetBatchSampler, LoaderResumesMidEpoch) {
   const int64_t n = 90;
   std::vector<float> x(n);
