@@ -1,8 +1,11 @@
 // The shared training loop (train_loop.h) on a tiny classifier (a Linear layer on generated
-// points): it trains and writes metrics.jsonl, summary.json and checkpoints (config.json inside);
-// a mid-epoch resume continues bit for bit; a resume with another run-defining setting is refused
-// listing the difference; a non-finite loss stops the run naming the step and leaves the last
-// checkpoint as it was; --skip-nonfinite skips such steps and logs them; the token-budget sampler
+// points): it trains and writes metrics.jsonl, summary.json and checkpoints (config.json inside),
+// each step at its scheduled learning rate; a mid-epoch resume continues bit for bit, dropping the
+// records written after the checkpoint; a resume of a finished run only evaluates; a resume with
+// another run-defining setting is refused listing the difference; a non-finite loss stops the run
+// naming the step and leaves the last checkpoint as it was; --skip-nonfinite skips such steps and
+// logs them (their losses in no mean); a signal during a step or an evaluation saves and stops,
+// and the run resumes bit for bit; the token-budget sampler
 // drives epoch lengths and throughput in its own unit; attention mechanisms that redraw their
 // features on a schedule (performer, nprf_rpe with redraw=3) resume bit for bit too; the moving
 // average of the weights and model selection (best folder, early stopping, the finish hook) work
@@ -10,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -191,6 +195,10 @@ TEST(TrainLoop, TrainsAndWritesRecordsSummaryAndCheckpoint) {
   for (const char* k : {"step", "epoch", "epoch_progress", "lr", "loss", "accuracy", "points_per_s"})
     EXPECT_TRUE(steps[0].contains(k)) << k;
   EXPECT_DOUBLE_EQ(steps[0].at("epoch_progress").get<double>(), 2.0 / 7);
+  // Step s (counted from 0; its record says s + 1) ran at the schedule's lr of step s.
+  const nn::WarmupCosine schedule(0.1, 2, 21);
+  for (const json& rec : steps)
+    EXPECT_EQ(rec.at("lr").get<double>(), schedule.lr_at(rec.at("step").get<int64_t>() - 1)) << rec.dump();
   auto epochs = records(dir.path / "out", "epoch");
   ASSERT_EQ(epochs.size(), 3u);
   for (const char* k : {"train_loss", "train_accuracy", "test_accuracy", "points_per_s", "elapsed_s"})
@@ -213,6 +221,9 @@ TEST(TrainLoop, ResumeMidEpochContinuesBitForBit) {
   part.max_steps = 10;  // stops in epoch 2 (7 batches per epoch)
   part.checkpoint_every = 3;
   train_points(part);
+  // Records written after the checkpoint (a run killed before its next one) are dropped.
+  std::ofstream(dir.path / "part" / "metrics.jsonl", std::ios::app)
+      << "{\"type\": \"step\", \"step\": 11}\n{\"type\": \"step\", \"step\": 12}\n";
   part.max_steps = 0;
   part.resume = true;
   LoopRun resumed = train_points(part);
@@ -224,6 +235,22 @@ TEST(TrainLoop, ResumeMidEpochContinuesBitForBit) {
   std::vector<int64_t> logged;
   for (const json& j : records(dir.path / "part", "step")) logged.push_back(j.at("step"));
   EXPECT_EQ(logged, (std::vector<int64_t>{2, 4, 6, 8, 10, 12, 14, 16, 18, 20}));
+}
+
+// A resume of a run that has ended takes no step: it evaluates the final weights once more, for
+// the summary.
+TEST(TrainLoop, ResumingAFinishedRunEvaluatesItOnly) {
+  TempDir dir;
+  apps::RunOptions o = options(dir.path / "out");
+  const LoopRun full = train_points(o);
+  o.resume = true;
+  const LoopRun again = train_points(o);
+  EXPECT_EQ(again.result.start_step, 21);
+  EXPECT_TRUE(again.result.step_losses.empty());
+  EXPECT_EQ(again.weights, full.weights);
+  EXPECT_EQ(again.result.last_eval.values.at("test_accuracy"), full.result.last_eval.values.at("test_accuracy"));
+  EXPECT_EQ(json::parse(read_text(dir.path / "out/summary.json")).at("test_accuracy"),
+            full.result.last_eval.values.at("test_accuracy"));
 }
 
 TEST(TrainLoop, RedrawingMechanismsResumeBitForBit) {
@@ -319,6 +346,37 @@ TEST(TrainLoop, SignalSavesTheStepAndResumesBitForBit) {
   }
 }
 
+// A signal during the evaluation at an epoch's end: the epoch's checkpoint is saved, then the run
+// stops; a resume goes on with the next epoch.
+TEST(TrainLoop, SignalDuringTheEvaluationStopsAfterTheEpoch) {
+  TempDir dir;
+  const LoopRun uninterrupted = train_points(options(dir.path / "full"));
+  const auto out = dir.path / "sig";
+  const Tweak raise_in_evaluation = [](apps::TrainSetup&, apps::TrainHooks& h, nn::Module&) {
+    auto evaluate = h.evaluate;
+    h.evaluate = [evaluate](const std::string& label) {
+      ::raise(SIGINT);
+      return evaluate(label);
+    };
+  };
+  try {
+    train_points(options(out), 0.1, 0, 3, raise_in_evaluation);
+    FAIL() << "expected Interrupted";
+  } catch (const apps::Interrupted& e) {
+    EXPECT_EQ(e.exit_code(), 130);
+    EXPECT_NE(std::string(e.what()).find("stopped after step 7"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(records(out, "epoch").size(), 1u);
+  std::vector<int64_t> interrupted;
+  for (const json& j : records(out, "interrupted")) interrupted.push_back(j.at("step"));
+  EXPECT_EQ(interrupted, std::vector<int64_t>{7});
+  apps::RunOptions again = options(out);
+  again.resume = true;
+  const LoopRun resumed = train_points(again);
+  EXPECT_EQ(resumed.result.start_step, 7);
+  EXPECT_EQ(resumed.weights, uninterrupted.weights);
+}
+
 // curves.png is drawn from metrics.jsonl: records lacking its numbers (a hand-edited file kept
 // by a resume) are left out of the plot, not an error at the end of training.
 TEST(TrainLoop, CurvesSkipRecordsWithoutTheirNumbers) {
@@ -346,6 +404,19 @@ TEST(TrainLoop, SkipNonFiniteSkipsAndLogs) {
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_EQ(skipped[0].at("step"), 6);
   EXPECT_EQ(json::parse(read_text(dir.path / "out/summary.json")).at("skipped_steps"), 1);
+  // The skipped step's loss is in no mean: a record every step has none for step 6.
+  o.out_dir = (dir.path / "every").string();
+  o.log_every = 1;
+  train_points(o, 0.1, /*nan_at_step=*/6);
+  std::vector<int64_t> logged;
+  for (const json& rec : records(dir.path / "every", "step")) {
+    logged.push_back(rec.at("step"));
+    EXPECT_TRUE(rec.at("loss").is_number() && std::isfinite(rec.at("loss").get<double>())) << rec.dump();
+  }
+  EXPECT_EQ(logged.size(), 20u);
+  EXPECT_EQ(std::count(logged.begin(), logged.end(), 6), 0);
+  for (const json& rec : records(dir.path / "every", "epoch"))
+    EXPECT_TRUE(rec.at("train_loss").is_number() && std::isfinite(rec.at("train_loss").get<double>())) << rec.dump();
 }
 
 TEST(TrainLoop, ConfigDiffListsNestedDifferences) {
@@ -442,6 +513,13 @@ TEST(TrainLoop, EarlyStoppingAfterPatience) {
   EXPECT_EQ(r.result.final_step, 4 * 7);
   EXPECT_EQ(r.result.best_step, 2 * 7);
   EXPECT_EQ(r.result.best_value, 1.0);
+  // Patience running out at the last evaluation stops nothing early.
+  n = 0;
+  TempDir dir4;
+  LoopRun four = train_points(options(dir4.path / "out"), 0.1, 0, 4, tweak);
+  EXPECT_EQ(n, 4);
+  EXPECT_FALSE(four.result.stopped_early);
+  EXPECT_EQ(four.result.final_step, 4 * 7);
 }
 
 TEST(TrainLoop, MovingAverageAndSelectionResumeExactly) {
