@@ -9,7 +9,7 @@
 // drives epoch lengths and throughput in its own unit; attention mechanisms that redraw their
 // features on a schedule (performer, nprf_rpe with redraw=3) resume bit for bit too; the moving
 // average of the weights and model selection (best folder, early stopping, the finish hook) work
-// and resume exactly.
+// and resume exactly; and those two on their own (their warm-up, withheld steps, ties, saved state).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -23,6 +23,7 @@
 #include "apps/common/interrupt.h"
 #include "apps/common/metrics.h"
 #include "apps/common/train_loop.h"
+#include "apps/common/train_state.h"
 #include "attention/multihead.h"
 #include "autograd/ops.h"
 #include "core/random.h"
@@ -540,4 +541,80 @@ TEST(TrainLoop, MovingAverageAndSelectionResumeExactly) {
   ASSERT_EQ(fin_b.size(), 1u);
   EXPECT_EQ(fin_b[0], fin_a[0]);
   EXPECT_EQ(resumed.result.best_step, full.result.best_step);
+}
+
+// ---- the run's state (train_state.h) --------------------------------------------------------------
+
+// The moving average's n-th update (n from 0) takes the decay min(d, (1 + n) / (10 + n)); a step
+// the guard withheld updates nothing, nor counts; swap() exchanges average and weights; the count
+// is saved and a load replaces it (on an average that has counted already too).
+TEST(TrainState, WeightAverageWarmsUpSkipsWithheldStepsAndResumes) {
+  nn::Linear model(2, 1);
+  const Tensor w = model.parameters()[0];
+  const auto set = [&](std::vector<float> v) { w.detach().copy_(from_vector<float>(v, {1, 2})); };
+  const auto guard = [](bool ok) { return from_vector<float>({1.0f, 1.0f, ok ? 1.0f : 0.0f}, {3}); };
+  const auto values = [&] { return w.to_vector<float>(); };
+  set({1, -1});
+  apps::WeightAverage ema(model, 0.9);
+  std::vector<double> avg{1, -1};
+  const auto expect_average = [&](const std::vector<double>& weights) {
+    ema.swap();
+    const std::vector<float> got = values();
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(got[i], avg[i], 1e-6) << "element " << i;
+    ema.swap();
+    EXPECT_EQ(values(), std::vector<float>(weights.begin(), weights.end()));  // swapped back
+  };
+  const auto mix = [&](double d, const std::vector<double>& weights) {
+    for (size_t i = 0; i < 2; ++i) avg[i] = d * avg[i] + (1 - d) * weights[i];
+  };
+  set({3, 5});
+  ema.update(guard(true));  // n = 0: decay 1/10
+  mix(0.1, {3, 5});
+  expect_average({3, 5});
+  set({100, 100});
+  ema.update(guard(false));  // withheld: no update, no count
+  expect_average({100, 100});
+  set({-2, 4});
+  ema.update(guard(true));  // n = 1: decay 2/11
+  mix(2.0 / 11, {-2, 4});
+  expect_average({-2, 4});
+
+  nn::TrainState st;
+  ema.save_to(st);
+  EXPECT_EQ(st.extra.at("ema_updates"), "2");
+  ASSERT_TRUE(st.tensors.count("ema.weight"));
+  st.extra["ema_updates"] = "5";
+  ema.load_from(st, "points");
+  set({7, 1});
+  ema.update(guard(true));  // n = 5: decay 6/15
+  mix(6.0 / 15, {7, 1});
+  expect_average({7, 1});
+  st.tensors["ema.weight"] = zeros({2, 1});
+  EXPECT_LINEA_ERROR(ema.load_from(st, "points"), "points: --resume: the checkpoint has no moving average of 'weight'");
+}
+
+// The first of equal evaluations stays the best; the best value (all 17 digits), its step and the
+// evaluations since are saved and loaded.
+TEST(TrainState, SelectionKeepsTheFirstOfEqualsAndResumes) {
+  apps::Selection s;
+  EXPECT_TRUE(s.consider(0.1 + 0.2, true, 10));
+  EXPECT_FALSE(s.consider(0.1 + 0.2, true, 20));
+  EXPECT_FALSE(s.consider(0.25, true, 30));
+  EXPECT_EQ(s.best_step, 10);
+  EXPECT_EQ(s.since, 2);
+  nn::TrainState st;
+  s.save_to(st);
+  apps::Selection loaded;
+  loaded.load_from(st);
+  EXPECT_TRUE(loaded.have);
+  EXPECT_EQ(loaded.best, 0.1 + 0.2);
+  EXPECT_EQ(loaded.best_step, 10);
+  EXPECT_EQ(loaded.since, 2);
+  EXPECT_TRUE(loaded.patience_out(2));
+  EXPECT_FALSE(loaded.patience_out(3));
+  apps::Selection lower;
+  EXPECT_TRUE(lower.consider(1.0, false, 1));
+  EXPECT_FALSE(lower.consider(1.0, false, 2));
+  EXPECT_TRUE(lower.consider(0.5, false, 3));
+  EXPECT_EQ(lower.since, 0);
 }
