@@ -407,6 +407,23 @@ TEST(ProteinDataWindows, TrainCropsStayWithinMaxLenAndMoveEveryEpoch) {
   EXPECT_EQ(ds.window(begins.begin()->first)[0].begin, w3[0].begin);
 }
 
+// Every offset a crop can take comes up: sequences one and two residues past the crop (max_len 64:
+// crops of 62 residues at offsets 0..1 or 0..2), over 32 epochs.
+TEST(ProteinDataWindows, TrainCropsTakeEveryOffset) {
+  const auto seqs = random_sequences(6, 63, 64, 9);
+  MaskedLMDataset ds(seqs, opts(true, 64));
+  std::map<int64_t, std::set<int64_t>> begins;
+  for (int64_t epoch = 0; epoch < 32; ++epoch) {
+    ds.set_epoch(epoch);
+    for (int64_t i = 0; i < ds.size(); ++i) begins[i].insert(ds.window(i)[0].begin);
+  }
+  for (const auto& [i, b] : begins) {
+    const int64_t offsets = static_cast<int64_t>(seqs->residues[i].size()) - 62 + 1;
+    EXPECT_EQ(static_cast<int64_t>(b.size()), offsets) << "sequence " << i;
+    EXPECT_EQ(*b.rbegin(), offsets - 1) << "sequence " << i;
+  }
+}
+
 // ---- packing -------------------------------------------------------------------------------------
 
 // The unmasked stream <cls> s <eos> ... of `seqs` in `order`.
@@ -505,6 +522,23 @@ TEST(ProteinDataPacking, TrainWindowsAreFullAndMoveEveryEpoch) {
   EXPECT_NE(master, sorted);     // training streams are shuffled (by seed)
   EXPECT_GE(starts.size(), 4u);  // the cuts move
   EXPECT_LINEA_ERROR(MaskedLMDataset(random_sequences(2, 10, 10, 1), opts(true, 0, 20)), "39", "24");
+}
+
+// The stream's first window starts at every offset 0..slack (the tokens the windows leave over)
+// over enough epochs: windows of 5 tokens, where the slack is 4 to 8.
+TEST(ProteinDataPacking, TrainWindowsStartAtEveryOffset) {
+  const auto seqs = random_sequences(12, 1, 3, 3);
+  const int64_t L = 5;
+  MaskedLMDataset ds(seqs, opts(true, 0, L));
+  const int64_t slack = seqs->total_residues() + 2 * seqs->size() - ds.size() * L;
+  ASSERT_GE(slack, L - 1);
+  std::set<std::tuple<int64_t, int64_t, bool>> starts;  // the first piece: where the window starts
+  for (int64_t epoch = 0; epoch < 96; ++epoch) {
+    ds.set_epoch(epoch);
+    const Window w = ds.window(0);
+    starts.emplace(w[0].seq, w[0].begin, w[0].cls);
+  }
+  EXPECT_EQ(static_cast<int64_t>(starts.size()), slack + 1);
 }
 
 // ---- batches -------------------------------------------------------------------------------------
