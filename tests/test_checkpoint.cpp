@@ -307,6 +307,45 @@ TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
   EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {}, {{"a/b", ""}}, {}}), "bad extra file name 'a/b'");
 }
 
+// Temps of another killed save beside those of the save that load finishes, sorted after them:
+// each file comes from the temp of the save being finished (an extra file's by its tag, the
+// model's by its save id), not from whichever temp is last.
+TEST(Checkpoint, LoadFinishesASaveWithItsOwnTemps) {
+  TempDir dir;
+  manual_seed(4);
+  auto net = std::make_shared<Mlp>();
+  auto opt = make_opt(*net);
+  Task task;
+  for (int64_t step : {1, 2, 3}) {
+    train_steps(*net, *opt, task, step - 1, 1);
+    const std::string n = std::to_string(step);
+    save_checkpoint(dir.file("s" + n), *net, *opt,
+                    {step, 0, {}, {{"config.json", "{\"v\": " + n + "}\n"}, {"labels.txt", "l" + n + "\n"}}, {}});
+  }
+  const std::string ck = dir.file("ck"), s1 = dir.file("s1/"), s2 = dir.file("s2/"), s3 = dir.file("s3/");
+  fs::create_directories(ck);
+  // Save 2 killed after config.json was renamed (labels.txt, training and model still temps, .7);
+  // save 3 killed before, its temps (.8) left too.
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"config.json", s2 + "config.json"},
+      {"labels.txt", s1 + "labels.txt"},
+      {"training.safetensors", s1 + "training.safetensors"},
+      {"model.safetensors", s1 + "model.safetensors"},
+      {"labels.txt.tmp.7", s2 + "labels.txt"},
+      {"training.safetensors.tmp.7", s2 + "training.safetensors"},
+      {"model.safetensors.tmp.7", s2 + "model.safetensors"},
+      {"labels.txt.tmp.8", s3 + "labels.txt"},
+      {"model.safetensors.tmp.8", s3 + "model.safetensors"}};
+  for (const auto& [name, from] : files) fs::copy_file(from, ck + "/" + name);
+  auto fresh = std::make_shared<Mlp>();
+  auto fresh_opt = make_opt(*fresh);
+  const TrainState st = load_checkpoint(ck, *fresh, *fresh_opt);
+  EXPECT_EQ(st.step, 2);
+  EXPECT_EQ(st.files.at("labels.txt"), "l2\n");
+  EXPECT_EQ(read_all(ck + "/labels.txt"), "l2\n");
+  EXPECT_EQ(read_all(ck + "/model.safetensors"), read_all(s2 + "model.safetensors"));
+}
+
 // A kill between a save's renames (extra files, then training, then model) leaves complete temps
 // of the files not yet renamed: loading finishes that save. Temps cut short by a kill during the
 // writes are ignored, and the next save removes them.
