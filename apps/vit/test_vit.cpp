@@ -276,6 +276,66 @@ TEST(VitData, AugmentationShiftsFlipsAndIsReproducible) {
     seen.insert(a);
   }
   EXPECT_GT(seen.size(), 10u);  // shifts and flips vary with the epoch
+
+  // Each output is the image shifted by some (dy, dx) in [-2, 2]^2, mirrored or not, the uncovered
+  // border filled with its channel's value; over 60 epochs both mirrorings and shifts of every
+  // row and column offset come up. Two channels, filled with -1 and -2.
+  Tensor two = arange(0.0, 2.0 * 5 * 5).reshape({1, 2, 5, 5}).to(DType::Float32);
+  vit::AugmentedImages aug2(two, from_vector<int64_t>({0}, {1}), 2, true, 11, {-1.0f, -2.0f});
+  const std::vector<float> src = two.to_vector<float>();
+  const auto transformed = [&](int64_t dy, int64_t dx, bool flip) {
+    std::vector<float> out;
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t y = 0; y < 5; ++y)
+        for (int64_t x = 0; x < 5; ++x) {
+          const int64_t sy = y + dy, sx = (flip ? 4 - x : x) + dx;
+          out.push_back(sy >= 0 && sy < 5 && sx >= 0 && sx < 5 ? src[(c * 5 + sy) * 5 + sx] : -1.0f - c);
+        }
+    return out;
+  };
+  std::set<int64_t> dys, dxs, flips;
+  for (int64_t epoch = 0; epoch < 60; ++epoch) {
+    aug2.set_epoch(epoch);
+    const std::vector<float> got = aug2.get(0).at("input").to_vector<float>();
+    int matches = 0;
+    for (int64_t dy = -2; dy <= 2; ++dy)
+      for (int64_t dx = -2; dx <= 2; ++dx)
+        for (const bool flip : {false, true})
+          if (transformed(dy, dx, flip) == got) ++matches, dys.insert(dy), dxs.insert(dx), flips.insert(flip);
+    EXPECT_EQ(matches, 1) << "epoch " << epoch;
+  }
+  EXPECT_EQ(dys.size(), 5u);
+  EXPECT_EQ(dxs.size(), 5u);
+  EXPECT_EQ(flips.size(), 2u);
+}
+
+// Per-channel mean and (population) standard deviation over the training images; normalize_
+// leaves every channel at mean 0 and deviation 1; a constant channel's deviation is floored (no
+// division by 0).
+TEST(VitData, ChannelStatsAndNormalizePerChannel) {
+  using namespace linea;
+  std::vector<float> v;
+  for (int64_t n = 0; n < 3; ++n) {
+    for (int64_t i = 0; i < 4; ++i) v.push_back(static_cast<float>(n * 4 + i));  // channel 0: 0..11
+    for (int64_t i = 0; i < 4; ++i) v.push_back(5.0f);                           // channel 1: constant
+  }
+  Tensor images = from_vector<float>(v, {3, 2, 2, 2});
+  std::vector<double> m, sd;
+  vit::channel_stats(images, m, sd);
+  EXPECT_EQ(m, (std::vector<double>{5.5, 5.0}));
+  EXPECT_NEAR(sd[0], std::sqrt(143.0 / 12), 1e-12);  // the population variance of 0..11
+  EXPECT_EQ(sd[1], 1e-6);
+  vit::normalize_(images, m, sd);
+  const std::vector<float> out = images.to_vector<float>();
+  double sum = 0, sq = 0;
+  for (int64_t n = 0; n < 3; ++n)
+    for (int64_t i = 0; i < 4; ++i) {
+      const float x = out[static_cast<size_t>(n * 8 + i)];
+      sum += x, sq += double(x) * x;
+      EXPECT_EQ(out[static_cast<size_t>(n * 8 + 4 + i)], 0.0f);
+    }
+  EXPECT_NEAR(sum / 12, 0.0, 1e-6);
+  EXPECT_NEAR(sq / 12, 1.0, 1e-5);
 }
 
 // ---- errors -------------------------------------------------------------------------------------
