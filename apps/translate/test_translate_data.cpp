@@ -458,6 +458,11 @@ TEST(Dataset, PaddedShiftedBatches) {
   const int64_t longest = *std::max_element(len.begin(), len.end());
   EXPECT_LINEA_ERROR(TranslationDataset(split, src_tok, tgt_tok, longest - 1), "max_len");
   EXPECT_NO_THROW(TranslationDataset(split, src_tok, tgt_tok, longest));
+  // Sources and targets swapped, the same bound: one of the two cases holds the longest example
+  // on its target side.
+  ParallelSplit swapped = split;
+  std::swap(swapped.src, swapped.tgt);
+  EXPECT_LINEA_ERROR(TranslationDataset(swapped, tgt_tok, src_tok, longest - 1), "max_len");
 }
 
 }  // namespace
