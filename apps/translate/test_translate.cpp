@@ -445,6 +445,21 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
   ASSERT_EQ(nbest.size(), 100u);
   EXPECT_EQ(nbest[0].rfind("1 ||| ", 0), 0u) << nbest[0];
   EXPECT_EQ(nbest[3].rfind("2 ||| ", 0), 0u) << nbest[3];
+  // "line ||| hypothesis ||| score": each sentence's best is its 1-best, the scores descend.
+  const auto beam_hyps = lines_of(out + "/test.beam.es");
+  for (size_t k = 0; k + 1 < nbest.size(); k += 2) {
+    const auto fields = [](const std::string& line) {
+      const size_t a = line.find(" ||| "), b = line.rfind(" ||| ");
+      return std::make_tuple(line.substr(0, a), line.substr(a + 5, b - a - 5), std::stod(line.substr(b + 5)));
+    };
+    const auto [n0, h0, s0] = fields(nbest[k]);
+    const auto [n1, h1, s1] = fields(nbest[k + 1]);
+    EXPECT_EQ(n0, std::to_string(k / 2 + 1));
+    EXPECT_EQ(n1, n0);
+    EXPECT_EQ(h0, beam_hyps.at(k / 2)) << nbest[k];
+    EXPECT_GE(s0, s1) << nbest[k] << " / " << nbest[k + 1];
+    EXPECT_LT(s0, 0.0) << nbest[k];
+  }
 }
 
 TEST(TranslateApp, ResumeContinuesExactly) {
