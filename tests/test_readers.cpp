@@ -173,6 +173,12 @@ TEST(Fasta, ReadsPlainAndGzipWithMultiLineSequences) {
   // No trailing newline.
   write_all(dir.file("b.fa"), ">x\nAC\nGT");
   EXPECT_EQ(read_fasta(dir.file("b.fa"))[0].sequence, "ACGT");
+  // Tabs separate like spaces: in the header and inside sequence lines.
+  write_all(dir.file("c.fa"), ">x\tdesc here\nAC\tGT \tW\n");
+  const std::vector<FastaRecord> c = read_fasta(dir.file("c.fa"));
+  EXPECT_EQ(c[0].id, "x");
+  EXPECT_EQ(c[0].description, "desc here");
+  EXPECT_EQ(c[0].sequence, "ACGTW");
 }
 
 TEST(Fasta, RejectsBadFiles) {
