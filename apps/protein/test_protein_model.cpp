@@ -6,7 +6,7 @@
 // Predictor: a checkpoint folder saved and loaded; fill's top residues are the full softmax's,
 // from the window holding each mask; embed's per-residue rows are the per-window forwards put
 // together, its mean their mean; another app's checkpoint is refused; the embeddings file
-// round trips.
+// round trips. Metrics: the unigram baseline's smoothing and the tally of masked positions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include "alphabet.h"
 #include "autograd/ops.h"
 #include "core/random.h"
+#include "metrics.h"
 #include "model.h"
 #include "nn/safetensors.h"
 #include "predictor.h"
@@ -523,4 +524,59 @@ TEST(ProteinPredictor, SaveEmbeddingsRoundTrip) {
   Embeddings wrong = e;
   wrong.names.pop_back();
   EXPECT_LINEA_ERROR(save_embeddings(tmp.file("x.safetensors"), wrong), "save_embeddings");
+}
+
+// ---- metrics ------------------------------------------------------------------------------------
+
+// The baseline: add-one counts over the 27 residue tokens of the training split, specials 0; its
+// prediction the first most frequent residue.
+TEST(ProteinMetrics, UnigramIsAddOneSmoothedResidueFrequencies) {
+  Sequences train;
+  const int8_t L = static_cast<int8_t>(kFirstResidue), A = L + 1, G = L + 2;
+  train.residues = {{L, A, A}, {A, G}};  // L 1, A 3, G 1 of 5
+  const Unigram u(train);
+  EXPECT_EQ(u.argmax, A);
+  EXPECT_DOUBLE_EQ(u.p[A], 4.0 / (5 + kNumResidueTokens));
+  EXPECT_DOUBLE_EQ(u.p[L], 2.0 / (5 + kNumResidueTokens));
+  EXPECT_DOUBLE_EQ(u.p[kFirstResidue + kNumResidueTokens - 1], 1.0 / (5 + kNumResidueTokens));
+  double sum = 0;
+  for (int64_t id = 0; id < kVocabSize; ++id) sum += u.p[id];
+  EXPECT_NEAR(sum, 1.0, 1e-12);
+  for (int64_t id : {kCls, kPad, kEos, kUnk, kNull, kMask}) EXPECT_EQ(u.p[id], 0.0) << id;
+  train.residues = {{G, L}};  // a tie: the first of the most frequent (L, id 4)
+  EXPECT_EQ(Unigram(train).argmax, L);
+}
+
+// A tally over four positions, one not masked: the prediction is a row's largest log-probability
+// (the first of equals), the loss the mean negative log-probability of the targets, perplexity
+// its exp; the baseline on the same positions; per residue.
+TEST(ProteinMetrics, TallyCountsTheMaskedPositions) {
+  Sequences train;
+  const int64_t L = kFirstResidue, A = L + 1, G = L + 2;
+  train.residues = {{static_cast<int8_t>(A)}};
+  const Unigram u(train);  // argmax A
+  std::vector<float> lp(4 * kVocabSize, -10.0f);
+  const auto row = [&](int64_t i) { return lp.data() + i * kVocabSize; };
+  row(0)[L] = -0.5f, row(0)[A] = -1.0f;   // target L: right
+  row(1)[L] = -0.25f, row(1)[A] = -2.0f;  // target A: wrong
+  row(2)[A] = -0.1f;                      // not masked (target pad): left out
+  row(3)[G] = -3.0f, row(3)[A] = -3.0f;   // target G: a tie, the first (A) is predicted: wrong
+  const std::vector<int64_t> targets = {L, A, kPad, G};
+  Tally t;
+  t.add(lp.data(), targets.data(), 4, u);
+  EXPECT_EQ(t.masked, 3);
+  EXPECT_EQ(t.correct, 1);
+  EXPECT_DOUBLE_EQ(t.accuracy(), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(t.loss(), (0.5 + 2.0 + 3.0) / 3);
+  EXPECT_DOUBLE_EQ(t.perplexity(), std::exp((0.5 + 2.0 + 3.0) / 3));
+  EXPECT_EQ(t.baseline_correct, 1);  // the A position
+  EXPECT_NEAR(t.baseline_perplexity(), std::exp(-(std::log(u.p[L]) + std::log(u.p[A]) + std::log(u.p[G])) / 3), 1e-12);
+  const json j = tally_json("test", t, true);
+  EXPECT_EQ(j.at("test_masked_positions"), 3);
+  EXPECT_DOUBLE_EQ(j.at("baseline_test_masked_accuracy").get<double>(), 1.0 / 3);
+  EXPECT_EQ(j.at("test_per_residue_accuracy").at(token_text(L)).at("accuracy"), 1.0);
+  EXPECT_EQ(j.at("test_per_residue_accuracy").at(token_text(G)).at("positions"), 1);
+  EXPECT_EQ(j.at("test_per_residue_accuracy").size(), 3u);
+  EXPECT_FALSE(tally_json("valid", t, false).contains("baseline_valid_perplexity"));
+  EXPECT_EQ(Tally().perplexity(), 1.0);  // no masked position: loss 0
 }

@@ -1,6 +1,6 @@
 // The protein app's training run (see train.h): what is about proteins lives here (the splits,
-// the masked loss, accuracy, perplexity and the unigram baseline); the loop is
-// apps/common/train_loop.
+// the masked loss, the evaluations; their accuracy, perplexity and baseline in metrics.h); the
+// loop is apps/common/train_loop.
 #include "train.h"
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "core/runtime.h"
+#include "metrics.h"
 #include "nn/checkpoint.h"
 #include "nn/io_util.h"
 #include "nn/optim.h"
@@ -35,39 +36,6 @@ namespace {
 
 std::string fmt(const char* f, double v) { return apps::format_number(f, v); }
 
-// The empirical baseline: the training split's residue frequencies, add-one smoothed over the
-// residue tokens (a residue the training split never holds, e.g. 'O', still gets a probability).
-struct Unigram {
-  std::vector<double> p = std::vector<double>(kVocabSize, 0.0);  // by token id; 0 for specials
-  int64_t argmax = kFirstResidue;
-
-  explicit Unigram(const Sequences& train) {
-    std::vector<double> count(kVocabSize, 0.0);
-    for (const auto& s : train.residues)
-      for (int8_t r : s) count[r] += 1;
-    double total = 0;
-    for (int64_t id = kFirstResidue; id < kFirstResidue + kNumResidueTokens; ++id) total += count[id] + 1;
-    for (int64_t id = kFirstResidue; id < kFirstResidue + kNumResidueTokens; ++id) {
-      p[id] = (count[id] + 1) / total;
-      if (p[id] > p[argmax]) argmax = id;
-    }
-  }
-};
-
-// What an evaluation pass over a split adds up, for the model and the baseline on the same
-// chosen positions.
-struct Tally {
-  int64_t masked = 0, correct = 0, baseline_correct = 0;
-  double nll = 0, baseline_nll = 0;  // nats, summed over the chosen positions
-  std::vector<int64_t> by_residue = std::vector<int64_t>(kVocabSize, 0), correct_by_residue = by_residue;
-
-  double accuracy() const { return masked ? static_cast<double>(correct) / masked : 0.0; }
-  double loss() const { return masked ? nll / masked : 0.0; }
-  double perplexity() const { return std::exp(loss()); }
-  double baseline_accuracy() const { return masked ? static_cast<double>(baseline_correct) / masked : 0.0; }
-  double baseline_perplexity() const { return std::exp(masked ? baseline_nll / masked : 0.0); }
-};
-
 // Scores every chosen position of `data` (evaluation masks, fixed by seed): the model's
 // log-probabilities come to the host and are tallied there.
 Tally evaluate_split(ProteinLM& model, const MaskedLMDataset& data, const Unigram& unigram, int64_t max_tokens,
@@ -79,53 +47,13 @@ Tally evaluate_split(ProteinLM& model, const MaskedLMDataset& data, const Unigra
     const Tensor lp = log_softmax(model.forward(b.at("tokens").to(device), b.at("pad").to(device)), -1)
                           .to(kCPU).contiguous();
     const Tensor targets = b.at("targets").contiguous();
-    const float* logp = lp.data<float>();
-    const int64_t* tgt = targets.data<int64_t>();
-    for (int64_t i = 0, n = targets.numel(); i < n; ++i) {
-      if (tgt[i] == kPad) continue;
-      const float* row = logp + i * kVocabSize;
-      const int64_t pred = std::max_element(row, row + kVocabSize) - row;
-      ++t.masked;
-      ++t.by_residue[tgt[i]];
-      t.nll -= row[tgt[i]];
-      if (pred == tgt[i]) {
-        ++t.correct;
-        ++t.correct_by_residue[tgt[i]];
-      }
-      t.baseline_nll -= std::log(unigram.p[tgt[i]]);
-      if (unigram.argmax == tgt[i]) ++t.baseline_correct;
-    }
+    t.add(lp.data<float>(), targets.data<int64_t>(), targets.numel(), unigram);
   }
   return t;
 }
 
-// "<prefix>_masked_accuracy", ... of a tally; with `detail`, the baseline's and per-residue ones.
-json tally_json(const std::string& prefix, const Tally& t, bool detail) {
-  json j = {{prefix + "_masked_accuracy", t.accuracy()},
-            {prefix + "_perplexity", t.perplexity()},
-            {prefix + "_loss", t.loss()},
-            {prefix + "_masked_positions", t.masked}};
-  if (!detail) return j;
-  j["baseline_" + prefix + "_masked_accuracy"] = t.baseline_accuracy();
-  j["baseline_" + prefix + "_perplexity"] = t.baseline_perplexity();
-  json per = json::object();
-  for (int64_t id = kFirstResidue; id < kFirstResidue + kNumResidueTokens; ++id)
-    if (t.by_residue[id] > 0)
-      per[token_text(id)] = {{"accuracy", static_cast<double>(t.correct_by_residue[id]) / t.by_residue[id]},
-                             {"positions", t.by_residue[id]}};
-  j[prefix + "_per_residue_accuracy"] = per;
-  return j;
-}
-
-std::string tally_text(const std::string& name, const Tally& t) {
-  return name + " acc " + fmt("%.2f%%", 100 * t.accuracy()) + " ppl " + fmt("%.3f", t.perplexity()) +
-         " (baseline " + fmt("%.2f%%", 100 * t.baseline_accuracy()) + ", " + fmt("%.3f", t.baseline_perplexity()) +
-         ")";
-}
-
 }  // namespace
 
-// The flags that define a run (config.json's "run", with the data, the masking and the seed).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainOptions, pack, max_tokens, epochs, lr, schedule, warmup, weight_decay, clip,
                                    ema, patience)
 
