@@ -1,7 +1,8 @@
 // The shared training loop (train_loop.h) on a tiny classifier (a Linear layer on generated
 // points): it trains and writes metrics.jsonl, summary.json and checkpoints (config.json inside),
 // each step at its scheduled learning rate; a mid-epoch resume continues bit for bit, dropping the
-// records written after the checkpoint; a resume of a finished run only evaluates; a resume with
+// records written after the checkpoint (and one saved without its position in the epoch, as older
+// runs were, continues from its step); a resume of a finished run only evaluates; a resume with
 // another run-defining setting is refused listing the difference; a non-finite loss stops the run
 // naming the step and leaves the last checkpoint as it was; --skip-nonfinite skips such steps and
 // logs them (their losses in no mean); a signal during a step or an evaluation saves and stops,
@@ -236,6 +237,33 @@ TEST(TrainLoop, ResumeMidEpochContinuesBitForBit) {
   std::vector<int64_t> logged;
   for (const json& j : records(dir.path / "part", "step")) logged.push_back(j.at("step"));
   EXPECT_EQ(logged, (std::vector<int64_t>{2, 4, 6, 8, 10, 12, 14, 16, 18, 20}));
+}
+
+// A checkpoint saved before "epoch_batch" was kept (older runs) resumes from its step: the
+// position in the epoch is the step less the batches of the epochs before (7 each here).
+TEST(TrainLoop, ResumeWithoutEpochBatchCountsThePositionFromTheStep) {
+  TempDir dir;
+  const LoopRun uninterrupted = train_points(options(dir.path / "full"));
+  apps::RunOptions part = options(dir.path / "part");
+  part.max_steps = 10;  // epoch 1 (counted from 0), batch 3
+  train_points(part);
+  {
+    nn::Linear model(2, 3);
+    nn::AdamW opt({nn::ParamGroup{model.parameters(), 0.1, 0.0}});
+    const std::string ck = (dir.path / "part/checkpoint").string();
+    nn::TrainState st = nn::load_checkpoint(ck, model, opt);
+    ASSERT_EQ(st.extra.at("epoch_batch"), "3");
+    st.extra.erase("epoch_batch");
+    nn::save_checkpoint(ck, model, opt, st);
+  }
+  part.max_steps = 0;
+  part.resume = true;
+  const LoopRun resumed = train_points(part);
+  EXPECT_EQ(resumed.result.start_step, 10);
+  ASSERT_EQ(resumed.result.step_losses.size(), 11u);
+  for (size_t i = 0; i < 11; ++i)
+    EXPECT_EQ(resumed.result.step_losses[i], uninterrupted.result.step_losses[10 + i]) << i;
+  EXPECT_EQ(resumed.weights, uninterrupted.weights);
 }
 
 // A resume of a run that has ended takes no step: it evaluates the final weights once more, for
