@@ -5,8 +5,9 @@
 // definition does (a plain reference over the full forward); a batch of sentences of different
 // lengths decodes as each sentence alone. End to end on generated data (a toy language
 // pair: a word-for-word mapping): training learns it (test BLEU), writes its outputs and best
-// checkpoint, resumes exactly; `translate decode` gives the training run's own test hypotheses,
-// reads stdin, writes n-best lists; bad input gets a clear error.
+// checkpoint, resumes exactly; a Translator decodes in eval mode and leaves a training model
+// training; `translate decode` gives the training run's own test hypotheses, reads stdin, writes
+// n-best lists; bad input gets a clear error.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -424,6 +425,17 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
             re.test_bleu);
   EXPECT_EQ(lines_of(e.run.out_dir + "/test.beam.es"), lines_of(out + "/test.beam.es"));
 
+  // In process: a Translator over a model in training mode (dropout 0.1) decodes in eval mode and
+  // leaves the model training.
+  {
+    Translator tr = Translator::load(out + "/checkpoint/best", kCPU);
+    tr.model().train();
+    const auto hyps = tr.translate(lines_of(toy_data() + "/test.en"), o.search, 16);
+    EXPECT_TRUE(tr.model().is_training());
+    const auto beam = lines_of(out + "/test.beam.es");
+    ASSERT_EQ(hyps.size(), beam.size());
+    for (size_t i = 0; i < hyps.size(); ++i) EXPECT_EQ(hyps[i].at(0), beam[i]) << i;
+  }
   // `translate decode` with the checkpoint gives the run's own test hypotheses.
   TempDir dir;
   const std::string test_src = toy_data() + "/test.en";
