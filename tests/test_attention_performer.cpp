@@ -2,8 +2,9 @@
 // the bidirectional, causal (several chunks), padded, cross-attention, relu and trf variants; the
 // FAVOR+ claim that phi(q~).phi(k~) is unbiased for exp(q~.k~) (orthogonal and i.i.d. rows, trf
 // too); causal performer == masked quadratic attention with the same features, for any chunk
-// length, and future tokens never reach past outputs; padded keys change nothing; the redraw
-// schedule, eval determinism and the sample API; forward == attention_matrix @ v; finiteness in
+// length and with a query offset, and future tokens never reach past outputs; padded keys change
+// nothing, however large; the redraw schedule, eval determinism and the sample API; forward ==
+// attention_matrix @ v (causal with an offset too; zero rows where every key is padded); finiteness in
 // float32 at |q~| = |k~| = 5; errors. The fused feature op (positive_features, performer's and
 // nprf_rpe's map on the CPU) against the formula by loops, in blocks and with padding, and its
 // gradient check through a ratio in which its stabilizer cancels; the fused bidirectional
@@ -51,9 +52,9 @@ Fn forward_fn(const std::shared_ptr<PerformerAttention>& p, attn::AttentionOptio
 
 // The independent reference: phi's from performer_features (unstabilized), then by loops
 // out_n = sum_{m visible} (phi_q[n].phi_k[m]) v_m / sum_{m visible} phi_q[n].phi_k[m], where m is
-// visible iff !pad[b][m] && (!causal || m <= n); a row with no visible key gives zeros.
-Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, FeatureMap kind,
-                 bool causal, const std::vector<int>& pad = {}) {
+// visible iff !pad[b][m] && (!causal || m <= offset + n); a row with no visible key gives zeros.
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, FeatureMap kind, bool causal,
+                 const std::vector<int>& pad = {}, int64_t offset = 0) {
   NoGradGuard ng;
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), Dv = v.size(3);
   Tensor fq = attn::performer_features(attn::scaled(q), omega, kind),
@@ -67,7 +68,7 @@ Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         std::vector<double> num(Dv, 0.0);
         double den = 0;
         for (int64_t m = 0; m < M; ++m) {
-          if ((!pad.empty() && pad[b * M + m]) || (causal && m > n)) continue;
+          if ((!pad.empty() && pad[b * M + m]) || (causal && m > offset + n)) continue;
           double a = 0;
           for (int64_t f = 0; f < F; ++f) a += pq[((b * H + h) * N + n) * F + f] * pk[((b * H + h) * M + m) * F + f];
           den += a;
@@ -251,6 +252,12 @@ TEST(PerformerCausal, EqualsMaskedQuadraticForEveryChunkLength) {
   Tensor k4 = narrow(k, 2, 0, 4), v4 = narrow(v, 2, 0, 4);
   EXPECT_TRUE(
       all_close(p->forward(q, k4, v4, o), reference(q, k4, v4, w, FeatureMap::Softmax, true), 1e-12, 1e-12));
+  // A query offset (query n at position 2 + n), with as many keys as queries and with more.
+  o.query_offset = 2;
+  for (const auto& [kk, vv] : {std::pair{k, v}, std::pair{k9, v9}})
+    EXPECT_TRUE(
+        all_close(p->forward(q, kk, vv, o), reference(q, kk, vv, w, FeatureMap::Softmax, true, {}, 2), 1e-12, 1e-12))
+        << "offset 2, " << kk.size(2) << " keys";
 }
 
 TEST(PerformerCausal, FutureTokensDoNotChangePastOutputs) {
@@ -275,8 +282,9 @@ TEST(PerformerPadding, AppendedPaddedKeysChangeNothing) {
   manual_seed(70);
   const int64_t B = 2, H = 2, D = 4, M = 5, extra = 3;
   Tensor q = r64({B, H, 8, D}), k = r64({B, H, M, D}), v = r64({B, H, M, 3});
-  // Appended keys with large norms: they would dominate the key stabilizer if not left out.
-  Tensor kp = cat({k, r64({B, H, extra, D}) * 4.0}, 2), vp = cat({v, r64({B, H, extra, 3}) * 100.0}, 2);
+  // Appended keys with large norms: they would dominate the key stabilizer if not left out (trf's
+  // log-factor |k~|^2/2 near 1,600 against near 1: the real keys' exp(1 - 1600) would underflow).
+  Tensor kp = cat({k, r64({B, H, extra, D}) * 40.0}, 2), vp = cat({v, r64({B, H, extra, 3}) * 100.0}, 2);
   std::vector<int> pad(B * (M + extra), 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t m = M; m < M + extra; ++m) pad[b * (M + extra) + m] = 1;
@@ -314,6 +322,9 @@ TEST(PerformerPadding, FullyPaddedRowGivesZerosNotNaN) {
       sum(out).backward();
       EXPECT_TRUE(all_finite(q.grad())) << spec;
       EXPECT_EQ(max_abs(narrow(q.grad(), 0, 1, 1)), 0.0) << spec;
+      const Tensor a = p->attention_matrix(q.detach(), k, o);  // the same guard: zero rows
+      EXPECT_TRUE(all_finite(a)) << spec;
+      EXPECT_EQ(max_abs(narrow(a, 0, 1, 1)), 0.0) << spec;
     }
 }
 
@@ -441,6 +452,14 @@ TEST(Performer, ForwardEqualsAttentionMatrixTimesV) {
     if (kind != FeatureMap::Trf) {  // positive features: rows are probability vectors
       EXPECT_TRUE(all_close(sum(p->attention_matrix(q, k8, o), {-1}), ones({2, 2, 6}, f64()), 1e-12, 0));
     }
+    // Causal with a query offset (query n at position 2 + n): keys up to 2 + n.
+    o = {};
+    o.causal = true;
+    o.query_offset = 2;
+    EXPECT_TRUE(all_close(p->forward(q, k8, v8, o), matmul(p->attention_matrix(q, k8, o), v8), 1e-12, 1e-10));
+    a = p->attention_matrix(q, k8, o);
+    EXPECT_EQ(max_abs(narrow(narrow(a, 2, 0, 1), 3, 3, 5)), 0.0);
+    EXPECT_GT(max_abs(narrow(narrow(a, 2, 0, 1), 3, 2, 1)), 0.0);
   }
 }
 

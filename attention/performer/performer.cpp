@@ -155,7 +155,7 @@ PerformerAttention::KeyParts PerformerAttention::key_parts(const Tensor& k, cons
   const Tensor ks = scaled(k);
   switch (feature_map_) {
     case FeatureMap::Softmax:
-      return {projections(ks, omega) - unsqueeze(sq_norm(ks, 0.5), -1), Tensor()};  // log phi [B, H, M, S]
+      break;  // fused: positive_features, favor_attention(_step)
     case FeatureMap::Relu:
       return {Tensor(), relu(projections(ks, omega)) + kReluFloor};
     case FeatureMap::Trf: {
@@ -163,19 +163,16 @@ PerformerAttention::KeyParts PerformerAttention::key_parts(const Tensor& k, cons
       return {unsqueeze(sq_norm(ks, 0.5), -1), cat({sin(wk), cos(wk)}, -1)};  // exp(|k~|^2/2) [sin, cos]
     }
   }
-  LINEA_FAIL("performer: bad feature map");
+  LINEA_FAIL("performer: key_parts of the ", feature_map_name(feature_map_), " feature map");
 }
 
 Tensor PerformerAttention::stabilized_keys(const KeyParts& p, const Tensor& c, const Tensor& pad) const {
   const double inv_sqrt_s = 1.0 / std::sqrt(static_cast<double>(features_));
-  Tensor phi;
+  Tensor phi = p.base;
   if (p.log_scale.defined()) {
     // Padded entries at the lowest finite value: exp(...) = 0, they cannot overflow.
     Tensor l = pad.defined() ? masked_fill(p.log_scale, pad, dtype_lowest(p.log_scale.dtype())) : p.log_scale;
-    Tensor scale = exp(l - c);
-    phi = p.base.defined() ? p.base * (scale * inv_sqrt_s) : scale * inv_sqrt_s;
-  } else {
-    phi = p.base;
+    phi = p.base * (exp(l - c) * inv_sqrt_s);
   }
   // Padded keys add to neither sum: their feature rows are zero.
   if (pad.defined()) phi = phi * (~pad).to(phi.dtype());  // keep [B, 1, M, 1]

@@ -76,10 +76,11 @@ class PerformerAttention : public AttentionMechanism {
   Tensor current_omega(const Tensor& like);
   // The query features, each row times a detached factor (its max over features): [B, H, N, F].
   Tensor query_features(const Tensor& q, const Tensor& omega) const;
-  // The key features before stabilization: phi_k = base * exp(log_scale) (relu: base only).
+  // The key features of the relu and trf maps before stabilization: phi_k = base * exp(log_scale)
+  // (relu: base only). The softmax map's are fused (positive_features, favor_attention_step).
   struct KeyParts {
-    Tensor log_scale;  // [B, H, M, S] (softmax), [B, H, M, 1] (trf), undefined (relu)
-    Tensor base;       // [B, H, M, 2S] sin, cos (trf), [B, H, M, S] (relu), undefined (softmax)
+    Tensor log_scale;  // [B, H, M, 1] (trf), undefined (relu)
+    Tensor base;       // [B, H, M, 2S] sin, cos (trf), [B, H, M, S] (relu)
   };
   KeyParts key_parts(const Tensor& k, const Tensor& omega) const;
   // phi_k with exp(log_scale - c) for a detached c [B, H, 1, 1]; padded rows (pad Bool
