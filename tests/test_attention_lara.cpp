@@ -2,9 +2,10 @@
 // implementation of lara.h's formulas given explicit samples (proposals qk and mixed,
 // adaptive, N % C != 0, N <= C, padding with an all-padded segment and a fully padded batch,
 // eval with w = mu, beta and noise other than 1), float64 gradchecks with frozen samples (inputs
-// and the adaptive proposal's parameters), padding invariance, train/eval/freeze behaviour,
-// float32 finiteness for large inputs, errors, and the fused mixture weights (the CPU path)
-// against the composed formula, clamp included, with their gradient check.
+// and the adaptive proposal's parameters), padding invariance, train/eval/freeze behaviour, the
+// cached segment matrices following the length and dtype, float32 finiteness for large inputs,
+// errors, and the fused mixture weights (the CPU path) against the composed formula, clamp
+// included, with their gradient check.
 // The cross-mechanism claim (LARA below Performer at equal sample count) is in
 // tests/test_attention_claims.cpp.
 #include <cmath>
@@ -435,6 +436,28 @@ TEST(LinearRandomizedAttention, SpecOptionsAndMultiHeadAttention) {
   EXPECT_EQ(mha.named_parameters().size(), 8u + 4u);  // 4 projections (weight, bias) + the proposal's
 }
 
+// The segment matrices are cached per length, dtype and device: one layer run at two lengths in
+// float32, then in float64, gives what a new layer gives each time.
+TEST(LinearRandomizedAttention, SegmentsFollowTheLengthAndDtype) {
+  manual_seed(16);
+  auto lara = attn::make_attention("lara:samples=3", 2, 4);
+  lara->eval();
+  const auto fresh = [](const Tensor& q, const Tensor& k, const Tensor& v) {
+    auto l = make("lara:samples=3", 2, 4);
+    l->eval();
+    return l->forward(q, k, v, {});
+  };
+  for (int64_t N : {7, 5}) {
+    Tensor q = r64({2, 2, N, 4}), k = r64({2, 2, N, 4}), v = r64({2, 2, N, 3});
+    const auto f32 = [](const Tensor& t) { return t.to(DType::Float32); };
+    EXPECT_TRUE(all_close(lara->forward(f32(q), f32(k), f32(v), {}).to(DType::Float64), fresh(q, k, v), 1e-5, 1e-5))
+        << N;
+  }
+  lara->to(DType::Float64);
+  Tensor q = r64({2, 2, 5, 4}), k = r64({2, 2, 5, 4}), v = r64({2, 2, 5, 3});
+  EXPECT_TRUE(all_close(lara->forward(q, k, v, {}), fresh(q, k, v), 1e-12, 1e-12));
+}
+
 TEST(LinearRandomizedAttention, Float32FiniteForLargeInputs) {
   manual_seed(15);
   const int64_t B = 2, H = 2, N = 8, D = 16;
@@ -605,6 +628,10 @@ TEST(LinearRandomizedAttention, Errors) {
   EXPECT_LINEA_ERROR(lara->forward(q, randn({1, 2, 5, 4}), randn({1, 2, 5, 2}), {}),
                      "lara: only self-attention is supported");
   EXPECT_LINEA_ERROR(lara->forward(q, k, randn({1, 2, 5, 2}), {}), "shapes do not match");
+  EXPECT_LINEA_ERROR(lara->forward(randn({1, 2, 6, 8}), randn({1, 2, 6, 8}), v, {}),
+                     "lara: built for 2 heads of dim 4, got q [1, 2, 6, 8]");
+  EXPECT_LINEA_ERROR(Lara(2, 4, 3, Lara::Proposal::QK, false, -1.0, 1.0), "lara: noise must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(Lara(2, 4, 3, Lara::Proposal::QK, false, 1.0, INFINITY), "lara: beta must be finite");
   EXPECT_LINEA_ERROR(attn::make_attention("lara:samples=0", 2, 4), "samples must be positive");
   EXPECT_LINEA_ERROR(attn::make_attention("lara:samples=1000000000000", 2, 4),
                      "lara: samples 1000000000000 is more than the limit of 65536");

@@ -48,25 +48,21 @@ std::vector<int64_t> LinearRandomizedAttention::segment_sizes(int64_t N, int64_t
   return sizes;
 }
 
-const LinearRandomizedAttention::Segments& LinearRandomizedAttention::segments(int64_t N, int64_t D,
-                                                                               const TensorOptions& opts) {
+const LinearRandomizedAttention::Segments& LinearRandomizedAttention::segments(int64_t N, const TensorOptions& opts) {
   const int64_t Ce = std::min(samples_, N);
   const Tensor& m = segments_.member;
-  if (m.defined() && m.size(0) == Ce && m.size(1) == N && m.dtype() == opts.dtype && m.device() == opts.device &&
-      scale_ == scale_of(D))
-    return segments_;
+  if (m.defined() && m.size(1) == N && m.dtype() == opts.dtype && m.device() == opts.device) return segments_;
   // Setup of two constant [C_eff, N] matrices (C_eff * N host values), not a loop of the forward.
   std::vector<double> member(static_cast<size_t>(Ce * N), 0.0), mean(member.size(), 0.0);
   int64_t start = 0, c = 0;
   for (int64_t len : segment_sizes(N, samples_)) {
     for (int64_t n = start; n < start + len; ++n) {
       member[static_cast<size_t>(c * N + n)] = 1.0;
-      mean[static_cast<size_t>(c * N + n)] = scale_of(D) / static_cast<double>(len);
+      mean[static_cast<size_t>(c * N + n)] = scale_of(head_dim()) / static_cast<double>(len);
     }
     start += len;
     ++c;
   }
-  scale_ = scale_of(D);
   segments_.member = from_vector<double>(member, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
   segments_.scaled_mean = from_vector<double>(mean, {Ce, N}, TensorOptions(opts.dtype)).to(opts.device);
   return segments_;
@@ -79,6 +75,8 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   LINEA_CHECK(k.size(2) == q.size(2), "lara: only self-attention is supported (M == N: query and key segments pair ",
               "up as landmarks), got q ", shape_str(q.shape()), " and k ", shape_str(k.shape()));
   LINEA_CHECK(is_floating(q.dtype()), who, ": expected float32/float64 inputs, got ", dtype_name(q.dtype()));
+  LINEA_CHECK(q.size(1) == heads() && q.size(3) == head_dim(), who, ": built for ", heads(), " heads of dim ",
+              head_dim(), ", got q ", shape_str(q.shape()));
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
   Tensor pad = padded_keys(opts);  // Bool [B, 1, 1, N] (true = padded) or undefined
   // q~ = s q and k~ = s k are never formed: their readers take q or k and s (the segment means in
@@ -87,7 +85,7 @@ LinearRandomizedAttention::Parts LinearRandomizedAttention::compute(const Tensor
   const double s = scale_of(D);
 
   // Segment means.
-  const Segments& seg = segments(N, D, q.options());
+  const Segments& seg = segments(N, q.options());
   const int64_t C = seg.member.size(0);
   Tensor qbar = matmul(seg.scaled_mean, q);  // q-_c [B, H, C, D] (of q~)
   Tensor kbar;                               // k-_c [B, H, C, D] (of k~), padded keys left out

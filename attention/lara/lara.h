@@ -85,7 +85,7 @@ class LinearRandomizedAttention : public AttentionMechanism {
     // means of q~ and k~ taken from q and k themselves (no scaled copies of q and k)
     Tensor scaled_mean;
   };
-  const Segments& segments(int64_t N, int64_t D, const TensorOptions& opts);
+  const Segments& segments(int64_t N, const TensorOptions& opts);
 
   int64_t samples_;
   Proposal proposal_;
@@ -93,7 +93,6 @@ class LinearRandomizedAttention : public AttentionMechanism {
   std::shared_ptr<nn::Linear> mu_proj_;     // adaptive only
   std::shared_ptr<nn::LayerNorm> mu_norm_;  // adaptive only
   Segments segments_;
-  double scale_ = 0;  // the D^-1/4 of segments_.scaled_mean
 };
 
 // The mixture weights softmax_c(log u_nc) [B, H, N, C] composed from ops: the reference the fused
