@@ -1,10 +1,10 @@
-// Randomized attention (`ra`, attention/ra): values against a naive float64 loop implementation
-// of the formulas given explicit samples (unbiased, biased, padded, eval), float64 gradchecks with
-// frozen samples, the RA paper's claim (the average over S samples converges to softmax
-// attention with an error falling like 1/sqrt(S); biased RA keeps a bias), the index sampler
-// (the fused op against its float64 definition and the composed formula; never a padded key,
-// frequencies follow pi), padding invariance, train/eval/freeze behaviour,
-// float32 finiteness for large inputs, and errors.
+// Randomized attention (`ra`, attention/ra): values against a naive float64 loop implementation of
+// the formulas given explicit samples (unbiased, biased, padded with its weights, eval), float64
+// gradchecks with frozen samples, the RA paper's claim (the average over S samples converges to
+// softmax attention with an error falling like 1/sqrt(S); biased RA keeps a bias), the index
+// sampler (the fused op against its float64 definition and the composed formula; never a padded
+// key, frequencies follow pi), padding invariance, train/eval/freeze behaviour, float32 finiteness
+// for large inputs, and errors.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -166,6 +166,9 @@ TEST(RandomizedAttention, PaddedMatchesNaiveLoopsWithDrawnSamples) {
     o.key_padding_mask = ne(mask_of(pad, B, M), 0.0);
     ra->set_samples(s);
     EXPECT_TRUE(all_close(ra->forward(q, k, v, o), ref.out, 1e-12, 1e-12));
+    // The weights with the same samples: zero at padded keys, zero rows where every key is.
+    ra->set_samples(s);
+    EXPECT_TRUE(all_close(ra->attention_matrix(q, k, o), from_vector<double>(ref.A, {B, H, N, M}), 1e-12, 1e-12));
     o.key_padding_mask = mask_of(pad, B, M);
   }
 }
@@ -451,7 +454,9 @@ TEST(RandomizedAttention, Errors) {
   ra->set_samples({{"ra_index", randint(0, 5, {1, 2, 3, 3})}});
   EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "sample 'ra_index' has shape");
   ra->set_samples({{"ra_index", randint(0, 6, {1, 2, 3, 2}).fill_(5)}});
-  EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "values must lie in [0, M = 5)");
+  EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "values must lie in [0, M = 5), got values in [5, 5]");
+  ra->set_samples({{"ra_index", randint(0, 6, {1, 2, 3, 2}).fill_(-1)}});
+  EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "values must lie in [0, M = 5), got values in [-1, -1]");
   ra->set_samples({{"ra_index", zeros({1, 2, 3, 2})}});
   EXPECT_LINEA_ERROR(ra->forward(q, k, v, {}), "must be int64");
   EXPECT_LINEA_ERROR(make(2, 4, 2, true)->set_samples({{"ra_index", randint(0, 5, {1, 2, 3, 2})}}),
