@@ -1,7 +1,9 @@
 // The nprf_rpe mechanism and its Toeplitz product: the Toeplitz product (FFT and dense) against
 // a naive loop; the dense path against the formula computed by naive float64 loops; the FFT path
 // against the dense path (~1e-10 in float64: bidirectional and causal, odd and power-of-two N,
-// cross-attention, padded keys); padding, fully padded rows, causality, the bias; feature
+// cross-attention, padded keys); query offsets (also past every key) against the loops; padding,
+// fully padded rows (the weights and the composed path too), causality, the bias and a constant
+// shift of it (float32, past exp's range); feature
 // redraws, eval determinism, explicit and frozen samples; the choice of path under dense=auto
 // (dense for short, FFT for long sequences) and auto's output against the forced paths; parameter
 // shape and init; errors; float32 robustness; gradient checks (float64) of both paths; the fused
@@ -54,10 +56,11 @@ Tensor naive_toeplitz(const Tensor& c, const Tensor& x, int64_t N) {
   return from_vector<double>(y, {B, H, N, C});
 }
 
-// The nprf_rpe formula by loops, without stabilizers: for each (b, h, i), weights
-// A_ij = exp(rpe[h][j - i + L - 1]) phi(q^_i).phi(k^_j) over visible keys j, out_i = sum A v / sum A.
+// The nprf_rpe formula by loops, without stabilizers: for each (b, h, i), query i at position
+// o + i (o = offset), weights A_ij = exp(rpe[h][j - (o + i) + L - 1]) phi(q^_i).phi(k^_j) over
+// visible keys j (unpadded; causal: j <= o + i), out_i = sum A v / sum A.
 Tensor naive_nprf(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& omega, const Tensor& rpe,
-                  bool causal, const std::vector<int>& pad = {}) {
+                  bool causal, const std::vector<int>& pad = {}, int64_t offset = 0) {
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), M = k.size(2), Dv = v.size(3);
   const int64_t S = omega.size(1), L = (rpe.size(1) + 1) / 2;
   auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
@@ -81,11 +84,11 @@ Tensor naive_nprf(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
         double z = 0;
         std::vector<double> acc(Dv, 0.0);
         for (int64_t j = 0; j < M; ++j) {
-          if ((!pad.empty() && pad[b * M + j]) || (causal && j > i)) continue;
+          if ((!pad.empty() && pad[b * M + j]) || (causal && j > offset + i)) continue;
           phi(&kv[((b * H + h) * M + j) * D], h, pk);
           double a = 0;
           for (int64_t s = 0; s < S; ++s) a += pq[s] * pk[s];
-          a *= std::exp(bv[h * (2 * L - 1) + j - i + L - 1]);
+          a *= std::exp(bv[h * (2 * L - 1) + j - offset - i + L - 1]);
           z += a;
           for (int64_t e = 0; e < Dv; ++e) acc[e] += a * vv[((b * H + h) * M + j) * Dv + e];
         }
@@ -252,6 +255,41 @@ TEST(NprfRpe, DenseMatchesNaiveFormula) {
   }
 }
 
+// Queries at positions o, o + 1, ... (decoding's offset), also past every key (o >= M: causal
+// hides nothing then), by either path.
+TEST(NprfRpe, QueryOffsetMatchesNaiveFormula) {
+  manual_seed(28);
+  const int64_t B = 2, H = 2, D = 4, S = 6, L = 18, N = 7, M = 9;
+  Tensor omega = attn::orthogonal_gaussian(H, S, D), rpe = r64({H, 2 * L - 1});
+  Tensor q = r64({B, H, N, D}), k = r64({B, H, M, D}), v = r64({B, H, M, 3});
+  const std::vector<int> pad = {0, 0, 1, 0, 0, 0, 1, 0, 1, /**/ 1, 1, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t o : {2, 9, 11})
+    for (bool causal : {false, true})
+      for (bool dense : {false, true}) {
+        SCOPED_TRACE("offset " + std::to_string(o) + (causal ? " causal" : "") + (dense ? " dense" : " fft"));
+        AttentionOptions opts = options(causal, mask_of(pad, B, M));
+        opts.query_offset = o;
+        EXPECT_TRUE(all_close(attn::nprf_rpe_attention(q, k, v, omega, rpe, opts, dense),
+                              naive_nprf(q, k, v, omega, rpe, causal, pad, o), 1e-10, 1e-10));
+      }
+}
+
+// The bias enters as exp(b - max b): a constant added to every offset's bias changes nothing, even
+// one that exp() alone would overflow in float32.
+TEST(NprfRpe, ConstantBiasShiftChangesNothing) {
+  manual_seed(29);
+  const int64_t B = 2, H = 2, D = 4, S = 8, L = 12;
+  Tensor omega = attn::orthogonal_gaussian(H, S, D).to(DType::Float32), rpe = randn({H, 2 * L - 1});
+  Tensor q = randn({B, H, 10, D}), k = randn({B, H, 10, D}), v = randn({B, H, 10, 3});
+  for (bool causal : {false, true})
+    for (bool dense : {false, true}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "bidirectional") + (dense ? " dense" : " fft"));
+      const Tensor ref = attn::nprf_rpe_attention(q, k, v, omega, rpe, options(causal), dense);
+      const Tensor shifted = attn::nprf_rpe_attention(q, k, v, omega, rpe + 200.0, options(causal), dense);
+      EXPECT_TRUE(all_close(shifted, ref, 1e-5, 1e-5));
+    }
+}
+
 TEST(NprfRpe, FftMatchesDense) {
   manual_seed(22);
   const int64_t B = 2, H = 3, D = 8, S = 16, L = 40;
@@ -322,6 +360,16 @@ TEST(NprfRpe, FullyPaddedRowsGiveZerosNotNaN) {
       EXPECT_TRUE(all_close(out.narrow(0, 0, 1), zeros({1, 2, 5, 3}, f64()), 0, 0));
       if (causal) {
         EXPECT_TRUE(all_close(out.narrow(0, 1, 1).narrow(2, 0, 2), zeros({1, 2, 2, 3}, f64()), 0, 0));
+      }
+      // The weights and the composed FFT path (CUDA's) give the same exact zeros.
+      const Tensor a = m->attention_matrix(q.detach(), k.detach(), options(causal, mask));
+      EXPECT_TRUE(all_close(a.narrow(0, 0, 1), zeros({1, 2, 5, 5}, f64()), 0, 0));
+      const Tensor composed = attn::nprf_rpe_attention_fft_composed(
+          q.detach(), k.detach(), v.detach(), m->last_samples().at("omega"), m->rpe().detach(), options(causal, mask));
+      EXPECT_TRUE(all_close(composed, out.detach(), 0, 1e-10));
+      EXPECT_TRUE(all_close(composed.narrow(0, 0, 1), zeros({1, 2, 5, 3}, f64()), 0, 0));
+      if (causal) {
+        EXPECT_TRUE(all_close(composed.narrow(0, 1, 1).narrow(2, 0, 2), zeros({1, 2, 2, 3}, f64()), 0, 0));
       }
       // Gradients are finite, and zero for the queries that see nothing.
       sum(square(out)).backward();
@@ -592,6 +640,8 @@ TEST(NprfRpe, BadOptionsAndInputsThrow) {
   EXPECT_LINEA_ERROR(m->forward(q, q, q, options(false, zeros({1, 4}, TensorOptions(DType::Int64)))),
                      "key_padding_mask must be [B, M]");
   EXPECT_LINEA_ERROR(attn::nprf_rpe_attention(q, q, q, randn({2, 4, 3}), zeros({2, 15})), "omega must be [H, S, D]");
+  EXPECT_LINEA_ERROR(attn::nprf_rpe_attention(q, q, q, randn({2, 0, 4}), zeros({2, 15})),
+                     "omega must be [H, S, D] = [2, S, 4] for q [1, 2, 5, 4], got [2, 0, 4]");
   EXPECT_LINEA_ERROR(attn::nprf_rpe_attention(q, q, q, randn({2, 4, 4}), zeros({2, 14})), "rpe must be [H, 2L-1]");
 }
 
