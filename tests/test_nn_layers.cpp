@@ -1,7 +1,9 @@
 // The nn layers' forward values against naive loops (Linear, Embedding, LayerNorm, PatchEmbed
 // token order, positional tables), initialization, Dropout modes, parameter counts, module tree
-// printing, state_dict names, transformer blocks' masking behaviour, losses, and the errors for
-// wrong input shapes and unknown attention specs.
+// printing, state_dict names, transformer blocks' masking behaviour and their training dropout
+// (each residual branch's, layers and stacks, against the pre-LN formulas written out), losses,
+// and the errors for wrong input shapes, unknown attention specs and a decoding state of another
+// depth.
 // Not here: gradient checks (tests/test_gradcheck_layers.cpp), attention values
 // (tests/test_attention_softmax.cpp).
 #include <cmath>
@@ -428,6 +430,66 @@ TEST(Transformer, EncoderPaddingAndCausalOptions) {
   EXPECT_TRUE(all_close(enc->forward(x, c).narrow(1, 0, 1), enc->forward(x.narrow(1, 0, 1)), 1e-5, 1e-5));
 }
 
+// A layer's child module by its registered name.
+template <class M> std::shared_ptr<M> child(const nn::Module& m, const std::string& name) {
+  for (const auto& [n, c] : m.children())
+    if (n == name) return std::dynamic_pointer_cast<M>(c);
+  return nullptr;
+}
+
+// In training, each residual branch goes through the layer's dropout before it is added (folded
+// into the next norm's kernel): the same draws and values as the pre-LN formulas written out,
+// x + drop(attn(ln1(x))) and then y + drop(mlp(ln2(y))), with the same seed.
+TEST(Transformer, TrainingDropsEachResidualBranch) {
+  manual_seed(15);
+  const double p = 0.3;
+  Tensor x = randn({2, 5, 8}), mem = randn({2, 4, 8});
+  const Tensor tgt_pad = tensor<bool>({false, false, false, false, true, false, false, false, false, false}, {2, 5});
+  const Tensor mem_pad = tensor<bool>({false, false, true, true, false, false, false, false}, {2, 4});
+  using LN = nn::LayerNorm;
+  {
+    auto layer = std::make_shared<attn::TransformerEncoderLayer>(8, 2, 16, p);
+    manual_seed(16);
+    const Tensor out = layer->forward(x);
+    manual_seed(16);
+    const Tensor h = child<LN>(*layer, "ln1")->forward(x);
+    const Tensor y = x + dropout(layer->attn()->forward(h, h), p, true);
+    const Tensor m = layer->mlp()->forward(child<LN>(*layer, "ln2")->forward(y));
+    EXPECT_TRUE(all_close(out, y + dropout(m, p, true), 1e-6, 1e-6));
+  }
+  auto layer = std::make_shared<attn::TransformerDecoderLayer>(8, 2, 16, p);
+  manual_seed(17);
+  const Tensor out = layer->forward(x, mem, mem_pad, tgt_pad);
+  manual_seed(17);
+  attn::AttentionOptions self_opts, cross_opts;
+  self_opts.causal = true;
+  self_opts.key_padding_mask = tgt_pad;
+  cross_opts.key_padding_mask = mem_pad;
+  const Tensor h = child<LN>(*layer, "ln1")->forward(x);
+  const Tensor y = x + dropout(layer->self_attn()->forward(h, h, self_opts), p, true);
+  const Tensor h2 = child<LN>(*layer, "ln2")->forward(y);
+  const Tensor z = y + dropout(layer->cross_attn()->forward(h2, mem, cross_opts), p, true);
+  const Tensor m = layer->mlp()->forward(child<LN>(*layer, "ln3")->forward(z));
+  EXPECT_TRUE(all_close(out, z + dropout(m, p, true), 1e-6, 1e-6));
+  // The stacks: each layer's output, dropout included, into the next, then the final norm.
+  auto enc = std::make_shared<attn::TransformerEncoder>(2, 8, 2, 16, p);
+  manual_seed(18);
+  const Tensor enc_out = enc->forward(x);
+  manual_seed(18);
+  EXPECT_TRUE(all_close(enc_out, enc->norm()->forward(enc->layer(1)->forward(enc->layer(0)->forward(x))), 1e-6, 1e-6));
+  auto dec = std::make_shared<attn::TransformerDecoder>(2, 8, 2, 16, p);
+  manual_seed(19);
+  const Tensor dec_out = dec->forward(x, mem, mem_pad, tgt_pad);
+  manual_seed(19);
+  const Tensor d0 = dec->layer(0)->forward(x, mem, mem_pad, tgt_pad);
+  EXPECT_TRUE(all_close(dec_out, dec->norm()->forward(dec->layer(1)->forward(d0, mem, mem_pad, tgt_pad)), 1e-6, 1e-6));
+  // The cross-attention takes the self-attention's spec unless given its own.
+  EXPECT_EQ(attn::TransformerDecoderLayer(8, 2, 16, 0.0, "performer:features=4").cross_attn()->spec(),
+            "performer:features=4");
+  EXPECT_EQ(attn::TransformerDecoderLayer(8, 2, 16, 0.0, "performer:features=4", "softmax").cross_attn()->spec(),
+            "softmax");
+}
+
 TEST(Transformer, BadInputsThrow) {
   auto enc = std::make_shared<attn::TransformerEncoder>(1, 8, 2, 16);
   EXPECT_LINEA_ERROR(enc->forward(zeros({2, 3, 6})), "TransformerEncoderLayer: expected x [B, L, 8], got [2, 3, 6]");
@@ -435,7 +497,15 @@ TEST(Transformer, BadInputsThrow) {
   EXPECT_LINEA_ERROR(dec->forward(zeros({2, 3, 8}), zeros({2, 3})), "expected memory [B, L, 8], got [2, 3]");
   EXPECT_LINEA_ERROR(dec->forward(zeros({2, 3, 8}), zeros({1, 3, 8})), "batch of x [2, 3, 8] and memory [1, 3, 8]");
   EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerEncoder>(0, 8, 2, 16), "depth must be positive");
-  EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerEncoderLayer>(8, 3, 16), "dim 8 is not divisible by heads 3");
+  EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerEncoderLayer>(8, 3, 16),
+                     "TransformerEncoderLayer: dim 8 is not divisible by heads 3");
+  EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerDecoderLayer>(8, 3, 16),
+                     "TransformerDecoderLayer: dim 8 is not divisible by heads 3");
+  // A decoding state of a decoder of another depth.
+  auto deep = std::make_shared<attn::TransformerDecoder>(2, 8, 2, 16);
+  attn::DecoderState state = deep->start(zeros({2, 3, 8}));
+  EXPECT_LINEA_ERROR(dec->step(zeros({2, 1, 8}), state),
+                     "TransformerDecoder::step: the state was made for 2 layers, this decoder has 1");
   EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerEncoder>(1, 8, 2, 16, 0.0, "flash"),
                      "unknown attention 'flash' (known: lara, nprf_rpe, performer, ra, softmax");
   EXPECT_LINEA_ERROR(std::make_shared<attn::TransformerDecoder>(1, 8, 2, 16, 0.0, "softmax", "softmax:"),
