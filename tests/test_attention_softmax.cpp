@@ -1,6 +1,7 @@
 // Softmax attention and MultiHeadAttention: values against naive float64 loops (causal mask,
 // padding, cross-attention with N != M), the invariance of unpadded outputs to padded keys,
-// fully masked rows, attention dropout, spec parsing, the mechanism registry, and errors.
+// fully masked rows, attention dropout, spec parsing, the mechanism registry, MultiHeadAttention's
+// checks of a mechanism object (heads, head dim, use, output shape) and of its caches, and errors.
 // Not here: gradient checks (tests/test_gradcheck_layers.cpp).
 #include <algorithm>
 #include <cmath>
@@ -538,16 +539,19 @@ TEST(MultiHeadAttention, ShapeAndParameterNames) {
   EXPECT_EQ(mha->num_parameters(), 4 * (8 * 8 + 8));
   EXPECT_EQ(mha->head_dim(), 4);
   EXPECT_EQ(mha->mechanism()->type_name(), "SoftmaxAttention");
-  // Biases start at zero, weights within the truncated normal's +-2 std.
-  for (double b : mha->q_proj()->bias().to_vector<double>()) EXPECT_EQ(b, 0.0);
-  for (double w : mha->k_proj()->weight().to_vector<double>()) EXPECT_LE(std::fabs(w), 0.04);
+  // Biases start at zero, every projection's weights within the truncated normal's +-2 std (0.02).
+  for (const auto& p : {mha->q_proj(), mha->k_proj(), mha->v_proj(), mha->out_proj()}) {
+    for (double b : p->bias().to_vector<double>()) EXPECT_EQ(b, 0.0);
+    for (double w : p->weight().to_vector<double>()) EXPECT_LE(std::fabs(w), 0.04);
+  }
   // Cross-attention with another key/value width, without biases.
   auto cross = std::make_shared<attn::MultiHeadAttention>(8, 4, "softmax",
                                                           attn::MultiHeadOptions{attn::AttentionUse::Cross, false, 6});
   EXPECT_EQ(cross->forward(randn({2, 3, 8}), randn({2, 7, 6})).shape(), Shape({2, 3, 8}));
   EXPECT_EQ(cross->k_proj()->weight().shape(), Shape({8, 6}));
   EXPECT_EQ(cross->named_parameters().size(), 4u);
-  EXPECT_EQ(cross->str().substr(0, 48), "MultiHeadAttention(dim=8, heads=4, spec='softmax");
+  EXPECT_EQ(cross->str().substr(0, 80),
+            "MultiHeadAttention(dim=8, heads=4, spec='softmax', kv_dim=6, use=cross-attention");
   // q, k and v's weights and biases packed one after another (one GEMM for the projections of one
   // input), through a change of dtype too; the cross layer's k and v (the memory's).
   mha->to(DType::Float64);
@@ -731,6 +735,35 @@ TEST(AttentionRegistry, RegisterAndMake) {
   EXPECT_EQ(mha->mechanism()->type_name(), "MeanValueAttention");
   EXPECT_EQ(mha->forward(randn({2, 3, 8}), randn({2, 6, 8})).shape(), Shape({2, 3, 8}));
   EXPECT_LINEA_ERROR(attn::make_attention("softmax", 0, 4), "heads and head_dim must be positive");
+}
+
+// A mechanism object given to MultiHeadAttention: checked against the layer's heads, head dim and
+// use, and its output shape; the decoding caches check what the layer can do.
+class OneColumnAttention : public attn::AttentionMechanism {  // returns [B, H, N, 1]: a bad shape
+ public:
+  OneColumnAttention(int64_t heads, int64_t head_dim) : AttentionMechanism("OneColumnAttention", heads, head_dim) {}
+  Tensor forward(const Tensor& q, const Tensor&, const Tensor& v, const attn::AttentionOptions&) override {
+    return mean(v, {2, 3}, true).expand({q.size(0), q.size(1), q.size(2), 1});
+  }
+};
+
+TEST(MultiHeadAttention, ChecksItsMechanismAndUse) {
+  using attn::AttentionUse;
+  using attn::MultiHeadOptions;
+  EXPECT_LINEA_ERROR(attn::MultiHeadAttention(8, 2, std::make_shared<MeanValueAttention>(2, 2, 1.0)),
+                     "MultiHeadAttention: the MeanValueAttention was built for 2 heads of dim 2, this layer has 2 "
+                     "heads of dim 4");
+  EXPECT_LINEA_ERROR(attn::MultiHeadAttention(8, 2, std::make_shared<MeanValueAttention>(2, 4, 1.0),
+                                              MultiHeadOptions{AttentionUse::Cross}),
+                     "attention 'MeanValueAttention' cannot be used as cross-attention");
+  attn::MultiHeadAttention bad(8, 2, std::make_shared<OneColumnAttention>(2, 4));
+  EXPECT_LINEA_ERROR(bad.forward(randn({2, 3, 8}), randn({2, 3, 8})),
+                     "MultiHeadAttention: mechanism 'OneColumnAttention' returned [2, 2, 3, 1], expected [2, 2, 3, 4]");
+  attn::MultiHeadAttention wide(8, 2, "softmax", MultiHeadOptions{AttentionUse::Cross, true, 6});
+  EXPECT_LINEA_ERROR(wide.start_self(), "start_self: a self-attention needs kv_dim == dim, got 6 and 8");
+  attn::MultiHeadAttention lara(8, 2, "lara:samples=2");
+  EXPECT_LINEA_ERROR(lara.start_cross(randn({2, 3, 8})),
+                     "start_cross: attention 'lara:samples=2' does not support cross-attention");
 }
 
 // ---- CUDA --------------------------------------------------------------------------------------
