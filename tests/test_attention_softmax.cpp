@@ -1,7 +1,9 @@
 // Softmax attention and MultiHeadAttention: values against naive float64 loops (causal mask,
 // padding, cross-attention with N != M), the invariance of unpadded outputs to padded keys,
-// fully masked rows, attention dropout, spec parsing, the mechanism registry, MultiHeadAttention's
-// checks of a mechanism object (heads, head dim, use, output shape) and of its caches, and errors.
+// fully masked rows, attention dropout, spec parsing (typed values: exponents, non-finite numbers,
+// booleans in any case), the mechanism registry (refused registrations; the mechanisms per use,
+// descriptions, lengths filled in), MultiHeadAttention's checks of a mechanism object (heads,
+// head dim, use, output shape) and of its caches, and errors.
 // Not here: gradient checks (tests/test_gradcheck_layers.cpp).
 #include <algorithm>
 #include <cmath>
@@ -694,6 +696,17 @@ TEST(AttentionSpec, TypedGettersRejectBadValuesAndUnusedKeys) {
   EXPECT_LINEA_ERROR(t.check_all_used(), "unknown option featurs for 'x' (known options: features)");
   attn::AttentionSpec u = attn::AttentionSpec::parse("x:a=1");
   EXPECT_LINEA_ERROR(u.check_all_used(), "it takes no options");
+  attn::AttentionSpec w = attn::AttentionSpec::parse("x:a=1,b=2");
+  EXPECT_LINEA_ERROR(w.check_all_used(), "unknown options a, b for 'x'");
+  // Numbers with an exponent sign; not infinite or NaN.
+  attn::AttentionSpec f = attn::AttentionSpec::parse("x:e=2.5e+3,inf=inf,nan=nan");
+  EXPECT_EQ(f.get_double("e", 0), 2500.0);
+  EXPECT_LINEA_ERROR(f.get_double("inf", 0), "option 'inf' expects a number, got 'inf'");
+  EXPECT_LINEA_ERROR(f.get_double("nan", 0), "option 'nan' expects a number, got 'nan'");
+  // Booleans in any case: 1/true/yes/on, 0/false/no/off.
+  attn::AttentionSpec b = attn::AttentionSpec::parse("x:a=Yes,b=ON,c=TRUE,d=No,e=off,f=False");
+  for (const char* k : {"a", "b", "c"}) EXPECT_TRUE(b.get_bool(k, false)) << k;
+  for (const char* k : {"d", "e", "f"}) EXPECT_FALSE(b.get_bool(k, true)) << k;
 }
 
 // A toy mechanism for the registry test: the mean of v over keys, scaled by an option.
@@ -735,6 +748,46 @@ TEST(AttentionRegistry, RegisterAndMake) {
   EXPECT_EQ(mha->mechanism()->type_name(), "MeanValueAttention");
   EXPECT_EQ(mha->forward(randn({2, 3, 8}), randn({2, 6, 8})).shape(), Shape({2, 3, 8}));
   EXPECT_LINEA_ERROR(attn::make_attention("softmax", 0, 4), "heads and head_dim must be positive");
+  // Registrations that cannot work are refused; so is a factory that returns nothing.
+  const attn::AttentionFactory mean_factory = [](const attn::AttentionSpec&, int64_t h, int64_t d) {
+    return std::make_shared<MeanValueAttention>(h, d, 1.0);
+  };
+  EXPECT_LINEA_ERROR(attn::register_attention("mean test", mean_factory),
+                     "register_attention: invalid name 'mean test'");
+  EXPECT_LINEA_ERROR(attn::register_attention("empty_test", attn::AttentionFactory()),
+                     "register_attention: empty factory for 'empty_test'");
+  attn::register_attention("null_test", [](const attn::AttentionSpec&, int64_t, int64_t) {
+    return std::shared_ptr<attn::AttentionMechanism>();
+  });
+  EXPECT_LINEA_ERROR(attn::make_attention("null_test", 2, 4),
+                     "make_attention: the factory of 'null_test' returned null");
+}
+
+// What the registry tells apps and tools: the mechanisms for each use, the flag help, each one's
+// description, and a length option filled in where the spec leaves it out.
+TEST(AttentionRegistry, UsesDescriptionsAndLengths) {
+  const auto has = [](const std::vector<std::string>& names, const std::string& n) {
+    return std::find(names.begin(), names.end(), n) != names.end();
+  };
+  const std::vector<std::string> causal = attn::attentions_for(attn::AttentionUse::CausalSelf),
+                                 cross = attn::attentions_for(attn::AttentionUse::Cross);
+  for (const char* n : {"softmax", "performer", "nprf_rpe"}) EXPECT_TRUE(has(causal, n) && has(cross, n)) << n;
+  EXPECT_TRUE(has(cross, "ra"));
+  EXPECT_FALSE(has(causal, "ra"));
+  EXPECT_FALSE(has(causal, "lara") || has(cross, "lara"));
+  EXPECT_TRUE(has(attn::attentions_for(attn::AttentionUse::Self), "lara"));
+  const std::string help = attn::attention_flag_help(attn::AttentionUse::CausalSelf);
+  EXPECT_EQ(help.find("lara"), std::string::npos) << help;
+  EXPECT_NE(help.find("nprf_rpe, performer, softmax"), std::string::npos) << help;
+  const std::string d = attn::describe_attentions();
+  EXPECT_NE(d.find("performer: FAVOR+ random features"), std::string::npos) << d;
+  EXPECT_NE(
+      d.find("\n  supports: " + attn::attention_info("ra").support.str() + "\n  samples=1  samples S per query\n"),
+      std::string::npos)
+      << d;
+  EXPECT_EQ(attn::with_length("nprf_rpe:features=8", 128), "nprf_rpe:features=8,max_len=128");
+  EXPECT_EQ(attn::with_length("nprf_rpe:max_len=64", 128), "nprf_rpe:max_len=64");
+  EXPECT_EQ(attn::with_length("softmax", 128), "softmax");
 }
 
 // A mechanism object given to MultiHeadAttention: checked against the layer's heads, head dim and
