@@ -214,7 +214,6 @@ Tensor AttentionMechanism::sample(const std::string& name, const Shape& shape, c
                 frozen_ ? " (frozen by an earlier call; clear_samples() to draw new ones)" : "");
     if (t.device() != like.device()) t = t.to(like.device());
     if (is_floating(t.dtype()) && t.dtype() != like.dtype()) t = t.to(like.dtype());
-    if (t.dtype() == DType::Bool) t = t.to(DType::Int64);
   } else {
     t = draw().detach();
     LINEA_CHECK(t.shape() == shape, type_name(), ": internal: drew '", name, "' of shape ", shape_str(t.shape()),

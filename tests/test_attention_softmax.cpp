@@ -3,7 +3,8 @@
 // fully masked rows, attention dropout, spec parsing (typed values: exponents, non-finite numbers,
 // booleans in any case), the mechanism registry (refused registrations; the mechanisms per use,
 // descriptions, lengths filled in), MultiHeadAttention's checks of a mechanism object (heads,
-// head dim, use, output shape) and of its caches, and errors.
+// head dim, use, output shape) and of its caches, the base class's own checks (support in words,
+// undefined or mistyped samples, a second redraw schedule), and errors.
 // Not here: gradient checks (tests/test_gradcheck_layers.cpp).
 #include <algorithm>
 #include <cmath>
@@ -817,6 +818,30 @@ TEST(MultiHeadAttention, ChecksItsMechanismAndUse) {
   attn::MultiHeadAttention lara(8, 2, "lara:samples=2");
   EXPECT_LINEA_ERROR(lara.start_cross(randn({2, 3, 8})),
                      "start_cross: attention 'lara:samples=2' does not support cross-attention");
+}
+
+// What the base class checks for every mechanism: its support in words, samples given undefined
+// or of another kind than it draws, a second redraw schedule.
+class TwoSchedulesAttention : public attn::AttentionMechanism {
+ public:
+  TwoSchedulesAttention() : AttentionMechanism("TwoSchedulesAttention", 2, 4) {
+    init_redraw(1);
+    init_redraw(2);
+  }
+  Tensor forward(const Tensor&, const Tensor&, const Tensor& v, const attn::AttentionOptions&) override { return v; }
+};
+
+TEST(AttentionMechanism, BaseClassChecks) {
+  EXPECT_EQ(attn::make_attention("softmax", 2, 4)->support().str(),
+            "bidirectional self-attention, causal self-attention, cross-attention, incremental decoding");
+  EXPECT_EQ(attn::make_attention("ra", 2, 4)->support().str(), "bidirectional self-attention, cross-attention");
+  EXPECT_EQ(attn::make_attention("lara", 2, 4)->support().str(), "bidirectional self-attention only");
+  auto ra = attn::make_attention("ra:samples=2", 2, 4);
+  EXPECT_LINEA_ERROR(ra->set_samples({{"eps", Tensor()}}), "RandomizedAttention: sample 'eps' is undefined");
+  ra->set_samples({{"ra_index", zeros({1, 2, 3, 2}, TensorOptions(DType::Bool))}});
+  EXPECT_LINEA_ERROR(ra->forward(randn({1, 2, 3, 4}), randn({1, 2, 5, 4}), randn({1, 2, 5, 2}), {}),
+                     "ra: sample 'ra_index' must be int64, got bool");
+  EXPECT_LINEA_ERROR(TwoSchedulesAttention(), "TwoSchedulesAttention: init_redraw called twice");
 }
 
 // ---- CUDA --------------------------------------------------------------------------------------
