@@ -842,6 +842,14 @@ TEST(AttentionMechanism, BaseClassChecks) {
   EXPECT_LINEA_ERROR(ra->forward(randn({1, 2, 3, 4}), randn({1, 2, 5, 4}), randn({1, 2, 5, 2}), {}),
                      "ra: sample 'ra_index' must be int64, got bool");
   EXPECT_LINEA_ERROR(TwoSchedulesAttention(), "TwoSchedulesAttention: init_redraw called twice");
+  // Dropout probabilities outside [0, 1), from a spec and to the functional form.
+  EXPECT_LINEA_ERROR(attn::make_attention("softmax:dropout=1", 2, 4),
+                     "SoftmaxAttention: dropout must be in [0, 1), got 1");
+  EXPECT_LINEA_ERROR(attn::SoftmaxAttention(2, 4, -0.1), "SoftmaxAttention: dropout must be in [0, 1), got -0.1");
+  const Tensor q = randn({1, 2, 3, 4});
+  EXPECT_LINEA_ERROR(attn::softmax_attention(q, q, q, {}, 1.0, true), "softmax attention: dropout must be in [0, 1)");
+  EXPECT_LINEA_ERROR(attn::softmax_attention_composed(q, q, q, {}, -0.5, false),
+                     "softmax attention: dropout must be in [0, 1), got -0.5");
 }
 
 // ---- CUDA --------------------------------------------------------------------------------------
