@@ -1,5 +1,6 @@
-// Module system: registration and dotted names, modes, device/dtype moves, state dicts with
-// strict loading errors, parameter counts, printing.
+// Module system: registration (its errors; a parameter made from a graph becomes a leaf) and dotted
+// names, the module walk's order, modes, device/dtype moves, state dicts with strict loading
+// errors (an unexpected key alone too), parameter counts, printing.
 #include <map>
 #include <string>
 #include <vector>
@@ -45,10 +46,9 @@ TEST(Module, DottedNamesInRegistrationOrder) {
   EXPECT_EQ(t->num_parameters(), 3 * 2 + 3 + 1 * 2 + 1 + 2 * 2 + 2);
   EXPECT_TRUE(t->a->w.requires_grad());
   EXPECT_FALSE(t->a->running.requires_grad());
-  auto mods = t->named_modules();
-  ASSERT_EQ(mods.size(), 5u);
-  EXPECT_EQ(mods[0].first, "");
-  EXPECT_EQ(mods[3].first, "blocks.0");
+  std::vector<std::string> mods;  // depth first, each module before its children, in registration order
+  for (const auto& [n, _] : t->named_modules()) mods.push_back(n);
+  EXPECT_EQ(mods, (std::vector<std::string>{"", "a", "blocks", "blocks.0", "blocks.1"}));
   EXPECT_EQ(t->blocks->at<Leaf>(1)->w.size(0), 2);
 }
 
@@ -93,6 +93,10 @@ TEST(Module, StrictLoadListsEveryProblem) {
     EXPECT_NE(msg.find("unexpected keys: extra.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("blocks.1.w (expected [2, 2], got [5, 5])"), std::string::npos) << msg;
   }
+  // An unexpected key alone is enough.
+  nn::StateDict extra = m->state_dict();
+  extra["extra.weight"] = zeros({1});
+  EXPECT_LINEA_ERROR(m->load_state_dict(extra), "load_state_dict (Tree): unexpected keys: extra.weight;");
   // Non-strict loading ignores missing/unexpected keys but never a shape mismatch.
   s["blocks.1.w"] = ones({2, 2});
   m->load_state_dict(s, /*strict=*/false);
@@ -187,8 +191,29 @@ TEST(Module, RegistrationErrors) {
     }
     void dotted() { register_parameter("a.b", zeros({1})); }
     void integer() { register_parameter("i", zeros({1}, TensorOptions(DType::Int64))); }
+    void buffer_twice() {
+      register_buffer("r", zeros({1}));
+      register_buffer("r", zeros({1}));
+    }
+    void child_twice() {
+      register_module("c", std::make_shared<Leaf>(1));
+      register_module("c", std::make_shared<Leaf>(1));
+    }
+    void undefined_host_buffer() { register_host_buffer("h", Tensor()); }
+    // A parameter made from a graph (here 2 x, x requiring grad) is cut from it: a leaf of its own.
+    Tensor from_graph() {
+      Tensor x = ones({2}).requires_grad_(true);
+      return register_parameter("g", x * 2.0);
+    }
   };
   Bad b;
+  EXPECT_LINEA_ERROR(b.buffer_twice(), "Bad: buffer 'r' registered twice");
+  EXPECT_LINEA_ERROR(b.child_twice(), "Bad: submodule 'c' registered twice");
+  EXPECT_LINEA_ERROR(b.undefined_host_buffer(), "Bad: host buffer 'h' must be a defined CPU tensor");
+  const Tensor g = b.from_graph();
+  EXPECT_TRUE(g.is_leaf());
+  EXPECT_TRUE(g.requires_grad());
+  EXPECT_EQ(g.to_vector<float>(), std::vector<float>(2, 2.0f));
   EXPECT_LINEA_ERROR(b.twice(), "registered twice");
   EXPECT_LINEA_ERROR(b.dotted(), "invalid name 'a.b'");
   EXPECT_LINEA_ERROR(b.integer(), "floating");
