@@ -29,6 +29,15 @@ Tensor add_positions(const char* who, const Tensor& x, const Tensor& table, int6
 
 namespace {
 std::string bool_str(bool b) { return b ? "true" : "false"; }
+
+// LayerNorm's input ends in its normalized shape.
+void check_normalized(const Shape& shape, const Tensor& x) {
+  const int64_t k = static_cast<int64_t>(shape.size());
+  bool ok = x.dim() >= k;
+  for (int64_t i = 0; ok && i < k; ++i) ok = x.size(x.dim() - k + i) == shape[i];
+  LINEA_CHECK(ok, "LayerNorm: expected input [..., ", shape_str(shape).substr(1), " (normalized_shape ",
+              shape_str(shape), "), got ", shape_str(x.shape()));
+}
 }  // namespace
 
 // ---- Linear -----------------------------------------------------------------------------------
@@ -105,22 +114,14 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
 
 Tensor LayerNorm::forward(const Tensor& x) {
   raw::check_defined("LayerNorm", x, "input");
-  const int64_t k = static_cast<int64_t>(shape_.size());
-  bool ok = x.dim() >= k;
-  for (int64_t i = 0; ok && i < k; ++i) ok = x.size(x.dim() - k + i) == shape_[i];
-  LINEA_CHECK(ok, "LayerNorm: expected input [..., ", shape_str(shape_).substr(1), " (normalized_shape ",
-              shape_str(shape_), "), got ", shape_str(x.shape()));
+  check_normalized(shape_, x);
   return layer_norm(x, shape_, weight_, bias_, eps_);
 }
 
 std::pair<Tensor, Tensor> LayerNorm::forward_add(const Tensor& x, const Tensor& r, const Dropout* drop) {
   raw::check_defined("LayerNorm", x, "input");
   raw::check_defined("LayerNorm", r, "residual");
-  const int64_t k = static_cast<int64_t>(shape_.size());
-  bool ok = x.dim() >= k;
-  for (int64_t i = 0; ok && i < k; ++i) ok = x.size(x.dim() - k + i) == shape_[i];
-  LINEA_CHECK(ok, "LayerNorm: expected input [..., ", shape_str(shape_).substr(1), " (normalized_shape ",
-              shape_str(shape_), "), got ", shape_str(x.shape()));
+  check_normalized(shape_, x);
   const double p = drop != nullptr && drop->is_training() ? drop->p() : 0.0;
   return add_layer_norm(x, r, shape_, weight_, bias_, eps_, p);
 }

@@ -1,9 +1,9 @@
-// The nn layers' forward values against naive loops (Linear, Embedding, LayerNorm, PatchEmbed
-// token order, positional tables), initialization, Dropout modes, parameter counts, module tree
-// printing, state_dict names, transformer blocks' masking behaviour and their training dropout
-// (each residual branch's, layers and stacks, against the pre-LN formulas written out), losses,
-// and the errors for wrong input shapes, unknown attention specs and a decoding state of another
-// depth.
+// The nn layers' forward values against naive loops (Linear, Embedding, LayerNorm, PatchEmbed token
+// order, positional tables), initialization (FeedForward's and the learned positions' too), Dropout
+// modes (p = 1 included), parameter counts, module tree printing, state_dict names, transformer
+// blocks' masking behaviour and their training dropout (each residual branch's, layers and stacks,
+// against the pre-LN formulas written out), losses, and the errors for wrong input shapes, unknown
+// attention specs and a decoding state of another depth.
 // Not here: gradient checks (tests/test_gradcheck_layers.cpp), attention values
 // (tests/test_attention_softmax.cpp).
 #include <cmath>
@@ -138,6 +138,13 @@ TEST(Linear, DefaultInitIsPyTorchsAndSeeded) {
   a->reset_parameters_trunc_normal();
   for (double x : a->weight().to_vector<double>()) EXPECT_LE(std::fabs(x), 0.04);
   for (double x : a->bias().to_vector<double>()) EXPECT_EQ(x, 0.0);
+  // FeedForward's two layers start so too.
+  nn::FeedForward ff(16, 32);
+  for (const auto& [name, t] : ff.named_parameters())
+    for (double x : t.to_vector<double>()) {
+      if (name.find("bias") != std::string::npos) EXPECT_EQ(x, 0.0) << name;
+      EXPECT_LE(std::fabs(x), 0.04) << name;
+    }
 }
 
 // ---- Embedding --------------------------------------------------------------------------------
@@ -266,6 +273,7 @@ TEST(PositionalEmbedding, LearnedAddsRowsAndChecksLength) {
   manual_seed(9);
   auto pe = std::make_shared<nn::LearnedPositionalEmbedding>(6, 4);
   EXPECT_EQ(pe->num_parameters(), 24);
+  for (double w : pe->weight().to_vector<double>()) EXPECT_LE(std::fabs(w), 0.04);  // trunc normal, std 0.02
   Tensor x = randn({2, 4, 4});
   EXPECT_TRUE(all_close(pe->forward(x), x + pe->weight().narrow(0, 0, 4), 0, 0));
   EXPECT_TRUE(all_close(pe->forward(x, 2), x + pe->weight().narrow(0, 2, 4), 0, 0));
@@ -298,6 +306,12 @@ TEST(Dropout, TrainVersusEval) {
   ff->train();
   EXPECT_FALSE(all_close(ff->forward(in), ff->forward(in), 1e-7, 0));
   EXPECT_LINEA_ERROR(std::make_shared<nn::Dropout>(1.5), "Dropout: probability p must be in [0, 1], got 1.5");
+  // p = 1 drops everything (as PyTorch), with a zero gradient.
+  Tensor x1 = randn({3, 5}).requires_grad_(true);
+  Tensor dropped = nn::Dropout(1.0).forward(x1);
+  EXPECT_TRUE(all_close(dropped, zeros({3, 5}), 0, 0));
+  sum(dropped).backward();
+  EXPECT_TRUE(all_close(x1.grad(), zeros({3, 5}), 0, 0));
 }
 
 TEST(Activations, ValuesAndFactory) {
@@ -521,6 +535,11 @@ TEST(Layers, WrongInputShapesThrow) {
   EXPECT_LINEA_ERROR(std::make_shared<nn::FeedForward>(4, 8)->forward(zeros({2, 5})),
                      "Linear: expected input [..., 4]");
   EXPECT_LINEA_ERROR(std::make_shared<nn::Linear>(0, 2), "in_features and out_features must be positive");
+  EXPECT_LINEA_ERROR(nn::LayerNorm(4, 0.0), "LayerNorm: eps must be positive, got 0");
+  EXPECT_LINEA_ERROR(nn::LearnedPositionalEmbedding(8, 4).forward(zeros({1, 3, 4}), -1),
+                     "LearnedPositionalEmbedding: positions [-1, 2) exceed max_len 8");
+  EXPECT_LINEA_ERROR(nn::SinusoidalPositionalEmbedding(8, 4).forward(zeros({1, 3, 4}), 6),
+                     "SinusoidalPositionalEmbedding: positions [6, 9) exceed max_len 8");
   EXPECT_LINEA_ERROR(attn::make_attention("unknown_mech:x=1", 2, 4), "unknown attention 'unknown_mech' (known: ");
 }
 
