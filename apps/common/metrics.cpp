@@ -25,7 +25,6 @@ template <typename Fn> void for_each_record(const std::string& text, Fn&& fn) {
     if (end == std::string::npos) end = text.size();
     const std::string line = text.substr(pos, end - pos);
     pos = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_object()) fn(std::move(j));
   }

@@ -1,6 +1,6 @@
 // Tests of apps/common: format_duration, ProgressBar (plain and terminal output into a file),
-// MetricsLog (fresh, resume trimming, append, read) and plot_png (a real PNG when gnuplot is
-// installed; clear failures otherwise).
+// MetricsLog (fresh, resume trimming, append, read, invalid UTF-8), length_summary and plot_png
+// (a real PNG when gnuplot is installed; clear failures otherwise).
 // Not here: the apps that use these helpers (their own tests run them end to end).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -234,27 +234,52 @@ TEST(MetricsLog, ResumeDropsLinesAfterTheCheckpointAndAppends) {
             "{\"step\": 20, \"epoch\": 1, \"test_acc\": 0.5}\n"
             "{\"step\": 30, \"loss\": 0.7}\n"
             "{\"step\": 40, \"loss\": 0.6}\n"
-            "{\"step\": 50, \"lo");  // the interrupted run's half-written last line
+            "{\"step\": \"late\", \"note\": 1}\n"  // a step that is no number: kept
+            "{\"step\": 50, \"lo");                // the interrupted run's half-written last line
   {
     MetricsLog log(path, /*resume_step=*/20);
     log.write({{"step", 30}, {"loss", 0.65}});
   }
   const auto recs = MetricsLog::read(path);
-  ASSERT_EQ(recs.size(), 5u) << read_all(path);
+  ASSERT_EQ(recs.size(), 6u) << read_all(path);
   EXPECT_EQ(recs[0]["run"], "config");  // no "step": kept
   EXPECT_EQ(recs[1]["step"], 10);
   EXPECT_EQ(recs[2]["step"], 20);
   EXPECT_EQ(recs[3]["test_acc"], 0.5);
-  EXPECT_EQ(recs[4]["step"], 30);
-  EXPECT_DOUBLE_EQ(recs[4]["loss"].get<double>(), 0.65);
+  EXPECT_EQ(recs[4]["step"], "late");
+  EXPECT_EQ(recs[5]["step"], 30);
+  EXPECT_DOUBLE_EQ(recs[5]["loss"].get<double>(), 0.65);
   // The file itself holds exactly these lines, each complete.
   const std::string text = read_all(path);
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 6) << text;
   EXPECT_EQ(text.back(), '\n');
   EXPECT_EQ(text.find("\"lo\""), std::string::npos);
   EXPECT_EQ(text.find("0.7"), std::string::npos) << text;
   // No temp file left beside it.
   EXPECT_FALSE(file_exists(path + ".tmp." + std::to_string(::getpid())));
+}
+
+// A string that is not UTF-8 (a file name, a tokenizer's piece) is written with replacement
+// characters rather than stopping the run.
+TEST(MetricsLog, InvalidUtf8IsReplacedNotThrown) {
+  const TempDir dir;
+  const std::string path = dir.file("m.jsonl");
+  {
+    MetricsLog log(path);
+    EXPECT_NO_THROW(log.write({{"step", 1}, {"piece", std::string("ab\xff")}}));
+  }
+  const auto recs = MetricsLog::read(path);
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0]["piece"], "ab\xef\xbf\xbd");  // U+FFFD
+}
+
+// The length summaries of prepared data: mean to 2 decimals, the median and 90th percentile as
+// the values at ranks n/2 and 9n/10 of the sorted lengths, the maximum; zeros when empty.
+TEST(LengthSummary, MeanMedianP90Max) {
+  EXPECT_EQ(length_summary({7, 1, 3, 9, 2, 5, 10, 4, 6, 8}),
+            (nlohmann::json{{"mean", 5.5}, {"median", 6}, {"p90", 10}, {"max", 10}}));
+  EXPECT_EQ(length_summary({1, 1, 2}), (nlohmann::json{{"mean", 1.33}, {"median", 1}, {"p90", 2}, {"max", 2}}));
+  EXPECT_EQ(length_summary({}), (nlohmann::json{{"mean", 0}, {"median", 0}, {"p90", 0}, {"max", 0}}));
 }
 
 TEST(MetricsLog, ResumeWithoutAFileStartsOne) {
