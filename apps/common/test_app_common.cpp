@@ -1,6 +1,8 @@
 // Tests of apps/common: format_duration, ProgressBar (plain and terminal output into a file),
-// MetricsLog (fresh, resume trimming, append, read, invalid UTF-8), length_summary and plot_png
-// (a real PNG when gnuplot is installed; clear failures otherwise).
+// MetricsLog (fresh, resume trimming, append, read, invalid UTF-8), length_summary, the training
+// loop's records (running sums per unit in each stat's dtype, profile means, stats text, the
+// curves from metrics.jsonl) and plot_png (a real PNG when gnuplot is installed; clear failures
+// otherwise).
 // Not here: the apps that use these helpers (their own tests run them end to end).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -17,6 +19,7 @@
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
+#include "apps/common/train_records.h"
 #include "core/error.h"
 #include "tests/test_util.h"
 
@@ -280,6 +283,81 @@ TEST(LengthSummary, MeanMedianP90Max) {
             (nlohmann::json{{"mean", 5.5}, {"median", 6}, {"p90", 10}, {"max", 10}}));
   EXPECT_EQ(length_summary({1, 1, 2}), (nlohmann::json{{"mean", 1.33}, {"median", 1}, {"p90", 2}, {"max", 2}}));
   EXPECT_EQ(length_summary({}), (nlohmann::json{{"mean", 0}, {"median", 0}, {"p90", 0}, {"max", 0}}));
+}
+
+// ---- the training loop's records ----------------------------------------------------------------
+
+// Stats summed in their own dtype (float32 as float32 additions: 2^24 + 1 is 2^24 there), their
+// means per unit; the loss's mean per step.
+TEST(TrainRecords, RunningSumsPerUnitInEachDtype) {
+  RunningSums sums(/*reduce=*/false);
+  const std::vector<std::pair<std::string, linea::DType>> names = {
+      {"correct", linea::DType::Int64}, {"f32", linea::DType::Float32}, {"f64", linea::DType::Float64}};
+  const double a[] = {3, 16777216.0, 16777216.0}, b[] = {5, 1.0, 1.0};
+  sums.add(1.0, names, a, 8);
+  sums.add(2.0, names, b, 8);
+  EXPECT_EQ(sums.steps(), 2);
+  EXPECT_EQ(sums.units(), 16);
+  EXPECT_EQ(sums.mean_loss(), 1.5);
+  const std::map<std::string, double> m = sums.stat_means();
+  EXPECT_EQ(m.at("correct"), 0.5);
+  EXPECT_EQ(m.at("f32"), 16777216.0 / 16);
+  EXPECT_EQ(m.at("f64"), 16777217.0 / 16);
+  EXPECT_TRUE(RunningSums(false).stat_means().empty());
+  EXPECT_EQ(RunningSums(false).mean_loss(), 0.0);
+}
+
+TEST(TrainRecords, ProfileMeansAndStatsText) {
+  ProfileSums p;
+  linea::cuda::Counters c;
+  c.kernel_launches = 10;
+  c.h2d_bytes = 300;
+  c.d2h_copies = 1;
+  p.add(c, 0.002);
+  c.kernel_launches = 20;
+  p.add(c, 0.004);
+  const nlohmann::json j = p.per_step();
+  EXPECT_EQ(j.at("kernel_launches"), 15.0);
+  EXPECT_EQ(j.at("h2d_bytes"), 300.0);
+  EXPECT_EQ(j.at("d2h_copies"), 1.0);
+  EXPECT_EQ(j.at("library_calls"), 0.0);
+  EXPECT_NEAR(j.at("host_ms").get<double>(), 3.0, 1e-12);
+  EXPECT_EQ(j.size(), 12u);
+  TrainHooks hooks;
+  EXPECT_EQ(stats_text(hooks, {{"accuracy", 0.91234}, {"f1", 0.5}}), "accuracy 0.9123  f1 0.5");
+  hooks.format_stats = [](const std::map<std::string, double>& m) { return "acc " + std::to_string(m.size()); };
+  EXPECT_EQ(stats_text(hooks, {{"accuracy", 0.9}}), "acc 1");
+}
+
+// The curves read from metrics.jsonl: steps' losses at their epoch position, each epoch's mean
+// training loss, evaluation loss and metric (scaled, on the right axis); records without their
+// numbers are left out.
+TEST(TrainRecords, CurvesFromTheRecords) {
+  const TempDir dir;
+  write_all(dir.file("metrics.jsonl"),
+            "{\"type\": \"step\", \"epoch_progress\": 0.5, \"loss\": 2.0}\n"
+            "{\"type\": \"step\", \"epoch_progress\": 1.0, \"loss\": \"?\"}\n"
+            "{\"type\": \"epoch\", \"epoch\": 1, \"train_loss\": 1.5, \"test_loss\": 1.25, \"test_accuracy\": 0.5}\n"
+            "{\"type\": \"epoch\", \"epoch\": 2, \"train_loss\": 1.0, \"test_accuracy\": 0.75}\n");
+  TrainSetup setup;
+  setup.app = "toy";
+  setup.curves.eval_loss = "test_loss";
+  setup.curves.metric = "test_accuracy";
+  setup.curves.metric_scale = 100;
+  const Figure fig = training_curves(setup, dir.path.string());
+  EXPECT_EQ(fig.title, "toy: training");
+  EXPECT_EQ(fig.y2label, "test accuracy (%)");
+  ASSERT_EQ(fig.series.size(), 4u);
+  EXPECT_EQ(fig.series[0].x, std::vector<double>{0.5});
+  EXPECT_EQ(fig.series[0].y, std::vector<double>{2.0});
+  EXPECT_EQ(fig.series[1].x, (std::vector<double>{1, 2}));
+  EXPECT_EQ(fig.series[1].y, (std::vector<double>{1.5, 1.0}));
+  EXPECT_EQ(fig.series[2].name, "test loss");
+  EXPECT_EQ(fig.series[2].y, std::vector<double>{1.25});
+  EXPECT_EQ(fig.series[3].y, (std::vector<double>{50, 75}));
+  EXPECT_TRUE(fig.series[3].right_axis);
+  setup.curves = CurveOptions();  // no evaluation curves: the training losses only
+  EXPECT_EQ(training_curves(setup, dir.path.string()).series.size(), 2u);
 }
 
 TEST(MetricsLog, ResumeWithoutAFileStartsOne) {

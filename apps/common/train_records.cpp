@@ -18,14 +18,11 @@ void RunningSums::add(double loss, const std::vector<std::pair<std::string, DTyp
                       int64_t units) {
   loss_ += loss;
   for (size_t i = 0; i < names.size(); ++i) {
-    auto [it, fresh] = stats_.try_emplace(names[i].first, 0.0);
-    const double v = stats[i];
-    if (fresh)
-      it->second = v;
-    else if (names[i].second == DType::Float32)
-      it->second = static_cast<float>(it->second) + static_cast<float>(v);
+    double& sum = stats_.try_emplace(names[i].first, 0.0).first->second;
+    if (names[i].second == DType::Float32)
+      sum = static_cast<float>(sum) + static_cast<float>(stats[i]);
     else
-      it->second += v;  // float64, and int64 counts (exact below 2^53)
+      sum += stats[i];  // float64, and int64 counts (exact below 2^53)
   }
   units_ += units;
   ++steps_;
@@ -107,7 +104,7 @@ std::string in_words(std::string key) {
 }
 }  // namespace
 
-void draw_curves(const TrainSetup& setup, const std::string& out_dir) {
+Figure training_curves(const TrainSetup& setup, const std::string& out_dir) {
   const CurveOptions& c = setup.curves;
   const std::string metric_label =
       !c.metric_label.empty() ? c.metric_label : in_words(c.metric) + (c.metric_scale == 100 ? " (%)" : "");
@@ -144,8 +141,12 @@ void draw_curves(const TrainSetup& setup, const std::string& out_dir) {
   fig.series = {step_loss, epoch_train};
   if (!c.eval_loss.empty()) fig.series.push_back(eval_loss);
   if (!c.metric.empty()) fig.series.push_back(metric);
+  return fig;
+}
+
+void draw_curves(const TrainSetup& setup, const std::string& out_dir) {
   std::string err;
-  if (!plot_png(out_dir + "/curves.png", fig, &err))
+  if (!plot_png(out_dir + "/curves.png", training_curves(setup, out_dir), &err))
     std::fprintf(stderr, "%s: warning: curves.png not drawn: %s\n", setup.app.c_str(), err.c_str());
 }
 

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/common/plot.h"
 #include "apps/common/train_loop.h"
 #include "core/cuda_counters.h"
 #include "nn/data.h"
@@ -53,8 +54,10 @@ std::string stats_text(const TrainHooks& hooks, const std::map<std::string, doub
 // (epoch * n + batch) / n: the epoch count as a fraction, n = the epoch's batches.
 double epoch_position(const nn::DataLoader& loader, int64_t epoch, int64_t batch);
 
-// <out_dir>/curves.png from <out_dir>/metrics.jsonl (TrainSetup::curves); a warning, not an
-// error, when gnuplot cannot draw it.
+// The curves of <out_dir>/metrics.jsonl (TrainSetup::curves) against the epoch: the logged steps'
+// training loss, the epochs' mean training loss, the evaluation's loss and metric (right axis).
+Figure training_curves(const TrainSetup& setup, const std::string& out_dir);
+// training_curves drawn into <out_dir>/curves.png; a warning, not an error, when gnuplot cannot.
 void draw_curves(const TrainSetup& setup, const std::string& out_dir);
 
 }  // namespace linea::apps
