@@ -65,6 +65,9 @@ TEST(Init, TruncNormalIsBoundedDeterministicAndHasTheRightSpread) {
   }
   EXPECT_LINEA_ERROR(nn::init::trunc_normal_(c, 1.0, 0.0, 1.0, -1.0), "empty interval");
   EXPECT_LINEA_ERROR(nn::init::trunc_normal_(c, 1.0, 0.0, 8.0, 9.0), "too small to sample");
+  EXPECT_LINEA_ERROR(nn::init::trunc_normal_(c, 1.0, 0.0, 3.0, 3.2), "too small to sample");  // 6.6e-4 < 1e-3
+  nn::init::trunc_normal_(c, 1.0, 0.0, -3.0, -2.5);                                           // 4.9e-3: drawn
+  for (double x : c.to_vector<double>()) EXPECT_TRUE(x >= -3.0 && x <= -2.5) << x;
   EXPECT_LINEA_ERROR(nn::init::trunc_normal_(zeros({2}, TensorOptions(DType::Int64))), "expected a floating tensor");
 }
 
@@ -90,6 +93,25 @@ TEST(Init, FillsAndUniformBounds) {
   for (double x : t.to_vector<double>()) mx = std::max(mx, std::fabs(x));
   EXPECT_LE(mx, kb);
   EXPECT_GT(mx, 0.8 * kb);
+  // A gain scales xavier's bound; a 1-d tensor of n has fan_in = fan_out = n.
+  const auto max_abs = [](const Tensor& x) {
+    double m = 0;
+    for (double v : x.to_vector<double>()) m = std::max(m, std::fabs(v));
+    return m;
+  };
+  nn::init::xavier_uniform_(t, 3.0);
+  EXPECT_LE(max_abs(t), 3.0 * xb);
+  EXPECT_GT(max_abs(t), 0.8 * 3.0 * xb);
+  EXPECT_EQ(nn::init::fan_in_out(empty({40})), std::make_pair(int64_t{40}, int64_t{40}));
+  Tensor row = empty({400});
+  nn::init::xavier_uniform_(row);
+  EXPECT_LE(max_abs(row), std::sqrt(6.0 / 800.0));
+  EXPECT_GT(max_abs(row), 0.8 * std::sqrt(6.0 / 800.0));
+  EXPECT_LINEA_ERROR(nn::init::uniform_(t, 1.0, 0.0), "init::uniform_: invalid range [1, 0)");
+  EXPECT_LINEA_ERROR(nn::init::uniform_(t, 0.0, INFINITY), "init::uniform_: invalid range");
+  EXPECT_LINEA_ERROR(nn::init::normal_(t, 0.0, -1.0), "init::normal_: invalid mean 0 / std -1");
+  EXPECT_LINEA_ERROR(nn::init::xavier_uniform_(empty({0, 0})), "init::xavier_uniform_: zero fans for shape [0, 0]");
+  EXPECT_LINEA_ERROR(nn::init::kaiming_uniform_(empty({3, 0})), "init::kaiming_uniform_: zero fan_in for shape [3, 0]");
 }
 
 // ---- Linear -----------------------------------------------------------------------------------
