@@ -1,7 +1,9 @@
 // Data loading: the DataLoader (every index once per epoch, reproducible (seed, epoch) order
 // independent of the global RNG, drop_last, prefetch on/off giving identical batches, resuming
-// mid-epoch, worker exceptions reaching the consumer, clean shutdown), named batches, and the batch
-// samplers (fixed size; token budget: coverage, budget, determinism, mid-epoch resume).
+// mid-epoch, worker exceptions reaching the consumer, clean shutdown, data parallelism's slices
+// (re-sharded from the whole batches; empty slices), its errors), the default collate (shapes,
+// dtypes and names must agree; no graph kept), named batches, and the batch samplers (fixed size;
+// token budget: coverage, budget, determinism, mid-epoch resume).
 // Not here: the file readers (test_readers.cpp), safetensors/checkpoints (test_checkpoint.cpp).
 #include <algorithm>
 #include <atomic>
@@ -218,6 +220,45 @@ TEST(DataLoader, DefaultCollateStacksExamples) {
   };
   EXPECT_LINEA_ERROR(Ragged().get_batch({0, 1}),
                      "Dataset::get_batch: example 1 has input [2] float32 but example 0 has [1] float32");
+  // Examples must agree on names and dtypes too; a batch holds no graph of its examples.
+  class Mixed : public Dataset {
+   public:
+    int64_t size() const override { return 3; }
+    Example get(int64_t i) const override {
+      if (i == 1) return {{"input", zeros({2}, TensorOptions(DType::Float64))}};
+      if (i == 2) return {{"input", zeros({2})}, {"mask", zeros({2})}};
+      return {{"input", ones({2}).requires_grad_(true) * 2.0}};
+    }
+  };
+  EXPECT_LINEA_ERROR(Mixed().get_batch({0, 1}),
+                     "Dataset::get_batch: example 1 has input [2] float64 but example 0 has [2] float32");
+  EXPECT_LINEA_ERROR(Mixed().get_batch({0, 2}),
+                     "Dataset::get_batch: example 2 has tensors input, mask but example 0 "
+                     "has input");
+  EXPECT_FALSE(Mixed().get_batch({0, 0}).at("input").requires_grad());
+  const Tensor x = ones({3, 2}).requires_grad_(true) * 2.0;
+  EXPECT_FALSE(TensorDataset(x, Tensor()).get_batch({2, 0}).at("input").requires_grad());
+}
+
+// Data parallelism's slices: rank r of w gets the slice [n r / w, n (r + 1) / w) of every whole
+// batch; a new shard() slices the whole batches again, and an empty slice is an empty batch.
+TEST(DataLoader, ShardsAreSlicesOfTheWholeBatches) {
+  for (bool prefetch : {true, false}) {
+    SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
+    DataLoader dl(index_dataset(7), opts(4, false, 0, false, prefetch));  // batches 0..3 and 4..6
+    dl.shard(1, 2);
+    EXPECT_EQ(epoch_targets(dl, 0), (std::vector<std::vector<int64_t>>{{2, 3}, {5, 6}}));
+    dl.shard(0, 3);
+    EXPECT_EQ(epoch_targets(dl, 0), (std::vector<std::vector<int64_t>>{{0}, {4}}));
+    dl.shard(0, 8);
+    dl.reset(0);
+    Batch b;
+    for (int k = 0; k < 2; ++k) {
+      ASSERT_TRUE(dl.next(b));
+      EXPECT_EQ(b.names(), "");
+    }
+    EXPECT_FALSE(dl.next(b));
+  }
 }
 
 TEST(DataLoader, WorkerExceptionReachesTheConsumer) {
@@ -236,6 +277,15 @@ TEST(DataLoader, WorkerExceptionReachesTheConsumer) {
     ASSERT_TRUE(dl.next(b));
     EXPECT_EQ(b.at("target").to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3}));
   }
+}
+
+TEST(DataLoader, Errors) {
+  DataLoaderOptions o = opts(2, false, 0, false, true);
+  o.prefetch_depth = 0;
+  EXPECT_LINEA_ERROR(DataLoader(index_dataset(4), o), "DataLoader: prefetch_depth must be >= 1, got 0");
+  DataLoader dl(index_dataset(4), opts(2, false, 0, false, true));
+  EXPECT_LINEA_ERROR(dl.reset(-1), "DataLoader: epoch must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(dl.reset(0, 3), "DataLoader::reset: first_batch 3 is outside [0, 2]");
 }
 
 TEST(DataLoader, StopsCleanlyMidEpoch) {
