@@ -1,4 +1,5 @@
-// Tests of apps/common: format_duration, ProgressBar (plain and terminal output into a file),
+// Tests of apps/common: format_duration, ProgressBar (plain and terminal output into a file: the
+// terminal lines' widths, padding and cut; the text's edges),
 // MetricsLog (fresh, resume trimming, append, read, invalid UTF-8), length_summary, the training
 // loop's records (running sums per unit in each stat's dtype, profile means, stats text, the
 // curves from metrics.jsonl) and plot_png (a real PNG when gnuplot is installed; clear failures
@@ -77,6 +78,7 @@ TEST(FormatDuration, MinutesAndHours) {
   EXPECT_EQ(format_duration(-1), "--:--");
   EXPECT_EQ(format_duration(std::nan("")), "--:--");
   EXPECT_EQ(format_duration(1.0 / 0.0), "--:--");
+  EXPECT_EQ(format_duration(1e300), "99999:59:59");  // an absurd ETA, clamped
 }
 
 TEST(ProgressBar, PlainLinesHaveCountsRateEta) {
@@ -173,6 +175,100 @@ TEST(ProgressBar, TerminalModeRedrawsInPlace) {
   ASSERT_TRUE(open != std::string::npos && close != std::string::npos) << last;
   EXPECT_EQ(last.substr(open + 1, close - open - 1), std::string(close - open - 1, '#')) << last;
   EXPECT_NE(last.find("50000 img/s  in 0:01"), std::string::npos) << last;
+}
+
+// The drawn lines of a terminal bar's output (the text after each '\r').
+std::vector<std::string> drawn_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  for (size_t start = out.find('\r'); start != std::string::npos;) {
+    size_t end = out.find_first_of("\r\n", start + 1);
+    lines.push_back(out.substr(start + 1, (end == std::string::npos ? out.size() : end) - start - 1));
+    start = end == std::string::npos ? end : out.find('\r', end);
+  }
+  return lines;
+}
+
+// Terminal lines stay within 99 of the 100 columns: the count padded to the total's width, the bar
+// narrowed (not below 10) while the text after it is long, its width otherwise kept from the first
+// draw, a shorter line padded over the longer one before it, text beyond the width cut.
+TEST(ProgressBar, TerminalLinesFitAndKeepTheirShape) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar bar("train", 60000, "img", f);
+    double now = 0;
+    bar.set_clock([&] { return now; });
+    bar.set_terminal(true);
+    now = 1.0;
+    bar.update(5);
+    now = 2.0;
+    bar.update(10000, std::string(30, 'x') + "|end");
+    now = 3.0;
+    bar.update(20000);
+    now = 4.0;
+    bar.update(30000, std::string(200, 'y'));
+    now = 5.0;
+    bar.update(40000);
+  }
+  const std::string out = contents(f);
+  std::fclose(f);
+  const auto lines = drawn_lines(out);
+  ASSERT_EQ(lines.size(), 5u) << out;
+  const auto bar_width = [](const std::string& l) { return l.find(']') - l.find('[') - 1; };
+  EXPECT_NE(lines[0].find("[" + std::string(40, '.') + "]     5/60000 img  "), std::string::npos) << lines[0];
+  EXPECT_LT(bar_width(lines[1]), 40u);  // narrowed, so that the whole text fits
+  EXPECT_NE(lines[1].find("|end"), std::string::npos) << lines[1];
+  EXPECT_EQ(lines[1].size(), 99u);
+  EXPECT_EQ(bar_width(lines[2]), 40u);          // back to the width of the first draw
+  EXPECT_EQ(lines[2].size(), lines[1].size());  // padded over the longer line before it
+  EXPECT_EQ(bar_width(lines[3]), 10u);          // never narrower than 10
+  EXPECT_EQ(lines[3].size(), 99u);              // cut at the width
+  for (const std::string& l : lines) EXPECT_LE(l.find_last_not_of(' ') + 1, 99u) << l;
+  // A bar first drawn narrow stays so: its width does not jitter with the text after it.
+  std::FILE* g = std::tmpfile();
+  ASSERT_NE(g, nullptr);
+  {
+    ProgressBar bar("train", 60000, "img", g);
+    double now = 0;
+    bar.set_clock([&] { return now; });
+    bar.set_terminal(true);
+    now = 1.0;
+    bar.update(10000, std::string(30, 'x'));
+    now = 2.0;
+    bar.update(20000);
+  }
+  const auto narrow = drawn_lines(contents(g));
+  std::fclose(g);
+  ASSERT_EQ(narrow.size(), 2u);
+  EXPECT_LT(bar_width(narrow[0]), 40u);
+  EXPECT_EQ(bar_width(narrow[1]), bar_width(narrow[0]));
+}
+
+// A bar that never drew leaves no line behind; nothing is drawn after finish(); a bar without a
+// unit counts "it"; a count past the total has nothing left (ETA 0:00); rates of 10..100 get one
+// decimal.
+TEST(ProgressBar, EdgesOfTheText) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar silent("x", 10, "it", f);
+    silent.set_terminal(true);
+  }
+  EXPECT_EQ(contents(f), "");
+  {
+    ProgressBar bar("x", 10, "", f, 0.0);
+    double now = 0;
+    bar.set_clock([&] { return now; });
+    now = 0.5;
+    bar.update(12);
+    bar.finish();
+    bar.update(13, "late");
+  }
+  const auto lines = split_lines(contents(f));
+  std::fclose(f);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "x 12/10 (120.0%)  24.0 it/s  ETA 0:00");
+  EXPECT_EQ(lines[1], "x 12/10 (120.0%)  24.0 it/s  in 0:00");
 }
 
 TEST(ProgressBar, TerminalBarEndsItsLineWhenAbandoned) {
