@@ -1,5 +1,6 @@
 // Float64 gradient checks of the elementwise, reduction and view ops (full Jacobians by
-// central differences vs backward), each family with a non-contiguous input.
+// central differences vs backward), each family with a non-contiguous input; and the check itself
+// failing where it must (just past its tolerance, NaN gradients either way, in both modes).
 #include "test_util.h"
 
 using namespace linea;
@@ -292,4 +293,33 @@ TEST(GradCheckProbes, AgreeWithTheFullJacobian) {
     EXPECT_FALSE(r.ok) << "seed " << seed;
     EXPECT_NE(r.message.find("input 0 (shape [12]), random probe"), std::string::npos) << r.message;
   }
+}
+
+// The check itself can fail: a gradient off by a little more than atol + rtol |numeric| fails and
+// one within it passes; a NaN analytic gradient (0 * inf in the backward of sqrt(x^2) * 0 at 0) or a
+// NaN numeric one (sqrt just left of 0) fails, in both modes; inputs and outputs must be float64.
+TEST(GradCheckItself, FailsWhereItMust) {
+  const Tensor x = tensor<double>({1.0, -2.0, 0.5}, {3}).requires_grad_(true);
+  // y = x (1 + d) with the factor detached: the backward gives 1, the numbers 1 + d.
+  const auto scaled = [](double d) {
+    return [d](const std::vector<Tensor>& in) { return in[0] + in[0].detach() * d; };
+  };
+  GradcheckOptions probes;
+  probes.probes = 2;
+  for (const GradcheckOptions& o : {GradcheckOptions{}, probes}) {
+    SCOPED_TRACE(o.probes ? "probes" : "full Jacobian");
+    EXPECT_TRUE(gradcheck(scaled(0.5e-3), {x}, o).ok);   // |diff| 5e-4 within 1e-5 + 1e-3 * 1.0005
+    EXPECT_FALSE(gradcheck(scaled(1.5e-3), {x}, o).ok);  // 1.5e-3 beyond 1e-5 + 1e-3 * 1.0015
+    const Tensor zero = zeros({1}, TensorOptions(DType::Float64)).requires_grad_(true);
+    const GradcheckResult nan_grad =
+        gradcheck([](const std::vector<Tensor>& in) { return sqrt(in[0] * in[0]) * 0.0; }, {zero}, o);
+    EXPECT_FALSE(nan_grad.ok);
+    EXPECT_NE(nan_grad.message.find("nan, numeric 0"), std::string::npos) << nan_grad.message;
+    const Tensor tiny = tensor<double>({1e-9}, {1}).requires_grad_(true);
+    EXPECT_FALSE(gradcheck([](const std::vector<Tensor>& in) { return sqrt(in[0]); }, {tiny}, o).ok);
+  }
+  EXPECT_LINEA_ERROR(gradcheck([](const std::vector<Tensor>& in) { return in[0].to(DType::Float32); }, {x}),
+                     "gradcheck: f must return a float64 tensor");
+  EXPECT_LINEA_ERROR(gradcheck([](const std::vector<Tensor>& in) { return in[0]; }, {randn({3}).requires_grad_(true)}),
+                     "gradcheck: input 0 must be a float64 CPU tensor, got float32");
 }
