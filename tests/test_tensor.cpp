@@ -1,7 +1,10 @@
 // Tensor data model: creation, views and strides, copies and dtype conversion, elementwise
-// and reduction values against direct computation, printing, random generators, bad input.
+// and reduction values against direct computation, printing, random generators, bad input; and
+// the tests' own helpers (all_close, EXPECT_LINEA_ERROR) failing where they must.
 #include <cmath>
 #include <limits>
+
+#include <gtest/gtest-spi.h>
 
 #include "core/allocator.h"
 #include "test_util.h"
@@ -564,4 +567,36 @@ TEST(Allocator, FailedOpsLeakNothing) {
   // And the allocator still works.
   Tensor t = full({256, 256}, 2.0);
   EXPECT_EQ(t.sum().item(), 2.0 * 256 * 256);
+}
+
+// ---- the tests' own helpers (tests/test_util.h) can fail ----------------------------------------
+namespace {
+void throws_linea_error() { LINEA_FAIL("op: the shapes [2] and [3] differ"); }
+void returns_quietly() {}
+}  // namespace
+
+TEST(TestUtil, AllCloseFailsWhereItMust) {
+  const Tensor a = tensor<double>({1.0, -2.0, 3.0}, {3});
+  EXPECT_TRUE(all_close(a, a, 0, 0));
+  EXPECT_TRUE(all_close(a + 1e-3, a, 1.1e-3, 0));  // atol
+  EXPECT_FALSE(all_close(a + 1e-3, a, 0.9e-3, 0));
+  EXPECT_TRUE(all_close(a * 1.001, a, 0, 1.1e-3));  // rtol of the second's magnitude
+  EXPECT_FALSE(all_close(a * 1.001, a, 0, 0.9e-3));
+  EXPECT_FALSE(all_close(a * 1.01, a, 0, 0.995e-2));     // would pass relative to the first's
+  EXPECT_FALSE(all_close(a, reshape(a, {3, 1}), 1, 1));  // shapes differ
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const Tensor with_nan = tensor<double>({nan, -2.0, 3.0}, {3}), with_inf = tensor<double>({inf, -2.0, 3.0}, {3});
+  EXPECT_TRUE(all_close(with_nan, with_nan, 0, 0));  // NaN where the other has NaN
+  EXPECT_FALSE(all_close(with_nan, a, 1e300, 1e300));
+  EXPECT_FALSE(all_close(a, with_nan, 1e300, 1e300));
+  EXPECT_TRUE(all_close(with_inf, with_inf, 0, 0));
+  EXPECT_FALSE(all_close(with_inf, a, 1e300, 1e300));
+  EXPECT_FALSE(all_close(with_inf, -with_inf, 1e300, 1e300));
+  EXPECT_FALSE(all_close(tensor<double>({1.0, 2.0, 3.0, 4.0}, {4}), tensor<double>({1.0, 2.0, 3.0, 5.0}, {4}), 0.5, 0));
+}
+
+TEST(TestUtil, ExpectLineaErrorFailsWhereItMust) {
+  EXPECT_NONFATAL_FAILURE(EXPECT_LINEA_ERROR(returns_quietly(), "anything"), "did not throw a linea::Error");
+  EXPECT_NONFATAL_FAILURE(EXPECT_LINEA_ERROR(throws_linea_error(), "[2] and [4]"), "the shapes [2] and [3] differ");
+  EXPECT_LINEA_ERROR(throws_linea_error(), "op:", "[2] and [3]");
 }
