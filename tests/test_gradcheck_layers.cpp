@@ -3,7 +3,8 @@
 // How parameters are checked: gradcheck detaches its inputs into fresh leaves (same storage), so
 // a module's own parameter handles would not be those leaves. module_grad_ok() passes the
 // parameters as extra inputs and, inside f, points each parameter's autograd state at its leaf:
-// perturbations reach the module through the shared storage, gradients reach the leaves.
+// perturbations reach the module through the shared storage, gradients reach the leaves (a layer
+// whose weight gets no gradient fails it: ModuleCheckCatchesAWrongParameterGradient).
 // Not here: forward values and errors (tests/test_nn_layers.cpp, tests/test_attention_softmax.cpp).
 #include <cmath>
 #include <memory>
@@ -59,6 +60,25 @@ template <typename M> std::shared_ptr<M> prepare(std::shared_ptr<M> m, double st
 }
 
 #define EXPECT_MODULE_GRADCHECK(m, f, ...) EXPECT_TRUE(module_grad_ok(m, f, __VA_ARGS__))
+
+// The check reaches the parameters: a layer whose weight gets no gradient (x * detach(w)) fails
+// it, naming the parameter; the same layer with the gradient passes.
+TEST(GradCheck, ModuleCheckCatchesAWrongParameterGradient) {
+  struct Scale : nn::Module {
+    Tensor w;
+    bool cut;
+    explicit Scale(bool cut_grad) : nn::Module("Scale"), cut(cut_grad) { w = register_parameter("w", randn64({3})); }
+    Tensor forward(const Tensor& x) const { return x * (cut ? w.detach() : w); }
+  };
+  manual_seed(24);
+  for (bool cut : {false, true}) {
+    auto m = std::make_shared<Scale>(cut);
+    const Fn f = [&](const std::vector<Tensor>& x) { return m->forward(x[0]); };
+    const ::testing::AssertionResult r = module_grad_ok(*m, f, {randn64({2, 3})});
+    EXPECT_EQ(static_cast<bool>(r), !cut);
+    if (cut) EXPECT_NE(std::string(r.message()).find("(parameter w)"), std::string::npos) << r.message();
+  }
+}
 
 TEST(GradCheck, Linear) {
   manual_seed(11);
