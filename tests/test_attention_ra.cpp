@@ -306,6 +306,27 @@ TEST(RandomizedAttention, FusedSamplerIsTheInverseCdfOfTheComposedProbabilities)
                      "sdpa_sample: expected u [B, H, N, S] = [1, 1, 2, S], got [1, 1, 3, 4]");
 }
 
+// The checker above can fail: draws moved to the next key, to a padded key, or to a key past the
+// last visible one, and draws of another shape; not an exact neighbour where u lies on a boundary.
+TEST(RandomizedAttention, InverseCdfCheckerFailsWrongDraws) {
+  manual_seed(5);
+  const int64_t B = 1, H = 1, N = 4, M = 6, D = 3, S = 8;
+  const Tensor pm = tensor<bool>({false, false, true, false, false, true}, {B, M});
+  const Tensor q = randn({B, H, N, D}, f64()), k = randn({B, H, M, D}, f64()), u = rand({B, H, N, S}, f64());
+  const Tensor idx = sample_attention_keys(q, k, u, 1.0, pm);
+  ASSERT_TRUE(test::inverse_cdf_draws(idx, q, k, u, 1.0, pm, 1e-12));
+  std::vector<int64_t> v = idx.to_vector<int64_t>();
+  for (int64_t wrong : {v[0] + 1, int64_t{2}, int64_t{5}}) {
+    if (wrong == v[0]) continue;
+    std::vector<int64_t> w = v;
+    w[0] = wrong;
+    EXPECT_FALSE(test::inverse_cdf_draws(from_vector<int64_t>(w, idx.shape()), q, k, u, 1.0, pm, 1e-12)) << wrong;
+  }
+  EXPECT_FALSE(test::inverse_cdf_draws(narrow(idx, 3, 0, S - 1), q, k, u, 1.0, pm, 1e-12));
+  EXPECT_FALSE(test::inverse_cdf_draws(idx, q, k, u, 0.5, pm, 1e-12) &&
+               test::inverse_cdf_draws(idx, q, k, u, 2.0, pm, 1e-12));  // another scale: other draws
+}
+
 // m_ns ~ Cat(pi_n): never a padded key (even when padded keys would score highest), and the
 // frequencies over S = 4000 draws match pi within 5 binomial standard errors (36 cells: a false
 // alarm has probability below 36 * 6e-7).
