@@ -440,6 +440,9 @@ struct SdpaOperands {
 };
 SdpaOperands sdpa_operands(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding,
                            const Tensor& key_bias) {
+  raw::check_defined("sdpa", q, "q");
+  raw::check_defined("sdpa", k, "k");
+  raw::check_defined("sdpa", v, "v");
   SdpaOperands o{raw::as_head_rows(q.detach()),
                  raw::as_head_rows(k.detach()),
                  raw::as_head_rows(v.detach()),

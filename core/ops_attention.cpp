@@ -78,7 +78,8 @@ void check_sdpa_dropout(const char* op, const FoldedDropout& drop, bool keep_pro
 }
 }  // namespace
 
-Tensor as_head_rows(const Tensor& t) { return is_head_rows(t) ? t : contiguous(t); }
+// An operand that is undefined or not 4-d is left as it is, for the op's own checks to name.
+Tensor as_head_rows(const Tensor& t) { return !t.defined() || t.dim() != 4 || is_head_rows(t) ? t : contiguous(t); }
 
 namespace {
 // The key padding [B, M] as the fused kernels read it: rows any stride apart, a row contiguous (a

@@ -616,6 +616,9 @@ TEST(LaraProposals, BadInputsThrow) {
   EXPECT_LINEA_ERROR(lara_proposals(in[0], in[1], randn64({1, 2, 4})), "lse_k [1, 2, 4]");
   EXPECT_LINEA_ERROR(lara_proposals(in[0], in[1].to(DType::Float32), in[2]), "lara_proposals");
   EXPECT_LINEA_ERROR(lara_proposals(randn64({1, 2, 0, 4}), randn64({1, 2, 0, 4}), randn64({1, 2, 0})), "all dims > 0");
+  const TensorOptions i64(DType::Int64);
+  EXPECT_LINEA_ERROR(lara_proposals(zeros({1, 2, 3, 4}, i64), zeros({1, 2, 3, 4}, i64), zeros({1, 2, 3}, i64)),
+                     "lara_proposals: expected float32 or float64, got int64");
 }
 
 TEST(LinearRandomizedAttention, Errors) {

@@ -731,6 +731,8 @@ TEST(FavorAttention, BadInputsThrow) {
                      "favor_attention: expected omega [H, S, D] = [2, S, 4] with S > 0, got [2, 7, 3]");
   EXPECT_LINEA_ERROR(favor_attention(q, randn({1, 2, 5, 3}), v, w, 0.5, Tensor(), 0.0), "favor_attention:");
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.0, Tensor(), 0.0), "scale must be finite and > 0, got 0");
+  EXPECT_LINEA_ERROR(favor_attention(randn({1, 2, 0, 4}), k, v, w, 0.5, Tensor(), 0.0),
+                     "favor_attention: every dim must be positive, got q [1, 2, 0, 4]");
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.5, Tensor(), -1.0), "guard must be finite and >= 0, got -1");
   EXPECT_LINEA_ERROR(favor_attention(q, k, v, w, 0.5, zeros({1, 4}, DType::Bool), 0.0),
                      "favor_attention: key padding must be bool [B, M] = [1, 5]");

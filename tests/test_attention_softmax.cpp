@@ -510,6 +510,21 @@ TEST(SoftmaxAttention, FusedKernelBadInputsThrow) {
   EXPECT_LINEA_ERROR(scaled_dot_product_attention(q, k, v, 1.0, false, 0, {}, false, 1.0),
                      "dropout_p must be in [0, 1), got 1");
   EXPECT_LINEA_ERROR(scaled_dot_product_attention_lse(q, k, zeros({1, 2, 4, 6}), 1.0), "shapes do not match");
+  EXPECT_LINEA_ERROR(scaled_dot_product_attention(zeros({2, 3, 4}), k, v, 1.0),
+                     "sdpa: expected q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], got q [2, 3, 4]");
+  EXPECT_LINEA_ERROR(scaled_dot_product_attention(zeros({1, 2, 3, 0}), zeros({1, 2, 5, 0}), v, 1.0),
+                     "sdpa: head dims must be positive, got q [1, 2, 3, 0] and v [1, 2, 5, 6]");
+  EXPECT_LINEA_ERROR(scaled_dot_product_attention(Tensor(), k, v, 1.0), "sdpa: argument 'q' is an undefined tensor");
+  EXPECT_LINEA_ERROR(scaled_dot_product_attention_lse(q, zeros({2, 5, 4}), v, 1.0),
+                     "sdpa: expected q [B, H, N, D], k [B, H, M, D], v [B, H, M, E], got q [1, 2, 3, 4], k [2, 5, 4]");
+  // The public op keeps no probabilities with dropout (see autograd/ops.h); the raw op refuses both.
+  FoldedDropout drop;
+  drop.p = 0.1;
+  EXPECT_LINEA_ERROR(raw::sdpa(q, k, v, 1.0, false, 0, Tensor(), /*keep_probs=*/true, drop),
+                     "sdpa: kept probabilities and dropout do not go together");
+  drop.p = 1.0;
+  EXPECT_LINEA_ERROR(raw::sdpa(q, k, v, 1.0, false, 0, Tensor(), false, drop),
+                     "sdpa: dropout probability must be in [0, 1), got 1");
   // The gradient of lse must be shaped as lse.
   const std::vector<Tensor> f = raw::sdpa(q, k, v, 1.0, false, 0, Tensor());
   EXPECT_LINEA_ERROR(raw::sdpa_backward(zeros({1, 2, 3, 6}), q, k, v, f[0], f[1], 1.0, false, 0, Tensor(), Tensor(),
