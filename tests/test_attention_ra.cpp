@@ -306,8 +306,8 @@ TEST(RandomizedAttention, FusedSamplerIsTheInverseCdfOfTheComposedProbabilities)
                      "sdpa_sample: expected u [B, H, N, S] = [1, 1, 2, S], got [1, 1, 3, 4]");
 }
 
-// The checker above can fail: draws moved to the next key, to a padded key, or to a key past the
-// last visible one, and draws of another shape; not an exact neighbour where u lies on a boundary.
+// The checker above can fail: a draw moved to the next key, to a padded key or past the last
+// visible key, draws of another shape, and draws checked against another scale.
 TEST(RandomizedAttention, InverseCdfCheckerFailsWrongDraws) {
   manual_seed(5);
   const int64_t B = 1, H = 1, N = 4, M = 6, D = 3, S = 8;
