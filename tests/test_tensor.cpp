@@ -435,6 +435,89 @@ TEST(Errors, MismatchesNameOpAndShapes) {
   EXPECT_LINEA_ERROR(Tensor().shape(), "undefined tensor");
 }
 
+// Each op names itself and the argument at fault, not only "undefined tensor" from deep inside.
+TEST(Errors, UndefinedArgumentsNameTheOp) {
+  Tensor u, a = zeros({2, 3});  // copy_ needs a non-const destination
+  const auto undefined = [](const std::string& op, const std::string& arg) {
+    return op + ": argument '" + arg + "' is an undefined tensor";
+  };
+  EXPECT_LINEA_ERROR(reshape(u, {6}), undefined("reshape", "x"));
+  EXPECT_LINEA_ERROR(view(u, {6}), undefined("view", "x"));
+  EXPECT_LINEA_ERROR(permute(u, {1, 0}), undefined("permute", "x"));
+  EXPECT_LINEA_ERROR(transpose(u, 0, 1), undefined("transpose", "x"));
+  EXPECT_LINEA_ERROR(narrow(u, 0, 0, 1), undefined("narrow", "x"));
+  EXPECT_LINEA_ERROR(split(u, std::vector<int64_t>{1, 1}, 0), undefined("split", "x"));
+  EXPECT_LINEA_ERROR(slice(u, 0, 0, 1), undefined("slice", "x"));
+  EXPECT_LINEA_ERROR(unsqueeze(u, 0), undefined("unsqueeze", "x"));
+  EXPECT_LINEA_ERROR(squeeze(u, 0), undefined("squeeze", "x"));
+  EXPECT_LINEA_ERROR(expand(u, {2, 3}), undefined("expand", "x"));
+  EXPECT_LINEA_ERROR(clone(u), undefined("clone", "x"));
+  EXPECT_LINEA_ERROR(contiguous(u), undefined("contiguous", "x"));
+  EXPECT_LINEA_ERROR(to(u, DType::Float64), undefined("to", "x"));
+  EXPECT_LINEA_ERROR(to(u, kCPU), undefined("to", "x"));
+  EXPECT_LINEA_ERROR(u.copy_(a), undefined("copy_", "dst"));
+  EXPECT_LINEA_ERROR(a.copy_(u), undefined("copy_", "src"));
+  EXPECT_LINEA_ERROR(u.fill_(1.0), undefined("fill_", "self"));
+}
+
+TEST(Errors, ViewArgumentsOutOfRange) {
+  const Tensor a = zeros({2, 3}), s = zeros({});
+  EXPECT_LINEA_ERROR(reshape(a, {-1, -1}), "reshape: only one dimension can be -1 in [-1, -1]");
+  EXPECT_LINEA_ERROR(reshape(a, {-2, -3}), "reshape: invalid size -2 in [-2, -3]");
+  EXPECT_LINEA_ERROR(reshape(a, {4}), "reshape: shape [4] is invalid for a tensor of 6 elements");
+  EXPECT_LINEA_ERROR(view(a, {0, -1}), "view: shape [0, -1] is invalid for a tensor of 6 elements");
+  EXPECT_LINEA_ERROR(permute(a, {0}), "permute: got 1 dims for a tensor of shape [2, 3]");
+  EXPECT_LINEA_ERROR(narrow(s, 0, 0, 1), "narrow: cannot narrow a 0-d tensor");
+  EXPECT_LINEA_ERROR(split(s, 1, 0), "split: cannot split a 0-d tensor");
+  EXPECT_LINEA_ERROR(split(s, std::vector<int64_t>{1}, 0), "split: cannot split a 0-d tensor");
+  EXPECT_LINEA_ERROR(slice(s, 0, 0, 1), "slice: cannot slice a 0-d tensor");
+  EXPECT_LINEA_ERROR(slice(a, 1, 0, 3, 0), "slice: step must be positive, got 0");
+  EXPECT_LINEA_ERROR(unsqueeze(a, 3), "unsqueeze: dim 3 out of range for a tensor with 2 dims (expected in [-3, 2])");
+  EXPECT_LINEA_ERROR(unsqueeze(a, -4), "unsqueeze: dim -4 out of range");
+  EXPECT_EQ(unsqueeze(a, 2).shape(), (Shape{2, 3, 1}));
+  EXPECT_EQ(unsqueeze(a, -3).shape(), (Shape{1, 2, 3}));
+  EXPECT_LINEA_ERROR(expand(a, {3}), "expand: cannot expand shape [2, 3] to [3] (fewer dims)");
+  EXPECT_LINEA_ERROR(expand(a, {-1, 2, 3}), "expand: invalid size -1 in [-1, 2, 3] for a new leading dim");
+}
+
+TEST(Errors, ElementwiseAndReductionArguments) {
+  const Tensor u, a = zeros({2, 3}), d = zeros({2, 3}, f64()), m = zeros({2, 3}, TensorOptions(DType::Bool));
+  const auto undefined = [](const std::string& op, const std::string& arg) {
+    return op + ": argument '" + arg + "' is an undefined tensor";
+  };
+  EXPECT_LINEA_ERROR(exp(u), undefined("exp", "x"));
+  EXPECT_LINEA_ERROR(add(u, a), undefined("add", "a"));
+  EXPECT_LINEA_ERROR(add(a, u), undefined("add", "b"));
+  EXPECT_LINEA_ERROR(Tensor(a) += u, undefined("add", "b"));
+  EXPECT_LINEA_ERROR(zeros({3}) += a, "add (in place): shape [2, 3] does not broadcast to [3]");
+  EXPECT_LINEA_ERROR(where(u, a, a), undefined("where", "cond"));
+  EXPECT_LINEA_ERROR(where(m, u, a), undefined("where", "a"));
+  EXPECT_LINEA_ERROR(where(m, a, u), undefined("where", "b"));
+  EXPECT_LINEA_ERROR(masked_fill(u, m, 1.0), undefined("masked_fill", "x"));
+  EXPECT_LINEA_ERROR(masked_fill(a, u, 1.0), undefined("masked_fill", "mask"));
+  EXPECT_LINEA_ERROR(sum(u), undefined("sum", "x"));
+
+  EXPECT_LINEA_ERROR(arange(3.0, TensorOptions(DType::Bool)), "arange: bool output is not supported");
+  EXPECT_LINEA_ERROR(where(m, a, d), "where: dtype mismatch: float32 (shape [2, 3]) vs float64");
+  EXPECT_LINEA_ERROR(masked_fill(a, a, 1.0), "masked_fill: mask must be bool, got float32 (shape [2, 3])");
+  EXPECT_LINEA_ERROR(masked_fill(zeros({3}), m, 1.0),
+                     "masked_fill: mask of shape [2, 3] does not broadcast to the input shape [3]");
+  EXPECT_LINEA_ERROR(sum(a, {1, -1}), "sum: dim 1 appears twice in [1, -1]");
+  EXPECT_LINEA_ERROR(logsumexp(zeros({2}, TensorOptions(DType::Int64)), {0}),
+                     "logsumexp: expected a floating dtype, got int64");
+  EXPECT_LINEA_ERROR(max(zeros({2, 0}), {1}), "max: cannot reduce over a zero-size dimension (shape [2, 0])");
+  EXPECT_LINEA_ERROR(argmin(u, 0), undefined("argmin", "x"));
+  EXPECT_LINEA_ERROR(argmax(m, 0), "argmax: not defined for bool tensors");
+  EXPECT_LINEA_ERROR(argmax(zeros({2, 0}), 1), "argmax: cannot reduce over a zero-size dimension (shape [2, 0])");
+  EXPECT_LINEA_ERROR(sum_to(u, {2}), undefined("sum_to", "g"));
+  EXPECT_LINEA_ERROR(sum_to(zeros({3}), {2, 3}), "sum_to: cannot reduce shape [3] to [2, 3]");
+  EXPECT_LINEA_ERROR(sum_to(a, {2}), "sum_to: cannot reduce shape [2, 3] to [2]");
+  // raw-only guards: a comparison has no in-place form, and a backward's gradient matches its input.
+  EXPECT_LINEA_ERROR(raw::binary_(BinaryOp::Eq, a, a), "eq: cannot write a comparison in place");
+  EXPECT_LINEA_ERROR(raw::unary_backward(UnaryOp::Exp, zeros({2}), zeros({3}), Tensor(), 0.0, 0.0),
+                     "exp backward: gradient shape [2] does not match input shape [3]");
+}
+
 TEST(Errors, DeviceMismatchAndMissingCuda) {
   if (cuda_available()) {
     Tensor a = zeros({2}), b = zeros({2}, Device("cuda"));
