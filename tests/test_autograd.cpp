@@ -280,6 +280,11 @@ TEST(Autograd, InPlaceWriteIntoRecordedTensorIsAnError) {
   Tensor c = b * b;
   b.narrow(0, 0, 1).fill_(5.0);
   EXPECT_LINEA_ERROR(sum(c).backward(), "in-place");
+  // copy_ is an in-place write too.
+  Tensor f = a * 2.0;
+  Tensor g = f * f;
+  f.copy_(zeros({3}, f64()));
+  EXPECT_LINEA_ERROR(sum(g).backward(), "in-place");
   Tensor d = a * 2.0;
   Tensor e = clone(d) * d;
   clone(d).fill_(0.0);

@@ -74,6 +74,11 @@ TEST(Tensor, JoinedViewOfConsecutiveParts) {
   EXPECT_FALSE(raw::joined_view({}, 0).defined());
   EXPECT_FALSE(raw::joined_view({Tensor(), rows[0]}, 0).defined());
   EXPECT_FALSE(raw::joined_view({t.narrow(1, 0, 0), rows[0]}, 1).defined());  // empty parts: nothing to gain
+  // A part at the right offset of another storage; parts along a broadcast (stride 0) dim.
+  const Tensor twin = arange(60.0, f64()).reshape({3, 4, 5});
+  EXPECT_FALSE(raw::joined_view({rows[0], twin.narrow(1, 1, 2)}, 1).defined());
+  const Tensor e = arange(3.0).reshape({1, 3}).expand({4, 3});
+  EXPECT_FALSE(raw::joined_view({e.narrow(0, 0, 2), e.narrow(0, 2, 2)}, 0).defined());
 }
 
 TEST(Tensor, ViewsShareStorage) {
@@ -97,6 +102,24 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(tt.view({3, 2, 2, 2}).shape(), (Shape{3, 2, 2, 2}));
   EXPECT_LINEA_ERROR(tt.view({6, 4}), "view");
   EXPECT_EQ(tt.reshape({6, 4}).to_vector<double>()[4], 12.0);
+  // A size-1 dim's stride never breaks a view; an empty tensor views as anything of its size.
+  const Tensor odd = arange(6.0, f64()).reshape({1, 2, 3}).permute({1, 0, 2});  // [2, 1, 3], strides [3, 6, 1]
+  EXPECT_EQ(odd.view({6}).to_vector<double>(), (std::vector<double>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(zeros({3, 0}).t().view({-1}).shape(), (Shape{0}));
+  // The strides torch gives: a scalar's new dims, and unsqueeze's new dim (stride of the next
+  // dim times its size), so such views stay contiguous.
+  EXPECT_EQ(full({}, 2.0).view({1, 1}).strides(), (Strides{1, 1}));
+  EXPECT_EQ(zeros({2, 3}).unsqueeze(1).strides(), (Strides{3, 3, 1}));
+  EXPECT_EQ(zeros({2, 3}).unsqueeze(0).strides(), (Strides{6, 3, 1}));
+  // squeeze leaves a dim that is not 1; contiguous returns a contiguous tensor itself.
+  EXPECT_EQ(squeeze(zeros({2, 3}), 0).shape(), (Shape{2, 3}));
+  EXPECT_TRUE(contiguous(t).same(t));
+  // slice: Python's negative and out-of-order bounds.
+  const Tensor r = arange(5.0, f64());
+  EXPECT_EQ(r.slice(0, 1, -1).to_vector<double>(), (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(r.slice(0, -3, 5, 2).to_vector<double>(), (std::vector<double>{2, 4}));
+  EXPECT_EQ(r.slice(0, 3, 1).shape(), (Shape{0}));
+  EXPECT_EQ(r.slice(0, 3, -4).shape(), (Shape{0}));
 }
 
 TEST(Tensor, ContiguousCopyAndConversion) {
@@ -305,6 +328,14 @@ TEST(Tensor, ReductionValues) {
   EXPECT_EQ(sum(zeros({0, 3}, TensorOptions(DType::Bool)), {0}).to_vector<int64_t>(), std::vector<int64_t>(3, 0));
   EXPECT_EQ(sum(zeros({0, 3}, TensorOptions(DType::Bool)), {0}).dtype(), DType::Int64);
   EXPECT_EQ(sum(zeros({0, 3}), {0}).to_vector<float>(), std::vector<float>(3, 0.0f));
+  // Over nothing: logsumexp is -inf; a scalar's dim 0 or -1 reduces nothing (as torch).
+  EXPECT_EQ(logsumexp(zeros({2, 0}), {1}).to_vector<float>(), std::vector<float>(2, -INFINITY));
+  const Tensor s = full({}, 2.0, f64());
+  EXPECT_EQ(sum(s, {0}).shape(), Shape{});
+  EXPECT_EQ(sum(s, {-1}, true).item(), 2.0);
+  EXPECT_EQ(max(s, {0}).item(), 2.0);
+  EXPECT_EQ(argmax(s, 0).item<int64_t>(), 0);
+  EXPECT_EQ(argmax(s, 0).shape(), Shape{});
 }
 
 TEST(Tensor, Printing) {
