@@ -182,9 +182,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
 void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate) {
   check_matmul_args(a, b);
   check_defined("matmul", out, "out");
-  LINEA_CHECK(a.dim() >= 2 && b.dim() >= 2 && out.shape() == matmul_shape(a, b), "matmul: out has shape ",
-              shape_str(out.shape()), ", expected ", shape_str(matmul_shape(a, b)), " for ", shape_str(a.shape()),
-              " @ ", shape_str(b.shape()));
+  LINEA_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: writing into out needs a and b of at least 2 dims, got ",
+              shape_str(a.shape()), " @ ", shape_str(b.shape()));
+  LINEA_CHECK(out.shape() == matmul_shape(a, b), "matmul: out has shape ", shape_str(out.shape()), ", expected ",
+              shape_str(matmul_shape(a, b)), " for ", shape_str(a.shape()), " @ ", shape_str(b.shape()));
   check_same_device("matmul", a, out);
   check_same_dtype("matmul", a, out);
   LINEA_CHECK(out.size(-1) <= 1 || out.stride(-1) == 1, "matmul: out's matrices must be row-major, got strides ",
