@@ -460,6 +460,8 @@ TEST(LayerNorm, BadInputs) {
                      "layer_norm_backward: grad [3, 2] and input [2, 3] differ in shape");
   EXPECT_LINEA_ERROR(raw::layer_norm_backward(x, x, 1, Tensor(), Tensor(), zeros({3}), s),
                      "layer_norm_backward: mean/rstd [3]/[2] do not have 2 rows");
+  EXPECT_LINEA_ERROR(raw::add_layer_norm_backward(Tensor(), Tensor(), x, 1, Tensor(), Tensor(), m, s, FoldedDropout{}),
+                     "add_layer_norm_backward: neither the norm nor the sum has a gradient");
 }
 
 // ---- normalize ---------------------------------------------------------------------------------
