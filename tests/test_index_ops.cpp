@@ -756,19 +756,16 @@ TEST(IndexOps, BadInputsThrow) {
 TEST(IndexOps, BadArgumentsNameTheOp) {
   const Tensor u, x = randn({5, 3}, f64()), s = full({}, 1.0, f64()), idx = tensor<int64_t>({1, 4}, {2});
   const Tensor fidx = tensor<double>({1.0}, {1}), i2 = zeros({1, 1}, TensorOptions(DType::Int64));
-  const auto undefined = [](const std::string& op, const std::string& arg) {
-    return op + ": argument '" + arg + "' is an undefined tensor";
-  };
-  EXPECT_LINEA_ERROR(index_select(u, 0, idx), undefined("index_select", "x"));
-  EXPECT_LINEA_ERROR(index_select(x, 0, u), undefined("index_select", "index"));
+  EXPECT_LINEA_ERROR(index_select(u, 0, idx), undefined_arg("index_select", "x"));
+  EXPECT_LINEA_ERROR(index_select(x, 0, u), undefined_arg("index_select", "index"));
   EXPECT_LINEA_ERROR(index_select(s, 0, idx), "index_select: input must have at least 1 dim, got []");
-  EXPECT_LINEA_ERROR(raw::index_select_out(u, x, 0, idx), undefined("index_select", "out"));
+  EXPECT_LINEA_ERROR(raw::index_select_out(u, x, 0, idx), undefined_arg("index_select", "out"));
 
   const Tensor src = randn({2, 3}, f64());
-  EXPECT_LINEA_ERROR(raw::index_add(u, 0, idx, src), undefined("index_add", "base"));
-  EXPECT_LINEA_ERROR(raw::index_add_(u, 0, idx, src), undefined("index_add", "base"));
-  EXPECT_LINEA_ERROR(raw::index_add(x, 0, u, src), undefined("index_add", "index"));
-  EXPECT_LINEA_ERROR(raw::index_add(x, 0, idx, u), undefined("index_add", "src"));
+  EXPECT_LINEA_ERROR(raw::index_add(u, 0, idx, src), undefined_arg("index_add", "base"));
+  EXPECT_LINEA_ERROR(raw::index_add_(u, 0, idx, src), undefined_arg("index_add", "base"));
+  EXPECT_LINEA_ERROR(raw::index_add(x, 0, u, src), undefined_arg("index_add", "index"));
+  EXPECT_LINEA_ERROR(raw::index_add(x, 0, idx, u), undefined_arg("index_add", "src"));
   EXPECT_LINEA_ERROR(raw::index_add(x, 0, idx, randn({2, 3})), "index_add: dtype mismatch");
   EXPECT_LINEA_ERROR(raw::index_add(x, 0, fidx, randn({1, 3}, f64())), "index_add: index must have dtype int64");
   EXPECT_LINEA_ERROR(raw::index_add(s, 0, idx, src), "index_add: base must have at least 1 dim, got []");
@@ -777,11 +774,11 @@ TEST(IndexOps, BadArgumentsNameTheOp) {
                      "index_add: src [3, 3] must equal base [5, 3] with dim 0 of size 2 (the index length)");
 
   const Tensor ids = tensor<int64_t>({1, 2, 0, 4}, {2, 2});
-  EXPECT_LINEA_ERROR(embed_tokens(u, ids, 1.0, Tensor()), undefined("embed_tokens", "weight"));
-  EXPECT_LINEA_ERROR(embed_tokens(x, u, 1.0, Tensor()), undefined("embed_tokens", "index"));
+  EXPECT_LINEA_ERROR(embed_tokens(u, ids, 1.0, Tensor()), undefined_arg("embed_tokens", "weight"));
+  EXPECT_LINEA_ERROR(embed_tokens(x, u, 1.0, Tensor()), undefined_arg("embed_tokens", "index"));
   const Tensor g = randn({2, 3}, f64());
-  EXPECT_LINEA_ERROR(raw::embedding_weight_grad(u, idx, 5, 1.0, -1), undefined("embedding_weight_grad", "grad"));
-  EXPECT_LINEA_ERROR(raw::embedding_weight_grad(g, u, 5, 1.0, -1), undefined("embedding_weight_grad", "index"));
+  EXPECT_LINEA_ERROR(raw::embedding_weight_grad(u, idx, 5, 1.0, -1), undefined_arg("embedding_weight_grad", "grad"));
+  EXPECT_LINEA_ERROR(raw::embedding_weight_grad(g, u, 5, 1.0, -1), undefined_arg("embedding_weight_grad", "index"));
   EXPECT_LINEA_ERROR(raw::embedding_weight_grad(g, tensor<double>({1.0, 2.0}, {2}), 5, 1.0, -1),
                      "embedding_weight_grad: index must have dtype int64");
   EXPECT_LINEA_ERROR(raw::embedding_weight_grad(randn({3, 3}, f64()), idx, 5, 1.0, -1),
@@ -792,9 +789,9 @@ TEST(IndexOps, BadArgumentsNameTheOp) {
                      "embedding_weight_grad: index 7 is out of range for dim 0 of size 5");
 
   const Tensor pos = randn({4, 3}, f64());
-  EXPECT_LINEA_ERROR(prepend_and_add_positions(u, Tensor(), pos), undefined("prepend_and_add_positions", "x"));
+  EXPECT_LINEA_ERROR(prepend_and_add_positions(u, Tensor(), pos), undefined_arg("prepend_and_add_positions", "x"));
   const char* back = "prepend_and_add_positions_backward";
-  EXPECT_LINEA_ERROR(raw::prepend_and_add_positions_backward(u, 0, true, false, true), undefined(back, "grad"));
+  EXPECT_LINEA_ERROR(raw::prepend_and_add_positions_backward(u, 0, true, false, true), undefined_arg(back, "grad"));
   EXPECT_LINEA_ERROR(raw::prepend_and_add_positions_backward(randn({4, 3}), 0, true, false, true),
                      "prepend_and_add_positions_backward: grad [4, 3] must be [B, P + N, D] with P = 0 in [0, 3]");
   EXPECT_LINEA_ERROR(raw::prepend_and_add_positions_backward(randn({2, 4, 3}), 5, true, true, true),
@@ -806,14 +803,14 @@ TEST(IndexOps, BadArgumentsNameTheOp) {
       "prepend_and_add_positions_backward: expected float32 or float64, got int64");
 
   const Tensor gi = zeros({1, 3}, TensorOptions(DType::Int64));
-  EXPECT_LINEA_ERROR(gather(u, 0, gi), undefined("gather", "x"));
-  EXPECT_LINEA_ERROR(gather(x, 0, u), undefined("gather", "index"));
+  EXPECT_LINEA_ERROR(gather(u, 0, gi), undefined_arg("gather", "x"));
+  EXPECT_LINEA_ERROR(gather(x, 0, u), undefined_arg("gather", "index"));
   EXPECT_LINEA_ERROR(gather(s, 0, zeros({}, TensorOptions(DType::Int64))), "gather: input must have at least 1 dim");
   const Tensor gs = randn({1, 3}, f64());
-  EXPECT_LINEA_ERROR(raw::scatter_add_(u, 0, gi, gs), undefined("scatter_add", "base"));
-  EXPECT_LINEA_ERROR(scatter_add(u, 0, gi, gs), undefined("scatter_add", "base"));
-  EXPECT_LINEA_ERROR(scatter_add(x, 0, u, gs), undefined("scatter_add", "index"));
-  EXPECT_LINEA_ERROR(scatter_add(x, 0, gi, u), undefined("scatter_add", "src"));
+  EXPECT_LINEA_ERROR(raw::scatter_add_(u, 0, gi, gs), undefined_arg("scatter_add", "base"));
+  EXPECT_LINEA_ERROR(scatter_add(u, 0, gi, gs), undefined_arg("scatter_add", "base"));
+  EXPECT_LINEA_ERROR(scatter_add(x, 0, u, gs), undefined_arg("scatter_add", "index"));
+  EXPECT_LINEA_ERROR(scatter_add(x, 0, gi, u), undefined_arg("scatter_add", "src"));
   EXPECT_LINEA_ERROR(scatter_add(x, 0, gi, randn({1, 3})), "scatter_add: dtype mismatch");
   EXPECT_LINEA_ERROR(scatter_add(x, 0, zeros({1, 3}, f64()), gs), "scatter_add: index must have dtype int64");
   EXPECT_LINEA_ERROR(scatter_add(s, 0, zeros({}, TensorOptions(DType::Int64)), s),
@@ -823,13 +820,13 @@ TEST(IndexOps, BadArgumentsNameTheOp) {
 
   EXPECT_LINEA_ERROR(cat({s, s}, 0), "cat: zero-dim tensors cannot be concatenated (input 0 has shape []");
   EXPECT_LINEA_ERROR(raw::stack({}, 0), "stack: expected a non-empty list of tensors");
-  EXPECT_LINEA_ERROR(cumsum(u, 0), undefined("cumsum", "x"));
+  EXPECT_LINEA_ERROR(cumsum(u, 0), undefined_arg("cumsum", "x"));
   EXPECT_LINEA_ERROR(cumsum(zeros({3}, TensorOptions(DType::Bool)), 0), "cumsum: expected a numeric dtype, got bool");
-  EXPECT_LINEA_ERROR(searchsorted(u, x), undefined("searchsorted", "sorted"));
-  EXPECT_LINEA_ERROR(searchsorted(x, u), undefined("searchsorted", "values"));
-  EXPECT_LINEA_ERROR(rfft(u, 4), undefined("rfft", "x"));
+  EXPECT_LINEA_ERROR(searchsorted(u, x), undefined_arg("searchsorted", "sorted"));
+  EXPECT_LINEA_ERROR(searchsorted(x, u), undefined_arg("searchsorted", "values"));
+  EXPECT_LINEA_ERROR(rfft(u, 4), undefined_arg("rfft", "x"));
   EXPECT_LINEA_ERROR(rfft(s, 1, 0), "rfft: input must have at least 1 dim, got []");
-  EXPECT_LINEA_ERROR(irfft(u, 4), undefined("irfft", "spec"));
+  EXPECT_LINEA_ERROR(irfft(u, 4), undefined_arg("irfft", "spec"));
   EXPECT_LINEA_ERROR(irfft(zeros({3, 2}, TensorOptions(DType::Int64)), 4, 0),
                      "irfft: expected a floating spectrum, got int64");
   EXPECT_LINEA_ERROR(irfft(randn({3, 1, 2}, f64()), 0, 1), "irfft: output length n must be >= 1, got 0");

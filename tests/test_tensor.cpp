@@ -469,26 +469,23 @@ TEST(Errors, MismatchesNameOpAndShapes) {
 // Each op names itself and the argument at fault, not only "undefined tensor" from deep inside.
 TEST(Errors, UndefinedArgumentsNameTheOp) {
   Tensor u, a = zeros({2, 3});  // copy_ needs a non-const destination
-  const auto undefined = [](const std::string& op, const std::string& arg) {
-    return op + ": argument '" + arg + "' is an undefined tensor";
-  };
-  EXPECT_LINEA_ERROR(reshape(u, {6}), undefined("reshape", "x"));
-  EXPECT_LINEA_ERROR(view(u, {6}), undefined("view", "x"));
-  EXPECT_LINEA_ERROR(permute(u, {1, 0}), undefined("permute", "x"));
-  EXPECT_LINEA_ERROR(transpose(u, 0, 1), undefined("transpose", "x"));
-  EXPECT_LINEA_ERROR(narrow(u, 0, 0, 1), undefined("narrow", "x"));
-  EXPECT_LINEA_ERROR(split(u, std::vector<int64_t>{1, 1}, 0), undefined("split", "x"));
-  EXPECT_LINEA_ERROR(slice(u, 0, 0, 1), undefined("slice", "x"));
-  EXPECT_LINEA_ERROR(unsqueeze(u, 0), undefined("unsqueeze", "x"));
-  EXPECT_LINEA_ERROR(squeeze(u, 0), undefined("squeeze", "x"));
-  EXPECT_LINEA_ERROR(expand(u, {2, 3}), undefined("expand", "x"));
-  EXPECT_LINEA_ERROR(clone(u), undefined("clone", "x"));
-  EXPECT_LINEA_ERROR(contiguous(u), undefined("contiguous", "x"));
-  EXPECT_LINEA_ERROR(to(u, DType::Float64), undefined("to", "x"));
-  EXPECT_LINEA_ERROR(to(u, kCPU), undefined("to", "x"));
-  EXPECT_LINEA_ERROR(u.copy_(a), undefined("copy_", "dst"));
-  EXPECT_LINEA_ERROR(a.copy_(u), undefined("copy_", "src"));
-  EXPECT_LINEA_ERROR(u.fill_(1.0), undefined("fill_", "self"));
+  EXPECT_LINEA_ERROR(reshape(u, {6}), undefined_arg("reshape", "x"));
+  EXPECT_LINEA_ERROR(view(u, {6}), undefined_arg("view", "x"));
+  EXPECT_LINEA_ERROR(permute(u, {1, 0}), undefined_arg("permute", "x"));
+  EXPECT_LINEA_ERROR(transpose(u, 0, 1), undefined_arg("transpose", "x"));
+  EXPECT_LINEA_ERROR(narrow(u, 0, 0, 1), undefined_arg("narrow", "x"));
+  EXPECT_LINEA_ERROR(split(u, std::vector<int64_t>{1, 1}, 0), undefined_arg("split", "x"));
+  EXPECT_LINEA_ERROR(slice(u, 0, 0, 1), undefined_arg("slice", "x"));
+  EXPECT_LINEA_ERROR(unsqueeze(u, 0), undefined_arg("unsqueeze", "x"));
+  EXPECT_LINEA_ERROR(squeeze(u, 0), undefined_arg("squeeze", "x"));
+  EXPECT_LINEA_ERROR(expand(u, {2, 3}), undefined_arg("expand", "x"));
+  EXPECT_LINEA_ERROR(clone(u), undefined_arg("clone", "x"));
+  EXPECT_LINEA_ERROR(contiguous(u), undefined_arg("contiguous", "x"));
+  EXPECT_LINEA_ERROR(to(u, DType::Float64), undefined_arg("to", "x"));
+  EXPECT_LINEA_ERROR(to(u, kCPU), undefined_arg("to", "x"));
+  EXPECT_LINEA_ERROR(u.copy_(a), undefined_arg("copy_", "dst"));
+  EXPECT_LINEA_ERROR(a.copy_(u), undefined_arg("copy_", "src"));
+  EXPECT_LINEA_ERROR(u.fill_(1.0), undefined_arg("fill_", "self"));
 }
 
 TEST(Errors, ViewArgumentsOutOfRange) {
@@ -513,20 +510,17 @@ TEST(Errors, ViewArgumentsOutOfRange) {
 
 TEST(Errors, ElementwiseAndReductionArguments) {
   const Tensor u, a = zeros({2, 3}), d = zeros({2, 3}, f64()), m = zeros({2, 3}, TensorOptions(DType::Bool));
-  const auto undefined = [](const std::string& op, const std::string& arg) {
-    return op + ": argument '" + arg + "' is an undefined tensor";
-  };
-  EXPECT_LINEA_ERROR(exp(u), undefined("exp", "x"));
-  EXPECT_LINEA_ERROR(add(u, a), undefined("add", "a"));
-  EXPECT_LINEA_ERROR(add(a, u), undefined("add", "b"));
-  EXPECT_LINEA_ERROR(Tensor(a) += u, undefined("add", "b"));
+  EXPECT_LINEA_ERROR(exp(u), undefined_arg("exp", "x"));
+  EXPECT_LINEA_ERROR(add(u, a), undefined_arg("add", "a"));
+  EXPECT_LINEA_ERROR(add(a, u), undefined_arg("add", "b"));
+  EXPECT_LINEA_ERROR(Tensor(a) += u, undefined_arg("add", "b"));
   EXPECT_LINEA_ERROR(zeros({3}) += a, "add (in place): shape [2, 3] does not broadcast to [3]");
-  EXPECT_LINEA_ERROR(where(u, a, a), undefined("where", "cond"));
-  EXPECT_LINEA_ERROR(where(m, u, a), undefined("where", "a"));
-  EXPECT_LINEA_ERROR(where(m, a, u), undefined("where", "b"));
-  EXPECT_LINEA_ERROR(masked_fill(u, m, 1.0), undefined("masked_fill", "x"));
-  EXPECT_LINEA_ERROR(masked_fill(a, u, 1.0), undefined("masked_fill", "mask"));
-  EXPECT_LINEA_ERROR(sum(u), undefined("sum", "x"));
+  EXPECT_LINEA_ERROR(where(u, a, a), undefined_arg("where", "cond"));
+  EXPECT_LINEA_ERROR(where(m, u, a), undefined_arg("where", "a"));
+  EXPECT_LINEA_ERROR(where(m, a, u), undefined_arg("where", "b"));
+  EXPECT_LINEA_ERROR(masked_fill(u, m, 1.0), undefined_arg("masked_fill", "x"));
+  EXPECT_LINEA_ERROR(masked_fill(a, u, 1.0), undefined_arg("masked_fill", "mask"));
+  EXPECT_LINEA_ERROR(sum(u), undefined_arg("sum", "x"));
 
   EXPECT_LINEA_ERROR(arange(3.0, TensorOptions(DType::Bool)), "arange: bool output is not supported");
   EXPECT_LINEA_ERROR(where(m, a, d), "where: dtype mismatch: float32 (shape [2, 3]) vs float64");
@@ -537,10 +531,10 @@ TEST(Errors, ElementwiseAndReductionArguments) {
   EXPECT_LINEA_ERROR(logsumexp(zeros({2}, TensorOptions(DType::Int64)), {0}),
                      "logsumexp: expected a floating dtype, got int64");
   EXPECT_LINEA_ERROR(max(zeros({2, 0}), {1}), "max: cannot reduce over a zero-size dimension (shape [2, 0])");
-  EXPECT_LINEA_ERROR(argmin(u, 0), undefined("argmin", "x"));
+  EXPECT_LINEA_ERROR(argmin(u, 0), undefined_arg("argmin", "x"));
   EXPECT_LINEA_ERROR(argmax(m, 0), "argmax: not defined for bool tensors");
   EXPECT_LINEA_ERROR(argmax(zeros({2, 0}), 1), "argmax: cannot reduce over a zero-size dimension (shape [2, 0])");
-  EXPECT_LINEA_ERROR(sum_to(u, {2}), undefined("sum_to", "g"));
+  EXPECT_LINEA_ERROR(sum_to(u, {2}), undefined_arg("sum_to", "g"));
   EXPECT_LINEA_ERROR(sum_to(zeros({3}), {2, 3}), "sum_to: cannot reduce shape [3] to [2, 3]");
   EXPECT_LINEA_ERROR(sum_to(a, {2}), "sum_to: cannot reduce shape [2, 3] to [2]");
   // raw-only guards: a comparison has no in-place form, and a backward's gradient matches its input.

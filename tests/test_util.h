@@ -204,6 +204,11 @@ inline bool all_finite(const Tensor& t) {
   return true;
 }
 
+// The error an op gives for an undefined argument: the op and the argument by name.
+inline std::string undefined_arg(const std::string& op, const std::string& arg) {
+  return op + ": argument '" + arg + "' is an undefined tensor";
+}
+
 inline std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());

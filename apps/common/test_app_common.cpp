@@ -132,6 +132,17 @@ TEST(ProgressBar, PlainLinesAreRateLimited) {
   EXPECT_NE(lines[0].find(" seq/s"), std::string::npos) << lines[0];
 }
 
+// The drawn lines of a terminal bar's output (the text after each '\r').
+std::vector<std::string> drawn_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  for (size_t start = out.find('\r'); start != std::string::npos;) {
+    size_t end = out.find_first_of("\r\n", start + 1);
+    lines.push_back(out.substr(start + 1, (end == std::string::npos ? out.size() : end) - start - 1));
+    start = end == std::string::npos ? end : out.find('\r', end);
+  }
+  return lines;
+}
+
 TEST(ProgressBar, TerminalModeRedrawsInPlace) {
   std::FILE* f = std::tmpfile();
   ASSERT_NE(f, nullptr);
@@ -161,31 +172,16 @@ TEST(ProgressBar, TerminalModeRedrawsInPlace) {
   EXPECT_NE(out.find("....."), std::string::npos) << out;
   EXPECT_NE(out.find("ETA "), std::string::npos) << out;
   // Each drawn line fits the width (100 columns when the stream is no terminal), so '\r' can redraw it.
-  size_t start = 0;
-  while ((start = out.find('\r', start)) != std::string::npos) {
-    size_t end = out.find_first_of("\r\n", start + 1);
-    if (end == std::string::npos) end = out.size();
-    EXPECT_LT(end - start - 1, 100u);
-    start = end;
-  }
+  const auto lines = drawn_lines(out);
+  ASSERT_EQ(lines.size(), 4u) << out;
+  for (const auto& line : lines) EXPECT_LT(line.size(), 100u) << line;
   // The full bar at the end, with the total time.
-  const std::string last = out.substr(out.rfind('\r') + 1);
+  const std::string& last = lines.back();
   EXPECT_NE(last.find("[##########"), std::string::npos) << last;
   const size_t open = last.find('['), close = last.find(']');
   ASSERT_TRUE(open != std::string::npos && close != std::string::npos) << last;
   EXPECT_EQ(last.substr(open + 1, close - open - 1), std::string(close - open - 1, '#')) << last;
   EXPECT_NE(last.find("50000 img/s  in 0:01"), std::string::npos) << last;
-}
-
-// The drawn lines of a terminal bar's output (the text after each '\r').
-std::vector<std::string> drawn_lines(const std::string& out) {
-  std::vector<std::string> lines;
-  for (size_t start = out.find('\r'); start != std::string::npos;) {
-    size_t end = out.find_first_of("\r\n", start + 1);
-    lines.push_back(out.substr(start + 1, (end == std::string::npos ? out.size() : end) - start - 1));
-    start = end == std::string::npos ? end : out.find('\r', end);
-  }
-  return lines;
 }
 
 // Terminal lines stay within 99 of the 100 columns: the count padded to the total's width, the bar
