@@ -385,6 +385,19 @@ TEST(Softmax, LargeLogitsAreStable) {
   EXPECT_LINEA_ERROR(log_softmax(zeros({2, 3}, TensorOptions(DType::Int64)), 1), "log_softmax");
 }
 
+TEST(Softmax, BadInputs) {
+  EXPECT_LINEA_ERROR(softmax(Tensor(), 0), "softmax: argument 'x' is an undefined tensor");
+  // The backward (raw, for custom ops): grad and output alike, floating.
+  const Tensor y = randn({2, 3}), i = zeros({2, 3}, TensorOptions(DType::Int64));
+  EXPECT_LINEA_ERROR(raw::softmax_backward(Tensor(), y, 1, false), "softmax_backward: argument 'grad' is an undefined");
+  EXPECT_LINEA_ERROR(raw::softmax_backward(y, Tensor(), 1, true), "log_softmax_backward: argument 'y' is an undefined");
+  EXPECT_LINEA_ERROR(raw::softmax_backward(randn({2, 3}, f64()), y, 1, false), "softmax_backward: dtype mismatch");
+  EXPECT_LINEA_ERROR(raw::softmax_backward(i, i, 1, false),
+                     "softmax_backward: expected y to be float32 or float64, got int64");
+  EXPECT_LINEA_ERROR(raw::softmax_backward(randn({3, 2}), y, 1, false),
+                     "softmax_backward: grad [3, 2] and output [2, 3] differ in shape");
+}
+
 // ---- layer norm --------------------------------------------------------------------------------
 
 TEST(LayerNorm, NormalizesRowsAndMatchesNaive) {
@@ -469,19 +482,6 @@ TEST(LayerNorm, BadInputs) {
 // The composed x rsqrt(max(|x|^2, eps^2)) that the fused op replaces.
 Tensor composed_normalize(const Tensor& x, double eps) {
   return mul(x, rsqrt(clamp(sum(square(x), {-1}, true), eps * eps, INFINITY)));
-}
-
-TEST(Softmax, BadInputs) {
-  EXPECT_LINEA_ERROR(softmax(Tensor(), 0), "softmax: argument 'x' is an undefined tensor");
-  // The backward (raw, for custom ops): grad and output alike, floating.
-  const Tensor y = randn({2, 3}), i = zeros({2, 3}, TensorOptions(DType::Int64));
-  EXPECT_LINEA_ERROR(raw::softmax_backward(Tensor(), y, 1, false), "softmax_backward: argument 'grad' is an undefined");
-  EXPECT_LINEA_ERROR(raw::softmax_backward(y, Tensor(), 1, true), "log_softmax_backward: argument 'y' is an undefined");
-  EXPECT_LINEA_ERROR(raw::softmax_backward(randn({2, 3}, f64()), y, 1, false), "softmax_backward: dtype mismatch");
-  EXPECT_LINEA_ERROR(raw::softmax_backward(i, i, 1, false),
-                     "softmax_backward: expected y to be float32 or float64, got int64");
-  EXPECT_LINEA_ERROR(raw::softmax_backward(randn({3, 2}), y, 1, false),
-                     "softmax_backward: grad [3, 2] and output [2, 3] differ in shape");
 }
 
 TEST(Normalize, BadInputs) {
@@ -575,6 +575,14 @@ TEST(SumsRatio, MatchesComposedAndChecksInputs) {
                      "bool [2, 1, 3, 1]");
   EXPECT_LINEA_ERROR(sums_ratio(randn({2, 3, 4, 5}), ones({2, 1, 4, 1}), tiny), "got float32 [2, 1, 4, 1]");
   EXPECT_LINEA_ERROR(sums_ratio(zeros({2, 3, 4, 5}, TensorOptions(DType::Int64)), Tensor(), tiny), "sums_ratio");
+  // The backward (raw, for custom ops): a gradient of y's dtype, shaped like y less its last column.
+  const Tensor y4 = randn({2, 3, 4, 5});
+  EXPECT_LINEA_ERROR(raw::sums_ratio_backward(Tensor(), y4, Tensor(), tiny),
+                     test::undefined_arg("sums_ratio_backward", "grad"));
+  EXPECT_LINEA_ERROR(raw::sums_ratio_backward(randn({2, 3, 4, 4}, f64()), y4, Tensor(), tiny),
+                     "sums_ratio_backward: dtype mismatch");
+  EXPECT_LINEA_ERROR(raw::sums_ratio_backward(randn({2, 3, 4, 5}), y4, Tensor(), tiny),
+                     "sums_ratio_backward: grad [2, 3, 4, 5] is not y [2, 3, 4, 5] less its last column");
 }
 
 // ---- sq_norm -----------------------------------------------------------------------------------
@@ -601,10 +609,15 @@ TEST(SqNorm, MatchesComposedAndChecksInputs) {
   // A row of no columns sums to 0; a vector to a 0-d tensor.
   EXPECT_TRUE(all_close(sq_norm(randn({3, 0})), zeros({3}), 0, 0));
   EXPECT_TRUE(all_close(sq_norm(full({4}, 2.0), 0.5), full({}, 8.0), 0, 0));
-  EXPECT_LINEA_ERROR(sq_norm(zeros({2, 3}, TensorOptions(DType::Int64))), "sq_norm");
+  EXPECT_LINEA_ERROR(sq_norm(Tensor()), test::undefined_arg("sq_norm", "x"));
+  EXPECT_LINEA_ERROR(sq_norm(zeros({2, 3}, TensorOptions(DType::Int64))),
+                     "sq_norm: expected x to be float32 or float64, got int64");
   EXPECT_LINEA_ERROR(sq_norm(randn({})), "sq_norm: needs a dim to sum over, got a tensor of shape []");
   EXPECT_LINEA_ERROR(raw::sq_norm_backward(randn({3}), randn({2, 3}), 1.0),
                      "sq_norm_backward: grad [3] is not x [2, 3] without its last dim");
+  EXPECT_LINEA_ERROR(raw::sq_norm_backward(Tensor(), randn({2, 3}), 1.0),
+                     test::undefined_arg("sq_norm_backward", "grad"));
+  EXPECT_LINEA_ERROR(raw::sq_norm_backward(randn({2}, f64()), randn({2, 3}), 1.0), "sq_norm_backward: dtype mismatch");
 }
 
 // ---- cross-entropy -----------------------------------------------------------------------------
@@ -748,7 +761,47 @@ TEST(CrossEntropy, MeanKernel) {
       "cross_entropy_mean: expected loss [N] and an Int64 target [N], got loss [3] and target float32 [3]");
   EXPECT_LINEA_ERROR(raw::cross_entropy_mean(randn({4}), t, 0), "got loss [4] and target int64 [3]");
   EXPECT_LINEA_ERROR(raw::cross_entropy_mean(randn({3, 1}), t, 0), "got loss [3, 1]");
-  EXPECT_LINEA_ERROR(raw::cross_entropy_mean(t, t, 0), "cross_entropy_mean");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_mean(t, t, 0),
+                     "cross_entropy_mean: expected loss to be float32 or float64, got int64");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_mean(Tensor(), t, 0), test::undefined_arg("cross_entropy_mean", "loss"));
+  EXPECT_LINEA_ERROR(raw::cross_entropy_mean(randn({3}), Tensor(), 0),
+                     test::undefined_arg("cross_entropy_mean", "target"));
+}
+
+// The per-row kernel and its backward (raw, for custom ops) check what cross_entropy checks before
+// them, and the rest: logits with no classes, a gradient and lse of the logits' dtype, one per row.
+TEST(CrossEntropy, RawRowsCheckTheirArguments) {
+  const Tensor u, x = randn({3, 4}), t = tensor<int64_t>({0, 1, 2}, {3}),
+                  i64 = zeros({3, 4}, TensorOptions(DType::Int64));
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows(u, t, -100, 0.0, false), test::undefined_arg("cross_entropy", "logits"));
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows(x, u, -100, 0.0, false), test::undefined_arg("cross_entropy", "target"));
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows(i64, t, -100, 0.0, false),
+                     "cross_entropy: expected logits to be float32 or float64, got int64");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows(randn({3}), t, -100, 0.0, false),
+                     "cross_entropy: expected logits [N, C], got [3]");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows(x, zeros({3}, f64()), -100, 0.0, false),
+                     "cross_entropy: expected target of dtype int64, got float64");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows(x, tensor<int64_t>({0, 1}, {2}), -100, 0.0, false),
+                     "cross_entropy: target [2] does not match logits [3, 4] (expected [3])");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows(x, t, -100, -0.5, false),
+                     "cross_entropy: label smoothing must be in [0, 1], got -0.5");
+  // Rows of no classes, every target ignored: no class to take the softmax over.
+  EXPECT_LINEA_ERROR(cross_entropy(randn({2, 0}), full({2}, -100.0, TensorOptions(DType::Int64))),
+                     "cross_entropy: logits [2, 0] have no classes");
+
+  const Tensor g = ones({3}), lse = zeros({3});
+  const char* back = "cross_entropy_backward";
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows_backward(g, randn({3}), t, lse, -100, 0.0),
+                     "cross_entropy_backward: expected logits [N, C], got [3]");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows_backward(u, x, t, lse, -100, 0.0), test::undefined_arg(back, "grad"));
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows_backward(ones({3}, f64()), x, t, lse, -100, 0.0),
+                     "cross_entropy_backward: dtype mismatch: float64 (shape [3]) vs float32 (shape [3, 4])");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows_backward(g, x, t, zeros({3}, f64()), -100, 0.0),
+                     "cross_entropy_backward: dtype mismatch: float64 (shape [3]) vs float32 (shape [3, 4])");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows_backward(ones({2}), x, t, lse, -100, 0.0),
+                     "cross_entropy_backward: grad [2] and lse [3] must be [3]");
+  EXPECT_LINEA_ERROR(raw::cross_entropy_rows_backward(g, x, t, zeros({3, 1}), -100, 0.0),
+                     "cross_entropy_backward: grad [3] and lse [3, 1] must be [3]");
 }
 
 TEST(CrossEntropy, BadTargets) {
