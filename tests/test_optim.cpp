@@ -833,6 +833,47 @@ TEST(FusedStep, RawChecks) {
   EXPECT_LINEA_ERROR(raw::grad_norm_guard({g, randn({2}, test::f64())}, Tensor(), 1.0),
                      "every gradient must share one device and dtype");
   EXPECT_LINEA_ERROR(raw::grad_norm_guard({g}, randn({2}), 1.0), "the loss must be one float32/float64 value");
+  EXPECT_LINEA_ERROR(raw::grad_norm_guard({g}, Tensor(), INFINITY),
+                     "grad_norm_guard: max_norm must be finite (<= 0: no clipping), got inf");
+  EXPECT_LINEA_ERROR(raw::grad_norm_guard({g, Tensor()}, Tensor(), 1.0),
+                     test::undefined_arg("grad_norm_guard", "gradient"));
+  EXPECT_LINEA_ERROR(raw::grad_norm_guard({zeros({2}, TensorOptions(DType::Int64))}, Tensor(), 1.0),
+                     "grad_norm_guard: expected gradient to be float32 or float64, got int64");
+
+  // adam_multi_step's own arguments, then each parameter's.
+  const auto multi = [&](const std::vector<Tensor>& ps, const std::vector<Tensor>& gs, const std::vector<Tensor>& ms,
+                         const std::vector<Tensor>& vs, const Tensor& h, const Tensor& c, const Tensor& guard,
+                         double beta1 = 0.9, double beta2 = 0.99, double eps = 1e-8) {
+    raw::adam_multi_step(ps, gs, ms, vs, std::vector<int>(ps.size(), 0), h, c, guard, beta1, beta2, eps, false);
+  };
+  const char* op = "adam_multi_step";
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {m}, {v}, Tensor(), count, Tensor()), test::undefined_arg(op, "hyper"));
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {m}, {v}, hyper, Tensor(), Tensor()), test::undefined_arg(op, "count"));
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {m}, {v}, hyper, zeros({1}), Tensor()),
+                     "adam_multi_step: count must be one int64 value, got float32 [1]");
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {m}, {v}, hyper, count, zeros({3})),
+                     "adam_multi_step: guard must be grad_norm_guard's float64 [3] on cpu, got float32 [3] on cpu");
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {m}, {v}, hyper, count, Tensor(), 0.9, 0.99, -1.0),
+                     "adam_multi_step: eps must be finite and >= 0, got -1");
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {m}, {v}, hyper, count, Tensor(), -0.1),
+                     "adam_multi_step: beta1 must be in [0, 1), got -0.1");
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {m}, {v}, hyper, count, Tensor(), 0.9, 1.0),
+                     "adam_multi_step: beta2 must be in [0, 1), got 1");
+  const Tensor ip = zeros({3}, TensorOptions(DType::Int64)), pt = raw::transpose(zeros({2, 2}), 0, 1);
+  EXPECT_LINEA_ERROR(multi({ip}, {ip}, {ip}, {ip}, hyper, count, Tensor()),
+                     "adam_multi_step: expected param to be float32 or float64, got int64");
+  EXPECT_LINEA_ERROR(multi({pt}, {pt}, {pt}, {pt}, hyper, count, Tensor()),
+                     "adam_multi_step: parameter 0 (shape [2, 2]) must be contiguous");
+  const Tensor p64 = randn({3}, test::f64());
+  EXPECT_LINEA_ERROR(multi({p, p64}, {g, p64}, {m, p64}, {v, p64}, hyper, count, Tensor()),
+                     "adam_multi_step: every parameter must be on cpu with one dtype (parameter 0 is float32, "
+                     "parameter 1 float64 on cpu)");
+  EXPECT_LINEA_ERROR(multi({p}, {zeros({2})}, {m}, {v}, hyper, count, Tensor()),
+                     "adam_multi_step: grad has shape [2] but the parameter has [3]");
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {zeros({2})}, {v}, hyper, count, Tensor()),
+                     "adam_multi_step: first moment (exp_avg) has shape [2]");
+  EXPECT_LINEA_ERROR(multi({p}, {g}, {m}, {zeros({2})}, hyper, count, Tensor()),
+                     "adam_multi_step: second moment (exp_avg_sq) has shape [2]");
 }
 
 TEST(RawOptim, NonContiguousParamAndGrad) {
@@ -847,6 +888,31 @@ TEST(RawOptim, NonContiguousParamAndGrad) {
   raw::sgd_step(pc, gc, bc, 0.1, 0.9, 0.0, 0.01, true, true);
   EXPECT_TRUE(same_bits(pt, pc));
   EXPECT_TRUE(same_bits(bt, bc));
+}
+
+// Every tensor a raw step writes in place has its storage version bumped (a graph that recorded
+// it then fails its backward, as for the parameter in Optim.StepBumpsVersionSoStaleGraphsFail).
+TEST(RawOptim, StepsBumpEveryTensorTheyWrite) {
+  const auto bumps = [](const std::vector<Tensor>& written, const std::function<void()>& step) {
+    std::vector<uint64_t> before;
+    for (const Tensor& t : written) before.push_back(t.impl().storage->version);
+    step();
+    for (size_t i = 0; i < written.size(); ++i)
+      EXPECT_GT(written[i].impl().storage->version, before[i]) << "tensor " << i;
+  };
+  Tensor p = randn({3}), g = randn({3}), buf = zeros({3}), m = zeros({3}), v = zeros({3});
+  bumps({p, buf}, [&] { raw::sgd_step(p, g, buf, 0.1, 0.9, 0, 0, false, true); });
+  bumps({p, m, v}, [&] { raw::adam_step(p, g, m, v, 0.1, 0.9, 0.99, 1e-8, 0, false, 1); });
+  Tensor q = randn({2}), gq = randn({2}), mq = zeros({2}), vq = zeros({2});
+  const Tensor hyper = from_vector<double>({0.1, 0.0}, {1, 2}), count = from_vector<int64_t>({0}, {1});
+  bumps({p, q, m, mq, v, vq, count}, [&] {
+    raw::adam_multi_step({p, q}, {g, gq}, {m, mq}, {v, vq}, {0, 0}, hyper, count, Tensor(), 0.9, 0.99, 1e-8, false);
+  });
+  // Two views of one storage as the moments: a write to one would show in the other.
+  const Tensor both = zeros({6});
+  EXPECT_LINEA_ERROR(
+      raw::adam_step(p, g, narrow(both, 0, 0, 3), narrow(both, 0, 3, 3), 0.1, 0.9, 0.99, 1e-8, 0, false, 1),
+      "adam_step: the two moments must not share storage");
 }
 
 // ---- bad input --------------------------------------------------------------------------------------
@@ -893,6 +959,36 @@ TEST(OptimErrors, RawStepChecks) {
                      "second moment (exp_avg_sq) has shape [6]");
   EXPECT_LINEA_ERROR(raw::adam_step(p, g, m, m, 0.1, 0.9, 0.999, 1e-8, 0, true, 1), "must not share storage");
   EXPECT_LINEA_ERROR(raw::adam_step(p, g, m, v, 0.1, 1.0, 0.999, 1e-8, 0, true, 1), "adamw_step: beta1");
+  // Each argument by name, with the value at fault.
+  EXPECT_LINEA_ERROR(raw::sgd_step(Tensor(), g, Tensor(), 0.1, 0, 0, 0, false, false),
+                     test::undefined_arg("sgd_step", "param"));
+  EXPECT_LINEA_ERROR(raw::sgd_step(p, g, Tensor(), 0.1, -0.5, 0, 0, false, false),
+                     "sgd_step: momentum must be finite and >= 0, got -0.5");
+  EXPECT_LINEA_ERROR(raw::sgd_step(p, g, Tensor(), 0.1, 0, 0, -1.0, false, false),
+                     "sgd_step: weight_decay must be finite and >= 0, got -1");
+  EXPECT_LINEA_ERROR(raw::sgd_step(p, g, Tensor(), 0.1, 0, 1.5, 0, false, false),
+                     "sgd_step: dampening must be in [0, 1], got 1.5");
+  EXPECT_LINEA_ERROR(raw::sgd_step(p, g, Tensor(), 0.1, 0, 0, 0, true, false),
+                     "sgd_step: Nesterov momentum needs momentum > 0 and dampening == 0, got momentum 0, dampening 0");
+  EXPECT_LINEA_ERROR(raw::sgd_step(p, g, zeros({2, 3}), 0.1, 0.9, 0.5, 0, true, false),
+                     "sgd_step: Nesterov momentum needs momentum > 0 and dampening == 0, got momentum 0.9, "
+                     "dampening 0.5");
+  EXPECT_LINEA_ERROR(raw::adam_step(Tensor(), g, m, v, 0.1, 0.9, 0.999, 1e-8, 0, false, 1),
+                     test::undefined_arg("adam_step", "param"));
+  EXPECT_LINEA_ERROR(raw::adam_step(ip, ip, ip, ip, 0.1, 0.9, 0.999, 1e-8, 0, false, 1),
+                     "adam_step: expected param to be float32 or float64, got int64");
+  EXPECT_LINEA_ERROR(raw::adam_step(p, zeros({6}), m, v, 0.1, 0.9, 0.999, 1e-8, 0, false, 1),
+                     "adam_step: grad has shape [6] but the parameter has [2, 3]");
+  EXPECT_LINEA_ERROR(raw::adam_step(p, g, zeros({6}), v, 0.1, 0.9, 0.999, 1e-8, 0, false, 1),
+                     "adam_step: first moment (exp_avg) has shape [6]");
+  EXPECT_LINEA_ERROR(raw::adam_step(p, g, m, v, -0.1, 0.9, 0.999, 1e-8, 0, false, 1),
+                     "adam_step: lr must be finite and >= 0, got -0.1");
+  EXPECT_LINEA_ERROR(raw::adam_step(p, g, m, v, 0.1, 0.9, 0.999, 1e-8, -1.0, false, 1),
+                     "adam_step: weight_decay must be finite and >= 0, got -1");
+  EXPECT_LINEA_ERROR(raw::adam_step(p, g, m, v, 0.1, 0.9, 0.999, NAN, 0, false, 1),
+                     "adam_step: eps must be finite and >= 0, got nan");
+  EXPECT_LINEA_ERROR(raw::adam_step(p, g, m, v, 0.1, 0.9, 1.0, 1e-8, 0, false, 1),
+                     "adam_step: beta2 must be in [0, 1), got 1");
 }
 
 }  // namespace
