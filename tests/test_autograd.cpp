@@ -134,6 +134,44 @@ TEST(Autograd, IntegerTensorsCannotRequireGrad) {
   EXPECT_LINEA_ERROR(i.requires_grad_(), "floating");
 }
 
+// Misuse of the engine gets an error naming the call and the shapes at fault, not a wrong gradient.
+TEST(Autograd, MisuseNamesTheCause) {
+  Tensor x = ones({2}, f64());
+  x.requires_grad_();
+  Tensor y = x * 2.0;
+  EXPECT_LINEA_ERROR(
+      y.requires_grad_(false),
+      "requires_grad_: cannot turn off requires_grad on a non-leaf tensor (output of mul); use detach()");
+  EXPECT_TRUE(y.requires_grad_(true).requires_grad());  // turning it on is a no-op
+  EXPECT_LINEA_ERROR(x.set_grad(ones({3}, f64())),
+                     "set_grad: gradient (shape [3], float64) does not match the tensor (shape [2], float64)");
+  EXPECT_LINEA_ERROR(x.set_grad(ones({2})), "set_grad: gradient (shape [2], float32) does not match");
+  EXPECT_LINEA_ERROR(y.backward(ones({3}, f64())),
+                     "backward: gradient (shape [3]) does not match the output (shape [2], float64)");
+  EXPECT_LINEA_ERROR(y.backward(ones({2})), "backward: gradient (shape [2]) does not match the output");
+  EXPECT_LINEA_ERROR(run_backward({y}, {Tensor()}, false), "backward: gradient (shape undefined) does not match");
+  EXPECT_LINEA_ERROR(run_backward({y, y}, {ones({2}, f64())}, false), "backward: 2 outputs but 1 gradients");
+  EXPECT_FALSE(x.grad().defined());  // nothing ran
+
+  EXPECT_LINEA_ERROR(attach_outputs({}, "none", {x}, [](const std::vector<Tensor>&) { return std::vector<Tensor>{}; }),
+                     "attach_outputs: none has no outputs");
+  EXPECT_LINEA_ERROR(attach_outputs({Tensor(), y.detach()}, "half", {x},
+                                    [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[1]}; }),
+                     "attach_outputs: half's output 0 is undefined");
+  // A backward of too many gradients, or of one of the wrong shape, into a leaf and into a node.
+  const auto op = [](const Tensor& in, const char* name, std::function<std::vector<Tensor>(const Tensor&)> back) {
+    return attach(in.detach() * 1.0, name, {in}, [back](const Tensor& g) { return back(g); });
+  };
+  const auto two = [](const Tensor& g) { return std::vector<Tensor>{g, g}; };
+  const auto narrowed = [](const Tensor& g) { return std::vector<Tensor>{narrow(g, 0, 0, 1)}; };
+  EXPECT_LINEA_ERROR(sum(op(x, "two", two)).backward(), "backward: two returned 2 gradients for 1 inputs");
+  EXPECT_LINEA_ERROR(sum(op(x, "narrowed", narrowed)).backward(),
+                     "backward: narrowed produced a gradient of shape [1] for input 0 of shape [2]");
+  EXPECT_LINEA_ERROR(sum(op(x * 3.0, "narrowed", narrowed)).backward(),
+                     "backward: narrowed produced a gradient of shape [1] for input 0 of shape [2]");
+  EXPECT_FALSE(x.grad().defined());
+}
+
 TEST(Autograd, BroadcastGradientReducedToInputShape) {
   Tensor a = ones({2, 3}, f64());
   Tensor b = ones({3}, f64());
