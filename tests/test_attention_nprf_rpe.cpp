@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "attention/nprf_rpe/nprf_rpe.h"
@@ -124,7 +125,9 @@ TEST(NprfRpeToeplitz, FftLengthIsSmoothAndLargeEnough) {
   EXPECT_EQ(attn::fft_length(17), 18);
   EXPECT_EQ(attn::fft_length(97), 100);
   EXPECT_EQ(attn::fft_length(1025), 1080);
-  EXPECT_LINEA_ERROR(attn::fft_length(0), "fft_length");
+  EXPECT_LINEA_ERROR(attn::fft_length(0), "fft_length: length must be >= 1, got 0");
+  EXPECT_LINEA_ERROR(attn::fft_length(std::numeric_limits<int64_t>::max()),
+                     "fft_length: length 9223372036854775807 is too large");
 }
 
 TEST(NprfRpeToeplitz, FftAndDenseMatchNaiveLoop) {
@@ -153,6 +156,18 @@ TEST(NprfRpeToeplitz, BadArgumentsThrow) {
   EXPECT_LINEA_ERROR(attn::toeplitz_matmul(r64({2, 8}), x, 5), "offsets");
   EXPECT_LINEA_ERROR(attn::toeplitz_matmul(r64({3, 9}), x, 5), "toeplitz_matmul: c must be");
   EXPECT_LINEA_ERROR(attn::toeplitz_matmul(r64({2, 9}), r64({2, 5, 3}), 5), "x must be [B, H, M, C]");
+  EXPECT_LINEA_ERROR(attn::toeplitz_matmul_channels_first(r64({2, 9}), r64({2, 3, 5}), 5),
+                     "toeplitz_matmul: x must be [B, H, M, C] ([B, H, C, M] channels first), got [2, 3, 5]");
+  EXPECT_LINEA_ERROR(attn::toeplitz_matmul(Tensor(), x, 5), test::undefined_arg("toeplitz_matmul", "c"));
+  EXPECT_LINEA_ERROR(attn::toeplitz_matmul_channels_first(r64({2, 9}), Tensor(), 5),
+                     test::undefined_arg("toeplitz_matmul", "x"));
+  EXPECT_LINEA_ERROR(attn::toeplitz_matmul(r64({2, 4}), x, 0), "toeplitz_matmul: N must be >= 1, got 0");
+  EXPECT_LINEA_ERROR(attn::toeplitz_matmul(zeros({2, 9}, TensorOptions(DType::Int64)), x, 5),
+                     "toeplitz_matmul: c must be floating, got int64");
+  EXPECT_LINEA_ERROR(attn::toeplitz_matmul(r64({2, 9}).to(DType::Float32), x, 5), "toeplitz_matmul: dtype mismatch");
+  EXPECT_LINEA_ERROR(attn::toeplitz_matrix(r64({2, 8}), 5, 5),
+                     "toeplitz_matrix: c [2, 8] must hold the 9 offsets -(N-1)..(M-1) for N = 5, M = 5");
+  EXPECT_LINEA_ERROR(attn::toeplitz_matrix(r64({}), 1, 1), "toeplitz_matrix: c [] must hold the 1 offsets");
 }
 
 TEST(GradCheck, NprfRpeToeplitzFft) {
