@@ -277,7 +277,10 @@ Adam::Adam(std::vector<ParamGroup> groups, double beta1, double beta2, double ep
 
 void Adam::step() { multi_step(Tensor()); }
 
-void Adam::step_guarded(const Tensor& guard) { multi_step(guard); }
+void Adam::step_guarded(const Tensor& guard) {
+  raw::check_defined("Optimizer::step_guarded", guard, "guard");  // as the default does: not an unguarded step
+  multi_step(guard);
+}
 
 void Adam::multi_step(const Tensor& guard) {
   NoGradGuard no_grad;

@@ -940,6 +940,22 @@ TEST(OptimErrors, BadHyperParameters) {
   EXPECT_LINEA_ERROR(nn::Adam(one_group({p}, 0.1), 0.9, 0.999, -1.0), "eps must be finite and >= 0");
 }
 
+TEST(OptimErrors, GuardedStepAndClippingArguments) {
+  Tensor p = param64({1.0, 2.0});
+  set_grad64(p, {1.0, 1.0});
+  // The default step_guarded (SGD's) and Adam's fused one alike.
+  nn::SGD sgd(one_group({p}, 0.1));
+  nn::Adam adam(one_group({p}, 0.1));
+  for (nn::Optimizer* opt : std::vector<nn::Optimizer*>{&sgd, &adam})
+    EXPECT_LINEA_ERROR(opt->step_guarded(Tensor()), test::undefined_arg("Optimizer::step_guarded", "guard"));
+  EXPECT_LINEA_ERROR(sgd.step_guarded(zeros({2}, test::f64())),
+                     "Optimizer::step_guarded: expected raw::grad_norm_guard's {norm, coef, ok}, got 2 values");
+  EXPECT_EQ(adam.steps(), 0);
+  EXPECT_EQ(p.to_vector<double>(), (std::vector<double>{1.0, 2.0}));
+  EXPECT_LINEA_ERROR(nn::grad_norm({Tensor()}), "grad_norm: parameter 0 is undefined");
+  EXPECT_LINEA_ERROR(nn::clip_grad_norm_({p, Tensor()}, 1.0), "clip_grad_norm_: parameter 1 is undefined");
+}
+
 TEST(OptimErrors, RawStepChecks) {
   Tensor p = zeros({2, 3}), g = zeros({2, 3});
   EXPECT_LINEA_ERROR(raw::sgd_step(p, zeros({3, 2}), Tensor(), 0.1, 0, 0, 0, false, false),
