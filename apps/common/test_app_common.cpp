@@ -17,8 +17,10 @@
 #include <sstream>
 #include <string>
 
+#include "apps/common/app_run.h"
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
+#include "apps/common/prepared_data.h"
 #include "apps/common/progress.h"
 #include "apps/common/train_records.h"
 #include "core/error.h"
@@ -296,6 +298,8 @@ TEST(ProgressBar, UnknownTotalAndBadArguments) {
   EXPECT_THROW(ProgressBar("x", -1, "img", stdout), linea::Error);
   EXPECT_THROW(ProgressBar("x", 10, "img", nullptr), linea::Error);
   EXPECT_THROW(ProgressBar("x", 10, "img", stdout, -1.0), linea::Error);
+  ProgressBar later("x", 10, "img", stdout);
+  EXPECT_LINEA_ERROR(later.set_total(-1), "ProgressBar: total must be >= 0 (0 = unknown), got -1 for 'x'");
 }
 
 TEST(MetricsLog, FreshRunTruncatesAndWritesLines) {
@@ -463,6 +467,17 @@ TEST(MetricsLog, ResumeWithoutAFileStartsOne) {
   EXPECT_EQ(read_all(path), "{\"step\":1}\n");
 }
 
+// An empty path, a failed write (a full disk) and a JSON file that cannot be read are named.
+TEST(MetricsLog, BadPathsAndFailedWritesAreNamed) {
+  EXPECT_LINEA_ERROR(MetricsLog(""), "MetricsLog: empty path");
+  const TempDir tmp;
+  const std::string missing = tmp.path.string() + "/missing.json";
+  EXPECT_LINEA_ERROR(read_json_file(missing, "points"), "points: cannot read '" + missing + "'");
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full to fill";
+  MetricsLog full("/dev/full");
+  EXPECT_LINEA_ERROR(full.write({{"step", 1}}), "MetricsLog::write: write to '/dev/full' failed: ");
+}
+
 TEST(MetricsLog, ReadSkipsMalformedLinesAndErrorsNameThePath) {
   const TempDir tmp;
   const std::string dir = tmp.path.string();
@@ -485,6 +500,30 @@ TEST(MetricsLog, ReadSkipsMalformedLinesAndErrorsNameThePath) {
     EXPECT_NE(std::string(e.what()).find("MetricsLog"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("no/such/dir/m.jsonl"), std::string::npos) << e.what();
   }
+}
+
+// An app's folders named when they are not what it needs: prepared data without its data.json,
+// --eval-only's output folder under a file.
+TEST(AppFolders, MissingDataAndUncreatableOutputAreNamed) {
+  const TempDir tmp;
+  const std::string data = tmp.path.string();
+  EXPECT_LINEA_ERROR(
+      read_data_json("points", data),
+      "points: '" + data + "' holds no prepared data (no data.json); run `points prepare --out " + data + "` first");
+  RunOptions run;
+  run.checkpoint_dir = data + "/ckpt";
+  std::filesystem::create_directories(run.checkpoint_dir);
+  write_all(run.checkpoint_dir + "/model.safetensors", "");  // only its presence is checked first
+  write_all(data + "/file", "x");
+  run.out_dir = data + "/file/out";
+  bool evaluated = false;
+  EXPECT_LINEA_ERROR(eval_only("points", run,
+                               [&](const std::string&) {
+                                 evaluated = true;
+                                 return Metrics{};
+                               }),
+                     "points: cannot create the output folder '" + run.out_dir + "' (--out): ");
+  EXPECT_FALSE(evaluated);
 }
 
 namespace {

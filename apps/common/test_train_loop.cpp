@@ -317,6 +317,16 @@ TEST(TrainLoop, ResumeWithOtherSettingsIsRefusedListingThem) {
   }
 }
 
+TEST(TrainLoop, IncompleteSetupAndCudaGraphOnTheCpuAreRefused) {
+  TempDir dir;
+  apps::RunOptions o = options(dir.path / "out");
+  const Tweak no_evaluate = [](apps::TrainSetup&, apps::TrainHooks& h, nn::Module&) { h.evaluate = nullptr; };
+  EXPECT_LINEA_ERROR(train_points(o, 0.1, 0, 3, no_evaluate),
+                     "points: train() needs a model, an optimizer, a loader and the step and evaluate hooks");
+  o.cuda_graph = true;
+  EXPECT_LINEA_ERROR(train_points(o), "points: --cuda-graph needs --device cuda (a CUDA graph is the GPU's)");
+}
+
 TEST(TrainLoop, NonFiniteLossStopsAndKeepsTheLastCheckpoint) {
   TempDir dir;
   apps::RunOptions o = options(dir.path / "out");
@@ -576,6 +586,29 @@ TEST(TrainLoop, MovingAverageAndSelectionResumeExactly) {
 // The moving average's n-th update (n from 0) takes the decay min(d, (1 + n) / (10 + n)); a step
 // the guard withheld updates nothing, nor counts; swap() exchanges average and weights; the count
 // is saved and a load replaces it (on an average that has counted already too).
+// Bad settings and folders get errors naming the app, the value or the folder at fault.
+TEST(TrainState, BadDecayAndFoldersAreNamed) {
+  nn::Linear model(2, 1);
+  EXPECT_LINEA_ERROR(apps::WeightAverage(model, 1.0), "train: ema_decay must be in [0, 1), got 1");
+  EXPECT_LINEA_ERROR(apps::WeightAverage(model, -0.5), "train: ema_decay must be in [0, 1), got -0.5");
+  TempDir dir;
+  // The best model's folder under a file.
+  apps::TrainSetup s;
+  s.app = "points";
+  s.model = &model;
+  test::write_all((dir.path / "file").string(), "x");
+  const std::string best = (dir.path / "file" / "best").string();
+  EXPECT_LINEA_ERROR(apps::save_best(s, best, 3, 0.5), "points: cannot create '" + best + "': ");
+  // Resuming from a checkpoint whose config.json is gone.
+  apps::RunOptions o = options(dir.path / "out");
+  o.max_steps = 2;
+  train_points(o);
+  const fs::path ckpt = dir.path / "out" / "checkpoint";
+  fs::remove(ckpt / "config.json");
+  o.resume = true;
+  EXPECT_LINEA_ERROR(train_points(o), "points: --resume: '" + ckpt.string() + "' holds no config.json");
+}
+
 TEST(TrainState, WeightAverageWarmsUpSkipsWithheldStepsAndResumes) {
   nn::Linear model(2, 1);
   const Tensor w = model.parameters()[0];
