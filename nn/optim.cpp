@@ -180,9 +180,13 @@ void Optimizer::zero_grad() {
 
 void Optimizer::step_guarded(const Tensor& guard) {
   raw::check_defined("Optimizer::step_guarded", guard, "guard");
+  LINEA_CHECK(guard.numel() == 3, "Optimizer::step_guarded: expected raw::grad_norm_guard's {norm, coef, ok}, got ",
+              guard.numel(), " values");
+  guarded_step(guard);
+}
+
+void Optimizer::guarded_step(const Tensor& guard) {
   const std::vector<double> g = guard.to(kCPU).to_vector<double>();
-  LINEA_CHECK(g.size() == 3, "Optimizer::step_guarded: expected raw::grad_norm_guard's {norm, coef, ok}, got ",
-              g.size(), " values");
   if (g[2] == 0.0) return;
   if (g[1] != 1.0) {
     NoGradGuard no_grad;
@@ -276,11 +280,6 @@ Adam::Adam(std::vector<ParamGroup> groups, double beta1, double beta2, double ep
 }
 
 void Adam::step() { multi_step(Tensor()); }
-
-void Adam::step_guarded(const Tensor& guard) {
-  raw::check_defined("Optimizer::step_guarded", guard, "guard");  // as the default does: not an unguarded step
-  multi_step(guard);
-}
 
 void Adam::multi_step(const Tensor& guard) {
   NoGradGuard no_grad;

@@ -29,9 +29,8 @@ class Optimizer {
   // The training loop's update, gated on the device: `guard` is raw::grad_norm_guard's
   // {norm, coef, ok} (core/ops_optim.h) on the parameters' device. When ok, one step with the
   // gradients times coef (clipping); when not, nothing changes and the step is not counted.
-  // Adam and AdamW do it in fused kernels without a host synchronization; the default reads the
-  // guard on the host first (one synchronization on CUDA), then clips and calls step().
-  virtual void step_guarded(const Tensor& guard);
+  // Checks the guard, then calls guarded_step().
+  void step_guarded(const Tensor& guard);
   // Copies what the next step reads from the host to the parameters' device (Adam: each
   // group's learning rate and weight decay, when they changed), so that a step captured in a
   // CUDA graph replays with the current values: call it before each replay, outside the graph.
@@ -52,6 +51,11 @@ class Optimizer {
   virtual void load_state_dict(const StateDict& state) = 0;
 
  protected:
+  // step_guarded's update, with a checked guard. Adam and AdamW do it in fused kernels without
+  // a host synchronization; the default reads the guard on the host first (one synchronization
+  // on CUDA), then clips and calls step().
+  virtual void guarded_step(const Tensor& guard);
+
   std::vector<ParamGroup> groups_;
   std::vector<double> lr_scale_;  // each group's lr relative to group 0's at construction
   int64_t step_ = 0;
@@ -108,7 +112,6 @@ class Adam : public Optimizer {
  public:
   explicit Adam(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8);
   void step() override;
-  void step_guarded(const Tensor& guard) override;
   void prepare_step() override;
   int64_t steps() const override;
   StateDict state_dict() const override;
@@ -120,6 +123,7 @@ class Adam : public Optimizer {
 
  protected:
   Adam(std::vector<ParamGroup> groups, double beta1, double beta2, double eps, bool decoupled);
+  void guarded_step(const Tensor& guard) override { multi_step(guard); }
 
  private:
   double beta1_, beta2_, eps_;

@@ -946,10 +946,11 @@ TEST(OptimErrors, GuardedStepAndClippingArguments) {
   // The default step_guarded (SGD's) and Adam's fused one alike.
   nn::SGD sgd(one_group({p}, 0.1));
   nn::Adam adam(one_group({p}, 0.1));
-  for (nn::Optimizer* opt : std::vector<nn::Optimizer*>{&sgd, &adam})
+  for (nn::Optimizer* opt : std::vector<nn::Optimizer*>{&sgd, &adam}) {
     EXPECT_LINEA_ERROR(opt->step_guarded(Tensor()), test::undefined_arg("Optimizer::step_guarded", "guard"));
-  EXPECT_LINEA_ERROR(sgd.step_guarded(zeros({2}, test::f64())),
-                     "Optimizer::step_guarded: expected raw::grad_norm_guard's {norm, coef, ok}, got 2 values");
+    EXPECT_LINEA_ERROR(opt->step_guarded(zeros({2}, test::f64())),
+                       "Optimizer::step_guarded: expected raw::grad_norm_guard's {norm, coef, ok}, got 2 values");
+  }
   EXPECT_EQ(adam.steps(), 0);
   EXPECT_EQ(p.to_vector<double>(), (std::vector<double>{1.0, 2.0}));
   EXPECT_LINEA_ERROR(nn::grad_norm({Tensor()}), "grad_norm: parameter 0 is undefined");
