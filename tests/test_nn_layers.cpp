@@ -7,6 +7,7 @@
 // Not here: gradient checks (tests/test_gradcheck_layers.cpp), attention values
 // (tests/test_attention_softmax.cpp).
 #include <cmath>
+#include <functional>
 #include <set>
 #include <vector>
 
@@ -115,6 +116,31 @@ TEST(Init, FillsAndUniformBounds) {
 }
 
 // ---- Linear -----------------------------------------------------------------------------------
+// Every initializer names itself for an undefined or integer tensor and a bad distribution.
+TEST(Init, BadTargetsAndDistributionsAreNamed) {
+  const Tensor none, ints = zeros({2, 2}, TensorOptions(DType::Int64));
+  const std::vector<std::pair<std::string, std::function<void(const Tensor&)>>> inits = {
+      {"init::constant_", [](const Tensor& t) { nn::init::constant_(t, 1.0); }},
+      {"init::uniform_", [](const Tensor& t) { nn::init::uniform_(t, 0.0, 1.0); }},
+      {"init::normal_", [](const Tensor& t) { nn::init::normal_(t, 0.0, 1.0); }},
+      {"init::trunc_normal_", [](const Tensor& t) { nn::init::trunc_normal_(t, 1.0); }},
+      {"init::xavier_uniform_", [](const Tensor& t) { nn::init::xavier_uniform_(t); }},
+      {"init::kaiming_uniform_", [](const Tensor& t) { nn::init::kaiming_uniform_(t); }}};
+  for (const auto& [op, init] : inits) {
+    EXPECT_LINEA_ERROR(init(none), op + ": tensor is undefined");
+    EXPECT_LINEA_ERROR(init(ints), op + ": expected a floating tensor, got int64 (shape [2, 2])");
+  }
+  const Tensor t = empty({4, 3});
+  EXPECT_LINEA_ERROR(nn::init::trunc_normal_(t, -1.0), "init::trunc_normal_: invalid mean 0 / std -1");
+  EXPECT_LINEA_ERROR(nn::init::trunc_normal_(t, 1.0, NAN), "init::trunc_normal_: invalid mean nan / std 1");
+  EXPECT_LINEA_ERROR(nn::init::normal_(t, INFINITY, 1.0), "init::normal_: invalid mean inf / std 1");
+  EXPECT_LINEA_ERROR(nn::init::fan_in_out(none),
+                     "init: fan_in/fan_out need a tensor with at least one dim, got undefined");
+  EXPECT_LINEA_ERROR(nn::init::fan_in_out(scalar_tensor(1.0)),
+                     "init: fan_in/fan_out need a tensor with at least one dim, got []");
+  EXPECT_LINEA_ERROR(nn::init::xavier_uniform_(scalar_tensor(1.0)), "init: fan_in/fan_out need a tensor");
+}
+
 TEST(Linear, ValuesMatchNaiveWithWeightOutIn) {
   manual_seed(2);
   auto lin = std::make_shared<nn::Linear>(3, 2);
@@ -563,6 +589,36 @@ TEST(Layers, WrongInputShapesThrow) {
   EXPECT_LINEA_ERROR(nn::SinusoidalPositionalEmbedding(8, 4).forward(zeros({1, 3, 4}), 6),
                      "SinusoidalPositionalEmbedding: positions [6, 9) exceed max_len 8");
   EXPECT_LINEA_ERROR(attn::make_attention("unknown_mech:x=1", 2, 4), "unknown attention 'unknown_mech' (known: ");
+}
+
+// Each layer names itself and the argument at fault: undefined inputs and sizes out of range.
+TEST(Layers, UndefinedInputsAndBadSizesAreNamed) {
+  using test::undefined_arg;
+  EXPECT_LINEA_ERROR(nn::LearnedPositionalEmbedding(8, 4).forward(Tensor()),
+                     undefined_arg("LearnedPositionalEmbedding", "x"));
+  EXPECT_LINEA_ERROR(nn::Embedding(4, 2).forward(Tensor()), undefined_arg("Embedding", "index"));
+  nn::LayerNorm ln(3);
+  EXPECT_LINEA_ERROR(ln.forward(Tensor()), undefined_arg("LayerNorm", "input"));
+  EXPECT_LINEA_ERROR(ln.forward_add(Tensor(), zeros({2, 3})), undefined_arg("LayerNorm", "input"));
+  EXPECT_LINEA_ERROR(ln.forward_add(zeros({2, 3}), Tensor()), undefined_arg("LayerNorm", "residual"));
+  EXPECT_LINEA_ERROR(ln.forward_add(zeros({2, 4}), zeros({2, 4})),
+                     "LayerNorm: expected input [..., 3] (normalized_shape [3]), got [2, 4]");
+  EXPECT_LINEA_ERROR(nn::Dropout(0.1).forward(Tensor()), undefined_arg("Dropout", "input"));
+  EXPECT_LINEA_ERROR(nn::GELU().forward(Tensor()), undefined_arg("GELU", "input"));
+  EXPECT_LINEA_ERROR(nn::ReLU().forward(Tensor()), undefined_arg("ReLU", "input"));
+  EXPECT_LINEA_ERROR(nn::PatchEmbed(8, 4, 1, 6).forward(Tensor()), undefined_arg("PatchEmbed", "images"));
+
+  EXPECT_LINEA_ERROR(nn::Embedding(0, 2), "Embedding: sizes must be positive, got num_embeddings=0, embedding_dim=2");
+  EXPECT_LINEA_ERROR(nn::Embedding(4, 0), "Embedding: sizes must be positive, got num_embeddings=4, embedding_dim=0");
+  EXPECT_LINEA_ERROR(nn::LayerNorm(Shape{}), "LayerNorm: normalized_shape must not be empty");
+  EXPECT_LINEA_ERROR(nn::LayerNorm(Shape{2, 0}), "LayerNorm: normalized_shape must be positive, got [2, 0]");
+  EXPECT_LINEA_ERROR(nn::PatchEmbed(8, 0, 1, 6),
+                     "PatchEmbed: sizes must be positive, got image_size=8, patch_size=0, in_channels=1, dim=6");
+  EXPECT_LINEA_ERROR(nn::PatchEmbed(8, 4, 1, 0), "PatchEmbed: sizes must be positive");
+  EXPECT_LINEA_ERROR(nn::LearnedPositionalEmbedding(0, 4),
+                     "LearnedPositionalEmbedding: sizes must be positive, got max_len=0, dim=4");
+  EXPECT_LINEA_ERROR(nn::SinusoidalPositionalEmbedding(8, 0),
+                     "SinusoidalPositionalEmbedding: sizes must be positive, got max_len=8, dim=0");
 }
 
 // ---- losses -----------------------------------------------------------------------------------
