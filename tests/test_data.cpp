@@ -286,6 +286,43 @@ TEST(DataLoader, Errors) {
   DataLoader dl(index_dataset(4), opts(2, false, 0, false, true));
   EXPECT_LINEA_ERROR(dl.reset(-1), "DataLoader: epoch must be >= 0, got -1");
   EXPECT_LINEA_ERROR(dl.reset(0, 3), "DataLoader::reset: first_batch 3 is outside [0, 2]");
+  // A dataset or sampler that is null, and a dataset that reports a negative size.
+  auto sampler = std::make_shared<FixedSizeBatchSampler>(4, 2);
+  EXPECT_LINEA_ERROR(DataLoader(nullptr, sampler, opts(2, false, 0, false, true)), "DataLoader: the dataset is null");
+  EXPECT_LINEA_ERROR(DataLoader(index_dataset(4), nullptr, opts(2, false, 0, false, true)),
+                     "DataLoader: the batch sampler is null");
+  class Negative : public Dataset {
+   public:
+    int64_t size() const override { return -1; }
+    Example get(int64_t) const override { return {}; }
+  };
+  EXPECT_LINEA_ERROR(DataLoader(std::make_shared<Negative>(), opts(2, false, 0, false, true)),
+                     "DataLoader: the dataset reports a negative size -1");
+}
+
+TEST(TensorDataset, BadArgumentsAndIndicesAreNamed) {
+  EXPECT_LINEA_ERROR(TensorDataset{Tensor()},
+                     "TensorDataset: inputs must be a tensor of at least 1 dim, got undefined");
+  EXPECT_LINEA_ERROR(TensorDataset(scalar_tensor(1.0)),
+                     "TensorDataset: inputs must be a tensor of at least 1 dim, got []");
+  EXPECT_LINEA_ERROR(TensorDataset(zeros({3, 2}), zeros({2})),
+                     "TensorDataset: inputs [3, 2] and targets [2] have different numbers of rows");
+  EXPECT_LINEA_ERROR(TensorDataset(zeros({3, 2}), scalar_tensor(1.0)),
+                     "TensorDataset: inputs [3, 2] and targets [] have different numbers of rows");
+  const TensorDataset ds(zeros({3, 2}), zeros({3}));
+  EXPECT_LINEA_ERROR(ds.get(3), "TensorDataset::get: index 3 out of range for 3 examples");
+  EXPECT_LINEA_ERROR(ds.get(-1), "TensorDataset::get: index -1 out of range for 3 examples");
+  EXPECT_LINEA_ERROR(ds.get_batch({}), "TensorDataset::get_batch: empty list of indices");
+  EXPECT_LINEA_ERROR(ds.get_batch({0, 3}), "TensorDataset::get_batch: index 3 out of range for 3 examples");
+  EXPECT_LINEA_ERROR(ds.get_batch({-1}), "TensorDataset::get_batch: index -1 out of range for 3 examples");
+  // The default collate (Dataset::get_batch) of a dataset whose examples hold nothing.
+  class Empty : public Dataset {
+   public:
+    int64_t size() const override { return 2; }
+    Example get(int64_t) const override { return {}; }
+  };
+  EXPECT_LINEA_ERROR(Empty().get_batch({}), "Dataset::get_batch: empty list of indices");
+  EXPECT_LINEA_ERROR(Empty().get_batch({1}), "Dataset::get_batch: example 1 has no tensors");
 }
 
 TEST(DataLoader, StopsCleanlyMidEpoch) {
