@@ -165,6 +165,8 @@ TEST(Module, PackedParametersStayPackedThroughMoves) {
   EXPECT_EQ(w1.to_vector<double>(), other->blocks->at<Leaf>(0)->w.to_vector<double>());
   EXPECT_NE(t->a->b.impl().storage, w0.impl().storage);
   EXPECT_LINEA_ERROR(nn::pack_together({w0, zeros({2})}), "pack_together: tensors of float64 on cpu and of float32");
+  EXPECT_LINEA_ERROR(nn::pack_together({}), "pack_together: no tensors");
+  EXPECT_LINEA_ERROR(nn::pack_together({w0, Tensor()}), test::undefined_arg("pack_together", "tensor"));
 }
 
 TEST(Module, ZeroGradClearsEveryParameter) {
@@ -200,6 +202,11 @@ TEST(Module, RegistrationErrors) {
       register_module("c", std::make_shared<Leaf>(1));
     }
     void undefined_host_buffer() { register_host_buffer("h", Tensor()); }
+    void undefined_parameter() { register_parameter("u", Tensor()); }
+    void undefined_buffer() { register_buffer("u", Tensor()); }
+    void dotted_buffer() { register_buffer("a.b", zeros({1})); }
+    void unnamed_child() { register_module("", std::make_shared<Leaf>(1)); }
+    void null_child() { register_module("n", std::shared_ptr<Leaf>()); }
     // A parameter made from a graph (here 2 x, x requiring grad) is cut from it: a leaf of its own.
     Tensor from_graph() {
       Tensor x = ones({2}).requires_grad_(true);
@@ -210,13 +217,31 @@ TEST(Module, RegistrationErrors) {
   EXPECT_LINEA_ERROR(b.buffer_twice(), "Bad: buffer 'r' registered twice");
   EXPECT_LINEA_ERROR(b.child_twice(), "Bad: submodule 'c' registered twice");
   EXPECT_LINEA_ERROR(b.undefined_host_buffer(), "Bad: host buffer 'h' must be a defined CPU tensor");
+  EXPECT_LINEA_ERROR(b.undefined_parameter(), "Bad: parameter 'u' must be a defined floating tensor");
+  EXPECT_LINEA_ERROR(b.undefined_buffer(), "Bad: buffer 'u' is undefined");
+  EXPECT_LINEA_ERROR(b.dotted_buffer(), "Bad: invalid name 'a.b' (must be non-empty and contain no '.')");
+  EXPECT_LINEA_ERROR(b.unnamed_child(), "Bad: invalid name '' (must be non-empty and contain no '.')");
+  EXPECT_LINEA_ERROR(b.null_child(), "Bad: submodule 'n' is null");
   const Tensor g = b.from_graph();
   EXPECT_TRUE(g.is_leaf());
   EXPECT_TRUE(g.requires_grad());
   EXPECT_EQ(g.to_vector<float>(), std::vector<float>(2, 2.0f));
   EXPECT_LINEA_ERROR(b.twice(), "registered twice");
   EXPECT_LINEA_ERROR(b.dotted(), "invalid name 'a.b'");
-  EXPECT_LINEA_ERROR(b.integer(), "floating");
+  EXPECT_LINEA_ERROR(b.integer(), "Bad: parameter 'i' must be a defined floating tensor");
   auto t = std::make_shared<Tree>();
   EXPECT_LINEA_ERROR(t->blocks->at(7), "index 7 out of range");
+}
+
+// check_finite_weights names the source and the first weight holding NaN or Inf, and counts them.
+TEST(Module, NonFiniteWeightsAreNamed) {
+  Tree t;
+  nn::check_finite_weights(t, "model.safetensors");
+  {
+    NoGradGuard ng;
+    t.blocks->at<Leaf>(1)->w.fill_(NAN);  // [2, 2]
+    t.blocks->at<Leaf>(1)->b.fill_(INFINITY);
+  }
+  EXPECT_LINEA_ERROR(nn::check_finite_weights(t, "model.safetensors"),
+                     "model.safetensors: weight 'blocks.1.b' holds 2 non-finite values (NaN or Inf) of 2;");
 }
