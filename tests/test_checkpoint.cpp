@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "nn/checkpoint.h"
 #include "nn/optim.h"
@@ -201,6 +202,11 @@ TEST(Checkpoint, FailedSaveLeavesPreviousCheckpointIntact) {
   // Reserved extra keys.
   EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {{"linea_checkpoint", "x"}}, {}, {}}),
                      "save_checkpoint: TrainState::extra key 'linea_checkpoint' is reserved");
+  EXPECT_LINEA_ERROR(
+      save_checkpoint(ck, *net, *opt, {0, 0, {{"linea_file.x", "y"}}, {}, {}}),
+      "save_checkpoint: TrainState::extra keys starting with 'linea_file.' are reserved, got 'linea_file.x'");
+  EXPECT_LINEA_ERROR(save_checkpoint("", *net, *opt, {0, 0, {}, {}, {}}),
+                     "save_checkpoint: empty checkpoint directory");
 }
 
 TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
@@ -264,6 +270,48 @@ TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
   auto one_group_opt = std::make_shared<AdamW>(one_group);
   EXPECT_LINEA_ERROR(load_checkpoint(dir.file("c"), *fresh, *one_group_opt),
                      "': the checkpoint has 2 parameter groups, the optimizer has 1");
+}
+
+// A training.safetensors edited by hand (or corrupted into another valid file): each missing or
+// malformed entry is named with the file, and nothing is loaded.
+TEST(Checkpoint, MalformedTrainingFileIsNamed) {
+  TempDir dir;
+  manual_seed(5);
+  auto net = std::make_shared<Mlp>();
+  auto opt = make_opt(*net);
+  save_checkpoint(dir.file("c"), *net, *opt, {3, 1, {}, {}, {}});
+  const std::string train = dir.file("c/training.safetensors");
+  const SafetensorsFile good = load_safetensors(train);
+  // Rewrites training.safetensors from the good one with `edit` applied, then loads it.
+  const auto load_edited = [&](const std::function<void(SafetensorsFile&)>& edit) {
+    SafetensorsFile f = good;
+    edit(f);
+    save_safetensors(train, f.tensors, f.metadata);
+    auto fresh = std::make_shared<Mlp>();
+    auto fresh_opt = make_opt(*fresh);
+    load_checkpoint(dir.file("c"), *fresh, *fresh_opt);
+  };
+  const std::string at = "load_checkpoint: '" + train + "': ";
+  EXPECT_LINEA_ERROR(load_edited([](SafetensorsFile& f) { f.tensors.erase("train.step"); }),
+                     at + "missing tensor 'train.step'");
+  EXPECT_LINEA_ERROR(load_edited([](SafetensorsFile& f) { f.tensors["train.epoch"] = scalar_tensor(1.0); }),
+                     at + "tensor 'train.epoch' is float32 [], expected int64 []");
+  EXPECT_LINEA_ERROR(load_edited([](SafetensorsFile& f) { f.tensors.erase("optim_groups.lr"); }),
+                     at + "missing tensor 'optim_groups.lr'");
+  EXPECT_LINEA_ERROR(load_edited([](SafetensorsFile& f) {
+                       f.tensors["optim_groups.lr"] = zeros({2, 1});
+                     }),
+                     at + "missing tensor 'optim_groups.lr'");
+  EXPECT_LINEA_ERROR(load_edited([](SafetensorsFile& f) { f.metadata["linea_file.a/b"] = "0"; }),
+                     "load_checkpoint: '" + train +
+                         "' lists the extra file 'a/b', which is not a plain file name in '" + dir.file("c") + "'");
+  EXPECT_LINEA_ERROR(
+      load_edited([](SafetensorsFile& f) { f.tensors["optim_groups.lr"] = full({2}, -0.5, test::f64()); }),
+      at + "parameter group 0 has lr -0.5 and weight_decay 0.1 (both must be finite and >= 0)");
+  EXPECT_LINEA_ERROR(
+      load_edited([](SafetensorsFile& f) { f.tensors["optim_groups.weight_decay"] = full({2}, NAN, test::f64()); }),
+      at + "parameter group 0 has lr 0.05 and weight_decay nan (both must be finite and >= 0)");
+  load_edited([](SafetensorsFile&) {});  // the good file loads
 }
 
 TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
