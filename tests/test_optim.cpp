@@ -594,11 +594,20 @@ TEST(Schedule, MakeByName) {
 }
 
 TEST(Schedule, BadArguments) {
-  EXPECT_LINEA_ERROR(nn::WarmupCosine(1.0, 10, 5), "total_steps must be > 0 and >= warmup_steps");
-  EXPECT_LINEA_ERROR(nn::WarmupCosine(1.0, 0, 10, 2.0), "min_lr (2) must not exceed base_lr (1)");
-  EXPECT_LINEA_ERROR(nn::ConstantLR(-0.1), "lr must be finite and >= 0");
-  EXPECT_LINEA_ERROR(nn::InverseSqrt(0.1, -1), "warmup_steps must be >= 0");
-  EXPECT_LINEA_ERROR(nn::InverseSqrt(0.1, 2).lr_at(-1), "step must be >= 0");
+  EXPECT_LINEA_ERROR(nn::WarmupCosine(1.0, 10, 5),
+                     "WarmupCosine: total_steps must be > 0 and >= warmup_steps (10), got 5");
+  EXPECT_LINEA_ERROR(nn::WarmupCosine(1.0, 0, 0),
+                     "WarmupCosine: total_steps must be > 0 and >= warmup_steps (0), got 0");
+  EXPECT_LINEA_ERROR(nn::WarmupCosine(1.0, 0, 10, 2.0), "WarmupCosine: min_lr (2) must not exceed base_lr (1)");
+  EXPECT_LINEA_ERROR(nn::WarmupCosine(NAN, 0, 10), "WarmupCosine: base_lr must be finite and >= 0, got nan");
+  EXPECT_LINEA_ERROR(nn::WarmupCosine(1.0, 0, 10, -0.5), "WarmupCosine: min_lr must be finite and >= 0, got -0.5");
+  EXPECT_LINEA_ERROR(nn::WarmupCosine(1.0, -1, 10), "WarmupCosine: warmup_steps must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(nn::WarmupCosine(1.0, 2, 10).lr_at(-1), "WarmupCosine::lr_at: step must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(nn::ConstantLR(-0.1), "ConstantLR: lr must be finite and >= 0, got -0.1");
+  EXPECT_LINEA_ERROR(nn::ConstantLR(0.1).lr_at(-1), "ConstantLR::lr_at: step must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(nn::InverseSqrt(-1.0, 0), "InverseSqrt: base_lr must be finite and >= 0, got -1");
+  EXPECT_LINEA_ERROR(nn::InverseSqrt(0.1, -1), "InverseSqrt: warmup_steps must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(nn::InverseSqrt(0.1, 2).lr_at(-1), "InverseSqrt::lr_at: step must be >= 0, got -1");
 }
 
 // ---- a small regression: y = 3x + 1 ---------------------------------------------------------------
