@@ -516,3 +516,28 @@ TEST(TokenBudgetBatchSampler, Errors) {
   EXPECT_LINEA_ERROR(DataLoader(ds, std::make_shared<TokenBudgetBatchSampler>(std::vector<int64_t>{1, 2}, o)),
                      "DataLoader: the batch sampler is for 2 examples, the dataset has 4");
 }
+
+// Every sampler names itself for a negative epoch, a bad size or budget, and a rank outside the world.
+TEST(Samplers, BadArgumentsAreNamed) {
+  EXPECT_LINEA_ERROR(epoch_permutation(4, 0, -1), "epoch_permutation: epoch must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(FixedSizeBatchSampler(-1, 2), "FixedSizeBatchSampler: negative number of examples -1");
+  for (bool shuffle : {false, true})
+    EXPECT_LINEA_ERROR(FixedSizeBatchSampler(4, 2, shuffle).batches(-1),
+                       "FixedSizeBatchSampler: epoch must be >= 0, got -1");
+  TokenBudgetOptions o;
+  o.max_tokens = 0;
+  EXPECT_LINEA_ERROR(TokenBudgetBatchSampler({}, o), "TokenBudgetBatchSampler: max_tokens must be >= 1, got 0");
+  o.max_tokens = 8;
+  o.max_batch_size = -1;
+  EXPECT_LINEA_ERROR(TokenBudgetBatchSampler({}, o), "TokenBudgetBatchSampler: max_batch_size must be >= 0, got -1");
+  o.max_batch_size = 0;
+  EXPECT_LINEA_ERROR(TokenBudgetBatchSampler({1, 2}, o).batches(-1),
+                     "TokenBudgetBatchSampler: epoch must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(shard_range(4, 2, 2), "shard_range: rank 2 of 2");
+  EXPECT_LINEA_ERROR(shard_range(4, -1, 2), "shard_range: rank -1 of 2");
+  EXPECT_LINEA_ERROR(shard_range(4, 0, 0), "shard_range: rank 0 of 0");
+  auto inner = std::make_shared<FixedSizeBatchSampler>(4, 2);
+  EXPECT_LINEA_ERROR(ShardedBatchSampler(nullptr, 0, 1), "ShardedBatchSampler: the inner sampler is null");
+  EXPECT_LINEA_ERROR(ShardedBatchSampler(inner, 1, 1), "ShardedBatchSampler: rank 1 is not a rank of 1");
+  EXPECT_LINEA_ERROR(ShardedBatchSampler(inner, -1, 2), "ShardedBatchSampler: rank -1 is not a rank of 2");
+}
