@@ -3,6 +3,8 @@
 // Not here: the DataLoader and samplers (test_data.cpp), safetensors/checkpoints (test_safetensors.cpp,
 // test_checkpoint.cpp).
 #include <stb/stb_image_write.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -196,6 +198,17 @@ TEST(Fasta, RejectsBadFiles) {
   EXPECT_LINEA_ERROR(read_fasta(p), "line 2: unexpected character 0x01 in the sequence of record 'a'");
   write_all(p, ">  \nMK\n");
   EXPECT_LINEA_ERROR(read_fasta(p), "line 1: empty header");
+  // A path that stat accepts and open refuses: a socket (ENXIO).
+  const std::string sock = dir.file("s.sock");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock.size(), sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_LINEA_ERROR(read_fasta(sock), "read_fasta: cannot open '" + sock + "': " + std::strerror(ENXIO));
+  ::close(fd);
   std::string seqs;
   for (int i = 0; i < 500; ++i)
     seqs +=
@@ -332,14 +345,38 @@ TEST(ImageReader, RefusesHugeDeclaredSizes) {
   write_all(j, jpeg);
   EXPECT_LINEA_ERROR(read_image(j, 1), "read_image: cannot decode '" + j + "': the JPEG scan at byte " +
                                            std::to_string(sos) + " uses a Huffman table that no DHT segment");
+  // A segment longer than what is left of the file: cut inside the first Huffman table.
+  ASSERT_NE(stbi_write_jpg(j.c_str(), 4, 3, 1, px.data(), 90), 0);
+  jpeg = read_all(j);
+  const size_t cut = jpeg.find("\xff\xc4");
+  ASSERT_NE(cut, std::string::npos);
+  const size_t seg_len =
+      static_cast<size_t>(static_cast<uint8_t>(jpeg[cut + 2])) << 8 | static_cast<uint8_t>(jpeg[cut + 3]);
+  write_all(j, jpeg.substr(0, cut + 10));
+  EXPECT_LINEA_ERROR(read_image(j, 1), "read_image: cannot decode '" + j + "': JPEG segment FF C4 at byte " +
+                                           std::to_string(cut) + " needs " + std::to_string(seg_len) +
+                                           " bytes but the file has 8 left (truncated or corrupt)");
+  // Headers that stb_image reads, pixel data it cannot: an IDAT chunk whose zlib header is bad.
+  std::string bad_data = png;
+  const size_t idat = bad_data.find("IDAT");
+  ASSERT_NE(idat, std::string::npos);
+  bad_data[idat + 4] = '\x00';
+  write_all(p, bad_data);
+  EXPECT_LINEA_ERROR(read_image(p, 1), "read_image: cannot decode '" + p + "': bad zlib header");
   // A chunk that claims more bytes than the file has.
   std::string chunk = png;
   chunk.replace(33, 4, std::string("\x7f\xff\xff\xf0", 4));  // the length of the chunk after IHDR
   write_all(p, chunk);
   EXPECT_LINEA_ERROR(read_image(p, 1), "read_image: cannot decode '" + p + "': PNG chunk '");
   EXPECT_LINEA_ERROR(read_image(p, 1), "' at byte 33 needs 2147483644 bytes but the file has");
-  // A requested size past the limit.
+  // A requested size past the limit, a channel count read_image does not convert to.
   write_all(p, png);
+  EXPECT_LINEA_ERROR(read_image(p, 2), "read_image: channels must be 1 or 3, got 2");
+  EXPECT_LINEA_ERROR(read_image(p, 1, 4, 0),
+                     "read_image: height and width must both be 0 (keep the size) or both positive, got 4x0");
+  EXPECT_LINEA_ERROR(read_image(p, 1, -1, -1), "read_image: height and width must both be 0");
+  EXPECT_LINEA_ERROR(read_image(dir.path.string(), 1),
+                     "read_image: '" + dir.path.string() + "' is not a readable file");
   EXPECT_LINEA_ERROR(read_image(p, 1, 1 << 14, 1 << 14), "read_image: resize to 16384x16384 is more than the limit");
 }
 
@@ -393,4 +430,7 @@ TEST(ImageFolderReader, RejectsBadFolders) {
   o.channels = 0;
   o.height = 4;
   EXPECT_LINEA_ERROR(read_image_folder(dir.path.string(), o), "height and width must both be 0");
+  o.height = o.width = 1 << 14;
+  EXPECT_LINEA_ERROR(read_image_folder(dir.path.string(), o),
+                     "read_image_folder: resize to 16384x16384 is more than the limit of 67108864 pixels");
 }
