@@ -2848,5 +2848,104 @@ TEST(CudaParity, OptimizerSteps) {
   }
 }
 
+// Every op that takes several tensors refuses them on two devices, naming itself, before any
+// kernel reads a host pointer on the device (or a device pointer on the host): one case per check.
+TEST(CudaParity, TensorsOnTwoDevicesAreRefused) {
+#ifdef LINEA_PARITY_SELF_TEST
+  GTEST_SKIP() << "the self test's \"CUDA\" is the CPU: nothing to mix";
+#endif
+  LINEA_REQUIRE_CUDA();
+  const auto g = [](const Tensor& x) { return x.to(kCuda); };
+  const TensorOptions i64(DType::Int64), b8(DType::Bool);
+  const Tensor x23 = zeros({2, 3}), w43 = zeros({4, 3}), v3 = zeros({3}), i2 = zeros({2}, i64), rows2 = zeros({2});
+  const Tensor y = zeros({1, 1, 2, 3}), vis = zeros({1, 1, 2, 1}, b8), t32 = zeros({3, 2}), i32 = zeros({3, 2}, i64);
+  const FoldedDropout none;
+  const std::vector<std::pair<std::string, std::function<void()>>> cases = {
+      {"add", [&] { raw::binary(BinaryOp::Add, rows2, g(rows2)); }},
+      {"where", [&] { raw::where(g(zeros({2}, b8)), rows2, rows2); }},
+      {"where", [&] { raw::where(zeros({2}, b8), rows2, g(rows2)); }},
+      {"masked_fill", [&] { raw::masked_fill(rows2, g(zeros({2}, b8)), 1.0); }},
+      {"linear", [&] { raw::linear(x23, g(w43), Tensor()); }},
+      {"linear", [&] { raw::linear(x23, w43, g(zeros({4}))); }},
+      {"linear_weight_grad",
+       [&] {
+         raw::linear_weight_grad(g(zeros({2, 4})), x23, true);
+       }},
+      {"matmul", [&] { raw::matmul(x23, g(t32)); }},
+      {"matmul",
+       [&] {
+         raw::matmul_into(x23, t32, g(zeros({2, 2})));
+       }},
+      {"softmax_backward", [&] { raw::softmax_backward(g(x23), x23, 1, false); }},
+      {"layer_norm", [&] { raw::layer_norm(x23, 1, g(v3), Tensor(), 1e-5); }},
+      {"layer_norm", [&] { raw::layer_norm(x23, 1, v3, g(v3), 1e-5); }},
+      {"add_layer_norm", [&] { raw::add_layer_norm(x23, g(x23), none, 1, Tensor(), Tensor(), 1e-5); }},
+      {"layer_norm_backward",
+       [&] { raw::layer_norm_backward(g(x23), x23, 1, Tensor(), Tensor(), zeros({2}), zeros({2})); }},
+      {"normalize_backward", [&] { raw::normalize_backward(g(x23), x23, 1e-12); }},
+      {"sums_ratio", [&] { raw::sums_ratio(y, g(vis), 1e-6); }},
+      {"sums_ratio_backward",
+       [&] {
+         raw::sums_ratio_backward(g(zeros({1, 1, 2, 2})), y, Tensor(), 1e-6);
+       }},
+      {"sq_norm_backward", [&] { raw::sq_norm_backward(g(rows2), x23, 1.0); }},
+      {"cross_entropy", [&] { raw::cross_entropy_rows(x23, g(i2), -100, 0.0); }},
+      {"cross_entropy_backward", [&] { raw::cross_entropy_rows_backward(g(rows2), x23, i2, rows2, -100, 0.0); }},
+      {"cross_entropy_mean", [&] { raw::cross_entropy_mean(rows2, g(i2), -100); }},
+      {"index_select", [&] { raw::index_select(t32, 0, g(i2)); }},
+      {"index_select",
+       [&] {
+         raw::index_select_out(g(zeros({2, 2})), t32, 0, i2);
+       }},
+      {"index_add",
+       [&] {
+         raw::index_add_(zeros({3, 2}), 0, g(i2), zeros({2, 2}));
+       }},
+      {"index_add",
+       [&] {
+         raw::index_add_(zeros({3, 2}), 0, i2, g(zeros({2, 2})));
+       }},
+      {"embed_tokens",
+       [&] {
+         raw::embed_tokens(t32, g(zeros({1, 2}, i64)), 1.0, Tensor(), 0);
+       }},
+      {"embed_tokens",
+       [&] {
+         raw::embed_tokens(t32, zeros({1, 2}, i64), 1.0, g(zeros({4, 2})), 0);
+       }},
+      {"embedding_weight_grad",
+       [&] {
+         raw::embedding_weight_grad(g(zeros({1, 2, 2})), zeros({1, 2}, i64), 3, 1.0, -1);
+       }},
+      {"prepend_and_add_positions",
+       [&] {
+         raw::prepend_and_add_positions(zeros({1, 2, 2}), g(zeros({1, 2})), zeros({3, 2}));
+       }},
+      {"prepend_and_add_positions",
+       [&] {
+         raw::prepend_and_add_positions(zeros({1, 2, 2}), zeros({1, 2}), g(zeros({3, 2})));
+       }},
+      {"gather", [&] { raw::gather(t32, 0, g(i32)); }},
+      {"scatter_add",
+       [&] {
+         raw::scatter_add_(zeros({3, 2}), 0, g(i32), t32);
+       }},
+      {"scatter_add",
+       [&] {
+         raw::scatter_add_(zeros({3, 2}), 0, i32, g(t32));
+       }},
+      {"cat",
+       [&] {
+         raw::cat({rows2, g(rows2)}, 0);
+       }},
+      {"searchsorted", [&] { raw::searchsorted(v3, g(rows2)); }},
+      {"sgd_step", [&] { raw::sgd_step(x23, g(x23), Tensor(), 0.1, 0, 0, 0, false, false); }},
+  };
+  for (const auto& [op, call] : cases) {
+    SCOPED_TRACE(op);
+    EXPECT_LINEA_ERROR(call(), op + ": expected all tensors on the same device, got ");
+  }
+}
+
 }  // namespace
 }  // namespace linea
