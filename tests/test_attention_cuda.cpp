@@ -9,8 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "attention/nprf_rpe/toeplitz.h"
 #include "attention/transformer.h"
 #include "core/cuda_counters.h"
+#include "nn/data.h"
+#include "nn/optim.h"
 #include "tests/test_util.h"
 
 namespace linea {
@@ -274,6 +277,28 @@ TEST(AttentionCudaLaunches, ForwardBackward) {
   }
 }
 #endif
+
+// The attention and nn libraries' checks of tensors on two devices (core's ops:
+// test_cuda_parity.cpp): the Toeplitz product's c and x, the optimizer's gradients, a dataset's.
+TEST(AttentionCuda, TensorsOnTwoDevicesAreRefused) {
+#ifdef LINEA_PARITY_SELF_TEST
+  GTEST_SKIP() << "the self test's \"CUDA\" is the CPU: nothing to mix";
+#endif
+  LINEA_REQUIRE_CUDA();
+  const Tensor c = zeros({1, 3}), x = zeros({1, 1, 2, 1});  // N = 2, M = 2: offsets -1..1
+  EXPECT_LINEA_ERROR(attn::toeplitz_matmul(c.to(kCuda), x, 2),
+                     "toeplitz_matmul: expected all tensors on the same device, got ");
+  Tensor host = zeros({2}).requires_grad_(true), device = zeros({3}, TensorOptions().with_device(kCuda));
+  device.requires_grad_(true);
+  host.set_grad(ones({2}));
+  device.set_grad(ones({3}).to(kCuda));
+  EXPECT_LINEA_ERROR(nn::grad_norm({host, device}),
+                     "grad_norm: gradients on different devices (cpu and cuda:0 for parameter 1, shape [3])");
+  // A dataset's tensors stay on the host (batches are prepared on a CPU thread).
+  EXPECT_LINEA_ERROR(nn::TensorDataset(zeros({2}).to(kCuda)), "TensorDataset: inputs and targets must be CPU tensors");
+  EXPECT_LINEA_ERROR(nn::TensorDataset(zeros({2}), zeros({2}).to(kCuda)),
+                     "TensorDataset: inputs and targets must be CPU tensors");
+}
 
 }  // namespace
 }  // namespace linea
