@@ -3,9 +3,12 @@
 // last, so a folder holding data.json is complete, then moved into place.
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "core/error.h"
 
 namespace linea::apps {
 
@@ -16,5 +19,15 @@ std::string prepared_data_out(const std::string& op, const std::string& out);
 // <data_dir>/data.json, parsed; `app` starts the errors, which say how to make the folder
 // (`<app> prepare --out <data_dir>`).
 nlohmann::json read_data_json(const std::string& app, const std::string& data_dir);
+
+// f(), with a std::filesystem error (a path that cannot be created, renamed or removed) turned
+// into a linea::Error naming `op`: a prepare step's staging and moves.
+template <typename F> auto naming_filesystem_errors(const std::string& op, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::filesystem::filesystem_error& e) {
+    LINEA_FAIL(op, ": ", e.what());
+  }
+}
 
 }  // namespace linea::apps

@@ -524,6 +524,11 @@ TEST(AppFolders, MissingDataAndUncreatableOutputAreNamed) {
                                }),
                      "points: cannot create the output folder '" + run.out_dir + "' (--out): ");
   EXPECT_FALSE(evaluated);
+  // A prepare step's file system errors name the step; its result passes through.
+  EXPECT_LINEA_ERROR(
+      naming_filesystem_errors("points prepare", [&] { return std::filesystem::create_directories(data + "/file/x"); }),
+      "points prepare: filesystem error: ", data + "/file/x");
+  EXPECT_EQ(naming_filesystem_errors("points prepare", [] { return 7; }), 7);
 }
 
 namespace {

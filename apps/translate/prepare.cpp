@@ -375,11 +375,7 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
 }  // namespace
 
 PrepareResult prepare(const PrepareOptions& options, std::ostream* log) {
-  try {
-    return prepare_folder(options, log);
-  } catch (const fs::filesystem_error& e) {  // paths that cannot be created, renamed or removed
-    LINEA_FAIL("translate prepare: ", e.what());
-  }
+  return linea::apps::naming_filesystem_errors("translate prepare", [&] { return prepare_folder(options, log); });
 }
 
 std::string describe(const PrepareResult& r) {
