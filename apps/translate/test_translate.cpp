@@ -97,6 +97,37 @@ TEST(TranslateModel, IncrementalDecodingMatchesTheFullForward) {
   }
 }
 
+// Beam search reorders whole sentences (keep_sentences) with several beams each: a position-aware
+// decoder reads one copy of the memory per beam, which must follow the sentences even when their
+// count stays the same (here the two sentences swap places).
+TEST(TranslateModel, KeptSentencesCarryTheirMemoryToEveryBeam) {
+  for (const std::string spec : {"softmax", "nprf_rpe:features=16"}) {
+    SCOPED_TRACE(spec);
+    manual_seed(4);
+    ModelConfig config = toy_config(12, spec);
+    config.cross_attention = spec;
+    Seq2Seq model(config);
+    model.eval();
+    NoGradGuard ng;
+    auto [src, pad] = sources({5, 3}, 12, 1);
+    Tensor tgt = from_vector<int64_t>({2, 5, 6, 7, 8, 2, 9, 4, 11, 10}, {2, 5});
+    Tensor memory = model.encode(src, pad);
+    Tensor full = model.decode(tgt, memory, pad);  // [2, 5, V]
+    // Rows [sentence][beam], 2 beams each; the tokens of row r are those of sentence rows[r].
+    const auto step_rows = [&](attn::DecoderState& st, int64_t t, const std::vector<int64_t>& rows) {
+      const Tensor idx = from_vector<int64_t>(rows, {static_cast<int64_t>(rows.size())});
+      const Tensor got = model.step(index_select(select(tgt, 1, t), 0, idx).contiguous(), st);
+      const Tensor want = index_select(select(full, 1, t), 0, idx);
+      EXPECT_LT(max(abs(got - want)).item(), 1e-4) << "position " << t;
+    };
+    attn::DecoderState st = model.start(memory, pad);
+    step_rows(st, 0, {0, 0, 1, 1});
+    st.keep_sentences(from_vector<int64_t>({1, 0}, {2}), 2);
+    step_rows(st, 1, {1, 1, 0, 0});
+    step_rows(st, 2, {1, 1, 0, 0});
+  }
+}
+
 // The longest output: ratio x source tokens + extra, at least 1, never past the model's max_len.
 TEST(TranslateSearch, MaxOutputLength) {
   const ModelConfig c = toy_config(8);  // max_len 32
