@@ -200,6 +200,36 @@ TEST(Autograd, LeafGradIsOwnedNotAliased) {
   sum(a + b).backward();
   a.grad().fill_(7.0);
   EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{1.0, 1.0}));
+  // The same with a gradient nothing else holds reaching add (sum's is a broadcast view, copied anyway).
+  Tensor c = ones({2}, f64()).requires_grad_(), d = ones({2}, f64()).requires_grad_();
+  sum((c + d) * 3.0).backward();
+  c.grad().fill_(7.0);
+  EXPECT_EQ(d.grad().to_vector<double>(), (std::vector<double>{3.0, 3.0}));
+}
+
+// A backward's gradient that another handle also reaches is copied into .grad, never taken: a
+// second view of its memory handed to another input, or the same piece kept by the node.
+TEST(Autograd, GradientsReachedByAnotherHandleAreCopied) {
+  Tensor a = ones({2}, f64()).requires_grad_(), b = ones({2, 1}, f64()).requires_grad_();
+  Tensor y = attach(raw::clone(a) + raw::reshape(b, {2}), "two_views", {a, b}, [](const Tensor& g) {
+    const Tensor own = raw::clone(g);
+    return std::vector<Tensor>{own, raw::reshape(own, {2, 1})};
+  });
+  sum(y).backward();
+  a.grad().fill_(7.0);
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{1.0, 1.0}));
+
+  Tensor c = ones({2}, f64()).requires_grad_(), d = ones({2}, f64()).requires_grad_();
+  Tensor kept;
+  Tensor z = attach(raw::clone(c) + raw::clone(d), "kept_piece", {c, d}, [&kept](const Tensor& g) {
+    const Tensor buffer = raw::cat({g, g * 2.0}, 0);  // [4]: c's piece [0, 2), d's [2, 4)
+    kept = raw::narrow(buffer, 0, 0, 2);
+    return std::vector<Tensor>{kept, raw::narrow(buffer, 0, 2, 2)};
+  });
+  sum(z).backward();
+  c.grad().fill_(7.0);
+  EXPECT_EQ(kept.to_vector<double>(), (std::vector<double>{1.0, 1.0}));
+  EXPECT_EQ(d.grad().to_vector<double>(), (std::vector<double>{2.0, 2.0}));
 }
 
 // A node's gradients that are disjoint pieces of one buffer nothing else holds (linears' of
