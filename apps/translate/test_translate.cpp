@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <sys/wait.h>
 
@@ -72,6 +73,16 @@ std::pair<Tensor, Tensor> sources(const std::vector<int64_t>& lengths, int64_t v
 
 }  // namespace
 
+// Two source sentences (5 and 3 tokens) with 5-token targets, through `model` (in eval, no grad):
+// {the sources' padding, the targets, the memory, the full decode [2, 5, V]}.
+std::tuple<Tensor, Tensor, Tensor, Tensor> decode_two_sentences(Seq2Seq& model) {
+  auto [src, pad] = sources({5, 3}, 12, 1);
+  Tensor tgt = from_vector<int64_t>({2, 5, 6, 7, 8, 2, 9, 4, 11, 10}, {2, 5});
+  Tensor memory = model.encode(src, pad);
+  Tensor full = model.decode(tgt, memory, pad);
+  return {pad, tgt, memory, full};
+}
+
 TEST(TranslateModel, IncrementalDecodingMatchesTheFullForward) {
   for (const std::string dec : {"softmax", "performer:features=16", "nprf_rpe:features=16"}) {
     SCOPED_TRACE(dec);
@@ -79,10 +90,8 @@ TEST(TranslateModel, IncrementalDecodingMatchesTheFullForward) {
     Seq2Seq model(toy_config(12, dec, dec == "softmax" ? "lara:samples=4" : dec));
     model.eval();
     NoGradGuard ng;
-    auto [src, pad] = sources({5, 3}, 12, 1);
-    Tensor tgt = from_vector<int64_t>({2, 5, 6, 7, 8, 2, 9, 4, 11, 10}, {2, 5});
-    Tensor memory = model.encode(src, pad);
-    Tensor full = model.decode(tgt, memory, pad);  // [2, 5, V]
+    Tensor pad, tgt, memory, full;
+    std::tie(pad, tgt, memory, full) = decode_two_sentences(model);
     attn::DecoderState st = model.start(memory, pad);
     for (int64_t t = 0; t < 5; ++t) {
       Tensor step = model.step(select(tgt, 1, t).contiguous(), st);
@@ -109,10 +118,8 @@ TEST(TranslateModel, KeptSentencesCarryTheirMemoryToEveryBeam) {
     Seq2Seq model(config);
     model.eval();
     NoGradGuard ng;
-    auto [src, pad] = sources({5, 3}, 12, 1);
-    Tensor tgt = from_vector<int64_t>({2, 5, 6, 7, 8, 2, 9, 4, 11, 10}, {2, 5});
-    Tensor memory = model.encode(src, pad);
-    Tensor full = model.decode(tgt, memory, pad);  // [2, 5, V]
+    Tensor pad, tgt, memory, full;  // (not structured bindings: C++17 lambdas cannot capture those)
+    std::tie(pad, tgt, memory, full) = decode_two_sentences(model);
     // Rows [sentence][beam], 2 beams each; the tokens of row r are those of sentence rows[r].
     const auto step_rows = [&](attn::DecoderState& st, int64_t t, const std::vector<int64_t>& rows) {
       const Tensor idx = from_vector<int64_t>(rows, {static_cast<int64_t>(rows.size())});
