@@ -273,7 +273,8 @@ TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
 }
 
 // A training.safetensors edited by hand (or corrupted into another valid file): each missing or
-// malformed entry is named with the file, and nothing is loaded.
+// malformed entry is named with the file (RejectsMismatchedAndForeignFiles: a refused load changes
+// nothing).
 TEST(Checkpoint, MalformedTrainingFileIsNamed) {
   TempDir dir;
   manual_seed(5);
