@@ -80,6 +80,28 @@ TEST(Autograd, NoGradGuardRecordsNothing) {
   EXPECT_TRUE(z.requires_grad());
   EXPECT_EQ(z.grad_fn_name(), "mul");
   EXPECT_TRUE(GradMode::is_enabled());
+  {
+    NoGradGuard g;  // ops of a list of inputs too
+    EXPECT_FALSE(cat({x, x}, 0).requires_grad());
+  }
+}
+
+// Backward runs without recording (no create_graph): the gradients it computes have no graph,
+// and custom backward functions and grad-ready hooks see grad mode off.
+TEST(Autograd, BackwardRecordsNothing) {
+  Tensor x = tensor<double>({1.0, 2.0}, {2});
+  x.requires_grad_();
+  std::vector<bool> modes;
+  set_grad_ready_hook(x, [&] { modes.push_back(GradMode::is_enabled()); });
+  Tensor y = attach(raw::binary(BinaryOp::Mul, x, x), "square", {x}, [&modes, x](const Tensor& g) {
+    modes.push_back(GradMode::is_enabled());
+    return std::vector<Tensor>{g * x * 2.0};  // x requires grad: recorded if grad mode were on
+  });
+  sum(y).backward();
+  EXPECT_EQ(modes, (std::vector<bool>{false, false}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2.0, 4.0}));
+  EXPECT_FALSE(x.grad().requires_grad());
+  EXPECT_TRUE(GradMode::is_enabled());
 }
 
 TEST(Autograd, DetachStopsGradient) {
@@ -100,6 +122,10 @@ TEST(Autograd, DeepChainNoStackOverflow) {
   EXPECT_DOUBLE_EQ(x.grad().item(), 1.0);
   EXPECT_NEAR(y.item(), 1.0, 1e-9);
   y = Tensor();  // destroying the graph must not recurse either
+  // ... nor destroying a graph that never ran backward, deep enough to overflow the stack if it did
+  Tensor z = x;
+  for (int i = 0; i < 200000; ++i) z = z * 1.0;
+  z = Tensor();
 }
 
 TEST(Autograd, GraphFreedAfterBackward) {
@@ -254,6 +280,31 @@ TEST(Autograd, LeafGradsMayBeDisjointPiecesOfOneBuffer) {
   EXPECT_EQ(run(2, true), std::make_pair(false, std::vector<double>{2.0, 2.0}));   // held elsewhere: copied
 }
 
+// Only contiguous pieces count as disjoint by their offsets: a strided view reaches past its
+// offset + numel. Here b's gradient (elements 0 and 4 of the buffer) overlaps a's (2..4); a's
+// hook writes into a's .grad in place during backward (as a data-parallel reduction does) before
+// b's gradient is used, which must not see it. And a gradient that is not contiguous is copied:
+// .grad is dense, as the optimizers' fused steps need.
+TEST(Autograd, StridedGradientsAreNeverTakenAsTheyAre) {
+  Tensor a = ones({3}, f64()).requires_grad_(), b = ones({2}, f64()).requires_grad_();
+  set_grad_ready_hook(a, [&a] { a.grad().fill_(0.0); });
+  Tensor y = attach(raw::clone(a), "strided_pieces", {a, b * 1.0}, [](const Tensor&) {
+    const Tensor buffer = raw::clone(arange(1.0, 7.0, 1.0, f64()));  // [6]: 1..6
+    return std::vector<Tensor>{raw::narrow(buffer, 0, 2, 3), raw::slice(buffer, 0, 0, 6, 4)};
+  });
+  sum(y).backward();
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{0.0, 0.0, 0.0}));
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{1.0, 5.0}));
+
+  Tensor c = ones({2, 3}, f64()).requires_grad_();
+  Tensor z = attach(raw::clone(c), "transposed", {c}, [](const Tensor&) {
+    return std::vector<Tensor>{raw::transpose(raw::clone(arange(0.0, 6.0, 1.0, f64()).reshape({3, 2})), 0, 1)};
+  });
+  sum(z).backward();
+  EXPECT_TRUE(c.grad().is_contiguous());
+  EXPECT_EQ(c.grad().to_vector<double>(), (std::vector<double>{0.0, 2.0, 4.0, 1.0, 3.0, 5.0}));
+}
+
 namespace {
 // A custom op whose backward yields no gradient for its (gradient-requiring) input.
 Tensor drop_gradient(const Tensor& h) {
@@ -271,6 +322,54 @@ TEST(Autograd, UndefinedGradientCountsAsZero) {
   x2.requires_grad_();
   sum(drop_gradient(x2 * 3.0)).backward();  // no path carries one: the leaf gets nothing
   EXPECT_FALSE(x2.grad().defined());
+  // A node that gets no gradient is still walked: h3 waits on both its consumers (the last to
+  // finish is the one that got nothing), and x4's hook on both of its edges.
+  Tensor x3 = ones({2}, f64()).requires_grad_();
+  Tensor h3 = x3 * 1.0;
+  sum(drop_gradient(h3 * 2.0) + h3 * 5.0).backward();
+  EXPECT_EQ(x3.grad().to_vector<double>(), (std::vector<double>{5.0, 5.0}));
+  Tensor x4 = ones({2}, f64()).requires_grad_();
+  std::vector<std::vector<double>> seen;
+  set_grad_ready_hook(x4, [&] { seen.push_back(x4.grad().to_vector<double>()); });
+  sum(drop_gradient(x4 * 2.0) + x4 * 5.0).backward();
+  EXPECT_EQ(seen, (std::vector<std::vector<double>>{{5.0, 5.0}}));
+}
+
+// Roots of one backward may feed each other: the one used by the other runs once, with both
+// gradients summed, whichever comes first in the list.
+TEST(Autograd, RootsThatFeedEachOtherRunOnce) {
+  for (bool used_first : {true, false}) {
+    Tensor x = tensor<double>({1.0, 2.0}, {2});
+    x.requires_grad_();
+    Tensor y = x * 2.0;
+    Tensor z = y * y;
+    if (used_first)
+      run_backward({y, z}, {ones({2}, f64()), ones({2}, f64())}, false);
+    else
+      run_backward({z, y}, {ones({2}, f64()), ones({2}, f64())}, false);
+    EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2.0 + 8.0, 2.0 + 16.0})) << used_first;  // 2 + 8x
+  }
+}
+
+// A custom op may hand back its input, or one tensor as two outputs: each output gets its own
+// handle, so the input stays a leaf and each output's gradient reaches its own slot.
+TEST(Autograd, CustomOpOutputsGetTheirOwnHandles) {
+  Tensor x = ones({2}, f64()).requires_grad_();
+  Tensor y = attach(x, "identity", {x}, [](const Tensor& g) { return std::vector<Tensor>{g * 3.0}; });
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_EQ(y.grad_fn_name(), "identity");
+  sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3.0, 3.0}));
+
+  std::string seen;
+  const Tensor t = raw::clone(x);
+  std::vector<Tensor> outs =
+      attach_outputs({t, t}, "same_twice", {x}, [&seen](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+        seen = std::string(g[0].defined() ? "a" : "-") + (g[1].defined() ? "b" : "-");
+        return {g[0].defined() ? g[0] : g[1]};
+      });
+  sum(outs[0]).backward();
+  EXPECT_EQ(seen, "a-");
 }
 
 TEST(Autograd, MultipleOutputsShareOneBackward) {
