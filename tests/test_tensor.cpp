@@ -114,6 +114,14 @@ TEST(Tensor, ViewsShareStorage) {
   // squeeze leaves a dim that is not 1; contiguous returns a contiguous tensor itself.
   EXPECT_EQ(squeeze(zeros({2, 3}), 0).shape(), (Shape{2, 3}));
   EXPECT_TRUE(contiguous(t).same(t));
+  // reshape views when the strides allow (writes go through) and copies only when they do not;
+  // expand's -1 keeps a dim; a scalar transposes to itself; to() of the same dtype is the tensor.
+  Tensor rv = t.reshape({6, 4});
+  EXPECT_EQ(rv.impl().storage, t.impl().storage);
+  EXPECT_NE(tt.reshape({6, 4}).impl().storage, t.impl().storage);
+  EXPECT_EQ(arange(3.0).reshape({3, 1}).expand({-1, 2}).shape(), (Shape{3, 2}));
+  EXPECT_EQ(transpose(full({}, 2.0), 0, -1).item(), 2.0);
+  EXPECT_TRUE(t.to(DType::Float64).same(t));
   // slice: Python's negative and out-of-order bounds.
   const Tensor r = arange(5.0, f64());
   EXPECT_EQ(r.slice(0, 1, -1).to_vector<double>(), (std::vector<double>{1, 2, 3}));
@@ -308,6 +316,8 @@ TEST(Tensor, ReductionValues) {
   EXPECT_EQ(sum(x, {1}).to_vector<double>(), (std::vector<double>{12, 15, 18, 21, 48, 51, 54, 57}));
   EXPECT_EQ(sum(x, {0, 2}).to_vector<double>(), (std::vector<double>{60, 92, 124}));
   EXPECT_EQ(sum(x, {0, 2}, true).shape(), (Shape{1, 3, 1}));
+  EXPECT_EQ(sum(x, {2, 0}, true).shape(), (Shape{1, 3, 1}));  // dims in any order
+  EXPECT_EQ(sum(x, {2, 0}).to_vector<double>(), (std::vector<double>{60, 92, 124}));
   EXPECT_EQ(max(x, {-1}).to_vector<double>(), (std::vector<double>{3, 7, 11, 15, 19, 23}));
   EXPECT_EQ(min(x.transpose(0, 2), {2}).to_vector<double>(),
             (std::vector<double>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
@@ -528,6 +538,7 @@ TEST(Errors, ElementwiseAndReductionArguments) {
   EXPECT_LINEA_ERROR(masked_fill(zeros({3}), m, 1.0),
                      "masked_fill: mask of shape [2, 3] does not broadcast to the input shape [3]");
   EXPECT_LINEA_ERROR(sum(a, {1, -1}), "sum: dim 1 appears twice in [1, -1]");
+  EXPECT_LINEA_ERROR(sum(a, {1, 0, 1}), "sum: dim 1 appears twice in [1, 0, 1]");
   EXPECT_LINEA_ERROR(logsumexp(zeros({2}, TensorOptions(DType::Int64)), {0}),
                      "logsumexp: expected a floating dtype, got int64");
   EXPECT_LINEA_ERROR(max(zeros({2, 0}), {1}), "max: cannot reduce over a zero-size dimension (shape [2, 0])");
