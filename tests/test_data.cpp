@@ -168,6 +168,7 @@ TEST(DataLoader, ResumeMidEpochAndNextApi) {
   EXPECT_EQ(count, 8);
   EXPECT_FALSE(m.next(b));  // stays at the end
   m.reset(2, 7);
+  EXPECT_EQ(m.epoch(), 2);
   ASSERT_TRUE(m.next(b));
   EXPECT_EQ(b.at("target").to_vector<int64_t>(), full[7]);
   EXPECT_FALSE(m.next(b));
@@ -276,6 +277,52 @@ TEST(DataLoader, WorkerExceptionReachesTheConsumer) {
     dl.reset(1);
     ASSERT_TRUE(dl.next(b));
     EXPECT_EQ(b.at("target").to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3}));
+  }
+}
+
+namespace {
+// Waits (up to 10 s) until the dataset has been asked for `calls` examples.
+void wait_for_calls(const CustomDataset& ds, int calls) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ds.calls.load() < calls && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+}
+}  // namespace
+
+// reset() and shard() drop what the worker prepared for the old position: batches already
+// queued, and an error it met there; the first next() after shard() starts epoch 0 of the slice.
+// And a reset's first batch holds without prefetch too.
+TEST(DataLoader, ResetDropsWhatWasPreparedBefore) {
+  Batch b;
+  {
+    auto ds = std::make_shared<CustomDataset>(20, -1);
+    DataLoader dl(ds, opts(4, false, 0, false, true));
+    dl.reset(0);
+    wait_for_calls(*ds, 8);  // batch 0 queued, batch 1 prepared
+    dl.reset(0, 3);
+    ASSERT_TRUE(dl.next(b));
+    EXPECT_EQ(b.at("target").to_vector<int64_t>(), (std::vector<int64_t>{12, 13, 14, 15}));
+  }
+  {
+    auto ds = std::make_shared<CustomDataset>(20, 5);  // batch 1 (examples 4..7) fails
+    DataLoader dl(ds, opts(4, false, 0, false, true));
+    dl.reset(0);
+    wait_for_calls(*ds, 6);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the worker records its error
+    dl.reset(0, 2);
+    int count = 0;
+    while (dl.next(b)) ++count;  // batches 2..4, no error
+    EXPECT_EQ(count, 3);
+  }
+  for (bool prefetch : {true, false}) {
+    SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
+    DataLoader dl(index_dataset(7), opts(4, false, 0, false, prefetch));  // batches 0..3 and 4..6
+    ASSERT_TRUE(dl.next(b));
+    dl.shard(1, 2);
+    ASSERT_TRUE(dl.next(b));
+    EXPECT_EQ(b.at("target").to_vector<int64_t>(), (std::vector<int64_t>{2, 3}));
+    dl.reset(0, 1);
+    ASSERT_TRUE(dl.next(b));
+    EXPECT_EQ(b.at("target").to_vector<int64_t>(), (std::vector<int64_t>{5, 6}));
   }
 }
 
