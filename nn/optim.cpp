@@ -261,7 +261,6 @@ void SGD::load_state_dict(const StateDict& state) {
   std::vector<NamedTable> tables;
   if (momentum_ != 0.0) tables.push_back({"momentum_buffer", &buf_});
   import_state("SGD", groups_, tables, state, &step_);
-  if (momentum_ == 0.0) buf_.clear();
   fit(buf_, groups_);
 }
 

@@ -528,8 +528,17 @@ TEST(ClipGradNorm, MixedDtypesAndNoGrads) {
   EXPECT_NEAR(norm.item(), 5.0, 1e-6);
   EXPECT_NEAR(a.grad().item(), 0.6, 1e-6);
   EXPECT_NEAR(b.grad().item(), 0.8, 1e-6);
+  // The float32 gradient first: the float64 one is scaled by the coefficient in its own dtype.
+  set_grad64(a, {3.0});
+  b.set_grad(from_vector<float>({4.0f}, {1}));
+  EXPECT_EQ(nn::clip_grad_norm_({b, a}, 1.0).dtype(), DType::Float32);
+  EXPECT_EQ(a.grad().dtype(), DType::Float64);
+  EXPECT_NEAR(a.grad().item(), 0.6, 1e-6);
+  // No gradients: a zero norm in the first parameter's dtype.
   Tensor none = nn::clip_grad_norm_({param64({1.0})}, 1.0);
   EXPECT_EQ(none.item(), 0.0);
+  EXPECT_EQ(none.dtype(), DType::Float64);
+  EXPECT_EQ(nn::grad_norm({param64({1.0})}).dtype(), DType::Float64);
   EXPECT_LINEA_ERROR(nn::clip_grad_norm_({a}, 0.0), "max_norm must be finite and > 0");
 }
 
@@ -897,6 +906,26 @@ TEST(RawOptim, NonContiguousParamAndGrad) {
   raw::sgd_step(pc, gc, bc, 0.1, 0.9, 0.0, 0.01, true, true);
   EXPECT_TRUE(same_bits(pt, pc));
   EXPECT_TRUE(same_bits(bt, bc));
+}
+
+// Adam over a parameter that is not contiguous (a leaf made as a transposed view) takes the
+// per-parameter path (the multi-tensor kernel reads dense parameters) and updates it as it would
+// its contiguous copy.
+TEST(Optim, AdamUpdatesANonContiguousParameter) {
+  const Tensor base = randn({4, 3}, test::f64());
+  Tensor pt = raw::transpose(raw::clone(base), 0, 1).requires_grad_(true);  // [3, 4], not contiguous
+  Tensor pc = raw::contiguous(pt).requires_grad_(true);
+  ASSERT_FALSE(pt.is_contiguous());
+  nn::Adam at(one_group({pt}, 0.1)), ac(one_group({pc}, 0.1));
+  for (int step = 0; step < 2; ++step) {
+    const Tensor g = randn({3, 4}, test::f64());
+    pt.set_grad(raw::clone(g));
+    pc.set_grad(raw::clone(g));
+    at.step();
+    ac.step();
+  }
+  EXPECT_TRUE(same_bits(raw::contiguous(pt), pc));
+  EXPECT_EQ(at.steps(), 2);
 }
 
 // Every tensor a raw step writes in place has its storage version bumped (a graph that recorded
