@@ -207,6 +207,16 @@ TEST(Checkpoint, FailedSaveLeavesPreviousCheckpointIntact) {
       "save_checkpoint: TrainState::extra keys starting with 'linea_file.' are reserved, got 'linea_file.x'");
   EXPECT_LINEA_ERROR(save_checkpoint("", *net, *opt, {0, 0, {}, {}, {}}),
                      "save_checkpoint: empty checkpoint directory");
+
+  // A rename that fails after the temps are written (training.safetensors is a folder that is
+  // not empty): the temps not yet renamed are removed too.
+  const std::string blocked = dir.file("blocked");
+  fs::create_directories(blocked + "/training.safetensors/x");
+  EXPECT_LINEA_ERROR(save_checkpoint(blocked, *net, *opt, {5, 0, {}, {}, {}}),
+                     "save_checkpoint: cannot rename '" + blocked + "/training.safetensors.tmp.");
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(blocked)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"training.safetensors"});
 }
 
 TEST(Checkpoint, RejectsMismatchedAndForeignFiles) {
@@ -353,7 +363,9 @@ TEST(Checkpoint, ExtraFilesAreSavedAndLoadedWithTheSameSave) {
   std::ofstream(ck + "/config.json") << "{\"a\": 3}\n";
   EXPECT_LINEA_ERROR(load_checkpoint(ck, *fresh, *opt2),
                      "config.json' and '" + ck + "/training.safetensors' come from different saves");
-  EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {}, {{"a/b", ""}}, {}}), "bad extra file name 'a/b'");
+  for (const std::string bad : {"a/b", ".", "..", "model.safetensors", "training.safetensors"})
+    EXPECT_LINEA_ERROR(save_checkpoint(ck, *net, *opt, {0, 0, {}, {{bad, ""}}, {}}),
+                       "save_checkpoint: bad extra file name '" + bad + "'");
 }
 
 // Temps of another killed save beside those of the save that load finishes, sorted after them:
