@@ -300,5 +300,24 @@ TEST(AttentionCuda, TensorsOnTwoDevicesAreRefused) {
                      "TensorDataset: inputs and targets must be CPU tensors");
 }
 
+// Module::to moves every parameter and buffer but a host buffer: the redraw count that the host
+// reads each step stays on the CPU.
+TEST(AttentionCuda, HostBuffersStayOnTheCpu) {
+#ifdef LINEA_PARITY_SELF_TEST
+  GTEST_SKIP() << "the self test's \"CUDA\" is the CPU";
+#endif
+  LINEA_REQUIRE_CUDA();
+  auto mech = attn::make_attention("performer:features=6", 2, 4);
+  mech->to(kCuda);
+  int host = 0;
+  for (const auto& [name, b] : mech->named_buffers()) {
+    EXPECT_EQ(b.is_cpu(), name == "redraw_calls") << name;
+    host += b.is_cpu() ? 1 : 0;
+  }
+  EXPECT_EQ(host, 1);
+  for (const auto& [name, p] : mech->named_parameters()) EXPECT_TRUE(p.is_cuda()) << name;
+  EXPECT_EQ(mech->redraw_calls(), 0);
+}
+
 }  // namespace
 }  // namespace linea

@@ -44,6 +44,10 @@ TEST(Module, DottedNamesInRegistrationOrder) {
             (std::vector<std::string>{"a.w", "a.b", "blocks.0.w", "blocks.0.b", "blocks.1.w", "blocks.1.b"}));
   EXPECT_EQ(names(t->named_buffers()), (std::vector<std::string>{"a.running", "blocks.0.running", "blocks.1.running"}));
   EXPECT_EQ(t->num_parameters(), 3 * 2 + 3 + 1 * 2 + 1 + 2 * 2 + 2);
+  // Without recursion, a module's own tensors only.
+  EXPECT_TRUE(t->named_parameters(/*recurse=*/false).empty());
+  EXPECT_TRUE(t->named_buffers(/*recurse=*/false).empty());
+  EXPECT_EQ(names(t->a->named_parameters(false)), (std::vector<std::string>{"w", "b"}));
   EXPECT_TRUE(t->a->w.requires_grad());
   EXPECT_FALSE(t->a->running.requires_grad());
   std::vector<std::string> mods;  // depth first, each module before its children, in registration order
@@ -97,7 +101,10 @@ TEST(Module, StrictLoadListsEveryProblem) {
   nn::StateDict extra = m->state_dict();
   extra["extra.weight"] = zeros({1});
   EXPECT_LINEA_ERROR(m->load_state_dict(extra), "load_state_dict (Tree): unexpected keys: extra.weight;");
-  // Non-strict loading ignores missing/unexpected keys but never a shape mismatch.
+  // Non-strict loading ignores missing/unexpected keys but never a shape mismatch (and names
+  // only that).
+  EXPECT_LINEA_ERROR(m->load_state_dict(s, /*strict=*/false),
+                     "load_state_dict (Tree): shape mismatch: blocks.1.w (expected [2, 2], got [5, 5]);");
   s["blocks.1.w"] = ones({2, 2});
   m->load_state_dict(s, /*strict=*/false);
   EXPECT_EQ(m->blocks->at<Leaf>(1)->w.to_vector<float>(), std::vector<float>(4, 1.0f));
