@@ -219,6 +219,13 @@ TEST(AttentionDecoding, KeyValueCacheGrowsPastItsBuffers) {
   sum(mul(cache.keys(), w)).backward();
   ASSERT_TRUE(k.grad().defined());
   EXPECT_TRUE(all_close(narrow(k.grad(), 2, 0, 20), w, 0, 0));
+  // A reorder of a cache joined by cat selects the rows of its keys, values and padding too.
+  attn::KeyValueCache joined;
+  for (int64_t t = 0; t < 12; ++t) joined.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), given(t));
+  joined.reorder(index);
+  EXPECT_TRUE(all_close(joined.keys(), index_select(narrow(k, 2, 0, 12), 0, index), 0, 0));
+  EXPECT_TRUE(all_close(joined.values(), index_select(narrow(v, 2, 0, 12), 0, index), 0, 0));
+  EXPECT_TRUE(padding_is(joined.key_padding(), index_select(narrow(pad, 1, 0, 12), 0, index)));
   // Then steps without gradients: the keys joined so far copied into a buffer, the new ones after.
   NoGradGuard ng;
   for (int64_t t = 20; t < 25; ++t) cache.append(narrow(k, 2, t, 1), narrow(v, 2, t, 1), given(t));
