@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -117,7 +118,8 @@ TEST(Safetensors, ReadsHandWrittenFile) {
   std::vector<float> w = {0.5f, -1.25f, 3.0f, 1e-7f};
   std::vector<double> s = {3.141592653589793};
   std::vector<int32_t> i32 = {-2, 2147483647};
-  std::vector<uint16_t> f16 = {0x3c00, 0xc000, 0x0001, 0x7c00};  // 1, -2, 2^-24, +inf
+  // 1, -2, 2^-24, +inf, 0, -0, NaN, 3 2^-16 (a subnormal of two bits)
+  std::vector<uint16_t> f16 = {0x3c00, 0xc000, 0x0001, 0x7c00, 0x0000, 0x8000, 0x7e00, 0x0300};
   std::vector<uint16_t> bf16 = {0x3f80, 0xbfc0};                 // 1, -1.5
   std::string bools = {'\0', '\1', '\2'};
   data += raw_bytes(b) + raw_bytes(w) + raw_bytes(s) + raw_bytes(i32) + raw_bytes(f16) + raw_bytes(bf16) + bools;
@@ -125,9 +127,10 @@ TEST(Safetensors, ReadsHandWrittenFile) {
                        R"("w":{"shape":[2,2],"dtype":"F32","data_offsets":[24,40]},)"
                        R"("s":{"dtype":"F64","shape":[],"data_offsets":[40,48]},)"
                        R"("i":{"dtype":"I32","shape":[2],"data_offsets":[48,56]},)"
-                       R"("h":{"dtype":"F16","shape":[4],"data_offsets":[56,64]},)"
-                       R"("bf":{"dtype":"BF16","shape":[1,2],"data_offsets":[64,68]},)"
-                       R"("m":{"dtype":"BOOL","shape":[3],"data_offsets":[68,71]},)"
+                       R"("h":{"dtype":"F16","shape":[8],"data_offsets":[56,72]},)"
+                       R"("bf":{"dtype":"BF16","shape":[1,2],"data_offsets":[72,76]},)"
+                       R"("m":{"dtype":"BOOL","shape":[3],"data_offsets":[76,79]},)"
+                       R"("z":{"dtype":"F32","shape":[0],"data_offsets":[76,76]},)"
                        R"("__metadata__":{"source":"hand"}})";
   TempDir dir;
   std::string path = dir.file("hand.safetensors");
@@ -135,14 +138,17 @@ TEST(Safetensors, ReadsHandWrittenFile) {
 
   SafetensorsFile f = load_safetensors(path);
   EXPECT_EQ(f.metadata, (Metadata{{"source", "hand"}}));
-  ASSERT_EQ(f.tensors.size(), 7u);
+  ASSERT_EQ(f.tensors.size(), 8u);
   EXPECT_TRUE(same_tensor(f.tensors["b"], tensor<int64_t>({5, -6, 7}, {3})));
   EXPECT_TRUE(same_tensor(f.tensors["w"], tensor<float>({0.5f, -1.25f, 3.0f, 1e-7f}, {2, 2})));
   EXPECT_TRUE(same_tensor(f.tensors["s"], scalar_tensor(3.141592653589793, TensorOptions(DType::Float64))));
   EXPECT_TRUE(same_tensor(f.tensors["i"], tensor<int64_t>({-2, 2147483647}, {2})));
-  EXPECT_TRUE(same_tensor(f.tensors["h"], tensor<float>({1.f, -2.f, 5.9604644775390625e-8f, INFINITY}, {4})));
+  EXPECT_TRUE(same_tensor(f.tensors["h"], tensor<float>({1.f, -2.f, 5.9604644775390625e-8f, INFINITY, 0.f, -0.f,
+                                                         std::numeric_limits<float>::quiet_NaN(), 4.57763671875e-5f},
+                                                        {8})));
   EXPECT_TRUE(same_tensor(f.tensors["bf"], tensor<float>({1.f, -1.5f}, {1, 2})));
   EXPECT_TRUE(same_tensor(f.tensors["m"], from_vector<bool>({false, true, true}, {3})));
+  EXPECT_EQ(f.tensors["z"].shape(), Shape{0});  // empty, where "m" begins (and read after it: keys in name order)
 }
 
 TEST(Safetensors, WriterBytesMatchTheFormatExactly) {
@@ -237,6 +243,7 @@ TEST(Safetensors, RejectsCorruptedHeaders) {
   expect_error(R"({"w":{"dtype":"F32","shape":[2,2]}})", d16, "tensor 'w': missing or malformed \"data_offsets\"");
   expect_error(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,8,16]}})", d16, "malformed \"data_offsets\"");
   expect_error(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":["0",16]}})", d16, "malformed \"data_offsets\"");
+  expect_error(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[-8,8]}})", d16, "malformed \"data_offsets\"");
   expect_error(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[16,0]}})", d16,
                "tensor 'w': data_offsets [16, 0] end before they begin");
   expect_error(R"({"__metadata__":{"epoch":3}})", "", "\"__metadata__\" entry 'epoch' must be a string, got number");
