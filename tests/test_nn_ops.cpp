@@ -185,13 +185,13 @@ TEST(Matmul, BadInputs) {
   EXPECT_LINEA_ERROR(bmm(randn({2, 3}), randn({3, 4})), "bmm");
   EXPECT_LINEA_ERROR(bmm(randn({2, 2, 3}), randn({3, 3, 4})), "bmm: batch sizes differ");
   EXPECT_LINEA_ERROR(bmm(randn({2, 2, 3}), randn({2, 4, 4})), "bmm: shapes cannot be multiplied");
-  EXPECT_LINEA_ERROR(matmul(Tensor(), randn({3})), "matmul: argument 'a' is an undefined tensor");
-  EXPECT_LINEA_ERROR(matmul(randn({3}), Tensor()), "matmul: argument 'b' is an undefined tensor");
+  EXPECT_LINEA_ERROR(matmul(Tensor(), randn({3})), test::undefined_arg("matmul", "a"));
+  EXPECT_LINEA_ERROR(matmul(randn({3}), Tensor()), test::undefined_arg("matmul", "b"));
   EXPECT_LINEA_ERROR(matmul(randn({2, 3}), randn({3, 4}), NAN), "matmul: alpha must be finite, got nan");
   // matmul_into (the backward's GEMMs): out must be a defined row-major [.., M, N] of a's dtype.
   const Tensor a = randn({2, 3}), b = randn({3, 4});
   EXPECT_LINEA_ERROR(raw::matmul_into(a, randn({4, 4}), zeros({2, 4}), 1.0), "matmul: shapes cannot be multiplied");
-  EXPECT_LINEA_ERROR(raw::matmul_into(a, b, Tensor(), 1.0), "matmul: argument 'out' is an undefined tensor");
+  EXPECT_LINEA_ERROR(raw::matmul_into(a, b, Tensor(), 1.0), test::undefined_arg("matmul", "out"));
   EXPECT_LINEA_ERROR(raw::matmul_into(a, b, zeros({2, 5}), 1.0),
                      "matmul: out has shape [2, 5], expected [2, 4] for [2, 3] @ [3, 4]");
   EXPECT_LINEA_ERROR(raw::matmul_into(randn({3}), b, zeros({4}), 1.0),
@@ -199,7 +199,7 @@ TEST(Matmul, BadInputs) {
   EXPECT_LINEA_ERROR(raw::matmul_into(a, b, zeros({2, 4}, f64()), 1.0), "matmul: dtype mismatch");
   EXPECT_LINEA_ERROR(raw::matmul_into(a, b, zeros({4, 2}).t(), 1.0),
                      "matmul: out's matrices must be row-major, got strides [1, 2]");
-  EXPECT_LINEA_ERROR(raw::empty_like_layout(Tensor()), "empty_like_layout: argument 't' is an undefined tensor");
+  EXPECT_LINEA_ERROR(raw::empty_like_layout(Tensor()), test::undefined_arg("empty_like_layout", "t"));
 }
 
 // matmul_into with accumulate: out += a @ b (the GEMM's beta = 1) in each of the CPU kernel's
@@ -313,14 +313,14 @@ TEST(Linears, BadInputs) {
                      "linear: expected x [..., K] and weight [N, K], got x [3, 4] and weight [5, 3]");
   EXPECT_LINEA_ERROR(linears(x, {w}, {randn({4})}), "linear: bias must be [5]");
   const Tensor u, i = zeros({3, 4}, TensorOptions(DType::Int64));
-  EXPECT_LINEA_ERROR(linear(u, w), "linear: argument 'x' is an undefined tensor");
-  EXPECT_LINEA_ERROR(linear(x, u), "linear: argument 'weight' is an undefined tensor");
+  EXPECT_LINEA_ERROR(linear(u, w), test::undefined_arg("linear", "x"));
+  EXPECT_LINEA_ERROR(linear(x, u), test::undefined_arg("linear", "weight"));
   EXPECT_LINEA_ERROR(linear(i, zeros({5, 4}, TensorOptions(DType::Int64))),
                      "linear: expected x to be float32 or float64, got int64");
   EXPECT_LINEA_ERROR(linear(x, randn({5, 4}, f64())), "linear: dtype mismatch: float32 (shape [3, 4]) vs float64");
   EXPECT_LINEA_ERROR(linear(x, w, randn({5}, f64())), "linear: dtype mismatch: float32 (shape [3, 4]) vs float64");
   // linear_weight_grad (the backward's): grad [..., N] over x's rows, in x's dtype.
-  EXPECT_LINEA_ERROR(raw::linear_weight_grad(u, x, false), "linear_weight_grad: argument 'grad' is an undefined");
+  EXPECT_LINEA_ERROR(raw::linear_weight_grad(u, x, false), test::undefined_arg("linear_weight_grad", "grad"));
   EXPECT_LINEA_ERROR(raw::linear_weight_grad(randn({3, 5}), u, false), "linear_weight_grad: argument 'x' is an");
   EXPECT_LINEA_ERROR(raw::linear_weight_grad(randn({2, 5}), x, false),
                      "linear_weight_grad: grad [2, 5] does not match x [3, 4]");
@@ -386,11 +386,11 @@ TEST(Softmax, LargeLogitsAreStable) {
 }
 
 TEST(Softmax, BadInputs) {
-  EXPECT_LINEA_ERROR(softmax(Tensor(), 0), "softmax: argument 'x' is an undefined tensor");
+  EXPECT_LINEA_ERROR(softmax(Tensor(), 0), test::undefined_arg("softmax", "x"));
   // The backward (raw, for custom ops): grad and output alike, floating.
   const Tensor y = randn({2, 3}), i = zeros({2, 3}, TensorOptions(DType::Int64));
-  EXPECT_LINEA_ERROR(raw::softmax_backward(Tensor(), y, 1, false), "softmax_backward: argument 'grad' is an undefined");
-  EXPECT_LINEA_ERROR(raw::softmax_backward(y, Tensor(), 1, true), "log_softmax_backward: argument 'y' is an undefined");
+  EXPECT_LINEA_ERROR(raw::softmax_backward(Tensor(), y, 1, false), test::undefined_arg("softmax_backward", "grad"));
+  EXPECT_LINEA_ERROR(raw::softmax_backward(y, Tensor(), 1, true), test::undefined_arg("log_softmax_backward", "y"));
   EXPECT_LINEA_ERROR(raw::softmax_backward(randn({2, 3}, f64()), y, 1, false), "softmax_backward: dtype mismatch");
   EXPECT_LINEA_ERROR(raw::softmax_backward(i, i, 1, false),
                      "softmax_backward: expected y to be float32 or float64, got int64");
@@ -457,7 +457,7 @@ TEST(LayerNorm, BadInputs) {
   EXPECT_LINEA_ERROR(layer_norm(zeros({2, 3}, TensorOptions(DType::Int64)), {3}),
                      "layer_norm: expected x to be float32 or float64, got int64");
   EXPECT_LINEA_ERROR(layer_norm(x, {3}, Tensor(), Tensor(), -1.0), "layer_norm: eps must be >= 0, got -1");
-  EXPECT_LINEA_ERROR(add_layer_norm(x, Tensor(), {3}), "add_layer_norm: argument 'r' is an undefined tensor");
+  EXPECT_LINEA_ERROR(add_layer_norm(x, Tensor(), {3}), test::undefined_arg("add_layer_norm", "r"));
   EXPECT_LINEA_ERROR(add_layer_norm(x, randn({2, 3}, f64()), {3}), "add_layer_norm: dtype mismatch");
   EXPECT_LINEA_ERROR(add_layer_norm(x, randn({1, 3}), {3}), "add_layer_norm: x [2, 3] and r [1, 3] differ in shape");
   EXPECT_LINEA_ERROR(add_layer_norm(x, x, {3}, Tensor(), Tensor(), -1.0), "add_layer_norm: eps must be >= 0, got -1");
@@ -466,7 +466,7 @@ TEST(LayerNorm, BadInputs) {
   // The backward (raw, for custom ops): grad like x, mean and rstd one per row.
   const Tensor m = zeros({2}), s = ones({2});
   EXPECT_LINEA_ERROR(raw::layer_norm_backward(Tensor(), x, 1, Tensor(), Tensor(), m, s),
-                     "layer_norm_backward: argument 'grad' is an undefined tensor");
+                     test::undefined_arg("layer_norm_backward", "grad"));
   EXPECT_LINEA_ERROR(raw::layer_norm_backward(randn({2, 3}, f64()), x, 1, Tensor(), Tensor(), m, s),
                      "layer_norm_backward: dtype mismatch");
   EXPECT_LINEA_ERROR(raw::layer_norm_backward(randn({3, 2}), x, 1, Tensor(), Tensor(), m, s),
@@ -485,12 +485,11 @@ Tensor composed_normalize(const Tensor& x, double eps) {
 }
 
 TEST(Normalize, BadInputs) {
-  EXPECT_LINEA_ERROR(normalize(Tensor()), "normalize: argument 'x' is an undefined tensor");
+  EXPECT_LINEA_ERROR(normalize(Tensor()), test::undefined_arg("normalize", "x"));
   EXPECT_LINEA_ERROR(normalize(zeros({2, 3}, TensorOptions(DType::Int64))),
                      "normalize: expected x to be float32 or float64, got int64");
   const Tensor x = randn({2, 3});
-  EXPECT_LINEA_ERROR(raw::normalize_backward(Tensor(), x, 1e-12),
-                     "normalize_backward: argument 'grad' is an undefined");
+  EXPECT_LINEA_ERROR(raw::normalize_backward(Tensor(), x, 1e-12), test::undefined_arg("normalize_backward", "grad"));
   EXPECT_LINEA_ERROR(raw::normalize_backward(randn({2, 3}, f64()), x, 1e-12), "normalize_backward: dtype mismatch");
   EXPECT_LINEA_ERROR(raw::normalize_backward(randn({3, 2}), x, 1e-12), "normalize_backward: grad [3, 2] and x [2, 3]");
 }
