@@ -394,10 +394,15 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
     g_stacks.clear();                         // (and partly poisoned: not to be copied)
     g_stacks.resize(nthreads * kStack);
   }
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        blockIdx = make_uint3(bx, by, bz);
+  // EMU_REVERSE_BLOCKS=1: the blocks run last to first. A block that writes past its own part
+  // of an output (a tail it should have skipped) is overwritten by its neighbour in one order and
+  // clobbers it in the other; a GPU runs them in any order.
+  static const bool reverse = std::getenv("EMU_REVERSE_BLOCKS") != nullptr;
+  const auto nth = [](unsigned i, unsigned n) { return reverse ? n - 1 - i : i; };
+  for (unsigned iz = 0; iz < grid.z; ++iz)
+    for (unsigned iy = 0; iy < grid.y; ++iy)
+      for (unsigned ix = 0; ix < grid.x; ++ix) {
+        blockIdx = make_uint3(nth(ix, grid.x), nth(iy, grid.y), nth(iz, grid.z));
         std::memset(linea::cuda::detail::linea_smem_, 0xCD, std::max(smem, kDefaultSmem));
         unsigned t = 0;
         for (unsigned z = 0; z < block.z; ++z)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the CUDA parity tests without a GPU: Linea's cuda/ code on a host emulation of CUDA.
-# Blocks run one after another, a block's threads are fibers switched at __syncthreads()
+# Blocks run one after another (run.sh runs the parity and attention tests once more with
+# EMU_REVERSE_BLOCKS=1, last block first: a block that writes past its part of an output clobbers
+# a neighbour in one order or the other), a block's threads are fibers switched at __syncthreads()
 # (a barrier reached by only some threads aborts), launch configurations are checked (over 48 KB
 # of dynamic shared memory only for a kernel that opted in), cp.async copies at once (a missing
 # wait goes unseen), and cuBLAS / cuFFT / cuRAND are naive host fakes that check their arguments
@@ -71,6 +73,10 @@ add_tests "$B/attention" "$@"
 add_tests LINEA_EMU_CC=75 "$B/parity" \
   --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN:CudaParity.AttentionSampleKernel:CudaParity.FavorAttentionKernel:CudaParity.FavorAttentionStepKernel'
 add_tests EMU_LT_NO_ALGO=1 "$B/parity" --gtest_filter='CudaParity.Linear'
+if [ $# -eq 0 ]; then
+  add_tests EMU_REVERSE_BLOCKS=1 "$B/parity"
+  add_tests EMU_REVERSE_BLOCKS=1 "$B/attention"
+fi
 run_jobs
 # Every kernel ran in some test above (all of them run when no filter is given).
 if [ $# -eq 0 ]; then python3 "$EMU/kernel_coverage.py" "$B" --require-every-kernel; fi
