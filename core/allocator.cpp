@@ -1,6 +1,7 @@
 // The caching allocator and the CPU instance of it.
 #include "core/allocator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
@@ -32,8 +33,9 @@ CachingAllocator::~CachingAllocator() {
 }
 
 void* CachingAllocator::allocate(size_t nbytes) {
-  const size_t size = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
+  const bool cached = caching_ || pool_ != 0;
+  const size_t size = cached ? round_size(nbytes) : std::max<size_t>(nbytes, 1);
   // The limit is checked before anything changes: a refused request leaves every list and
   // counter as it was (only the cache is handed back, which the limit wants anyway).
   if (limit_ != 0 && (size > limit_ || stats_.allocated_bytes > limit_ - size)) {
@@ -44,7 +46,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   stats_.num_allocs++;
   void* ptr = nullptr;
   std::multimap<size_t, void*>& from = pool_ == 0 ? free_ : pools_[pool_];
-  auto it = long_lived_depth > 0 ? from.end() : from.find(size);
+  auto it = long_lived_depth > 0 || !cached ? from.end() : from.find(size);
   if (it != from.end()) {
     ptr = it->second;
     from.erase(it);
@@ -79,8 +81,9 @@ void CachingAllocator::deallocate(void* ptr) {
   const Live block = it->second;
   live_.erase(it);
   stats_.allocated_bytes -= block.size;
-  stats_.cached_bytes += block.size;
   auto pool = block.pool == 0 ? pools_.end() : pools_.find(block.pool);
+  if (pool == pools_.end() && !caching_) return raw_free_(ptr);
+  stats_.cached_bytes += block.size;
   (pool == pools_.end() ? free_ : pool->second).emplace(block.size, ptr);
 }
 
@@ -109,6 +112,18 @@ void CachingAllocator::release_pool(int id) {
   free_.insert(pool->second.begin(), pool->second.end());
   pools_.erase(pool);  // its live blocks go to the shared cache when freed
   if (pool_ == id) pool_ = 0;
+  if (!caching_) release_cached_locked();
+}
+
+void CachingAllocator::set_caching(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  caching_ = on;
+  if (!on) release_cached_locked();
+}
+
+bool CachingAllocator::caching() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return caching_;
 }
 
 void CachingAllocator::empty_cache() {

@@ -48,6 +48,12 @@ class CachingAllocator {
   // this file. A limit below what is already live only affects later allocations.
   void set_limit(size_t bytes);
   size_t limit() const;
+  // Off: each request outside a private pool is a raw block of the size asked, given back at
+  // once when freed (as PYTORCH_NO_CUDA_MEMORY_CACHING): a memory checker (ASan on the CUDA
+  // emulator, compute-sanitizer on a GPU) then sees each buffer's own bounds and every read of
+  // memory that nothing wrote. On by default.
+  void set_caching(bool on);
+  bool caching() const;
 
   // Size classes: round up to 512 bytes below 1 MiB, to 1/8 of the power of two above.
   static size_t round_size(size_t nbytes);
@@ -75,6 +81,7 @@ class CachingAllocator {
   std::map<void*, Live> live_;                         // block -> size and pool
   AllocatorStats stats_;
   size_t limit_ = 0;  // 0: none
+  bool caching_ = true;
   int pool_ = 0, next_pool_ = 1;
 
   void release_cached_locked();                 // every free block back to raw_free_

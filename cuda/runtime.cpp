@@ -386,7 +386,12 @@ void raw_free(void* ptr) {
 CachingAllocator& allocator() {
   // Deliberately leaked: tensors held in static objects may be released after static
   // destructors have run; the driver reclaims device memory at exit.
-  static CachingAllocator* a = new CachingAllocator(raw_alloc, raw_free);
+  static CachingAllocator* a = [] {
+    auto* made = new CachingAllocator(raw_alloc, raw_free);
+    const char* s = std::getenv("LINEA_NO_CUDA_MEMORY_CACHING");
+    made->set_caching(s == nullptr || std::strcmp(s, "1") != 0);
+    return made;
+  }();
   return *a;
 }
 

@@ -16,6 +16,10 @@
 #include "nn/optim.h"
 #include "tests/test_util.h"
 
+#ifdef LINEA_WITH_CUDA
+#include "core/cuda_interface.h"
+#endif
+
 namespace linea {
 namespace {
 
@@ -155,6 +159,16 @@ TEST(AttentionCudaParity, NprfRpe) {
 }
 
 #ifndef LINEA_PARITY_SELF_TEST
+// Whether the CUDA allocator caches its blocks: with LINEA_NO_CUDA_MEMORY_CACHING=1 (the
+// emulator's second pass) every buffer is a device allocation of its own.
+bool cuda_caches() {
+#ifdef LINEA_WITH_CUDA
+  return cuda::allocator().caching();
+#else
+  return true;
+#endif
+}
+
 // Decoding on CUDA, a position at a time with padding, equals the CPU's (softmax: the step's keys
 // and values, one tensor's heads as a projection gives them, written into the cache's buffer by one
 // copy, its padding by another, then one attention kernel that reads them in place, 3 launches where
@@ -210,8 +224,8 @@ TEST(AttentionCudaDecoding, StepsEqualTheCpusWithinALaunchBudget) {
       EXPECT_TRUE(test::all_close(got.to(kCPU), ref, 1e-5, 1e-4)) << "step " << t;
       if (t < 2) continue;
       EXPECT_LE(c.kernel_launches + c.library_calls, b.most) << "step " << t << ": " << c.str();
-      EXPECT_EQ(c.host_syncs + c.host_waits + c.device_allocs + c.h2d_copies + c.d2h_copies, 0)
-          << "step " << t << ": " << c.str();
+      EXPECT_EQ(c.host_syncs + c.host_waits + c.h2d_copies + c.d2h_copies, 0) << "step " << t << ": " << c.str();
+      if (cuda_caches()) EXPECT_EQ(c.device_allocs, 0) << "step " << t << ": " << c.str();
       if (t == L - 1) std::printf("  %-50s %s\n", (b.spec + " decode step").c_str(), c.str().c_str());
     }
   }
@@ -272,7 +286,7 @@ TEST(AttentionCudaLaunches, ForwardBackward) {
     EXPECT_GT(c.kernel_launches, 0) << c.str();
     EXPECT_EQ(calls[1].stream_ops(), c.stream_ops()) << calls[1].str() << " then " << c.str();
     EXPECT_EQ(c.host_syncs + c.host_waits, 0) << c.str();
-    EXPECT_EQ(c.device_allocs, 0) << c.str();
+    if (cuda_caches()) EXPECT_EQ(c.device_allocs, 0) << c.str();
     EXPECT_EQ(c.h2d_copies + c.d2h_copies, 0) << c.str();
   }
 }

@@ -2766,6 +2766,7 @@ TEST(CudaRandom, Distributions) {
 #if defined(LINEA_WITH_CUDA) && !defined(LINEA_PARITY_SELF_TEST)
 TEST(CudaAllocator, LoopReusesBlocks) {
   LINEA_REQUIRE_CUDA();
+  if (!cuda::allocator().caching()) GTEST_SKIP() << "LINEA_NO_CUDA_MEMORY_CACHING=1: no block is reused";
   const TensorOptions o(DType::Float32, kCuda);
   auto step = [&] {
     Tensor a = randn({256, 37}, o);

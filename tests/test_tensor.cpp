@@ -2,6 +2,7 @@
 // and reduction values against direct computation, printing, random generators, bad input; and
 // the tests' own helpers (all_close, EXPECT_LINEA_ERROR) failing where they must.
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include <gtest/gtest-spi.h>
@@ -686,6 +687,61 @@ TEST(Allocator, FailedOpsLeakNothing) {
   // And the allocator still works.
   Tensor t = full({256, 256}, 2.0);
   EXPECT_EQ(t.sum().item(), 2.0 * 256 * 256);
+}
+
+// Caching off (LINEA_NO_CUDA_MEMORY_CACHING=1 for the CUDA allocator): each block raw, of the size
+// asked, back at once when freed; a private pool (a CUDA graph's) still keeps its blocks.
+namespace {
+size_t raw_allocs = 0, raw_frees = 0, last_raw_size = 0;
+void* counting_alloc(size_t n) {
+  ++raw_allocs;
+  last_raw_size = n;
+  return std::malloc(n);
+}
+void counting_free(void* p) {
+  ++raw_frees;
+  std::free(p);
+}
+}  // namespace
+
+TEST(Allocator, WithoutCachingEachBlockIsRawAndGoesBackAtOnce) {
+  CachingAllocator a(counting_alloc, counting_free);
+  EXPECT_TRUE(a.caching());
+  a.deallocate(a.allocate(100));  // cached: a block of its size class, kept
+  EXPECT_EQ(last_raw_size, 512u);
+  EXPECT_EQ(a.stats().cached_bytes, 512u);
+  a.deallocate(a.allocate(100));
+  EXPECT_EQ(raw_allocs, 1u);
+  a.set_caching(false);  // hands the cache back
+  EXPECT_FALSE(a.caching());
+  EXPECT_EQ(raw_frees, 1u);
+  EXPECT_EQ(a.stats().cached_bytes, 0u);
+  for (int i = 0; i < 2; ++i) {
+    void* p = a.allocate(100);
+    EXPECT_EQ(raw_allocs, 2u + i);
+    EXPECT_EQ(last_raw_size, 100u);
+    EXPECT_EQ(a.stats().allocated_bytes, 100u);
+    a.deallocate(p);
+    EXPECT_EQ(raw_frees, 2u + i);
+    EXPECT_EQ(a.stats().allocated_bytes, 0u);
+    EXPECT_EQ(a.stats().cached_bytes, 0u);
+  }
+  const int pool = a.create_pool();
+  a.select_pool(pool);
+  a.deallocate(a.allocate(100));
+  a.deallocate(a.allocate(100));
+  EXPECT_EQ(raw_allocs, 4u);  // one block, reused within the pool
+  EXPECT_EQ(last_raw_size, 512u);
+  EXPECT_EQ(a.stats().cached_bytes, 512u);
+  a.release_pool(pool);  // its free block goes back at once
+  EXPECT_EQ(raw_frees, 4u);
+  EXPECT_EQ(a.stats().cached_bytes, 0u);
+  a.set_caching(true);
+  a.deallocate(a.allocate(100));
+  EXPECT_EQ(last_raw_size, 512u);
+  EXPECT_EQ(a.stats().cached_bytes, 512u);
+  a.empty_cache();
+  EXPECT_EQ(raw_frees, raw_allocs);
 }
 
 // ---- the tests' own helpers (tests/test_util.h) can fail ----------------------------------------

@@ -104,6 +104,8 @@ static std::string kernel_name(const void* kernel) {
 #define EMU_ASAN 1
 #else
 #define EMU_ASAN 0
+#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
 #endif
 
 // emu_switch(save, to): pushes rbp, rbx, r12-r15 and the MXCSR and x87 control words on the
@@ -579,17 +581,26 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaMalloc(void** p, size_t n) {
   if (getenv("EMU_TRACE_MALLOC")) std::fprintf(stderr, "emu malloc %zu\n", n);
-  *p = std::aligned_alloc(256, std::max<size_t>(256, (n + 255) / 256 * 256));
-  std::memset(*p, 0xAB, std::max<size_t>(n, 1));  // garbage, as fresh device memory
+  // Fresh device memory holds garbage: all ones here, a NaN in every floating type (a read of
+  // memory nothing wrote shows in the result), and ASan refuses the bytes past n that the
+  // 256-byte rounding adds (with LINEA_NO_CUDA_MEMORY_CACHING=1 the allocator asks for exactly
+  // what a buffer needs, so a read or write past any buffer fails).
+  const size_t rounded = std::max<size_t>(256, (n + 255) / 256 * 256);
+  *p = std::aligned_alloc(256, rounded);
+  std::memset(*p, 0xFF, rounded);
+  ASAN_POISON_MEMORY_REGION(static_cast<char*>(*p) + n, rounded - n);
   g_allocs[*p] = n;
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
-  if (!g_allocs.erase(p)) {
+  const auto it = g_allocs.find(p);
+  if (it == g_allocs.end()) {
     std::fprintf(stderr, "emu: cudaFree of unknown pointer\n");
     std::abort();
   }
+  ASAN_UNPOISON_MEMORY_REGION(p, std::max<size_t>(256, (it->second + 255) / 256 * 256));
+  g_allocs.erase(it);
   std::free(p);
   return cudaSuccess;
 }
