@@ -623,11 +623,20 @@ TEST(CudaParity, Reductions) {
         tag("max with NaN", dt), [](const std::vector<Tensor>& v) { return max(v[0], {1}); }, {xn}, 1.0, false);
     expect_parity(
         tag("argmax with NaN", dt), [](const std::vector<Tensor>& v) { return argmax(v[0], 0); }, {xn}, 1.0, false);
-    // logsumexp of a row of -inf is -inf
-    const Tensor xi = from_vector<double>({-INFINITY, -INFINITY, 0.5, 1.0}, {2, 2}).to(dt);
+    // Rows with several NaNs, a later one on a lower thread of the tree than the first
+    std::vector<double> nans = rnd({3, 600}, DType::Float64).to_vector<double>();
+    for (int64_t at : {100, 300, 600 + 250, 600 + 5, 600 + 520, 1200 + 258, 1200 + 3}) nans[at] = NAN;
+    const Tensor xnn = from_vector<double>(nans, {3, 600}).to(dt);
+    for (bool is_max : {true, false})
+      expect_parity(
+          tag(is_max ? "argmax of NaNs" : "argmin of NaNs", dt),
+          [is_max](const std::vector<Tensor>& v) { return is_max ? argmax(v[0], 1) : argmin(v[0], 1); }, {xnn}, 1.0,
+          false);
+    // logsumexp of a row of -inf is -inf, of a row with +inf +inf
+    const Tensor xi = from_vector<double>({-INFINITY, -INFINITY, 0.5, 1.0, INFINITY, 1.0}, {3, 2}).to(dt);
     expect_parity(
-        tag("logsumexp -inf row", dt), [](const std::vector<Tensor>& v) { return logsumexp(v[0], {1}); }, {xi}, 1.0,
-        false);
+        tag("logsumexp infinite rows", dt), [](const std::vector<Tensor>& v) { return logsumexp(v[0], {1}); }, {xi},
+        1.0, false);
   }
   // int64 sums and extremes
   const Tensor xi = ints({4, -2, 9, 0, 7, 7, -5, 3, 1, 2, 8, -9}, {3, 4});
@@ -901,6 +910,26 @@ TEST(CudaParity, FusedOptimizerStep) {
         EXPECT_TRUE(matches(vd[i], v[i], 4.0, (what + " v " + std::to_string(i)).c_str()));
       }
     }
+    // A finite loss with a gradient that is not fails the guard too: nothing moves.
+    g[5] = full(g[5].shape(), INFINITY, TensorOptions(dt));
+    gd[5] = g[5].to(kCuda);
+    const Tensor p5 = clone(pd[5]),
+                 guardd = raw::grad_norm_guard(gd, scalar_tensor(1.5, TensorOptions(dt, kCuda)), 3.0);
+    EXPECT_EQ(guardd.to(kCPU).to_vector<double>()[2], 0.0) << tag("infinite gradient", dt);
+    raw::adam_multi_step(pd, gd, md, vd, group, hyperd, countd, guardd, 0.9, 0.99, 1e-8, true);
+    EXPECT_EQ(countd.to(kCPU).item<int64_t>(), 5) << tag("infinite gradient", dt);
+    EXPECT_TRUE(test::all_close(pd[5].to(kCPU), p5.to(kCPU), 0, 0)) << tag("infinite gradient", dt);
+  }
+  // No tensors, or only empty ones: norm 0, coefficient 1, and the step counts.
+  for (size_t n : {0, 3}) {
+    const TensorOptions o(DType::Float32, kCuda);
+    const std::vector<Tensor> none(n, empty({0}, o));
+    const Tensor guard = raw::grad_norm_guard(none, scalar_tensor(2.0, o), 3.0);
+    EXPECT_EQ(guard.to(kCPU).to_vector<double>(), (std::vector<double>{0.0, 1.0, 1.0})) << n << " empty";
+    Tensor count = from_vector<int64_t>({7}, {1}).to(kCuda);
+    raw::adam_multi_step(none, none, none, none, std::vector<int>(n, 0),
+                         from_vector<double>({0.1, 0.0}, {1, 2}).to(kCuda), count, guard, 0.9, 0.99, 1e-8, true);
+    EXPECT_EQ(count.to(kCPU).item<int64_t>(), 8) << n << " empty";
   }
 }
 
@@ -966,15 +995,15 @@ TEST(CudaParity, Softmax) {
     expect_parity(tag("softmax masked", dt),
                   [](const std::vector<Tensor>& v) { return softmax(masked_fill(v[0], v[1], -INFINITY), 1); },
                   {rnd({3, 4}, dt), mask});
-    // Long columns, few of them: runs of rows on many blocks (ColumnRuns: 3 runs of 200 here),
-    // merged per column; column 2's first 300 rows -inf (a whole run of it)
+    // Long columns, few of them: runs of rows on many blocks (ColumnRuns: 3 runs of 234 here, the
+    // last 232), merged per column; column 2's first 300 rows -inf (a whole run of it)
     const Tensor hide = ints(
                             [] {
-                              std::vector<int64_t> r(600 * 5, 0);
+                              std::vector<int64_t> r(700 * 5, 0);
                               for (int64_t n = 0; n < 300; ++n) r[static_cast<size_t>(n * 5 + 2)] = 1;
                               return r;
                             }(),
-                            {600, 5})
+                            {700, 5})
                             .to(DType::Bool);
     for (bool log : {false, true})
       expect_parity(tag(std::string(log ? "log_" : "") + "softmax long columns", dt),
@@ -982,7 +1011,7 @@ TEST(CudaParity, Softmax) {
                       const Tensor x = masked_fill(v[0], v[1], -INFINITY);
                       return log ? masked_fill(log_softmax(x, 0), v[1], 0.0) : softmax(x, 0);
                     },
-                    {rnd({600, 5}, dt, 3.0), hide});
+                    {rnd({700, 5}, dt, 3.0), hide});
   }
 }
 
@@ -1365,10 +1394,10 @@ TEST(CudaParity, LinearAttentionKernel) {
   struct Case {
     int64_t B, H, N, M, S, E;
   };
-  // 600 keys: the key sums in 3 runs of rows (ColumnRuns), the last one short; S and E past a
-  // warp's 32 lanes (the row passes a warp per row): the last
+  // 700 keys: the key sums in 3 runs of rows (ColumnRuns), the last one short (234, 234, 232); S
+  // and E past a warp's 32 lanes (the row passes take a warp per row: a short last round)
   const std::vector<Case> cases = {
-      {2, 3, 37, 45, 17, 23}, {1, 1, 1, 1, 1, 1}, {1, 2, 70, 5, 64, 16}, {1, 2, 9, 600, 8, 5}, {1, 2, 11, 13, 40, 37}};
+      {2, 3, 37, 45, 17, 23}, {1, 1, 1, 1, 1, 1}, {1, 2, 70, 5, 64, 16}, {1, 2, 9, 700, 8, 5}, {1, 2, 11, 13, 40, 37}};
   const double guard = 1e-3;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
@@ -1774,7 +1803,7 @@ TEST(CudaParity, LaraMixtureKernel) {
     int64_t B, H, N, C, D;
   };
   // N = 300 and 700: the column sums over n in 2 and 3 runs of rows (ColumnRuns), 700's last short;
-  // C and D past a warp's 32 lanes (the passes a warp per row): the last
+  // C and D past a warp's 32 lanes (the passes take a warp per row: a short last round)
   const std::vector<Case> cases = {
       {2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {1, 2, 300, 16, 8}, {1, 1, 700, 3, 4}, {2, 2, 20, 40, 36}};
   const double floor = 1e-8;
@@ -2246,6 +2275,10 @@ TEST(CudaParity, CrossEntropy) {
                   {rnd({3, 1000}, dt), ints({999, 0, 512}, {3})});
     expect_parity(tag("single row [C]", dt), [](const std::vector<Tensor>& v) { return cross_entropy(v[0], v[1]); },
                   {rnd({5}, dt), scalar_tensor(2, TensorOptions(DType::Int64))});
+    // Masked classes (-inf logits) without smoothing: a finite loss (no 0 * -inf from the
+    // smoothing's sum)
+    expect_parity(tag("masked classes", dt), [](const std::vector<Tensor>& v) { return cross_entropy(v[0], v[1]); },
+                  {from_vector<double>({0.5, -INFINITY, 1.0, -INFINITY, 2.0, 0.3}, {2, 3}).to(dt), ints({0, 2}, {2})});
     // The plain summed cross-entropy beside the smoothed loss, through autograd.
     expect_parity(tag("nll beside smoothing 0.1", dt),
                   [](const std::vector<Tensor>& v) {
@@ -2665,8 +2698,42 @@ TEST(CudaParity, BadIndicesAreReported) {
   const Tensor bad = ints({1, 4}, {2}).to(kCuda);
   EXPECT_LINEA_ERROR(index_select(x, 0, bad).to(kCPU), "out of range");
   EXPECT_LINEA_ERROR(embed_tokens(x, bad, 2.0, Tensor()).to(kCPU), "embed_tokens");
+  // Both ends of the range, by every op that reports: what a bad index selected is 0, what it
+  // added is skipped, the rest as asked.
+  const std::vector<double> xv = x.to(kCPU).to_vector<double>();
+  const TensorOptions o(DType::Float32, kCuda);
+  for (int64_t b : {int64_t{-1}, int64_t{4}}) {
+    SCOPED_TRACE("index " + std::to_string(b));
+    const std::string size4 = "index " + std::to_string(b) + " is out of range for a dim of size 4";
+    const Tensor idx = ints({1, b}, {2}).to(kCuda);
+    const std::vector<double> row1(xv.begin() + 3, xv.begin() + 6);
+    const Tensor sel = index_select(x, 0, idx);
+    EXPECT_LINEA_ERROR(sel.to(kCPU), "index_select: " + size4);
+    EXPECT_EQ(sel.to(kCPU).to_vector<double>(), (std::vector<double>{row1[0], row1[1], row1[2], 0, 0, 0}));
+    const Tensor emb = embed_tokens(x, idx, 2.0, Tensor());
+    EXPECT_LINEA_ERROR(emb.to(kCPU), "embed_tokens: " + size4);
+    EXPECT_EQ(emb.to(kCPU).to_vector<double>(), (std::vector<double>{2 * row1[0], 2 * row1[1], 2 * row1[2], 0, 0, 0}));
+    const Tensor added = raw::index_add(zeros({4, 3}, o), 0, idx, ones({2, 3}, o));
+    EXPECT_LINEA_ERROR(added.to(kCPU), "index_add: " + size4);
+    EXPECT_EQ(added.to(kCPU).to_vector<double>(), (std::vector<double>{0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0}));
+    const Tensor scattered =
+        scatter_add(zeros({4, 3}, o), 0, ints({1, b, 2, 0, 0, 3}, {2, 3}).to(kCuda), ones({2, 3}, o));
+    EXPECT_LINEA_ERROR(scattered.to(kCPU), "scatter_add: " + size4);
+    EXPECT_EQ(scattered.to(kCPU).to_vector<double>(), (std::vector<double>{1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1}));
+    const Tensor gathered = raw::gather(x, 1, ints({0, b, 2, 1, 0, 0, 1, 1}, {4, 2}).to(kCuda));  // a dim of size 3
+    EXPECT_LINEA_ERROR(gathered.to(kCPU),
+                       "gather: index " + std::to_string(b) + " is out of range for a dim of size 3");
+    EXPECT_EQ(gathered.to(kCPU).to_vector<double>(),
+              (std::vector<double>{xv[0], 0, xv[5], xv[4], xv[6], xv[6], xv[10], xv[10]}));
+  }
   const Tensor logits = randn({2, 5}, TensorOptions(DType::Float32, kCuda));
   EXPECT_LINEA_ERROR(cross_entropy(logits, ints({1, 5}, {2}).to(kCuda)).item(), "cross_entropy");
+  EXPECT_LINEA_ERROR(cross_entropy(logits, ints({-3, 1}, {2}).to(kCuda)).item(), "cross_entropy");
+  // The backward of a row with a bad target (its forward reported it) is 0, read from nowhere.
+  Tensor dx = poisoned({2, 5}, DType::Float32);
+  LINEA_BACKEND(kCuda, cross_entropy_backward, ones({2}, logits.options()), logits, ints({-3, 5}, {2}).to(kCuda),
+                zeros({2}, logits.options()), -100, 0.0, dx);
+  EXPECT_EQ(dx.to(kCPU).to_vector<double>(), std::vector<double>(10, 0.0));
   // the device is still usable afterwards
   EXPECT_NEAR(sum(ones({10}, TensorOptions(DType::Float32, kCuda))).item(), 10.0, 0.0);
 }
@@ -2793,7 +2860,7 @@ TEST(CudaAllocator, LoopReusesBlocks) {
 // adds a few roundings to the state, so the float32 tolerance is scaled by the step count.
 TEST(CudaParity, OptimizerSteps) {
   LINEA_REQUIRE_CUDA();
-  const std::vector<Shape> shapes = {{1}, {7}, {3, 86}, {1031, 3}};
+  const std::vector<Shape> shapes = {{0}, {1}, {7}, {3, 86}, {1031, 3}};
   struct SgdCfg {
     double momentum, dampening, wd;
     bool nesterov;
