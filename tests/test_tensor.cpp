@@ -115,7 +115,7 @@ TEST(Tensor, ViewsShareStorage) {
   // squeeze leaves a dim that is not 1; contiguous returns a contiguous tensor itself.
   EXPECT_EQ(squeeze(zeros({2, 3}), 0).shape(), (Shape{2, 3}));
   EXPECT_TRUE(contiguous(t).same(t));
-  // reshape views when the strides allow (writes go through) and copies only when they do not;
+  // reshape views when the strides allow (the same storage) and copies only when they do not;
   // expand's -1 keeps a dim; a scalar transposes to itself; to() of the same dtype is the tensor.
   Tensor rv = t.reshape({6, 4});
   EXPECT_EQ(rv.impl().storage, t.impl().storage);
