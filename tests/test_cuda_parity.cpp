@@ -432,20 +432,21 @@ TEST(CudaParity, CopyConvertFillArange) {
           tag(std::string("to ") + dtype_name(to_t) + " from contiguous", dt),
           [to_t](const std::vector<Tensor>& v) { return to(v[0], to_t); }, {rnd({7, 3}, dt, 5.0)}, 1.0, false);
     }
+    // to bool: x != 0 (0.5, -0.25 and 256 are true, not their casts' 0)
+    const Tensor nonzero = from_vector<double>({0, 0.5, -0.25, 0, 256, 1}, {2, 3}).to(dt);
     expect_parity(
         tag("to bool from contiguous", dt), [](const std::vector<Tensor>& v) { return to(v[0], DType::Bool); },
-        {ints({0, 1, 1, 0, 0, 1}, {2, 3}).to(dt)}, 1.0, false);
-    // to bool: 0/1 inputs only (other values: see the note on copy in cuda/elementwise.cu)
+        {nonzero}, 1.0, false);
     expect_parity(
-        tag("to bool from", dt), [](const std::vector<Tensor>& v) { return to(v[0].t(), DType::Bool); },
-        {ints({0, 1, 1, 0, 0, 1}, {2, 3}).to(dt)}, 1.0, false);
+        tag("to bool from", dt), [](const std::vector<Tensor>& v) { return to(v[0].t(), DType::Bool); }, {nonzero}, 1.0,
+        false);
   }
   expect_parity(
       "to bool from int64", [](const std::vector<Tensor>& v) { return to(v[0], DType::Bool); },
-      {ints({0, 1, 1, 0, 1}, {5})}, 1.0, false);
+      {ints({0, 3, -1, 0, 256}, {5})}, 1.0, false);
   expect_parity(
       "to bool from int64 transposed", [](const std::vector<Tensor>& v) { return to(v[0].t(), DType::Bool); },
-      {ints({0, 1, 1, 0, 1, 0}, {2, 3})}, 1.0, false);
+      {ints({0, 1, 512, 0, -7, 0}, {2, 3})}, 1.0, false);
   for (DType to_t : {DType::Float32, DType::Float64, DType::Int64}) {
     expect_parity(
         std::string("to ") + dtype_name(to_t) + " from int64",
@@ -467,6 +468,9 @@ TEST(CudaParity, CopyConvertFillArange) {
     c.fill_(1.0);  // the whole tensor: the contiguous kernel
     g.fill_(1.0);
     EXPECT_TRUE(matches(g, c, 1.0, "fill_ one"));
+    c.slice(0, 1, 6, 2).slice(1, 0, 5, 3).fill_(0.0);  // zero into a view: not the memset
+    g.slice(0, 1, 6, 2).slice(1, 0, 5, 3).fill_(0.0);
+    EXPECT_TRUE(matches(g, c, 1.0, "fill_ zero of a view"));
     c.fill_(0.0);  // the memset path
     g.fill_(0.0);
     EXPECT_TRUE(matches(g, c, 1.0, "fill_ zero"));
@@ -2371,23 +2375,47 @@ TEST(CudaParity, Dropout) {
 }
 
 // Per-example draws use Linea's own Philox counters on both devices: the same numbers, so a
-// data-parallel run's dropout masks and attention samples do not depend on the device.
+// data-parallel run's dropout masks and attention samples do not depend on the device. Rows of
+// 21 values: each row's last normal is half of a pair.
 TEST(CudaParity, PerExampleDrawsEqualTheCpus) {
   LINEA_REQUIRE_CUDA();
   for (DType dt : {DType::Float32, DType::Float64}) {
     for (int64_t first : {0, 5}) {
       BatchRowsGuard rows(first);
       manual_seed(21);  // both generators: {21, 0}
-      const Tensor uc = uniform_per_example({3, 2, 7}, -1.0, 2.0, TensorOptions(dt));
-      const Tensor zc = normal_per_example({3, 2, 7}, 0.5, 2.0, TensorOptions(dt));
-      const Tensor ug = uniform_per_example({3, 2, 7}, -1.0, 2.0, TensorOptions(dt, kCuda));
-      const Tensor zg = normal_per_example({3, 2, 7}, 0.5, 2.0, TensorOptions(dt, kCuda));
+      const Tensor uc = uniform_per_example({3, 3, 7}, -1.0, 2.0, TensorOptions(dt));
+      const Tensor zc = normal_per_example({3, 3, 7}, 0.5, 2.0, TensorOptions(dt));
+      const Tensor ug = uniform_per_example({3, 3, 7}, -1.0, 2.0, TensorOptions(dt, kCuda));
+      const Tensor zg = normal_per_example({3, 3, 7}, 0.5, 2.0, TensorOptions(dt, kCuda));
       ASSERT_TRUE(on_device(ug));
       EXPECT_EQ(ug.to(kCPU).to_vector<double>(), uc.to_vector<double>());
       // Box-Muller's log/cos may round differently in the last bit on the GPU.
       EXPECT_TRUE(test::all_close(zg.to(kCPU), zc, dt == DType::Float32 ? 1e-6 : 1e-13, 1e-6));
       EXPECT_EQ(get_rng_state(kCuda)[1], 8u);  // two draws: one counter value (4 words) each
     }
+  }
+}
+
+// Inside a draw capture (a CUDA graph's, apps/common/graph_steps.cpp) a per-example draw numbers
+// itself from 0 and adds the device counter each replay sets: the numbers of the uncaptured draw
+// at that counter.
+TEST(CudaParity, CapturedPerExampleDrawsAddTheirBase) {
+  LINEA_REQUIRE_CUDA();
+  const TensorOptions o(DType::Float32, kCuda);
+  for (bool normal : {false, true}) {
+    SCOPED_TRACE(normal ? "normal" : "uniform");
+    const auto draw = [&] {
+      return normal ? normal_per_example({3, 5}, 0.5, 2.0, o) : uniform_per_example({3, 5}, -1.0, 2.0, o);
+    };
+    manual_seed(8);
+    (void)draw();  // the counter past 0
+    const uint64_t at = detail::next_example_draw(kCuda);
+    const Tensor want = draw();
+    const Tensor base = from_vector<int64_t>({static_cast<int64_t>(at)}, {1}).to(kCuda);
+    detail::begin_draw_capture(static_cast<const uint64_t*>(base.data_ptr()));
+    const Tensor got = draw();
+    EXPECT_EQ(detail::end_draw_capture(), 1);
+    EXPECT_EQ(got.to(kCPU).to_vector<double>(), want.to(kCPU).to_vector<double>());
   }
 }
 
