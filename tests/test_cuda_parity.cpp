@@ -2757,7 +2757,7 @@ TEST(CudaParity, BadIndicesAreReported) {
   const Tensor logits = randn({2, 5}, TensorOptions(DType::Float32, kCuda));
   EXPECT_LINEA_ERROR(cross_entropy(logits, ints({1, 5}, {2}).to(kCuda)).item(), "cross_entropy");
   EXPECT_LINEA_ERROR(cross_entropy(logits, ints({-3, 1}, {2}).to(kCuda)).item(), "cross_entropy");
-  // The backward of a row with a bad target (its forward reported it) is 0, read from nowhere.
+  // The backward of a row with a bad target (its forward reported it) is 0: no read at that class.
   Tensor dx = poisoned({2, 5}, DType::Float32);
   LINEA_BACKEND(kCuda, cross_entropy_backward, ones({2}, logits.options()), logits, ints({-3, 5}, {2}).to(kCuda),
                 zeros({2}, logits.options()), -100, 0.0, dx);
