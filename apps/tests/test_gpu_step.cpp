@@ -40,6 +40,7 @@
 #include "core/random.h"
 #include "nn/data.h"
 #include "nn/optim.h"
+#include "tests/test_util.h"
 
 using namespace linea;
 
@@ -57,8 +58,11 @@ constexpr int64_t kTranslateBudget = 170;  // dim 64, 2 + 2 layers, dropout 0.1
 // Per decoding step with its beam reorder (the same model, eval mode; 2 sentences x 3 beams).
 constexpr int64_t kTranslateDecodeBudget = 31;
 
+// A directory of this process's own (tests/cuda_emu/run.sh runs two tests at once, and two
+// translate runs in one directory clobbered each other's checkpoint), removed at exit.
 std::string temp_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("linea_step_counters_" + name);
+  static const test::TempDir root;
+  const auto dir = root.path / ("step_counters_" + name);
   std::filesystem::remove_all(dir);
   return dir.string();
 }
