@@ -675,6 +675,10 @@ TEST(CudaParity, Matmul) {
                   {rnd({11, 25}, dt), rnd({20, 6}, dt)});
     expect_parity(tag("batched", dt), mm, {rnd({4, 17, 33}, dt), rnd({4, 33, 9}, dt)});
     expect_parity(tag("shared right operand (folded)", dt), mm, {rnd({2, 3, 5, 7}, dt), rnd({7, 4}, dt)});
+    // transposed square matrices, their stride that of a row-major stack: not folded
+    expect_parity(tag("shared right operand, transposed left", dt),
+                  [](const std::vector<Tensor>& v) { return matmul(v[0].transpose(1, 2), v[1]); },
+                  {rnd({3, 5, 5}, dt), rnd({5, 4}, dt)});
     expect_parity(tag("shared left operand (stride 0)", dt), mm, {rnd({5, 7}, dt), rnd({3, 7, 4}, dt)});
     expect_parity(tag("broadcast batch dims (looped)", dt), mm, {rnd({2, 1, 5, 7}, dt), rnd({1, 3, 7, 4}, dt)});
     expect_parity(tag("permuted batch", dt),
