@@ -46,7 +46,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   stats_.num_allocs++;
   void* ptr = nullptr;
   std::multimap<size_t, void*>& from = pool_ == 0 ? free_ : pools_[pool_];
-  auto it = long_lived_depth > 0 || !cached ? from.end() : from.find(size);
+  auto it = long_lived_depth > 0 ? from.end() : from.find(size);  // (empty when not caching)
   if (it != from.end()) {
     ptr = it->second;
     from.erase(it);

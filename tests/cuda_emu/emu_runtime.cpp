@@ -579,13 +579,15 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+// What an allocation of n bytes takes: whole 256-byte lines, at least one.
+static size_t emu_alloc_size(size_t n) { return std::max<size_t>(256, (n + 255) / 256 * 256); }
 cudaError_t cudaMalloc(void** p, size_t n) {
   if (getenv("EMU_TRACE_MALLOC")) std::fprintf(stderr, "emu malloc %zu\n", n);
   // Fresh device memory holds garbage: all ones here, a NaN in every floating type (a read of
   // memory nothing wrote shows in the result), and ASan refuses the bytes past n that the
   // 256-byte rounding adds (with LINEA_NO_CUDA_MEMORY_CACHING=1 the allocator asks for exactly
   // what a buffer needs, so a read or write past any buffer fails).
-  const size_t rounded = std::max<size_t>(256, (n + 255) / 256 * 256);
+  const size_t rounded = emu_alloc_size(n);
   *p = std::aligned_alloc(256, rounded);
   std::memset(*p, 0xFF, rounded);
   ASAN_POISON_MEMORY_REGION(static_cast<char*>(*p) + n, rounded - n);
@@ -599,7 +601,7 @@ cudaError_t cudaFree(void* p) {
     std::fprintf(stderr, "emu: cudaFree of unknown pointer\n");
     std::abort();
   }
-  ASAN_UNPOISON_MEMORY_REGION(p, std::max<size_t>(256, (it->second + 255) / 256 * 256));
+  ASAN_UNPOISON_MEMORY_REGION(p, emu_alloc_size(it->second));
   g_allocs.erase(it);
   std::free(p);
   return cudaSuccess;
