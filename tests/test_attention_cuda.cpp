@@ -3,8 +3,7 @@
 // values plus the gradients of q, k, v and of the mechanism's own parameters compared with
 // |cuda - cpu| <= atol + rtol * |cpu|, in float32 and float64. Variants: causal, key padding,
 // cross-attention, eval mode, feature map and proposal options. Skipped without a GPU; CI runs it on
-// the CUDA emulator (tests/cuda_emu). Built with -DLINEA_PARITY_SELF_TEST the "CUDA" side is the
-// CPU, which checks this harness on a machine without a GPU.
+// the CUDA emulator (tests/cuda_emu).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,13 +22,7 @@
 namespace linea {
 namespace {
 
-#ifdef LINEA_PARITY_SELF_TEST
-const Device kCuda(DeviceType::CPU);
-#undef LINEA_REQUIRE_CUDA
-#define LINEA_REQUIRE_CUDA() (void)0
-#else
 const Device kCuda(DeviceType::CUDA, 0);
-#endif
 
 struct Case {
   std::string spec;
@@ -158,7 +151,6 @@ TEST(AttentionCudaParity, NprfRpe) {
             5);
 }
 
-#ifndef LINEA_PARITY_SELF_TEST
 // Whether the CUDA allocator caches its blocks: with LINEA_NO_CUDA_MEMORY_CACHING=1 (the
 // emulator's second pass) every buffer is a device allocation of its own.
 bool cuda_caches() {
@@ -290,14 +282,10 @@ TEST(AttentionCudaLaunches, ForwardBackward) {
     EXPECT_EQ(c.h2d_copies + c.d2h_copies, 0) << c.str();
   }
 }
-#endif
 
 // The attention and nn libraries' checks of tensors on two devices (core's ops:
 // test_cuda_parity.cpp): the Toeplitz product's c and x, the optimizer's gradients, a dataset's.
 TEST(AttentionCuda, TensorsOnTwoDevicesAreRefused) {
-#ifdef LINEA_PARITY_SELF_TEST
-  GTEST_SKIP() << "the self test's \"CUDA\" is the CPU: nothing to mix";
-#endif
   LINEA_REQUIRE_CUDA();
   const Tensor c = zeros({1, 3}), x = zeros({1, 1, 2, 1});  // N = 2, M = 2: offsets -1..1
   EXPECT_LINEA_ERROR(attn::toeplitz_matmul(c.to(kCuda), x, 2),
@@ -317,9 +305,6 @@ TEST(AttentionCuda, TensorsOnTwoDevicesAreRefused) {
 // Module::to moves every parameter and buffer but a host buffer: the redraw count that the host
 // reads each step stays on the CPU.
 TEST(AttentionCuda, HostBuffersStayOnTheCpu) {
-#ifdef LINEA_PARITY_SELF_TEST
-  GTEST_SKIP() << "the self test's \"CUDA\" is the CPU";
-#endif
   LINEA_REQUIRE_CUDA();
   auto mech = attn::make_attention("performer:features=6", 2, 4);
   mech->to(kCuda);

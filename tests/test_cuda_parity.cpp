@@ -33,17 +33,7 @@ namespace {
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-// Built with -DLINEA_PARITY_SELF_TEST, the "CUDA" side is the CPU and nothing is skipped: a
-// check of this harness itself (inputs, API calls, expectations) on a machine without a GPU.
-#ifdef LINEA_PARITY_SELF_TEST
-const Device kCuda(DeviceType::CPU);
-#undef LINEA_REQUIRE_CUDA
-#define LINEA_REQUIRE_CUDA() (void)0
-bool on_device(const Tensor&) { return true; }
-#else
 const Device kCuda(DeviceType::CUDA, 0);
-bool on_device(const Tensor& t) { return t.is_cuda(); }
-#endif
 
 // ---- tolerances, all in one place ------------------------------------------------------------
 // float32: cuBLAS / cuFFT / tree reductions add in another order than OpenBLAS / FFTW / loops,
@@ -112,7 +102,7 @@ Tensor in_wider_rows(const Tensor& pad) {
   if (got.defined() != ref.defined())
     return ::testing::AssertionFailure() << what << ": defined on " << (got.defined() ? "CUDA" : "CPU") << " only";
   if (!got.defined()) return ::testing::AssertionSuccess();
-  if (!on_device(got)) return ::testing::AssertionFailure() << what << ": CUDA result is on " << got.device();
+  if (!got.is_cuda()) return ::testing::AssertionFailure() << what << ": CUDA result is on " << got.device();
   if (got.dtype() != ref.dtype())
     return ::testing::AssertionFailure() << what << ": dtype " << got.dtype() << " vs " << ref.dtype();
   const Tol t = tol_for(ref.dtype());
@@ -251,7 +241,6 @@ TEST(CudaParity, BinaryBroadcast) {
                     {rnd({2, 3, 2, 3, 2, 3}, dt), rnd({3, 3, 1, 2, 2, 1}, dt)});
     }
   }
-#ifndef LINEA_PARITY_SELF_TEST
   // A constant operand broadcast under x (a positional table under a batch of tokens) gets no
   // gradient: its sum over the batch was a reduction nobody read. x's gradient against the CPU's,
   // and each backward's launches.
@@ -283,7 +272,6 @@ TEST(CudaParity, BinaryBroadcast) {
     EXPECT_EQ(n.kernel_launches, k.launches) << n.str();
     EXPECT_TRUE(test::all_close(xd.grad().to(kCPU), xh.grad(), 1e-6, 1e-6));
   }
-#endif
 }
 
 TEST(CudaParity, Comparisons) {
@@ -718,7 +706,6 @@ TEST(CudaParity, MatmulAttentionLayouts) {
                   },
                   {rnd({2, 3, 2, 4, 5}, dt), rnd({3, 1, 2, 5, 3}, dt)});
   }
-#ifndef LINEA_PARITY_SELF_TEST
   const Tensor q = heads(rnd({B, N, H, D}, DType::Float32).to(kCuda)),
                k = heads(rnd({B, M, H, D}, DType::Float32).to(kCuda));
   const cuda::Counters before = cuda::counters();
@@ -727,7 +714,6 @@ TEST(CudaParity, MatmulAttentionLayouts) {
   EXPECT_EQ(c.library_calls, 1) << c.str();
   EXPECT_LE(c.kernel_launches, 1) << c.str();  // the pointer arrays, written on the device
   EXPECT_EQ(c.h2d_copies + c.device_copies, 0) << c.str();
-#endif
 }
 
 // The linear layer's fused pair (x @ w^T + b forward; dw and db in one call backward).
@@ -1136,7 +1122,7 @@ TEST(CudaParity, AttentionSampleKernel) {
       Tensor out_d = full(u.shape(), -5, TensorOptions(DType::Int64).with_device(kCuda));
       LINEA_BACKEND(kCuda, sdpa_sample, q.to(kCuda), k.to(kCuda), pad.defined() ? pad.to(kCuda) : Tensor(), u.to(kCuda),
                     scale, out_d);
-      EXPECT_TRUE(on_device(out_d));
+      EXPECT_TRUE(out_d.is_cuda());
       EXPECT_TRUE(test::inverse_cdf_draws(out_d, q, k, u, scale, pad, tol)) << "CUDA";
       EXPECT_TRUE(test::inverse_cdf_draws(out, q, k, u, scale, pad, tol)) << "CPU";
     }
@@ -2346,7 +2332,6 @@ TEST(CudaParity, CrossEntropyMean) {
     EXPECT_TRUE(matches(count_d, count, 1.0, "count"));
     EXPECT_TRUE(matches(dx_d, dx, 1.0, "dlogits"));
   }
-#ifndef LINEA_PARITY_SELF_TEST
   Tensor logits = rnd({1037, 7}, DType::Float32).to(kCuda).requires_grad_(true);
   const Tensor tc = target.to(kCuda), one = full({}, 1.0, TensorOptions(DType::Float32, kCuda));
   const cuda::Counters before = cuda::counters();
@@ -2354,7 +2339,6 @@ TEST(CudaParity, CrossEntropyMean) {
   const cuda::Counters c = cuda::counters() - before;
   EXPECT_EQ(c.kernel_launches, 4) << c.str();
   EXPECT_EQ(c.library_calls + c.device_copies + c.h2d_copies + c.host_syncs, 0) << c.str();
-#endif
 }
 
 TEST(CudaParity, Dropout) {
@@ -2364,7 +2348,7 @@ TEST(CudaParity, Dropout) {
   const double p = 0.3;
   Tensor x = ones({100000}, TensorOptions(DType::Float32, kCuda)).requires_grad_(true);
   Tensor y = dropout(x, p, true);
-  ASSERT_TRUE(on_device(y));
+  ASSERT_TRUE(y.is_cuda());
   const std::vector<double> v = y.to_vector<double>();
   int64_t zeros_n = 0;
   for (double e : v) {
@@ -2391,7 +2375,7 @@ TEST(CudaParity, PerExampleDrawsEqualTheCpus) {
       const Tensor zc = normal_per_example({3, 3, 7}, 0.5, 2.0, TensorOptions(dt));
       const Tensor ug = uniform_per_example({3, 3, 7}, -1.0, 2.0, TensorOptions(dt, kCuda));
       const Tensor zg = normal_per_example({3, 3, 7}, 0.5, 2.0, TensorOptions(dt, kCuda));
-      ASSERT_TRUE(on_device(ug));
+      ASSERT_TRUE(ug.is_cuda());
       EXPECT_EQ(ug.to(kCPU).to_vector<double>(), uc.to_vector<double>());
       // Box-Muller's log/cos may round differently in the last bit on the GPU.
       EXPECT_TRUE(test::all_close(zg.to(kCPU), zc, dt == DType::Float32 ? 1e-6 : 1e-13, 1e-6));
@@ -2507,7 +2491,6 @@ TEST(CudaParity, Indexing) {
                 {gt(randn({5, 3}), 0.0)});
   expect_parity("cumsum int64", [](const std::vector<Tensor>& v) { return cumsum(v[0], 0); },
                 {ints({1, -2, 3, 4, 5, 6}, {3, 2})});
-#ifndef LINEA_PARITY_SELF_TEST
   // index_select's and gather's backward add into their zeros in place: a memset and the adding
   // kernels, no copy of the zeros.
   for (int gathered = 0; gathered < 2; ++gathered) {
@@ -2522,7 +2505,6 @@ TEST(CudaParity, Indexing) {
     EXPECT_EQ(c.device_copies, 1) << c.str();  // the zeros' memset
     EXPECT_EQ(c.h2d_copies + c.host_syncs, 0) << c.str();
   }
-#endif
 }
 
 // The ViT's class token and positions: through autograd (one and no prefix rows, a transposed
@@ -2561,7 +2543,6 @@ TEST(CudaParity, PrependAndAddPositions) {
     LINEA_BACKEND(kCuda, prepend_and_add_positions_backward, g.to(kCuda), P, Tensor(), Tensor(), only);
     EXPECT_EQ(max(abs(only.to(kCPU) - dpos)).item(), 0.0);
   }
-#ifndef LINEA_PARITY_SELF_TEST
   const Tensor x = rnd({4, 6, 8}, DType::Float32).to(kCuda).requires_grad_(true);
   const Tensor c = rnd({1, 8}, DType::Float32).to(kCuda).requires_grad_(true);
   const Tensor pos = rnd({7, 8}, DType::Float32).to(kCuda).requires_grad_(true);
@@ -2574,7 +2555,6 @@ TEST(CudaParity, PrependAndAddPositions) {
   EXPECT_EQ(f.kernel_launches, 1) << f.str();
   EXPECT_EQ(b.kernel_launches, 1) << b.str();
   EXPECT_EQ(f.library_calls + f.device_copies + b.library_calls + b.device_copies, 0) << b.str();
-#endif
 }
 
 // index_add and scatter_add add each target's sources in position order on both devices, so the
@@ -2645,7 +2625,6 @@ TEST(CudaParity, IndexAddAndScatterAddEqualTheCpuBitForBit) {
       EXPECT_EQ(signs, 0u);
     }
   }
-#ifndef LINEA_PARITY_SELF_TEST
   {  // A training call: the forward one kernel; with a fixed table the backward the weight's only
     // (the positions to sort, CUB's sort, the sorted add; the zeros and the padding row memsets),
     // with a learned one its sum besides.
@@ -2666,7 +2645,6 @@ TEST(CudaParity, IndexAddAndScatterAddEqualTheCpuBitForBit) {
       EXPECT_EQ(n.device_copies, 2) << n.str();
     }
   }
-#endif
   // int64 values (exact sums)
   const Tensor ibase = randint(-9, 9, {50, 3}), isrc = randint(-1000, 1000, {3000, 3});
   EXPECT_EQ(raw::index_add(ibase.to(kCuda), 0, skewed.to(kCuda), isrc.to(kCuda)).to(kCPU).to_vector<int64_t>(),
@@ -2862,7 +2840,7 @@ TEST(CudaRandom, Distributions) {
 }
 
 // ---- allocator -----------------------------------------------------------------------------------------------
-#if defined(LINEA_WITH_CUDA) && !defined(LINEA_PARITY_SELF_TEST)
+#ifdef LINEA_WITH_CUDA
 TEST(CudaAllocator, LoopReusesBlocks) {
   LINEA_REQUIRE_CUDA();
   if (!cuda::allocator().caching()) GTEST_SKIP() << "LINEA_NO_CUDA_MEMORY_CACHING=1: no block is reused";
@@ -2910,7 +2888,7 @@ TEST(CudaParity, OptimizerSteps) {
         return std::make_pair(g, g.to(kCuda));
       };
       for (const SgdCfg& c : sgd_cfgs) {
-        Tensor p = rnd(shape, dt), pd = clone(p.to(kCuda));  // clone: a copy also in the self-test
+        Tensor p = rnd(shape, dt), pd = p.to(kCuda);
         Tensor buf, bufd;
         if (c.momentum != 0.0) {
           buf = zeros(shape, TensorOptions(dt));
@@ -2929,7 +2907,7 @@ TEST(CudaParity, OptimizerSteps) {
         }
       }
       for (bool decoupled : {false, true}) {
-        Tensor p = rnd(shape, dt), pd = clone(p.to(kCuda));  // clone: a copy also in the self-test
+        Tensor p = rnd(shape, dt), pd = p.to(kCuda);
         Tensor m = zeros(shape, TensorOptions(dt)), md = zeros(shape, TensorOptions(dt, kCuda));
         Tensor v = zeros(shape, TensorOptions(dt)), vd = zeros(shape, TensorOptions(dt, kCuda));
         const double wd = decoupled ? 0.1 : 0.01;
@@ -2951,9 +2929,6 @@ TEST(CudaParity, OptimizerSteps) {
 // Every op that takes several tensors refuses them on two devices, naming itself, before any
 // kernel reads a host pointer on the device (or a device pointer on the host): one case per check.
 TEST(CudaParity, TensorsOnTwoDevicesAreRefused) {
-#ifdef LINEA_PARITY_SELF_TEST
-  GTEST_SKIP() << "the self test's \"CUDA\" is the CPU: nothing to mix";
-#endif
   LINEA_REQUIRE_CUDA();
   const auto g = [](const Tensor& x) { return x.to(kCuda); };
   const TensorOptions i64(DType::Int64), b8(DType::Bool);
