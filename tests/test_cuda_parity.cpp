@@ -1101,21 +1101,29 @@ TEST(CudaParity, AttentionSampleKernel) {
   manual_seed(12);
   struct Case {
     int64_t B, H, N, M, D, S;
-    bool pad;
+    int pad;  // 0 none, 1 key_padding (the last example all padded), 2 the first 70 keys padded
   };
-  const std::vector<Case> cases = {{2, 1, 70, 130, 40, 33, true},
-                                   {1, 2, 5, 64, 64, 70, false},
-                                   {3, 1, 65, 1, 7, 4, true},
-                                   {1, 1, 3, 200, 16, 1, false}};
+  const std::vector<Case> cases = {{2, 1, 70, 130, 40, 33, 1},
+                                   {1, 2, 5, 64, 64, 70, 0},
+                                   {3, 1, 65, 1, 7, 4, 1},
+                                   {1, 1, 3, 200, 16, 1, 0},
+                                   // a first key tile all hidden: the running max stays -inf through it
+                                   {1, 2, 9, 150, 24, 40, 2}};
   for (DType dt : kFloatTypes)
     for (const Case& c : cases) {
       SCOPED_TRACE(tag("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " N " + std::to_string(c.N) + " M " +
-                           std::to_string(c.M) + " D " + std::to_string(c.D) + " S " + std::to_string(c.S) +
-                           (c.pad ? " padded" : ""),
+                           std::to_string(c.M) + " D " + std::to_string(c.D) + " S " + std::to_string(c.S) + " pad " +
+                           std::to_string(c.pad),
                        dt));
       const Tensor q = rnd({c.B, c.H, c.N, c.D}, dt, 0.5), k = rnd({c.B, c.H, c.M, c.D}, dt);
       const Tensor u = rand({c.B, c.H, c.N, c.S}, test::f64()).to(dt);
-      const Tensor pad = c.pad ? key_padding(c.B, c.M) : Tensor();
+      Tensor pad;
+      if (c.pad == 1) pad = key_padding(c.B, c.M);
+      if (c.pad == 2) {
+        std::vector<int64_t> mask(static_cast<size_t>(c.B * c.M));
+        for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<int64_t>(i) % c.M < 70;
+        pad = ints(mask, {c.B, c.M}).to(DType::Bool);
+      }
       const double scale = 0.7, tol = dt == DType::Float64 ? 1e-12 : 5e-5;
       Tensor out = empty(u.shape(), TensorOptions(DType::Int64));
       cpu::sdpa_sample(q, k, pad, u, scale, out);
@@ -1506,8 +1514,10 @@ TEST(CudaParity, PositiveFeaturesKernel) {
   struct Case {
     int64_t B, H, L, D, S;
   };
-  // (rows wider than a warp's 32 lanes in both D and S: the last case)
-  const std::vector<Case> cases = {{2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {3, 2, 70, 16, 64}, {2, 1, 9, 40, 70}};
+  // (rows wider than a warp's 32 lanes in both D and S: the fourth case; more rows than a block's
+  // 256 threads, each thread's part of the sequence max several rows: the last)
+  const std::vector<Case> cases = {
+      {2, 3, 37, 17, 23}, {1, 1, 1, 1, 1}, {3, 2, 70, 16, 64}, {2, 1, 9, 40, 70}, {1, 3, 600, 8, 5}};
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
       for (bool per_row : {true, false}) {
