@@ -49,9 +49,10 @@ class CachingAllocator {
   void set_limit(size_t bytes);
   size_t limit() const;
   // Off: each request outside a private pool is a raw block of the size asked, given back at
-  // once when freed (as PYTORCH_NO_CUDA_MEMORY_CACHING): a memory checker (ASan on the CUDA
-  // emulator, compute-sanitizer on a GPU) then sees each buffer's own bounds and every read of
-  // memory that nothing wrote. On by default.
+  // once when freed (as PYTORCH_NO_CUDA_MEMORY_CACHING): a memory checker (ASan on the CPU and
+  // the CUDA emulator, compute-sanitizer on a GPU) then sees each buffer's own bounds, every use
+  // of a freed one, and (on the emulator, whose fresh memory is NaN) every read of memory that
+  // nothing wrote. On by default.
   void set_caching(bool on);
   bool caching() const;
 
@@ -88,7 +89,13 @@ class CachingAllocator {
   void release_cached_until_locked(size_t need);  // largest first, until held + need <= limit_
 };
 
+// The CPU's allocator. LINEA_NO_CPU_MEMORY_CACHING=1 turns its cache off (set_caching), for
+// ASan: each tensor then a block of its own exact size, freed at once.
 CachingAllocator& cpu_allocator();
+
+// Whether an allocator's environment switch (LINEA_NO_CPU_MEMORY_CACHING,
+// LINEA_NO_CUDA_MEMORY_CACHING) leaves caching on: everything but "1" does.
+bool caching_wanted(const char* no_caching_switch);
 
 // Within its scope, this thread's allocations are long-lived (optimizer state, counters): each
 // gets a block of its own rather than a cached one. A cached block is one a training step's

@@ -388,8 +388,7 @@ CachingAllocator& allocator() {
   // destructors have run; the driver reclaims device memory at exit.
   static CachingAllocator* a = [] {
     auto* made = new CachingAllocator(raw_alloc, raw_free);
-    const char* s = std::getenv("LINEA_NO_CUDA_MEMORY_CACHING");
-    made->set_caching(s == nullptr || std::strcmp(s, "1") != 0);
+    made->set_caching(caching_wanted("LINEA_NO_CUDA_MEMORY_CACHING"));
     return made;
   }();
   return *a;

@@ -632,6 +632,7 @@ TEST(Allocator, LimitRefusesABigTensorAndKeepsTheStats) {
 TEST(Allocator, LimitCoversTheCache) {
   // Blocks freed into the cache count against the limit: a new block of another size first
   // returns cached blocks to the system, so live + cached never exceeds the limit.
+  if (!cpu_allocator().caching()) GTEST_SKIP() << "LINEA_NO_CPU_MEMORY_CACHING=1: nothing is cached";
   NoGradGuard ng;
   cpu_allocator().empty_cache();
   const size_t base = live_bytes();
@@ -689,8 +690,8 @@ TEST(Allocator, FailedOpsLeakNothing) {
   EXPECT_EQ(t.sum().item(), 2.0 * 256 * 256);
 }
 
-// Caching off (LINEA_NO_CUDA_MEMORY_CACHING=1 for the CUDA allocator): each block raw, of the size
-// asked, back at once when freed; a private pool (a CUDA graph's) still keeps its blocks.
+// Caching off (LINEA_NO_CPU_MEMORY_CACHING=1, LINEA_NO_CUDA_MEMORY_CACHING=1): each block raw, of
+// the size asked, back at once when freed; a private pool (a CUDA graph's) still keeps its blocks.
 namespace {
 size_t raw_allocs = 0, raw_frees = 0, last_raw_size = 0;
 void* counting_alloc(size_t n) {
@@ -743,6 +744,23 @@ TEST(Allocator, WithoutCachingEachBlockIsRawAndGoesBackAtOnce) {
   EXPECT_EQ(a.stats().cached_bytes, 512u);
   a.empty_cache();
   EXPECT_EQ(raw_frees, raw_allocs);
+}
+
+// The switches: "1" turns caching off, anything else (or nothing) leaves it on; the CPU
+// allocator reads LINEA_NO_CPU_MEMORY_CACHING (tests/run.sh's sanitizer pass sets it).
+TEST(Allocator, CachingSwitchIsOneToTurnItOff) {
+  const char* name = "LINEA_TEST_NO_MEMORY_CACHING";
+  unsetenv(name);
+  EXPECT_TRUE(caching_wanted(name));
+  for (const char* on : {"0", "", "yes", "11"}) {
+    setenv(name, on, 1);
+    EXPECT_TRUE(caching_wanted(name)) << on;
+  }
+  setenv(name, "1", 1);
+  EXPECT_FALSE(caching_wanted(name));
+  unsetenv(name);
+  const char* cpu = std::getenv("LINEA_NO_CPU_MEMORY_CACHING");
+  EXPECT_EQ(cpu_allocator().caching(), cpu == nullptr || std::string(cpu) != "1");
 }
 
 // ---- the tests' own helpers (tests/test_util.h) can fail ----------------------------------------
