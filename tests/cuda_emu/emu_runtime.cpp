@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -391,6 +392,12 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
   gridDim = grid;
   blockDim = block;
   g_body = &body;
+  // Only the launch's own dynamic shared memory is addressable: an access past it fails ASan (on a
+  // GPU it is another block's memory, or a fault). Each block finds it full of 0xCD bytes.
+  unsigned char* const shared = linea::cuda::detail::linea_smem_;
+  constexpr size_t kSharedCap = sizeof linea::cuda::detail::linea_smem_;
+  ASAN_UNPOISON_MEMORY_REGION(shared, kSharedCap);
+  ASAN_POISON_MEMORY_REGION(shared + smem, kSharedCap - smem);
   g_fibers.assign(nthreads, Fiber());
   if (g_stacks.size() < nthreads * kStack) {  // larger stacks; the old ones' contents are dead
     g_stacks.clear();                         // (and partly poisoned: not to be copied)
@@ -405,7 +412,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
     for (unsigned iy = 0; iy < grid.y; ++iy)
       for (unsigned ix = 0; ix < grid.x; ++ix) {
         blockIdx = make_uint3(nth(ix, grid.x), nth(iy, grid.y), nth(iz, grid.z));
-        std::memset(linea::cuda::detail::linea_smem_, 0xCD, std::max(smem, kDefaultSmem));
+        std::memset(shared, 0xCD, smem);
         unsigned t = 0;
         for (unsigned z = 0; z < block.z; ++z)
           for (unsigned y = 0; y < block.y; ++y)
@@ -991,14 +998,24 @@ void dft_r2c(const FftPlan& p, T* in, T* out) {
   for (long long i = 0; i < (long long)p.batch * p.idist; ++i) in[i] = T(12345);
 }
 
+// C2R takes the spectrum of a real signal: cuFFT leaves the result undefined when the imaginary
+// part of bin 0 or (n even) bin n/2 is not 0, so a row with one comes out NaN here (FFTW would
+// ignore it), and the callers' zeroing of those parts is tested.
 template <typename T>
 void dft_c2r(const FftPlan& p, T* in, T* out) {
   const int nf = p.n / 2 + 1;
   for (int b = 0; b < p.batch; ++b) {
     const T* X = in + 2LL * b * p.idist;
     T* x = out + (long long)b * p.odist;
+    const int bad_bin = X[1] != T(0) ? 0 : p.n % 2 == 0 && X[p.n + 1] != T(0) ? p.n / 2 : -1;
+    if (bad_bin >= 0) {
+      std::fprintf(stderr, "emu cufft: C2R row %d has imaginary part %g at bin %d: its output is NaN\n", b,
+                   static_cast<double>(X[2 * bad_bin + 1]), bad_bin);
+      for (int t = 0; t < p.n; ++t) x[t] = std::numeric_limits<T>::quiet_NaN();
+      continue;
+    }
     for (int t = 0; t < p.n; ++t) {
-      long double s = X[0];  // Re(X0); imaginary parts of DC / Nyquist are ignored
+      long double s = X[0];  // Re(X0)
       for (int k = 1; k < nf; ++k) {
         const long double th = 2.0L * M_PIl * (long double)((long long)k * t % p.n) / p.n;
         const long double term = X[2 * k] * std::cos(th) - X[2 * k + 1] * std::sin(th);
