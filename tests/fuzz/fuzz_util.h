@@ -89,7 +89,8 @@ inline std::string gzip(const void* data, size_t size) {
 
 // Declared first in a target's LLVMFuzzerTestOneInput, so it runs last: hands the blocks the CPU
 // caching allocator kept back to malloc, where ASan sees them (use after free) and libFuzzer's
-// RSS limit does not count an ever-growing cache of odd sizes.
+// RSS limit does not count an ever-growing cache of odd sizes. (tests/fuzz/run.sh turns the cache
+// off altogether, LINEA_NO_CPU_MEMORY_CACHING=1; this is for a target run by hand.)
 struct Iteration {
   Iteration() = default;
   Iteration(const Iteration&) = delete;
