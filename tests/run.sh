@@ -95,7 +95,8 @@ fi
 # with g++ against a host emulation of CUDA (tests/cuda_emu/run.sh: blocks run in turn, threads
 # as fibers, __syncthreads a real barrier; cuBLAS/cuFFT/cuRAND are argument-checking host
 # fakes) and runs the parity tests there, so indexing, launch-geometry and barrier bugs fail
-# CI. It cannot see data races, warp behaviour or speed: those need a real GPU.
+# CI. It sees a data race only where the other order of a block's threads changes a result, and
+# not warp behaviour or speed: those need a real GPU.
 CUDA_INC=${CUDA_HOME:-/usr/local/cuda}/include
 if [ "${LINEA_SKIP_CUDA_EMU:-0}" != 1 ] && [ -f "$CUDA_INC/cuda_runtime.h" ]; then
   echo "== CUDA parity tests on the host emulator"

@@ -408,6 +408,10 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
   // clobbers it in the other; a GPU runs them in any order.
   static const bool reverse = std::getenv("EMU_REVERSE_BLOCKS") != nullptr;
   const auto nth = [](unsigned i, unsigned n) { return reverse ? n - 1 - i : i; };
+  // EMU_REVERSE_THREADS=1: between two barriers a block's threads run last to first. A thread
+  // that reads a shared slot another thread of the same step writes (a tree step without its
+  // guard) reads the old value in one order and the new one in the other; a GPU runs them at once.
+  static const bool reverse_threads = std::getenv("EMU_REVERSE_THREADS") != nullptr;
   for (unsigned iz = 0; iz < grid.z; ++iz)
     for (unsigned iy = 0; iy < grid.y; ++iy)
       for (unsigned ix = 0; ix < grid.x; ++ix) {
@@ -428,7 +432,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
             }
         for (;;) {
           for (unsigned i = 0; i < nthreads; ++i) {
-            Fiber& f = g_fibers[i];
+            Fiber& f = g_fibers[reverse_threads ? nthreads - 1 - i : i];
             if (f.done || f.at_barrier) continue;
             g_cur = &f;
             threadIdx = f.tid;

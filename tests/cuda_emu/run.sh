@@ -2,16 +2,19 @@
 # Runs the CUDA parity tests without a GPU: Linea's cuda/ code on a host emulation of CUDA.
 # Blocks run one after another (run.sh runs the parity and attention tests once more with
 # EMU_REVERSE_BLOCKS=1, last block first: a block that writes past its part of an output clobbers a
-# neighbour in one order or the other; and with LINEA_NO_CUDA_MEMORY_CACHING=1, every buffer a
-# device allocation of its own size: fresh device memory is all 0xFF bytes, a NaN, so a read past a
-# buffer fails ASan and a read of memory nothing wrote shows in the results), a block's threads are
-# fibers switched at __syncthreads() (a barrier reached by only some threads aborts), launch
+# neighbour in one order or the other; with EMU_REVERSE_THREADS=1, a block's threads last to first
+# between barriers: a thread that reads a shared slot another writes in the same step sees the old
+# value in one order and the new one in the other; and with LINEA_NO_CUDA_MEMORY_CACHING=1, every
+# buffer a device allocation of its own size: fresh device memory is all 0xFF bytes, a NaN, so a
+# read past a buffer fails ASan and a read of memory nothing wrote shows in the results), a block's
+# threads are fibers switched at __syncthreads() (a barrier reached by only some threads aborts),
+# a launch's shared memory is the bytes it asked for (ASan fails an access past them), launch
 # configurations are checked (over 48 KB of dynamic shared memory only for a kernel that opted in),
 # cp.async copies at once (a missing wait goes unseen), and cuBLAS / cuFFT / cuRAND are naive host
 # fakes that check their arguments as documented (the FFT fakes scribble over their inputs). Built
 # with ASan + UBSan by default (SAN= to turn off). Catches indexing, launch-geometry, barrier and
-# library-argument bugs; it cannot see data races, warp-level behaviour, or speed: run the real
-# tests on a GPU for those.
+# library-argument bugs; it sees a data race only where the other order of a block's threads
+# changes a result, and not warp-level behaviour or speed: run the real tests on a GPU for those.
 # The binary steps runs apps/tests/test_gpu_step.cpp: what one training step of the
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
 # EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step),
@@ -76,9 +79,9 @@ add_tests "$B/attention" "$@"
 add_tests LINEA_EMU_CC=75 "$B/parity" \
   --gtest_filter='CudaParity.SoftmaxAttentionKernel:CudaParity.SoftmaxAttentionPropagatesNaN:CudaParity.AttentionSampleKernel:CudaParity.FavorAttentionKernel:CudaParity.FavorAttentionStepKernel'
 add_tests EMU_LT_NO_ALGO=1 "$B/parity" --gtest_filter='CudaParity.Linear'
-if [ $# -eq 0 ]; then  # once more: blocks last to first, every buffer a device allocation of its own
-  add_tests EMU_REVERSE_BLOCKS=1 LINEA_NO_CUDA_MEMORY_CACHING=1 "$B/parity"
-  add_tests EMU_REVERSE_BLOCKS=1 LINEA_NO_CUDA_MEMORY_CACHING=1 "$B/attention"
+if [ $# -eq 0 ]; then  # once more: blocks and threads last to first, every buffer an allocation of its own
+  add_tests EMU_REVERSE_BLOCKS=1 EMU_REVERSE_THREADS=1 LINEA_NO_CUDA_MEMORY_CACHING=1 "$B/parity"
+  add_tests EMU_REVERSE_BLOCKS=1 EMU_REVERSE_THREADS=1 LINEA_NO_CUDA_MEMORY_CACHING=1 "$B/attention"
 fi
 run_jobs
 # Every kernel ran in some test above (all of them run when no filter is given).
