@@ -1390,6 +1390,19 @@ TEST(CudaParity, SoftmaxAttentionPropagatesNaN) {
 // Bidirectional linear attention's kernels, as the softmax ones above: positive features (the
 // performer's), some query rows so small that the denominator guard is active, NaN-poisoned
 // outputs, sizes that are not powers of two.
+// A factor per query row [1, 1, N, 1] (float64): 1, or for the rows `tiny` picks 1e-7 and -1e-7
+// in turn, so that a linear attention's denominator falls under its guard with either sign.
+template <typename Pick> Tensor tiny_rows(int64_t N, Pick tiny) {
+  std::vector<double> f(static_cast<size_t>(N), 1.0);
+  double sign = 1.0;
+  for (int64_t n = 0; n < N; ++n)
+    if (tiny(n)) {
+      f[static_cast<size_t>(n)] = sign * 1e-7;
+      sign = -sign;
+    }
+  return from_vector<double>(f, {1, 1, N, 1});
+}
+
 TEST(CudaParity, LinearAttentionKernel) {
   LINEA_REQUIRE_CUDA();
   manual_seed(13);
@@ -1407,16 +1420,9 @@ TEST(CudaParity, LinearAttentionKernel) {
                            std::to_string(c.M) + " S " + std::to_string(c.S) + " E " + std::to_string(c.E),
                        dt));
       Tensor pq = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5)), pk = exp(rnd({c.B, c.H, c.M, c.S}, dt, 0.5));
-      // every fifth query row tiny: its denominator falls under the guard
-      Tensor tiny = ints(
-                        [&] {
-                          std::vector<int64_t> r(static_cast<size_t>(c.N));
-                          for (int64_t n = 0; n < c.N; ++n) r[n] = n % 5 == 2;
-                          return r;
-                        }(),
-                        {1, 1, c.N, 1})
-                        .to(DType::Bool);
-      pq = where(tiny, mul(pq, 1e-7), pq);
+      // every fifth query row tiny, every other one of those negative: its denominator falls under
+      // the guard, which keeps its sign
+      pq = mul(pq, tiny_rows(c.N, [](int64_t n) { return n % 5 == 2; }).to(dt));
       const Tensor v = rnd({c.B, c.H, c.M, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
       const TensorOptions cpu_opts(dt);
       const Shape out_s{c.B, c.H, c.N, c.E}, den_s{c.B, c.H, c.N}, kvz_s{c.B, c.H, c.S, c.E + 1};
@@ -1463,11 +1469,10 @@ TEST(CudaParity, CausalLinearAttentionKernel) {
                        dt));
       const int64_t C = (c.N + c.chunk - 1) / c.chunk;
       Tensor pq = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5)), pk = exp(rnd({c.B, c.H, c.N, c.S}, dt, 0.5));
-      // without a state, every fifth query row tiny: its denominator falls under the guard (with
-      // one, the guard's 1/den~ would only magnify the rounding of the state's product)
-      std::vector<int64_t> tiny_rows(static_cast<size_t>(c.N));
-      for (int64_t n = 0; n < c.N; ++n) tiny_rows[n] = !c.state && n % 5 == 2;
-      pq = where(ints(tiny_rows, {1, 1, c.N, 1}).to(DType::Bool), mul(pq, 1e-7), pq);
+      // without a state, every fifth query row tiny, every other one of those negative: its
+      // denominator falls under the guard, which keeps its sign (with a state, the guard's 1/den~
+      // would only magnify the rounding of the state's product)
+      pq = mul(pq, tiny_rows(c.N, [&](int64_t n) { return !c.state && n % 5 == 2; }).to(dt));
       const Tensor v = rnd({c.B, c.H, c.N, c.E}, dt), dout = rnd({c.B, c.H, c.N, c.E}, dt);
       const Tensor state = c.state ? exp(rnd({c.B, c.H, c.S, c.E + 1}, dt, 0.5)) : Tensor();
       const TensorOptions cpu_opts(dt);
