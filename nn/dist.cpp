@@ -27,6 +27,21 @@ bool env_set(const char* name) {
   const char* v = std::getenv(name);
   return v && *v;
 }
+
+std::string gpu_for_local_rank(const char* visible, int driver_gpus, int local_rank) {
+  std::vector<std::string> gpus;
+  if (visible && *visible) {
+    const std::string s(visible);
+    for (size_t start = 0; start <= s.size();) {
+      const size_t comma = std::min(s.find(',', start), s.size());
+      if (comma > start) gpus.push_back(s.substr(start, comma - start));
+      start = comma + 1;
+    }
+  } else {
+    for (int i = 0; i < driver_gpus; ++i) gpus.push_back(std::to_string(i));
+  }
+  return gpus.empty() ? std::string() : gpus[static_cast<size_t>(local_rank) % gpus.size()];
+}
 }  // namespace detail
 
 namespace {

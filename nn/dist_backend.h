@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "core/tensor.h"
 #include "nn/dist.h"
@@ -18,6 +19,11 @@ struct State {
 };
 State& state();
 bool env_set(const char* name);  // set and not empty
+// The CUDA_VISIBLE_DEVICES of the rank with local rank r, where several ranks share a machine and
+// each takes a GPU of its own: entry r mod n of `visible` (CUDA_VISIBLE_DEVICES as the launcher
+// left it, n entries, empty ones skipped) or, where that is null or empty, of the driver's
+// `driver_gpus` devices 0 .. n-1; "" where there are none (the rank leaves the variable alone).
+std::string gpu_for_local_rank(const char* visible, int driver_gpus, int local_rank);
 
 // Joins the job this process was launched into (MPI_Init_thread; each rank its own GPU) and sets
 // s's ranks and sizes. init() calls it only when has_mpi().

@@ -35,24 +35,12 @@ int driver_gpu_count() {
 }
 
 // Linea uses CUDA device 0 of what it sees; with several ranks on one machine each rank must
-// see its own GPU: local rank r takes GPU r mod count (of CUDA_VISIBLE_DEVICES when set).
+// see its own GPU (detail::gpu_for_local_rank picks it).
 void pick_gpu(int local_rank, int local_size) {
   if (local_size <= 1 || env_set("LINEA_DIST_KEEP_DEVICES")) return;
-  std::vector<std::string> visible;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
-    std::string s(v);
-    size_t start = 0;
-    while (start <= s.size()) {
-      size_t comma = s.find(',', start);
-      if (comma == std::string::npos) comma = s.size();
-      if (comma > start) visible.push_back(s.substr(start, comma - start));
-      start = comma + 1;
-    }
-  } else {
-    for (int i = 0, n = driver_gpu_count(); i < n; ++i) visible.push_back(std::to_string(i));
-  }
-  if (visible.empty()) return;
-  setenv("CUDA_VISIBLE_DEVICES", visible[static_cast<size_t>(local_rank) % visible.size()].c_str(), 1);
+  const std::string gpu =
+      detail::gpu_for_local_rank(std::getenv("CUDA_VISIBLE_DEVICES"), driver_gpu_count(), local_rank);
+  if (!gpu.empty()) setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
 }
 
 void mpi_check(int rc, const char* call) {

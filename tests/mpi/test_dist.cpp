@@ -15,6 +15,7 @@
 #include "core/random.h"
 #include "nn/data_parallel.h"
 #include "nn/dist.h"
+#include "nn/dist_backend.h"
 #include "nn/layers.h"
 #include "nn/sampler.h"
 #include "tests/mpi/gtest_mpi.h"
@@ -232,6 +233,22 @@ TEST(Dist, ShardRangesCoverTheBatchInOrder) {
     EXPECT_EQ(joined, whole[i]);
   }
   EXPECT_LINEA_ERROR(nn::ShardedBatchSampler(inner, 2, 2), "is not a rank of");
+}
+
+// Several ranks on one machine: local rank r takes entry r (mod their number) of the GPUs the
+// launcher left visible, or of the driver's where it left none. (dist::init sets it before CUDA
+// starts; only the choice is tested here: this machine may have no GPU.)
+TEST(Dist, EachLocalRankTakesAGpuOfItsOwn) {
+  using dist::detail::gpu_for_local_rank;
+  EXPECT_EQ(gpu_for_local_rank("3,5", 8, 0), "3");
+  EXPECT_EQ(gpu_for_local_rank("3,5", 8, 1), "5");
+  EXPECT_EQ(gpu_for_local_rank("3,5", 8, 2), "3");  // more ranks than GPUs: they share, in turn
+  EXPECT_EQ(gpu_for_local_rank("GPU-1f2e", 8, 1), "GPU-1f2e");
+  EXPECT_EQ(gpu_for_local_rank(",GPU-1f2e,,7,", 0, 1), "7");  // empty entries skipped
+  EXPECT_EQ(gpu_for_local_rank(nullptr, 4, 6), "2");
+  EXPECT_EQ(gpu_for_local_rank("", 4, 1), "1");
+  EXPECT_EQ(gpu_for_local_rank(nullptr, 0, 1), "");  // no GPU: the variable is left alone
+  EXPECT_EQ(gpu_for_local_rank(",", 4, 1), "");      // none visible, as the launcher said
 }
 
 int main(int argc, char** argv) {
