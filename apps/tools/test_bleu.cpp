@@ -193,6 +193,11 @@ TEST(BleuTokenizer13a, InvalidUtf8Throws) {
   EXPECT_THROW(tokenize_13a("\xc0\xaf"), Error);      // overlong '/'
   EXPECT_THROW(tokenize_13a("\xed\xa0\x80"), Error);  // a UTF-16 surrogate
   EXPECT_THROW(tokenize_13a("\xe2\x82"), Error);      // truncated
+  // Overlong 3- and 4-byte forms of '/', and the code point after U+10FFFF; U+10FFFF itself is valid.
+  EXPECT_THROW(tokenize_13a("\xe0\x80\xaf"), Error);
+  EXPECT_THROW(tokenize_13a("\xf0\x80\x80\xaf"), Error);
+  EXPECT_THROW(tokenize_13a("\xf4\x90\x80\x80"), Error);
+  EXPECT_EQ(utf8_decode("\xf4\x8f\xbf\xbf"), std::u32string(1, U'\U0010FFFF'));
   EXPECT_EQ(utf8_encode(utf8_decode("añ中😀")), "añ中😀");
   EXPECT_EQ(utf8_decode("añ中😀").size(), 4u);
 }
@@ -231,6 +236,10 @@ TEST(BleuCorpus, MultiReference) {
   EXPECT_EQ(s.ref_len, 7);
   EXPECT_NEAR(s.score, 82.22672338010389, 1e-10);
   EXPECT_EQ(s.signature.substr(0, 8), "nrefs:2|");
+  // The streams in the other order ("a a" first): the same clipping, the same score.
+  const BleuScore swapped = corpus_bleu({"a a a", "x y z w"}, {{"a a", "x y z w v"}, {"a", "x y"}});
+  EXPECT_EQ(swapped.counts, s.counts);
+  EXPECT_EQ(swapped.score, s.score);
 }
 
 // Equally close references (2 and 4 tokens around 3): the shorter one counts.
