@@ -491,6 +491,24 @@ void emu_submit(std::function<void()> op) {
     op();
 }
 namespace emu {
+// EMU_MAX_BLOCKS=N (N >= 1): grid_for and column_grid give at most N blocks instead of 65,536.
+// A test's tensors fit in far fewer blocks than that: without the cap no grid-stride loop would
+// take a second turn, and a kernel launched on a capped grid that covers only its first turn
+// (an `if (i < n)` where a loop belongs) would pass here and drop the tail of a tensor of 17M
+// elements on a GPU.
+int64_t max_blocks() {
+  static const int64_t cap = [] {
+    const char* v = std::getenv("EMU_MAX_BLOCKS");
+    if (!v) return int64_t{1} << 16;
+    const long long n = std::atoll(v);
+    if (n < 1) {
+      std::fprintf(stderr, "EMU_MAX_BLOCKS=%s: want a number of blocks >= 1\n", v);
+      std::abort();
+    }
+    return static_cast<int64_t>(n);
+  }();
+  return cap;
+}
 void submit_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
   emu_submit([kernel, grid, block, smem, body = std::move(body)] { run_grid(kernel, grid, block, smem, body); });
 }

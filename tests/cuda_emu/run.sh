@@ -19,9 +19,11 @@
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
 # EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step),
 # EMU_TRACE_LAUNCHES=1 every kernel launch (its name, grid and block) and library call in order
-# (to find which launches a launch budget counts); LINEA_EMU_CC=75 emulates an sm_75 device (the
-# softmax parity, RA's draw and FAVOR+ attention run once more so: their float32 SIMT kernels,
-# which sm_80 and newer leave for the tensor cores); EMU_LT_NO_ALGO=1 has cuBLASLt find no
+# (to find which launches a launch budget counts); EMU_MAX_BLOCKS=N caps grid_for's grids at N
+# blocks (65,536 on a GPU, which no test's tensor fills: the parity tests run once more at 3, so
+# that every grid-stride loop takes more than one turn); LINEA_EMU_CC=75 emulates an sm_75
+# device (the softmax parity, RA's draw and FAVOR+ attention run once more so: their float32 SIMT
+# kernels, which sm_80 and newer leave for the tensor cores); EMU_LT_NO_ALGO=1 has cuBLASLt find no
 # algorithm (the linear layer's parity runs once more so: its GEMM-then-bias fallback). Built with
 # gcov's counters too: after an unfiltered run, kernel_coverage.py lists the kernels and template
 # instances no test ran, and a kernel that none ran fails the run (a kernel no test runs is one no
@@ -82,6 +84,8 @@ add_tests EMU_LT_NO_ALGO=1 "$B/parity" --gtest_filter='CudaParity.Linear'
 if [ $# -eq 0 ]; then  # once more: blocks and threads last to first, every buffer an allocation of its own
   add_tests EMU_REVERSE_BLOCKS=1 EMU_REVERSE_THREADS=1 LINEA_NO_CUDA_MEMORY_CACHING=1 "$B/parity"
   add_tests EMU_REVERSE_BLOCKS=1 EMU_REVERSE_THREADS=1 LINEA_NO_CUDA_MEMORY_CACHING=1 "$B/attention"
+  # and the parity tests on grids of at most 3 blocks: every grid-stride loop takes several turns
+  add_tests EMU_MAX_BLOCKS=3 "$B/parity"
 fi
 run_jobs
 # Every kernel ran in some test above (all of them run when no filter is given).
