@@ -275,7 +275,7 @@ TEST(TranslateSearch, BeamSearchFollowsItsDefinition) {
   const std::vector<int64_t> lengths{6, 2, 4, 5, 3};
   SearchOptions o;
   o.beam = 4;
-  o.nbest = 4;
+  o.nbest = 3;  // fewer than the beams: the best 3 of the (up to) 4 finished
   o.len_penalty = 1.0;
   o.max_len_ratio = 1.0;
   o.max_len_extra = 2;
