@@ -65,15 +65,12 @@ __device__ __forceinline__ uint32_t round_tf32(float x) { return (float_bits(x) 
 
 // Asynchronous copies global -> shared (cp.async, sm_80+) of BYTES (16, or 4), or as many zero
 // bytes when !in (src is then not read). A thread's copies land by cp_async_wait<N>() (all but its
-// N most recent commit groups); the block sees them after the __syncthreads() that follows. The
-// emulator copies at once.
+// N most recent commit groups); the block sees them after the __syncthreads() that follows. On
+// the emulator too: a copy lands at the wait that completes its group (tests/cuda_emu).
 template <int BYTES> __device__ __forceinline__ void cp_async(void* dst, const void* src, bool in) {
   static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 4, 8 or 16 bytes; Linea uses 16 and 4");
 #if defined(LINEA_CUDA_EMULATOR)
-  if (in)
-    std::memcpy(dst, src, BYTES);
-  else
-    std::memset(dst, 0, BYTES);
+  emu::cp_async(dst, in ? src : nullptr, BYTES);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   if constexpr (BYTES == 16)  // .cg (through L2 only) takes 16 bytes only
@@ -85,12 +82,16 @@ template <int BYTES> __device__ __forceinline__ void cp_async(void* dst, const v
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#if !defined(LINEA_CUDA_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(LINEA_CUDA_EMULATOR)
+  emu::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if !defined(LINEA_CUDA_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(LINEA_CUDA_EMULATOR)
+  emu::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }

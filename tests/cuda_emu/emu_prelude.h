@@ -31,6 +31,11 @@ void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (
                         const uint32_t (&bs)[2]);
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (lane l gives row l % 8 of matrix l / 8).
 void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans);
+// cp.async of `bytes` from src (zeros where null) to dst, landing at the cp_async_wait that
+// completes its commit group (cuda/mma.cuh's cp_async, cp_async_commit, cp_async_wait<n>).
+void cp_async(void* dst, const void* src, int bytes);
+void cp_async_commit();
+void cp_async_wait(int n);
 }  // namespace emu
 // Warp shuffles over the full warp (every lane calls them, as in Linea's kernels).
 template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int = 32) {

@@ -151,6 +151,16 @@ struct Fiber {
   bool at_warp_barrier = false;  // __syncwarp
   unsigned exchanges = 0;        // warp_exchange calls so far (their slots alternate)
   uint3 tid;
+  // cp.async copies issued and not yet landed (emu::cp_async), each in commit group `group` (-1:
+  // not committed yet); `groups` committed so far.
+  struct AsyncCopy {
+    unsigned char* dst;
+    unsigned char data[16];
+    int bytes;
+    int64_t group;
+  };
+  std::vector<AsyncCopy> copies;
+  int64_t groups = 0;
 };
 void* g_sched_sp = nullptr;  // the scheduler's (the launching thread's) stack, while a fiber runs
 #if EMU_ASAN
@@ -338,6 +348,36 @@ void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (
   add_product<8>(d, big.A, big.B);
 }
 
+// cp.async: the source is read now (zeros where src is null) and lands in shared memory at the
+// cp_async_wait that completes its group, not before: a kernel that reads a tile before waiting
+// for it (or waits for too few groups) reads what was there, the launch's 0xCD bytes or the last
+// tile. Copies still in flight when the thread ends never land.
+void cp_async(void* dst, const void* src, int bytes) {
+  Fiber::AsyncCopy c{static_cast<unsigned char*>(dst), {}, bytes, -1};
+  if (bytes < 1 || bytes > 16) std::abort();
+  if (src) std::memcpy(c.data, src, static_cast<size_t>(bytes));
+  g_cur->copies.push_back(c);
+}
+// cp.async.commit_group: the copies issued since the last commit form a group (perhaps empty).
+void cp_async_commit() {
+  for (auto& c : g_cur->copies)
+    if (c.group < 0) c.group = g_cur->groups;
+  ++g_cur->groups;
+}
+// cp.async.wait_group n: every committed group but the n most recent lands.
+void cp_async_wait(int n) {
+  auto& copies = g_cur->copies;
+  const int64_t done_below = g_cur->groups - n;
+  size_t kept = 0;
+  for (auto& c : copies) {
+    if (c.group >= 0 && c.group < done_below)
+      std::memcpy(c.dst, c.data, static_cast<size_t>(c.bytes));
+    else
+      copies[kept++] = c;
+  }
+  copies.resize(kept);
+}
+
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the address of row l % 8 of
 // matrix l / 8 (each row 16 bytes, 16-byte aligned, in shared memory: checked) and receives in
 // r[i] matrix i's 16-bit elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1), or with trans
@@ -426,6 +466,8 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std:
               f.at_barrier = false;
               f.at_warp_barrier = false;
               f.exchanges = 0;
+              f.copies.clear();
+              f.groups = 0;
               f.tid = make_uint3(x, y, z);
               f.stack = g_stacks.data() + t * kStack;
               start_fiber(f);

@@ -10,7 +10,8 @@
 # threads are fibers switched at __syncthreads() (a barrier reached by only some threads aborts),
 # a launch's shared memory is the bytes it asked for (ASan fails an access past them), launch
 # configurations are checked (over 48 KB of dynamic shared memory only for a kernel that opted in),
-# cp.async copies at once (a missing wait goes unseen), and cuBLAS / cuFFT / cuRAND are naive host
+# a cp.async copy lands at the wait that completes its group (a tile read before its wait holds
+# stale bytes), and cuBLAS / cuFFT / cuRAND are naive host
 # fakes that check their arguments as documented (the FFT fakes scribble over their inputs). Built
 # with ASan + UBSan by default (SAN= to turn off). Catches indexing, launch-geometry, barrier and
 # library-argument bugs; it sees a data race only where the other order of a block's threads
