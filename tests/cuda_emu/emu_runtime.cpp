@@ -353,8 +353,11 @@ void mma_tf32x3_m16n8k8(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (
 // for it (or waits for too few groups) reads what was there, the launch's 0xCD bytes or the last
 // tile. Copies still in flight when the thread ends never land.
 void cp_async(void* dst, const void* src, int bytes) {
+  if (bytes < 1 || bytes > 16) {
+    std::fprintf(stderr, "emu: cp.async of %d bytes (4, 8 or 16)\n", bytes);
+    std::abort();
+  }
   Fiber::AsyncCopy c{static_cast<unsigned char*>(dst), {}, bytes, -1};
-  if (bytes < 1 || bytes > 16) std::abort();
   if (src) std::memcpy(c.data, src, static_cast<size_t>(bytes));
   g_cur->copies.push_back(c);
 }

@@ -11,11 +11,11 @@
 # a launch's shared memory is the bytes it asked for (ASan fails an access past them), launch
 # configurations are checked (over 48 KB of dynamic shared memory only for a kernel that opted in),
 # a cp.async copy lands at the wait that completes its group (a tile read before its wait holds
-# stale bytes), and cuBLAS / cuFFT / cuRAND are naive host
-# fakes that check their arguments as documented (the FFT fakes scribble over their inputs). Built
-# with ASan + UBSan by default (SAN= to turn off). Catches indexing, launch-geometry, barrier and
-# library-argument bugs; it sees a data race only where the other order of a block's threads
-# changes a result, and not warp-level behaviour or speed: run the real tests on a GPU for those.
+# stale bytes), and cuBLAS / cuFFT / cuRAND are naive host fakes that check their arguments as
+# documented (the FFT fakes scribble over their inputs). Built with ASan + UBSan by default (SAN=
+# to turn off). Catches indexing, launch-geometry, barrier, cp.async and library-argument bugs; it
+# sees a data race only where the other order of a block's threads changes a result, and not
+# warp-level behaviour or speed: run the real tests on a GPU for those.
 # The binary steps runs apps/tests/test_gpu_step.cpp: what one training step of the
 # default ViT and a small translate model asks of the device (core/cuda_counters.h), pinned.
 # EMU_TRACE_MALLOC=1 prints every cudaMalloc (to find what allocates in a step),
