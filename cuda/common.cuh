@@ -24,8 +24,13 @@
 namespace linea::cuda::detail {
 
 constexpr int kBlockSize = 256;
-// Grid-stride loops cover what does not fit in this many blocks.
+// Grid-stride loops cover what does not fit in this many blocks. (On the emulator, EMU_MAX_BLOCKS
+// lowers it, so that the tests' small tensors take those loops round more than once.)
+#if defined(LINEA_CUDA_EMULATOR)
+inline const int64_t kMaxBlocks = emu::max_blocks();
+#else
 constexpr int64_t kMaxBlocks = 1 << 16;
+#endif
 // Most dims a strided operand may have after merging contiguous dims.
 constexpr int kMaxDims = 10;
 

@@ -87,8 +87,8 @@ using std::isfinite;
 using std::isinf;
 
 namespace emu {
-// cuda/common.cuh's kMaxBlocks, the cap of grid_for's grids (rewrite.py puts this call in its
-// place): EMU_MAX_BLOCKS=N caps them at N blocks, so every grid-stride loop takes several turns.
+// cuda/common.cuh's kMaxBlocks on the emulator, the cap of grid_for's grids: EMU_MAX_BLOCKS=N
+// caps them at N blocks, so every grid-stride loop takes several turns.
 int64_t max_blocks();
 // Runs the grid now, or records it when a stream capture is on (replayed by cudaGraphLaunch).
 void submit_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, std::function<void()> body);

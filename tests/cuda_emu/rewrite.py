@@ -16,12 +16,6 @@ for f in sorted(glob.glob(os.path.join(root, 'cuda', '*.cu')) + glob.glob(os.pat
         sys.exit(f'{f}:{line}: a static __shared__ array; take shared memory from the launch (shared_mem<T>()): '
                  'the emulator cannot share a static one between a block\'s threads')
     s = pat.sub(lambda m: 'emu::launch(' + m.group(1) + ', ' + m.group(2) + ')(', open(f).read())
-    # The grid cap becomes EMU_MAX_BLOCKS (emu::max_blocks(), emu_prelude.h).
-    if f.endswith('common.cuh'):
-        cap = 'constexpr int64_t kMaxBlocks = 1 << 16;'
-        if s.count(cap) != 1:
-            sys.exit(f'{f}: no line "{cap}" to turn into EMU_MAX_BLOCKS (update rewrite.py)')
-        s = s.replace(cap, 'inline const int64_t kMaxBlocks = emu::max_blocks();')
     base = os.path.basename(f)
     dst = os.path.join(out, 'cuda', base[:-3] + '.cpp' if base.endswith('.cu') else base)
     if not os.path.exists(dst) or open(dst).read() != s:
