@@ -90,11 +90,6 @@ int32_t lower_cp(int32_t cp) {
   if (cp >= 0x100 && cp <= 0x17F && cp % 2 == 0) return cp + 1;
   return cp;
 }
-int32_t upper_cp(int32_t cp) {
-  if ((cp >= 'a' && cp <= 'z') || (cp >= 0xE0 && cp <= 0xFE && cp != 0xF7)) return cp - 0x20;
-  if (cp >= 0x100 && cp <= 0x17F && cp % 2 == 1) return cp - 1;
-  return cp;
-}
 
 // The first code point of s at or after byte i that is not inside a markup tag.
 int32_t next_visible_cp(const std::string& s, size_t i) {
@@ -400,8 +395,8 @@ bool recase_opening(std::string& text, const CaseCounts& counts) {
     auto it = counts.find(lower);
     const bool capitalize = sentence_initial(text, words[k].begin) ||
                             (it != counts.end() && it->second.second > it->second.first);
-    for (size_t c = 0; c < words[k].cps.size(); ++c)
-      put_cp(out, c == 0 && capitalize ? upper_cp(words[k].cps[c]) : lower_cp(words[k].cps[c]));
+    for (size_t c = 0; c < words[k].cps.size(); ++c)  // all capitals: the first stays one if capitalized
+      put_cp(out, c == 0 && capitalize ? words[k].cps[c] : lower_cp(words[k].cps[c]));
     if (k + 1 == words.size() || !all_caps(words[k + 1].cps)) {
       out.append(text, words[k].end, std::string::npos);
       break;
