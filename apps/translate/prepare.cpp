@@ -112,7 +112,8 @@ Corpus load_bible() {
   return c;
 }
 
-// The lines of a UTF-8 text file (a BOM and CR line ends removed), each whitespace-normalized.
+// The lines of a UTF-8 text file (a BOM removed), each whitespace-normalized (which removes a CR
+// line end too).
 std::vector<std::string> read_lines(const std::string& path, const char* flag) {
   const std::string op = std::string("translate prepare ") + flag;
   const std::vector<char> bytes = linea::nn::detail::read_file_bytes(path, op.c_str());
@@ -123,7 +124,6 @@ std::vector<std::string> read_lines(const std::string& path, const char* flag) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos) end = text.size();
     std::string line = text.substr(start, end - start);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
     const int64_t bad = invalid_utf8_at(line);
     LINEA_CHECK(bad < 0, op, ": '", path, "' line ", lines.size() + 1, " is not valid UTF-8 (byte ", bad + 1,
                 " of the line)");
@@ -165,6 +165,26 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// The books split's held-out books in the flags' order, each with its split (1 valid, 2 test);
+// checked before the Bible is read.
+std::vector<std::pair<std::string, int>> held_out_books(const PrepareOptions& o) {
+  LINEA_CHECK(o.src_file.empty(),
+              "translate prepare: --split books needs the Bible; for --src/--tgt files use "
+              "--split random");
+  std::vector<std::pair<std::string, int>> held;
+  std::map<std::string, int> role;
+  for (int r : {1, 2}) {
+    const std::vector<std::string> books = split_list(r == 1 ? o.valid_books : o.test_books);
+    LINEA_CHECK(!books.empty(), "translate prepare: --", r == 1 ? "valid" : "test", "-books is empty");
+    for (const std::string& b : books) {
+      LINEA_CHECK(!role.count(b) || role[b] == r, "translate prepare: book '", b,
+                  "' is in both --valid-books and --test-books");
+      if (role.emplace(b, r).second) held.push_back({b, r});
+    }
+  }
+  return held;
+}
+
 // Pair indices of train, valid, test, each in corpus order.
 std::vector<std::vector<int64_t>> make_splits(const Corpus& c, const PrepareOptions& o) {
   const int64_t n = static_cast<int64_t>(c.src.size());
@@ -177,22 +197,14 @@ std::vector<std::vector<int64_t>> make_splits(const Corpus& c, const PrepareOpti
     for (auto& v : s) std::sort(v.begin(), v.end());
     return s;
   }
-  LINEA_CHECK(!c.books.empty(), "translate prepare: --split books needs the Bible; for --src/--tgt files use --split random");
   std::vector<std::string> known;
   for (const std::string& b : c.books)
     if (known.empty() || known.back() != b) known.push_back(b);
-  std::map<std::string, int> role;  // book -> 1 valid, 2 test
-  for (int r : {1, 2}) {
-    const std::string& flag = r == 1 ? o.valid_books : o.test_books;
-    const std::vector<std::string> books = split_list(flag);
-    LINEA_CHECK(!books.empty(), "translate prepare: --", r == 1 ? "valid" : "test", "-books is empty");
-    for (const std::string& b : books) {
-      LINEA_CHECK(std::find(known.begin(), known.end(), b) != known.end(), "translate prepare: unknown book '", b,
-                  "' in --", r == 1 ? "valid" : "test", "-books; the books with pairs are: ", linea::join(known));
-      LINEA_CHECK(!role.count(b) || role[b] == r, "translate prepare: book '", b,
-                  "' is in both --valid-books and --test-books");
-      role[b] = r;
-    }
+  std::map<std::string, int> role;
+  for (const auto& [b, r] : held_out_books(o)) {
+    LINEA_CHECK(std::find(known.begin(), known.end(), b) != known.end(), "translate prepare: unknown book '", b,
+                "' in --", r == 1 ? "valid" : "test", "-books; the books with pairs are: ", linea::join(known));
+    role[b] = r;
   }
   for (int64_t i = 0; i < n; ++i) {
     auto it = role.find(c.books[i]);
@@ -251,6 +263,7 @@ PrepareResult prepare_folder(const PrepareOptions& o, std::ostream* log) {
               o.vocab, "'");
   LINEA_CHECK(o.valid_size >= 0 && o.test_size >= 0 && o.max_length >= 0 && o.max_ratio >= 0,
               "translate prepare: sizes and limits must be >= 0");
+  if (o.split == "books") held_out_books(o);  // the flags' own errors before the Bible is read
   const std::string out_str = linea::apps::prepared_data_out("translate prepare", o.out);
   const fs::path out(out_str);
 

@@ -235,8 +235,12 @@ std::vector<std::string> lines_of(const std::string& path) {
 TEST(Prepare, UserFilesSplitsAndStats) {
   TempDir dir;
   write_pairs(dir.file("in.en"), dir.file("in.es"), 400);
+  write_all(dir.file("in.es"), "\xEF\xBB\xBF" + read_all(dir.file("in.es")));  // a byte order mark: not text
   PrepareOptions o = small(dir);
+  o.max_length = 0;  // 0: no filter (the toy pairs are short anyway)
+  o.max_ratio = 0;
   const PrepareResult r = prepare(o);
+  EXPECT_TRUE(r.stats["length_filter"]["dropped"].empty());
   // 40 lines have an empty side: 8 both (every 50th), 16 source (20th), 16 target (other 10th).
   EXPECT_EQ(r.stats["dropped"], json({{"both_empty", 8}, {"src_empty", 16}, {"tgt_empty", 16}}));
   EXPECT_EQ(r.stats["pairs"], 360);
@@ -246,7 +250,11 @@ TEST(Prepare, UserFilesSplitsAndStats) {
   for (const char* f : {"train.en", "train.es", "train.ref", "valid.en", "valid.es", "valid.ref", "test.en", "test.es",
                         "test.ref", "spm.model", "stats.json", "data.json"})
     EXPECT_TRUE(fs::is_regular_file(fs::path(o.out) / f)) << f;
-  // The splits are disjoint and cover every non-empty line, named by line number.
+  // The splits are disjoint and cover every non-empty line, named by line number, in the input's
+  // order, each line as the input has it (whitespace normalized, no CR).
+  const std::vector<std::string> in_en = lines_of(dir.file("in.en"));
+  std::vector<std::string> in_es = lines_of(dir.file("in.es"));
+  in_es[0].erase(0, 3);  // the mark
   std::set<int> seen;
   for (const char* s : {"train", "valid", "test"}) {
     const ParallelSplit p = read_split(o.out, s);
@@ -254,8 +262,11 @@ TEST(Prepare, UserFilesSplitsAndStats) {
       const int line = std::stoi(p.refs[i]);
       EXPECT_TRUE(seen.insert(line).second) << "line " << line << " in two splits";
       EXPECT_NE(line % 10, 0);
-      EXPECT_FALSE(p.src[i].empty());
-      EXPECT_EQ(p.tgt[i].find('\r'), std::string::npos);
+      if (i > 0) {
+        EXPECT_LT(std::stoi(p.refs[i - 1]), line) << s;
+      }
+      EXPECT_EQ(p.src[i], normalize_space(in_en.at(line - 1))) << s << " line " << line;
+      EXPECT_EQ(p.tgt[i], normalize_space(in_es.at(line - 1))) << s << " line " << line;  // no CR
     }
   }
   EXPECT_EQ(seen.size(), 360u);
@@ -294,29 +305,93 @@ TEST(Prepare, SeedDecidesTheSplitAndRerunsAreByteIdentical) {
 TEST(Prepare, SeparateVocabulariesAndLengthFilter) {
   TempDir dir;
   write_pairs(dir.file("in.en"), dir.file("in.es"), 300);
+  // Word for word, the two sides have as many tokens; some Spanish lines get one or two more.
+  std::string es;
+  int line = 0;
+  for (const std::string& l : lines_of(dir.file("in.es")))
+    ++line, es += l + (line % 7 == 0 ? " y y\n" : line % 7 == 3 ? " y\n" : "\n");
+  write_all(dir.file("in.es"), es);
   PrepareOptions o = small(dir);
   o.vocab = "separate";
-  o.src_lang = "xx";
-  o.tgt_lang = "yy";
+  o.src_lang = "en_GB";  // codes may hold '_' and '-'
+  o.tgt_lang = "es-419";
   o.vocab_size = 40;  // per language now
   o.max_length = 6;   // drops the longer training pairs; valid and test keep theirs
+  o.max_ratio = 1.1;  // and those whose sides differ: (longer+1)/(shorter+1) > 1.1
   const PrepareResult r = prepare(o);
-  EXPECT_TRUE(fs::is_regular_file(o.out + "/spm.xx.model"));
-  EXPECT_TRUE(fs::is_regular_file(o.out + "/spm.yy.model"));
-  EXPECT_TRUE(fs::is_regular_file(o.out + "/train.xx"));
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/spm.en_GB.model"));
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/spm.es-419.model"));
+  EXPECT_TRUE(fs::is_regular_file(o.out + "/train.en_GB"));
   const Manifest m = read_manifest(o.out);
-  EXPECT_EQ(m.src_model, o.out + "/spm.xx.model");
-  EXPECT_EQ(m.tgt_model, o.out + "/spm.yy.model");
-  const int64_t too_long = r.stats["length_filter"]["dropped"]["too_long"];
+  EXPECT_EQ(m.src_model, o.out + "/spm.en_GB.model");
+  EXPECT_EQ(m.tgt_model, o.out + "/spm.es-419.model");
+  const json& dropped = r.stats["length_filter"]["dropped"];
+  const int64_t too_long = dropped.value("too_long", 0), ratio = dropped.value("length_ratio", 0);
   EXPECT_GT(too_long, 20);
-  EXPECT_EQ(r.train + r.valid + r.test + too_long, r.stats["pairs"].get<int64_t>());
+  EXPECT_GT(ratio, 0);
+  EXPECT_EQ(r.train + r.valid + r.test + too_long + ratio, r.stats["pairs"].get<int64_t>());
   EXPECT_EQ(r.valid, 30);
-  const Tokenizer src = Tokenizer::from_file(m.src_model);
-  for (const std::string& s : read_split(o.out, "train").src) EXPECT_LE(src.encode(s).size(), 6u) << s;
-  int64_t longest_valid = 0;
-  for (const std::string& s : read_split(o.out, "valid").src)
-    longest_valid = std::max<int64_t>(longest_valid, src.encode(s).size());
-  EXPECT_GT(longest_valid, 6);
+  // Each model knows its own language's letters only ('k' is not in the Spanish words, 'í' not in
+  // the English ones).
+  const Tokenizer src = Tokenizer::from_file(m.src_model), tgt = Tokenizer::from_file(m.tgt_model);
+  const auto has_unk = [](const std::vector<int64_t>& ids) { return std::count(ids.begin(), ids.end(), kUnkId) > 0; };
+  EXPECT_TRUE(has_unk(tgt.encode("king")));
+  EXPECT_FALSE(has_unk(src.encode("king")));
+  EXPECT_TRUE(has_unk(src.encode("día")));
+  EXPECT_FALSE(has_unk(tgt.encode("día")));
+  // Both sides filtered, each with its own model; the bounds themselves kept.
+  const ParallelSplit train = read_split(o.out, "train");
+  size_t longest_train = 0;
+  for (size_t i = 0; i < train.src.size(); ++i) {
+    const size_t a = src.encode(train.src[i]).size(), b = tgt.encode(train.tgt[i]).size();
+    EXPECT_LE(std::max(a, b), 6u) << train.refs[i];
+    EXPECT_LE(double(std::max(a, b) + 1) / double(std::min(a, b) + 1), 1.1) << train.refs[i];
+    longest_train = std::max({longest_train, a, b});
+  }
+  EXPECT_EQ(longest_train, 6u);
+  const ParallelSplit valid = read_split(o.out, "valid");
+  size_t longest_valid = 0, longest_valid_tgt = 0;
+  for (size_t i = 0; i < valid.src.size(); ++i) {
+    longest_valid = std::max(longest_valid, src.encode(valid.src[i]).size());
+    longest_valid_tgt = std::max(longest_valid_tgt, tgt.encode(valid.tgt[i]).size());
+  }
+  EXPECT_GT(longest_valid, 6u);
+  // stats.json's token counts are each side's model's.
+  EXPECT_EQ(r.stats["splits"]["valid"]["src"]["tokens"]["max"].get<size_t>(), longest_valid);
+  EXPECT_EQ(r.stats["splits"]["valid"]["tgt"]["tokens"]["max"].get<size_t>(), longest_valid_tgt);
+}
+
+TEST(Prepare, UnknownRateCountsPiecesTheTrainingSplitNeverSaw) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 200);
+  // Lines 1-40 each end in a CJK character of their own: those held out are unknown to the model.
+  std::string en;
+  int line = 0;
+  for (const std::string& l : lines_of(dir.file("in.en"))) {
+    const int cp = 0x4E00 + ++line;  // three bytes of UTF-8
+    const std::string cjk =
+        line > 40 ? "" : std::string{char(0xE0 | cp >> 12), char(0x80 | (cp >> 6 & 0x3F)), char(0x80 | (cp & 0x3F))};
+    en += l + (cjk.empty() ? "" : " " + cjk) + "\n";
+  }
+  write_all(dir.file("in.en"), en);
+  PrepareOptions o = small(dir);
+  o.vocab_size = 80;
+  const PrepareResult r = prepare(o);
+  const Tokenizer tok = Tokenizer::from_file(read_manifest(o.out).src_model);
+  double held_out_unk = 0;
+  for (const char* s : {"train", "valid", "test"}) {
+    int64_t unk = 0, total = 0;
+    for (const std::string& l : read_split(o.out, s).src) {
+      const std::vector<int64_t> ids = tok.encode(l);
+      unk += std::count(ids.begin(), ids.end(), kUnkId);
+      total += static_cast<int64_t>(ids.size());
+    }
+    const double rate = std::round(1e6 * double(unk) / double(total)) / 1e6;
+    EXPECT_EQ(r.stats["splits"][s]["src"]["unk_rate"].get<double>(), rate) << s;
+    if (std::string(s) != "train") held_out_unk += rate;
+  }
+  EXPECT_EQ(r.stats["splits"]["train"]["src"]["unk_rate"], 0.0);  // character coverage 1.0
+  EXPECT_GT(held_out_unk, 0.0);
 }
 
 TEST(Prepare, ClearErrors) {
@@ -333,14 +408,23 @@ TEST(Prepare, ClearErrors) {
   write_all(dir.file("two.en"), "one\ntwo\n");
   o.src_file = dir.file("two.en");
   o.tgt_file = dir.file("bad.es");
-  EXPECT_LINEA_ERROR(prepare(o), "bad.es", "line 2", "UTF-8");
+  EXPECT_LINEA_ERROR(prepare(o), "bad.es", "line 2", "UTF-8", "byte 4");
   o = small(dir);
   o.split = "books";
   EXPECT_LINEA_ERROR(prepare(o), "needs the Bible");
   o = small(dir);
-  o.valid_size = 40;
+  o.valid_size = 25;  // + 20 = the 45 pairs of 50 lines (every 10th has an empty side)
   o.test_size = 20;
-  EXPECT_LINEA_ERROR(prepare(o), "leaves no training pairs");
+  EXPECT_LINEA_ERROR(prepare(o), "leaves no training pairs", "45");
+  o = small(dir);
+  o.tgt_lang = o.src_lang;
+  EXPECT_LINEA_ERROR(prepare(o), "two different codes");
+  o = small(dir);
+  o.src_lang = "e n";
+  EXPECT_LINEA_ERROR(prepare(o), "--src-lang", "'e n'");
+  o = small(dir);
+  o.max_length = -1;
+  EXPECT_LINEA_ERROR(prepare(o), "must be >= 0");
   o = small(dir);
   o.tgt_file.clear();
   EXPECT_LINEA_ERROR(prepare(o), "--src and --tgt");
@@ -365,7 +449,7 @@ TEST(Prepare, BibleBooksSplit) {
   PrepareOptions o;
   o.out = dir.file("bible");
   o.split = "books";
-  o.test_books = "Jonah, Mal";
+  o.test_books = "Jonah, Mal,";  // spaces and an empty item are fine
   o.valid_books = "Ruth";
   o.vocab_size = 500;  // quick SentencePiece training (BPE is faster than unigram at small sizes)
   o.spm_type = "bpe";
@@ -386,8 +470,18 @@ TEST(Prepare, BibleBooksSplit) {
   EXPECT_EQ(stats["split"]["test_books"], json({"Jonah", "Mal"}));
   EXPECT_EQ(stats["read"]["src_verses"], 37791);
   EXPECT_EQ(lines_of(o.out + "/valid.ref").front(), "Ruth.1.1");
+  // Every book held out: from the books the training split holds (these fail before tokenizing).
+  std::set<std::string> books;
+  for (const std::string& ref : lines_of(o.out + "/train.ref")) books.insert(book_of(ref));
+  o.test_books = "Jonah,Mal";
+  for (const std::string& b : books) o.test_books += "," + b;
+  EXPECT_LINEA_ERROR(prepare(o), "held-out books leave no training pairs");
   o.test_books = "Jonah,Tobit";
   EXPECT_LINEA_ERROR(prepare(o), "unknown book 'Tobit'", "Gen, Exod,", "Rev");
+  o.test_books = "Jonah,Ruth";
+  EXPECT_LINEA_ERROR(prepare(o), "book 'Ruth' is in both");
+  o.test_books = " , ";
+  EXPECT_LINEA_ERROR(prepare(o), "--test-books is empty");
 }
 
 // ---- tokenizer ----------------------------------------------------------------------------------
