@@ -28,6 +28,7 @@
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using linea::test::TempDir;
+using linea::test::write_all;
 using namespace vit::test;
 
 namespace {
@@ -386,6 +387,122 @@ TEST(VitErrors, MissingAndMalformedData) {
   stbi_write_png((folder + "/test/a/1.png").c_str(), 12, 12, 1, px.data(), 12);
   EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("--image-size"), std::string::npos);
   EXPECT_EQ(message([&] { vit::load_image_folder(folder, 0, 12); }), "(no error)");
+}
+
+// Every check of the loaders, each on its own bad input (an IDX file of `n` images of h x w,
+// labels as given).
+TEST(VitErrors, EachDataCheckNamesItsProblem) {
+  TempDir dir;
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const linea::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const auto idx_images = [](const std::string& path, uint32_t n, uint32_t h, uint32_t w) {
+    std::string b;
+    for (uint32_t v : {0x803u, n, h, w}) put_be32(b, v);
+    write_gz(path, b + std::string(size_t(n) * h * w, '\x10'));
+  };
+  const auto idx_labels = [](const std::string& path, const std::string& labels) {
+    std::string b;
+    for (uint32_t v : {0x801u, static_cast<uint32_t>(labels.size())}) put_be32(b, v);
+    write_gz(path, b + labels);
+  };
+  const std::string data = (dir.path / "data").string();
+  fs::create_directories(data);
+  const auto fresh = [&] { write_fake_fashion_mnist(data, 16, 8); };
+  const auto load = [&] { vit::load_fashion_mnist(data); };
+  fresh();
+  EXPECT_EQ(message(load), "(no error)");
+  // --data names a file; an IDX name that is a folder.
+  EXPECT_NE(message([&] { vit::load_fashion_mnist(data + "/t10k-labels-idx1-ubyte.gz"); }).find("is a file"),
+            std::string::npos);
+  fs::remove(data + "/t10k-labels-idx1-ubyte.gz");
+  fs::create_directories(data + "/t10k-labels-idx1-ubyte.gz");
+  EXPECT_NE(message(load).find("not a regular file"), std::string::npos) << message(load);
+  fs::remove(data + "/t10k-labels-idx1-ubyte.gz");
+  // Test images and labels of different lengths.
+  fresh();
+  idx_labels(data + "/t10k-labels-idx1-ubyte.gz", std::string(5, '\1'));
+  EXPECT_NE(message(load).find("test 8 vs 5"), std::string::npos) << message(load);
+  // Images that are not square, or of two sizes.
+  fresh();
+  idx_images(data + "/train-images-idx3-ubyte.gz", 16, 28, 20);
+  idx_images(data + "/t10k-images-idx3-ubyte.gz", 8, 28, 20);
+  EXPECT_NE(message(load).find("square images of one size"), std::string::npos) << message(load);
+  idx_images(data + "/train-images-idx3-ubyte.gz", 16, 28, 28);
+  idx_images(data + "/t10k-images-idx3-ubyte.gz", 8, 14, 14);
+  EXPECT_NE(message(load).find("square images of one size"), std::string::npos) << message(load);
+  // No images at all; a label past the ten classes.
+  fresh();
+  idx_images(data + "/t10k-images-idx3-ubyte.gz", 0, 28, 28);
+  idx_labels(data + "/t10k-labels-idx1-ubyte.gz", "");
+  EXPECT_NE(message(load).find("hold no images"), std::string::npos) << message(load);
+  fresh();
+  idx_labels(data + "/t10k-labels-idx1-ubyte.gz", std::string(7, '\1') + "\x0a");
+  EXPECT_NE(message(load).find("labels must lie in 0..9, found 0..10"), std::string::npos) << message(load);
+
+  // Image folders: train/ a file; a file that is no image (its own error, not a size hint);
+  // non-square images; train/ and test/ with other classes. Colour train images make the test
+  // images colour too.
+  const std::string folder = (dir.path / "folder").string();
+  fs::create_directories(folder + "/test/a");
+  write_all(folder + "/train", "x");
+  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("'train' is a file"), std::string::npos);
+  fs::remove(folder + "/train");
+  fs::create_directories(folder + "/train/a");
+  std::vector<uint8_t> px(12 * 12 * 3, 100);
+  write_all(folder + "/train/a/0.png", "not a png");
+  const std::string bad = message([&] { vit::load_image_folder(folder, 0, 0); });
+  EXPECT_NE(bad.find("0.png"), std::string::npos) << bad;
+  EXPECT_EQ(bad.find("--image-size"), std::string::npos) << bad;
+  fs::remove(folder + "/train/a/0.png");
+  stbi_write_png((folder + "/train/a/1.png").c_str(), 12, 10, 3, px.data(), 12 * 3);
+  stbi_write_png((folder + "/test/a/1.png").c_str(), 12, 10, 1, px.data(), 12);
+  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("square images"), std::string::npos);
+  stbi_write_png((folder + "/train/a/1.png").c_str(), 12, 12, 3, px.data(), 12 * 3);
+  stbi_write_png((folder + "/test/a/1.png").c_str(), 12, 12, 1, px.data(), 12);
+  const vit::ImageData d = vit::load_image_folder(folder, 0, 0);
+  EXPECT_EQ(d.test_images.shape(), linea::Shape({1, 3, 12, 12}));
+  fs::rename(folder + "/test/a", folder + "/test/b");
+  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("same class folders"), std::string::npos);
+}
+
+// limit_examples keeps the first rows of images and labels together, and a limit past the data
+// (or 0) keeps all; each example's crop and flip are its own (the draw takes its index), and an
+// index past the data or a padding as wide as the image is an error.
+TEST(VitData, LimitsAndPerExampleDraws) {
+  using namespace linea;
+  TempDir dir;
+  write_fake_fashion_mnist(dir.path.string(), 16, 8);
+  vit::ImageData d = vit::load_fashion_mnist(dir.path.string());
+  const Tensor first_labels = narrow(d.train_labels, 0, 0, 5).contiguous();
+  vit::limit_examples(d, 5, 100);
+  EXPECT_EQ(d.train_images.size(0), 5);
+  EXPECT_EQ(d.train_labels.size(0), 5);
+  EXPECT_EQ(d.train_labels.to_vector<int64_t>(), first_labels.to_vector<int64_t>());
+  EXPECT_EQ(d.test_images.size(0), 8);
+  EXPECT_EQ(d.test_labels.size(0), 8);
+  vit::limit_examples(d, 0, 3);
+  EXPECT_EQ(d.train_labels.size(0), 5);
+  EXPECT_EQ(d.test_images.size(0), 3);
+  EXPECT_EQ(d.test_labels.size(0), 3);
+
+  Tensor same = arange(0.0, 25.0).reshape({1, 1, 5, 5}).to(DType::Float32).expand({2, 1, 5, 5}).contiguous();
+  vit::AugmentedImages aug(same, from_vector<int64_t>({0, 0}, {2}), 2, true, 3, {-1.0f});
+  int differ = 0;
+  for (int64_t epoch = 0; epoch < 10; ++epoch) {
+    aug.set_epoch(epoch);
+    const std::vector<float> b = aug.get_batch({0, 1}).at("input").to_vector<float>();
+    differ += !std::equal(b.begin(), b.begin() + 25, b.begin() + 25);
+  }
+  EXPECT_GE(differ, 5);  // two copies of one image, each drawn on its own
+  EXPECT_LINEA_ERROR(aug.get(2), "vit: example 2 out of range for 2 images");  // before reading past the images
+  EXPECT_LINEA_ERROR(aug.get_batch({1, 2}), "vit: example 2 out of range for 2 images");
+  EXPECT_THROW(vit::AugmentedImages(same, from_vector<int64_t>({0, 0}, {2}), 5, true, 3, {-1.0f}), Error);
 }
 
 TEST(VitCli, ExitsNonZeroWithClearMessages) {
