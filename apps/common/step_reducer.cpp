@@ -61,27 +61,31 @@ WholeStep StepReducer::forward_backward(const std::function<StepResult(const nn:
   // This rank's slice of the whole batch, its loss weighted by its share of the batch's terms.
   const nn::ShardRange shard = nn::shard_range(whole_sizes_.at(static_cast<size_t>(index)), rank_, world_);
   StepResult r;
-  double w = 0, wl = 0;
+  double w = 0;
   if (shard.count > 0) {
     BatchRowsGuard rows(shard.first);
     r = step(batch);
     w = r.weight >= 0 ? r.weight : static_cast<double>(r.units);
-    wl = w > 0 ? w * r.loss.item() : 0.0;
   }
+  // The weighted loss is summed where it is (NCCL on the device's stream for a CUDA run), so the
+  // host never waits for the forward; the counts are the host's own.
   const auto t0 = std::chrono::steady_clock::now();
-  // The 4th sum: did any rank get SIGINT/SIGTERM (so all stop after the same step).
+  const TensorOptions f64(DType::Float64, setup_.device);
+  Tensor loss_sum = w > 0 ? mul(r.loss.detach().to(DType::Float64), w) : zeros({}, f64);
+  dist::all_reduce(loss_sum);
+  // The 3rd sum: did any rank get SIGINT/SIGTERM (so all stop after the same step).
   Tensor sums =
-      from_vector<double>({wl, w, static_cast<double>(r.units), static_cast<double>(pending_interrupt() != 0)}, {4});
+      from_vector<double>({w, static_cast<double>(r.units), static_cast<double>(pending_interrupt() != 0)}, {3});
   dist::all_reduce(sums);
   comm_s_ += seconds_since(t0);
   const std::vector<double> total = sums.to_vector<double>();
-  if (total[3] > 0) out.interrupt = pending_interrupt() != 0 ? pending_interrupt() : SIGTERM;
-  reducer_->prepare(total[1] > 0 ? w / total[1] : 0.0);
+  if (total[2] > 0) out.interrupt = pending_interrupt() != 0 ? pending_interrupt() : SIGTERM;
+  reducer_->prepare(total[0] > 0 ? w / total[0] : 0.0);
   if (shard.count > 0) r.loss.backward();
   reducer_->finish();
   ++comm_steps_;
-  out.loss = scalar_tensor(total[1] > 0 ? total[0] / total[1] : 0.0, TensorOptions(DType::Float64)).to(setup_.device);
-  out.units = std::llround(total[2]);
+  out.loss = total[0] > 0 ? div(loss_sum, total[0]) : zeros({}, f64);
+  out.units = std::llround(total[1]);
   out.stats = std::move(r.stats);
   return out;
 }

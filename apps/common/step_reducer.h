@@ -8,8 +8,9 @@
 //                same run as one process, and a checkpoint resumes under any N). Per step, each
 //                rank's forward runs inside a BatchRowsGuard at its slice's first example (its
 //                per-example draws are those one process would make), the weighted losses are
-//                summed across the ranks (a host sync), and the gradients are averaged in
-//                buckets while the backward runs (nn::GradientReducer).
+//                summed across the ranks where they are (on the device, by NCCL, for a CUDA run:
+//                the host does not wait for the forward), the example counts on the host, and
+//                the gradients are averaged in buckets while the backward runs (nn::GradientReducer).
 #pragma once
 
 #include <cstdint>
@@ -58,7 +59,7 @@ class StepReducer {
   std::shared_ptr<const nn::BatchSampler> whole_;  // the whole batches
   std::vector<int64_t> whole_sizes_;               // this epoch's
   std::unique_ptr<nn::GradientReducer> reducer_;
-  double comm_s_ = 0;  // waiting for the steps' loss sums (the reducer counts its own waits)
+  double comm_s_ = 0;  // waiting for the steps' loss and count sums (the reducer counts its own waits)
   int64_t comm_steps_ = 0;
 };
 
