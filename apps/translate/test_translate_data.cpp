@@ -584,6 +584,31 @@ TEST(Dataset, PaddedShiftedBatches) {
   ParallelSplit swapped = split;
   std::swap(swapped.src, swapped.tgt);
   EXPECT_LINEA_ERROR(TranslationDataset(swapped, tgt_tok, src_tok, longest - 1), "max_len");
+  EXPECT_LINEA_ERROR(ds.get_batch({2, 10}), "index 10 out of range [0, 10)");
+  ParallelSplit short_refs = split;
+  short_refs.refs.pop_back();
+  EXPECT_LINEA_ERROR(TranslationDataset(short_refs, src_tok, tgt_tok), "10 sources, 10 targets and 9 references");
+}
+
+// A prepared folder edited or damaged by hand: each fault named, with the fix.
+TEST(Dataset, DamagedFoldersAreNamed) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 120);
+  PrepareOptions o = small(dir);
+  o.valid_size = o.test_size = 10;
+  prepare(o);
+  EXPECT_LINEA_ERROR(read_split(o.out, "dev"), "no split 'dev'", "(train, valid, test)");
+  for (const char* f : {"valid.en", "valid.es", "valid.ref"}) {  // a line short in one file
+    const std::string keep = read_all(o.out + "/" + f);
+    write_all(o.out + "/" + f, keep.substr(0, keep.rfind('\n', keep.size() - 2) + 1));
+    EXPECT_LINEA_ERROR(read_split(o.out, "valid"), "should hold 10 pairs", "run `translate prepare` again");
+    write_all(o.out + "/" + f, keep);
+  }
+  EXPECT_EQ(read_split(o.out, "valid").refs.size(), 10u);
+  json manifest = json::parse(read_all(o.out + "/data.json"));
+  manifest["version"] = 2;
+  write_all(o.out + "/data.json", manifest.dump());
+  EXPECT_LINEA_ERROR(read_manifest(o.out), "not a version-1 linea-translate-data manifest");
 }
 
 }  // namespace
