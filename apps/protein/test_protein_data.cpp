@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -860,6 +861,14 @@ TEST_F(ProteinDataPrepare, RandomSplitCountsWhatItLeaks) {
     EXPECT_EQ(r.data.at("splits").at(s).at("with_cluster_mate_in_train"), leak) << s;
     total_leak += leak;
   }
+  // Each split in the input's order, as the cluster split's are.
+  std::map<std::string, size_t> input_index;
+  for (const std::string& h : read_fasta_lines(o.fasta).headers) input_index.emplace(id_of(h), input_index.size());
+  for (const char* s : {"train", "valid", "test"}) {
+    const std::vector<std::string> headers = read_fasta_lines(o.out + "/" + s + ".fasta").headers;
+    for (size_t k = 1; k < headers.size(); ++k)
+      EXPECT_LT(input_index.at(id_of(headers[k - 1])), input_index.at(id_of(headers[k]))) << s;
+  }
   // Families of up to 6: most held-out sequences have a relative in train.
   EXPECT_GT(total_leak, 20);
   EXPECT_EQ(r.data.at("split").at("method"), "random");
@@ -901,6 +910,110 @@ TEST_F(ProteinDataPrepare, BadInputsNameTheProblem) {
   p = o;
   p.mmseqs = dir.file("fake-mmseqs");
   EXPECT_LINEA_ERROR(prepare(p), "easy-cluster", "exit status 3", "out of cheese");
+  // Of a long output, the last 15 lines; exit status 127 (the shell's "not found") says how to install.
+  write_all(dir.file("fake-mmseqs"),
+            "#!/bin/sh\nif [ \"$1\" = version ]; then echo 9.9; exit 0; fi\n"
+            "for i in $(seq 1 20); do echo \"out $i.\"; done; exit 3\n");
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const linea::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string tail = message([&] { prepare(p); });
+  EXPECT_NE(tail.find("| out 20."), std::string::npos) << tail;
+  EXPECT_NE(tail.find("| out 6."), std::string::npos) << tail;
+  EXPECT_EQ(tail.find("| out 5."), std::string::npos) << tail;
+  write_all(dir.file("fake-mmseqs"), "#!/bin/sh\nif [ \"$1\" = version ]; then echo 9.9; exit 0; fi\nexit 127\n");
+  EXPECT_LINEA_ERROR(prepare(p), "cannot run", "exit status 127", "apt-get install mmseqs2");
+  // An mmseqs whose cluster table (copied from clu.tsv here; the input's n records are 0..n-1)
+  // is malformed: each fault is named. A good one with --threads 0 leaves the flag out.
+  write_all(dir.file("fake-mmseqs"),
+            "#!/bin/sh\nif [ \"$1\" = version ]; then echo 9.9; exit 0; fi\n"
+            "cp '" +
+                dir.file("clu.tsv") + "' \"$3_cluster.tsv\"\n");
+  const int64_t n = static_cast<int64_t>(input().family_of.size());
+  // Every sequence its own representative but those in `rep` (member -> representative), less
+  // `skip`, plus `extra` lines.
+  const auto with_table = [&](std::map<int64_t, int64_t> rep, const std::string& extra, int64_t skip = -1) {
+    std::string tsv;
+    for (int64_t i = 0; i < n; ++i)
+      if (i != skip) tsv += std::to_string(rep.count(i) ? rep[i] : i) + "\t" + std::to_string(i) + "\n";
+    write_all(dir.file("clu.tsv"), tsv + extra);
+    return message([&] { prepare(p); });
+  };
+  EXPECT_NE(with_table({}, std::to_string(n) + "\t0\n").find("unexpected id '" + std::to_string(n) + "'"),
+            std::string::npos);
+  EXPECT_NE(with_table({}, "0 1\n").find("expected 'representative<TAB>member'"), std::string::npos);
+  EXPECT_NE(with_table({}, "0\t1\n").find("lists sequence 1 twice"), std::string::npos);
+  EXPECT_NE(with_table({}, "", 5).find("does not list sequence 5 of " + std::to_string(n)), std::string::npos);
+  EXPECT_NE(with_table({{0, 1}, {1, 2}}, "").find("representative 1 is itself in another cluster"), std::string::npos);
+  p.threads = 0;
+  EXPECT_EQ(with_table({{0, 1}}, ""), "(no error)");  // sequences 0 and 1 one cluster, the rest alone
+  const json d = json::parse(read_all(p.out + "/data.json"));
+  EXPECT_EQ(d["mmseqs"]["command"].get<std::string>().find("--threads"), std::string::npos);
+  EXPECT_EQ(d["clusters"]["count"], n - 1);
+  fs::remove_all(p.out);
+  // One cluster of everything: the test split's first cluster takes all.
+  std::map<int64_t, int64_t> all_one;
+  for (int64_t i = 0; i < n; ++i) all_one[i] = 0;
+  p.valid_size = 0;
+  p.test_size = 1;
+  EXPECT_NE(with_table(all_one, "").find("took all " + std::to_string(n) + " sequences"), std::string::npos);
+  // Sequences repeated under other ids, and queries that repeat them: each held-out or query
+  // sequence whose residues a training sequence has is counted (train has at least one of the
+  // five, and the queries are all five).
+  const std::vector<std::string> five = {"MKVLA", "GAVLIW", "PPRRK", "MKVLAA", "WYYHHE"};
+  std::string fa, queries, table;
+  for (int i = 0; i < 10; ++i) {
+    fa += ">s" + std::to_string(i) + "\n" + five[i % 5] + "\n";
+    table += std::to_string(i) + "\t" + std::to_string(i) + "\n";
+  }
+  for (int i = 0; i < 5; ++i) queries += ">q" + std::to_string(i) + "\n" + five[i] + "\n";
+  write_all(dir.file("twins.fa"), fa);
+  write_all(dir.file("queries.fa"), queries);
+  write_all(dir.file("clu.tsv"), table);
+  p.fasta = dir.file("twins.fa");
+  p.query = dir.file("queries.fa");
+  p.split = "random";
+  p.valid_size = p.test_size = 3;
+  const PrepareResult twins = prepare(p);
+  std::set<std::string> train_seqs;
+  for (const std::string& seq : read_fasta_lines(p.out + "/train.fasta").sequences) train_seqs.insert(seq);
+  int64_t held_out_twins = 0;
+  for (const char* split : {"valid", "test", "query"}) {
+    int64_t identical = 0;
+    for (const std::string& seq : read_fasta_lines(p.out + "/" + split + ".fasta").sequences)
+      identical += train_seqs.count(seq);
+    EXPECT_EQ(twins.data["splits"][split]["identical_in_train"], identical) << split;
+    if (std::string(split) != "query")
+      held_out_twins += identical;
+    else
+      EXPECT_GE(identical, 1);
+  }
+  EXPECT_GE(held_out_twins, 2);
+  // Of ten singleton clusters, the cluster split takes exactly the sizes asked for.
+  p.split = "cluster";
+  const PrepareResult singletons = prepare(p);
+  EXPECT_EQ(singletons.test, 3);
+  EXPECT_EQ(singletons.valid, 3);
+  fs::remove_all(p.out);
+  // Flags out of their ranges, before anything is read.
+  for (const auto& [bad, what] : std::vector<std::pair<std::function<void(PrepareOptions&)>, std::string>>{
+           {[](PrepareOptions& q) { q.split = "books"; }, "--split must be cluster or random, got 'books'"},
+           {[](PrepareOptions& q) { q.valid_size = -1; }, "--valid-size and --test-size must be >= 0"},
+           {[](PrepareOptions& q) { q.test_size = -1; }, "--valid-size and --test-size must be >= 0"},
+           {[](PrepareOptions& q) { q.min_seq_id = 1.5; }, "--min-seq-id and --coverage must be in [0, 1]"},
+           {[](PrepareOptions& q) { q.min_seq_id = -0.5; }, "--min-seq-id and --coverage must be in [0, 1]"},
+           {[](PrepareOptions& q) { q.coverage = 1.5; }, "--min-seq-id and --coverage must be in [0, 1]"},
+           {[](PrepareOptions& q) { q.threads = -1; }, "--threads must be >= 0"},
+           {[](PrepareOptions& q) { q.mmseqs = ""; }, "--mmseqs is empty"}}) {
+    PrepareOptions q = o;
+    bad(q);
+    EXPECT_NE(message([&] { prepare(q); }).find(what), std::string::npos) << what;
+  }
   // Nothing was left behind by the failures.
   EXPECT_FALSE(fs::exists(o.out));
   for (const auto& entry : fs::directory_iterator(dir.path))
