@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 #include <tuple>
 
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include "autograd/ops.h"
 #include "core/random.h"
 #include "model.h"
+#include "nn/safetensors.h"
 #include "prepare.h"
 #include "search.h"
 #include "tests/test_util.h"
@@ -549,6 +551,63 @@ TEST(TranslateApp, BadInputGetsAClearError) {
   o.search.beam = 1;
   run_training(o);
   const std::string out = o.run.out_dir;
+  {
+    Translator tr = Translator::load(out + "/checkpoint/best", kCPU);
+    EXPECT_LINEA_ERROR(tr.translate({"sun"}, o.search, 0), "at least one sentence, got 0");
+    // The longest source the model takes: max_len (64) tokens with the end token.
+    const Tokenizer& tok = tr.source_tokenizer();
+    std::string word;
+    for (const std::string& line : lines_of(toy_data() + "/test.en")) {
+      std::istringstream words(line);
+      for (std::string w; word.empty() && words >> w;)
+        if (tok.encode(w).size() == 1) word = w;
+    }
+    ASSERT_FALSE(word.empty());
+    std::string at_max = word;
+    for (int i = 1; i < 63; ++i) at_max += " " + word;
+    ASSERT_EQ(tok.encode(at_max).size(), 63u);
+    EXPECT_EQ(tr.encode_source(at_max, "line 9").size(), 64u);
+    EXPECT_LINEA_ERROR(tr.encode_source(at_max + " " + word, "line 9"), "line 9 has 65 tokens", "maximum of 64");
+    // The decoding counts (sentences; output tokens with their end token) add up over calls.
+    std::vector<std::string> lines = lines_of(toy_data() + "/test.en");
+    lines.resize(5);
+    DecodeStats st;
+    const auto hyps = tr.translate(lines, o.search, 2, &st);
+    int64_t tokens = 0;  // each sentence decoded alone (as in a batch: BatchDecodesAsEachSentenceAlone)
+    {
+      linea::NoGradGuard ng;
+      tr.model().eval();
+      for (const std::string& line : lines) {
+        const std::vector<int64_t> ids = tr.encode_source(line, "line");
+        const int64_t S = static_cast<int64_t>(ids.size());
+        const auto h = greedy_search(tr.model(), linea::from_vector<int64_t>(ids, {1, S}),
+                                     linea::zeros({1, S}, linea::TensorOptions(linea::DType::Bool)), o.search);
+        EXPECT_EQ(tr.target_tokenizer().decode(h.at(0).tokens), hyps[&line - &lines[0]].at(0));
+        tokens += static_cast<int64_t>(h.at(0).tokens.size()) + 1;
+      }
+    }
+    EXPECT_EQ(st.sentences, 5);
+    EXPECT_EQ(st.tokens, tokens);
+    tr.translate(lines, o.search, 2, &st);
+    EXPECT_EQ(st.sentences, 10);
+    EXPECT_EQ(st.tokens, 2 * tokens);
+  }
+  // A checkpoint whose target vocabulary is not the model's; one whose weights hold a NaN.
+  for (const char* fault : {"vocab", "nan"}) {
+    const std::string bad = dir.file(std::string("bad_") + fault);
+    fs::copy(out + "/checkpoint/best", bad, fs::copy_options::recursive);
+    if (std::string(fault) == "vocab") {
+      json cfg = json::parse(linea::test::read_all(bad + "/config.json"));
+      cfg["model"]["tgt_vocab"] = cfg["model"]["tgt_vocab"].get<int64_t>() + 1;
+      linea::test::write_all(bad + "/config.json", cfg.dump());
+      EXPECT_LINEA_ERROR(Translator::load(bad, kCPU), "do not match the model's");
+    } else {
+      linea::nn::SafetensorsFile f = linea::nn::load_safetensors(bad + "/model.safetensors");
+      f.tensors.begin()->second.narrow(0, 0, 1).fill_(NAN);
+      linea::nn::save_safetensors(bad + "/model.safetensors", f.tensors, f.metadata);
+      EXPECT_LINEA_ERROR(Translator::load(bad, kCPU), bad + "/model.safetensors", "non-finite");
+    }
+  }
   linea::test::write_all(dir.file("in.txt"), "sun moon\n\nstar\n");
   Shell r = run_translate("decode --checkpoint " + out + "/checkpoint --input " + dir.file("in.txt"), dir);
   EXPECT_EQ(r.code, 1);
