@@ -406,17 +406,23 @@ TEST(TrainRecords, RunningSumsPerUnitInEachDtype) {
 TEST(TrainRecords, ProfileMeansAndStatsText) {
   ProfileSums p;
   linea::cuda::Counters c;
-  c.kernel_launches = 10;
-  c.h2d_bytes = 300;
-  c.d2h_copies = 1;
+  EXPECT_EQ(p.per_step().at("kernel_launches"), 0.0);  // no steps yet
+  // Each counter its own value, so that one summed into another's place shows.
+  int64_t* fields[] = {&c.kernel_launches, &c.library_calls, &c.graph_launches, &c.host_syncs,
+                       &c.host_waits,      &c.device_allocs, &c.device_copies,  &c.h2d_copies,
+                       &c.h2d_bytes,       &c.d2h_copies,    &c.d2h_bytes};
+  const char* names[] = {"kernel_launches", "library_calls", "graph_launches", "host_syncs",
+                         "host_waits",      "device_allocs", "device_copies",  "h2d_copies",
+                         "h2d_bytes",       "d2h_copies",    "d2h_bytes"};
+  for (int k = 0; k < 11; ++k) *fields[k] = 10 * (k + 1);
   p.add(c, 0.002);
-  c.kernel_launches = 20;
+  nlohmann::json j = p.per_step();  // one step: its own counts
+  for (int k = 0; k < 11; ++k) EXPECT_EQ(j.at(names[k]), 10.0 * (k + 1)) << names[k];
+  EXPECT_NEAR(j.at("host_ms").get<double>(), 2.0, 1e-12);
+  for (int k = 0; k < 11; ++k) *fields[k] = 20 * (k + 1);
   p.add(c, 0.004);
-  const nlohmann::json j = p.per_step();
-  EXPECT_EQ(j.at("kernel_launches"), 15.0);
-  EXPECT_EQ(j.at("h2d_bytes"), 300.0);
-  EXPECT_EQ(j.at("d2h_copies"), 1.0);
-  EXPECT_EQ(j.at("library_calls"), 0.0);
+  j = p.per_step();  // the mean over two
+  for (int k = 0; k < 11; ++k) EXPECT_EQ(j.at(names[k]), 15.0 * (k + 1)) << names[k];
   EXPECT_NEAR(j.at("host_ms").get<double>(), 3.0, 1e-12);
   EXPECT_EQ(j.size(), 12u);
   TrainHooks hooks;
@@ -452,8 +458,13 @@ TEST(TrainRecords, CurvesFromTheRecords) {
   EXPECT_EQ(fig.series[2].y, std::vector<double>{1.25});
   EXPECT_EQ(fig.series[3].y, (std::vector<double>{50, 75}));
   EXPECT_TRUE(fig.series[3].right_axis);
-  setup.curves = CurveOptions();  // no evaluation curves: the training losses only
-  EXPECT_EQ(training_curves(setup, dir.path.string()).series.size(), 2u);
+  // Per-epoch curves are drawn with points, the steps' loss as a line.
+  EXPECT_FALSE(fig.series[0].points);
+  for (int k = 1; k < 4; ++k) EXPECT_TRUE(fig.series[k].points) << k;
+  setup.curves = CurveOptions();  // no evaluation curves: the training losses only, no right axis
+  const Figure plain = training_curves(setup, dir.path.string());
+  EXPECT_EQ(plain.series.size(), 2u);
+  EXPECT_EQ(plain.y2label, "");
 }
 
 TEST(MetricsLog, ResumeWithoutAFileStartsOne) {
