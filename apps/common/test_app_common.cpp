@@ -186,6 +186,43 @@ TEST(ProgressBar, TerminalModeRedrawsInPlace) {
   EXPECT_NE(last.find("50000 img/s  in 0:01"), std::string::npos) << last;
 }
 
+// On a terminal, an unknown total is never "complete" (each update within 0.1 s of the last draw
+// is skipped), and a count past the total draws a full bar.
+TEST(ProgressBar, TerminalUnknownTotalAndCountPastTheTotal) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar bar("stream", 0, "tok", f);
+    double now = 0;
+    bar.set_clock([&] { return now; });
+    bar.set_terminal(true);
+    now = 1.0;
+    bar.update(10);
+    now = 1.05;
+    bar.update(20);
+    bar.finish();
+  }
+  std::string out = contents(f);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\r'), 2) << out;  // the first update and finish
+  EXPECT_EQ(out.find(" 20 tok"), out.rfind(" 20 tok")) << out;
+  {
+    ProgressBar bar("over", 10, "img", f);
+    double now = 0;
+    bar.set_clock([&] { return now; });
+    bar.set_terminal(true);
+    now = 1.0;
+    bar.update(12);
+  }
+  out = contents(f);
+  std::fclose(f);
+  const std::string last = drawn_lines(out).back();
+  EXPECT_NE(last.find("12/10 img"), std::string::npos) << last;
+  const size_t open = last.find('['), close = last.find(']');
+  ASSERT_TRUE(open != std::string::npos && close != std::string::npos) << last;
+  EXPECT_EQ(last.substr(open + 1, close - open - 1), std::string(close - open - 1, '#')) << last;
+  EXPECT_LT(last.size(), 100u) << last;
+}
+
 // Terminal lines stay within 99 of the 100 columns: the count padded to the total's width, the bar
 // narrowed (not below 10) while the text after it is long, its width otherwise kept from the first
 // draw, a shorter line padded over the longer one before it, text beyond the width cut.
@@ -298,6 +335,7 @@ TEST(ProgressBar, UnknownTotalAndBadArguments) {
   EXPECT_THROW(ProgressBar("x", -1, "img", stdout), linea::Error);
   EXPECT_THROW(ProgressBar("x", 10, "img", nullptr), linea::Error);
   EXPECT_THROW(ProgressBar("x", 10, "img", stdout, -1.0), linea::Error);
+  EXPECT_THROW(ProgressBar("x", 10, "img", stdout, INFINITY), linea::Error);
   ProgressBar later("x", 10, "img", stdout);
   EXPECT_LINEA_ERROR(later.set_total(-1), "ProgressBar: total must be >= 0 (0 = unknown), got -1 for 'x'");
 }
