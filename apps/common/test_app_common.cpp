@@ -651,6 +651,101 @@ TEST(PlotPng, FailuresReturnFalseWithAReason) {
   EXPECT_NE(err.find("ragged"), std::string::npos) << err;
 }
 
+// With a gnuplot of our own first on PATH (a shell script that keeps the script and data it is
+// given, and draws or fails as told by $FAKE_GNUPLOT): what plot_png asks of gnuplot, and how
+// it reports gnuplot's failures.
+TEST(PlotPng, WhatGnuplotIsGivenAndItsFailures) {
+  const TempDir tmp;
+  const std::string bin = tmp.file("bin"), kept = tmp.file("kept");
+  ::mkdir(bin.c_str(), 0755);
+  // The script and data file it was given kept at $FAKE_KEPT.gp and .dat.
+  write_all(bin + "/gnuplot", R"SH(#!/bin/sh
+cp "$1" "$FAKE_KEPT.gp"
+cp "$(sed -n "s/^plot '\([^']*\)'.*/\1/p" "$1")" "$FAKE_KEPT.dat"
+out=$(sed -n "s/^set output '\(.*\)'$/\1/p" "$1")
+case "$FAKE_GNUPLOT" in
+  draw) printf 'PNG' > "$out" ;;
+  fail) echo "\"$1\" line 3: warning: font not found"; echo "\"$1\" line 7: cannot open file"
+        echo 'system error: No such file or directory'; exit 1 ;;
+  odd) printf 'first words\nlast words\n  \t^\n'; exit 2 ;;
+  kill) kill -9 $$ ;;
+esac
+)SH");
+  ::setenv("FAKE_KEPT", kept.c_str(), 1);
+  ::chmod((bin + "/gnuplot").c_str(), 0755);
+  const std::string saved = std::getenv("PATH") ? std::getenv("PATH") : "";
+  ::setenv("PATH", (bin + ":" + saved).c_str(), 1);
+  Figure fig;
+  fig.title = "it's\ta test";  // a quote doubled, a control character a space
+  fig.xlabel = "epoch";
+  fig.y2label = "accuracy (%)";
+  fig.series = {Series{"acc", {3}, {75}, true, false},  // one point: drawn with points
+                Series{"loss", {1, 2, 3, std::nan("")}, {0.5, std::nan(""), 0.25, 1}, false, false},
+                Series{"none", {1}, {INFINITY}, false, false}};  // nothing finite: left out
+  const std::string path = tmp.file("curves.png");
+  std::string err;
+  ::setenv("FAKE_GNUPLOT", "draw", 1);
+  const bool drew = plot_png(path, fig, &err);
+  const std::string gp = read_all(kept + ".gp"), dat = read_all(kept + ".dat");
+  ::setenv("FAKE_GNUPLOT", "fail", 1);
+  std::string fail_err;
+  const bool failed = plot_png(path, fig, &fail_err);
+  ::setenv("FAKE_GNUPLOT", "kill", 1);
+  std::string kill_err;
+  const bool killed = plot_png(path, fig, &kill_err);
+  ::setenv("FAKE_GNUPLOT", "none", 1);
+  std::string none_err;
+  const bool none = plot_png(path, fig, &none_err);
+  ::setenv("FAKE_GNUPLOT", "odd", 1);
+  std::string odd_err;
+  const bool odd = plot_png(path, fig, &odd_err);
+  // Without a title, an x label or a right-axis label: none is set.
+  Figure bare = fig;
+  bare.title = bare.xlabel = bare.y2label = "";
+  ::setenv("FAKE_GNUPLOT", "draw", 1);
+  const bool bare_drew = plot_png(tmp.file("bare.png"), bare, &err);
+  const std::string bare_gp = read_all(kept + ".gp");
+  ::setenv("PATH", saved.c_str(), 1);
+  ::unsetenv("FAKE_GNUPLOT");
+  ::unsetenv("FAKE_KEPT");
+
+  ASSERT_TRUE(bare_drew) << err;
+  EXPECT_EQ(bare_gp.find("set title"), std::string::npos) << bare_gp;
+  EXPECT_EQ(bare_gp.find("set xlabel"), std::string::npos) << bare_gp;
+  EXPECT_EQ(bare_gp.find("y2label"), std::string::npos) << bare_gp;
+  EXPECT_NE(bare_gp.find("set y2tics"), std::string::npos) << bare_gp;  // the right axis itself stays
+  ASSERT_TRUE(drew);
+  EXPECT_EQ(read_all(path), "PNG");
+  EXPECT_NE(gp.find("set title 'it''s a test'\n"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("set xlabel 'epoch'\n"), std::string::npos) << gp;
+  EXPECT_EQ(gp.find("set ylabel"), std::string::npos) << gp;  // none given
+  EXPECT_NE(gp.find("set y2tics\nset y2label 'accuracy (%)'\n"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("index 0 using 1:2 with linespoints pointtype 7 pointsize 0.8 linewidth 2 axes x1y2 title 'acc'"),
+            std::string::npos)
+      << gp;
+  EXPECT_NE(gp.find("index 1 using 1:2 with lines linewidth 2 axes x1y1 title 'loss'"), std::string::npos) << gp;
+  EXPECT_EQ(gp.find("'none'"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("size 960,600"), std::string::npos) << gp;
+  EXPECT_EQ(dat, "3 75\n\n\n1 0.5\n3 0.25\n");  // points with a NaN left out; two blocks
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(fail_err,
+            "plot_png: gnuplot failed (exit status 1): line 7: cannot open file (system error: No such file "
+            "or directory)");
+  EXPECT_FALSE(killed);
+  // (popen's shell outlives gnuplot and reports its signal as 128 + 9)
+  EXPECT_EQ(kill_err.rfind("plot_png: gnuplot failed (exit status 137)", 0), 0u) << kill_err;
+  EXPECT_FALSE(none);
+  EXPECT_NE(none_err.find("gnuplot wrote no picture"), std::string::npos) << none_err;
+  EXPECT_FALSE(odd);  // no "line N:" error: its last line (not the caret under it)
+  EXPECT_EQ(odd_err, "plot_png: gnuplot failed (exit status 2): last words");
+  EXPECT_EQ(read_all(path), "PNG");  // the failures left the picture before them alone
+  EXPECT_FALSE(file_exists(path + ".tmp." + std::to_string(::getpid())));
+  Figure tiny = fig;
+  tiny.width = 15;
+  EXPECT_FALSE(plot_png(path, tiny, &err));
+  EXPECT_NE(err.find("picture size 15x600 out of range"), std::string::npos) << err;
+}
+
 TEST(PlotPng, MissingGnuplotIsAReasonNotACrash) {
   // With an empty PATH gnuplot cannot be found; the call must say so, not fail silently.
   const char* old = std::getenv("PATH");
