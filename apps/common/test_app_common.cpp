@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "apps/common/plot.h"
 #include "apps/common/prepared_data.h"
 #include "apps/common/progress.h"
+#include "apps/common/run_options.h"
 #include "apps/common/train_records.h"
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -68,6 +70,36 @@ std::vector<std::string> split_lines(const std::string& s) {
 }
 
 }  // namespace
+
+// The numeric flag checks: a message for what is refused, nothing for what is taken.
+TEST(RunOptions, NumericFlagChecksAndUnknownCommands) {
+  const auto check = [](CLI::Validator v, std::string in) { return v(in); };
+  EXPECT_EQ(check(positive_number(), "0.5"), "");
+  EXPECT_EQ(check(positive_number(), "0"), "0 is not > 0");
+  EXPECT_EQ(check(positive_number(), "-2"), "-2 is not > 0");
+  EXPECT_EQ(check(positive_number(), "nan"), "nan is not a finite number");
+  EXPECT_EQ(check(positive_number(), "inf"), "inf is not a finite number");
+  EXPECT_EQ(check(positive_number(), "ten"), "'ten' is not a number");
+  EXPECT_EQ(check(non_negative_number(), "0"), "");
+  EXPECT_EQ(check(non_negative_number(), "-1"), "-1 is not >= 0");
+  EXPECT_EQ(check(non_negative_number(), "1e300"), "");
+  EXPECT_EQ(check(finite_range(0.0, 0.999999), "0"), "");
+  EXPECT_EQ(check(finite_range(0.0, 0.999999), "0.999999"), "");
+  EXPECT_EQ(check(finite_range(0.0, 0.999999), "1"), "1 is not in [0, 0.999999]");
+  EXPECT_EQ(check(finite_range(0.5, 1.0), "0.25"), "0.25 is not in [0.5, 1]");
+  CLI::App app("toy");
+  app.add_subcommand("train", "");
+  app.add_subcommand("predict", "");
+  const auto unknown = [&](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return unknown_command(app, static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_EQ(unknown({"toy", "trian"}), "unknown command 'trian' (commands: train, predict)");
+  EXPECT_EQ(unknown({"toy", "predict"}), "");
+  EXPECT_EQ(unknown({"toy", "--help"}), "");  // flags are CLI11's to judge
+  EXPECT_EQ(unknown({"toy"}), "");
+}
 
 TEST(FormatDuration, MinutesAndHours) {
   EXPECT_EQ(format_duration(0), "0:00");
