@@ -201,8 +201,19 @@ TEST(TrainLoop, TrainsAndWritesRecordsSummaryAndCheckpoint) {
   const nn::WarmupCosine schedule(0.1, 2, 21);
   for (const json& rec : steps)
     EXPECT_EQ(rec.at("lr").get<double>(), schedule.lr_at(rec.at("step").get<int64_t>() - 1)) << rec.dump();
+  // A step record's loss is the mean over the steps since the last record in its epoch (the
+  // epoch's first record: since the epoch's start).
+  int64_t since = 0;
+  for (const json& rec : steps) {
+    const int64_t step = rec.at("step").get<int64_t>(), first = std::max(since, (step - 1) / 7 * 7);
+    double sum = 0;
+    for (int64_t k = first; k < step; ++k) sum += r.result.step_losses[k];
+    EXPECT_NEAR(rec.at("loss").get<double>(), sum / double(step - first), 1e-12) << rec.dump();
+    since = step;
+  }
   auto epochs = records(dir.path / "out", "epoch");
   ASSERT_EQ(epochs.size(), 3u);
+  for (int e = 0; e < 3; ++e) EXPECT_EQ(epochs[e].at("step").get<int64_t>(), 7 * (e + 1));
   for (const char* k : {"train_loss", "train_accuracy", "test_accuracy", "points_per_s", "elapsed_s"})
     EXPECT_TRUE(epochs[2].contains(k)) << k;
   EXPECT_EQ(epochs[2].at("epoch").get<double>(), 3.0);
@@ -210,6 +221,7 @@ TEST(TrainLoop, TrainsAndWritesRecordsSummaryAndCheckpoint) {
   for (const char* k : {"test_accuracy", "steps", "epochs_completed", "train_points_per_s", "device", "app_field"})
     EXPECT_TRUE(summary.contains(k)) << k;
   EXPECT_EQ(summary.at("steps"), 21);
+  EXPECT_GT(summary.at("train_points_per_s").get<double>(), 0.0);
   const fs::path ck = dir.path / "out/checkpoint";
   for (const char* f : {"model.safetensors", "training.safetensors", "config.json", "labels.txt"})
     EXPECT_TRUE(fs::is_regular_file(ck / f)) << f;
@@ -489,10 +501,12 @@ TEST(TrainLoop, ReadCheckpointConfigChecksTheFolderAndTheFormat) {
 }
 
 // Model selection on the mean training-set loss (lower is better) with a moving average.
-Tweak select_loss(double ema, int64_t patience, std::vector<double>* evals, std::vector<double>* finished) {
+// maximize: the worst loss is "best" (an early evaluation, not the last); metric "": no selection.
+Tweak select_loss(double ema, int64_t patience, std::vector<double>* evals, std::vector<double>* finished,
+                  bool maximize = false, const std::string& metric = "eval_loss") {
   return [=](apps::TrainSetup& s, apps::TrainHooks& h, nn::Module& model) {
     s.ema_decay = ema;
-    s.select = {"eval_loss", false, patience};
+    s.select = {metric, maximize, patience};
     auto data = points(60);
     auto loss_of = [data, &model] {
       Tensor logits = static_cast<nn::Linear&>(model)(data->inputs());
@@ -528,11 +542,63 @@ TEST(TrainLoop, MovingAverageAndModelSelection) {
   EXPECT_EQ(summary.at("final_loss").get<double>(), best);
   EXPECT_EQ(summary.at("stopped_early").get<bool>(), false);
   EXPECT_EQ(summary.at("ema_decay").get<double>(), 0.9);
-  // The evaluations saw the average, not the weights: without it they differ.
+  // The average follows the training (its evaluations improve), and the evaluations saw it, not
+  // the weights: without it they differ.
+  EXPECT_LT(evals[3], evals[0]);
+  // finish() runs on the selected weights when the best is not the last evaluation too, and on
+  // the average without a selection.
+  for (const bool maximize : {true, false}) {
+    TempDir d;
+    std::vector<double> ev, fin;
+    train_points(options(d.path / "out"), 0.1, 0, 4,
+                 select_loss(0.9, 0, &ev, &fin, maximize, maximize ? "eval_loss" : ""));
+    ASSERT_EQ(ev.size(), 4u);
+    ASSERT_EQ(fin.size(), 1u);
+    if (maximize) {
+      EXPECT_EQ(fin[0], *std::max_element(ev.begin(), ev.end()));
+      EXPECT_NE(fin[0], ev[3]);
+    } else {
+      EXPECT_EQ(fin[0], ev[3]);  // the last evaluation saw the average too
+    }
+  }
   TempDir dir2;
   train_points(options(dir2.path / "out"), 0.1, 0, 4, select_loss(0.0, 0, &plain_evals, nullptr));
   ASSERT_EQ(plain_evals.size(), 4u);
   EXPECT_NE(plain_evals[3], evals[3]);
+}
+
+// setup.on_epoch (the augmentation's epoch, in the apps) sees each epoch before its first batch,
+// a resumed one again.
+// planned_steps adds each epoch's own number of batches.
+TEST(TrainLoop, PlannedStepsCountEachEpoch) {
+  struct Growing : nn::BatchSampler {  // epoch e: e + 1 batches of one example
+    std::vector<std::vector<int64_t>> batches(int64_t epoch) const override {
+      std::vector<std::vector<int64_t>> b;
+      for (int64_t k = 0; k <= epoch; ++k) b.push_back({k});
+      return b;
+    }
+    int64_t num_examples() const override { return 10; }
+  };
+  nn::DataLoader loader(points(10), std::make_shared<Growing>());
+  EXPECT_EQ(apps::planned_steps(loader, 3), 1 + 2 + 3);
+}
+
+TEST(TrainLoop, OnEpochSeesEachEpochItRuns) {
+  TempDir dir;
+  std::vector<int64_t> seen;
+  const Tweak tweak = [&seen](apps::TrainSetup& s, apps::TrainHooks&, nn::Module&) {
+    s.on_epoch = [&seen](int64_t epoch) { seen.push_back(epoch); };
+  };
+  train_points(options(dir.path / "full"), 0.1, 0, 3, tweak);
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2}));
+  seen.clear();
+  apps::RunOptions part = options(dir.path / "part");
+  part.max_steps = 10;  // stops in epoch 2 (7 batches per epoch)
+  train_points(part, 0.1, 0, 3, tweak);
+  part.max_steps = 0;
+  part.resume = true;
+  train_points(part, 0.1, 0, 3, tweak);
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 1, 2}));
 }
 
 TEST(TrainLoop, EarlyStoppingAfterPatience) {
