@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -100,6 +101,17 @@ inline ::testing::AssertionResult grad_ok(const std::function<Tensor(const std::
         EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what(); \
     }                                                                               \
   } while (0)
+
+// The message of the linea::Error that f throws, or "(no error)": for checks that compare or
+// search a message, or look at several in turn.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ::linea::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // Restores the OpenMP and OpenBLAS thread counts (set_num_threads) a test changed, at scope exit.
 struct ThreadsGuard {

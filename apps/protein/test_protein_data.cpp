@@ -27,6 +27,7 @@
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using linea::test::error_of;
 using linea::test::read_all;
 using linea::test::TempDir;
 using linea::test::write_all;
@@ -914,15 +915,7 @@ TEST_F(ProteinDataPrepare, BadInputsNameTheProblem) {
   write_all(dir.file("fake-mmseqs"),
             "#!/bin/sh\nif [ \"$1\" = version ]; then echo 9.9; exit 0; fi\n"
             "for i in $(seq 1 20); do echo \"out $i.\"; done; exit 3\n");
-  const auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const linea::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
-  const std::string tail = message([&] { prepare(p); });
+  const std::string tail = error_of([&] { prepare(p); });
   EXPECT_NE(tail.find("| out 20."), std::string::npos) << tail;
   EXPECT_NE(tail.find("| out 6."), std::string::npos) << tail;
   EXPECT_EQ(tail.find("| out 5."), std::string::npos) << tail;
@@ -942,7 +935,7 @@ TEST_F(ProteinDataPrepare, BadInputsNameTheProblem) {
     for (int64_t i = 0; i < n; ++i)
       if (i != skip) tsv += std::to_string(rep.count(i) ? rep[i] : i) + "\t" + std::to_string(i) + "\n";
     write_all(dir.file("clu.tsv"), tsv + extra);
-    return message([&] { prepare(p); });
+    return error_of([&] { prepare(p); });
   };
   EXPECT_NE(with_table({}, std::to_string(n) + "\t0\n").find("unexpected id '" + std::to_string(n) + "'"),
             std::string::npos);
@@ -1012,7 +1005,7 @@ TEST_F(ProteinDataPrepare, BadInputsNameTheProblem) {
            {[](PrepareOptions& q) { q.mmseqs = ""; }, "--mmseqs is empty"}}) {
     PrepareOptions q = o;
     bad(q);
-    EXPECT_NE(message([&] { prepare(q); }).find(what), std::string::npos) << what;
+    EXPECT_NE(error_of([&] { prepare(q); }).find(what), std::string::npos) << what;
   }
   // Nothing was left behind by the failures.
   EXPECT_FALSE(fs::exists(o.out));

@@ -27,6 +27,7 @@
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using linea::test::error_of;
 using linea::test::TempDir;
 using linea::test::write_all;
 using namespace vit::test;
@@ -343,21 +344,13 @@ TEST(VitData, ChannelStatsAndNormalizePerChannel) {
 
 TEST(VitErrors, MissingAndMalformedData) {
   TempDir dir;
-  auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const linea::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
-  EXPECT_NE(message([&] { vit::load_fashion_mnist((dir.path / "nowhere").string()); }).find("dataset-fashion-mnist"),
+  EXPECT_NE(error_of([&] { vit::load_fashion_mnist((dir.path / "nowhere").string()); }).find("dataset-fashion-mnist"),
             std::string::npos);
   const std::string data = (dir.path / "data").string();
   fs::create_directories(data);
   write_fake_fashion_mnist(data, 16, 8);
   fs::remove(data + "/t10k-labels-idx1-ubyte.gz");
-  EXPECT_NE(message([&] { vit::load_fashion_mnist(data); }).find("t10k-labels-idx1-ubyte"), std::string::npos);
+  EXPECT_NE(error_of([&] { vit::load_fashion_mnist(data); }).find("t10k-labels-idx1-ubyte"), std::string::npos);
   // A truncated image file.
   write_fake_fashion_mnist(data, 16, 8);
   std::string bytes;
@@ -367,7 +360,7 @@ TEST(VitErrors, MissingAndMalformedData) {
   put_be32(bytes, 28);
   bytes += std::string(100, '\0');
   write_gz(data + "/train-images-idx3-ubyte.gz", bytes);
-  EXPECT_NE(message([&] { vit::load_fashion_mnist(data); }).find("train-images-idx3-ubyte"), std::string::npos);
+  EXPECT_NE(error_of([&] { vit::load_fashion_mnist(data); }).find("train-images-idx3-ubyte"), std::string::npos);
   // Images and labels of different lengths.
   write_fake_fashion_mnist(data, 16, 8);
   std::string labels;
@@ -375,32 +368,24 @@ TEST(VitErrors, MissingAndMalformedData) {
   put_be32(labels, 3);
   labels += std::string(3, '\1');
   write_gz(data + "/train-labels-idx1-ubyte.gz", labels);
-  EXPECT_NE(message([&] { vit::load_fashion_mnist(data); }).find("different numbers"), std::string::npos);
+  EXPECT_NE(error_of([&] { vit::load_fashion_mnist(data); }).find("different numbers"), std::string::npos);
   // An image folder without test/, and one whose images differ in size.
   const std::string folder = (dir.path / "folder").string();
   fs::create_directories(folder + "/train/a");
-  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("'test'"), std::string::npos);
+  EXPECT_NE(error_of([&] { vit::load_image_folder(folder, 0, 0); }).find("'test'"), std::string::npos);
   fs::create_directories(folder + "/test/a");
   std::vector<uint8_t> px(12 * 12, 100);
   stbi_write_png((folder + "/train/a/1.png").c_str(), 12, 12, 1, px.data(), 12);
   stbi_write_png((folder + "/train/a/2.png").c_str(), 10, 12, 1, px.data(), 10);
   stbi_write_png((folder + "/test/a/1.png").c_str(), 12, 12, 1, px.data(), 12);
-  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("--image-size"), std::string::npos);
-  EXPECT_EQ(message([&] { vit::load_image_folder(folder, 0, 12); }), "(no error)");
+  EXPECT_NE(error_of([&] { vit::load_image_folder(folder, 0, 0); }).find("--image-size"), std::string::npos);
+  EXPECT_EQ(error_of([&] { vit::load_image_folder(folder, 0, 12); }), "(no error)");
 }
 
 // Every check of the loaders, each on its own bad input (an IDX file of `n` images of h x w,
 // labels as given).
 TEST(VitErrors, EachDataCheckNamesItsProblem) {
   TempDir dir;
-  const auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const linea::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
   const auto idx_images = [](const std::string& path, uint32_t n, uint32_t h, uint32_t w) {
     std::string b;
     for (uint32_t v : {0x803u, n, h, w}) put_be32(b, v);
@@ -416,34 +401,34 @@ TEST(VitErrors, EachDataCheckNamesItsProblem) {
   const auto fresh = [&] { write_fake_fashion_mnist(data, 16, 8); };
   const auto load = [&] { vit::load_fashion_mnist(data); };
   fresh();
-  EXPECT_EQ(message(load), "(no error)");
+  EXPECT_EQ(error_of(load), "(no error)");
   // --data names a file; an IDX name that is a folder.
-  EXPECT_NE(message([&] { vit::load_fashion_mnist(data + "/t10k-labels-idx1-ubyte.gz"); }).find("is a file"),
+  EXPECT_NE(error_of([&] { vit::load_fashion_mnist(data + "/t10k-labels-idx1-ubyte.gz"); }).find("is a file"),
             std::string::npos);
   fs::remove(data + "/t10k-labels-idx1-ubyte.gz");
   fs::create_directories(data + "/t10k-labels-idx1-ubyte.gz");
-  EXPECT_NE(message(load).find("not a regular file"), std::string::npos) << message(load);
+  EXPECT_NE(error_of(load).find("not a regular file"), std::string::npos) << error_of(load);
   fs::remove(data + "/t10k-labels-idx1-ubyte.gz");
   // Test images and labels of different lengths.
   fresh();
   idx_labels(data + "/t10k-labels-idx1-ubyte.gz", std::string(5, '\1'));
-  EXPECT_NE(message(load).find("test 8 vs 5"), std::string::npos) << message(load);
+  EXPECT_NE(error_of(load).find("test 8 vs 5"), std::string::npos) << error_of(load);
   // Images that are not square, or of two sizes.
   fresh();
   idx_images(data + "/train-images-idx3-ubyte.gz", 16, 28, 20);
   idx_images(data + "/t10k-images-idx3-ubyte.gz", 8, 28, 20);
-  EXPECT_NE(message(load).find("square images of one size"), std::string::npos) << message(load);
+  EXPECT_NE(error_of(load).find("square images of one size"), std::string::npos) << error_of(load);
   idx_images(data + "/train-images-idx3-ubyte.gz", 16, 28, 28);
   idx_images(data + "/t10k-images-idx3-ubyte.gz", 8, 14, 14);
-  EXPECT_NE(message(load).find("square images of one size"), std::string::npos) << message(load);
+  EXPECT_NE(error_of(load).find("square images of one size"), std::string::npos) << error_of(load);
   // No images at all; a label past the ten classes.
   fresh();
   idx_images(data + "/t10k-images-idx3-ubyte.gz", 0, 28, 28);
   idx_labels(data + "/t10k-labels-idx1-ubyte.gz", "");
-  EXPECT_NE(message(load).find("hold no images"), std::string::npos) << message(load);
+  EXPECT_NE(error_of(load).find("hold no images"), std::string::npos) << error_of(load);
   fresh();
   idx_labels(data + "/t10k-labels-idx1-ubyte.gz", std::string(7, '\1') + "\x0a");
-  EXPECT_NE(message(load).find("labels must lie in 0..9, found 0..10"), std::string::npos) << message(load);
+  EXPECT_NE(error_of(load).find("labels must lie in 0..9, found 0..10"), std::string::npos) << error_of(load);
 
   // Image folders: train/ a file; a file that is no image (its own error, not a size hint);
   // non-square images; train/ and test/ with other classes. Colour train images make the test
@@ -451,24 +436,24 @@ TEST(VitErrors, EachDataCheckNamesItsProblem) {
   const std::string folder = (dir.path / "folder").string();
   fs::create_directories(folder + "/test/a");
   write_all(folder + "/train", "x");
-  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("'train' is a file"), std::string::npos);
+  EXPECT_NE(error_of([&] { vit::load_image_folder(folder, 0, 0); }).find("'train' is a file"), std::string::npos);
   fs::remove(folder + "/train");
   fs::create_directories(folder + "/train/a");
   std::vector<uint8_t> px(12 * 12 * 3, 100);
   write_all(folder + "/train/a/0.png", "not a png");
-  const std::string bad = message([&] { vit::load_image_folder(folder, 0, 0); });
+  const std::string bad = error_of([&] { vit::load_image_folder(folder, 0, 0); });
   EXPECT_NE(bad.find("0.png"), std::string::npos) << bad;
   EXPECT_EQ(bad.find("--image-size"), std::string::npos) << bad;
   fs::remove(folder + "/train/a/0.png");
   stbi_write_png((folder + "/train/a/1.png").c_str(), 12, 10, 3, px.data(), 12 * 3);
   stbi_write_png((folder + "/test/a/1.png").c_str(), 12, 10, 1, px.data(), 12);
-  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("square images"), std::string::npos);
+  EXPECT_NE(error_of([&] { vit::load_image_folder(folder, 0, 0); }).find("square images"), std::string::npos);
   stbi_write_png((folder + "/train/a/1.png").c_str(), 12, 12, 3, px.data(), 12 * 3);
   stbi_write_png((folder + "/test/a/1.png").c_str(), 12, 12, 1, px.data(), 12);
   const vit::ImageData d = vit::load_image_folder(folder, 0, 0);
   EXPECT_EQ(d.test_images.shape(), linea::Shape({1, 3, 12, 12}));
   fs::rename(folder + "/test/a", folder + "/test/b");
-  EXPECT_NE(message([&] { vit::load_image_folder(folder, 0, 0); }).find("same class folders"), std::string::npos);
+  EXPECT_NE(error_of([&] { vit::load_image_folder(folder, 0, 0); }).find("same class folders"), std::string::npos);
 }
 
 // limit_examples keeps the first rows of images and labels together, and a limit past the data
