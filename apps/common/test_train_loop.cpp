@@ -30,6 +30,7 @@
 #include "core/random.h"
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
+#include "nn/safetensors.h"
 #include "tests/test_util.h"
 
 using namespace linea;
@@ -105,6 +106,26 @@ LoopRun train_points(const apps::RunOptions& o, double lr = 0.1, int64_t nan_at_
   run.result = apps::train(s, h, o);
   run.weights = model->parameters()[0].to_vector<float>();
   return run;
+}
+
+// Epoch e has 5 + 2e batches of 8 points (5, 7, 9, ...): epochs differ in length, as a token
+// budget's do.
+struct GrowingEpochs : nn::BatchSampler {
+  std::vector<std::vector<int64_t>> batches(int64_t epoch) const override {
+    std::vector<std::vector<int64_t>> b(5 + 2 * epoch);
+    for (size_t k = 0; k < b.size(); ++k)
+      for (int64_t j = 0; j < 8; ++j) b[k].push_back((static_cast<int64_t>(k) * 8 + j + 13 * epoch) % 60);
+    return b;
+  }
+  int64_t num_examples() const override { return 60; }
+};
+
+Tweak growing_epochs() {
+  auto loader = std::make_shared<nn::DataLoader>(points(60), std::make_shared<GrowingEpochs>());
+  return [loader](apps::TrainSetup& s, apps::TrainHooks&, nn::Module&) {
+    s.loader = loader.get();
+    s.schedule = nn::WarmupCosine(0.1, 2, apps::planned_steps(*loader, s.epochs));
+  };
 }
 
 // A sequence classifier with one attention layer: 5 noisy points of a class -> Linear(2, 8) ->
@@ -226,6 +247,15 @@ TEST(TrainLoop, TrainsAndWritesRecordsSummaryAndCheckpoint) {
   for (const char* f : {"model.safetensors", "training.safetensors", "config.json", "labels.txt"})
     EXPECT_TRUE(fs::is_regular_file(ck / f)) << f;
   EXPECT_EQ(json::parse(read_text(ck / "config.json")).at("note"), "free");
+  // The training state holds the position and the schedule's name; neither a moving average nor
+  // a selection was asked for, so neither is saved.
+  nn::Linear m(2, 3);
+  nn::AdamW opt({nn::ParamGroup{m.parameters(), 0.1, 0.0}});
+  const nn::TrainState st = nn::load_checkpoint(ck.string(), m, opt);
+  EXPECT_EQ(st.step, 21);
+  EXPECT_EQ(st.epoch, 3);
+  EXPECT_EQ(st.extra,
+            (std::map<std::string, std::string>{{"epoch_batch", "0"}, {"schedule", nn::schedule_name(schedule)}}));
 }
 
 TEST(TrainLoop, ResumeMidEpochContinuesBitForBit) {
@@ -252,13 +282,15 @@ TEST(TrainLoop, ResumeMidEpochContinuesBitForBit) {
 }
 
 // A checkpoint saved before "epoch_batch" was kept (older runs) resumes from its step: the
-// position in the epoch is the step less the batches of the epochs before (7 each here).
+// position in the epoch is the step less the batches of the epochs before (5 here; the epochs
+// differ in length).
 TEST(TrainLoop, ResumeWithoutEpochBatchCountsThePositionFromTheStep) {
   TempDir dir;
-  const LoopRun uninterrupted = train_points(options(dir.path / "full"));
+  const LoopRun uninterrupted = train_points(options(dir.path / "full"), 0.1, 0, 3, growing_epochs());
+  ASSERT_EQ(uninterrupted.result.step_losses.size(), 21u);  // 5 + 7 + 9
   apps::RunOptions part = options(dir.path / "part");
-  part.max_steps = 10;  // epoch 1 (counted from 0), batch 3
-  train_points(part);
+  part.max_steps = 8;  // epoch 1 (counted from 0), batch 3
+  train_points(part, 0.1, 0, 3, growing_epochs());
   {
     nn::Linear model(2, 3);
     nn::AdamW opt({nn::ParamGroup{model.parameters(), 0.1, 0.0}});
@@ -270,11 +302,11 @@ TEST(TrainLoop, ResumeWithoutEpochBatchCountsThePositionFromTheStep) {
   }
   part.max_steps = 0;
   part.resume = true;
-  const LoopRun resumed = train_points(part);
-  EXPECT_EQ(resumed.result.start_step, 10);
-  ASSERT_EQ(resumed.result.step_losses.size(), 11u);
-  for (size_t i = 0; i < 11; ++i)
-    EXPECT_EQ(resumed.result.step_losses[i], uninterrupted.result.step_losses[10 + i]) << i;
+  const LoopRun resumed = train_points(part, 0.1, 0, 3, growing_epochs());
+  EXPECT_EQ(resumed.result.start_step, 8);
+  ASSERT_EQ(resumed.result.step_losses.size(), 13u);
+  for (size_t i = 0; i < 13; ++i)
+    EXPECT_EQ(resumed.result.step_losses[i], uninterrupted.result.step_losses[8 + i]) << i;
   EXPECT_EQ(resumed.weights, uninterrupted.weights);
 }
 
@@ -470,12 +502,18 @@ TEST(TrainLoop, SkipNonFiniteSkipsAndLogs) {
     EXPECT_TRUE(rec.at("train_loss").is_number() && std::isfinite(rec.at("train_loss").get<double>())) << rec.dump();
 }
 
+// Without keys the whole configuration is compared; a value that became an object is one
+// difference.
 TEST(TrainLoop, ConfigDiffListsNestedDifferences) {
   json saved = {{"model", {{"dim", 64}, {"heads", 4}}}, {"run", {{"lr", 0.1}}}};
   json now = {{"model", {{"dim", 32}, {"heads", 4}}}, {"run", {{"lr", 0.1}, {"seed", 1}}}};
-  EXPECT_EQ(apps::config_diff(saved, now, {"model", "run"}),
-            "\n  model.dim: checkpoint 64, now 32\n  run.seed: checkpoint (absent), now 1");
+  const std::string diff = "\n  model.dim: checkpoint 64, now 32\n  run.seed: checkpoint (absent), now 1";
+  EXPECT_EQ(apps::config_diff(saved, now, {"model", "run"}), diff);
+  EXPECT_EQ(apps::config_diff(saved, now, {}), diff);
+  EXPECT_EQ(apps::config_diff(saved, now, {"run"}), "\n  run.seed: checkpoint (absent), now 1");
   EXPECT_EQ(apps::config_diff(saved, saved, {}), "");
+  EXPECT_EQ(apps::config_diff({{"model", 3}}, {{"model", {{"dim", 1}}}}, {}),
+            "\n  model: checkpoint 3, now {\"dim\":1}");
 }
 
 TEST(TrainLoop, ReadCheckpointConfigChecksTheFolderAndTheFormat) {
@@ -490,10 +528,17 @@ TEST(TrainLoop, ReadCheckpointConfigChecksTheFolderAndTheFormat) {
     return std::string("(no error)");
   };
   EXPECT_NE(error_of().find("toy: checkpoint folder '" + ck + "' does not exist"), std::string::npos) << error_of();
+  test::write_all(ck, "x");
+  EXPECT_NE(error_of().find("toy: checkpoint folder '" + ck + "' is a file, not a folder"), std::string::npos)
+      << error_of();
+  fs::remove(ck);
   fs::create_directories(ck);
   EXPECT_NE(error_of().find("is not a toy checkpoint (no config.json"), std::string::npos) << error_of();
   std::ofstream(ck + "/config.json") << R"({"format": "linea-other/1", "model": {}})";
   EXPECT_NE(error_of().find("its config.json has format 'linea-other/1', expected 'linea-toy/1'"), std::string::npos)
+      << error_of();
+  std::ofstream(ck + "/config.json") << R"({"format": 1})";
+  EXPECT_NE(error_of().find("its config.json has format 'none', expected 'linea-toy/1'"), std::string::npos)
       << error_of();
   std::ofstream(ck + "/config.json") << R"({"format": "linea-toy/1", "model": {"dim": 3}})";
   EXPECT_EQ(error_of(), "(no error)");
@@ -537,6 +582,9 @@ TEST(TrainLoop, MovingAverageAndModelSelection) {
   EXPECT_EQ(finished[0], best);  // finish() ran on the best weights
   for (const char* f : {"model.safetensors", "config.json", "labels.txt"})
     EXPECT_TRUE(fs::exists(dir.path / "out" / "checkpoint" / "best" / f)) << f;
+  const nn::Metadata md = nn::load_safetensors((dir.path / "out/checkpoint/best/model.safetensors").string()).metadata;
+  EXPECT_EQ(md.at("step"), std::to_string(r.result.best_step));
+  EXPECT_EQ(std::stod(md.at("eval_loss")), best);
   const json summary = json::parse(read_text(dir.path / "out" / "summary.json"));
   EXPECT_EQ(summary.at("best_eval_loss").get<double>(), best);
   EXPECT_EQ(summary.at("final_loss").get<double>(), best);
@@ -567,22 +615,14 @@ TEST(TrainLoop, MovingAverageAndModelSelection) {
   EXPECT_NE(plain_evals[3], evals[3]);
 }
 
-// setup.on_epoch (the augmentation's epoch, in the apps) sees each epoch before its first batch,
-// a resumed one again.
 // planned_steps adds each epoch's own number of batches.
 TEST(TrainLoop, PlannedStepsCountEachEpoch) {
-  struct Growing : nn::BatchSampler {  // epoch e: e + 1 batches of one example
-    std::vector<std::vector<int64_t>> batches(int64_t epoch) const override {
-      std::vector<std::vector<int64_t>> b;
-      for (int64_t k = 0; k <= epoch; ++k) b.push_back({k});
-      return b;
-    }
-    int64_t num_examples() const override { return 10; }
-  };
-  nn::DataLoader loader(points(10), std::make_shared<Growing>());
-  EXPECT_EQ(apps::planned_steps(loader, 3), 1 + 2 + 3);
+  nn::DataLoader loader(points(60), std::make_shared<GrowingEpochs>());
+  EXPECT_EQ(apps::planned_steps(loader, 3), 5 + 7 + 9);
 }
 
+// setup.on_epoch (the augmentation's epoch, in the apps) sees each epoch before its first batch,
+// a resumed one again.
 TEST(TrainLoop, OnEpochSeesEachEpochItRuns) {
   TempDir dir;
   std::vector<int64_t> seen;
@@ -627,24 +667,30 @@ TEST(TrainLoop, EarlyStoppingAfterPatience) {
   EXPECT_EQ(four.result.final_step, 4 * 7);
 }
 
+// maximize: the best is the first evaluation, before the checkpoint; only the saved selection
+// remembers it.
 TEST(TrainLoop, MovingAverageAndSelectionResumeExactly) {
-  TempDir a, b;
-  std::vector<double> evals_a, fin_a, evals_b, fin_b;
-  LoopRun full = train_points(options(a.path / "out"), 0.1, 0, 3, select_loss(0.8, 0, &evals_a, &fin_a));
-  apps::RunOptions o = options(b.path / "out");
-  o.max_steps = 10;  // stops mid-epoch 2, after one evaluation
-  train_points(o, 0.1, 0, 3, select_loss(0.8, 0, &evals_b, &fin_b));
-  o.max_steps = 0;
-  o.resume = true;
-  evals_b.clear();
-  fin_b.clear();
-  LoopRun resumed = train_points(o, 0.1, 0, 3, select_loss(0.8, 0, &evals_b, &fin_b));
-  EXPECT_EQ(resumed.weights, full.weights);
-  ASSERT_EQ(evals_b.size(), 2u);  // the evaluations of epochs 2 and 3
-  EXPECT_EQ(evals_b[1], evals_a[2]);
-  ASSERT_EQ(fin_b.size(), 1u);
-  EXPECT_EQ(fin_b[0], fin_a[0]);
-  EXPECT_EQ(resumed.result.best_step, full.result.best_step);
+  for (const bool maximize : {false, true}) {
+    SCOPED_TRACE(maximize ? "maximize" : "minimize");
+    TempDir a, b;
+    std::vector<double> evals_a, fin_a, evals_b, fin_b;
+    LoopRun full = train_points(options(a.path / "out"), 0.1, 0, 3, select_loss(0.8, 0, &evals_a, &fin_a, maximize));
+    apps::RunOptions o = options(b.path / "out");
+    o.max_steps = 10;  // stops mid-epoch 2, after one evaluation
+    train_points(o, 0.1, 0, 3, select_loss(0.8, 0, &evals_b, &fin_b, maximize));
+    o.max_steps = 0;
+    o.resume = true;
+    evals_b.clear();
+    fin_b.clear();
+    LoopRun resumed = train_points(o, 0.1, 0, 3, select_loss(0.8, 0, &evals_b, &fin_b, maximize));
+    EXPECT_EQ(resumed.weights, full.weights);
+    ASSERT_EQ(evals_b.size(), 2u);  // the evaluations of epochs 2 and 3
+    EXPECT_EQ(evals_b[1], evals_a[2]);
+    ASSERT_EQ(fin_b.size(), 1u);
+    EXPECT_EQ(fin_b[0], fin_a[0]);
+    EXPECT_EQ(resumed.result.best_step, full.result.best_step);
+    EXPECT_EQ(full.result.best_step, maximize ? 7 : 21);
+  }
 }
 
 // ---- the run's state (train_state.h) --------------------------------------------------------------
@@ -673,6 +719,16 @@ TEST(TrainState, BadDecayAndFoldersAreNamed) {
   fs::remove(ckpt / "config.json");
   o.resume = true;
   EXPECT_LINEA_ERROR(train_points(o), "points: --resume: '" + ckpt.string() + "' holds no config.json");
+  // Resuming from a checkpoint whose weights are not finite.
+  apps::RunOptions n = options(dir.path / "nan");
+  n.max_steps = 2;
+  train_points(n);
+  const std::string weights = (dir.path / "nan/checkpoint/model.safetensors").string();
+  nn::SafetensorsFile f = nn::load_safetensors(weights);
+  f.tensors.at("weight") = full({3, 2}, std::numeric_limits<double>::quiet_NaN());
+  nn::save_safetensors(weights, f.tensors, f.metadata);
+  n.resume = true;
+  EXPECT_LINEA_ERROR(train_points(n), "points: --resume: '" + weights + "'");
 }
 
 TEST(TrainState, WeightAverageWarmsUpSkipsWithheldStepsAndResumes) {
@@ -712,18 +768,32 @@ TEST(TrainState, WeightAverageWarmsUpSkipsWithheldStepsAndResumes) {
   ASSERT_TRUE(st.tensors.count("ema.weight"));
   st.extra["ema_updates"] = "5";
   ema.load_from(st, "points");
+  nn::TrainState loaded;  // saved before its next update: the count loaded
+  ema.save_to(loaded);
+  EXPECT_EQ(loaded.extra.at("ema_updates"), "5");
   set({7, 1});
   ema.update(guard(true));  // n = 5: decay 6/15
   mix(6.0 / 15, {7, 1});
   expect_average({7, 1});
   st.tensors["ema.weight"] = zeros({2, 1});
   EXPECT_LINEA_ERROR(ema.load_from(st, "points"), "points: --resume: the checkpoint has no moving average of 'weight'");
+  // Without a decay there is no average: nothing to update, swap or save.
+  apps::WeightAverage off(model, 0.0);
+  EXPECT_FALSE(off.on());
+  nn::TrainState none;
+  off.save_to(none);
+  EXPECT_TRUE(none.extra.empty() && none.tensors.empty());
 }
 
 // The first of equal evaluations stays the best; the best value (all 17 digits), its step and the
 // evaluations since are saved and loaded.
 TEST(TrainState, SelectionKeepsTheFirstOfEqualsAndResumes) {
   apps::Selection s;
+  nn::TrainState empty;  // before any evaluation: nothing saved, nothing loaded
+  s.save_to(empty);
+  EXPECT_TRUE(empty.extra.empty());
+  s.load_from(empty);
+  EXPECT_FALSE(s.have);
   EXPECT_TRUE(s.consider(0.1 + 0.2, true, 10));
   EXPECT_FALSE(s.consider(0.1 + 0.2, true, 20));
   EXPECT_FALSE(s.consider(0.25, true, 30));

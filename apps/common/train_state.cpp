@@ -117,8 +117,9 @@ Position resume_checkpoint(const TrainSetup& setup, const std::string& dir, Weig
   Position pos{st.step, st.epoch, 0};
   ema.load_from(st, setup.app);
   sel.load_from(st);
+  // Older checkpoints kept no "epoch_batch": the position is the step less the epochs before.
   auto it = st.extra.find("epoch_batch");
-  pos.batch = it != st.extra.end() ? std::stoll(it->second) : st.step - st.epoch * setup.loader->num_batches(st.epoch);
+  pos.batch = it != st.extra.end() ? std::stoll(it->second) : st.step - planned_steps(*setup.loader, st.epoch);
   return pos;
 }
 
@@ -135,10 +136,6 @@ void save_checkpoint(const TrainSetup& setup, const std::string& dir, const Posi
   st.files["config.json"] = setup.config.dump(2) + "\n";
   nn::save_checkpoint(dir, *setup.model, *setup.optimizer, st);
 }
-
-}  // namespace linea::apps
-
-namespace linea::apps {
 
 namespace {
 
