@@ -6,6 +6,7 @@
 // otherwise).
 // Not here: the apps that use these helpers (their own tests run them end to end).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
@@ -14,11 +15,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "apps/common/app_run.h"
+#include "apps/common/device.h"
+#include "apps/common/interrupt.h"
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
 #include "apps/common/prepared_data.h"
@@ -26,6 +30,7 @@
 #include "apps/common/run_options.h"
 #include "apps/common/train_records.h"
 #include "core/error.h"
+#include "core/runtime.h"
 #include "tests/test_util.h"
 
 using namespace linea::apps;
@@ -610,6 +615,188 @@ TEST(AppFolders, MissingDataAndUncreatableOutputAreNamed) {
       naming_filesystem_errors("points prepare", [&] { return std::filesystem::create_directories(data + "/file/x"); }),
       "points prepare: filesystem error: ", data + "/file/x");
   EXPECT_EQ(naming_filesystem_errors("points prepare", [] { return 7; }), 7);
+}
+
+// prepare --out: trailing slashes dropped; a new folder, an empty one or an earlier prepare's is
+// taken, anything else refused by name; a manifest that does not parse says to prepare again.
+TEST(AppFolders, PrepareOutAndDataManifest) {
+  namespace fs = std::filesystem;
+  const TempDir tmp;
+  const std::string d = tmp.path.string();
+  EXPECT_EQ(prepared_data_out("p prepare", d + "/new//"), d + "/new");
+  fs::create_directories(d + "/empty");
+  EXPECT_EQ(prepared_data_out("p prepare", d + "/empty/"), d + "/empty");
+  EXPECT_LINEA_ERROR(prepared_data_out("p prepare", ""), "p prepare: --out is empty");
+  const std::string refused = "': it exists and is not a prepared data folder (no data.json)";
+  EXPECT_LINEA_ERROR(prepared_data_out("p prepare", "//"), "p prepare: refusing to replace '/" + refused);
+  fs::create_directories(d + "/other");
+  write_all(d + "/other/x", "x");
+  EXPECT_LINEA_ERROR(prepared_data_out("p prepare", d + "/other"), "refusing to replace '" + d + "/other" + refused);
+  write_all(d + "/empty_file", "");
+  EXPECT_LINEA_ERROR(prepared_data_out("p prepare", d + "/empty_file"),
+                     "refusing to replace '" + d + "/empty_file" + refused);
+  write_all(d + "/other/data.json", "{\"n\": 3");
+  EXPECT_EQ(prepared_data_out("p prepare", d + "/other"), d + "/other");
+  EXPECT_LINEA_ERROR(read_data_json("p", d + "/other"), "p: cannot read '" + d + "/other/data.json': ");
+  EXPECT_LINEA_ERROR(read_data_json("p", d + "/other"), "; run `p prepare --out " + d + "/other` again");
+  write_all(d + "/other/data.json", "{\"n\": 3}");
+  EXPECT_EQ(read_data_json("p", d + "/other").at("n"), 3);
+}
+
+// --eval-only evaluates the best weights when model selection kept some, else the last ones;
+// prints the metrics' text naming the folder and writes them to <out>/eval.json. A command that
+// uses a model takes the same folder, with its --threads.
+TEST(AppRun, EvalOnlyAndModelRunsTakeTheBestWeights) {
+  const TempDir tmp;
+  RunOptions run;
+  run.checkpoint_dir = (tmp.path / "ckpt").string();
+  run.out_dir = (tmp.path / "out").string();
+  const std::string ck = run.checkpoint_dir;
+  std::string seen;
+  const auto evaluate = [&](const std::string& dir) {
+    seen = dir;
+    return Metrics{{{"acc", 0.5}}, "acc 50%"};
+  };
+  std::filesystem::create_directories(ck);
+  EXPECT_LINEA_ERROR(eval_only("p", run, evaluate), "p: --eval-only needs a checkpoint, but '" + ck + "' holds none");
+  EXPECT_EQ(seen, "");
+  write_all(ck + "/model.safetensors", "");
+  for (const std::string weights : {ck, ck + "/best"}) {
+    EXPECT_EQ(best_weights_dir(ck), weights);
+    ModelOptions model;
+    model.checkpoint = ck;
+    model.device = "cpu";
+    EXPECT_EQ(start_model_run("p", model).weights_dir, weights);
+    testing::internal::CaptureStdout();
+    const Metrics m = eval_only("p", run, evaluate);
+    EXPECT_EQ(testing::internal::GetCapturedStdout(), "p: acc 50% (weights from " + weights + ")\n");
+    EXPECT_EQ(seen, weights);
+    EXPECT_EQ(nlohmann::json::parse(read_all(run.out_dir + "/eval.json")), m.values);
+    std::filesystem::create_directories(ck + "/best");
+    write_all(ck + "/best/model.safetensors", "");
+  }
+}
+
+// start_run and start_model_run set --threads; start_run refuses --precision tf32/bf16 on the
+// CPU, and a --resume from another app's checkpoint by name (a run that does not resume, or
+// finds no checkpoint, is not looked at).
+TEST(AppRun, StartRunSetsThreadsPrecisionAndRefusesAnotherAppsCheckpoint) {
+  const TempDir tmp;
+  const int before = linea::num_threads();
+  const int other = before == 1 ? 2 : 1;
+  RunOptions run;
+  run.device = "cpu";
+  run.threads = other;
+  run.checkpoint_dir = (tmp.path / "ckpt").string();
+  EXPECT_EQ(start_run("p", run, "linea-p/1"), linea::kCPU);
+  EXPECT_EQ(linea::num_threads(), other);
+  ModelOptions model;
+  model.device = "cpu";
+  model.checkpoint = run.checkpoint_dir;
+  model.threads = before;
+  start_model_run("p", model);
+  EXPECT_EQ(linea::num_threads(), before);
+  run.threads = 0;
+  run.precision = "bf16";
+  EXPECT_LINEA_ERROR(start_run("p", run, "linea-p/1"), "p: --precision bf16 needs --device cuda");
+  run.precision = "fp32";
+  run.resume = true;
+  start_run("p", run, "linea-p/1");  // nothing to resume from yet
+  std::filesystem::create_directories(run.checkpoint_dir);
+  write_all(run.checkpoint_dir + "/model.safetensors", "");
+  write_all(run.checkpoint_dir + "/config.json", R"({"format": "linea-q/1"})");
+  EXPECT_LINEA_ERROR(start_run("p", run, "linea-p/1"),
+                     "p: '" + run.checkpoint_dir + "' is not a p checkpoint (its config.json has format 'linea-q/1'");
+  run.resume = false;
+  start_run("p", run, "linea-p/1");
+}
+
+// The run's last two lines: headline, wall time, rate and device; the outputs, the app's own
+// files among them, and where the best weights are when a metric selects them.
+TEST(AppRun, ReportRunNamesTheOutputs) {
+  TrainSetup setup;
+  setup.app = "p";
+  setup.unit = "points";
+  setup.device = linea::kCPU;
+  RunOptions run;
+  run.out_dir = "/o";
+  TrainResult r;
+  r.wall_s = 65;
+  r.units_per_s = 1234.4;
+  const std::string first =
+      "\np: acc 50%; " + format_duration(65) + " wall, 1234 train points/s on " + device_name(linea::kCPU) + "\n";
+  for (const bool select : {false, true}) {
+    setup.select.metric = select ? "acc" : "";
+    testing::internal::CaptureStdout();
+    report_run(setup, run, r, "acc 50%", {"hyp.txt", "bleu.json"});
+    EXPECT_EQ(testing::internal::GetCapturedStdout(),
+              first + "p: outputs in /o: metrics.jsonl, summary.json, curves.png, hyp.txt, bleu.json; checkpoint " +
+                  "/o/checkpoint" + (select ? " (best weights in /o/checkpoint/best)" : "") + "\n");
+  }
+}
+
+namespace {
+// A handler of our own, to see the guard put it back.
+void count_signal(int) {}
+
+struct sigaction handler_of(int sig) {
+  struct sigaction sa;
+  sigaction(sig, nullptr, &sa);
+  return sa;
+}
+}  // namespace
+
+// The guard records SIGINT and SIGTERM and prints its note for each (cut to its buffer when the
+// app's name is long); its handler restarts interrupted calls and is reset by the first signal
+// (a second one ends the process); a signal the process was ignoring stays ignored; the old
+// handlers come back after.
+TEST(Interrupt, GuardRecordsPrintsAndRestores) {
+  EXPECT_EQ(signal_name(SIGINT), "SIGINT");
+  EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
+  EXPECT_EQ(signal_name(SIGUSR1), "signal " + std::to_string(SIGUSR1));
+  struct sigaction mine, old_int, old_term;
+  std::memset(&mine, 0, sizeof mine);
+  mine.sa_handler = count_signal;
+  sigaction(SIGINT, &mine, &old_int);
+  sigaction(SIGTERM, &mine, &old_term);
+  {
+    InterruptGuard guard("pts");
+    EXPECT_EQ(pending_interrupt(), 0);
+    for (const int sig : {SIGINT, SIGTERM}) {
+      EXPECT_NE(handler_of(sig).sa_flags & SA_RESTART, 0);
+      testing::internal::CaptureStderr();
+      raise(sig);
+      EXPECT_EQ(testing::internal::GetCapturedStderr(),
+                "\npts: " + signal_name(sig) +
+                    ": finishing this step and saving a checkpoint (send it again to stop at once)\n");
+      EXPECT_EQ(pending_interrupt(), sig);
+      EXPECT_EQ(handler_of(sig).sa_handler, SIG_DFL);  // the next one ends the process
+    }
+  }
+  EXPECT_EQ(pending_interrupt(), 0);
+  EXPECT_EQ(handler_of(SIGINT).sa_handler, count_signal);
+  EXPECT_EQ(handler_of(SIGTERM).sa_handler, count_signal);
+  for (const int ignored : {SIGINT, SIGTERM}) {
+    signal(ignored, SIG_IGN);
+    {
+      InterruptGuard guard("pts");
+      EXPECT_EQ(handler_of(ignored).sa_handler, SIG_IGN);
+      const int caught = ignored == SIGINT ? SIGTERM : SIGINT;
+      EXPECT_NE(handler_of(caught).sa_handler, count_signal);
+      EXPECT_NE(handler_of(caught).sa_handler, SIG_IGN);
+    }
+    signal(ignored, count_signal);
+  }
+  {
+    InterruptGuard guard(std::string(300, 'a'));
+    testing::internal::CaptureStderr();
+    raise(SIGTERM);
+    const std::string note = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(note.size(), 256u);
+    EXPECT_EQ(note.substr(0, 4), "\naaa");
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
 }
 
 namespace {
