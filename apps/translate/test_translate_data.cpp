@@ -13,13 +13,20 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <unordered_map>
 
 #include "bible.h"
 #include "core/error.h"
 #include "dataset.h"
 #include "prepare.h"
+#include "sentencepiece_trainer.h"
 #include "tests/test_util.h"
 #include "tokenizer.h"
+
+namespace sentencepiece::logging {  // exported by libsentencepiece, declared in its private headers
+int GetMinLogLevel();
+void SetMinLogLevel(int v);
+}  // namespace sentencepiece::logging
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -523,6 +530,96 @@ TEST(Tokenizer, RoundTripBytesAndSpecialIds) {
   EXPECT_NE(train_tokenizer(ptrs, t), bytes);
   t.vocab_size = 100000;
   EXPECT_LINEA_ERROR(train_tokenizer(ptrs, t), "--vocab-size");
+}
+
+// `model` with its piece number `index` renamed to `text`: a model SentencePiece must refuse.
+// (protobuf: field 1 of a ModelProto is a piece, field 1 of a piece its text; every field of
+// both is length-delimited but a piece's score and type.)
+std::string rename_piece(const std::string& model, size_t index, const std::string& text) {
+  size_t at = 0;
+  const auto varint = [&](const std::string& b, size_t& i) {
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const auto c = static_cast<unsigned char>(b.at(i++));
+      v |= uint64_t(c & 127) << shift;
+      if (c < 128) return v;
+    }
+  };
+  const auto put_varint = [](uint64_t v) {
+    std::string out;
+    for (; v >= 128; v >>= 7) out.push_back(static_cast<char>(v | 128));
+    return out + static_cast<char>(v);
+  };
+  size_t seen = 0;
+  while (at < model.size()) {
+    const size_t start = at;
+    const uint64_t tag = varint(model, at);
+    EXPECT_EQ(tag & 7, 2u) << "a ModelProto field that is not length-delimited";
+    const uint64_t len = varint(model, at);
+    if (tag >> 3 == 1 && seen++ == index) {
+      const std::string piece = model.substr(at, len);
+      size_t p = 0;
+      EXPECT_EQ(varint(piece, p), 10u) << "a piece that does not start with its text";
+      const uint64_t old_len = varint(piece, p);
+      const std::string renamed = "\x0a" + put_varint(text.size()) + text + piece.substr(p + old_len);
+      return model.substr(0, start) + "\x0a" + put_varint(renamed.size()) + renamed + model.substr(at + len);
+    }
+    at += len;
+  }
+  ADD_FAILURE() << "the model has no piece " << index;
+  return model;
+}
+
+// Models that break Linea's id convention or SentencePiece's own rules, ids outside the
+// vocabulary and training on nothing are named; training is quiet and leaves the log level as
+// it found it.
+TEST(Tokenizer, BadModelsAndIdsAreNamed) {
+  TempDir dir;
+  write_pairs(dir.file("in.en"), dir.file("in.es"), 200);
+  const std::vector<std::string> text = lines_of(dir.file("in.en"));
+  std::vector<const std::string*> ptrs;
+  for (const std::string& s : text) ptrs.push_back(&s);
+  TokenizerTraining t;
+  t.vocab_size = 40;
+  const int log_level = sentencepiece::logging::GetMinLogLevel();
+  sentencepiece::logging::SetMinLogLevel(1);
+  testing::internal::CaptureStderr();
+  const std::string bytes = train_tokenizer(ptrs, t);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(sentencepiece::logging::GetMinLogLevel(), 1);
+  const Tokenizer tok = Tokenizer::from_bytes(bytes);
+  EXPECT_EQ(tok.bytes(), bytes);
+  EXPECT_LINEA_ERROR(Tokenizer().bytes(), "translate: Tokenizer used before a model was loaded");
+  for (const int64_t id : {-1, 40})
+    EXPECT_LINEA_ERROR(tok.decode({5, id}),
+                       "translate: Tokenizer::decode: id " + std::to_string(id) + " is outside the vocabulary [0, 40)");
+  EXPECT_LINEA_ERROR(tok.piece(40), "translate: Tokenizer::piece: id 40 is outside the vocabulary [0, 40)");
+  EXPECT_LINEA_ERROR(train_tokenizer({}, t), "translate: no sentences to train the SentencePiece model on");
+  // Each special id in the wrong place on its own (-1: the model has no such piece).
+  sentencepiece::logging::SetMinLogLevel(2);  // quiet, as train_tokenizer is
+  for (const auto& [name, value] :
+       std::map<std::string, int>{{"pad_id", -1}, {"unk_id", 4}, {"bos_id", -1}, {"eos_id", -1}}) {
+    std::unordered_map<std::string, std::string> args = {{"input", dir.file("in.en")},
+                                                         {"model_type", "unigram"},
+                                                         {"vocab_size", "40"},
+                                                         {"pad_id", "0"},
+                                                         {"unk_id", "1"},
+                                                         {"bos_id", "2"},
+                                                         {"eos_id", "3"}};
+    args[name] = std::to_string(value);
+    std::string model;
+    ASSERT_TRUE(sentencepiece::SentencePieceTrainer::Train(args, nullptr, &model).ok()) << name;
+    EXPECT_LINEA_ERROR(Tokenizer::from_bytes(model), "; Linea's models use pad=0 unk=1 bos=2 eos=3");
+    EXPECT_LINEA_ERROR(Tokenizer::from_bytes(model), name.substr(0, 3) + "=" + std::to_string(value));
+  }
+  sentencepiece::logging::SetMinLogLevel(log_level);
+  // SentencePiece's own checks: a piece twice or an empty one (a status back), a piece "\0" (an
+  // exception from the trie builder, which reads its keys as C strings).
+  for (const std::string& piece : {tok.piece(11), std::string(), std::string(1, '\0')}) {
+    const std::string bad = rename_piece(bytes, 10, piece);
+    EXPECT_LINEA_ERROR(Tokenizer::from_bytes(bad),
+                       "translate: cannot load the SentencePiece model (" + std::to_string(bad.size()) + " bytes): ");
+  }
 }
 
 // ---- dataset -------------------------------------------------------------------------------------

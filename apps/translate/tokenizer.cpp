@@ -26,7 +26,7 @@ std::shared_ptr<const sentencepiece::SentencePieceProcessor> load(const std::str
     status = sp->LoadFromSerializedProto(bytes);
   } catch (const std::exception& e) {
     // Most corrupt models get a status back, but some throw from SentencePiece's trie builder
-    // (e.g. an empty piece: "failed to insert key: zero-length key").
+    // (a piece "\0": "failed to insert key: zero-length key").
     LINEA_FAIL("translate: cannot load the SentencePiece model ", what, ": ", e.what());
   }
   LINEA_CHECK(status.ok(), "translate: cannot load the SentencePiece model ", what, ": ", status.ToString());
@@ -94,14 +94,14 @@ std::vector<std::string> Tokenizer::pieces(const std::string& text) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
-  std::vector<int> kept;
+  std::vector<int> sp_ids;
   for (int64_t id : ids) {
     LINEA_CHECK(id >= 0 && id < vocab_size(), "translate: Tokenizer::decode: id ", id, " is outside the vocabulary [0, ",
                 vocab_size(), ")");
-    if (id != kPadId && id != kBosId && id != kEosId) kept.push_back(static_cast<int>(id));
+    sp_ids.push_back(static_cast<int>(id));
   }
-  std::string text;
-  const auto status = sp().Decode(kept, &text);
+  std::string text;  // SentencePiece skips the control pieces (pad, bos, eos)
+  const auto status = sp().Decode(sp_ids, &text);
   LINEA_CHECK(status.ok(), "translate: SentencePiece cannot decode: ", status.ToString());
   return text;
 }
