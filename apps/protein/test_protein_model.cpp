@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "alphabet.h"
+#include "attention/transformer.h"
 #include "autograd/ops.h"
 #include "core/random.h"
 #include "metrics.h"
@@ -292,6 +293,10 @@ TEST(ProteinModel, ConfigJsonRoundTripAndErrors) {
   EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.attention = "performer:feature=8"; }), "feature");
   EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.attention = "nprf_rpe:max_len=8"; }), "--max-len 16");
   EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.dropout = 1.0; }), "--dropout");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.dropout = -0.1; }), "--dropout must be in [0, 1), got -0.1");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.dim = -16; }), "--dim -16 must be a positive multiple of --heads 2");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.layers = 0; }), "--layers must be positive, got 0");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& b) { b.mlp_hidden = 0; }), "--mlp-hidden must be positive, got 0");
   // nprf_rpe reaches across a whole window of max_len tokens by default.
   manual_seed(2);
   ProteinLM nprf(toy_config("nprf_rpe:features=8", 40));
@@ -299,6 +304,13 @@ TEST(ProteinModel, ConfigJsonRoundTripAndErrors) {
   NoGradGuard ng;
   EXPECT_EQ(nprf.hidden(from_vector<int64_t>(std::vector<int64_t>(40, 5), {1, 40}), Tensor()).shape(),
             (Shape{1, 40, 16}));
+  int tables = 0;  // its relative-position table spans offsets -39..39
+  for (const auto& [name, t] : nprf.named_parameters())
+    if (name.size() > 4 && name.substr(name.size() - 4) == ".rpe") {
+      EXPECT_EQ(t.size(1), 2 * 40 - 1) << name;
+      ++tables;
+    }
+  EXPECT_EQ(tables, 2);
 }
 
 TEST(ProteinModel, LongerThanMaxLenIsAnError) {
@@ -308,6 +320,60 @@ TEST(ProteinModel, LongerThanMaxLenIsAnError) {
   EXPECT_LINEA_ERROR(m->hidden(from_vector<int64_t>(std::vector<int64_t>(16, 5), {16}), Tensor()), "[B, T]");
   EXPECT_LINEA_ERROR(m->hidden(from_vector<int64_t>(std::vector<int64_t>(4, 5), {2, 2}), zeros({2, 3})), "padding");
   EXPECT_EQ(m->hidden(from_vector<int64_t>(std::vector<int64_t>(16, 5), {1, 16}), Tensor()).size(1), 16);
+  EXPECT_LINEA_ERROR(m->logits(zeros({2, 15})), "ProteinLM::logits: expected [..., 16], got [2, 15]");
+  EXPECT_LINEA_ERROR(m->logits(Tensor()), "ProteinLM::logits: expected [..., 16], got undefined");
+}
+
+// The forward as ESM-2 lays it out, composed here from the model's own parts: the tokens' rows
+// times sqrt(dim) plus the learned positions, dropout, the encoder under the padding mask, then
+// the head, LayerNorm(GELU(dense(h))) against the embedding matrix plus its own bias; the
+// embedding's gradient leaves out the <pad> row's input use (padding_idx), not its output use.
+// The embedding starts as N(0, dim^-1/2).
+TEST(ProteinModel, ForwardIsEsm2sLayout) {
+  ModelConfig c = toy_config();
+  c.dropout = 0.25;
+  auto m = toy_model(c);
+  const Tensor E = param(*m, "embed.weight"), P = param(*m, "pos.weight");
+  Tensor bias = param(*m, "head.bias");
+  const std::vector<float> rows = narrow(E, 0, kFirstResidue, kVocabSize - kFirstResidue).to_vector<float>();
+  double sq = 0;
+  for (float v : rows) sq += double(v) * v;
+  EXPECT_NEAR(std::sqrt(sq / rows.size()), 0.25, 0.03);
+  {
+    NoGradGuard ng;
+    manual_seed(3);
+    bias.copy_(randn({kVocabSize}));
+  }
+  std::vector<int64_t> ids = framed("MKTAYIAK"), short_ids = framed("MKT");
+  short_ids.resize(ids.size(), kPad);
+  ids.insert(ids.end(), short_ids.begin(), short_ids.end());
+  const Tensor tokens = from_vector<int64_t>(ids, {2, 10}), pad = eq(tokens, kPad);
+  std::map<std::string, std::shared_ptr<nn::Module>> parts;
+  for (const auto& [name, module] : m->named_modules()) parts[name] = module;
+  auto& encoder = static_cast<attn::TransformerEncoder&>(*parts.at("encoder"));
+  auto& dense = static_cast<nn::Linear&>(*parts.at("head.dense"));
+  auto& norm = static_cast<nn::LayerNorm&>(*parts.at("head.norm"));
+  m->train();
+  manual_seed(9);
+  const Tensor g = randn({2, 10, kVocabSize});
+  const auto gradient_of = [&](const std::function<Tensor()>& logits) {
+    manual_seed(5);
+    m->zero_grad();
+    const Tensor l = logits();
+    sum(l * g).backward();
+    return std::make_pair(l.detach(), E.grad().detach());
+  };
+  const auto [got, got_grad] = gradient_of([&] { return m->forward(tokens, pad); });
+  const auto [want, want_grad] = gradient_of([&] {
+    Tensor x = embedding(E, tokens, kPad) * 4.0 + narrow(P, 0, 0, 10);
+    x = dropout(x, 0.25, true);
+    attn::AttentionOptions o;
+    o.key_padding_mask = pad;
+    const Tensor h = encoder(x, o);
+    return matmul(norm(gelu(dense(h))), transpose(E, 0, 1)) + bias;
+  });
+  EXPECT_TRUE(all_close(got, want, 1e-5, 1e-5)) << max(abs(got - want)).item();
+  EXPECT_TRUE(all_close(got_grad, want_grad, 1e-5, 1e-5)) << max(abs(got_grad - want_grad)).item();
 }
 
 // ---- the predictor ------------------------------------------------------------------------------

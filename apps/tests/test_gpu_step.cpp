@@ -23,6 +23,7 @@
 // refused at the capture. StepGuard: the non-finite guard read back late (the emulator holds its
 // events back) still stops the run at the right step.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cmath>
 #include <cstring>
@@ -30,6 +31,8 @@
 #include <functional>
 #include <memory>
 
+#include "apps/common/graph_steps.h"
+#include "apps/common/interrupt.h"
 #include "apps/common/train_loop.h"
 #include "apps/translate/train.h"
 #include "apps/vit/train.h"
@@ -39,6 +42,7 @@
 #include "core/precision.h"
 #include "core/random.h"
 #include "nn/data.h"
+#include "nn/layers.h"
 #include "nn/optim.h"
 #include "tests/test_util.h"
 
@@ -446,6 +450,57 @@ TEST(CudaGraph, RefusesWhatAReplayWouldNotRepeat) {
   // And after the failed capture the device works as before.
   EXPECT_FALSE(cuda_graph_capturing());
   EXPECT_EQ(sum(ones({3}, TensorOptions(Device("cuda")))).item(), 3.0);
+}
+
+// GraphSteps on its own: a graph per batch shape and dtype, captured on first sight (the step
+// function runs only then) and replayed on each new batch's values; a new shape beyond
+// kMaxGraphs drops the least recently used graph; the units hook counts, and a pending signal is
+// reported, at every step.
+TEST(CudaGraph, AGraphPerShapeTheLeastRecentlyUsedDropped) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (tests/cuda_emu/run.sh runs this on the emulator)";
+  const Device cuda("cuda");
+  nn::Linear model(2, 1);
+  model.to(cuda);
+  nn::AdamW opt({nn::ParamGroup{model.parameters(), 0.1, 0.0}});
+  int captures = 0;
+  const auto step = [&](const nn::Batch& b) {
+    ++captures;
+    apps::IssuedStep s;
+    s.loss = sum(b.at("x")) * 2.0;
+    s.units = -1;  // the hook's count replaces it
+    return s;
+  };
+  const auto units = [](const nn::Batch& b) { return std::pair<int64_t, double>{b.at("x").size(0), 0.0}; };
+  apps::GraphSteps graphs(cuda);
+  const auto run = [&](int64_t n, double v, DType dtype = DType::Float32) {
+    nn::Batch b;
+    b.set("x", full({n, 2}, v, TensorOptions(dtype)));
+    const apps::IssuedStep s = graphs.run(b, opt, step, units);
+    EXPECT_EQ(s.units, n);
+    EXPECT_EQ(s.loss.dtype(), dtype) << n;
+    EXPECT_EQ(s.loss.item(), 4.0 * n * v) << n;
+    return s;
+  };
+  static_assert(apps::GraphSteps::kMaxGraphs == 8, "the shapes below fill it");
+  for (int64_t n = 1; n <= 8; ++n) run(n, 1.0);
+  EXPECT_EQ(captures, 8);
+  run(3, 0.5);  // a replay, on the new values
+  EXPECT_EQ(captures, 8);
+  run(3, 0.5, DType::Float64);  // another dtype: a graph of its own, in the place of n = 1's
+  EXPECT_EQ(captures, 9);
+  run(2, 1.5);
+  EXPECT_EQ(captures, 9);
+  run(1, 1.0);  // dropped, so captured again
+  EXPECT_EQ(captures, 10);
+  {
+    apps::InterruptGuard guard("graphs");
+    testing::internal::CaptureStderr();
+    raise(SIGINT);
+    testing::internal::GetCapturedStderr();
+    EXPECT_EQ(run(2, 1.0).interrupt, SIGINT);
+  }
+  EXPECT_EQ(run(2, 1.0).interrupt, 0);
+  EXPECT_EQ(captures, 10);
 }
 
 TEST(StepGuard, LateReadbackStillStopsAtTheNonFiniteStep) {
