@@ -550,11 +550,37 @@ TEST(ProteinPredictor, RefusesOtherCheckpoints) {
   mj.erase("max_len");
   std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}, {"model", mj}}.dump();
   EXPECT_LINEA_ERROR(Predictor::load(d2), "\"max_len\"");
+  EXPECT_LINEA_ERROR(Predictor::load(d2), "protein: '" + d2 + "/config.json': ");
   // Weights of another shape.
   ModelConfig other = m->config();
   other.dim = 8;
   std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}, {"model", nlohmann::json(other)}}.dump();
   EXPECT_THROW(Predictor::load(d2), linea::Error);
+  // Weights that are not finite.
+  std::ofstream(d2 + "/config.json") << json{{"format", kConfigFormat}, {"model", nlohmann::json(m->config())}}.dump();
+  {
+    NoGradGuard ng;
+    param(*m, "head.bias").fill_(std::nan(""));
+  }
+  nn::save_module(d2 + "/model.safetensors", *m);
+  EXPECT_LINEA_ERROR(Predictor::load(d2), "protein: '" + d2 + "/model.safetensors'");
+  EXPECT_LINEA_ERROR(Predictor(nullptr, kCPU), "protein: Predictor needs a model");
+}
+
+// A model handed over in training mode (dropout on) predicts in eval mode, and is given back in
+// training mode.
+TEST(ProteinPredictor, PredictsInEvalModeAndGivesTheModelBack) {
+  ModelConfig c = toy_config();
+  c.dropout = 0.5;
+  auto m = toy_model(c);
+  m->train();
+  Predictor p(m, kCPU);
+  const std::vector<Fill> a = p.fill("MKT<mask>YIAK", 3);
+  EXPECT_TRUE(m->is_training());
+  const std::vector<Fill> b = p.fill("MKT<mask>YIAK", 3);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(a[0].top, b[0].top);
 }
 
 TEST(ProteinPredictor, SaveEmbeddingsRoundTrip) {
@@ -590,6 +616,19 @@ TEST(ProteinPredictor, SaveEmbeddingsRoundTrip) {
   Embeddings wrong = e;
   wrong.names.pop_back();
   EXPECT_LINEA_ERROR(save_embeddings(tmp.file("x.safetensors"), wrong), "save_embeddings");
+  Embeddings means = p.embed(seqs, false);
+  means.names.pop_back();
+  EXPECT_LINEA_ERROR(save_embeddings(tmp.file("x.safetensors"), means),
+                     "save_embeddings: expected mean [2, dim] for 2 names, got [3, 16]");
+  means.mean = Tensor();
+  EXPECT_LINEA_ERROR(save_embeddings(tmp.file("x.safetensors"), means), "got undefined");
+  Embeddings narrow_rows = e;
+  narrow_rows.residues[1] = zeros({13, 8});
+  EXPECT_LINEA_ERROR(save_embeddings(tmp.file("x.safetensors"), narrow_rows),
+                     "save_embeddings: residues of 'tr|Q2|B' must be [length, 16], got [13, 8]");
+  Sequences unnamed = seqs;
+  unnamed.names.pop_back();
+  EXPECT_LINEA_ERROR(p.embed(unnamed), "protein embed: 2 names for 3 sequences");
 }
 
 // ---- metrics ------------------------------------------------------------------------------------

@@ -108,6 +108,90 @@ TEST(TranslateModel, IncrementalDecodingMatchesTheFullForward) {
   }
 }
 
+// Learned positions: the source table moves the memory, the target table the logits, and a
+// decoding step reads the target table at its own position (the incremental decode matches the
+// full one); the embeddings start with a zero <pad> row, and with separate vocabularies the
+// source's <pad> row gets no gradient (padding_idx).
+TEST(TranslateModel, LearnedPositionsAndPadRows) {
+  manual_seed(5);
+  ModelConfig c = toy_config(12);
+  c.positions = "learned";
+  c.joint_vocab = false;
+  Seq2Seq model(c);
+  std::map<std::string, Tensor> params;
+  for (const auto& [name, t] : model.named_parameters()) params[name] = t;
+  for (const char* name : {"src_embed.weight", "tgt_embed.weight"}) {
+    EXPECT_EQ(sum(abs(select(params.at(name), 0, c.pad_id))).item(), 0.0) << name;
+    EXPECT_GT(sum(abs(select(params.at(name), 0, 4))).item(), 0.0) << name;
+  }
+  model.eval();
+  Tensor pad, tgt, memory, full;
+  {
+    NoGradGuard ng;
+    std::tie(pad, tgt, memory, full) = decode_two_sentences(model);
+    attn::DecoderState st = model.start(memory, pad);
+    for (int64_t t = 0; t < 5; ++t)
+      EXPECT_LT(max(abs(model.step(select(tgt, 1, t).contiguous(), st) - select(full, 1, t))).item(), 1e-4) << t;
+    for (const char* name : {"src_pos.weight", "tgt_pos.weight"}) {
+      Tensor table = params.at(name);
+      const Tensor before = clone(table);
+      manual_seed(6);  // (not a constant: each pre-LN LayerNorm would take it out again)
+      table.copy_(table + randn(table.shape()));
+      Tensor pad2, tgt2, memory2, full2;
+      std::tie(pad2, tgt2, memory2, full2) = decode_two_sentences(model);
+      EXPECT_EQ(linea::test::all_close(memory2, memory, 1e-6, 1e-6), std::string(name) == "tgt_pos.weight") << name;
+      EXPECT_FALSE(linea::test::all_close(full2, full, 1e-6, 1e-6)) << name;
+      table.copy_(before);
+    }
+  }
+  model.zero_grad();
+  auto [src, src_pad] = sources({5, 3}, 12, 1);
+  sum(model.decode(tgt, model.encode(src, src_pad), src_pad)).backward();
+  EXPECT_EQ(sum(abs(select(params.at("src_embed.weight").grad(), 0, c.pad_id))).item(), 0.0);
+  EXPECT_GT(sum(abs(params.at("src_embed.weight").grad())).item(), 0.0);
+}
+
+// Settings that cannot make a model, and inputs it cannot take, are named.
+TEST(TranslateModel, BadSettingsAndInputsAreNamed) {
+  const auto bad = [](const std::function<void(ModelConfig&)>& edit) {
+    ModelConfig c = toy_config(12);
+    edit(c);
+    Seq2Seq m(c);
+  };
+  const std::string vocab = "translate: vocabulary sizes must exceed the 4 special tokens, got ";
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.joint_vocab = false, c.src_vocab = 3; }), vocab + "3 and 12");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.joint_vocab = false, c.tgt_vocab = 3; }), vocab + "12 and 3");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.tgt_vocab = 13; }),
+                     "translate: a joint vocabulary needs equal sizes, got 12 and 13");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.dim = -16; }),
+                     "translate: --dim -16 must be a positive multiple of --heads 2");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.heads = 3; }),
+                     "translate: --dim 16 must be a positive multiple of --heads 3");
+  const std::string sizes = "translate: layers, --mlp-hidden and --max-len must be positive, got ";
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.enc_layers = 0; }), sizes + "0, 2, 32, 32");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.dec_layers = 0; }), sizes + "2, 0, 32, 32");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.mlp_hidden = 0; }), sizes + "2, 2, 0, 32");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.max_len = 1; }), sizes + "2, 2, 32, 1");
+  EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.positions = "rotary"; }),
+                     "translate: --positions must be sinusoidal, learned or none, got 'rotary'");
+  bad([](ModelConfig& c) { c.positions = "none"; });
+  ModelConfig c = toy_config(12);
+  c.max_len = 6;
+  Seq2Seq model(c);
+  model.eval();
+  NoGradGuard ng;
+  auto [src, pad] = sources({5, 3}, 12, 1);
+  EXPECT_LINEA_ERROR(model.encode(src.to(DType::Float32), pad),
+                     "translate: expected token ids Int64 [B, L], got float32 [2, 5]");
+  const Tensor memory = model.encode(src, pad);
+  attn::DecoderState st = model.start(memory, pad);
+  EXPECT_LINEA_ERROR(model.step(from_vector<int64_t>({2, 2}, {2, 1}), st),
+                     "translate: step expects tokens [B], got [2, 1]");
+  for (int64_t t = 0; t < 6; ++t) model.step(from_vector<int64_t>({2, 2}, {2}), st);
+  EXPECT_LINEA_ERROR(model.step(from_vector<int64_t>({2, 2}, {2}), st),
+                     "translate: a sequence of 7 tokens is longer than the model's maximum of 6 (--max-len)");
+}
+
 // Beam search reorders whole sentences (keep_sentences) with several beams each: a position-aware
 // decoder reads one copy of the memory per beam, which must follow the sentences even when their
 // count stays the same (here the two sentences swap places).
