@@ -175,6 +175,7 @@ TEST(TranslateModel, BadSettingsAndInputsAreNamed) {
   EXPECT_LINEA_ERROR(bad([](ModelConfig& c) { c.positions = "rotary"; }),
                      "translate: --positions must be sinusoidal, learned or none, got 'rotary'");
   bad([](ModelConfig& c) { c.positions = "none"; });
+  bad([](ModelConfig& c) { c.joint_vocab = false, c.tgt_vocab = 13; });  // separate vocabularies differ freely
   ModelConfig c = toy_config(12);
   c.max_len = 6;
   Seq2Seq model(c);
