@@ -590,6 +590,70 @@ TEST(ProteinDataBatch, PaddingTargetsAndExamples) {
   EXPECT_LINEA_ERROR(MaskedLMDataset(seqs, bad), "mask_token");
 }
 
+// Settings a dataset cannot run with, and indices and epochs outside its range, are named.
+TEST(ProteinDataBatch, BadSettingsIndicesAndEpochsAreNamed) {
+  const auto seqs = random_sequences(3, 5, 9, 1);
+  const std::string masking = "MaskedLMDataset: masking probabilities must be in [0, 1] with mask_token + random_token";
+  for (const auto& edit : std::vector<std::function<void(MaskingOptions&)>>{
+           [](MaskingOptions& m) { m.prob = -0.1; }, [](MaskingOptions& m) { m.prob = 1.5; },
+           [](MaskingOptions& m) { m.mask_token = -0.1; }, [](MaskingOptions& m) { m.random_token = -0.1; }}) {
+    DatasetOptions o = opts(true, 16);
+    edit(o.masking);
+    EXPECT_LINEA_ERROR(MaskedLMDataset(seqs, o), masking);
+  }
+  EXPECT_LINEA_ERROR(MaskedLMDataset(nullptr, opts(true, 16)), "MaskedLMDataset: the sequences are null");
+  EXPECT_LINEA_ERROR(MaskedLMDataset(seqs, opts(true, 16, -1)), "MaskedLMDataset: pack must be >= 0, got -1");
+  EXPECT_LINEA_ERROR(MaskedLMDataset(seqs, opts(true, 16, 2)), "MaskedLMDataset: pack must be >= 3 tokens, got 2");
+  EXPECT_LINEA_ERROR(sequence_windows(-1, 5), "protein sequence_windows: negative length -1");
+  MaskedLMDataset ds(seqs, opts(true, 16));
+  EXPECT_LINEA_ERROR(ds.get_batch({-1}), "MaskedLMDataset: index -1 out of range [0, 3)");
+  ds.set_epoch(-1);
+  EXPECT_LINEA_ERROR(ds.get_batch({0}), "MaskedLMDataset: epoch must be >= 0, got -1");
+}
+
+// Packed training windows: as many as fit whatever the offset, (S + 1) / L - 1 for a stream of S
+// tokens; at S = kL - 1 that is k - 1, every one full at every offset.
+TEST(ProteinDataPacking, TrainWindowCountAtTheEdge) {
+  auto seqs = std::make_shared<Sequences>();
+  for (int64_t len : {12, 13}) {  // 14 + 15 = 29 tokens framed
+    seqs->residues.push_back(std::vector<int8_t>(static_cast<size_t>(len), static_cast<int8_t>(kFirstResidue)));
+    seqs->names.push_back("s" + std::to_string(len));
+  }
+  MaskedLMDataset ds(seqs, opts(true, 0, 10));
+  ASSERT_EQ(ds.size(), 2);
+  for (int64_t epoch = 0; epoch < 20; ++epoch) {
+    ds.set_epoch(epoch);
+    for (int64_t i = 0; i < 2; ++i) {
+      int64_t tokens = 0;
+      for (const Piece& p : ds.window(i)) tokens += p.tokens();
+      EXPECT_EQ(tokens, 10) << "epoch " << epoch << " window " << i;
+    }
+  }
+}
+
+// A manifest without its training file, a split data.json lacks or gives another type, and an
+// unknown split are named.
+TEST(ProteinDataManifest, MissingAndMistypedFilesAreNamed) {
+  TempDir dir;
+  const std::string d = dir.path.string();
+  write_all(d + "/data.json", std::string(R"({"format": ")") + kDataFormat + R"(", "files": {}})");
+  EXPECT_LINEA_ERROR(read_manifest(d),
+                     "protein: cannot read '" + d + "/data.json': ", "; run `protein prepare --out " + d + "` again");
+  write_all(d + "/data.json", R"({"format": 7, "files": {"train": "train.fa"}})");
+  EXPECT_LINEA_ERROR(read_manifest(d), "protein: cannot read '" + d + "/data.json': ");
+  Manifest m;
+  m.dir = d;
+  m.json = {{"files", {{"train", "train.fa"}, {"valid", 5}}}};
+  EXPECT_EQ(split_path(m, "train"), d + "/train.fa");
+  EXPECT_EQ(split_path(m, "query"), "");  // optional
+  EXPECT_LINEA_ERROR(split_path(m, "test"), "protein: '" + d + "/data.json' lists no test file");
+  EXPECT_LINEA_ERROR(split_path(m, "valid"), "protein: cannot read the valid file of '" + d + "/data.json': ");
+  EXPECT_LINEA_ERROR(split_path(m, "dev"), "protein: no split 'dev' (train, valid, test, query)");
+  m.json = {{"files", json::array()}};
+  EXPECT_EQ(split_path(m, "query"), "");
+  EXPECT_LINEA_ERROR(split_path(m, "train"), "lists no train file");
+}
+
 // ---- prepare -------------------------------------------------------------------------------------
 
 const char* kStandard = "LAGVSERTIDPKQNFYMHWC";
