@@ -50,6 +50,17 @@ Tensor normal_(const Tensor& t, double mean, double std) {
   return assign(t, normal(t.shape(), mean, std, kHost));
 }
 
+Tensor scaled_embedding_(const Tensor& t, int64_t padding_idx) {
+  check_target("init::scaled_embedding_", t);
+  LINEA_CHECK(t.dim() == 2 && t.size(1) > 0, "init::scaled_embedding_: expected a table [num, dim], got ",
+              shape_str(t.shape()));
+  LINEA_CHECK(padding_idx >= -1 && padding_idx < t.size(0), "init::scaled_embedding_: padding_idx ", padding_idx,
+              " is outside the table's ", t.size(0), " rows");
+  normal_(t, 0.0, 1.0 / std::sqrt(static_cast<double>(t.size(1))));
+  if (padding_idx >= 0) zeros_(t.detach().narrow(0, padding_idx, 1));
+  return t;
+}
+
 Tensor trunc_normal_(const Tensor& t, double std, double mean, double a, double b) {
   check_target("init::trunc_normal_", t);
   LINEA_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0, "init::trunc_normal_: invalid mean ", mean,

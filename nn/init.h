@@ -41,4 +41,9 @@ Tensor xavier_uniform_(const Tensor& t, double gain = 1.0);
 // U(-b, b) with b = sqrt(6 / ((1 + a^2) * fan_in)) (He et al.; a = leaky-ReLU slope, 0 for ReLU).
 Tensor kaiming_uniform_(const Tensor& t, double a = 0.0);
 
+// A token table [num, dim] for a model that multiplies its embedded tokens by sqrt(dim)
+// (fairseq's transformer): N(0, dim^-1/2), so the scaled rows have unit-size coordinates, and the
+// padding row (padding_idx >= 0) zero.
+Tensor scaled_embedding_(const Tensor& t, int64_t padding_idx = -1);
+
 }  // namespace linea::nn::init

@@ -115,6 +115,29 @@ TEST(Init, FillsAndUniformBounds) {
   EXPECT_LINEA_ERROR(nn::init::kaiming_uniform_(empty({3, 0})), "init::kaiming_uniform_: zero fan_in for shape [3, 0]");
 }
 
+// The scaled embedding: N(0, dim^-1/2) drawn as normal_ draws it, the padding row zero after.
+TEST(Init, ScaledEmbeddingIsNormalOverSqrtDimWithAZeroPaddingRow) {
+  Tensor t = empty({200, 64}), want = empty({200, 64});
+  manual_seed(3);
+  nn::init::scaled_embedding_(t, 7);
+  manual_seed(3);
+  nn::init::normal_(want, 0.0, 0.125);
+  want.narrow(0, 7, 1).fill_(0.0);
+  EXPECT_TRUE(all_close(t, want, 0, 0));
+  const std::vector<float> v = t.to_vector<float>();
+  double sq = 0;
+  for (float x : v) sq += double(x) * x;
+  EXPECT_NEAR(std::sqrt(sq / (199 * 64)), 0.125, 0.005);
+  manual_seed(3);
+  nn::init::scaled_embedding_(t);  // no padding row
+  EXPECT_GT(sum(abs(t.narrow(0, 7, 1))).item(), 0.0);
+  EXPECT_LINEA_ERROR(nn::init::scaled_embedding_(empty({64})),
+                     "init::scaled_embedding_: expected a table [num, dim], got [64]");
+  EXPECT_LINEA_ERROR(nn::init::scaled_embedding_(t, 200),
+                     "init::scaled_embedding_: padding_idx 200 is outside the table's 200 rows");
+  EXPECT_LINEA_ERROR(nn::init::scaled_embedding_(t, -2), "padding_idx -2");
+}
+
 // ---- Linear -----------------------------------------------------------------------------------
 // Every initializer names itself for an undefined or integer tensor and a bad distribution.
 TEST(Init, BadTargetsAndDistributionsAreNamed) {
@@ -125,7 +148,8 @@ TEST(Init, BadTargetsAndDistributionsAreNamed) {
       {"init::normal_", [](const Tensor& t) { nn::init::normal_(t, 0.0, 1.0); }},
       {"init::trunc_normal_", [](const Tensor& t) { nn::init::trunc_normal_(t, 1.0); }},
       {"init::xavier_uniform_", [](const Tensor& t) { nn::init::xavier_uniform_(t); }},
-      {"init::kaiming_uniform_", [](const Tensor& t) { nn::init::kaiming_uniform_(t); }}};
+      {"init::kaiming_uniform_", [](const Tensor& t) { nn::init::kaiming_uniform_(t); }},
+      {"init::scaled_embedding_", [](const Tensor& t) { nn::init::scaled_embedding_(t); }}};
   for (const auto& [op, init] : inits) {
     EXPECT_LINEA_ERROR(init(none), op + ": tensor is undefined");
     EXPECT_LINEA_ERROR(init(ints), op + ": expected a floating tensor, got int64 (shape [2, 2])");

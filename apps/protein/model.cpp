@@ -56,8 +56,7 @@ ProteinLM::ProteinLM(const ModelConfig& c) : nn::Module("ProteinLM"), cfg_(c) {
   // choice starts with logits of size ~sqrt(dim) (16 at dim 256), while rows of norm ~1 start
   // near the uniform prediction (loss ~ log 33), which is what short training runs need.
   embed_ = register_module("embed", std::make_shared<nn::Embedding>(kVocabSize, c.dim, kPad));
-  nn::init::normal_(embed_->weight(), 0.0, 1.0 / std::sqrt(static_cast<double>(c.dim)));
-  nn::init::zeros_(embed_->weight().detach().narrow(0, kPad, 1));
+  nn::init::scaled_embedding_(embed_->weight(), kPad);
   // Learned positions at the scale of the scaled token embeddings (unit-size coordinates): the
   // layer's own ViT-style init (std 0.02) is 50 times weaker than the tokens here, and a toy
   // model then never learned that a residue follows from its left neighbour (test_protein).

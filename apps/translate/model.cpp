@@ -17,12 +17,10 @@ ModelConfig model_from_json(const json& j) {
 }
 
 namespace {
-// fairseq's embedding initialization: N(0, dim^-1/2), the padding row zero; with the
-// sqrt(dim) input scale the embedded tokens have unit-size coordinates.
+// fairseq's embedding initialization, for the sqrt(dim) input scale.
 std::shared_ptr<nn::Embedding> make_embedding(int64_t vocab, int64_t dim, int64_t pad) {
   auto e = std::make_shared<nn::Embedding>(vocab, dim, pad);
-  nn::init::normal_(e->weight(), 0.0, 1.0 / std::sqrt(static_cast<double>(dim)));
-  nn::init::zeros_(e->weight().detach().narrow(0, pad, 1));
+  nn::init::scaled_embedding_(e->weight(), pad);
   return e;
 }
 }  // namespace
