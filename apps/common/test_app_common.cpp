@@ -3,7 +3,8 @@
 // MetricsLog (fresh, resume trimming, append, read, invalid UTF-8), length_summary, the training
 // loop's records (running sums per unit in each stat's dtype, profile means, stats text, the
 // curves from metrics.jsonl) and plot_png (a real PNG when gnuplot is installed; clear failures
-// otherwise).
+// otherwise), RunOptions, the prepared-data folders (`prepare --out`, data.json), the run
+// plumbing (start_run, eval-only and model commands on best/, report_run) and the interrupt guard.
 // Not here: the apps that use these helpers (their own tests run them end to end).
 #include <gtest/gtest.h>
 #include <signal.h>

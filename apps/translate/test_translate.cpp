@@ -111,7 +111,8 @@ TEST(TranslateModel, IncrementalDecodingMatchesTheFullForward) {
 // Learned positions: the source table moves the memory, the target table the logits, and a
 // decoding step reads the target table at its own position (the incremental decode matches the
 // full one); the embeddings start with a zero <pad> row, and with separate vocabularies the
-// source's <pad> row gets no gradient (padding_idx).
+// source's <pad> row gets no gradient (padded keys are masked and padded queries' outputs unused,
+// so this holds with or without padding_idx; the op's own test covers padding_idx).
 TEST(TranslateModel, LearnedPositionsAndPadRows) {
   manual_seed(5);
   ModelConfig c = toy_config(12);
