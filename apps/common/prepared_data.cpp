@@ -21,6 +21,11 @@ std::string prepared_data_out(const std::string& op, const std::string& out_arg)
   return out;
 }
 
+std::string recorded_data_dir(const std::string& dir) {
+  const fs::path p = fs::absolute(dir).lexically_normal();
+  return (p.has_filename() ? p : p.parent_path()).string();  // "/a/b/" has no filename: "/a/b"
+}
+
 nlohmann::json read_data_json(const std::string& app, const std::string& data_dir) {
   const std::string path = (fs::path(data_dir) / "data.json").string();
   LINEA_CHECK(fs::is_regular_file(path), app, ": '", data_dir, "' holds no prepared data (no data.json); run `", app,

@@ -16,6 +16,10 @@ namespace linea::apps {
 // or names something that exists and is not a prepared data folder (an empty folder is fine).
 std::string prepared_data_out(const std::string& op, const std::string& out);
 
+// `dir` as a run records its data: absolute, normalized and without a trailing separator, so that
+// `data`, `data/` and `./data` are one folder when a --resume compares them.
+std::string recorded_data_dir(const std::string& dir);
+
 // <data_dir>/data.json, parsed; `app` starts the errors, which say how to make the folder
 // (`<app> prepare --out <data_dir>`).
 nlohmann::json read_data_json(const std::string& app, const std::string& data_dir);

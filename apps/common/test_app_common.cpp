@@ -619,7 +619,8 @@ TEST(AppFolders, MissingDataAndUncreatableOutputAreNamed) {
 }
 
 // prepare --out: trailing slashes dropped; a new folder, an empty one or an earlier prepare's is
-// taken, anything else refused by name; a manifest that does not parse says to prepare again.
+// taken, anything else refused by name; a manifest that does not parse says to prepare again; the
+// data folder as a run records it.
 TEST(AppFolders, PrepareOutAndDataManifest) {
   namespace fs = std::filesystem;
   const TempDir tmp;
@@ -642,6 +643,11 @@ TEST(AppFolders, PrepareOutAndDataManifest) {
   EXPECT_LINEA_ERROR(read_data_json("p", d + "/other"), "; run `p prepare --out " + d + "/other` again");
   write_all(d + "/other/data.json", "{\"n\": 3}");
   EXPECT_EQ(read_data_json("p", d + "/other").at("n"), 3);
+  // What a run records of its data folder: one spelling for each way to name it.
+  for (const std::string& spelling : {d + "/other", d + "/other/", d + "/other/./", d + "/x/../other//"})
+    EXPECT_EQ(recorded_data_dir(spelling), d + "/other") << spelling;
+  EXPECT_EQ(recorded_data_dir("rel/"), (fs::current_path() / "rel").string());
+  EXPECT_EQ(recorded_data_dir("/"), "/");
 }
 
 // --eval-only evaluates the best weights when model selection kept some, else the last ones;

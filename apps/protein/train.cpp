@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <tuple>
 
 #include "alphabet.h"
 #include "apps/common/app_run.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
+#include "apps/common/prepared_data.h"
 #include "apps/common/progress.h"
 #include "apps/common/train_loop.h"
 #include "autograd/ops.h"
@@ -28,7 +28,6 @@
 
 using namespace linea;
 using json = nlohmann::json;
-namespace fs = std::filesystem;
 
 namespace protein {
 
@@ -105,7 +104,7 @@ TrainReport run_training(const TrainOptions& o) {
 
   // ---- the checkpoint's config ----
   json run_cfg = o;
-  run_cfg.update({{"data", fs::absolute(o.data_dir).lexically_normal().string()},
+  run_cfg.update({{"data", apps::recorded_data_dir(o.data_dir)},
                   {"train_sequences", train_seqs->size()},
                   {"mask_prob", o.masking.prob},
                   {"mask_token", o.masking.mask_token},

@@ -9,6 +9,7 @@
 
 #include "apps/common/app_run.h"
 #include "apps/common/device.h"
+#include "apps/common/prepared_data.h"
 #include "apps/common/progress.h"
 #include "apps/common/train_loop.h"
 #include "apps/tools/bleu.h"
@@ -103,9 +104,8 @@ TrainReport run_training(const TrainOptions& o) {
   files[src_file] = src_tok->bytes();
   files[tgt_file] = tgt_tok->bytes();
   json run_cfg = o;
-  run_cfg.update({{"data", fs::absolute(o.data_dir).lexically_normal().string()},
-                  {"train_pairs", train_set->size()},
-                  {"seed", run.seed}});
+  run_cfg.update(
+      {{"data", apps::recorded_data_dir(o.data_dir)}, {"train_pairs", train_set->size()}, {"seed", run.seed}});
   json config = {{"format", kConfigFormat},
                  {"model", mc},
                  {"tokenizers", {{"source", src_file}, {"target", tgt_file}}},
@@ -190,9 +190,8 @@ TrainReport run_training(const TrainOptions& o) {
       LINEA_CHECK(loaded.source_tokenizer().bytes() == src_tok->bytes() &&
                       loaded.target_tokenizer().bytes() == tgt_tok->bytes(),
                   "translate: --eval-only: the checkpoint in '", dir,
-                  "' was trained with other tokenizers than the "
-                  "data in '",
-                  o.data_dir, "' (pass the --data it was trained on)");
+                  "' was trained with other tokenizers than the data in '", o.data_dir,
+                  "' (pass the --data it was trained on)");
       return apps::evaluate_forked(loaded.model(), device, [&] { return test_of(loaded); });
     });
     report.test_bleu = m.values["test_bleu"];

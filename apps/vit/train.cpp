@@ -84,9 +84,7 @@ CheckpointConfig read_config(const std::string& dir) {
                     static_cast<int64_t>(c.mean.size()) == c.model.channels && c.std.size() == c.mean.size(),
                 "inconsistent classes/channels");
     return c;
-  } catch (const Error& e) {
-    LINEA_FAIL("vit: '", path, "' is malformed: ", e.what());
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // linea::Error and json's exceptions alike
     LINEA_FAIL("vit: '", path, "' is malformed: ", e.what());
   }
 }
