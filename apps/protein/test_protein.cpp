@@ -10,8 +10,11 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,7 +23,10 @@
 
 #include "alphabet.h"
 #include "apps/common/metrics.h"
+#include "autograd/ops.h"
+#include "dataset.h"
 #include "nn/safetensors.h"
+#include "nn/sampler.h"
 #include "tests/test_util.h"
 #include "toy_data.h"
 
@@ -87,6 +93,29 @@ TEST_F(ProteinApp, TrainsBeatsTheBaselineFillsAndEmbeds) {
   EXPECT_TRUE(s.contains("baseline_query_perplexity"));
   EXPECT_TRUE(s.at("test_per_residue_accuracy").contains("L"));
   EXPECT_DOUBLE_EQ(s.at("test_accuracy_over_baseline").get<double>(), acc / base_acc);
+  EXPECT_DOUBLE_EQ(s.at("test_perplexity_below_baseline").get<double>(), base_ppl - ppl);
+  EXPECT_TRUE(s.contains("valid_perplexity"));  // the final evaluation's, with the best weights
+  // The closing line reports the same numbers.
+  char line[256];
+  std::snprintf(
+      line, sizeof line,
+      "test masked accuracy %.2f%%, perplexity %.3f; baseline %.2f%%, %.3f; best valid perplexity %.3f at step "
+      "%lld",
+      100 * acc, ppl, 100 * base_acc, base_ppl, s.at("best_valid_perplexity").get<double>(),
+      static_cast<long long>(s.at("best_step").get<int64_t>()));
+  EXPECT_NE(t.output.find(line), std::string::npos) << line << "\n" << t.output;
+  // The checkpoint's config: the data's manifest, and the run's masking, size and seed.
+  const json config = linea::apps::read_json_file(out + "/checkpoint/config.json", "test");
+  EXPECT_EQ(config.at("data"), manifest);
+  const json& run = config.at("run");
+  EXPECT_EQ(run.at("data").get<std::string>(), std::filesystem::absolute(data).lexically_normal().string());
+  EXPECT_EQ(
+      run.at("train_sequences").get<int64_t>(),
+      static_cast<int64_t>(protein::read_sequences(protein::split_path(protein::read_manifest(data), "train")).size()));
+  EXPECT_EQ(run.at("mask_prob").get<double>(), 0.15);
+  EXPECT_EQ(run.at("mask_token").get<double>(), 0.8);
+  EXPECT_EQ(run.at("random_token").get<double>(), 0.1);
+  EXPECT_EQ(run.at("seed").get<uint64_t>(), 0u);
   EXPECT_GT(s.at("train_residues_per_s").get<double>(), 0.0);
   EXPECT_TRUE(std::ifstream(out + "/checkpoint/best/model.safetensors").good());
 
@@ -146,7 +175,9 @@ TEST_F(ProteinApp, ResumeContinuesExactly) {
   const std::string flags = " --data " + data + " --epochs 3" + kModelFlags;
   ASSERT_EQ(protein_cmd("train --out " + full + flags, *dir_).code, 0);
   ASSERT_EQ(protein_cmd("train --out " + part + flags + " --max-steps 7", *dir_).code, 0);  // mid-epoch
-  const Shell r = protein_cmd("train --out " + part + flags + " --resume", *dir_);
+  // The data folder spelled another way is the same folder.
+  const Shell r =
+      protein_cmd("train --out " + part + " --data " + data + "/./ --epochs 3" + kModelFlags + " --resume", *dir_);
   ASSERT_EQ(r.code, 0) << r.output;
   // The same losses after the interruption (step records average the steps since the last one:
   // from step 20 on both cover the same steps), and the same epoch-end evaluations.
@@ -163,10 +194,102 @@ TEST_F(ProteinApp, ResumeContinuesExactly) {
   const json a = linea::apps::read_json_file(full + "/summary.json", "test");
   const json b = linea::apps::read_json_file(part + "/summary.json", "test");
   EXPECT_EQ(a.at("test_perplexity").get<double>(), b.at("test_perplexity").get<double>());
-  // Another mask rate is refused, naming it.
-  const Shell other = protein_cmd("train --out " + part + flags + " --resume --mask-prob 0.2", *dir_);
-  EXPECT_NE(other.code, 0);
-  EXPECT_NE(other.output.find("mask_prob"), std::string::npos) << other.output;
+  // Another mask rate or seed is refused, naming it.
+  for (const auto& [flag, key] :
+       std::vector<std::pair<std::string, std::string>>{{"--mask-prob 0.2", "mask_prob"}, {"--seed 3", "seed"}}) {
+    const Shell other = protein_cmd("train --out " + part + flags + " --resume " + flag, *dir_);
+    EXPECT_NE(other.code, 0) << flag;
+    EXPECT_NE(other.output.find(key), std::string::npos) << other.output;
+  }
+}
+
+// --pack: training and evaluation on equal windows cut from the concatenated sequences, the
+// windows the model's context (its config's max_len), a fixed number of them per batch
+// (--max-tokens / --pack, at least one); --eval-only scores the checkpoint on its own windows
+// whatever the flags say, so it reproduces the run's final numbers.
+TEST_F(ProteinApp, PackedWindowsTrainAndEvalOnlyKeepsThem) {
+  const std::string data = dir_->file("data"), out = dir_->file("packed");
+  // --max-tokens 60 below --pack 100: one window per batch.
+  std::string flags = kModelFlags;
+  flags.replace(flags.find(" --max-tokens 512"), 17, " --max-tokens 60");
+  const Shell t = protein_cmd("train --data " + data + " --out " + out + " --epochs 1 --pack 100" + flags, *dir_);
+  ASSERT_EQ(t.code, 0) << t.output;
+  EXPECT_NE(t.output.find("packed into windows of 100 tokens"), std::string::npos) << t.output;
+  const json config = linea::apps::read_json_file(out + "/checkpoint/config.json", "test");
+  EXPECT_EQ(config.at("model").at("max_len").get<int64_t>(), 100);
+  EXPECT_EQ(config.at("run").at("pack").get<int64_t>(), 100);
+  protein::DatasetOptions packed;
+  packed.max_len = packed.pack = 100;
+  packed.train = true;
+  const protein::Manifest manifest = protein::read_manifest(data);
+  const protein::MaskedLMDataset windows(
+      std::make_shared<const protein::Sequences>(protein::read_sequences(protein::split_path(manifest, "train"))),
+      packed);
+  const json s = linea::apps::read_json_file(out + "/summary.json", "test");
+  EXPECT_EQ(s.at("steps").get<int64_t>(), windows.size());
+
+  const std::string again = dir_->file("packed_eval");
+  const Shell e = protein_cmd(
+      "train --data " + data + " --out " + again + " --eval-only --checkpoint " + out + "/checkpoint" + kModelFlags,
+      *dir_);
+  ASSERT_EQ(e.code, 0) << e.output;
+  const json ev = linea::apps::read_json_file(again + "/eval.json", "test");
+  for (const char* k : {"test_perplexity", "test_masked_accuracy", "valid_perplexity", "baseline_perplexity"})
+    EXPECT_EQ(ev.at(k).get<double>(), s.at(k).get<double>()) << k;
+  EXPECT_EQ(ev.at("test_masked_positions"), s.at("test_masked_positions"));
+}
+
+// The masking flags reach the training windows (each step record's `chosen` is its chosen
+// positions per residue: --mask-prob), one random crop per training sequence (its step count is
+// the token-budget batches of the training dataset's windows), --ema reaches the loop; the
+// evaluation scores whole sequences in windows, positions fixed by the data's seed, not the run's:
+// two runs with other seeds score the same positions, so their baselines are the same numbers.
+TEST_F(ProteinApp, MaskRateReachesTrainingAndEvaluationPositionsIgnoreTheSeed) {
+  const std::string data = dir_->file("data");
+  json summaries[2];
+  for (int seed : {7, 8}) {
+    const std::string out = dir_->file("seed" + std::to_string(seed));
+    const Shell t =
+        protein_cmd("train --data " + data + " --out " + out + " --epochs 1 --ema 0.9 --mask-prob 0.3 --seed " +
+                        std::to_string(seed) + kModelFlags,
+                    *dir_);
+    ASSERT_EQ(t.code, 0) << t.output;
+    summaries[seed - 7] = linea::apps::read_json_file(out + "/summary.json", "test");
+    EXPECT_EQ(summaries[seed - 7].at("ema_decay").get<double>(), 0.9);
+    double chosen = 0;
+    int records = 0;
+    for (const json& r : linea::apps::MetricsLog::read(out + "/metrics.jsonl"))
+      if (r.at("type") == "step") chosen += r.at("chosen").get<double>(), ++records;
+    ASSERT_GT(records, 0);
+    EXPECT_NEAR(chosen / records, 0.3, 0.05) << seed;  // 0.15 by default
+  }
+  protein::DatasetOptions train;
+  train.max_len = 48;
+  train.train = true;
+  train.masking.prob = 0.3;
+  train.seed = 7;
+  const protein::MaskedLMDataset windows(std::make_shared<const protein::Sequences>(protein::read_sequences(
+                                             protein::split_path(protein::read_manifest(data), "train"))),
+                                         train);
+  const linea::nn::TokenBudgetBatchSampler batches(windows.lengths(), {512, 0, true, 7});
+  EXPECT_EQ(summaries[0].at("steps").get<int64_t>(), batches.num_batches(0));
+  // The test positions: the sequences whole, in windows, with masks fixed by the data's seed.
+  const protein::Manifest manifest = protein::read_manifest(data);
+  protein::DatasetOptions eval = train;
+  eval.train = false;
+  eval.seed = manifest.json.at("split").at("seed").get<uint64_t>();
+  const protein::MaskedLMDataset test_windows(
+      std::make_shared<const protein::Sequences>(protein::read_sequences(protein::split_path(manifest, "test"))), eval);
+  std::vector<int64_t> all(test_windows.size());
+  std::iota(all.begin(), all.end(), 0);
+  const linea::Tensor targets = test_windows.get_batch(all).at("targets");
+  EXPECT_EQ(summaries[0].at("test_masked_positions").get<int64_t>(),
+            static_cast<int64_t>(linea::sum(targets != static_cast<double>(protein::kPad)).item()));
+  for (const char* k : {"baseline_masked_accuracy", "baseline_perplexity", "baseline_query_perplexity"})
+    EXPECT_EQ(summaries[0].at(k).get<double>(), summaries[1].at(k).get<double>()) << k;
+  EXPECT_EQ(summaries[0].at("test_masked_positions"), summaries[1].at("test_masked_positions"));
+  // (The runs themselves differ.)
+  EXPECT_NE(summaries[0].at("test_perplexity").get<double>(), summaries[1].at("test_perplexity").get<double>());
 }
 
 TEST_F(ProteinApp, BadInputGetsAClearError) {
