@@ -10,6 +10,7 @@
 // n-best lists; bad input gets a clear error.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -24,8 +25,10 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common/metrics.h"
+#include "apps/tools/bleu.h"
 #include "autograd/ops.h"
 #include "core/random.h"
+#include "dataset.h"
 #include "model.h"
 #include "nn/safetensors.h"
 #include "prepare.h"
@@ -505,21 +508,50 @@ std::vector<std::string> lines_of(const std::string& path) {
   return out;
 }
 
+// Each sentence scored alone: the mean negative log-likelihood per target token of `data` (the
+// end token counted, no padding, no smoothing), the definition the padded evaluation batches
+// must give.
+double loss_sentence_by_sentence(Seq2Seq& model, const TranslationDataset& data) {
+  NoGradGuard ng;
+  model.eval();
+  const ModelConfig& mc = model.config();
+  double nll = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < data.size(); ++i) {
+    std::vector<int64_t> src = data.src_ids(i), in = {mc.bos_id}, target = data.tgt_ids(i);
+    src.push_back(mc.eos_id);
+    in.insert(in.end(), target.begin(), target.end());
+    target.push_back(mc.eos_id);
+    const auto S = static_cast<int64_t>(src.size()), T = static_cast<int64_t>(target.size());
+    const Tensor logits = model.forward(from_vector<int64_t>(src, {1, S}), zeros({1, S}, TensorOptions(DType::Bool)),
+                                        from_vector<int64_t>(in, {1, T}));
+    nll += cross_entropy(logits.reshape({T, -1}), from_vector<int64_t>(target, {T}), -100, 0.0, Reduction::Sum).item();
+    tokens += T;
+  }
+  return nll / static_cast<double>(tokens);
+}
+
 }  // namespace
 
 TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
   TempDir run;
   TrainOptions o = toy_options(run.file("run"), 50);
   o.ema = 0.99;
-  run_training(o);
+  const TrainReport report = run_training(o);
   const std::string out = o.run.out_dir;
   const json summary = linea::apps::read_json_file(out + "/summary.json", "test");
+  EXPECT_EQ(report.test_bleu, summary.at("test_bleu").get<double>());
   // The toy pair is learnable: a word-for-word mapping (a broken model or search stays near 0).
   EXPECT_GT(summary.at("test_bleu").get<double>(), 50.0);
   EXPECT_GT(summary.at("test_bleu_greedy").get<double>(), 50.0);
   for (const char* k : {"test_loss", "test_ppl", "test_chrf", "best_valid_bleu", "best_step", "bleu_signature",
-                        "train_tokens_per_s", "decode_beam_sentences_per_s", "decode_greedy_sentences_per_s"})
+                        "bleu_verbose", "chrf_signature", "train_tokens_per_s", "decode_beam_sentences_per_s",
+                        "decode_greedy_sentences_per_s", "decode_beam_tokens_per_s", "decode_greedy_tokens_per_s"})
     EXPECT_TRUE(summary.contains(k)) << k;
+  EXPECT_EQ(summary.at("beam").get<int64_t>(), 3);
+  EXPECT_EQ(summary.at("len_penalty").get<double>(), o.search.len_penalty);
+  EXPECT_EQ(summary.at("hypotheses"), json({{"beam", out + "/test.beam.es"}, {"greedy", out + "/test.greedy.es"}}));
+  EXPECT_EQ(summary.at("ema_decay").get<double>(), 0.99);
   EXPECT_EQ(summary.at("bleu_signature").get<std::string>(), "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.3.1");
   EXPECT_EQ(lines_of(out + "/test.beam.es").size(), 50u);
   EXPECT_EQ(lines_of(out + "/test.greedy.es").size(), 50u);
@@ -527,7 +559,8 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
   for (const json& r : linea::apps::MetricsLog::read(out + "/metrics.jsonl"))
     if (r.at("type") == "epoch") {
       ++epochs;
-      for (const char* k : {"valid_loss", "valid_ppl", "valid_bleu", "tokens_per_s"}) EXPECT_TRUE(r.contains(k)) << k;
+      for (const char* k : {"valid_loss", "valid_ppl", "valid_bleu", "valid_decode_sentences_per_s", "tokens_per_s"})
+        EXPECT_TRUE(r.contains(k)) << k;
     }
   EXPECT_EQ(epochs, 50);
   EXPECT_EQ(linea::test::read_all(out + "/curves.png").substr(0, 4), "\x89PNG");  // no file: "" (a failure, not a throw)
@@ -547,6 +580,7 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
   e.run.out_dir = again.file("eval");  // does not exist yet
   const TrainReport re = run_training(e);
   EXPECT_EQ(re.test_bleu, summary.at("test_bleu").get<double>());
+  EXPECT_EQ(re.test_bleu_greedy, summary.at("test_bleu_greedy").get<double>());
   EXPECT_EQ(linea::apps::read_json_file(e.run.out_dir + "/eval.json", "test").at("test_bleu").get<double>(),
             re.test_bleu);
   EXPECT_EQ(lines_of(e.run.out_dir + "/test.beam.es"), lines_of(out + "/test.beam.es"));
@@ -598,6 +632,111 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
     EXPECT_GE(s0, s1) << nbest[k] << " / " << nbest[k + 1];
     EXPECT_LT(s0, 0.0) << nbest[k];
   }
+}
+
+// Separate vocabularies end to end (the model's flag, both tokenizers in the checkpoint), and what
+// each evaluation scores: the epoch's valid loss over the whole split and its greedy BLEU over the
+// first --valid-sentences pairs, with the weights of that moment (the last epoch's are the
+// checkpoint's); the test loss, the greedy and beam hypotheses and their BLEU and chrF, with the
+// best weights; the run's report. --eval-only refuses data with another tokenizer on either side,
+// and an empty training split is named.
+TEST(TranslateApp, SeparateVocabulariesAndWhatTheEvaluationsScore) {
+  TempDir dir;
+  write_toy_pair(dir.file("src.txt"), dir.file("tgt.txt"));
+  PrepareOptions p;
+  p.src_file = dir.file("src.txt");
+  p.tgt_file = dir.file("tgt.txt");
+  p.out = dir.file("data");
+  p.valid_size = p.test_size = 50;
+  p.vocab_size = 40;  // each side has 20 words
+  p.vocab = "separate";
+  p.max_length = 0, p.max_ratio = 0;  // every pair kept, as in the folders below
+  prepare(p);
+  TrainOptions o = toy_options(dir.file("run"), 10);  // beam and greedy differ by then
+  o.data_dir = p.out;
+  o.valid_sentences = 20;
+  o.run.plot = false;
+  const TrainReport report = run_training(o);
+  const std::string ckpt = o.run.out_dir + "/checkpoint";
+  const json config = linea::apps::read_json_file(ckpt + "/config.json", "test");
+  const json summary = linea::apps::read_json_file(o.run.out_dir + "/summary.json", "test");
+  EXPECT_EQ(summary.at("model"), config.at("model"));
+  EXPECT_EQ(summary.at("data"), config.at("data"));
+  EXPECT_EQ(report.test_bleu, summary.at("test_bleu").get<double>());
+  EXPECT_EQ(report.test_bleu_greedy, summary.at("test_bleu_greedy").get<double>());
+  EXPECT_EQ(report.best_valid_bleu, summary.at("best_valid_bleu").get<double>());
+  EXPECT_EQ(report.steps, summary.at("steps").get<int64_t>());
+  EXPECT_EQ(report.train_tokens_per_s, summary.at("train_tokens_per_s").get<double>());
+  EXPECT_FALSE(config.at("model").at("joint_vocab").get<bool>());
+  EXPECT_EQ(config.at("tokenizers"), json({{"source", "spm.en.model"}, {"target", "spm.es.model"}}));
+  EXPECT_EQ(config.at("languages"), json({{"source", "en"}, {"target", "es"}}));
+  EXPECT_EQ(config.at("run").at("train_pairs").get<size_t>(), read_split(p.out, "train").src.size());
+  for (const char* f : {"spm.en.model", "spm.es.model"})
+    for (const std::string& at : {ckpt, ckpt + "/best"})
+      EXPECT_EQ(linea::test::read_all(at + "/" + f), linea::test::read_all(p.out + "/" + f)) << at << " " << f;
+
+  json last;
+  for (const json& r : linea::apps::MetricsLog::read(o.run.out_dir + "/metrics.jsonl"))
+    if (r.at("type") == "epoch") last = r;
+  ASSERT_EQ(last.at("epoch").get<int64_t>(), 10);
+  Translator final_weights = Translator::load(ckpt, kCPU);
+  const TranslationDataset valid(read_split(p.out, "valid"), final_weights.source_tokenizer(),
+                                 final_weights.target_tokenizer());
+  EXPECT_NEAR(last.at("valid_loss").get<double>(), loss_sentence_by_sentence(final_weights.model(), valid), 1e-5);
+  std::vector<std::string> src = valid.text().src, ref = valid.text().tgt;
+  src.resize(20), ref.resize(20);
+  SearchOptions greedy = o.search;
+  greedy.beam = 1;
+  std::vector<std::string> hyps;
+  for (const auto& h : final_weights.translate(src, greedy, o.decode_batch)) hyps.push_back(h.at(0));
+  EXPECT_EQ(last.at("valid_bleu").get<double>(), linea::apps::bleu::corpus_bleu(hyps, {ref}).score);
+
+  Translator best = Translator::load(ckpt + "/best", kCPU);
+  const TranslationDataset test(read_split(p.out, "test"), best.source_tokenizer(), best.target_tokenizer());
+  EXPECT_NEAR(summary.at("test_loss").get<double>(), loss_sentence_by_sentence(best.model(), test), 1e-5);
+  EXPECT_DOUBLE_EQ(summary.at("test_ppl").get<double>(), std::exp(summary.at("test_loss").get<double>()));
+  // The test hypotheses: greedy and beam (3) with the best weights, each scored on its own file.
+  std::vector<std::string> greedy_hyps;
+  for (const auto& h : best.translate(test.text().src, greedy, o.decode_batch)) greedy_hyps.push_back(h.at(0));
+  const auto greedy_file = lines_of(o.run.out_dir + "/test.greedy.es"),
+             beam_file = lines_of(o.run.out_dir + "/test.beam.es");
+  EXPECT_EQ(greedy_file, greedy_hyps);
+  EXPECT_NE(beam_file, greedy_file);  // (were they equal, the three checks below could not tell them apart)
+  namespace bleu = linea::apps::bleu;
+  EXPECT_EQ(summary.at("test_bleu_greedy").get<double>(), bleu::corpus_bleu(greedy_file, {test.text().tgt}).score);
+  EXPECT_EQ(summary.at("test_bleu").get<double>(), bleu::corpus_bleu(beam_file, {test.text().tgt}).score);
+  EXPECT_EQ(summary.at("test_chrf").get<double>(), bleu::corpus_chrf(beam_file, {test.text().tgt}).score);
+
+  // --eval-only with data whose target (then source) tokenizer is not the checkpoint's: the other
+  // side's is the same file, so each comparison is seen alone.
+  for (const bool target : {true, false}) {
+    PrepareOptions q = p;
+    q.out = dir.file(target ? "data_tgt" : "data_src");
+    std::string text = linea::test::read_all(target ? p.tgt_file : p.src_file);
+    for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    (target ? q.tgt_file : q.src_file) = dir.file(target ? "tgt_upper.txt" : "src_upper.txt");
+    linea::test::write_all(target ? q.tgt_file : q.src_file, text);
+    prepare(q);
+    const std::string same = target ? "/spm.en.model" : "/spm.es.model";
+    ASSERT_EQ(linea::test::read_all(q.out + same), linea::test::read_all(p.out + same));
+    TrainOptions e = o;
+    e.data_dir = q.out;
+    e.run.eval_only = true;
+    e.run.checkpoint_dir = ckpt;
+    e.run.out_dir = dir.file(target ? "eval_tgt" : "eval_src");
+    EXPECT_LINEA_ERROR(run_training(e),
+                       "translate: --eval-only: the checkpoint in '" + ckpt + "/best' was trained with",
+                       "other tokenizers than the data in '" + q.out + "'");
+  }
+
+  // No training pairs.
+  json manifest = linea::apps::read_json_file(p.out + "/data.json", "test");
+  for (const char* key : {"src", "tgt", "ref"})
+    linea::test::write_all(p.out + "/" + manifest.at("files").at("train").at(key).get<std::string>(), "");
+  manifest["files"]["train"]["pairs"] = 0;
+  linea::test::write_all(p.out + "/data.json", manifest.dump());
+  o.run.out_dir = dir.file("empty");
+  EXPECT_LINEA_ERROR(run_training(o), "translate: '" + p.out + "' has no training pairs");
 }
 
 TEST(TranslateApp, ResumeContinuesExactly) {
