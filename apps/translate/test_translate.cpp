@@ -451,17 +451,23 @@ using json = nlohmann::json;
 using linea::test::TempDir;
 using translate::test::write_toy_pair;
 
+// `prepare` settings for the toy pair, written into `dir` (into <dir>/data: 700 / 50 / 50 pairs).
+PrepareOptions toy_prepare_options(const TempDir& dir) {
+  write_toy_pair(dir.file("src.txt"), dir.file("tgt.txt"));
+  PrepareOptions p;
+  p.src_file = dir.file("src.txt");
+  p.tgt_file = dir.file("tgt.txt");
+  p.out = dir.file("data");
+  p.valid_size = p.test_size = 50;
+  p.vocab_size = 64;
+  return p;
+}
+
 // The toy data, prepared once for every test of this file.
 const std::string& toy_data() {
   static TempDir dir;  // removed when the process exits
   static const std::string data = [] {
-    write_toy_pair(dir.file("src.txt"), dir.file("tgt.txt"));
-    PrepareOptions p;
-    p.src_file = dir.file("src.txt");
-    p.tgt_file = dir.file("tgt.txt");
-    p.out = dir.file("data");
-    p.valid_size = p.test_size = 50;
-    p.vocab_size = 64;
+    const PrepareOptions p = toy_prepare_options(dir);
     prepare(p);
     return p.out;
   }();
@@ -642,12 +648,7 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
 // and an empty training split is named.
 TEST(TranslateApp, SeparateVocabulariesAndWhatTheEvaluationsScore) {
   TempDir dir;
-  write_toy_pair(dir.file("src.txt"), dir.file("tgt.txt"));
-  PrepareOptions p;
-  p.src_file = dir.file("src.txt");
-  p.tgt_file = dir.file("tgt.txt");
-  p.out = dir.file("data");
-  p.valid_size = p.test_size = 50;
+  PrepareOptions p = toy_prepare_options(dir);
   p.vocab_size = 40;  // each side has 20 words
   p.vocab = "separate";
   p.max_length = 0, p.max_ratio = 0;  // every pair kept, as in the folders below
