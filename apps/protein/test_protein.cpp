@@ -3,8 +3,9 @@
 // function of the current one half of the time. mmseqs2 clusters the families, so the cluster
 // split tests on families the model never saw; only the chain's rule carries over. Checked:
 // prepare, training beats the unigram baseline by far (a broken model, mask or metric does not),
-// summary.json's fields, fill and embed on the trained checkpoint, an exact resume, and clear
-// errors for bad input.
+// summary.json's fields, fill and embed on the trained checkpoint, an exact resume, packed
+// training and --eval-only on the checkpoint's windows, the mask rate and the evaluation
+// positions, and clear errors for bad input.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>

@@ -5,7 +5,8 @@
 // definition does (a plain reference over the full forward); a batch of sentences of different
 // lengths decodes as each sentence alone. End to end on generated data (a toy language
 // pair: a word-for-word mapping): training learns it (test BLEU), writes its outputs and best
-// checkpoint, resumes exactly; a Translator decodes in eval mode and leaves a training model
+// checkpoint, resumes exactly; separate vocabularies; each evaluation scores what it says (its
+// split, weights and search); a Translator decodes in eval mode and leaves a training model
 // training; `translate decode` gives the training run's own test hypotheses, reads stdin, writes
 // n-best lists; bad input gets a clear error.
 #include <gtest/gtest.h>
