@@ -264,23 +264,23 @@ TEST_F(ProteinApp, MaskRateReachesTrainingAndEvaluationPositionsIgnoreTheSeed) {
     ASSERT_GT(records, 0);
     EXPECT_NEAR(chosen / records, 0.3, 0.05) << seed;  // 0.15 by default
   }
+  const protein::Manifest manifest = protein::read_manifest(data);
+  const auto split = [&](const char* name) {
+    return std::make_shared<const protein::Sequences>(protein::read_sequences(protein::split_path(manifest, name)));
+  };
   protein::DatasetOptions train;
   train.max_len = 48;
   train.train = true;
   train.masking.prob = 0.3;
   train.seed = 7;
-  const protein::MaskedLMDataset windows(std::make_shared<const protein::Sequences>(protein::read_sequences(
-                                             protein::split_path(protein::read_manifest(data), "train"))),
-                                         train);
+  const protein::MaskedLMDataset windows(split("train"), train);
   const linea::nn::TokenBudgetBatchSampler batches(windows.lengths(), {512, 0, true, 7});
   EXPECT_EQ(summaries[0].at("steps").get<int64_t>(), batches.num_batches(0));
   // The test positions: the sequences whole, in windows, with masks fixed by the data's seed.
-  const protein::Manifest manifest = protein::read_manifest(data);
   protein::DatasetOptions eval = train;
   eval.train = false;
   eval.seed = manifest.json.at("split").at("seed").get<uint64_t>();
-  const protein::MaskedLMDataset test_windows(
-      std::make_shared<const protein::Sequences>(protein::read_sequences(protein::split_path(manifest, "test"))), eval);
+  const protein::MaskedLMDataset test_windows(split("test"), eval);
   std::vector<int64_t> all(test_windows.size());
   std::iota(all.begin(), all.end(), 0);
   const linea::Tensor targets = test_windows.get_batch(all).at("targets");
