@@ -132,6 +132,7 @@ TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
   roomy.run.max_steps = 0;
   roomy.run.resume = true;
   roomy.time_budget = 1e6;
+  roomy.data_dir = data + "/";                    // the same folder
   EXPECT_EQ(vit::run_training(roomy).steps, 10);  // the rest of the 4 epochs
 }
 
@@ -209,6 +210,7 @@ TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
   vit::run_training(part);
   part.run.max_steps = 0;
   part.run.resume = true;
+  part.data_dir = data + "/./";  // the same folder, spelled another way
   vit::TrainResult b = vit::run_training(part);
   EXPECT_EQ(b.steps, 12 - 6);
   ASSERT_EQ(b.step_losses.size(), 6u);
@@ -232,6 +234,27 @@ TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
   } catch (const linea::Error& e) {
     EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos) << e.what();
   }
+
+  // The run records its data folder absolute and normalized. A checkpoint from before recorded it
+  // as typed: it resumes with that spelling (and keeps it), and is refused with another.
+  const std::string config_path = part.run.checkpoint() + "/config.json";
+  {
+    json config = json::parse(linea::test::read_all(config_path));
+    EXPECT_EQ(config.at("run").at("data"), "fashion-mnist (" + data + ")");
+    vit::VisionTransformer model(config.at("model").get<vit::VitConfig>());
+    linea::nn::AdamW opt(linea::nn::decay_groups(model, 1, 0, {"pos.", "cls_token"}));
+    linea::nn::TrainState st = linea::nn::load_checkpoint(part.run.checkpoint(), model, opt);
+    config["run"]["data"] = "fashion-mnist (" + data + "//)";
+    st.files["config.json"] = config.dump(2) + "\n";
+    linea::nn::save_checkpoint(part.run.checkpoint(), model, opt, st);
+  }
+  vit::TrainOptions legacy = part;
+  legacy.data_dir = data + "//";
+  EXPECT_EQ(vit::run_training(legacy).steps, 0);
+  EXPECT_EQ(json::parse(linea::test::read_all(config_path)).at("run").at("data"), "fashion-mnist (" + data + "//)");
+  legacy.data_dir = data;
+  const std::string refused = error_of([&] { vit::run_training(legacy); });
+  EXPECT_NE(refused.find("run.data"), std::string::npos) << refused;
 }
 
 TEST(VitPredict, TopThreeClassesFromCheckpoint) {

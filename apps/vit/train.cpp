@@ -12,6 +12,7 @@
 #include "apps/common/config_json.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
+#include "apps/common/prepared_data.h"
 #include "apps/common/progress.h"
 #include "apps/common/train_loop.h"
 #include "attention/transformer.h"
@@ -43,11 +44,21 @@ std::string fmt(const char* f, double v) { return apps::format_number(f, v); }
 // "init" may be missing: checkpoints from before --init.
 VitConfig model_from_json(const json& j) { return apps::config_from_json<VitConfig>(j, "the model config", {"init"}); }
 
+// The data a run records: its folder absolute and normalized, so that `data` and `data/` are one
+// run on --resume. Checkpoints from before recorded the folder as typed (d.source): resumed with
+// that spelling, they keep it.
+std::string recorded_data(const TrainOptions& o, const ImageData& d, const json& saved_run) {
+  if (saved_run.value("data", "") == d.source) return d.source;
+  return o.image_folder.empty() ? "fashion-mnist (" + apps::recorded_data_dir(o.data_dir) + ")"
+                                : "image folder " + apps::recorded_data_dir(o.image_folder);
+}
+
 // The flags that define a run: a resumed run must use the same ones (the others — device,
 // threads, logging, --max-steps — may change between the interrupted and the resumed run).
-json run_json(const TrainOptions& o, const ImageData& d) {
+json run_json(const TrainOptions& o, const ImageData& d, const json& saved_run) {
   json j = o;
-  j.update({{"data", d.source}, {"train_examples", d.train_images.size(0)}, {"seed", o.run.seed}});
+  j.update(
+      {{"data", recorded_data(o, d, saved_run)}, {"train_examples", d.train_images.size(0)}, {"seed", o.run.seed}});
   if (o.time_budget == 0) j.erase("time_budget");  // as before the flag: older checkpoints resume
   return j;
 }
@@ -80,6 +91,7 @@ CheckpointConfig read_config(const std::string& dir) {
     c.mean = j.at("normalize").at("mean").get<std::vector<double>>();
     c.std = j.at("normalize").at("std").get<std::vector<double>>();
     c.run = j.at("run");
+    LINEA_CHECK(c.run.is_object(), "\"run\" is not an object");
     LINEA_CHECK(static_cast<int64_t>(c.classes.size()) == c.model.classes &&
                     static_cast<int64_t>(c.mean.size()) == c.model.channels && c.std.size() == c.mean.size(),
                 "inconsistent classes/channels");
@@ -281,11 +293,13 @@ TrainResult run_training(const TrainOptions& options) {
                                                          f.push_back(static_cast<float>(-cfg.mean[c] / cfg.std[c]));
                                                        return f;
                                                      }());
+  // The run settings of the checkpoint a --resume continues (none for a new run).
+  const json saved_run =
+      run.resume && nn::checkpoint_exists(run.checkpoint()) ? read_config(run.checkpoint()).run : json::object();
   if (o.time_budget > 0) {
     // A resumed run keeps the epochs it chose; a new one measures.
-    const std::string ckpt = run.checkpoint();
-    if (run.resume && nn::checkpoint_exists(ckpt))
-      o.epochs = read_config(ckpt).run.value("epochs", o.epochs);
+    if (!saved_run.empty())
+      o.epochs = saved_run.value("epochs", o.epochs);
     else
       o.epochs = epochs_within_budget(o, cfg.model, train_set, data, eval_batch, device, started);
     // Data parallel: rank 0's choice everywhere (each rank probed its own speed).
@@ -293,7 +307,7 @@ TrainResult run_training(const TrainOptions& options) {
     dist::broadcast_string(epochs, 0);
     o.epochs = std::stoll(epochs);
   }
-  cfg.run = run_json(o, data);
+  cfg.run = run_json(o, data, saved_run);
   nn::DataLoader loader(train_set, std::make_shared<nn::FixedSizeBatchSampler>(n_train, o.batch_size,
                                                                                /*shuffle=*/true, run.seed,
                                                                                /*drop_last=*/true));
