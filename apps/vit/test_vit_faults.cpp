@@ -53,6 +53,9 @@ class Vit {
     if (pid_ == 0) {
       std::FILE* out = std::freopen(log.c_str(), "w", stdout);
       if (out == nullptr || ::dup2(STDOUT_FILENO, STDERR_FILENO) < 0) ::_exit(126);
+      // A test started in the background (`ctest &`) ignores SIGINT, and the app keeps a signal it
+      // was started ignoring ignored: the child gets the default, as from a terminal.
+      ::signal(SIGINT, SIG_DFL);
       if (limits.file_size != RLIM_INFINITY) {
         ::signal(SIGXFSZ, SIG_IGN);  // kept across exec: the write fails instead of killing
         rlimit rl{limits.file_size, limits.file_size};
@@ -77,21 +80,24 @@ class Vit {
   Vit& operator=(const Vit&) = delete;
 
   void signal(int sig) { ::kill(pid_, sig); }
+  // Whether the child has exited (reaped then: wait() returns its status).
+  bool exited() {
+    if (!reaped_ && ::waitpid(pid_, &status_, WNOHANG) == pid_) reaped_ = true;
+    return reaped_;
+  }
   // Waits for the exit (at most `limit_s`, then SIGKILL); the raw wait status, or -1 on timeout.
   int wait(double limit_s = 300) {
     const auto t0 = Clock::now();
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+    while (!exited()) {
       if (std::chrono::duration<double>(Clock::now() - t0).count() > limit_s) {
         ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
+        ::waitpid(pid_, &status_, 0);
         reaped_ = true;
         return -1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    reaped_ = true;
-    return status;
+    return status_;
   }
   // Exit code of a normal exit; -1 for a timeout or a death by signal.
   int exit_code(double limit_s = 300) {
@@ -103,6 +109,7 @@ class Vit {
  private:
   pid_t pid_ = -1;
   bool reaped_ = false;
+  int status_ = 0;  // the raw wait status, once reaped
   std::string log_;
 };
 
@@ -278,6 +285,7 @@ TEST(VitFaults, SigintAndSigtermSaveAndExit) {
       for (size_t p = m.find("\"type\":\"step\""); p != std::string::npos; p = m.find("\"type\":\"step\"", p + 1))
         ++steps;
       if (static_cast<int64_t>(steps) >= last_step + 5) break;
+      ASSERT_FALSE(v.exited()) << "the run ended before 5 more steps:\n" << v.output();
       ASSERT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 120) << v.output();
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
