@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -695,6 +696,21 @@ TEST(BadInput, Vit) {
     write_all(c + "/config.json", R"({"format": "linea-vit/1", "model": {"dim": "sixteen"}, "classes": 3})");
   });
   predict_with(wrong_types, {"config.json"});
+  // A config.json that parses but does not agree with itself: one check each.
+  const std::vector<std::array<std::string, 4>> inconsistent = {
+      {"extra_class", R"("classes": [)", R"("classes": ["extra", )", "inconsistent classes"},
+      {"extra_mean", R"("mean": [)", R"("mean": [0.5, )", "inconsistent classes"},
+      {"extra_std", R"("std": [)", R"("std": [0.5, )", "inconsistent classes"},
+      {"run_string", R"("run": {)", R"("run": "x", "was_run": {)", R"("run" is not an object)"}};
+  for (const auto& [name, from, to, expect] : inconsistent) {
+    const std::string c = broken_ckpt(name, [&](const std::string& c) {
+      std::string text = read_all(c + "/config.json");
+      const size_t at = text.find(from);
+      ASSERT_NE(at, std::string::npos) << from;
+      write_all(c + "/config.json", text.replace(at, from.size(), to));
+    });
+    predict_with(c, {"config.json' is malformed", expect});
+  }
   const std::string other_size = broken_ckpt("other_size", [&](const std::string& c) {
     fs::copy_file(v.big + "/checkpoint/config.json", c + "/config.json", fs::copy_options::overwrite_existing);
   });
@@ -1024,7 +1040,9 @@ TEST(BadInput, Protein) {
       {"data.json"});
   broken_data("no_train", [](const std::string& x) { fs::remove(x + "/train.fasta"); }, {"train.fasta"});
   broken_data("empty_test", [](const std::string& x) { write_all(x + "/test.fasta", ""); },
-              {"needs sequences in train, valid and test"});
+              {"needs sequences in train, valid and test", " and 0"});
+  broken_data("empty_train", [](const std::string& x) { write_all(x + "/train.fasta", ""); },
+              {"needs sequences in train, valid and test; it has 0, "});
   broken_data("bad_valid", [](const std::string& x) { write_all(x + "/valid.fasta", ">v\nMK*X!\n"); }, {"valid.fasta"});
   broken_data("folder_valid",
               [](const std::string& x) {
@@ -1053,7 +1071,13 @@ TEST(BadInput, Protein) {
     write_all(c + "/config.json", R"({"format": "linea-protein/1"})");
     fs::remove_all(c + "/best");
   });
-  cases.push_back({plus(train, {"--eval-only", "--checkpoint", no_model_cfg}), {"config.json"}});
+  cases.push_back({plus(train, {"--eval-only", "--checkpoint", no_model_cfg}), {"config.json' is malformed", "model"}});
+  const std::string no_max_len = broken_ckpt("no_max_len", [](const std::string& c) {
+    write_all(c + "/config.json",
+              std::regex_replace(read_all(c + "/config.json"), std::regex("\"max_len\""), "\"max_length\""));
+    fs::remove_all(c + "/best");
+  });
+  cases.push_back({plus(train, {"--eval-only", "--checkpoint", no_max_len}), {"config.json' is malformed", "max_len"}});
   cases.push_back({with(train, "--lr", "1e30"), {"step ", "non-finite loss"}});
   const std::string nan_partial = copy_of(p.partial, d + "/nan_partial");
   poison(nan_partial + "/checkpoint/model.safetensors", kNaN);
