@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -132,8 +133,12 @@ TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
   roomy.run.max_steps = 0;
   roomy.run.resume = true;
   roomy.time_budget = 1e6;
-  roomy.data_dir = data + "/";                    // the same folder
-  EXPECT_EQ(vit::run_training(roomy).steps, 10);  // the rest of the 4 epochs
+  roomy.data_dir = data + "/";  // the same folder
+  testing::internal::CaptureStdout();
+  const int64_t resumed_steps = vit::run_training(roomy).steps;
+  const std::string printed = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(resumed_steps, 10);                                          // the rest of the 4 epochs
+  EXPECT_EQ(printed.find("probe steps"), std::string::npos) << printed;  // the checkpoint's epochs: no probe
 }
 
 // ---- outputs, resume, predict -------------------------------------------------------------------
@@ -181,6 +186,52 @@ TEST(VitRun, WritesMetricsSummaryCurvesAndCheckpoint) {
     EXPECT_TRUE(fs::is_regular_file(out + "/" + file)) << file;
   if (linea::apps::gnuplot_available()) {
     EXPECT_GT(fs::file_size(out + "/curves.png"), 1000u);
+  }
+
+  // The summary holds the checkpoint's model and run settings; the schedule is the warmup's steps
+  // (0.25 of an epoch of 4 steps) and the cosine down to --min-lr over the run's 8 steps.
+  const json config = json::parse(linea::test::read_all(out + "/checkpoint/config.json"));
+  EXPECT_EQ(s.at("model"), config.at("model"));
+  EXPECT_EQ(s.at("run"), config.at("run"));
+  EXPECT_EQ(linea::nn::load_safetensors(out + "/checkpoint/training.safetensors").metadata.at("schedule"),
+            linea::nn::WarmupCosine(o.lr, 1, 8, o.min_lr).name());
+
+  // What the evaluation scores: the checkpoint's weights (the last step's) on the test images
+  // normalized with the checkpoint's statistics: the plain cross-entropy (no smoothing, although
+  // the run trained with 0.1), the accuracy, and the confusion matrix with the true class as rows.
+  {
+    vit::VisionTransformer model(config.at("model").get<vit::VitConfig>());
+    linea::nn::load_module(out + "/checkpoint/model.safetensors", model);
+    model.eval();
+    linea::NoGradGuard no_grad;
+    vit::ImageData d = vit::load_fashion_mnist(data);
+    vit::normalize_(d.test_images, config.at("normalize").at("mean").get<std::vector<double>>(),
+                    config.at("normalize").at("std").get<std::vector<double>>());
+    const linea::Tensor logits = model(d.test_images);
+    const double loss = linea::cross_entropy(logits, d.test_labels).to(linea::DType::Float64).item();
+    EXPECT_NEAR(s.at("test_loss").get<double>(), loss, 1e-5 * loss);
+    const std::vector<int64_t> pred = linea::argmax(logits, 1).to_vector<int64_t>();
+    const std::vector<int64_t> truth = d.test_labels.to_vector<int64_t>();
+    std::vector<std::vector<int64_t>> confusion(10, std::vector<int64_t>(10, 0));
+    for (size_t i = 0; i < pred.size(); ++i) confusion[truth[i]][pred[i]] += 1;
+    EXPECT_EQ(s.at("confusion_matrix").get<std::vector<std::vector<int64_t>>>(), confusion);
+    int64_t correct = 0;
+    for (int64_t k = 0; k < 10; ++k) {
+      int64_t row = 0;
+      for (int64_t j = 0; j < 10; ++j) row += confusion[k][j];
+      correct += confusion[k][k];
+      const std::string& name = d.classes[k];
+      EXPECT_DOUBLE_EQ(s.at("per_class_accuracy").at(name).get<double>(),
+                       row > 0 ? static_cast<double>(confusion[k][k]) / row : 0.0)
+          << name;
+    }
+    EXPECT_DOUBLE_EQ(s.at("test_accuracy").get<double>(), correct / 64.0);
+    ASSERT_NE(confusion, [&] {  // the rows' meaning shows: the matrix is not symmetric
+      auto t = confusion;
+      for (int64_t k = 0; k < 10; ++k)
+        for (int64_t j = 0; j < 10; ++j) t[k][j] = confusion[j][k];
+      return t;
+    }());
   }
 
   // --eval-only reproduces the final evaluation, with the checkpoint's normalization even when
@@ -264,6 +315,7 @@ TEST(VitPredict, TopThreeClassesFromCheckpoint) {
   write_fake_fashion_mnist(data, 512, 64);
   vit::TrainOptions o = small_run(data, out, "softmax");
   o.epochs = 12;
+  o.model.dropout = 0.1;                               // predict must switch it off
   EXPECT_GT(vit::run_training(o).test_accuracy, 0.5);  // chance is 0.1
   // A PNG of class 7's bar, larger than 28x28 (predict resizes it).
   std::mt19937 rng(5);
@@ -276,6 +328,10 @@ TEST(VitPredict, TopThreeClassesFromCheckpoint) {
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].rfind(png + ": Sneaker ", 0), 0u) << lines[0];  // class 7 is "Sneaker"
   EXPECT_EQ(std::count(lines[0].begin(), lines[0].end(), ','), 2) << lines[0];
+  EXPECT_EQ(vit::predict({png}, out + "/checkpoint", "cpu"), lines);  // eval mode: no dropout draws
+  const std::vector<std::string> all = vit::predict({png}, out + "/checkpoint", "cpu", 20);  // at most the 10 classes
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(std::count(all[0].begin(), all[0].end(), ','), 9) << all[0];
 
   EXPECT_THROW(vit::predict({(dir.path / "missing.png").string()}, out + "/checkpoint", "cpu"), linea::Error);
   EXPECT_THROW(vit::predict({png}, (dir.path / "nowhere").string(), "cpu"), linea::Error);
@@ -403,6 +459,68 @@ TEST(VitErrors, MissingAndMalformedData) {
   stbi_write_png((folder + "/test/a/1.png").c_str(), 12, 12, 1, px.data(), 12);
   EXPECT_NE(error_of([&] { vit::load_image_folder(folder, 0, 0); }).find("--image-size"), std::string::npos);
   EXPECT_EQ(error_of([&] { vit::load_image_folder(folder, 0, 12); }), "(no error)");
+}
+
+// run_training checks its options itself (the CLI's ranges do not guard a program that calls it):
+// each bad value on its own is refused.
+TEST(VitErrors, RunTrainingRefusesEachBadOption) {
+  TempDir dir;
+  const std::string data = (dir.path / "data").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, 256, 64);
+  const vit::TrainOptions good = small_run(data, (dir.path / "out").string(), "softmax");
+  const std::vector<std::pair<std::function<void(vit::TrainOptions&)>, std::string>> bad = {
+      {[](vit::TrainOptions& o) { o.batch_size = 0; }, "--batch-size 0"},
+      {[](vit::TrainOptions& o) { o.epochs = 0; }, "--epochs 0"},
+      {[](vit::TrainOptions& o) { o.lr = 0; }, "bad optimization flags"},
+      {[](vit::TrainOptions& o) { o.min_lr = -1e-5; }, "bad optimization flags"},
+      {[](vit::TrainOptions& o) { o.weight_decay = -0.1; }, "bad optimization flags"},
+      {[](vit::TrainOptions& o) { o.warmup_epochs = -1; }, "bad optimization flags"},
+      {[](vit::TrainOptions& o) { o.clip = -1; }, "bad optimization flags"},
+      {[](vit::TrainOptions& o) { o.label_smoothing = -0.1; }, "bad optimization flags"},
+      {[](vit::TrainOptions& o) { o.label_smoothing = 1; }, "bad optimization flags"},
+      {[](vit::TrainOptions& o) { o.model.heads = 0; }, "--heads 0"},
+  };
+  for (const auto& [change, expect] : bad) {
+    vit::TrainOptions o = good;
+    change(o);
+    const std::string e = error_of([&] { vit::run_training(o); });
+    EXPECT_NE(e.find(expect), std::string::npos) << e;
+  }
+}
+
+// The example limits, the warmup, the label smoothing and the gradient clipping reach the run
+// (each changes what it should).
+TEST(VitRun, LimitsSmoothingAndClippingReachTheRun) {
+  TempDir dir;
+  const std::string data = (dir.path / "data").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, 256, 64);
+  const vit::TrainOptions good = small_run(data, (dir.path / "out").string(), "softmax");
+  vit::TrainOptions limited = good;
+  limited.epochs = 1;
+  limited.train_limit = 128;
+  limited.test_limit = 32;
+  limited.warmup_epochs = 5;                       // longer than the run: the warmup is its 2 steps
+  EXPECT_EQ(vit::run_training(limited).steps, 2);  // 128 / 64
+  EXPECT_EQ(linea::nn::load_safetensors(limited.run.checkpoint() + "/training.safetensors").metadata.at("schedule"),
+            linea::nn::WarmupCosine(limited.lr, 2, 2, limited.min_lr).name());
+  const json s = json::parse(linea::test::read_all(limited.run.out_dir + "/summary.json"));
+  int64_t total = 0;
+  for (const auto& row : s.at("confusion_matrix"))
+    for (const auto& v : row) total += v.get<int64_t>();
+  EXPECT_EQ(total, 32);
+  vit::TrainOptions base = good;
+  base.run.max_steps = 4;
+  const std::vector<double> losses = vit::run_training(base).step_losses;
+  vit::TrainOptions plain = base;
+  plain.label_smoothing = 0;  // the first step's loss is another function of the same logits
+  EXPECT_NE(vit::run_training(plain).step_losses.at(0), losses.at(0));
+  vit::TrainOptions clipped = base;
+  clipped.clip = 1e-4;  // every step clipped, by a factor that varies: AdamW's steps change
+  const std::vector<double> clipped_losses = vit::run_training(clipped).step_losses;
+  EXPECT_EQ(clipped_losses.at(0), losses.at(0));
+  EXPECT_NE(clipped_losses.at(3), losses.at(3));
 }
 
 // Every check of the loaders, each on its own bad input (an IDX file of `n` images of h x w,
