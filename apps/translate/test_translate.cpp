@@ -7,14 +7,16 @@
 // pair: a word-for-word mapping): training learns it (test BLEU), writes its outputs and best
 // checkpoint, resumes exactly; separate vocabularies; each evaluation scores what it says (its
 // split, weights and search); a Translator decodes in eval mode and leaves a training model
-// training; `translate decode` gives the training run's own test hypotheses, reads stdin, writes
-// n-best lists; bad input gets a clear error.
+// training; `translate decode` gives the training run's own test hypotheses, reads stdin and CRLF
+// lines, writes n-best lists numbered over the whole input whatever its buffer; bad input gets a
+// clear error.
 #include <gtest/gtest.h>
 
 #include <cctype>
 #include <cmath>
 #include <functional>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -613,7 +615,7 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
   EXPECT_EQ(lines_of(dir.file("hyp.txt")), lines_of(out + "/test.beam.es"));
   EXPECT_NE(r.output.find("sentences/s"), std::string::npos) << r.output;
   // stdin, greedy; n-best lists.
-  r = run_translate("decode --checkpoint " + out + "/checkpoint --beam 1 --device cpu < " + test_src, dir);
+  r = run_translate("decode --checkpoint " + out + "/checkpoint --beam 1 --device cpu --input - < " + test_src, dir);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find(lines_of(out + "/test.greedy.es")[0]), std::string::npos) << r.output;
   r = run_translate("decode --checkpoint " + out + "/checkpoint --beam 3 --nbest 2 --device cpu --input " + test_src +
@@ -624,6 +626,7 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
   ASSERT_EQ(nbest.size(), 100u);
   EXPECT_EQ(nbest[0].rfind("1 ||| ", 0), 0u) << nbest[0];
   EXPECT_EQ(nbest[3].rfind("2 ||| ", 0), 0u) << nbest[3];
+  EXPECT_TRUE(std::regex_search(nbest[0], std::regex(" \\|\\|\\| -[0-9]+\\.[0-9]{4}$"))) << nbest[0];
   // "line ||| hypothesis ||| score": each sentence's best is its 1-best, the scores descend.
   const auto beam_hyps = lines_of(out + "/test.beam.es");
   for (size_t k = 0; k + 1 < nbest.size(); k += 2) {
@@ -639,6 +642,22 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
     EXPECT_GE(s0, s1) << nbest[k] << " / " << nbest[k + 1];
     EXPECT_LT(s0, 0.0) << nbest[k];
   }
+  // The same input with CRLF line ends, translated 10 lines at a time (the last buffer full, none
+  // left at the end): the same lists, numbered over the whole input; an error names its line of
+  // the whole input too.
+  std::string crlf;
+  for (const std::string& line : lines_of(test_src)) crlf += line + "\r\n";
+  linea::test::write_all(dir.file("crlf.en"), crlf);
+  r = run_translate("decode --checkpoint " + out + "/checkpoint --beam 3 --nbest 2 --buffer-size 10 --device cpu " +
+                        "--input " + dir.file("crlf.en") + " --output " + dir.file("nbest10.txt"),
+                    dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(lines_of(dir.file("nbest10.txt")), nbest);
+  linea::test::write_all(dir.file("blank3.en"), "sun\nmoon\n\nstar\n");
+  r = run_translate(
+      "decode --checkpoint " + out + "/checkpoint --buffer-size 1 --device cpu --input " + dir.file("blank3.en"), dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("line 3 is empty"), std::string::npos) << r.output;
 }
 
 // Separate vocabularies end to end (the model's flag, both tokenizers in the checkpoint), and what
