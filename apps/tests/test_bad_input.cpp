@@ -19,7 +19,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -696,20 +695,26 @@ TEST(BadInput, Vit) {
     write_all(c + "/config.json", R"({"format": "linea-vit/1", "model": {"dim": "sixteen"}, "classes": 3})");
   });
   predict_with(wrong_types, {"config.json"});
-  // A config.json that parses but does not agree with itself: one check each.
-  const std::vector<std::array<std::string, 4>> inconsistent = {
-      {"extra_class", R"("classes": [)", R"("classes": ["extra", )", "inconsistent classes"},
-      {"extra_mean", R"("mean": [)", R"("mean": [0.5, )", "inconsistent classes"},
-      {"extra_std", R"("std": [)", R"("std": [0.5, )", "inconsistent classes"},
-      {"run_string", R"("run": {)", R"("run": "x", "was_run": {)", R"("run" is not an object)"}};
-  for (const auto& [name, from, to, expect] : inconsistent) {
+  // A config.json that parses but does not agree with itself: one check each (a second channel's
+  // statistics for the model's one channel; a class name more; a mean without its std; no run).
+  const std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> inconsistent = {
+      {"extra_channel", {{R"("mean": [)", R"("mean": [0.5, )"}, {R"("std": [)", R"("std": [0.5, )"}}},
+      {"extra_class", {{R"("classes": [)", R"("classes": ["extra", )"}}},
+      {"extra_mean", {{R"("mean": [)", R"("mean": [0.5, )"}}},
+      {"run_string", {{R"("run": {)", R"("run": "x", "was_run": {)"}}}};
+  for (const auto& damage : inconsistent) {
+    const std::string& name = damage.first;
     const std::string c = broken_ckpt(name, [&](const std::string& c) {
       std::string text = read_all(c + "/config.json");
-      const size_t at = text.find(from);
-      ASSERT_NE(at, std::string::npos) << from;
-      write_all(c + "/config.json", text.replace(at, from.size(), to));
+      for (const auto& [from, to] : damage.second) {
+        const size_t at = text.find(from);
+        ASSERT_NE(at, std::string::npos) << from;
+        text.replace(at, from.size(), to);
+      }
+      write_all(c + "/config.json", text);
     });
-    predict_with(c, {"config.json' is malformed", expect});
+    predict_with(c, {"config.json' is malformed",
+                     name == "run_string" ? R"("run" is not an object)" : "inconsistent classes/channels"});
   }
   const std::string other_size = broken_ckpt("other_size", [&](const std::string& c) {
     fs::copy_file(v.big + "/checkpoint/config.json", c + "/config.json", fs::copy_options::overwrite_existing);

@@ -1,8 +1,10 @@
 // The vit app's tests, on a small synthetic Fashion-MNIST-like dataset (fake_data.h: gzip IDX
 // files, each class a bright bar at its own row, plus noise): a smoke test
-// (512 images, every attention spec, the loss falls and stays finite), the run's outputs,
-// an interrupted and resumed run equal to an uninterrupted one, --predict, the augmentation,
-// and clear errors for bad data paths, malformed files and bad flags (through the executable).
+// (512 images, every attention spec, the loss falls and stays finite), the run's outputs and what
+// its evaluation scores (recomputed from the checkpoint), --time-budget, an interrupted and resumed
+// run equal to an uninterrupted one (the data folder spelled another way, older checkpoints), the
+// options reaching the run, an image folder end to end, --predict, the augmentation, and clear
+// errors for bad data paths, malformed files and bad options (run_training's, and the executable's).
 // Not here: the IDX reader itself (tests/test_data.cpp), the attention mechanisms (tests/),
 // kills, signals and full disks (test_vit_faults.cpp).
 #include <gtest/gtest.h>
@@ -119,6 +121,8 @@ TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
   tight.time_budget = 1e-6;
   EXPECT_EQ(vit::run_training(tight).steps, 4);  // one epoch of 256 / 64
   EXPECT_EQ(run_epochs(tight), 1);
+  tight.run.resume = true;  // done: its one epoch, not --epochs' 4
+  EXPECT_EQ(vit::run_training(tight).steps, 0);
   vit::TrainOptions roomy = small_run(data, (dir.path / "roomy").string(), "softmax");
   roomy.model.dropout = 0.1;  // steps that draw, so that a probe that moved the generator would show
   roomy.time_budget = 1e6;
@@ -287,7 +291,8 @@ TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
   }
 
   // The run records its data folder absolute and normalized. A checkpoint from before recorded it
-  // as typed: it resumes with that spelling (and keeps it), and is refused with another.
+  // as typed (and had no time_budget): it resumes with that spelling (and keeps it), and is
+  // refused with another.
   const std::string config_path = part.run.checkpoint() + "/config.json";
   {
     json config = json::parse(linea::test::read_all(config_path));
@@ -296,6 +301,7 @@ TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
     linea::nn::AdamW opt(linea::nn::decay_groups(model, 1, 0, {"pos.", "cls_token"}));
     linea::nn::TrainState st = linea::nn::load_checkpoint(part.run.checkpoint(), model, opt);
     config["run"]["data"] = "fashion-mnist (" + data + "//)";
+    config["run"].erase("time_budget");  // and from before --time-budget
     st.files["config.json"] = config.dump(2) + "\n";
     linea::nn::save_checkpoint(part.run.checkpoint(), model, opt, st);
   }
@@ -335,6 +341,43 @@ TEST(VitPredict, TopThreeClassesFromCheckpoint) {
 
   EXPECT_THROW(vit::predict({(dir.path / "missing.png").string()}, out + "/checkpoint", "cpu"), linea::Error);
   EXPECT_THROW(vit::predict({png}, (dir.path / "nowhere").string(), "cpu"), linea::Error);
+}
+
+// An image folder end to end: RGB images resized to --image-size, the classes from the folder
+// names, the folder recorded absolute (a resume spelled another way continues).
+TEST(VitRun, TrainsOnAnImageFolderAndResumes) {
+  TempDir dir;
+  const std::string folder = (dir.path / "images").string();
+  std::mt19937 rng(3);
+  for (const char* split : {"train", "test"})
+    for (int c = 0; c < 2; ++c) {
+      const std::string sub = folder + "/" + split + "/" + (c ? "dog" : "cat");
+      fs::create_directories(sub);
+      for (int i = 0; i < (std::string(split) == "train" ? 16 : 4); ++i) {
+        std::vector<uint8_t> px(10 * 10 * 3);
+        for (size_t p = 0; p < px.size(); ++p)
+          px[p] = static_cast<uint8_t>((p % 3 == size_t(c) ? 200 : 20) + rng() % 40);
+        ASSERT_NE(stbi_write_png((sub + "/" + std::to_string(i) + ".png").c_str(), 10, 10, 3, px.data(), 30), 0);
+      }
+    }
+  vit::TrainOptions o = small_run("", (dir.path / "out").string(), "softmax");
+  o.image_folder = folder;
+  o.image_size = 8;
+  o.model.patch = 4;
+  o.batch_size = 8;
+  o.epochs = 2;
+  o.run.max_steps = 3;
+  o.run.checkpoint_every = 1;
+  EXPECT_EQ(vit::run_training(o).steps, 3);
+  const json config = json::parse(linea::test::read_all(o.run.checkpoint() + "/config.json"));
+  EXPECT_EQ(config.at("classes"), json({"cat", "dog"}));
+  EXPECT_EQ(config.at("model").at("channels"), 3);
+  EXPECT_EQ(config.at("model").at("image_size"), 8);
+  EXPECT_EQ(config.at("run").at("data"), "image folder " + folder);
+  o.run.max_steps = 0;
+  o.run.resume = true;
+  o.image_folder = folder + "/./";
+  EXPECT_EQ(vit::run_training(o).steps, 5);  // of the 2 epochs of 32 / 8 images
 }
 
 // ---- augmentation -------------------------------------------------------------------------------
