@@ -60,6 +60,14 @@ vit::TrainOptions small_run(const std::string& data, const std::string& out, con
   return o;
 }
 
+// A folder "data" in dir holding fake Fashion-MNIST files of n_train and n_test images.
+std::string fake_data(const TempDir& dir, int n_train, int n_test) {
+  const std::string data = (dir.path / "data").string();
+  fs::create_directories(data);
+  write_fake_fashion_mnist(data, n_train, n_test);
+  return data;
+}
+
 struct Shell {
   int status;
   std::string output;
@@ -86,9 +94,7 @@ class VitSmoke : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(VitSmoke, LossFallsAndStaysFinite) {
   TempDir dir;
-  const std::string data = (dir.path / "data").string();
-  fs::create_directories(data);
-  write_fake_fashion_mnist(data, 512, 128);
+  const std::string data = fake_data(dir, 512, 128);
   vit::TrainOptions o = small_run(data, (dir.path / "out").string(), GetParam());
   vit::TrainResult r = vit::run_training(o);
   ASSERT_EQ(r.step_losses.size(), 32u);  // 4 epochs x 512 / 64
@@ -108,9 +114,7 @@ INSTANTIATE_TEST_SUITE_P(EveryAttention, VitSmoke, ::testing::ValuesIn(linea::at
 // of the same run without a budget.
 TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
   TempDir dir;
-  const std::string data = (dir.path / "data").string();
-  fs::create_directories(data);
-  write_fake_fashion_mnist(data, 256, 64);
+  const std::string data = fake_data(dir, 256, 64);
   auto run_epochs = [&](const vit::TrainOptions& o) {
     return json::parse(linea::test::read_all(o.run.checkpoint() + "/config.json"))
         .at("run")
@@ -149,9 +153,7 @@ TEST(VitTimeBudget, ChoosesTheEpochsThatFitAndResumeKeepsThem) {
 
 TEST(VitRun, WritesMetricsSummaryCurvesAndCheckpoint) {
   TempDir dir;
-  const std::string data = (dir.path / "data").string(), out = (dir.path / "out").string();
-  fs::create_directories(data);
-  write_fake_fashion_mnist(data, 256, 64);
+  const std::string data = fake_data(dir, 256, 64), out = (dir.path / "out").string();
   vit::TrainOptions o = small_run(data, out, "softmax");
   o.epochs = 2;
   o.run.plot = true;
@@ -250,9 +252,7 @@ TEST(VitRun, WritesMetricsSummaryCurvesAndCheckpoint) {
 
 TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
   TempDir dir;
-  const std::string data = (dir.path / "data").string();
-  fs::create_directories(data);
-  write_fake_fashion_mnist(data, 256, 64);
+  const std::string data = fake_data(dir, 256, 64);
   // ra: a random mechanism, so the resumed run must also restore the generator's state.
   vit::TrainOptions full = small_run(data, (dir.path / "full").string(), "ra");
   full.epochs = 3;
@@ -316,9 +316,7 @@ TEST(VitRun, InterruptedAndResumedRunEqualsUninterruptedOne) {
 
 TEST(VitPredict, TopThreeClassesFromCheckpoint) {
   TempDir dir;
-  const std::string data = (dir.path / "data").string(), out = (dir.path / "out").string();
-  fs::create_directories(data);
-  write_fake_fashion_mnist(data, 512, 64);
+  const std::string data = fake_data(dir, 512, 64), out = (dir.path / "out").string();
   vit::TrainOptions o = small_run(data, out, "softmax");
   o.epochs = 12;
   o.model.dropout = 0.1;                               // predict must switch it off
@@ -468,9 +466,7 @@ TEST(VitErrors, MissingAndMalformedData) {
   TempDir dir;
   EXPECT_NE(error_of([&] { vit::load_fashion_mnist((dir.path / "nowhere").string()); }).find("dataset-fashion-mnist"),
             std::string::npos);
-  const std::string data = (dir.path / "data").string();
-  fs::create_directories(data);
-  write_fake_fashion_mnist(data, 16, 8);
+  const std::string data = fake_data(dir, 16, 8);
   fs::remove(data + "/t10k-labels-idx1-ubyte.gz");
   EXPECT_NE(error_of([&] { vit::load_fashion_mnist(data); }).find("t10k-labels-idx1-ubyte"), std::string::npos);
   // A truncated image file.
@@ -508,9 +504,7 @@ TEST(VitErrors, MissingAndMalformedData) {
 // each bad value on its own is refused.
 TEST(VitErrors, RunTrainingRefusesEachBadOption) {
   TempDir dir;
-  const std::string data = (dir.path / "data").string();
-  fs::create_directories(data);
-  write_fake_fashion_mnist(data, 256, 64);
+  const std::string data = fake_data(dir, 256, 64);
   const vit::TrainOptions good = small_run(data, (dir.path / "out").string(), "softmax");
   const std::vector<std::pair<std::function<void(vit::TrainOptions&)>, std::string>> bad = {
       {[](vit::TrainOptions& o) { o.batch_size = 0; }, "--batch-size 0"},
@@ -536,9 +530,7 @@ TEST(VitErrors, RunTrainingRefusesEachBadOption) {
 // (each changes what it should).
 TEST(VitRun, LimitsSmoothingAndClippingReachTheRun) {
   TempDir dir;
-  const std::string data = (dir.path / "data").string();
-  fs::create_directories(data);
-  write_fake_fashion_mnist(data, 256, 64);
+  const std::string data = fake_data(dir, 256, 64);
   const vit::TrainOptions good = small_run(data, (dir.path / "out").string(), "softmax");
   vit::TrainOptions limited = good;
   limited.epochs = 1;
