@@ -3,9 +3,9 @@
 // function of the current one half of the time. mmseqs2 clusters the families, so the cluster
 // split tests on families the model never saw; only the chain's rule carries over. Checked:
 // prepare, training beats the unigram baseline by far (a broken model, mask or metric does not),
-// summary.json's fields, fill and embed on the trained checkpoint, an exact resume, packed
-// training and --eval-only on the checkpoint's windows, the mask rate and the evaluation
-// positions, and clear errors for bad input.
+// summary.json's fields, every training flag in the checkpoint's config, fill and embed on the
+// trained checkpoint, an exact resume, packed training and --eval-only on the checkpoint's
+// windows, the mask rate and the evaluation positions, and clear errors for bad input.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -117,6 +117,18 @@ TEST_F(ProteinApp, TrainsBeatsTheBaselineFillsAndEmbeds) {
   EXPECT_EQ(run.at("mask_token").get<double>(), 0.8);
   EXPECT_EQ(run.at("random_token").get<double>(), 0.1);
   EXPECT_EQ(run.at("seed").get<uint64_t>(), 0u);
+  // Every flag of kModelFlags reached the model and the run (the defaults differ).
+  EXPECT_EQ(config.at("model"), json({{"dim", 64},
+                                      {"heads", 4},
+                                      {"layers", 2},
+                                      {"mlp_hidden", 128},
+                                      {"dropout", 0.0},
+                                      {"attention", "softmax"},
+                                      {"positions", "learned"},
+                                      {"max_len", 48}}));
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"max_tokens", 512}, {"lr", 3e-3}, {"warmup", 50}, {"patience", 0}, {"epochs", 80}})
+    EXPECT_EQ(run.at(key), value) << key;
   EXPECT_GT(s.at("train_residues_per_s").get<double>(), 0.0);
   EXPECT_TRUE(std::ifstream(out + "/checkpoint/best/model.safetensors").good());
 
@@ -322,7 +334,18 @@ TEST_F(ProteinApp, BadInputGetsAClearError) {
   // fill without a mask, and with a character outside the alphabet.
   const std::string data = dir_->file("data");
   const std::string out = dir_->file("tiny");
-  ASSERT_EQ(protein_cmd("train --data " + data + " --out " + out + " --epochs 1" + kModelFlags, *dir_).code, 0);
+  ASSERT_EQ(protein_cmd("train --data " + data + " --out " + out + " --epochs 1" + kModelFlags +
+                            " --schedule constant --weight-decay 0.02 --dropout 0.05 --positions none",
+                        *dir_)
+                .code,
+            0);
+  {  // these flags reach the run too (the defaults differ)
+    const json config = linea::apps::read_json_file(out + "/checkpoint/config.json", "test");
+    EXPECT_EQ(config.at("model").at("dropout"), 0.05);
+    EXPECT_EQ(config.at("model").at("positions"), "none");
+    EXPECT_EQ(config.at("run").at("schedule"), "constant");
+    EXPECT_EQ(config.at("run").at("weight_decay"), 0.02);
+  }
   s = protein_cmd("fill --checkpoint " + out + "/checkpoint --device cpu MKVLAG", *dir_);
   EXPECT_NE(s.code, 0);
   EXPECT_NE(s.output.find("<mask>"), std::string::npos) << s.output;
