@@ -3,8 +3,9 @@
 // (512 images, every attention spec, the loss falls and stays finite), the run's outputs and what
 // its evaluation scores (recomputed from the checkpoint), --time-budget, an interrupted and resumed
 // run equal to an uninterrupted one (the data folder spelled another way, older checkpoints), the
-// options reaching the run, an image folder end to end, --predict, the augmentation, and clear
-// errors for bad data paths, malformed files and bad options (run_training's, and the executable's).
+// options reaching the run (and every flag of the executable its checkpoint's config), an image
+// folder end to end, --predict, the augmentation, and clear errors for bad data paths, malformed
+// files and bad options (run_training's, and the executable's).
 // Not here: the IDX reader itself (tests/test_data.cpp), the attention mechanisms (tests/),
 // kills, signals and full disks (test_vit_faults.cpp).
 #include <gtest/gtest.h>
@@ -66,6 +67,26 @@ std::string fake_data(const TempDir& dir, int n_train, int n_test) {
   fs::create_directories(data);
   write_fake_fashion_mnist(data, n_train, n_test);
   return data;
+}
+
+// A folder "images" in dir: train/ and test/ with the classes cat and dog, 16 and 4 RGB images of
+// 10x10 each, the class's colour channel bright.
+std::string image_folder(const TempDir& dir) {
+  const std::string folder = (dir.path / "images").string();
+  std::mt19937 rng(3);
+  for (const char* split : {"train", "test"})
+    for (int c = 0; c < 2; ++c) {
+      const std::string sub = folder + "/" + split + "/" + (c ? "dog" : "cat");
+      fs::create_directories(sub);
+      for (int i = 0; i < (std::string(split) == "train" ? 16 : 4); ++i) {
+        std::vector<uint8_t> px(10 * 10 * 3);
+        for (size_t p = 0; p < px.size(); ++p)
+          px[p] = static_cast<uint8_t>((p % 3 == size_t(c) ? 200 : 20) + rng() % 40);
+        if (!stbi_write_png((sub + "/" + std::to_string(i) + ".png").c_str(), 10, 10, 3, px.data(), 30))
+          throw std::runtime_error("image_folder: cannot write " + sub);
+      }
+    }
+  return folder;
 }
 
 struct Shell {
@@ -345,19 +366,7 @@ TEST(VitPredict, TopThreeClassesFromCheckpoint) {
 // names, the folder recorded absolute (a resume spelled another way continues).
 TEST(VitRun, TrainsOnAnImageFolderAndResumes) {
   TempDir dir;
-  const std::string folder = (dir.path / "images").string();
-  std::mt19937 rng(3);
-  for (const char* split : {"train", "test"})
-    for (int c = 0; c < 2; ++c) {
-      const std::string sub = folder + "/" + split + "/" + (c ? "dog" : "cat");
-      fs::create_directories(sub);
-      for (int i = 0; i < (std::string(split) == "train" ? 16 : 4); ++i) {
-        std::vector<uint8_t> px(10 * 10 * 3);
-        for (size_t p = 0; p < px.size(); ++p)
-          px[p] = static_cast<uint8_t>((p % 3 == size_t(c) ? 200 : 20) + rng() % 40);
-        ASSERT_NE(stbi_write_png((sub + "/" + std::to_string(i) + ".png").c_str(), 10, 10, 3, px.data(), 30), 0);
-      }
-    }
+  const std::string folder = image_folder(dir);
   vit::TrainOptions o = small_run("", (dir.path / "out").string(), "softmax");
   o.image_folder = folder;
   o.image_size = 8;
@@ -709,4 +718,55 @@ TEST(VitCli, TrainsAndPredictsEndToEnd) {
   r = run_vit("--predict " + d + "/two.png " + d + "/two.png --checkpoint " + d + "/out/checkpoint", d);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 2) << r.output;
+}
+
+// Every flag reaches the run: each set away from its default, the checkpoint's config holds it.
+TEST(VitCli, EveryFlagReachesTheCheckpointConfig) {
+  TempDir dir;
+  const std::string d = dir.path.string(), data = fake_data(dir, 96, 40);
+  Shell r = run_vit("--data " + data + " --train-limit 64 --test-limit 24 --patch 7 --dim 16 --depth 1 --heads 2 " +
+                        "--mlp-ratio 1.5 --dropout 0.05 --init trunc_normal --pool mean --epochs 3 " +
+                        "--time-budget 3600 --batch-size 32 --min-lr 2e-5 --weight-decay 0.02 --warmup 0.25 " +
+                        "--label-smoothing 0.05 --crop-padding 2 --no-flip --threads 1 --no-progress --no-plot " +
+                        "--out " + d + "/out",
+                    d);
+  ASSERT_EQ(r.status, 0) << r.output;
+  json config = json::parse(linea::test::read_all(d + "/out/checkpoint/config.json"));
+  const json& model = config.at("model");
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"patch", 7},
+                                                                            {"dim", 16},
+                                                                            {"depth", 1},
+                                                                            {"heads", 2},
+                                                                            {"mlp_ratio", 1.5},
+                                                                            {"dropout", 0.05},
+                                                                            {"init", "trunc_normal"},
+                                                                            {"pool", "mean"}})
+    EXPECT_EQ(model.at(key), value) << key;
+  const json& run = config.at("run");
+  EXPECT_EQ(run.at("train_examples"), 64);  // --train-limit
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"epochs", 3},
+                                                                            {"time_budget", 3600.0},
+                                                                            {"batch_size", 32},
+                                                                            {"min_lr", 2e-5},
+                                                                            {"weight_decay", 0.02},
+                                                                            {"warmup_epochs", 0.25},
+                                                                            {"label_smoothing", 0.05},
+                                                                            {"crop_padding", 2},
+                                                                            {"flip", false}})
+    EXPECT_EQ(run.at(key), value) << key;
+  const json summary = json::parse(linea::test::read_all(d + "/out/summary.json"));
+  EXPECT_EQ(summary.at("confusion_matrix").size(), 10u);
+  int64_t tested = 0;
+  for (const auto& row : summary.at("confusion_matrix"))
+    for (const auto& v : row) tested += v.get<int64_t>();
+  EXPECT_EQ(tested, 24);  // --test-limit
+
+  // An image folder's size and channels: RGB images read as gray and resized to 8x8.
+  r = run_vit("--image-folder " + image_folder(dir) + " --image-size 8 --channels 1 --patch 4 --dim 16 --depth 1 " +
+                  "--heads 2 --epochs 1 --batch-size 8 --threads 1 --no-progress --no-plot --out " + d + "/folder",
+              d);
+  ASSERT_EQ(r.status, 0) << r.output;
+  config = json::parse(linea::test::read_all(d + "/folder/checkpoint/config.json"));
+  EXPECT_EQ(config.at("model").at("image_size"), 8);
+  EXPECT_EQ(config.at("model").at("channels"), 1);
 }
