@@ -81,15 +81,7 @@ bool is_letter_cp(int32_t cp) {
   return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
          (cp >= 0xC0 && cp <= 0x24F && cp != 0xD7 && cp != 0xF7);
 }
-bool is_upper_cp(int32_t cp) {
-  return (cp >= 'A' && cp <= 'Z') || (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) ||
-         (cp >= 0x100 && cp <= 0x17F && cp % 2 == 0);
-}
-int32_t lower_cp(int32_t cp) {
-  if ((cp >= 'A' && cp <= 'Z') || (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7)) return cp + 0x20;
-  if (cp >= 0x100 && cp <= 0x17F && cp % 2 == 0) return cp + 1;
-  return cp;
-}
+bool is_upper_cp(int32_t cp) { return lower_cp(cp) != cp; }
 
 // The first code point of s at or after byte i that is not inside a markup tag.
 int32_t next_visible_cp(const std::string& s, size_t i) {
@@ -106,6 +98,19 @@ int32_t next_visible_cp(const std::string& s, size_t i) {
 }
 
 }  // namespace
+
+// Latin Extended-A (U+0100-017F) pairs each capital with the code point after it, the capital even, except in
+// U+0139-0148 and U+0179-017E where it is odd; U+0130 (İ) lowers to i, U+0178 (Ÿ) to ÿ, and U+0138, 0149 and
+// 017F have no capital.
+int32_t lower_cp(int32_t cp) {
+  if ((cp >= 'A' && cp <= 'Z') || (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7)) return cp + 0x20;
+  if (cp == 0x130) return 'i';
+  if (cp == 0x178) return 0xFF;
+  const bool odd_capitals = (cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E);
+  const bool even_capitals = cp >= 0x100 && cp <= 0x177 && !odd_capitals && cp != 0x138;
+  if ((odd_capitals && cp % 2 == 1) || (even_capitals && cp % 2 == 0)) return cp + 1;
+  return cp;
+}
 
 int64_t invalid_utf8_at(const std::string& s) {
   for (size_t i = 0; i < s.size();) {

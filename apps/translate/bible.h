@@ -94,5 +94,8 @@ std::string normalize_space(const std::string& s);
 // Byte offset of the first invalid UTF-8 sequence in s, or -1 when s is valid.
 int64_t invalid_utf8_at(const std::string& s);
 int64_t utf8_length(const std::string& s);  // code points
+// The lowercase of a Latin capital (ASCII, Latin-1 and Latin Extended-A), else cp itself: what the re-casing
+// of chapter openings and the word matching use.
+int32_t lower_cp(int32_t cp);
 
 }  // namespace translate

@@ -1,8 +1,8 @@
 // The translate app's data: the Bible reader on the installed SWORD modules (counts, cleaning,
-// the NRSVA -> KJV mapping, RV's renumbered chapters), `prepare` on small generated files
-// (deterministic and disjoint splits, dropped lines, byte-identical reruns, clear errors) and on
-// the Bible with a books split, the tokenizer (round trip, loading from bytes, special ids) and
-// the dataset's padded, shifted batches.
+// the NRSVA -> KJV mapping, RV's renumbered chapters, the lowercase its re-casing uses),
+// `prepare` on small generated files (deterministic and disjoint splits, dropped lines,
+// byte-identical reruns, clear errors) and on the Bible with a books split, the tokenizer (round
+// trip, loading from bytes, special ids) and the dataset's padded, shifted batches.
 // Not here: the model, training and BLEU.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -191,6 +191,19 @@ TEST(Text, NormalizeSpaceAndUtf8) {
   EXPECT_EQ(invalid_utf8_at("a\xC0\xAF"), 1);      // overlong
   EXPECT_EQ(invalid_utf8_at("\xED\xA0\x80"), 0);   // surrogate
   EXPECT_EQ(utf8_length("año"), 3);
+}
+
+// Latin Extended-A's capitals are even code points, but odd in U+0139-0148 and U+0179-017E.
+TEST(Text, LowercaseOfLatinCapitals) {
+  const std::vector<std::pair<int32_t, int32_t>> pairs = {
+      {'A', 'a'},     {'Z', 'z'},     {0xC0, 0xE0},   {0xD1, 0xF1},   {0xDE, 0xFE},   {0x100, 0x101},
+      {0x12E, 0x12F}, {0x130, 'i'},   {0x139, 0x13A}, {0x141, 0x142}, {0x147, 0x148}, {0x14A, 0x14B},
+      {0x152, 0x153}, {0x176, 0x177}, {0x178, 0xFF},  {0x179, 0x17A}, {0x17D, 0x17E}};
+  for (const auto& [upper, lower] : pairs) EXPECT_EQ(lower_cp(upper), lower) << std::hex << upper;
+  // lowercase letters and others are kept
+  for (int32_t cp : std::vector<int32_t>{'a', '1', 0xD7, 0xDF, 0xF1, 0xFF, 0x101, 0x131, 0x138, 0x13A, 0x142, 0x148,
+                                         0x149, 0x14B, 0x17A, 0x17E, 0x17F, 0x180, 0x3A9})
+    EXPECT_EQ(lower_cp(cp), cp) << std::hex << cp;
 }
 
 // ---- generated user data -------------------------------------------------------------------------
