@@ -177,10 +177,18 @@ int main(int argc, char** argv) {
         char cell[64];
         std::snprintf(cell, sizeof cell, "%.3f (%.2fx)", r.at(p), first > 0 ? r.at(p) / first : 0.0);
         std::printf(" %22s", cell);
-        nlohmann::json j = {{"bench", "attention-decode"}, {"device", device_name(device)}, {"spec", spec},
-                            {"decoded_length", p},       {"ms_per_step", r.at(p)},         {"vs_first_length", r.at(p) / first},
-                            {"batch", o.batch},          {"heads", o.heads},               {"head_dim", o.dim}};
-        if (o.beams > 1) j["beams"] = o.beams;
+        nlohmann::json j = {{"bench", "attention-decode"},
+                            {"device", device_name(device)},
+                            {"spec", spec},
+                            {"decoded_length", p},
+                            {"ms_per_step", r.at(p)},
+                            {"vs_first_length", r.at(p) / first},
+                            {"batch", o.batch},
+                            {"beams", o.beams},
+                            {"heads", o.heads},
+                            {"head_dim", o.dim},
+                            {"window", o.window},
+                            {"seed", o.seed}};
         if (base.count(p)) j["vs_softmax"] = r.at(p) / base.at(p);
         lines += j.dump() + "\n";
       }

@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(heads), static_cast<long long>(dim), dev_name.c_str());
     std::printf(
         "median of %d runs after a warm-up; peak memory = allocator high-water mark minus live bytes before the case; "
-        "--max-seconds %.1f\n",
+        "--max-seconds %g\n",
         repeats, max_seconds);
     std::fflush(stdout);
 
@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
         r.ms = median(r.times_ms);
         if (r.ms > 1e3 * max_seconds) {
           char buf[160];
-          std::snprintf(buf, sizeof buf, "L=%lld took %.1f s > --max-seconds %.1f", static_cast<long long>(L),
+          std::snprintf(buf, sizeof buf, "L=%lld took %.3g s > --max-seconds %.3g", static_cast<long long>(L),
                         r.ms / 1e3, max_seconds);
           skip_reason[j] = buf;
         }

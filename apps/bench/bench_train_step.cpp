@@ -19,6 +19,7 @@
 #include <fstream>
 #include <memory>
 
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "apps/bench/bench_common.h"
@@ -128,7 +129,8 @@ json run_step_bench(const Options& o, const Device device) {
   s.data_parallel = false;
   apps::RunOptions r;
   r.device = device.str();
-  r.out_dir = (std::filesystem::temp_directory_path() / "linea_train_step").string();
+  // its own folder: two runs at once must not remove each other's
+  r.out_dir = (std::filesystem::temp_directory_path() / ("linea_train_step_" + std::to_string(getpid()))).string();
   r.log_every = 0;
   r.checkpoint_every = 0;
   r.max_steps = steps;
@@ -154,6 +156,7 @@ json run_step_bench(const Options& o, const Device device) {
             {"cuda_graph", o.cuda_graph},
             {"units", unit},
             {"units_per_step", units_per_step},
+            {"warmup_steps", o.warmup},
             {"steps_timed", timed},
             {"step_ms", 1e3 * secs / static_cast<double>(timed)},
             {"units_per_s", static_cast<double>(units_per_step * timed) / secs},
@@ -226,9 +229,14 @@ int main(int argc, char** argv) {
                   j["units"].get<std::string>().c_str(), static_cast<long long>(j["launches_per_step"].get<int64_t>()),
                   static_cast<long long>(j["graph_launches_per_step"].get<int64_t>()));
     }
-    if (!o.json_out.empty()) std::ofstream(o.json_out, std::ios::app) << j.dump() << "\n";
-  } catch (const Error& e) {
-    std::fprintf(stderr, "train-step: %s\n", e.what());
+    if (!o.json_out.empty()) {
+      std::ofstream f(o.json_out, std::ios::app);
+      f << j.dump() << "\n";
+      f.flush();
+      LINEA_CHECK(f.good(), "train-step: --json: cannot append to '", o.json_out, "'");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
   return 0;
