@@ -1383,6 +1383,8 @@ TEST(BadInput, BenchmarkFlags) {
     for (const char* v : {"nan", "0", "-1"}) bad("--max-seconds", v);
     for (const char* f : {"--batch", "--heads", "--dim"}) bad(f, "0");
     bad("--device", "gpu", "gpu");
+    bad("--precision", "fp16", "fp16");
+    bad("--precision", "bf16", "--device cuda");  // the CPU computes every matmul in float32
     bad("--json", d, d);
     sweep("attention-scaling", EXE_ATTENTION_SCALING, cases, dir);
     ++swept;
@@ -1396,6 +1398,26 @@ TEST(BadInput, BenchmarkFlags) {
     cases.push_back({{"--json"}, {"--json"}});
     cases.push_back({{"--bogus"}, {"--bogus"}});
     sweep("bench_matmul", EXE_BENCH_MATMUL, cases, dir);
+    ++swept;
+  }
+#endif
+#ifdef EXE_TRAIN_STEP
+  {
+    const Args base = {"--model", "vit", "--batch", "2", "--steps", "3", "--warmup", "1", "--device", "cpu"};
+    std::vector<Case> cases;
+    auto bad = [&](const std::string& flag, const std::string& value, const std::string& expect = "") {
+      cases.push_back({with(base, flag, value), {expect.empty() ? flag : expect}});
+    };
+    bad("--model", "mlp");
+    for (const char* f : {"--batch", "--warmup", "--ops"}) bad(f, "0");
+    bad("--steps", "2");
+    bad("--precision", "fp16");
+    bad("--precision", "tf32", "--device cuda");  // the CPU computes every matmul in float32
+    bad("--device", "gpu", "gpu");
+    cases.push_back({plus(base, {"--cuda-graph"}), {"--cuda-graph needs --device cuda"}});
+    bad("--json", d, d);
+    cases.push_back({plus(base, {"--bogus"}), {"--bogus"}});
+    sweep("train-step", EXE_TRAIN_STEP, cases, dir);
     ++swept;
   }
 #endif
