@@ -5,11 +5,13 @@
 // prepare, training beats the unigram baseline by far (a broken model, mask or metric does not),
 // summary.json's fields, every training flag in the checkpoint's config, fill and embed on the
 // trained checkpoint, an exact resume, packed training and --eval-only on the checkpoint's
-// windows, the mask rate and the evaluation positions, and clear errors for bad input.
+// windows, the mask rate and the evaluation positions, and clear errors for bad input; and
+// protein-bench-context's records.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -356,4 +358,73 @@ TEST_F(ProteinApp, BadInputGetsAClearError) {
   s = protein_cmd("train --data " + data + " --out " + dir_->file("short") + " --epochs 1 --max-len 2", *dir_);
   EXPECT_NE(s.code, 0);
   EXPECT_NE(s.output.find("max-len"), std::string::npos) << s.output;
+}
+
+// protein-bench-context's JSON: the settings as given (lengths sorted, softmax first: the ratios'
+// baseline), a result per (length, mechanism) whose time is the median of the steps it lists and
+// whose ratios are against softmax at the same length; a case over --memory-limit-gib is named so.
+TEST(ProteinBenchContext, RecordsEveryCaseWithItsSettings) {
+  TempDir dir;
+  const std::string out = dir.file("context.json");
+  const std::string cmd = std::string(BENCH_CONTEXT_EXE) +
+                          " --lengths 40,16 --attention performer:features=8,softmax --dim 16 --heads 2 --layers 1"
+                          " --mlp-hidden 24 --positions none --batch 2 --repeats 4 --seed 3 --device cpu --threads 1"
+                          " --memory-limit-gib 1 --json " +
+                          out + " > " + dir.file("log.txt") + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << linea::test::read_all(dir.file("log.txt"));
+  json j = json::parse(linea::test::read_all(out));
+  EXPECT_EQ(j.at("bench"), "protein-bench-context");
+  EXPECT_EQ(j.at("complete"), true);
+  EXPECT_NE(j.at("device").get<std::string>().find(" 1 OpenMP threads"), std::string::npos) << j.at("device");
+  const json& settings = j.at("settings");
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, json>>{{"attention", {"softmax", "performer:features=8"}},
+                                                 {"lengths", {16, 40}},
+                                                 {"dim", 16},
+                                                 {"heads", 2},
+                                                 {"layers", 1},
+                                                 {"mlp_hidden", 24},
+                                                 {"positions", "none"},
+                                                 {"batch", 2},
+                                                 {"repeats", 4},
+                                                 {"seed", 3},
+                                                 {"threads", 1},
+                                                 {"memory_limit_gib", 1.0}})
+    EXPECT_EQ(settings.at(key), value) << key;
+  const json& results = j.at("results");
+  ASSERT_EQ(results.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const json& r = results[i];
+    SCOPED_TRACE(r.dump());
+    EXPECT_EQ(r.at("length"), i < 2 ? 16 : 40);
+    EXPECT_EQ(r.at("attention"), i % 2 ? "performer:features=8" : "softmax");
+    EXPECT_EQ(r.at("status"), "ok");
+    std::vector<double> times = r.at("times_ms").get<std::vector<double>>();
+    ASSERT_EQ(times.size(), 4u);
+    std::sort(times.begin(), times.end());
+    EXPECT_DOUBLE_EQ(r.at("ms_per_step").get<double>(), (times[1] + times[2]) / 2);  // the median
+    for (const json& loss : r.at("losses")) EXPECT_TRUE(std::isfinite(loss.get<double>()) && loss.get<double>() > 0);
+    EXPECT_EQ(r.at("losses").size(), 4u);
+    EXPECT_EQ(r.at("parameters"), results[0].at("parameters"));  // no positional table: the same model at every L
+    const json& softmax = results[i / 2 * 2];
+    EXPECT_DOUBLE_EQ(r.at("time_ratio_to_softmax").get<double>(),
+                     r.at("ms_per_step").get<double>() / softmax.at("ms_per_step").get<double>());
+    EXPECT_DOUBLE_EQ(r.at("memory_ratio_to_softmax").get<double>(),
+                     r.at("peak_bytes").get<double>() / softmax.at("peak_bytes").get<double>());
+  }
+
+  // A limit the longer length exceeds.
+  ASSERT_EQ(std::system((std::string(BENCH_CONTEXT_EXE) +
+                         " --lengths 16,64 --attention softmax --dim 16 --heads 2 --layers 1 --mlp-hidden 24"
+                         " --batch 2 --repeats 3 --device cpu --threads 1 --memory-limit-gib 0.0002 --json " +
+                         out + " > " + dir.file("log.txt") + " 2>&1")
+                            .c_str()),
+            0)
+      << linea::test::read_all(dir.file("log.txt"));
+  j = json::parse(linea::test::read_all(out));
+  ASSERT_EQ(j.at("results").size(), 2u);
+  EXPECT_EQ(j.at("results")[0].at("status"), "ok");
+  EXPECT_EQ(j.at("results")[1].at("status"), "does_not_fit");
+  EXPECT_NE(j.at("results")[1].at("note").get<std::string>().find("out of memory"), std::string::npos);
+  EXPECT_NE(linea::test::read_all(dir.file("log.txt")).find("does not fit in 0.0002 GiB"), std::string::npos);
 }
