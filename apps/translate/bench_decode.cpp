@@ -9,12 +9,11 @@
 // Ratios are against the baseline's time; the hypotheses of the two greedy searches are compared.
 #include <CLI/CLI.hpp>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "apps/common/app_run.h"
 #include "apps/common/device.h"
@@ -122,21 +121,34 @@ int main(int argc, char** argv) {
     std::printf("translate-bench-decode: %zu sentences, batches of %lld, on %s\n", lines.size(),
                 static_cast<long long>(batch), dev.c_str());
     std::printf("%-28s %10s %12s %12s %18s\n", "search", "seconds", "sentences/s", "tokens/s", "speed-up vs recompute");
-    std::FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-    LINEA_CHECK(json_path.empty() || js != nullptr, "translate-bench-decode: cannot append to --json '", json_path,
-                "': ", std::strerror(errno));
+    std::string records;
     for (const Row* r : {&recompute, &cached, &beamed}) {
       const double sps = lines.size() / r->seconds, tps = r->tokens / r->seconds;
       std::printf("%-28s %10.2f %12.1f %12.0f %17.2fx\n", r->name.c_str(), r->seconds, sps, tps,
                   recompute.seconds / r->seconds);
-      if (js)
-        std::fprintf(js, "{\"bench\": \"translate-decode\", \"search\": \"%s\", \"seconds\": %.4f, \"sentences\": %zu, "
-                     "\"sentences_per_s\": %.3f, \"tokens_per_s\": %.1f, \"speedup_vs_recompute\": %.3f, \"device\": \"%s\"}\n",
-                     r->name.c_str(), r->seconds, lines.size(), sps, tps, recompute.seconds / r->seconds, dev.c_str());
+      records += nlohmann::json({{"bench", "translate-decode"},
+                                 {"search", r->name},
+                                 {"seconds", r->seconds},
+                                 {"sentences", lines.size()},
+                                 {"batch", batch},
+                                 {"beam", r == &beamed ? beam.beam : 1},
+                                 {"tokens", r->tokens},
+                                 {"sentences_per_s", sps},
+                                 {"tokens_per_s", tps},
+                                 {"speedup_vs_recompute", recompute.seconds / r->seconds},
+                                 {"greedy_identical", same},
+                                 {"device", dev}})
+                     .dump() +
+                 "\n";
     }
-    if (js) std::fclose(js);
     std::printf("greedy hypotheses identical with and without the caches: %lld of %zu\n", static_cast<long long>(same),
                 cached.outputs.size());
+    if (!json_path.empty()) {
+      std::ofstream js(json_path, std::ios::app);
+      js << records;
+      js.flush();
+      LINEA_CHECK(js.good(), "translate-bench-decode: cannot append to --json '", json_path, "'");
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

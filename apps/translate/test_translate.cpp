@@ -8,8 +8,8 @@
 // checkpoint, resumes exactly; separate vocabularies; each evaluation scores what it says (its
 // split, weights and search); a Translator decodes in eval mode and leaves a training model
 // training; `translate decode` gives the training run's own test hypotheses, reads stdin and CRLF
-// lines, writes n-best lists numbered over the whole input whatever its buffer; bad input gets a
-// clear error.
+// lines, writes n-best lists numbered over the whole input whatever its buffer;
+// translate-bench-decode's records on the trained checkpoint; bad input gets a clear error.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -658,6 +658,31 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
       "decode --checkpoint " + out + "/checkpoint --buffer-size 1 --device cpu --input " + dir.file("blank3.en"), dir);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("line 3 is empty"), std::string::npos) << r.output;
+
+  // translate-bench-decode on the checkpoint: the recomputing baseline, greedy and beam search with
+  // caches, each a record of the flags; the caches change no greedy hypothesis.
+  const std::string records = dir.file("decode.jsonl");
+  const std::string bench = std::string(BENCH_DECODE_EXE) + " --checkpoint " + out +
+                            "/checkpoint --device cpu --threads 1 --sentences 5 --batch 2 --beam 2 --input " +
+                            test_src + " --json " + records + " > " + dir.file("bench.txt") + " 2>&1";
+  ASSERT_EQ(std::system(bench.c_str()), 0) << linea::test::read_all(dir.file("bench.txt"));
+  const std::vector<std::string> rows = lines_of(records);
+  ASSERT_EQ(rows.size(), 3u);
+  const std::vector<std::string> searches = {"greedy, recompute prefix", "greedy, incremental", "beam 2, incremental"};
+  for (size_t i = 0; i < 3; ++i) {
+    const json j = json::parse(rows[i]);
+    SCOPED_TRACE(rows[i]);
+    EXPECT_EQ(j.at("search"), searches[i]);
+    EXPECT_EQ(j.at("sentences"), 5);
+    EXPECT_EQ(j.at("batch"), 2);
+    EXPECT_EQ(j.at("beam"), i == 2 ? 2 : 1);
+    EXPECT_EQ(j.at("greedy_identical"), 5);
+    EXPECT_GE(j.at("tokens").get<int64_t>(), 5);  // an end token per sentence at least
+    EXPECT_NE(j.at("device").get<std::string>().find(" 1 OpenMP threads"), std::string::npos);
+    EXPECT_NEAR(j.at("sentences_per_s").get<double>() * j.at("seconds").get<double>(), 5.0, 1e-9);
+    EXPECT_NEAR(j.at("speedup_vs_recompute").get<double>(),
+                json::parse(rows[0]).at("seconds").get<double>() / j.at("seconds").get<double>(), 1e-12);
+  }
 }
 
 // Separate vocabularies end to end (the model's flag, both tokenizers in the checkpoint), and what
