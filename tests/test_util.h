@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -229,6 +230,18 @@ inline std::string read_all(const std::string& path) {
 inline void write_all(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// What an executable run through the shell printed (stdout and stderr together) and its exit
+// code (-1 when it did not exit, e.g. killed by a signal).
+struct Shell {
+  int code;
+  std::string output;
+};
+// Runs `exe args` (args: shell words), its output into the file `log`, which is read back.
+inline Shell run_shell(const std::string& exe, const std::string& args, const std::string& log) {
+  const int rc = std::system((exe + " " + args + " > '" + log + "' 2>&1").c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_all(log)};
 }
 
 }  // namespace linea::test

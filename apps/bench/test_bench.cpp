@@ -25,14 +25,9 @@ using linea::test::TempDir;
 
 namespace {
 
-struct Shell {
-  int status;
-  std::string output;
-};
+using linea::test::Shell;
 Shell run(const std::string& exe, const std::string& args, const std::string& dir) {
-  const std::string log = dir + "/bench_output.txt";
-  const int rc = std::system((exe + " " + args + " > " + log + " 2>&1").c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_all(log)};
+  return linea::test::run_shell(exe, args, dir + "/bench_output.txt");
 }
 
 std::vector<json> records(const std::string& path) {
@@ -68,7 +63,7 @@ TEST(AttentionScaling, RecordsEveryCaseWithItsFlags) {
                 "--dim 8 --seed 7 --max-seconds 30 --device cpu --threads 1 --json " +
                     d + "/s.jsonl",
                 d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   std::vector<json> recs = records(d + "/s.jsonl");
   ASSERT_EQ(recs.size(), 6u) << r.output;
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -109,7 +104,7 @@ TEST(AttentionScaling, RecordsEveryCaseWithItsFlags) {
           "--max-seconds 1e-9 --device cpu --threads 1 --json " +
               d + "/c.jsonl",
           d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   recs = records(d + "/c.jsonl");
   ASSERT_EQ(recs.size(), 2u) << r.output;
   EXPECT_EQ(recs[0].at("causal"), true);
@@ -131,7 +126,7 @@ TEST(AttentionDecode, RecordsEveryLengthWithItsFlags) {
                 "--dim 8 --window 3 --seed 5 --device cpu --threads 1 --json " +
                     d + "/d.jsonl",
                 d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   const std::vector<json> recs = records(d + "/d.jsonl");
   ASSERT_EQ(recs.size(), 4u) << r.output;  // 30 is past --length
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -157,7 +152,7 @@ TEST(AttentionDecode, RecordsEveryLengthWithItsFlags) {
           "--device cpu --threads 1 --json " +
               d + "/s.jsonl",
           d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   const std::vector<json> stopped = records(d + "/s.jsonl");
   ASSERT_EQ(stopped.size(), 2u) << r.output;
   for (const json& j : stopped) EXPECT_EQ(j.at("decoded_length"), 1) << j;
@@ -174,7 +169,7 @@ TEST(AttentionMse, RecordsEveryCellWithItsDraws) {
                 "--layout random --dtype float64 --seed 9 --device cpu --threads 1 --json " +
                     d + "/m.jsonl",
                 d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   const std::vector<json> recs = records(d + "/m.jsonl");
   ASSERT_EQ(recs.size(), 4u) << r.output;
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -212,7 +207,7 @@ TEST(AttentionMse, RecordsEveryCellWithItsDraws) {
                                      {"v", linea::randn({1, 2, 5, 4}, f32)}});
   r = run(EXE_ATTENTION_MSE,
           "--specs ra --samples 3 --repeats 2 --in " + file + " --device cpu --json " + d + "/f.jsonl", d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   const std::vector<json> from_file = records(d + "/f.jsonl");
   ASSERT_EQ(from_file.size(), 1u) << r.output;
   for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
@@ -227,11 +222,11 @@ TEST(TrainStep, RecordsTheRateOfEachModel) {
   TempDir dir;
   const std::string d = dir.path.string(), out = " --json " + d + "/t.jsonl";
   Shell r = run(EXE_TRAIN_STEP, "--model vit --batch 4 --steps 4 --warmup 2 --device cpu" + out, d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   r = run(EXE_TRAIN_STEP, "--model translate --sentences 3 --length 5 --steps 3 --warmup 1 --device cpu" + out, d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   r = run(EXE_TRAIN_STEP, "--op-cost --ops 50 --device cpu" + out, d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   const std::vector<json> recs = records(d + "/t.jsonl");
   ASSERT_EQ(recs.size(), 3u);
   for (size_t i = 0; i < 2; ++i) {

@@ -39,14 +39,9 @@ using namespace protein::test;
 
 namespace {
 
-struct Shell {
-  int code;
-  std::string output;
-};
+using linea::test::Shell;
 Shell protein_cmd(const std::string& args, const TempDir& dir) {
-  const std::string log = dir.file("protein_output.txt");
-  const int rc = std::system((std::string(PROTEIN_EXE) + " " + args + " > " + log + " 2>&1").c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, linea::test::read_all(log)};
+  return linea::test::run_shell(PROTEIN_EXE, args, dir.file("protein_output.txt"));
 }
 
 const std::string kModelFlags =
@@ -366,12 +361,13 @@ TEST_F(ProteinApp, BadInputGetsAClearError) {
 TEST(ProteinBenchContext, RecordsEveryCaseWithItsSettings) {
   TempDir dir;
   const std::string out = dir.file("context.json");
-  const std::string cmd = std::string(BENCH_CONTEXT_EXE) +
-                          " --lengths 40,16 --attention performer:features=8,softmax --dim 16 --heads 2 --layers 1"
-                          " --mlp-hidden 24 --positions none --batch 2 --repeats 4 --seed 3 --device cpu --threads 1"
-                          " --memory-limit-gib 1 --json " +
-                          out + " > " + dir.file("log.txt") + " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << linea::test::read_all(dir.file("log.txt"));
+  Shell r = linea::test::run_shell(
+      BENCH_CONTEXT_EXE,
+      "--lengths 40,16 --attention performer:features=8,softmax --dim 16 --heads 2 --layers 1 --mlp-hidden 24"
+      " --positions none --batch 2 --repeats 4 --seed 3 --device cpu --threads 1 --memory-limit-gib 1 --json " +
+          out,
+      dir.file("log.txt"));
+  ASSERT_EQ(r.code, 0) << r.output;
   json j = json::parse(linea::test::read_all(out));
   EXPECT_EQ(j.at("bench"), "protein-bench-context");
   EXPECT_EQ(j.at("complete"), true);
@@ -414,17 +410,16 @@ TEST(ProteinBenchContext, RecordsEveryCaseWithItsSettings) {
   }
 
   // A limit the longer length exceeds.
-  ASSERT_EQ(std::system((std::string(BENCH_CONTEXT_EXE) +
-                         " --lengths 16,64 --attention softmax --dim 16 --heads 2 --layers 1 --mlp-hidden 24"
-                         " --batch 2 --repeats 3 --device cpu --threads 1 --memory-limit-gib 0.0002 --json " +
-                         out + " > " + dir.file("log.txt") + " 2>&1")
-                            .c_str()),
-            0)
-      << linea::test::read_all(dir.file("log.txt"));
+  r = linea::test::run_shell(BENCH_CONTEXT_EXE,
+                             "--lengths 16,64 --attention softmax --dim 16 --heads 2 --layers 1 --mlp-hidden 24"
+                             " --batch 2 --repeats 3 --device cpu --threads 1 --memory-limit-gib 0.0002 --json " +
+                                 out,
+                             dir.file("log.txt"));
+  ASSERT_EQ(r.code, 0) << r.output;
   j = json::parse(linea::test::read_all(out));
   ASSERT_EQ(j.at("results").size(), 2u);
   EXPECT_EQ(j.at("results")[0].at("status"), "ok");
   EXPECT_EQ(j.at("results")[1].at("status"), "does_not_fit");
   EXPECT_NE(j.at("results")[1].at("note").get<std::string>().find("out of memory"), std::string::npos);
-  EXPECT_NE(linea::test::read_all(dir.file("log.txt")).find("does not fit in 0.0002 GiB"), std::string::npos);
+  EXPECT_NE(r.output.find("does not fit in 0.0002 GiB"), std::string::npos) << r.output;
 }

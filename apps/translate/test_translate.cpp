@@ -500,14 +500,9 @@ TrainOptions toy_options(const std::string& out, int64_t epochs) {
   return o;
 }
 
-struct Shell {
-  int code;
-  std::string output;
-};
+using linea::test::Shell;
 Shell run_translate(const std::string& args, const TempDir& dir) {
-  const std::string log = dir.file("translate_output.txt");
-  const int rc = std::system((std::string(TRANSLATE_EXE) + " " + args + " > " + log + " 2>&1").c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, linea::test::read_all(log)};
+  return linea::test::run_shell(TRANSLATE_EXE, args, dir.file("translate_output.txt"));
 }
 
 std::vector<std::string> lines_of(const std::string& path) {
@@ -662,10 +657,11 @@ TEST(TranslateApp, TrainsWritesOutputsAndDecodes) {
   // translate-bench-decode on the checkpoint: the recomputing baseline, greedy and beam search with
   // caches, each a record of the flags; the caches change no greedy hypothesis.
   const std::string records = dir.file("decode.jsonl");
-  const std::string bench = std::string(BENCH_DECODE_EXE) + " --checkpoint " + out +
-                            "/checkpoint --device cpu --threads 1 --sentences 5 --batch 2 --beam 2 --input " +
-                            test_src + " --json " + records + " > " + dir.file("bench.txt") + " 2>&1";
-  ASSERT_EQ(std::system(bench.c_str()), 0) << linea::test::read_all(dir.file("bench.txt"));
+  r = linea::test::run_shell(BENCH_DECODE_EXE,
+                             "--checkpoint " + out + "/checkpoint --device cpu --threads 1 --sentences 5 --batch 2 " +
+                                 "--beam 2 --input " + test_src + " --json " + records,
+                             dir.file("bench.txt"));
+  ASSERT_EQ(r.code, 0) << r.output;
   const std::vector<std::string> rows = lines_of(records);
   ASSERT_EQ(rows.size(), 3u);
   const std::vector<std::string> searches = {"greedy, recompute prefix", "greedy, incremental", "beam 2, incremental"};

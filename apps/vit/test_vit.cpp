@@ -89,16 +89,9 @@ std::string image_folder(const TempDir& dir) {
   return folder;
 }
 
-struct Shell {
-  int status;
-  std::string output;
-};
+using linea::test::Shell;
 Shell run_vit(const std::string& args, const std::string& dir) {
-  const std::string log = dir + "/vit_output.txt";
-  const int rc = std::system((std::string(VIT_EXE) + " " + args + " > " + log + " 2>&1").c_str());
-  std::ifstream f(log);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, text};
+  return linea::test::run_shell(VIT_EXE, args, dir + "/vit_output.txt");
 }
 
 double mean_of(const std::vector<double>& v, size_t from, size_t to) {
@@ -679,24 +672,24 @@ TEST(VitCli, ExitsNonZeroWithClearMessages) {
   TempDir dir;
   const std::string d = dir.path.string();
   Shell r = run_vit("--data " + d + "/nowhere --no-progress --out " + d + "/out", d);
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("error: vit:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
 
   r = run_vit("--predict x.png", d);
-  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--checkpoint"), std::string::npos) << r.output;
 
   r = run_vit("--attention nosuch --data " + d, d);
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("nosuch"), std::string::npos) << r.output;
 
   r = run_vit("--batch-size 0", d);  // CLI11 range check
-  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("batch-size"), std::string::npos) << r.output;
 
   r = run_vit("--help", d);
-  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--attention", "--patch", "--pool", "--resume", "--predict", "--device", "--threads"})
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
 }
@@ -709,14 +702,14 @@ TEST(VitCli, TrainsAndPredictsEndToEnd) {
   Shell r = run_vit("--data " + d + "/data --epochs 1 --patch 7 --dim 32 --depth 1 --heads 2 --batch-size 64 "
                     "--threads 1 --out " + d + "/out",
                     d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::is_regular_file(d + "/out/summary.json"));
   std::mt19937 rng(3);
   auto img = bar_image(2, rng);
   ASSERT_NE(stbi_write_png((d + "/two.png").c_str(), 28, 28, 1, img.data(), 28), 0);
   r = run_vit("--predict " + d + "/two.png " + d + "/two.png --checkpoint " + d + "/out/checkpoint", d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 2) << r.output;
 }
 
@@ -730,7 +723,7 @@ TEST(VitCli, EveryFlagReachesTheCheckpointConfig) {
                         "--label-smoothing 0.05 --crop-padding 2 --no-flip --threads 1 --no-progress --no-plot " +
                         "--out " + d + "/out",
                     d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   json config = json::parse(linea::test::read_all(d + "/out/checkpoint/config.json"));
   const json& model = config.at("model");
   for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"patch", 7},
@@ -765,7 +758,7 @@ TEST(VitCli, EveryFlagReachesTheCheckpointConfig) {
   r = run_vit("--image-folder " + image_folder(dir) + " --image-size 8 --channels 1 --patch 4 --dim 16 --depth 1 " +
                   "--heads 2 --epochs 1 --batch-size 8 --threads 1 --no-progress --no-plot --out " + d + "/folder",
               d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   config = json::parse(linea::test::read_all(d + "/folder/checkpoint/config.json"));
   EXPECT_EQ(config.at("model").at("image_size"), 8);
   EXPECT_EQ(config.at("model").at("channels"), 1);
