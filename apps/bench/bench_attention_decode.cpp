@@ -182,13 +182,13 @@ int main(int argc, char** argv) {
                             {"spec", spec},
                             {"decoded_length", p},
                             {"ms_per_step", r.at(p)},
-                            {"vs_first_length", r.at(p) / first},
                             {"batch", o.batch},
                             {"beams", o.beams},
                             {"heads", o.heads},
                             {"head_dim", o.dim},
                             {"window", o.window},
                             {"seed", o.seed}};
+        if (first > 0) j["vs_first_length"] = r.at(p) / first;  // none when the first length has no time
         if (base.count(p)) j["vs_softmax"] = r.at(p) / base.at(p);
         lines += j.dump() + "\n";
       }

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "apps/bench/bench_common.h"
 #include "apps/common/process_env.h"
 #include "linea.h"
@@ -190,13 +192,27 @@ int main(int argc, char** argv) try {
                 direct_ms, linea_gfs, direct_gfs, ratio, max_diff);
     std::fflush(stdout);
 
-    jsonl << "{\"bench\":\"matmul\",\"case\":\"" << c.name << "\",\"a\":\"" << shape_of(a_base, c.ta) << "\",\"b\":\""
-          << shape_of(b_base, c.tb) << "\",\"dtype\":\"float32\",\"device\":\"cpu\",\"cpu\":\"" << cpu
-          << "\",\"batch\":" << c.batch << ",\"M\":" << c.M << ",\"N\":" << c.N << ",\"K\":" << c.K
-          << ",\"gflop\":" << gflop << ",\"linea_ms\":" << linea_ms << ",\"direct_ms\":" << direct_ms
-          << ",\"linea_gflops\":" << linea_gfs << ",\"direct_gflops\":" << direct_gfs << ",\"ratio\":" << ratio
-          << ",\"max_abs_diff\":" << max_diff << ",\"reps\":" << opt.reps
-          << ",\"omp_threads\":" << linea::num_threads() << "}\n";
+    const nlohmann::json rec = {{"bench", "matmul"},
+                                {"case", c.name},
+                                {"a", shape_of(a_base, c.ta)},
+                                {"b", shape_of(b_base, c.tb)},
+                                {"dtype", "float32"},
+                                {"device", "cpu"},
+                                {"cpu", cpu},
+                                {"batch", c.batch},
+                                {"M", c.M},
+                                {"N", c.N},
+                                {"K", c.K},
+                                {"gflop", gflop},
+                                {"linea_ms", linea_ms},
+                                {"direct_ms", direct_ms},
+                                {"linea_gflops", linea_gfs},
+                                {"direct_gflops", direct_gfs},
+                                {"ratio", ratio},
+                                {"max_abs_diff", max_diff},
+                                {"reps", opt.reps},
+                                {"omp_threads", linea::num_threads()}};
+    jsonl << rec.dump() << "\n";
   }
 
   // Written atomically: a temp file renamed over the target.

@@ -1,14 +1,13 @@
-// The benchmarks' records, on tiny cases on the CPU: every flag reaches the JSON lines they write,
+// The benchmarks' records, on small cases on the CPU: every flag reaches the JSON lines they write,
 // one record per case, and their numbers agree with each other (a time is the median of the timed
 // runs it lists, a ratio is against the baseline of the same run, a mean and its standard error
-// are those of the draws listed, a rate is units over time). Nothing here asserts a speed.
+// are those of the draws listed, a rate is units over time; bench_matmul's products agree with the
+// direct BLAS call's). Nothing here asserts a speed.
 // Not here: their bad flags (apps/tests/test_bad_input.cpp).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -250,4 +249,26 @@ TEST(TrainStep, RecordsTheRateOfEachModel) {
   EXPECT_EQ(recs[2].at("bench"), "op-cost");
   EXPECT_EQ(recs[2].at("ops"), 50);
   EXPECT_GT(recs[2].at("host_us_per_op").get<double>(), 0.0);
+}
+
+// bench_matmul's fixed ViT shapes: each product equal to the direct BLAS call's on the same data (up
+// to float32 rounding), its GFLOP the shape's, its rates that over the times listed.
+TEST(BenchMatmul, EachShapeAgreesWithTheDirectCall) {
+  TempDir dir;
+  const std::string d = dir.path.string();
+  const Shell r = run(EXE_BENCH_MATMUL, "--reps 2 --warmup 0 --json " + d + "/mm.jsonl", d);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<json> recs = records(d + "/mm.jsonl");
+  ASSERT_GE(recs.size(), 5u) << r.output;
+  for (const json& j : recs) {
+    SCOPED_TRACE(j.dump());
+    EXPECT_EQ(j.at("bench"), "matmul");
+    EXPECT_EQ(j.at("reps"), 2);
+    const double batch = j.at("batch"), m = j.at("M"), n = j.at("N"), k = j.at("K"), gflop = j.at("gflop");
+    EXPECT_TRUE(same(gflop, 2 * batch * m * n * k * 1e-9));
+    EXPECT_TRUE(same(j.at("linea_gflops"), gflop / (j.at("linea_ms").get<double>() * 1e-3)));
+    EXPECT_TRUE(same(j.at("direct_gflops"), gflop / (j.at("direct_ms").get<double>() * 1e-3)));
+    EXPECT_TRUE(same(j.at("ratio"), j.at("linea_gflops").get<double>() / j.at("direct_gflops").get<double>()));
+    EXPECT_LE(j.at("max_abs_diff").get<double>(), 1e-3);
+  }
 }
