@@ -43,6 +43,16 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// Each key of the record holds its value (the flags a run was given, as the record names them).
+void expect_fields(const json& record, const std::vector<std::pair<std::string, json>>& fields) {
+  for (const auto& [key, value] : fields) EXPECT_EQ(record.at(key), value) << key;
+}
+
+// The record's device string names one OpenMP thread (--threads 1).
+bool one_thread(const json& record) {
+  return record.at("device").get<std::string>().find(" 1 OpenMP threads") != std::string::npos;
+}
+
 // a == b up to the rounding of one division
 ::testing::AssertionResult same(double a, double b) {
   if (std::fabs(a - b) <= 1e-12 * std::max(std::fabs(a), std::fabs(b))) return ::testing::AssertionSuccess();
@@ -72,18 +82,17 @@ TEST(AttentionScaling, RecordsEveryCaseWithItsFlags) {
     EXPECT_EQ(j.at("length"), i < 3 ? 16 : 40);
     EXPECT_EQ(j.at("spec"), specs[i % 3]);
     EXPECT_EQ(j.at("status"), "ok");
-    for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"B", 2},
-                                                                              {"H", 3},
-                                                                              {"D", 8},
-                                                                              {"seed", 7},
-                                                                              {"repeats", 4},
-                                                                              {"max_seconds", 30.0},
-                                                                              {"causal", false},
-                                                                              {"precision", "fp32"},
-                                                                              {"single_run_over_limit", false}})
-      EXPECT_EQ(j.at(key), value) << key;
+    expect_fields(j, {{"B", 2},
+                      {"H", 3},
+                      {"D", 8},
+                      {"seed", 7},
+                      {"repeats", 4},
+                      {"max_seconds", 30.0},
+                      {"causal", false},
+                      {"precision", "fp32"},
+                      {"single_run_over_limit", false}});
     EXPECT_EQ(j.at("device").get<std::string>().rfind("cpu (", 0), 0u);
-    EXPECT_NE(j.at("device").get<std::string>().find(" 1 OpenMP threads"), std::string::npos);  // --threads
+    EXPECT_TRUE(one_thread(j));
     const std::vector<double> times = j.at("times_ms").get<std::vector<double>>();
     EXPECT_EQ(times.size(), 4u);
     EXPECT_TRUE(same(j.at("ms").get<double>(), median_of(times)));
@@ -134,12 +143,10 @@ TEST(AttentionDecode, RecordsEveryLengthWithItsFlags) {
     EXPECT_EQ(j.at("bench"), "attention-decode");
     EXPECT_EQ(j.at("spec"), i < 2 ? "performer:features=8" : "softmax");
     EXPECT_EQ(j.at("decoded_length"), i % 2 ? 12 : 4);
-    for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
-             {"batch", 4}, {"beams", 2}, {"heads", 2}, {"head_dim", 8}, {"window", 3}, {"seed", 5}})
-      EXPECT_EQ(j.at(key), value) << key;
+    expect_fields(j, {{"batch", 4}, {"beams", 2}, {"heads", 2}, {"head_dim", 8}, {"window", 3}, {"seed", 5}});
     const double ms = j.at("ms_per_step").get<double>();
     EXPECT_GT(ms, 0.0);
-    EXPECT_NE(j.at("device").get<std::string>().find(" 1 OpenMP threads"), std::string::npos);
+    EXPECT_TRUE(one_thread(j));
     EXPECT_TRUE(same(j.at("vs_first_length").get<double>(), ms / recs[i / 2 * 2].at("ms_per_step").get<double>()));
     EXPECT_TRUE(same(j.at("vs_softmax").get<double>(), ms / recs[2 + i % 2].at("ms_per_step").get<double>()));
   }
@@ -180,9 +187,8 @@ TEST(AttentionMse, RecordsEveryCellWithItsDraws) {
     EXPECT_EQ(j.at("spec_used"), i < 2 ? (i ? "ra:samples=4" : "ra:samples=2")
                                        : (i % 2 ? "performer:features=4" : "performer:features=2"));
     EXPECT_EQ(j.at("ok"), true);
-    for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
-             {"B", 2}, {"H", 2}, {"N", 10}, {"M", 10}, {"D", 4}, {"repeats", 3}, {"seed", 9}, {"dtype", "float64"}})
-      EXPECT_EQ(j.at(key), value) << key;
+    expect_fields(
+        j, {{"B", 2}, {"H", 2}, {"N", 10}, {"M", 10}, {"D", 4}, {"repeats", 3}, {"seed", 9}, {"dtype", "float64"}});
     const std::string inputs = j.at("inputs");
     EXPECT_NE(inputs.find("3 clusters, layout random"), std::string::npos) << inputs;
     const std::vector<double> draws = j.at("mse_draws").get<std::vector<double>>();
@@ -194,7 +200,7 @@ TEST(AttentionMse, RecordsEveryCellWithItsDraws) {
     EXPECT_NEAR(j.at("mse_mean").get<double>(), mean, 1e-12 * mean);
     EXPECT_NEAR(j.at("mse_se").get<double>(), std::sqrt(var / 3), 1e-9 * mean);
     EXPECT_GT(j.at("softmax_out_mean_square").get<double>(), 0.0);
-    EXPECT_NE(j.at("device").get<std::string>().find(" 1 OpenMP threads"), std::string::npos);
+    EXPECT_TRUE(one_thread(j));
   }
 
   // Inputs from a file: cross-attention of 6 queries to 5 keys, in the file's dtype.
@@ -209,9 +215,7 @@ TEST(AttentionMse, RecordsEveryCellWithItsDraws) {
   ASSERT_EQ(r.code, 0) << r.output;
   const std::vector<json> from_file = records(d + "/f.jsonl");
   ASSERT_EQ(from_file.size(), 1u) << r.output;
-  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
-           {"B", 1}, {"H", 2}, {"N", 6}, {"M", 5}, {"D", 4}, {"dtype", "float32"}, {"ok", true}})
-    EXPECT_EQ(from_file[0].at(key), value) << key;
+  expect_fields(from_file[0], {{"B", 1}, {"H", 2}, {"N", 6}, {"M", 5}, {"D", 4}, {"dtype", "float32"}, {"ok", true}});
   EXPECT_EQ(from_file[0].at("inputs").get<std::string>().rfind(file, 0), 0u) << from_file[0];
 }
 
